@@ -1,0 +1,193 @@
+"""The composition root: builds the pipeline from the config and runs it.
+
+    regions -> bounded queues -> MergeStage -> filter -> SenderManager -> senders
+                                                         checkpoint <- acks
+
+Stop order: regions and the merger first, then senders drain what is queued
+(bounded by a timeout), then a final checkpoint of what was truly acknowledged.
+A fatal error in any stage stops everything the same way and exits non-zero.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any, Callable
+
+from senders import sender_class
+
+from .bqueue import WeightedQueue
+from .checkpoint import Checkpoint, load_checkpoint, save_checkpoint
+from .config import AppConfig
+from .filter import load_filter
+from .merger import MergeStage
+from .model import Item, Txn, ts_physical_ms
+from .regions import make_region
+from .regions.base import RegionContext
+from .sender_manager import SenderManager
+from .status import StatusServer
+from .tso import LiftJournal
+
+log = logging.getLogger(__name__)
+
+
+class Capturer:
+    def __init__(self, cfg: AppConfig):
+        self.cfg = cfg
+        self.stop_event = threading.Event()
+        self.filter = load_filter(cfg.filter_path)
+        cp = load_checkpoint(cfg.checkpoint_path)
+        if cp is None:
+            log.info("no checkpoint at %s: first start", cfg.checkpoint_path)
+            cp = Checkpoint()
+        else:
+            log.info("resuming from checkpoint %s: commit_ts=%d %s", cfg.checkpoint_path,
+                     cp.commit_ts, {r: str(p) for r, p in cp.regions.items()})
+        names = {r.name for r in cfg.regions}
+        for stale in set(cp.regions) - names:
+            log.warning("checkpoint has region %r which is not configured; ignoring it", stale)
+        cp = Checkpoint(cp.commit_ts, {r: p for r, p in cp.regions.items() if r in names})
+        self.checkpoint = cp
+        self.checkpoint_written_at = time.time()
+        self.journal = LiftJournal(cfg.checkpoint_path.with_name(cfg.checkpoint_path.name + ".lifts"))
+        self.queues: dict[str, WeightedQueue[Item]] = {
+            r.name: WeightedQueue(cfg.queue_rows) for r in cfg.regions
+        }
+        self.regions = [
+            make_region(r, RegionContext(self.queues[r.name], cp.regions.get(r.name),
+                                         cp.commit_ts, self.journal, self.stop_event))
+            for r in cfg.regions
+        ]
+        self.senders = [sender_class(s.name)(s.name, s.options, cfg.queue_rows) for s in cfg.senders]
+        self.manager = SenderManager(self.senders, cp, self.stop_event)
+        self.merge = MergeStage(self.queues, self._on_item, self.stop_event)
+        self.status_server: StatusServer | None = None
+        self.started_at = time.time()
+        self.failure: str = ""
+
+    # --- pipeline -----------------------------------------------------------
+    def _on_item(self, item: Item) -> None:
+        if isinstance(item, Txn):
+            item = self.filter.apply(item)
+        self.manager.dispatch(item)
+
+    def start(self) -> None:
+        self.status_server = StatusServer(self.cfg.http_host, self.cfg.http_port, self.snapshot, self.health)
+        self.status_server.start()
+        log.info("status on http://%s:%d/status", self.status_server.host, self.status_server.port)
+        self.manager.start()
+        self.merge.start()
+        for r in self.regions:
+            r.start()
+
+    def write_checkpoint(self) -> None:
+        cp = self.manager.advance()
+        if cp is self.checkpoint and cp.commit_ts and self.checkpoint_written_at:
+            # unchanged; rewrite now and then so its age shows it is alive
+            if time.time() - self.checkpoint_written_at < 60:
+                return
+        save_checkpoint(self.cfg.checkpoint_path, cp)
+        self.journal.prune(cp.regions)
+        self.checkpoint = cp
+        self.checkpoint_written_at = time.time()
+
+    def _find_failure(self) -> str:
+        for r in self.regions:
+            if r.error is not None:
+                return f"region {r.name}: {r.error}"
+        if self.merge.error is not None:
+            return f"merger: {self.merge.error}"
+        s = self.manager.failed()
+        if s is not None:
+            return f"sender {s.name}: {s.error}"
+        return ""
+
+    def run(self, until: Callable[["Capturer"], bool] | None = None,
+            should_stop: threading.Event | None = None) -> int:
+        """Run until ``should_stop`` is set, ``until(self)`` is true, or a stage fails.
+        Returns the exit code (0 clean, 1 failure)."""
+        last_cp = time.monotonic()
+        try:
+            while True:
+                time.sleep(0.1)
+                self.failure = self._find_failure()
+                if self.failure:
+                    log.error("stopping: %s", self.failure)
+                    break
+                now = time.monotonic()
+                ddl_due = self.manager.ddl_pending_ts and self.manager.acked_ts() >= self.manager.ddl_pending_ts
+                if now - last_cp >= self.cfg.checkpoint_interval or ddl_due:
+                    if ddl_due:
+                        self.manager.ddl_pending_ts = 0
+                    self.write_checkpoint()
+                    last_cp = now
+                if should_stop is not None and should_stop.is_set():
+                    break
+                if until is not None and until(self):
+                    break
+        finally:
+            self.shutdown()
+        return 1 if self.failure else 0
+
+    def shutdown(self, drain_timeout: float = 15.0) -> None:
+        if getattr(self, "_shut", False):
+            return
+        self._shut = True
+        log.info("stopping: regions, merger, then senders")
+        self.stop_event.set()
+        for r in self.regions:
+            r.join(10)
+        self.merge.thread.join(10) if self.merge.thread.is_alive() else None
+        deadline = time.monotonic() + drain_timeout
+        while time.monotonic() < deadline and not self.failure:
+            if all(len(s.queue) == 0 or s.state in ("retrying", "failed") for s in self.senders):
+                break
+            time.sleep(0.05)
+        self.manager.stop()
+        self.manager.join(30)
+        try:
+            self.write_checkpoint()
+            log.info("final checkpoint: commit_ts=%d %s", self.checkpoint.commit_ts,
+                     {r: str(p) for r, p in self.checkpoint.regions.items()})
+        except OSError as exc:
+            log.error("final checkpoint could not be written: %s", exc)
+        if self.status_server is not None:
+            self.status_server.stop()
+
+    # --- status -------------------------------------------------------------
+    def health(self) -> tuple[bool, str]:
+        failure = self._find_failure()
+        if failure:
+            return False, failure
+        for r in self.regions:
+            if r.state in ("reconnecting", "failed"):
+                return False, f"region {r.name}: {r.state}: {r.last_error}"
+        for s in self.senders:
+            if s.state in ("retrying", "failed"):
+                return False, f"sender {s.name}: {s.state}: {s.last_error}"
+        return True, "ok"
+
+    def snapshot(self) -> dict[str, Any]:
+        cp = self.checkpoint
+        return {
+            "uptime_seconds": round(time.time() - self.started_at, 1),
+            "checkpoint": {
+                **{k: v for k, v in cp.to_json().items() if k != "written_at"},
+                "age_seconds": round(time.time() - self.checkpoint_written_at, 1),
+                "path": str(self.cfg.checkpoint_path),
+            },
+            "acked_ts": self.manager.acked_ts(),
+            "regions": {r.name: r.status() for r in self.regions},
+            "merger": {
+                "merged_txns": self.merge.merged_txns,
+                "watermark": self.merge.merger.watermark(),
+                "dispatched_ts": self.manager.dispatched_ts,
+                "dispatched_txns": self.manager.dispatched_txns,
+                "dispatched_rows": self.manager.dispatched_rows,
+            },
+            "senders": self.manager.status(),
+            "lag_ms_behind_sources": max(
+                0, int(time.time() * 1000) - ts_physical_ms(self.manager.acked_ts())
+            ) if self.manager.acked_ts() else None,
+        }

@@ -1,0 +1,99 @@
+"""The checkpoint file: how far every sender has acknowledged, and where each
+region resumes.
+
+``commit_ts`` is the newest commit_ts that *every* sender acknowledged: all
+transactions at or below it, in merged order, are durable in every
+destination. ``regions[name]`` is the binlog position just after that region's
+last transaction at or below ``commit_ts``. A restart reads each region from
+its position, so nothing is lost; transactions after the checkpoint may be
+delivered again.
+
+The file is JSON, written atomically (temp file, fsync, rename, fsync of the
+directory) and never moves backwards. A missing file means "first start"; an
+unreadable or corrupt one stops start-up: it is never silently reset to 0.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import CheckpointError
+from .model import Position, ts_physical_ms
+
+VERSION = 1
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    commit_ts: int = 0
+    regions: dict[str, Position] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        ms = ts_physical_ms(self.commit_ts)
+        return {
+            "version": VERSION,
+            "commit_ts": self.commit_ts,
+            "commit_time": (
+                dt.datetime.fromtimestamp(ms / 1000, dt.timezone.utc).isoformat() if ms else None
+            ),
+            "regions": {r: p.to_json() for r, p in sorted(self.regions.items())},
+            "written_at": dt.datetime.now(dt.timezone.utc).isoformat(),
+        }
+
+
+def load_checkpoint(path: Path) -> Checkpoint | None:
+    """None if the file does not exist; CheckpointError if it cannot be trusted."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise CheckpointError(f"{path}: cannot read checkpoint: {exc}") from exc
+    hint = (
+        "fix or restore the file; to deliberately start over, delete it "
+        "(regions then start from their 'start' setting)"
+    )
+    try:
+        d = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise CheckpointError(f"{path}: checkpoint is not valid JSON ({exc}); {hint}") from None
+    if not isinstance(d, dict):
+        raise CheckpointError(f"{path}: checkpoint must be a JSON object; {hint}")
+    if d.get("version") != VERSION:
+        raise CheckpointError(f"{path}: unsupported checkpoint version {d.get('version')!r}; {hint}")
+    ts = d.get("commit_ts")
+    if not isinstance(ts, int) or isinstance(ts, bool) or ts < 0 or ts >= 1 << 63:
+        raise CheckpointError(f"{path}: 'commit_ts' must be a non-negative 64-bit integer; {hint}")
+    regions_raw = d.get("regions")
+    if not isinstance(regions_raw, dict):
+        raise CheckpointError(f"{path}: 'regions' must be an object; {hint}")
+    regions = {}
+    for name, pos in regions_raw.items():
+        try:
+            regions[name] = Position.from_json(pos)
+        except ValueError as exc:
+            raise CheckpointError(f"{path}: regions.{name}: {exc}; {hint}") from None
+    return Checkpoint(ts, regions)
+
+
+def save_checkpoint(path: Path, cp: Checkpoint) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = (json.dumps(cp.to_json(), indent=2) + "\n").encode()
+    tmp = path.with_name(f".{path.name}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    dfd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)

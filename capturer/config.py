@@ -1,0 +1,227 @@
+"""``conf/config.cfg`` and ``conf/senderConfig.cfg``: parsed once, validated, typed.
+
+Any problem is a ``ConfigError`` naming file, line, section and key; the
+process exits with code 2 and nothing starts.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError
+from .ini import (
+    IniFile,
+    Key,
+    p_bool,
+    p_choice,
+    p_float,
+    p_int,
+    p_list,
+    p_nonempty,
+    p_str,
+    parse_section,
+    read_ini,
+)
+
+log = logging.getLogger(__name__)
+
+_REGION_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+_START = re.compile(r"^(earliest|latest|[^:\s]+:\d+)$")
+
+
+def p_start(v: str) -> str:
+    if not _START.match(v):
+        raise ValueError("expected earliest, latest or BINLOG_FILE:POS (e.g. mariadb-bin.000001:4)")
+    return v
+
+
+GLOBAL_KEYS = [
+    Key("binlogCheckPointPath", p_nonempty, "./conf/binlog_checkpoint.txt",
+        doc="checkpoint file (JSON), written atomically every checkpointInterval seconds"),
+    Key("senderConfig", p_nonempty, "./conf/senderConfig.cfg", doc="sender config file"),
+    Key("filterRuleDict", p_str, "./conf/filter_rule.txt",
+        doc="filter rule file; empty value = no filter"),
+    Key("httpPort", p_int(0, 65535), 8080, doc="status port; 0 = pick a free port, see the log"),
+    Key("httpHost", p_nonempty, "127.0.0.1", doc="status bind address"),
+    Key("checkpointInterval", p_float(0.1, 3600), 3.0, doc="seconds between checkpoints"),
+    Key("queueRows", p_int(1, 10_000_000), 100_000,
+        doc="bound on buffered rows per region queue and per sender queue"),
+    Key("logLevel", p_choice("debug", "info", "warning", "error"), "info", doc="log level"),
+]
+
+REGION_KEYS = [
+    Key("type", p_choice("mysql", "mariadb"), "mysql", doc="region kind"),
+    Key("host", p_nonempty, required=True),
+    Key("port", p_int(1, 65535), 3306),
+    Key("user", p_nonempty, required=True),
+    Key("password", p_str, "", secret=True),
+    Key("server_id", p_int(1, 4294967295), required=True,
+        doc="replica server id this capturer uses; unique among the source's replicas"),
+    Key("start", p_start, "earliest",
+        doc="where to start without a checkpoint: earliest, latest, or FILE:POS"),
+    Key("heartbeat_ms", p_int(50, 60_000), 500, doc="idle heartbeat period"),
+    Key("heartbeat_lag_ms", p_int(0, 600_000), 1000,
+        doc="how far behind the source clock an idle heartbeat promises"),
+    Key("connect_timeout", p_float(0.5, 600), 10.0),
+]
+
+
+@dataclass(frozen=True)
+class RegionConfig:
+    name: str
+    type: str
+    host: str
+    port: int
+    user: str
+    password: str = field(repr=False)
+    server_id: int
+    start: str = "earliest"
+    heartbeat_ms: int = 500
+    heartbeat_lag_ms: int = 1000
+    connect_timeout: float = 10.0
+
+    def masked(self) -> dict[str, Any]:
+        return {
+            "type": self.type, "host": self.host, "port": self.port, "user": self.user,
+            "password": "***" if self.password else "", "server_id": self.server_id,
+            "start": self.start, "heartbeat_ms": self.heartbeat_ms,
+            "heartbeat_lag_ms": self.heartbeat_lag_ms,
+        }
+
+
+@dataclass(frozen=True)
+class SenderConfig:
+    name: str
+    options: dict[str, Any]
+    path: Path
+
+
+@dataclass(frozen=True)
+class AppConfig:
+    path: Path
+    checkpoint_path: Path
+    sender_config_path: Path
+    filter_path: Path | None
+    http_host: str
+    http_port: int
+    checkpoint_interval: float
+    queue_rows: int
+    log_level: str
+    regions: tuple[RegionConfig, ...]
+    senders: tuple[SenderConfig, ...]
+
+    def masked(self) -> dict[str, Any]:
+        return {
+            "config": str(self.path),
+            "binlogCheckPointPath": str(self.checkpoint_path),
+            "senderConfig": str(self.sender_config_path),
+            "filterRuleDict": str(self.filter_path or ""),
+            "http": f"{self.http_host}:{self.http_port}",
+            "regions": {r.name: r.masked() for r in self.regions},
+            "senders": {s.name: _mask_opts(s) for s in self.senders},
+        }
+
+
+def _mask_opts(s: SenderConfig) -> dict[str, Any]:
+    from senders import sender_keys
+
+    secret = {k.name for k in sender_keys(s.name) if k.secret}
+    return {k: ("***" if k in secret and v else v) for k, v in s.options.items()}
+
+
+def _resolve(base: Path, value: str) -> Path:
+    p = Path(value).expanduser()
+    return p if p.is_absolute() else (base / p)
+
+
+def load_config(path: Path | str, base_dir: Path | None = None) -> AppConfig:
+    """Parse and validate both config files. Relative paths are taken from
+    ``base_dir`` (default: the current directory, as the seed did)."""
+    path = Path(path)
+    base = base_dir or Path.cwd()
+    ini = read_ini(path)
+    for name, sec in ini.sections.items():
+        if name != "global" and not name.startswith("region:"):
+            raise ConfigError(
+                f"{path}:{sec.line}: unknown section [{name}]; expected [global] or [region:NAME]"
+            )
+    if "global" not in ini.sections:
+        raise ConfigError(f"{path}: missing section [global]")
+    g = parse_section(ini, "global", GLOBAL_KEYS)
+    regions = []
+    for name, sec in ini.sections.items():
+        if not name.startswith("region:"):
+            continue
+        rname = name[len("region:"):].strip()
+        if not _REGION_NAME.match(rname):
+            raise ConfigError(
+                f"{path}:{sec.line}: region name {rname!r} must be 1-64 of A-Z a-z 0-9 _ . -"
+            )
+        v = parse_section(ini, name, REGION_KEYS)
+        regions.append(RegionConfig(name=rname, **{k: v[k] for k in v}))
+    if not regions:
+        raise ConfigError(f"{path}: no [region:NAME] section; configure at least one source")
+    ids = {}
+    for r in regions:
+        key = (r.host, r.port)
+        if key in ids:
+            raise ConfigError(
+                f"{path}: regions [region:{ids[key]}] and [region:{r.name}] read the same "
+                f"server {r.host}:{r.port}"
+            )
+        ids[key] = r.name
+
+    sender_path = _resolve(base, g["senderConfig"])
+    senders = load_sender_config(sender_path)
+    filter_path = _resolve(base, g["filterRuleDict"]) if g["filterRuleDict"] else None
+    return AppConfig(
+        path=path,
+        checkpoint_path=_resolve(base, g["binlogCheckPointPath"]),
+        sender_config_path=sender_path,
+        filter_path=filter_path,
+        http_host=g["httpHost"],
+        http_port=g["httpPort"],
+        checkpoint_interval=g["checkpointInterval"],
+        queue_rows=g["queueRows"],
+        log_level=g["logLevel"],
+        regions=tuple(regions),
+        senders=senders,
+    )
+
+
+def load_sender_config(path: Path) -> tuple[SenderConfig, ...]:
+    from senders import known_senders, sender_keys
+
+    ini: IniFile = read_ini(path)
+    if "global" not in ini.sections:
+        raise ConfigError(f"{path}: missing section [global] with type=...")
+    g = parse_section(ini, "global", [Key("type", p_list, required=True)])
+    names: list[str] = g["type"]
+    if not names:
+        raise ConfigError(f"{ini.where('global', 'type')}: type lists no sender")
+    known = known_senders()
+    for n in names:
+        if n not in known:
+            raise ConfigError(
+                f"{ini.where('global', 'type')}: unknown sender {n!r}; known: {', '.join(known)}"
+            )
+    if len(set(names)) != len(names):
+        raise ConfigError(f"{ini.where('global', 'type')}: a sender is listed twice")
+    for name, sec in ini.sections.items():
+        if name != "global" and name not in known:
+            raise ConfigError(
+                f"{path}:{sec.line}: unknown section [{name}]; known: global, {', '.join(known)}"
+            )
+    out = []
+    for n in names:
+        opts = parse_section(ini, n, sender_keys(n))
+        out.append(SenderConfig(n, opts, path))
+    # sections of senders not in type= are validated too, so a typo is found now
+    for name in ini.sections:
+        if name != "global" and name not in names:
+            parse_section(ini, name, sender_keys(name))
+    return tuple(out)

@@ -1,0 +1,122 @@
+"""How row values leave the capturer: JSON values and SQL text.
+
+JSON (file lines, Kafka messages):
+  DECIMAL -> string (exact); DATETIME/TIMESTAMP -> "YYYY-MM-DD HH:MM:SS[.ffffff]"
+  (TIMESTAMP in UTC); DATE -> "YYYY-MM-DD"; TIME -> "[-]HH:MM:SS[.ffffff]";
+  BLOB/BINARY -> base64, and the column is listed in the line's ``b64`` field;
+  BIT -> the bit string as the binlog gives it ("10101"); SET -> "a,b";
+  JSON -> the JSON text as stored; NULL -> null; integers exact (also BIGINT
+  UNSIGNED max).
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import decimal
+from typing import Any
+
+from pymysql.converters import escape_string
+
+# MySQL column type codes (include/mysql_com.h) that need care
+T_BIT = 16
+T_TIMESTAMP = 7
+T_TIMESTAMP2 = 17
+_TYPE_NAMES = {
+    0: "decimal", 1: "tinyint", 2: "smallint", 3: "int", 4: "float", 5: "double", 6: "null",
+    7: "timestamp", 8: "bigint", 9: "mediumint", 10: "date", 11: "time", 12: "datetime",
+    13: "year", 14: "newdate", 15: "varchar", 16: "bit", 17: "timestamp", 18: "datetime",
+    19: "time", 245: "json", 246: "decimal", 247: "enum", 248: "set", 249: "tinyblob",
+    250: "mediumblob", 251: "longblob", 252: "blob", 253: "varchar", 254: "char", 255: "geometry",
+}
+
+
+def type_name(code: int) -> str:
+    return _TYPE_NAMES.get(code, str(code))
+
+
+def format_timedelta(td: dt.timedelta) -> str:
+    total_us = (td.days * 86400 + td.seconds) * 1_000_000 + td.microseconds
+    sign = "-" if total_us < 0 else ""
+    total_us = abs(total_us)
+    secs, us = divmod(total_us, 1_000_000)
+    h, rem = divmod(secs, 3600)
+    m, s = divmod(rem, 60)
+    out = f"{sign}{h:02d}:{m:02d}:{s:02d}"
+    return out + (f".{us:06d}" if us else "")
+
+
+def json_value(v: Any) -> tuple[Any, bool]:
+    """(JSON-safe value, whether it was base64-encoded)."""
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return v, False
+    if isinstance(v, decimal.Decimal):
+        return str(v), False
+    if isinstance(v, dt.datetime):
+        return v.isoformat(sep=" "), False
+    if isinstance(v, dt.date):
+        return v.isoformat(), False
+    if isinstance(v, dt.timedelta):
+        return format_timedelta(v), False
+    if isinstance(v, dt.time):
+        return v.isoformat(), False
+    if isinstance(v, (bytes, bytearray, memoryview)):
+        return base64.b64encode(bytes(v)).decode("ascii"), True
+    if isinstance(v, (set, frozenset)):
+        return ",".join(sorted(str(x) for x in v)), False
+    if isinstance(v, (list, tuple)):
+        return [json_value(x)[0] for x in v], False
+    if isinstance(v, dict):
+        return {str(k): json_value(x)[0] for k, x in v.items()}, False
+    return str(v), False
+
+
+def json_row(row: dict[str, Any] | None, b64: set[str]) -> dict[str, Any] | None:
+    if row is None:
+        return None
+    out = {}
+    for k, v in row.items():
+        jv, is_b64 = json_value(v)
+        if is_b64:
+            b64.add(k)
+        out[k] = jv
+    return out
+
+
+def quote_ident(name: str) -> str:
+    """A MySQL identifier in backticks; a backtick inside is doubled."""
+    return "`" + name.replace("`", "``") + "`"
+
+
+def qualified(db: str, table: str) -> str:
+    return f"{quote_ident(db)}.{quote_ident(table)}"
+
+
+def sql_param(v: Any, type_code: int | None = None) -> Any:
+    """A value as a pymysql query parameter for the column's type."""
+    if type_code == T_BIT and isinstance(v, str):
+        return int(v, 2) if v else 0
+    if isinstance(v, (set, frozenset)):
+        return ",".join(sorted(str(x) for x in v))
+    return v
+
+
+def sql_literal(v: Any, type_code: int | None = None) -> str:
+    """A value as SQL text (for ``format=sql`` output; the MySQL sender uses parameters)."""
+    v = sql_param(v, type_code)
+    if v is None:
+        return "NULL"
+    if isinstance(v, bool):
+        return "1" if v else "0"
+    if isinstance(v, (int, float, decimal.Decimal)):
+        return str(v)
+    if isinstance(v, (bytes, bytearray, memoryview)):
+        b = bytes(v)
+        return "X'" + b.hex() + "'" if b else "''"
+    if isinstance(v, dt.datetime):
+        return "'" + v.isoformat(sep=" ") + "'"
+    if isinstance(v, dt.date):
+        return "'" + v.isoformat() + "'"
+    if isinstance(v, dt.timedelta):
+        return "'" + format_timedelta(v) + "'"
+    return "'" + escape_string(str(v)) + "'"

@@ -1,0 +1,73 @@
+"""Best-effort reading of which database and table a DDL statement changes."""
+
+from __future__ import annotations
+
+import re
+
+_NAME = r"(?:`(?:[^`]|``)+`|[\w$]+)"
+_QNAME = rf"({_NAME}(?:\s*\.\s*{_NAME})?)"
+_COMMENT = re.compile(r"/\*.*?\*/|--[^\n]*\n|#[^\n]*\n", re.S)
+_TABLE_DDL = re.compile(
+    r"^(?:CREATE|ALTER|DROP|TRUNCATE|RENAME)\s+(?:OR\s+REPLACE\s+)?(?:TEMPORARY\s+)?"
+    r"(?:ONLINE\s+|IGNORE\s+)?TABLE\s+(?:IF\s+(?:NOT\s+)?EXISTS\s+)?" + _QNAME,
+    re.I,
+)
+_TRUNCATE = re.compile(r"^TRUNCATE\s+(?!TABLE\b)" + _QNAME, re.I)
+_INDEX_DDL = re.compile(
+    r"^(?:CREATE|DROP)\s+(?:OR\s+REPLACE\s+)?(?:ONLINE\s+)?(?:UNIQUE\s+|FULLTEXT\s+|SPATIAL\s+)?"
+    r"INDEX\s+(?:IF\s+(?:NOT\s+)?EXISTS\s+)?" + _NAME + r"\s+(?:USING\s+\w+\s+)?ON\s+" + _QNAME,
+    re.I,
+)
+_DB_DDL = re.compile(
+    r"^(?:CREATE|DROP|ALTER)\s+(?:OR\s+REPLACE\s+)?(?:DATABASE|SCHEMA)\s+(?:IF\s+(?:NOT\s+)?EXISTS\s+)?("
+    + _NAME + ")",
+    re.I,
+)
+
+
+def _unquote(n: str) -> str:
+    n = n.strip()
+    if n.startswith("`") and n.endswith("`"):
+        return n[1:-1].replace("``", "`")
+    return n
+
+
+def split_qname(q: str) -> tuple[str | None, str]:
+    parts = re.findall(_NAME, q)
+    if len(parts) == 2:
+        return _unquote(parts[0]), _unquote(parts[1])
+    return None, _unquote(parts[0])
+
+
+def ddl_target(sql: str, current_db: str) -> tuple[str, str]:
+    """(db, table) a statement changes; table is "" for a database-level one."""
+    s = _COMMENT.sub(" ", sql).strip()
+    for rx in (_TABLE_DDL, _TRUNCATE, _INDEX_DDL):
+        m = rx.match(s)
+        if m:
+            db, table = split_qname(m.group(1))
+            return db or current_db, table
+    m = _DB_DDL.match(s)
+    if m:
+        return _unquote(m.group(1)), ""
+    return current_db, ""
+
+
+_IGNORED = re.compile(r"^(?:SAVEPOINT|ROLLBACK\s+TO|RELEASE\s+SAVEPOINT|XA\s)", re.I)
+
+
+def is_ignorable(sql: str) -> bool:
+    """Statements inside a transaction that change no data by themselves."""
+    return bool(_IGNORED.match(_COMMENT.sub(" ", sql).strip()))
+
+
+_DATA_DDL = re.compile(
+    r"^(?:CREATE|ALTER|DROP|RENAME|TRUNCATE)\b(?!\s+(?:USER|ROLE|SERVER|EVENT|LOGFILE|TABLESPACE)\b)",
+    re.I,
+)
+
+
+def is_data_ddl(sql: str) -> bool:
+    """Statements that change data objects (tables, databases, indexes, views...);
+    account and server statements (GRANT, CREATE USER, FLUSH ...) are not passed on."""
+    return bool(_DATA_DDL.match(_COMMENT.sub(" ", sql).strip()))

@@ -1,0 +1,92 @@
+"""The SenderManager: fans the merged, filtered stream out to every sender and
+computes the checkpoint from their acknowledgements.
+
+Each sender has its own bounded queue and thread, so senders drain in
+parallel; a slow sender throttles the stream once its queue is full
+(back-pressure, not unbounded buffering). The checkpoint is the minimum of the
+senders' acknowledged commit_ts; each region's position in it is the one after
+that region's last transaction at or below that commit_ts.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+from typing import Any
+
+from senders.base import Sender
+
+from .bqueue import Closed
+from .checkpoint import Checkpoint
+from .model import Item, Position, Txn
+
+log = logging.getLogger(__name__)
+
+
+class SenderManager:
+    def __init__(self, senders: list[Sender], start: Checkpoint, stop: threading.Event):
+        if not senders:
+            raise ValueError("at least one sender is needed")
+        self.senders = senders
+        self.stop_event = stop
+        self.checkpoint = start
+        self._positions: dict[str, Position] = dict(start.regions)
+        self._pending: collections.deque[tuple[int, str, Position | None]] = collections.deque()
+        self._lock = threading.Lock()
+        self.dispatched_ts = start.commit_ts
+        self.dispatched_txns = 0
+        self.dispatched_rows = 0
+        self.ddl_pending_ts = 0  # checkpoint soon after a DDL is acknowledged
+
+    def start(self) -> None:
+        for s in self.senders:
+            s.start(self.checkpoint.commit_ts)
+
+    def dispatch(self, item: Item) -> None:
+        """Hand one item to every sender, in stream order (blocks when a sender is full)."""
+        with self._lock:
+            self._pending.append((item.commit_ts, item.region, item.position))
+            self.dispatched_ts = item.commit_ts
+        weight = 1
+        if isinstance(item, Txn):
+            weight = len(item.changes) + 1
+            self.dispatched_txns += 1
+            self.dispatched_rows += len(item.changes)
+            if item.ddl is not None:
+                self.ddl_pending_ts = item.commit_ts
+        for s in self.senders:
+            try:
+                s.queue.put(item, weight, stop=self.stop_event)
+            except Closed:
+                return
+
+    def acked_ts(self) -> int:
+        return min(s.acked_ts for s in self.senders)
+
+    def advance(self) -> Checkpoint:
+        """The checkpoint as of now (never below the previous one)."""
+        acked = self.acked_ts()
+        with self._lock:
+            if acked <= self.checkpoint.commit_ts:
+                return self.checkpoint
+            while self._pending and self._pending[0][0] <= acked:
+                _, region, pos = self._pending.popleft()
+                if pos is not None:
+                    self._positions[region] = pos
+            self.checkpoint = Checkpoint(acked, dict(self._positions))
+            return self.checkpoint
+
+    def failed(self) -> Sender | None:
+        return next((s for s in self.senders if s.error is not None), None)
+
+    def stop(self) -> None:
+        for s in self.senders:
+            s.stop()
+
+    def join(self, timeout: float = 30.0) -> None:
+        for s in self.senders:
+            s.join(timeout)
+
+    def status(self) -> dict[str, Any]:
+        return {s.name: s.status() for s in self.senders}

@@ -1,0 +1,67 @@
+"""Idempotent SQL from row changes: a replay converges to the same target state.
+
+* insert -> ``INSERT ... ON DUPLICATE KEY UPDATE`` (an upsert)
+* update -> ``UPDATE ... WHERE <old key>`` (so a primary-key change moves the row)
+* delete -> ``DELETE ... WHERE <key>``
+
+The key is the primary key; without one, every column of the old image, with
+NULL-safe ``<=>`` and ``LIMIT 1``. Identifiers are always quoted. Values are
+parameters (``%s`` for pymysql; a ``%`` inside an identifier is doubled), or
+literals for ``format=sql`` files.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .encode import quote_ident, sql_literal, sql_param
+from .model import RowChange, TableSchema
+
+
+class _Out:
+    def __init__(self, literal: bool):
+        self.literal = literal
+        self.params: list[Any] = []
+
+    def ident(self, name: str) -> str:
+        q = quote_ident(name)
+        return q if self.literal else q.replace("%", "%%")
+
+    def value(self, v: Any, type_code: int | None) -> str:
+        if self.literal:
+            return sql_literal(v, type_code)
+        self.params.append(sql_param(v, type_code))
+        return "%s"
+
+
+def key_columns(schema: TableSchema, row: dict[str, Any]) -> list[str]:
+    if schema.pk and all(c in row for c in schema.pk):
+        return list(schema.pk)
+    return list(row)
+
+
+def _where(o: _Out, schema: TableSchema, row: dict[str, Any]) -> str:
+    cols = key_columns(schema, row)
+    return " AND ".join(f"{o.ident(c)} <=> {o.value(row[c], schema.type_of(c))}" for c in cols)
+
+
+def build(ch: RowChange, target_db: str | None = None, literal: bool = False) -> tuple[str, list[Any]]:
+    o = _Out(literal)
+    s = ch.schema
+    name = f"{o.ident(target_db or s.db)}.{o.ident(s.table)}"
+    limit = "" if s.pk else " LIMIT 1"
+    if ch.op == "insert":
+        row = ch.after or {}
+        cols = ", ".join(o.ident(c) for c in row)
+        vals = ", ".join(o.value(v, s.type_of(c)) for c, v in row.items())
+        sql = f"INSERT INTO {name} ({cols}) VALUES ({vals})"
+        if s.pk:
+            upd = ", ".join(f"{o.ident(c)}=VALUES({o.ident(c)})" for c in row)
+            sql += f" ON DUPLICATE KEY UPDATE {upd}"
+    elif ch.op == "delete":
+        sql = f"DELETE FROM {name} WHERE {_where(o, s, ch.before or {})}{limit}"
+    else:
+        after = ch.after or {}
+        sets = ", ".join(f"{o.ident(c)}={o.value(v, s.type_of(c))}" for c, v in after.items())
+        sql = f"UPDATE {name} SET {sets} WHERE {_where(o, s, ch.before or {})}{limit}"
+    return sql, o.params

@@ -1,0 +1,122 @@
+"""Per-region commit_ts assignment (TSO shape), deterministic across replays.
+
+A MariaDB binlog gives whole-second timestamps that may even step backwards
+(an event carries the time its statement *started*). A region therefore assigns
+
+    commit_ts = max(source_seconds * 1000 << 18, previous_commit_ts + 1)
+
+which is strictly increasing and, replayed from the same position with the
+same floor, gives the same values: a replayed change keeps its
+``(region, commit_ts, seq)`` identity.
+
+Heartbeats promise that nothing at or below their ts will follow. A
+transaction that arrives after such a promise with an older source time is
+*lifted* above it. Lifts depend on timing, so each one is written (with fsync)
+to a small journal before the transaction leaves the region; a replay reads
+the journal and gives the lifted transaction the same commit_ts again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from pathlib import Path
+
+from .errors import CheckpointError
+from .model import Position, make_ts
+
+log = logging.getLogger(__name__)
+
+
+class LiftJournal:
+    """Append-only JSONL of ``{region, file, pos, commit_ts}`` for lifted transactions."""
+
+    def __init__(self, path: Path | None):
+        self.path = path
+        self._lock = threading.Lock()
+        self._entries: dict[tuple[str, str, int], int] = {}
+        if path is not None and path.exists():
+            lines = path.read_text(encoding="utf-8").splitlines()
+            for lineno, line in enumerate(lines, 1):
+                if not line.strip():
+                    continue
+                try:
+                    d = json.loads(line)
+                    self._entries[(d["region"], d["file"], int(d["pos"]))] = int(d["commit_ts"])
+                except (ValueError, KeyError, TypeError) as exc:
+                    # a torn last line after kill -9 is expected; anything else is not
+                    if lineno == len(lines):
+                        log.warning("%s:%d: ignoring torn last line", path, lineno)
+                        continue
+                    raise CheckpointError(f"{path}:{lineno}: corrupt lift journal: {exc}") from exc
+
+    def get(self, region: str, pos: Position) -> int:
+        return self._entries.get((region, pos.file, pos.pos), 0)
+
+    def record(self, region: str, pos: Position, commit_ts: int) -> None:
+        key = (region, pos.file, pos.pos)
+        with self._lock:
+            if self._entries.get(key) == commit_ts:
+                return
+            self._entries[key] = commit_ts
+            if self.path is None:
+                return
+            line = json.dumps(
+                {"region": region, "file": pos.file, "pos": pos.pos, "commit_ts": commit_ts}
+            )
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                os.write(fd, (line + "\n").encode())
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+    def prune(self, positions: dict[str, Position]) -> None:
+        """Forget lifts at or before each region's checkpointed position."""
+        with self._lock:
+            keep = {
+                k: v
+                for k, v in self._entries.items()
+                if k[0] not in positions or (k[1], k[2]) > (positions[k[0]].file, positions[k[0]].pos)
+            }
+            if len(keep) == len(self._entries):
+                return
+            self._entries = keep
+            if self.path is None:
+                return
+            tmp = self.path.with_suffix(self.path.suffix + ".tmp")
+            with open(tmp, "w", encoding="utf-8") as f:
+                for (region, file, pos), ts in keep.items():
+                    f.write(json.dumps({"region": region, "file": file, "pos": pos, "commit_ts": ts}) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path)
+
+
+class RegionClock:
+    """Assigns strictly increasing commit_ts for one region."""
+
+    def __init__(self, region: str, floor: int, journal: LiftJournal):
+        self.region = region
+        self.last_txn = floor
+        self.last_emitted = floor
+        self.journal = journal
+        self.lifts = 0
+
+    def commit(self, source_seconds: int, position: Position) -> int:
+        derived = make_ts(source_seconds * 1000)
+        natural = max(derived, self.last_txn + 1)
+        ts = max(natural, self.last_emitted + 1, self.journal.get(self.region, position))
+        if ts > natural:
+            self.lifts += 1
+            self.journal.record(self.region, position, ts)
+        self.last_txn = self.last_emitted = ts
+        return ts
+
+    def heartbeat(self, source_now_ms: int) -> int:
+        """The ts a heartbeat may promise now (never below what was already emitted)."""
+        ts = max(make_ts(source_now_ms), self.last_emitted)
+        self.last_emitted = ts
+        return ts

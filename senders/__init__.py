@@ -1,0 +1,36 @@
+"""Sender registry: the names used in senderConfig.cfg ``[global] type=``.
+
+Sender modules are imported on first use; heavy clients (kafka, pyspark) are
+imported inside their sender, not here.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from capturer.ini import Key
+
+    from .base import Sender
+
+_REGISTRY: dict[str, str] = {
+    "local": "senders.local:LocalSender",
+}
+
+
+def known_senders() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def sender_class(name: str) -> "type[Sender]":
+    try:
+        target = _REGISTRY[name]
+    except KeyError:
+        raise KeyError(f"unknown sender {name!r}; known: {', '.join(known_senders())}") from None
+    mod, cls = target.split(":")
+    return getattr(importlib.import_module(mod), cls)  # type: ignore[no-any-return]
+
+
+def sender_keys(name: str) -> "list[Key]":
+    return list(sender_class(name).KEYS)

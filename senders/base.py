@@ -1,0 +1,170 @@
+"""The sender contract and the machinery every sender shares.
+
+A sender gets every item of the merged stream, in order, through its own
+bounded queue, and runs in its own thread. Subclasses implement
+``open()``, ``send(batch)`` and ``close()``:
+
+* ``send(batch)`` receives transactions in stream order (heartbeats are
+  filtered out). When it returns, every row of the batch must be durable at
+  the destination: the base class then acknowledges the batch, i.e. moves
+  ``acked_ts`` to the commit_ts of its last item.
+* It raises ``SinkError(retriable=True)`` for a failure worth retrying (the
+  base retries the same batch with capped exponential backoff, shows the error
+  and the retry count in the status, and does not acknowledge meanwhile) or
+  ``SinkError(retriable=False)`` for a fatal one (the capturer stops after a
+  final checkpoint of what was truly acknowledged).
+
+Senders that complete out of order (parallel workers) use ``AckTracker``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from typing import Any, ClassVar
+
+from capturer.bqueue import Closed, WeightedQueue
+from capturer.errors import SinkError
+from capturer.ini import Key
+from capturer.model import Item, Txn
+
+log = logging.getLogger(__name__)
+
+
+class AckTracker:
+    """Head-of-line watermark over out-of-order completions (the maxwell model).
+
+    ``register(ts)`` in stream order; ``done(ts)`` in any order; ``acked`` is the
+    commit_ts of the longest completed prefix."""
+
+    def __init__(self, start: int = 0):
+        self._pending: deque[int] = deque()
+        self._done: set[int] = set()
+        self._lock = threading.Lock()
+        self.acked = start
+
+    def register(self, ts: int) -> None:
+        with self._lock:
+            self._pending.append(ts)
+
+    def done(self, ts: int) -> int:
+        with self._lock:
+            self._done.add(ts)
+            while self._pending and self._pending[0] in self._done:
+                t = self._pending.popleft()
+                self._done.discard(t)
+                self.acked = t
+            return self.acked
+
+
+class Sender:
+    KEYS: ClassVar[list[Key]] = []
+    #: the most rows handed to one ``send`` call
+    batch_rows: int = 5000
+    max_backoff: float = 30.0
+
+    def __init__(self, name: str, options: dict[str, Any], queue_rows: int = 100_000):
+        self.name = name
+        self.options = options
+        self.queue: WeightedQueue[Item] = WeightedQueue(queue_rows)
+        self.acked_ts = 0
+        self.rows = 0
+        self.txns = 0
+        self.errors = 0
+        self.retries = 0
+        self.last_error = ""
+        self.state = "new"
+        self.error: BaseException | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"sender-{name}", daemon=True)
+
+    # --- to implement -------------------------------------------------------
+    def open(self) -> None:
+        """Connect / open files. May raise SinkError(retriable=True) to be retried."""
+
+    def send(self, batch: list[Txn]) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release resources. Called once, from the sender's thread."""
+
+    # --- machinery ----------------------------------------------------------
+    def start(self, acked_ts: int) -> None:
+        self.acked_ts = acked_ts
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop after the batch in hand; what is still queued is not sent (it
+        will be read again from the checkpoint)."""
+        self._stop.set()
+        self.queue.close()
+
+    def join(self, timeout: float | None = None) -> None:
+        self._thread.join(timeout)
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "state": self.state,
+            "rows": self.rows,
+            "txns": self.txns,
+            "acked_ts": self.acked_ts,
+            "queue_items": len(self.queue),
+            "queue_rows": self.queue.weight,
+            "errors": self.errors,
+            "retries": self.retries,
+            "last_error": self.last_error,
+        }
+
+    def _with_retries(self, what: str, fn: Any, *args: Any) -> bool:
+        """Run fn until it succeeds. False if stopped meanwhile."""
+        delay = 0.2
+        while True:
+            try:
+                fn(*args)
+                if self.state == "retrying":
+                    log.info("sender %s: %s succeeded after retrying", self.name, what)
+                self.state = "running"
+                return True
+            except SinkError as exc:
+                self.errors += 1
+                self.last_error = f"{what}: {exc}"
+                if not exc.retriable:
+                    raise
+                self.retries += 1
+                self.state = "retrying"
+                log.warning("sender %s: %s failed (%s); retrying in %.1fs", self.name, what, exc, delay)
+                if self._stop.wait(delay):
+                    return False
+                delay = min(delay * 2, self.max_backoff)
+
+    def _run(self) -> None:
+        try:
+            if not self._with_retries("open", self.open):
+                return
+            while not self._stop.is_set():
+                try:
+                    items = self.queue.get_many(self.batch_rows, timeout=0.2)
+                except Closed:
+                    break
+                if not items:
+                    continue
+                batch = [it for it in items if isinstance(it, Txn)]
+                if batch:
+                    if not self._with_retries("send", self.send, batch):
+                        break
+                    self.txns += len(batch)
+                    self.rows += sum(len(t.changes) for t in batch)
+                self.acked_ts = max(self.acked_ts, items[-1].commit_ts)
+        except BaseException as exc:  # noqa: BLE001 - reported to the app
+            self.error = exc
+            self.state = "failed"
+            self.last_error = str(exc)
+            log.exception("sender %s failed", self.name)
+        finally:
+            try:
+                self.close()
+            except Exception:  # noqa: BLE001
+                log.exception("sender %s: close failed", self.name)
+            if self.state != "failed":
+                self.state = "stopped"

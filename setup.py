@@ -1,0 +1,24 @@
+from setuptools import find_packages, setup
+
+setup(
+    name="binlog-capturer",
+    version="0.1.0",
+    description="Ordered binlog capturer with multi-sink fan-out",
+    python_requires=">=3.10",
+    packages=find_packages(include=["capturer", "capturer.*", "senders", "senders.*"]),
+    install_requires=[
+        "PyMySQL>=1.1,<2",
+        "mysql-replication==1.0.17",
+        "protobuf>=4.21",
+        "grpcio>=1.60",
+        "requests>=2.28",
+        "prometheus_client>=0.17",
+    ],
+    extras_require={
+        "kafka": ["kafka-python>=2.0", "lz4", "zstandard"],
+        "confluent": ["confluent-kafka>=2.3"],
+        "spark": ["pyspark>=4.0,<5", "pyarrow>=14", "pandas<3"],
+        "test": ["pytest>=8", "hypothesis>=6.100", "requests>=2.28"],
+    },
+    entry_points={"console_scripts": ["capturer=capturer.__main__:main"]},
+)

@@ -1,0 +1,61 @@
+#!/bin/sh
+# Start the capturer.
+#   sh start.sh                  background; pid in log/capturer.pid, log in log/capturer.log
+#   sh start.sh --foreground     in the foreground (Ctrl-C stops it cleanly)
+#   sh start.sh --demo [--once]  self-contained demo: two private MariaDB regions -> file
+#   sh start.sh --config PATH    another config (default conf/config.cfg)
+set -u
+ROOT=$(cd "$(dirname "$0")" && pwd)
+cd "$ROOT" || exit 1
+
+FOREGROUND=0; DEMO=0; ONCE=0; CONFIG=conf/config.cfg
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --foreground|-f) FOREGROUND=1 ;;
+        --demo) DEMO=1 ;;
+        --once) ONCE=1 ;;
+        --config) shift; CONFIG=${1:?--config needs a path} ;;
+        --config=*) CONFIG=${1#--config=} ;;
+        -h|--help) sed -n '2,7p' "$0"; exit 0 ;;
+        *) echo "start.sh: unknown option $1 (try --help)" >&2; exit 2 ;;
+    esac
+    shift
+done
+
+NEED_MARIADB=$DEMO
+export NEED_MARIADB
+. "$ROOT/scripts/bootstrap.sh" || { echo "start.sh: set-up failed" >&2; exit 1; }
+PYBIN="$VENV/bin/python"
+
+if [ "$DEMO" = "1" ]; then
+    if [ "$ONCE" = "1" ]; then exec "$PYBIN" -m capturer --demo --once
+    else exec "$PYBIN" -m capturer --demo
+    fi
+fi
+
+# refuse a bad config now, in the foreground, with its exit code (2)
+"$PYBIN" -m capturer --config "$CONFIG" --check >/dev/null 2>"$ROOT/.check.err"
+rc=$?
+if [ $rc -ne 0 ]; then cat "$ROOT/.check.err" >&2; rm -f "$ROOT/.check.err"; exit $rc; fi
+rm -f "$ROOT/.check.err"
+
+if [ "$FOREGROUND" = "1" ]; then
+    exec "$PYBIN" -m capturer --config "$CONFIG"
+fi
+
+mkdir -p log
+PIDFILE=log/capturer.pid
+if [ -f "$PIDFILE" ] && kill -0 "$(cat "$PIDFILE")" 2>/dev/null; then
+    echo "start.sh: already running (pid $(cat "$PIDFILE")); sh stop.sh first" >&2
+    exit 1
+fi
+nohup "$PYBIN" -m capturer --config "$CONFIG" >>log/capturer.log 2>&1 &
+echo $! > "$PIDFILE"
+sleep 2
+if ! kill -0 "$(cat "$PIDFILE")" 2>/dev/null; then
+    echo "start.sh: the capturer exited at once; last lines of log/capturer.log:" >&2
+    tail -n 20 log/capturer.log >&2
+    rm -f "$PIDFILE"
+    exit 1
+fi
+echo "capturer started (pid $(cat "$PIDFILE")); log: log/capturer.log; stop: sh stop.sh"

@@ -1,0 +1,16 @@
+#!/bin/sh
+# Stop the background capturer gracefully (it writes a final checkpoint).
+ROOT=$(cd "$(dirname "$0")" && pwd)
+PIDFILE="$ROOT/log/capturer.pid"
+if [ ! -f "$PIDFILE" ]; then echo "stop.sh: not running (no $PIDFILE)"; exit 0; fi
+PID=$(cat "$PIDFILE")
+if ! kill -0 "$PID" 2>/dev/null; then echo "stop.sh: not running (stale pid $PID)"; rm -f "$PIDFILE"; exit 0; fi
+kill -TERM "$PID"
+i=0
+while kill -0 "$PID" 2>/dev/null; do
+    i=$((i + 1))
+    if [ $i -gt 120 ]; then echo "stop.sh: pid $PID still running after 60s" >&2; exit 1; fi
+    sleep 0.5
+done
+rm -f "$PIDFILE"
+echo "capturer stopped"
