@@ -1,0 +1,127 @@
+"""Shared helpers for integration tests: private MariaDB servers and a capturer
+run in-process or as a real subprocess (for kill -9)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from capturer.local_mariadb import MariaDBInstance, free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def start_servers(tmp: Path, n: int, **kw: Any) -> list[MariaDBInstance]:
+    servers = []
+    for i in range(n):
+        m = MariaDBInstance(tmp / f"mdb{i + 1}", server_id=i + 1, **kw).start()
+        m.create_capture_user()
+        servers.append(m)
+    return servers
+
+
+def write_config(
+    tmp: Path,
+    servers: list[MariaDBInstance],
+    senders: str = "",
+    filter_text: str = "",
+    extra_global: str = "",
+    region_extra: str = "",
+) -> Path:
+    regions = "".join(
+        f"\n[region:r{i + 1}]\ntype=mysql\nhost=127.0.0.1\nport={m.port}\nuser=capturer\n"
+        f"password=capturer\nserver_id={800 + i}\nheartbeat_ms=200\n{region_extra}"
+        for i, m in enumerate(servers)
+    )
+    (tmp / "filter_rule.txt").write_text(filter_text)
+    (tmp / "senderConfig.cfg").write_text(
+        senders or f"[global]\ntype=local\n[local]\nfilepath={tmp / 'out' / 'changes.jsonl'}\n"
+    )
+    cfg = tmp / "config.cfg"
+    cfg.write_text(
+        "[global]\n"
+        f"binlogCheckPointPath={tmp / 'checkpoint.json'}\n"
+        f"senderConfig={tmp / 'senderConfig.cfg'}\n"
+        f"filterRuleDict={tmp / 'filter_rule.txt'}\n"
+        f"httpPort={free_port()}\ncheckpointInterval=0.5\n{extra_global}" + regions
+    )
+    return cfg
+
+
+def read_lines(tmp: Path) -> list[dict[str, Any]]:
+    from capturer.replay import output_files
+
+    out = []
+    for p in output_files(tmp / "out" / "changes.jsonl"):
+        out.extend(json.loads(line) for line in p.read_text().splitlines())
+    return out
+
+
+def wait_for(pred: Callable[[], bool], timeout: float = 60.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def master_pos(m: MariaDBInstance) -> tuple[str, int]:
+    c = m.connect()
+    try:
+        with c.cursor() as cur:
+            cur.execute("SHOW MASTER STATUS")
+            r = cur.fetchone()
+            return str(r[0]), int(r[1])
+    finally:
+        c.close()
+
+
+def checkpoint_covers(tmp: Path, servers: list[MariaDBInstance]) -> bool:
+    p = tmp / "checkpoint.json"
+    if not p.exists():
+        return False
+    try:
+        cp = json.loads(p.read_text())
+    except ValueError:
+        return False
+    for i, m in enumerate(servers):
+        pos = cp["regions"].get(f"r{i + 1}")
+        if pos is None or (pos["file"], pos["pos"]) < master_pos(m):
+            return False
+    return True
+
+
+class CapturerProcess:
+    """``python -m capturer`` as a child process, as start.sh runs it."""
+
+    def __init__(self, cfg: Path, log: Path):
+        self.cfg = cfg
+        self.log = log
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> "CapturerProcess":
+        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "capturer", "--config", str(self.cfg)],
+                stdout=out, stderr=subprocess.STDOUT, env=env, cwd=str(ROOT),
+            )
+        return self
+
+    def kill9(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+
+    def stop(self, timeout: float = 60) -> int:
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout)

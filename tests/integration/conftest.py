@@ -1,0 +1,45 @@
+from __future__ import annotations
+
+import contextlib
+import threading
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from capturer.app import Capturer
+from capturer.config import load_config
+from capturer.local_mariadb import MariaDBInstance
+from helpers import start_servers
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def two_servers(tmp_path: Path) -> Iterator[list[MariaDBInstance]]:
+    servers = start_servers(tmp_path, 2)
+    yield servers
+    for m in servers:
+        m.stop()
+
+
+@contextlib.contextmanager
+def running(cfg_path: Path) -> Iterator[Capturer]:
+    """The capturer in-process, in a thread, stopped cleanly on exit."""
+    cap = Capturer(load_config(cfg_path))
+    stop = threading.Event()
+    result: dict[str, int] = {}
+    cap.start()
+    t = threading.Thread(target=lambda: result.setdefault("code", cap.run(should_stop=stop)))
+    t.start()
+    try:
+        yield cap
+    finally:
+        stop.set()
+        t.join(60)
+    assert result.get("code") == 0, f"capturer exited with {result.get('code')}: {cap.failure}"
+
+
+@pytest.fixture
+def capturer_running():  # type: ignore[no-untyped-def]
+    return running

@@ -1,0 +1,13 @@
+#!/bin/sh
+# The one test command: sets everything up on a fresh machine (virtualenv,
+# Python packages, mariadb-server via apt-get where mariadbd is missing), then
+# runs the unit and integration tests. Extra arguments go to pytest, e.g.
+#   sh tests/run.sh -k merger        sh tests/run.sh --runslow  (every slow case too)
+set -u
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT" || exit 1
+NEED_MARIADB=1
+EXTRAS=test
+export NEED_MARIADB EXTRAS
+. "$ROOT/scripts/bootstrap.sh" || { echo "tests/run.sh: set-up failed" >&2; exit 1; }
+exec "$VENV/bin/python" -m pytest tests "$@"

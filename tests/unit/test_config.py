@@ -1,0 +1,85 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from capturer.config import load_config
+from capturer.errors import ConfigError
+
+GOOD_SENDERS = "[global]\ntype=local\n[local]\nfilepath=./x.jsonl\n"
+
+
+def write(tmp: Path, cfg: str, senders: str = GOOD_SENDERS) -> Path:
+    (tmp / "senderConfig.cfg").write_text(senders)
+    (tmp / "filter_rule.txt").write_text("")
+    p = tmp / "config.cfg"
+    p.write_text(cfg)
+    return p
+
+
+BASE = """[global]
+binlogCheckPointPath=./cp.json
+senderConfig=./senderConfig.cfg
+filterRuleDict=./filter_rule.txt
+httpPort=8080
+[region:a]
+host=127.0.0.1
+port=3306
+user=u
+password=p%secret
+server_id=10
+"""
+
+
+def test_good_config(tmp_path: Path) -> None:
+    cfg = load_config(write(tmp_path, BASE), base_dir=tmp_path)
+    assert cfg.regions[0].password == "p%secret"  # no interpolation
+    assert cfg.checkpoint_path == tmp_path / "cp.json"
+    assert cfg.http_host == "127.0.0.1"
+    assert "p%secret" not in str(cfg.masked()) and "p%secret" not in repr(cfg)
+
+
+@pytest.mark.parametrize(
+    "edit,needle",
+    [
+        (lambda s: s.replace("port=3306", "port=abc"), ":8: [region:a] port: bad value 'abc'"),
+        (lambda s: s.replace("port=3306", "port=70000"), "[region:a] port"),
+        (lambda s: s.replace("server_id=10\n", ""), "missing required key 'server_id'"),
+        (lambda s: s + "colour=blue\n", "unknown key 'colour'"),
+        (lambda s: s + "[mystery]\n", "unknown section [mystery]"),
+        (lambda s: s.replace("httpPort=8080", "httpPort=8080\nhttpPort=9"), "httpPort is set twice"),
+        (lambda s: s.replace("[region:a]", "[region:a b]"), "region name"),
+        (lambda s: s.replace("host=127.0.0.1\n", "host 127.0.0.1\n"), "expected 'key = value'"),
+        (lambda s: s.split("[region:a]")[0], "no [region:NAME] section"),
+        (lambda s: s + "start=yesterday\n", "[region:a] start"),
+    ],
+)
+def test_bad_config_names_file_section_key(tmp_path: Path, edit, needle: str) -> None:  # type: ignore[no-untyped-def]
+    p = write(tmp_path, edit(BASE))
+    with pytest.raises(ConfigError) as ei:
+        load_config(p, base_dir=tmp_path)
+    assert str(p) in str(ei.value) and needle in str(ei.value)
+
+
+def test_password_not_echoed_on_error(tmp_path: Path) -> None:
+    p = write(tmp_path, BASE.replace("server_id=10", "server_id=x"))
+    with pytest.raises(ConfigError) as ei:
+        load_config(p, base_dir=tmp_path)
+    assert "p%secret" not in str(ei.value)
+
+
+@pytest.mark.parametrize(
+    "senders,needle",
+    [
+        ("[global]\ntype=local,carrier_pigeon\n", "unknown sender 'carrier_pigeon'; known: local"),
+        ("[global]\ntype=local\n[local]\nfilepath=x\nformat=xml\n", "[local] format: bad value 'xml'"),
+        ("[global]\ntype=local\n[local]\nfilpath=x\n", "unknown key 'filpath'"),
+        ("[local]\nfilepath=x\n", "missing section [global]"),
+    ],
+)
+def test_bad_sender_config(tmp_path: Path, senders: str, needle: str) -> None:
+    p = write(tmp_path, BASE, senders)
+    with pytest.raises(ConfigError) as ei:
+        load_config(p, base_dir=tmp_path)
+    assert "senderConfig.cfg" in str(ei.value) and needle in str(ei.value)

@@ -1,0 +1,129 @@
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+from capturer.checkpoint import Checkpoint
+from capturer.model import Heartbeat, Position, RowChange, TableSchema, Txn
+from capturer.sender_manager import SenderManager
+from senders.base import AckTracker, Sender
+from senders.local import LocalSender
+
+S = TableSchema("d", "t", ("id", "v"), ("id",))
+
+
+def txn(ts: int, region: str = "r", n: int = 2, pos: int = 0) -> Txn:
+    ch = tuple(RowChange(S, "insert", None, {"id": ts * 10 + i, "v": "x"}) for i in range(n))
+    return Txn(region, ts, Position("bin.000001", pos or ts * 100), ch)
+
+
+def test_ack_tracker_head_of_line() -> None:
+    a = AckTracker()
+    for ts in (1, 2, 3, 4):
+        a.register(ts)
+    assert a.done(3) == 0
+    assert a.done(1) == 1
+    assert a.done(2) == 3
+    assert a.done(4) == 4
+
+
+def local(tmp: Path, **kw: object) -> LocalSender:
+    opts = {"filepath": str(tmp / "out.jsonl"), "format": "json", "rotate_mb": 1, "fsync": True}
+    opts.update(kw)
+    return LocalSender("local", opts)
+
+
+def test_local_cuts_torn_tail_and_rotates(tmp_path: Path) -> None:
+    out = tmp_path / "out.jsonl"
+    out.write_text('{"a": 1}\n{"torn": ')
+    s = local(tmp_path)
+    s.open()
+    assert out.read_text() == '{"a": 1}\n'
+    big = Txn("r", 5, Position("f", 9), tuple(
+        RowChange(S, "insert", None, {"id": i, "v": "y" * 300}) for i in range(4000)))
+    s.send([big])
+    s.send([txn(6)])
+    s.close()
+    assert (tmp_path / "out.jsonl.000001").exists()
+    lines = [json.loads(x) for p in (tmp_path / "out.jsonl.000001", out) for x in p.read_text().splitlines()]
+    assert [x["seq"] for x in lines if x.get("commit_ts") == 5] == list(range(4000))
+    assert lines[-1]["commit_ts"] == 6 and lines[-1]["last"] is True
+
+
+def test_local_sql_format(tmp_path: Path) -> None:
+    s = local(tmp_path, format="sql")
+    s.open()
+    s.send([txn(7, n=1)])
+    s.close()
+    text = (tmp_path / "out.jsonl").read_text()
+    assert "SET time_zone='+00:00';" in text
+    assert "INSERT INTO `d`.`t` (`id`, `v`) VALUES (70, 'x') ON DUPLICATE KEY UPDATE" in text
+    assert "-- region=r commit_ts=7" in text
+
+
+class SlowSender(Sender):
+    def __init__(self, name: str, gate: threading.Event):
+        super().__init__(name, {})
+        self.gate = gate
+        self.got: list[int] = []
+
+    def send(self, batch: list[Txn]) -> None:
+        self.gate.wait()
+        self.got.extend(t.commit_ts for t in batch)
+
+
+def test_checkpoint_is_min_of_senders_and_positions_follow() -> None:
+    fast_gate, slow_gate = threading.Event(), threading.Event()
+    fast_gate.set()
+    fast, slow = SlowSender("fast", fast_gate), SlowSender("slow", slow_gate)
+    stop = threading.Event()
+    m = SenderManager([fast, slow], Checkpoint(), stop)
+    m.start()
+    for ts in (1, 2, 3):
+        m.dispatch(txn(ts, pos=ts * 100))
+    m.dispatch(Heartbeat("q", 4, Position("other", 4)))
+    deadline = time.time() + 5
+    while fast.acked_ts < 4 and time.time() < deadline:
+        time.sleep(0.01)
+    assert fast.acked_ts == 4
+    assert m.advance().commit_ts == 0  # the slow sender has acknowledged nothing
+    slow_gate.set()
+    while slow.acked_ts < 4 and time.time() < deadline:
+        time.sleep(0.01)
+    cp = m.advance()
+    assert cp.commit_ts == 4
+    assert cp.regions == {"r": Position("bin.000001", 300), "q": Position("other", 4)}
+    m.stop()
+    m.join()
+
+
+class FlakySender(Sender):
+    max_backoff = 0.05
+
+    def __init__(self) -> None:
+        super().__init__("flaky", {})
+        self.fail = 3
+        self.got: list[int] = []
+
+    def send(self, batch: list[Txn]) -> None:
+        from capturer.errors import SinkError
+
+        if self.fail:
+            self.fail -= 1
+            raise SinkError("target down")
+        self.got.extend(t.commit_ts for t in batch)
+
+
+def test_retry_does_not_ack_until_delivered() -> None:
+    s = FlakySender()
+    s.start(0)
+    s.queue.put(txn(1))
+    deadline = time.time() + 5
+    while s.acked_ts < 1 and time.time() < deadline:
+        assert s.acked_ts == 0 or s.got
+        time.sleep(0.01)
+    assert s.got == [1] and s.acked_ts == 1 and s.retries == 3 and "target down" in s.last_error
+    s.stop()
+    s.join()
