@@ -184,6 +184,17 @@ class MySQLRegion(Region):
         self._ukeys[key] = res  # type: ignore[assignment]
         return res
 
+    def _forget(self, db: str, table: str, sql: str) -> None:
+        """Drop cached table metadata after a DDL: of that table, of a whole
+        database, or everything when the statement renames (it names two tables)."""
+        if not db or " RENAME " in f" {sql.upper()} ":
+            self._schemas.clear()
+            self._ukeys.clear()
+            return
+        for cache in (self._schemas, self._ukeys):
+            for k in [k for k in cache if k[0] == db and (not table or k[1] == table)]:
+                del cache[k]  # type: ignore[attr-defined]
+
     def _schema(self, ev: Any) -> TableSchema:
         cols = tuple(c.name for c in ev.columns)
         key = (ev.schema, ev.table, cols)
@@ -272,6 +283,12 @@ class MySQLRegion(Region):
                     break
                 if isinstance(ev, HeartbeatLogEvent):
                     if not in_txn:
+                        # the server has sent everything: the stream position is at a
+                        # transaction boundary, past any trailing non-transaction events
+                        here = Position(str(stream.log_file), int(stream.log_pos),
+                                        self.position.gtid if self.position else "")
+                        if self.position is None or (here.file, here.pos) > (self.position.file, self.position.pos):
+                            self.position = here
                         self._heartbeat()
                     continue
                 if ev.timestamp:
@@ -320,8 +337,7 @@ class MySQLRegion(Region):
                     else:
                         schema_db = ev.schema.decode("utf-8", "replace") if isinstance(ev.schema, bytes) else str(ev.schema or "")
                         db, table = ddl_target(q, schema_db)
-                        self._schemas.clear()
-                        self._ukeys.clear()
+                        self._forget(db, table, q)
                         self._commit(stream, ev.timestamp, gtid, [], Ddl(db, q, table))
                         changes, gtid, in_txn = [], "", False
         finally:
