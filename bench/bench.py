@@ -1,0 +1,170 @@
+"""Benchmarks: a fixed workload on private MariaDB regions, the capturer's
+end-to-end rate into each sender, next to baselines measured in the same run.
+
+    sh bench/run.sh                 # full: 200k inserts (100-row txns), 50k updates, 20k deletes, 2 regions
+    sh bench/run.sh --rows 5000     # smoke size
+
+Every figure is reported with its ratio to a baseline from the same run; the
+machine is small and noisy, so absolute numbers mean little on their own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import decimal
+import json
+import os
+import random
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from capturer.app import Capturer  # noqa: E402
+from capturer.config import load_config  # noqa: E402
+from capturer.local_mariadb import MariaDBInstance, free_port  # noqa: E402
+
+TABLE = """CREATE TABLE bench.t (
+  id INT PRIMARY KEY, name VARCHAR(64), city VARCHAR(32), price DECIMAL(12,2), qty DECIMAL(10,3),
+  created DATETIME(6), updated DATETIME, n INT, big BIGINT, note TEXT)"""
+
+
+def load(m: MariaDBInstance, region: int, inserts: int, updates: int, deletes: int, batch: int = 100) -> int:
+    """The fixed workload on one region; returns the row changes written."""
+    rng = random.Random(region)
+    c = m.connect()
+    c.autocommit(False)
+    base = region * 10_000_000
+    now = dt.datetime(2026, 1, 1, 12, 0, 0)
+    with c.cursor() as cur:
+        for start in range(0, inserts, batch):
+            rows = [
+                (base + i, f"name-{i}", rng.choice(["Paris", "Oslo", "Lima", "Pune"]),
+                 decimal.Decimal(rng.randrange(100000)) / 100, decimal.Decimal(rng.randrange(100000)) / 1000,
+                 now + dt.timedelta(microseconds=i), now, i, i * 1000, "x" * 60)
+                for i in range(start, min(start + batch, inserts))
+            ]
+            cur.executemany("INSERT INTO bench.t VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)", rows)
+            c.commit()
+        for start in range(0, updates, batch):
+            cur.execute("UPDATE bench.t SET n = n + 1, updated = NOW() WHERE id >= %s AND id < %s",
+                        (base + start, base + min(start + batch, updates)))
+            c.commit()
+        top = inserts - deletes
+        for start in range(top, inserts, batch):
+            cur.execute("DELETE FROM bench.t WHERE id >= %s AND id < %s", (base + start, base + min(start + batch, inserts)))
+            c.commit()
+    c.close()
+    return inserts + updates + deletes
+
+
+def baseline_decode(m: MariaDBInstance) -> tuple[int, float]:
+    """python-mysql-replication alone: decode every row event of the binlog to dicts."""
+    from pymysqlreplication import BinLogStreamReader
+    from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, WriteRowsEvent
+
+    s = BinLogStreamReader(
+        {"host": "127.0.0.1", "port": m.port, "user": "root", "passwd": ""}, server_id=4242,
+        blocking=False, resume_stream=True, log_file="mariadb-bin.000001", log_pos=4,
+        only_events=[WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent], enable_logging=False,
+    )
+    t0 = time.perf_counter()
+    n = 0
+    for ev in s:
+        for _ in ev.rows:
+            n += 1
+    dt_ = time.perf_counter() - t0
+    s.close()
+    return n, dt_
+
+
+def run_capturer(tmp: Path, servers: list[MariaDBInstance], senders_cfg: str, expect_rows: int) -> dict[str, Any]:
+    regions = "".join(
+        f"\n[region:r{i}]\nhost=127.0.0.1\nport={m.port}\nuser=root\npassword=\nserver_id={700 + i}\n"
+        for i, m in enumerate(servers)
+    )
+    (tmp / "senders.cfg").write_text(senders_cfg)
+    (tmp / "config.cfg").write_text(
+        f"[global]\nbinlogCheckPointPath={tmp / 'cp.json'}\nsenderConfig={tmp / 'senders.cfg'}\n"
+        f"filterRuleDict=\nhttpPort={free_port()}\ncheckpointInterval=0.5\nlogLevel=warning\n" + regions
+    )
+    cap = Capturer(load_config(tmp / "config.cfg"))
+    t0 = time.perf_counter()
+    cap.start()
+    done_at: list[float] = []
+
+    def until(c: Capturer) -> bool:
+        if all(s.rows >= expect_rows for s in c.senders):
+            done_at.append(time.perf_counter())
+            return True
+        return time.perf_counter() - t0 > 1800
+
+    code = cap.run(until=until)
+    elapsed = (done_at[0] if done_at else time.perf_counter()) - t0
+    return {"exit": code, "seconds": round(elapsed, 2), "rows": min(s.rows for s in cap.senders),
+            "rows_per_s": round(min(s.rows for s in cap.senders) / elapsed)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", type=int, default=200_000, help="inserts per run (split over regions)")
+    ap.add_argument("--smoke", action="store_true", help="assert completeness only (CI)")
+    args = ap.parse_args()
+    inserts = args.rows // 2
+    updates, deletes = inserts // 4, inserts // 10
+    tmp = Path(tempfile.mkdtemp(prefix="capt-bench-"))
+    servers = [MariaDBInstance(tmp / f"r{i}", server_id=i + 1).start() for i in range(2)]
+    results: dict[str, Any] = {"date": dt.datetime.now().isoformat(timespec="seconds"),
+                               "workload": {"inserts": inserts * 2, "updates": updates * 2, "deletes": deletes * 2,
+                                            "regions": 2}, "cpu": os.cpu_count()}
+    try:
+        for m in servers:
+            m.execute("CREATE DATABASE bench", TABLE)
+        t0 = time.perf_counter()
+        threads = []
+        written = [0, 0]
+
+        def go(i: int, m: MariaDBInstance) -> None:
+            written[i] = load(m, i + 1, inserts, updates, deletes)
+
+        for i, m in enumerate(servers):
+            threads.append(threading.Thread(target=go, args=(i, m)))
+            threads[-1].start()
+        for t in threads:
+            t.join()
+        total = sum(written)
+        results["load_seconds"] = round(time.perf_counter() - t0, 2)
+        n, secs = baseline_decode(servers[0])
+        results["baseline_decode_rows_per_s"] = round(n / secs)
+        out = tmp / "out"
+        r = run_capturer(tmp / "file", servers,
+                         f"[global]\ntype=local\n[local]\nfilepath={out / 'changes.jsonl'}\n", total) \
+            if (tmp / "file").mkdir() is None else {}
+        r["ratio_to_decode_baseline"] = round(r["rows_per_s"] / results["baseline_decode_rows_per_s"], 2)
+        results["file"] = r
+        if args.smoke:
+            assert r["rows"] == total and r["exit"] == 0, f"not every row arrived: {r} of {total}"
+    finally:
+        for m in servers:
+            m.stop()
+    print(json.dumps(results, indent=2))
+    print()
+    print("| measure | rows/s | ratio |")
+    print("|---|---|---|")
+    print(f"| baseline: python-mysql-replication decode (1 region) | {results['baseline_decode_rows_per_s']} | 1.00 |")
+    print(f"| capturer -> file (2 regions) | {results['file']['rows_per_s']} | {results['file']['ratio_to_decode_baseline']} |")
+    if not args.smoke:
+        dest = ROOT / "bench" / "results" / f"{dt.date.today().isoformat()}.json"
+        dest.write_text(json.dumps(results, indent=2) + "\n")
+        print(f"\nwritten {dest}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,10 @@
+#!/bin/sh
+# Benchmarks (see bench/bench.py). Sets itself up like tests/run.sh.
+set -u
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT" || exit 1
+NEED_MARIADB=1
+EXTRAS=test
+export NEED_MARIADB EXTRAS
+. "$ROOT/scripts/bootstrap.sh" || exit 1
+exec "$VENV/bin/python" bench/bench.py "$@"
