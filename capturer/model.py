@@ -106,11 +106,16 @@ class RowChange:
 
 @dataclass(frozen=True)
 class Ddl:
-    """A schema change as the source wrote it. ``db`` is the session's current database."""
+    """A schema change as the source wrote it.
+
+    ``db``/``table``: what it changes (``table`` is "" for a database-level
+    statement or when the statement could not be read); ``session_db``: the
+    database that was current when it ran (unqualified names refer to it)."""
 
     db: str
     sql: str
-    table: str = ""  # the table it changes, where the statement names one
+    table: str = ""
+    session_db: str = ""
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 
 _REGISTRY: dict[str, str] = {
     "local": "senders.local:LocalSender",
+    "mysql": "senders.mysql:MySQLSender",
 }
 
 

@@ -338,7 +338,7 @@ class MySQLRegion(Region):
                         schema_db = ev.schema.decode("utf-8", "replace") if isinstance(ev.schema, bytes) else str(ev.schema or "")
                         db, table = ddl_target(q, schema_db)
                         self._forget(db, table, q)
-                        self._commit(stream, ev.timestamp, gtid, [], Ddl(db, q, table))
+                        self._commit(stream, ev.timestamp, gtid, [], Ddl(db, q, table, schema_db))
                         changes, gtid, in_txn = [], "", False
         finally:
             stream.close()

@@ -1,0 +1,555 @@
+"""The MySQL sender: SQL built from the rows, applied by parallel workers with
+row-conflict detection, idempotent after a crash.
+
+Per batch of transactions (in stream order):
+
+* every change gets its conflict keys (``capturer.causality``); changes of one
+  causal group go to one worker (``stable_hash(group) % threadnum``) in order;
+  a change linking two groups first forces a barrier (the workers finish and
+  commit what they have), as does every DDL;
+* each worker groups consecutive changes of the same table and kind into
+  multi-row statements: ``INSERT ... ON DUPLICATE KEY UPDATE`` (an upsert),
+  ``DELETE ... WHERE (pk) IN (...)``, and ``UPDATE ... WHERE <old key>`` sent
+  together in one round trip. Values are always parameters (pymysql ``%s``,
+  escaped by the driver); identifiers are always quoted;
+* the batch is acknowledged only when every worker has committed its part.
+
+Replays after a crash converge: an upsert that collides with another row on a
+unique key is redone as ``REPLACE``; an update that finds no row at its old key
+upserts its new image; an update whose new key collides deletes the old row
+and replaces the new one. Tables without a primary or unique key cannot be made
+idempotent by SQL: their rows go through one worker in order, and the identity
+``(commit_ts, region, seq)`` of the last applied row is stored per table in
+``<meta_database>.applied`` in the same transaction, so a replay skips them.
+
+``txn_atomic=true`` applies each source transaction as one target transaction
+(whole transactions are routed by the union of their keys), so readers never
+see half a transaction, at the cost of smaller statements and more commits.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import re
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import pymysql
+from pymysql.constants import CLIENT
+
+from capturer.causality import Causality, conflict_keys, stable_hash
+from capturer.encode import quote_ident, sql_param
+from capturer.errors import SinkError
+from capturer.ini import Key, p_bool, p_choice, p_float, p_int, p_nonempty, p_str
+from capturer.model import Ddl, RowChange, Txn
+
+from .base import Sender
+
+log = logging.getLogger(__name__)
+
+# errors worth retrying: the target is down, restarting, overloaded or deadlocked
+RETRIABLE = {
+    1040, 1053, 1077, 1078, 1079, 1080, 1152, 1153, 1154, 1155, 1156, 1157, 1158, 1159, 1160,
+    1161, 1184, 1205, 1213, 1290, 1836, 1927, 2002, 2003, 2004, 2005, 2006, 2013, 2014, 2026,
+    2027, 2055, 4031,
+}
+# DDL that was already applied (a replay after a crash): fine to skip
+DDL_ALREADY_DONE = {1007, 1008, 1050, 1051, 1060, 1061, 1068, 1091, 1826}
+ER_NO_SUCH_TABLE = 1146
+ER_DUP_ENTRY = 1062
+
+Ident = tuple[int, str, int]  # (commit_ts, region, seq): merged-stream order
+
+
+@dataclass(frozen=True)
+class Op:
+    ident: Ident
+    ch: RowChange
+    db: str  # target database
+    table: str
+
+    @property
+    def keyed(self) -> bool:
+        return bool(self.ch.schema.pk or self.ch.schema.unique_keys)
+
+
+def _q(name: str) -> str:
+    """A quoted identifier safe inside a pymysql query with parameters."""
+    return quote_ident(name).replace("%", "%%")
+
+
+def _params(ch: RowChange, row: dict[str, Any], cols: list[str]) -> list[Any]:
+    s = ch.schema
+    return [sql_param(row[c], s.type_of(c)) for c in cols]
+
+
+def _where(ch: RowChange, row: dict[str, Any]) -> tuple[str, list[Any], str]:
+    s = ch.schema
+    cols = list(s.pk) if s.pk and all(c in row for c in s.pk) else list(row)
+    sql = " AND ".join(f"{_q(c)} <=> %s" for c in cols)
+    return sql, _params(ch, row, cols), "" if s.pk else " LIMIT 1"
+
+
+def _classify(exc: BaseException, what: str) -> SinkError:
+    if isinstance(exc, SinkError):
+        return exc
+    code = exc.args[0] if getattr(exc, "args", None) and isinstance(exc.args[0], int) else 0
+    retriable = isinstance(exc, (pymysql.err.InterfaceError, OSError)) or code in RETRIABLE
+    return SinkError(f"{what}: {exc}", retriable=retriable)
+
+
+class Worker:
+    """One target connection, used only from its own thread."""
+
+    def __init__(self, sender: "MySQLSender", index: int):
+        self.s = sender
+        self.index = index
+        self.conn: pymysql.connections.Connection | None = None
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"mysql-w{index}")
+
+    # --- connection ---------------------------------------------------------
+    def connect(self) -> pymysql.connections.Connection:
+        if self.conn is None:
+            o = self.s.options
+            try:
+                conn = pymysql.connect(
+                    host=o["host"], port=o["port"], user=o["user"], password=o["password"],
+                    charset="utf8mb4", autocommit=False, connect_timeout=o["connect_timeout"],
+                    read_timeout=o["timeout"], write_timeout=o["timeout"],
+                    client_flag=CLIENT.MULTI_STATEMENTS | CLIENT.FOUND_ROWS,
+                )
+                with conn.cursor() as cur:
+                    # binlog TIMESTAMPs are UTC; keep 0 in an AUTO_INCREMENT column; allow what
+                    # the source allowed; rows of different tables may arrive out of FK order
+                    cur.execute("SET time_zone='+00:00', sql_mode='NO_AUTO_VALUE_ON_ZERO,"
+                                "NO_ENGINE_SUBSTITUTION', foreign_key_checks=0")
+                    # workers touch disjoint rows; READ COMMITTED avoids the gap locks
+                    # that would make them deadlock on neighbouring keys
+                    cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+                conn.commit()
+            except pymysql.err.MySQLError as exc:
+                raise _classify(exc, f"connect to {o['host']}:{o['port']}") from exc
+            self.conn = conn
+        return self.conn
+
+    def drop(self) -> None:
+        if self.conn is not None:
+            try:
+                self.conn.close()
+            except Exception:  # noqa: BLE001
+                pass
+            self.conn = None
+
+    # --- applying -----------------------------------------------------------
+    def submit(self, units: list[list[Op]], atomic: bool) -> "Future[int]":
+        return self.pool.submit(self.apply, units, atomic)
+
+    def apply(self, units: list[list[Op]], atomic: bool) -> int:
+        """Apply and commit; a deadlock or lock timeout is retried here, at once,
+        since each attempt is rolled back whole."""
+        for attempt in range(1, 9):
+            try:
+                return self._apply(units, atomic)
+            except SinkError as exc:
+                cause = exc.__cause__
+                code = cause.args[0] if cause is not None and cause.args else 0
+                if code not in (1213, 1205) or attempt == 8:
+                    raise
+                self.s.count("deadlock_retries")
+                time.sleep(random.uniform(0.005, 0.05) * attempt)
+        raise AssertionError("unreachable")
+
+    def _apply(self, units: list[list[Op]], atomic: bool) -> int:
+        conn = self.connect()
+        done = 0
+        try:
+            if atomic:
+                for unit in units:
+                    done += self._apply_ops(conn, unit)
+                    conn.commit()
+            else:
+                ops = [op for unit in units for op in unit]
+                for i in range(0, len(ops), self.s.commit_rows):
+                    done += self._apply_ops(conn, ops[i : i + self.s.commit_rows])
+                    conn.commit()
+        except BaseException as exc:
+            err = _classify(exc, f"worker {self.index}")
+            try:
+                conn.rollback()
+            except Exception:  # noqa: BLE001
+                pass
+            inner = exc.__cause__ if isinstance(exc, SinkError) else exc
+            code = inner.args[0] if inner is not None and getattr(inner, "args", None) else 0
+            if err.retriable and code not in (1213, 1205):
+                self.drop()
+            raise err from inner
+        return done
+
+    def _apply_ops(self, conn: pymysql.connections.Connection, ops: list[Op]) -> int:
+        progress: dict[str, Ident] = {}
+        todo = []
+        for op in ops:
+            if not op.keyed and self.s.meta_db:
+                tkey = f"{op.db}.{op.table}"
+                seen = self.s.progress.get(tkey)
+                if seen is not None and op.ident <= seen:
+                    self.s.count("replayed_skips")
+                    continue  # applied before a crash: replaying would duplicate it
+                progress[tkey] = op.ident
+            todo.append(op)
+        i = 0
+        with conn.cursor() as cur:
+            while i < len(todo):
+                j = i + 1
+                head = todo[i]
+                sig = (head.db, head.table, head.ch.op, head.keyed, tuple(head.ch.image))
+                while (j < len(todo) and j - i < self.s.stmt_rows
+                       and (todo[j].db, todo[j].table, todo[j].ch.op, todo[j].keyed,
+                            tuple(todo[j].ch.image)) == sig):
+                    j += 1
+                run = todo[i:j]
+                what = f"{head.ch.op} into {quote_ident(head.db)}.{quote_ident(head.table)}"
+                try:
+                    if head.ch.op == "insert":
+                        self._insert(cur, run)
+                    elif head.ch.op == "delete":
+                        self._delete(cur, run)
+                    else:
+                        self._update(cur, run)
+                except pymysql.err.MySQLError as exc:
+                    raise _classify(exc, what) from exc
+                i = j
+            for tkey, ident in progress.items():
+                cur.execute(
+                    f"INSERT INTO {_q(self.s.meta_db)}.`applied` (tbl, commit_ts, region, seq) "
+                    "VALUES (%s, %s, %s, %s) ON DUPLICATE KEY UPDATE commit_ts=VALUES(commit_ts), "
+                    "region=VALUES(region), seq=VALUES(seq)",
+                    (tkey, ident[0], ident[1], ident[2]),
+                )
+        for tkey, ident in progress.items():
+            self.s.progress_after_commit[tkey] = ident
+        return len(todo)
+
+    def _insert(self, cur: Any, run: list[Op], verb: str = "INSERT") -> None:
+        head = run[0]
+        cols = list(head.ch.after or {})
+        name = f"{_q(head.db)}.{_q(head.table)}"
+        row_sql = "(" + ", ".join(["%s"] * len(cols)) + ")"
+        params: list[Any] = []
+        for op in run:
+            params.extend(_params(op.ch, op.ch.after or {}, cols))
+        sql = f"{verb} INTO {name} ({', '.join(_q(c) for c in cols)}) VALUES " + ", ".join([row_sql] * len(run))
+        if verb == "INSERT" and head.keyed:
+            sql += " ON DUPLICATE KEY UPDATE " + ", ".join(f"{_q(c)}=VALUES({_q(c)})" for c in cols)
+        try:
+            cur.execute(sql, params)
+        except pymysql.err.IntegrityError as exc:
+            if exc.args[0] != ER_DUP_ENTRY or verb != "INSERT" or not head.keyed:
+                raise
+            # the new row collides with a *different* row on a unique key: only
+            # possible when replaying; REPLACE removes the stale row and converges
+            self.s.count("replace_fallbacks", len(run))
+            self._insert(cur, run, verb="REPLACE")
+
+    def _delete(self, cur: Any, run: list[Op]) -> None:
+        head = run[0]
+        name = f"{_q(head.db)}.{_q(head.table)}"
+        pk = head.ch.schema.pk
+        if pk and all(c in (op.ch.before or {}) for op in run for c in pk):
+            cols = ", ".join(_q(c) for c in pk)
+            one = "(" + ", ".join(["%s"] * len(pk)) + ")"
+            params: list[Any] = []
+            for op in run:
+                params.extend(_params(op.ch, op.ch.before or {}, list(pk)))
+            lhs = f"({cols})" if len(pk) > 1 else cols
+            cur.execute(f"DELETE FROM {name} WHERE {lhs} IN ({', '.join([one] * len(run))})", params)
+            return
+        stmts, params = [], []
+        for op in run:
+            where, p, limit = _where(op.ch, op.ch.before or {})
+            stmts.append(f"DELETE FROM {name} WHERE {where}{limit}")
+            params.extend(p)
+        self._multi(cur, stmts, params)
+
+    def _update(self, cur: Any, run: list[Op]) -> None:
+        head = run[0]
+        name = f"{_q(head.db)}.{_q(head.table)}"
+        stmts, params = [], []
+        for op in run:
+            after = op.ch.after or {}
+            cols = list(after)
+            where, wp, limit = _where(op.ch, op.ch.before or {})
+            stmts.append(f"UPDATE {name} SET {', '.join(f'{_q(c)}=%s' for c in cols)} WHERE {where}{limit}")
+            params.extend(_params(op.ch, after, cols) + wp)
+        try:
+            counts = self._multi(cur, stmts, params)
+        except pymysql.err.IntegrityError as exc:
+            if exc.args[0] != ER_DUP_ENTRY or not head.keyed:
+                raise
+            self._drain(cur)
+            self._update_one_by_one(cur, run)
+            return
+        if head.keyed:
+            missing = [op for op, n in zip(run, counts) if n == 0]
+            if missing:
+                # no row at the old key: the target is ahead (a replay) or lost it;
+                # upserting the new image converges either way
+                self.s.count("upsert_fallbacks", len(missing))
+                self._insert(cur, missing)
+
+    def _update_one_by_one(self, cur: Any, run: list[Op]) -> None:
+        """Slow path after a unique-key collision: statement by statement."""
+        head = run[0]
+        name = f"{_q(head.db)}.{_q(head.table)}"
+        for op in run:
+            after = op.ch.after or {}
+            cols = list(after)
+            where, wp, limit = _where(op.ch, op.ch.before or {})
+            try:
+                n = cur.execute(f"UPDATE {name} SET {', '.join(f'{_q(c)}=%s' for c in cols)} "
+                                f"WHERE {where}{limit}", _params(op.ch, after, cols) + wp)
+            except pymysql.err.IntegrityError as exc:
+                if exc.args[0] != ER_DUP_ENTRY:
+                    raise
+                self.s.count("replace_fallbacks", 1)
+                cur.execute(f"DELETE FROM {name} WHERE {where}{limit}", wp)
+                self._insert(cur, [op], verb="REPLACE")
+                continue
+            if n == 0:
+                self.s.count("upsert_fallbacks", 1)
+                self._insert(cur, [op])
+
+    @staticmethod
+    def _multi(cur: Any, stmts: list[str], params: list[Any]) -> list[int]:
+        """Several statements in one round trip; the matched-row count of each."""
+        counts = [cur.execute(";\n".join(stmts), params)]
+        while len(counts) < len(stmts):
+            if not cur.nextset():
+                break
+            counts.append(cur.rowcount)
+        return counts
+
+    @staticmethod
+    def _drain(cur: Any) -> None:
+        try:
+            while cur.nextset():
+                pass
+        except pymysql.err.MySQLError:
+            pass
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True)
+        self.drop()
+
+
+class MySQLSender(Sender):
+    KEYS: ClassVar[list[Key]] = [
+        Key("host", p_nonempty, required=True),
+        Key("port", p_int(1, 65535), 3306),
+        Key("user", p_nonempty, required=True),
+        Key("password", p_str, "", secret=True),
+        Key("database", p_str, "", doc="put every table into this database (default: same db as the source)"),
+        Key("threadnum", p_int(1, 256), 8, doc="parallel workers (connections)"),
+        Key("ddl", p_choice("apply", "skip"), "apply", doc="apply DDL to the target or skip it"),
+        Key("txn_atomic", p_bool, False, doc="one target transaction per source transaction"),
+        Key("batch_rows", p_int(1, 100_000), 1000, doc="rows per multi-row statement"),
+        Key("meta_database", p_str, "_capturer",
+            doc="database for replay protection of tables without keys; empty disables it"),
+        Key("connect_timeout", p_float(0.5, 600), 5.0),
+        Key("timeout", p_float(1, 86_400), 600.0, doc="read/write timeout of one statement (s)"),
+    ]
+    batch_rows = 20_000
+    commit_rows = 5_000
+
+    def __init__(self, name: str, options: dict[str, Any], queue_rows: int = 100_000):
+        super().__init__(name, options, queue_rows)
+        self.n = int(options["threadnum"])
+        self.stmt_rows = int(options["batch_rows"])
+        self.atomic = bool(options["txn_atomic"])
+        self.target_db = options["database"] or None
+        self.meta_db = options["meta_database"] or ""
+        self.workers = [Worker(self, i) for i in range(self.n)]
+        self.progress: dict[str, Ident] = {}
+        self.progress_after_commit: dict[str, Ident] = {}
+        self._progress_loaded = False
+        self.counters: dict[str, int] = {"barriers": 0, "ddl_applied": 0, "ddl_skipped": 0,
+                                         "replace_fallbacks": 0, "upsert_fallbacks": 0,
+                                         "replayed_skips": 0, "deadlock_retries": 0}
+        self._clock = threading.Lock()
+
+    def count(self, what: str, n: int = 1) -> None:
+        with self._clock:
+            self.counters[what] = self.counters.get(what, 0) + n
+
+    def status(self) -> dict[str, Any]:
+        st = super().status()
+        st.update(self.counters)
+        st["workers"] = self.n
+        return st
+
+    # --- lifecycle ----------------------------------------------------------
+    def open(self) -> None:
+        conn = self.workers[0].connect()
+        if self.meta_db:
+            try:
+                with conn.cursor() as cur:
+                    cur.execute(f"CREATE DATABASE IF NOT EXISTS {_q(self.meta_db)}")
+                    cur.execute(
+                        f"CREATE TABLE IF NOT EXISTS {_q(self.meta_db)}.`applied` ("
+                        "tbl VARCHAR(600) NOT NULL PRIMARY KEY, commit_ts BIGINT UNSIGNED NOT NULL, "
+                        "region VARCHAR(64) NOT NULL, seq INT UNSIGNED NOT NULL) "
+                        "DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin"
+                    )
+                conn.commit()
+            except pymysql.err.MySQLError as exc:
+                err = _classify(exc, f"creating {self.meta_db}.applied on the target")
+                if err.retriable:
+                    self.workers[0].drop()
+                    raise err from exc
+                log.warning("sender %s: %s; tables without keys are not protected against "
+                            "replays (set meta_database= to silence this)", self.name, err)
+                self.meta_db = ""
+        self._progress_loaded = False
+
+    def _load_progress(self) -> None:
+        self.progress = {}
+        if self.meta_db:
+            conn = self.workers[0].connect()
+            try:
+                with conn.cursor() as cur:
+                    cur.execute(f"SELECT tbl, commit_ts, region, seq FROM {_q(self.meta_db)}.`applied`")
+                    for tbl, ts, region, seq in cur.fetchall():
+                        self.progress[str(tbl)] = (int(ts), str(region), int(seq))
+                conn.commit()
+            except pymysql.err.MySQLError as exc:
+                self.workers[0].drop()
+                raise _classify(exc, "reading replay progress") from exc
+        self._progress_loaded = True
+
+    def close(self) -> None:
+        for w in self.workers:
+            w.close()
+
+    # --- sending ------------------------------------------------------------
+    def _target(self, ch: RowChange) -> tuple[str, str]:
+        return (self.target_db or ch.db, ch.table)
+
+    def send(self, batch: list[Txn]) -> None:
+        try:
+            if not self._progress_loaded:
+                self._load_progress()
+            self._send(batch)
+        except BaseException:
+            self._progress_loaded = False  # a partial batch may have committed: re-read
+            raise
+        finally:
+            self.progress.update(self.progress_after_commit)
+            self.progress_after_commit = {}
+
+    def _send(self, batch: list[Txn]) -> None:
+        causality = Causality()
+        lanes: dict[int, list[list[Op]]] = {}
+
+        def flush() -> None:
+            if lanes:
+                self._run_phase(lanes)
+                lanes.clear()
+            causality.reset()
+
+        def place(keys: list[str], unit: list[Op]) -> None:
+            if causality.detect_conflict(keys):
+                self.count("barriers")
+                flush()
+            group = causality.add(keys)
+            lanes.setdefault(stable_hash(group) % self.n, []).append(unit)
+
+        for txn in batch:
+            if txn.ddl is not None:
+                flush()
+                self._apply_ddl(txn.ddl)
+                continue
+            ops = [Op((txn.commit_ts, txn.region, i), ch, *self._target(ch))
+                   for i, ch in enumerate(txn.changes)]
+            if not ops:
+                continue
+            if self.atomic:
+                keys = [k for op in ops for k in conflict_keys(op.ch, op.db, op.table)]
+                place(keys, ops)
+            else:
+                for op in ops:
+                    place(conflict_keys(op.ch, op.db, op.table), [op])
+        flush()
+
+    def _run_phase(self, lanes: dict[int, list[list[Op]]]) -> None:
+        futures = [self.workers[w].submit(units, self.atomic) for w, units in lanes.items()]
+        errors = []
+        for f in futures:
+            try:
+                f.result()
+            except BaseException as exc:  # noqa: BLE001
+                errors.append(exc)
+        if errors:
+            # a fatal error wins over a retriable one: retrying would not help it
+            fatal = [e for e in errors if isinstance(e, SinkError) and not e.retriable]
+            raise (fatal or errors)[0]
+
+    # --- DDL ----------------------------------------------------------------
+    _DB_LEVEL = re.compile(r"^\s*(CREATE|DROP|ALTER)\s+(DATABASE|SCHEMA)\b", re.I)
+
+    def _ddl_sql(self, ddl: Ddl) -> tuple[str | None, str] | None:
+        """(database to USE, statement) for the target, or None to skip it."""
+        if self.target_db is None:
+            return (ddl.session_db or None), ddl.sql
+        if self._DB_LEVEL.match(ddl.sql):
+            return None  # everything goes into one database: its own DDL does not apply
+        sql = ddl.sql
+        for db in {d for d in (ddl.db, ddl.session_db) if d}:
+            pat = r"(?:`" + re.escape(db.replace("`", "``")) + r"`|(?<![\w`$.])" + re.escape(db) + r"(?![\w$]))\s*\.\s*(?=[`\w$])"
+            sql = re.sub(pat, "", sql)
+        return self.target_db, sql
+
+    def _apply_ddl(self, ddl: Ddl) -> None:
+        if self.options["ddl"] == "skip":
+            self.count("ddl_skipped")
+            return
+        plan = self._ddl_sql(ddl)
+        if plan is None:
+            self.count("ddl_skipped")
+            log.info("sender %s: skipping %r (database mapping is on)", self.name, ddl.sql[:100])
+            return
+        use, sql = plan
+        w = self.workers[0]
+
+        def run() -> None:
+            conn = w.connect()
+            try:
+                with conn.cursor() as cur:
+                    if use:
+                        try:
+                            cur.execute(f"USE {quote_ident(use)}")
+                        except pymysql.err.OperationalError as exc:
+                            if exc.args[0] != 1049:  # unknown database: run it unqualified
+                                raise
+                    try:
+                        cur.execute(sql)
+                    except pymysql.err.MySQLError as exc:
+                        code = exc.args[0] if exc.args else 0
+                        renamed = code == ER_NO_SUCH_TABLE and " RENAME " in f" {sql.upper()} "
+                        if code in DDL_ALREADY_DONE or renamed:
+                            log.warning("sender %s: DDL already applied on the target (%s); "
+                                        "going on: %s", self.name, exc, sql[:200])
+                        else:
+                            raise
+                conn.commit()
+                self.count("ddl_applied")
+            except BaseException as exc:
+                err = _classify(exc, f"applying DDL {sql[:200]!r}")
+                if err.retriable:
+                    w.drop()
+                raise err from exc
+
+        w.pool.submit(run).result()

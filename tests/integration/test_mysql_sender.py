@@ -1,0 +1,163 @@
+"""MySQL -> MySQL: parallel apply with conflict detection against real MariaDB."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from capturer.local_mariadb import MariaDBInstance
+from helpers import CapturerProcess, checkpoint_covers, wait_for, write_config
+from workload import SCHEMA, Workload, assert_target_equals_sources, rows_of
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def target(tmp_path: Path) -> Iterator[MariaDBInstance]:
+    m = MariaDBInstance(tmp_path / "target", server_id=99, binlog=False).start()
+    yield m
+    m.stop()
+
+
+def mysql_senders(target: MariaDBInstance, **extra: object) -> str:
+    opts = {"host": "127.0.0.1", "port": target.port, "user": "root", "password": "", "threadnum": 8}
+    opts.update(extra)
+    return "[global]\ntype=mysql\n[mysql]\n" + "".join(f"{k}={v}\n" for k, v in opts.items())
+
+
+def run_workload(servers: list[MariaDBInstance], steps: int, seed: int = 1) -> list[Workload]:
+    loads = [Workload(m, i + 1, seed + i) for i, m in enumerate(servers)]
+    threads = [w.thread(steps) for w in loads]
+    for t in threads:
+        t.join()
+    for w in loads:
+        assert not w.errors, w.errors
+    return loads
+
+
+@pytest.mark.parametrize("atomic", [False, True], ids=["rows", "txn_atomic"])
+def test_random_workload_target_equals_sources(tmp_path: Path, two_servers, target, capturer_running, atomic: bool) -> None:  # type: ignore[no-untyped-def]
+    for m in two_servers:
+        m.execute(*SCHEMA)
+    cfg = write_config(tmp_path, two_servers, senders=mysql_senders(target, txn_atomic=str(atomic).lower()))
+    with capturer_running(cfg) as cap:
+        loads = run_workload(two_servers, 600)
+        wait_for(lambda: checkpoint_covers(tmp_path, two_servers), 120, "target to catch up")
+        st = cap.senders[0].status()
+    assert sum(w.rows for w in loads) > 1000
+    assert_target_equals_sources(two_servers, target)
+    assert st["errors"] == 0, st
+    print(f"mysql sender status: {st}")
+
+
+def test_ddl_mid_stream_and_database_mapping(tmp_path: Path, two_servers, target, capturer_running) -> None:  # type: ignore[no-untyped-def]
+    m1 = two_servers[0]
+    m1.execute("CREATE DATABASE src", "CREATE TABLE src.t (id INT PRIMARY KEY, v VARCHAR(10))")
+    cfg = write_config(tmp_path, two_servers[:1], senders=mysql_senders(target, database="merged"))
+    target.execute("CREATE DATABASE merged")
+    with capturer_running(cfg):
+        m1.execute("INSERT INTO src.t VALUES (1,'a'),(2,'b')",
+                   "ALTER TABLE src.t ADD COLUMN extra INT NOT NULL DEFAULT 7",
+                   "INSERT INTO src.t VALUES (3,'c',30)",
+                   "UPDATE src.t SET extra = extra + 1 WHERE id < 3",
+                   "USE src",
+                   )
+        c = m1.connect(db="src")
+        with c.cursor() as cur:
+            cur.execute("CREATE TABLE u (k VARCHAR(5) PRIMARY KEY)")
+            cur.execute("INSERT INTO u VALUES ('x'),('y')")
+            cur.execute("RENAME TABLE u TO u2")
+            cur.execute("INSERT INTO u2 VALUES ('z')")
+            cur.execute("CREATE TABLE gone (id INT)")
+            cur.execute("DROP TABLE gone")
+            cur.execute("TRUNCATE TABLE t")
+            cur.execute("INSERT INTO t VALUES (9, 'after', 1)")
+        c.close()
+        wait_for(lambda: checkpoint_covers(tmp_path, two_servers[:1]), 60)
+    assert rows_of(target, "merged", "t") == rows_of(m1, "src", "t") == [(9, "after", 1)]
+    assert rows_of(target, "merged", "u2") == [("x",), ("y",), ("z",)]
+    c = target.connect()
+    with c.cursor() as cur:
+        cur.execute("SHOW DATABASES")
+        assert "src" not in {r[0] for r in cur.fetchall()}
+        cur.execute("SHOW TABLES FROM merged")
+        assert {r[0] for r in cur.fetchall()} == {"t", "u2"}
+    c.close()
+
+
+def test_target_restart_during_load(tmp_path: Path, two_servers, target, capturer_running) -> None:  # type: ignore[no-untyped-def]
+    for m in two_servers:
+        m.execute(*SCHEMA)
+    cfg = write_config(tmp_path, two_servers, senders=mysql_senders(target))
+    with capturer_running(cfg) as cap:
+        loads = [Workload(m, i + 1, 10 + i) for i, m in enumerate(two_servers)]
+        threads = [w.thread(800) for w in loads]
+        time.sleep(1.5)
+        target.stop()
+        sender = cap.senders[0]
+        wait_for(lambda: sender.state == "retrying", 30, "the sender to notice the outage")
+        time.sleep(1)  # let a checkpoint of what was acknowledged before the outage be written
+        cp_during = cap.checkpoint.commit_ts
+        time.sleep(2)
+        assert cap.checkpoint.commit_ts == cp_during, "checkpoint moved while the target was down"
+        assert cap.health()[0] is False
+        target.start()
+        for t in threads:
+            t.join()
+        wait_for(lambda: checkpoint_covers(tmp_path, two_servers), 120, "catch-up after target restart")
+        st = sender.status()
+    assert st["retries"] > 0 and st["last_error"]
+    assert_target_equals_sources(two_servers, target)
+
+
+def test_kill9_during_load_target_still_equals_sources(tmp_path: Path, two_servers, target) -> None:  # type: ignore[no-untyped-def]
+    for m in two_servers:
+        m.execute(*SCHEMA)
+    cfg = write_config(tmp_path, two_servers, senders=mysql_senders(target))
+    log = tmp_path / "capturer.log"
+    loads = [Workload(m, i + 1, 20 + i) for i, m in enumerate(two_servers)]
+    threads = [w.thread(1500) for w in loads]
+    proc = CapturerProcess(cfg, log).start()
+    time.sleep(3)
+    proc.kill9()
+    time.sleep(0.5)
+    proc = CapturerProcess(cfg, log).start()
+    time.sleep(2)
+    proc.kill9()  # twice, for good measure
+    proc = CapturerProcess(cfg, log).start()
+    for t in threads:
+        t.join()
+    wait_for(lambda: checkpoint_covers(tmp_path, two_servers), 120, "catch-up after kill -9")
+    assert proc.stop() == 0
+    assert_target_equals_sources(two_servers, target)
+
+
+def test_types_round_trip_to_target(tmp_path: Path, two_servers, target, capturer_running) -> None:  # type: ignore[no-untyped-def]
+    m1 = two_servers[0]
+    m1.execute(
+        "CREATE DATABASE ty",
+        """CREATE TABLE ty.t (
+            id INT PRIMARY KEY, d DECIMAL(20,6), dt6 DATETIME(6), ts TIMESTAMP(6) NULL, j JSON, b BLOB,
+            bits BIT(5), s VARCHAR(50), u BIGINT UNSIGNED, n INT NULL, dd DATE, tm TIME(3), f DOUBLE,
+            e ENUM('x','y'), st SET('a','b','c'), lat VARCHAR(10) CHARACTER SET latin1, y YEAR,
+            bin BINARY(4), zero INT NOT NULL)""",
+        "CREATE TABLE ty.`we``ird tbl` (`k%s` INT PRIMARY KEY, `v``x` TEXT)",
+    )
+    cfg = write_config(tmp_path, two_servers[:1], senders=mysql_senders(target))
+    with capturer_running(cfg):
+        m1.execute(
+            "SET time_zone='+05:00'",
+            """INSERT INTO ty.t VALUES (0, -12345678901234.123456, '2024-02-29 23:59:59.999999',
+               '2024-01-02 03:04:05.123456', '{"k": [1, "😀"]}', X'0001feff', b'10101', 'héllo 😀 \\' "',
+               18446744073709551615, NULL, '1999-12-31', '-838:59:59.000', -1.5e-300, 'y', 'a,c', 'café',
+               2155, X'00ff0000', 0)""",
+            "INSERT INTO ty.t (id, zero) VALUES (2, 5)",
+            "UPDATE ty.t SET n = 1, bits = b'00001' WHERE id = 0",
+            "INSERT INTO ty.`we``ird tbl` VALUES (1, '%s %% `` \\\\ ''')",
+        )
+        wait_for(lambda: checkpoint_covers(tmp_path, two_servers[:1]), 60)
+    assert rows_of(target, "ty", "t") == rows_of(m1, "ty", "t")
+    assert rows_of(target, "ty", "we`ird tbl") == rows_of(m1, "ty", "we`ird tbl") == [(1, "%s %% `` \\ '")]
