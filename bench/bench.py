@@ -84,6 +84,27 @@ def baseline_decode(m: MariaDBInstance) -> tuple[int, float]:
     return n, dt_
 
 
+def baseline_upsert(target: MariaDBInstance, rows: int, batch: int = 1000) -> float:
+    """Raw multi-row upsert rate of the target: pymysql executemany, 1000-row batches, 1 connection."""
+    target.execute("CREATE DATABASE IF NOT EXISTS base", TABLE.replace("bench.t", "base.t"))
+    c = target.connect()
+    c.autocommit(False)
+    now = dt.datetime(2026, 1, 1)
+    data = [(i, f"name-{i}", "Oslo", decimal.Decimal("12.34"), decimal.Decimal("1.500"), now, now, i, i * 1000, "x" * 60)
+            for i in range(rows)]
+    t0 = time.perf_counter()
+    with c.cursor() as cur:
+        for start in range(0, rows, batch):
+            cur.executemany(
+                "INSERT INTO base.t VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s) ON DUPLICATE KEY UPDATE "
+                "name=VALUES(name), n=VALUES(n)", data[start:start + batch])
+            c.commit()
+    secs = time.perf_counter() - t0
+    c.close()
+    target.execute("DROP DATABASE base")
+    return rows / secs
+
+
 def run_capturer(tmp: Path, servers: list[MariaDBInstance], senders_cfg: str, expect_rows: int) -> dict[str, Any]:
     regions = "".join(
         f"\n[region:r{i}]\nhost=127.0.0.1\nport={m.port}\nuser=root\npassword=\nserver_id={700 + i}\n"
@@ -115,6 +136,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=200_000, help="inserts per run (split over regions)")
     ap.add_argument("--smoke", action="store_true", help="assert completeness only (CI)")
+    ap.add_argument("--threads", type=int, default=8, help="MySQL sender workers")
     args = ap.parse_args()
     inserts = args.rows // 2
     updates, deletes = inserts // 4, inserts // 10
@@ -143,11 +165,22 @@ def main() -> int:
         n, secs = baseline_decode(servers[0])
         results["baseline_decode_rows_per_s"] = round(n / secs)
         out = tmp / "out"
+        (tmp / "file").mkdir()
         r = run_capturer(tmp / "file", servers,
-                         f"[global]\ntype=local\n[local]\nfilepath={out / 'changes.jsonl'}\n", total) \
-            if (tmp / "file").mkdir() is None else {}
+                         f"[global]\ntype=local\n[local]\nfilepath={out / 'changes.jsonl'}\n", total)
         r["ratio_to_decode_baseline"] = round(r["rows_per_s"] / results["baseline_decode_rows_per_s"], 2)
         results["file"] = r
+        if args.smoke:
+            assert r["rows"] == total and r["exit"] == 0, f"not every row arrived: {r} of {total}"
+        target = MariaDBInstance(tmp / "target", server_id=99).start()
+        servers.append(target)
+        results["baseline_upsert_rows_per_s"] = round(baseline_upsert(target, total))
+        (tmp / "mysql").mkdir()
+        r = run_capturer(tmp / "mysql", servers[:2],
+                         f"[global]\ntype=mysql\n[mysql]\nhost=127.0.0.1\nport={target.port}\nuser=root\n"
+                         f"threadnum={args.threads}\n", total)
+        r["ratio_to_upsert_baseline"] = round(r["rows_per_s"] / results["baseline_upsert_rows_per_s"], 2)
+        results["mysql"] = r
         if args.smoke:
             assert r["rows"] == total and r["exit"] == 0, f"not every row arrived: {r} of {total}"
     finally:
@@ -159,6 +192,8 @@ def main() -> int:
     print("|---|---|---|")
     print(f"| baseline: python-mysql-replication decode (1 region) | {results['baseline_decode_rows_per_s']} | 1.00 |")
     print(f"| capturer -> file (2 regions) | {results['file']['rows_per_s']} | {results['file']['ratio_to_decode_baseline']} |")
+    print(f"| baseline: raw multi-row upsert into the target (1 conn, 1000-row batches) | {results['baseline_upsert_rows_per_s']} | 1.00 |")
+    print(f"| capturer -> mysql ({args.threads} workers) | {results['mysql']['rows_per_s']} | {results['mysql']['ratio_to_upsert_baseline']} |")
     if not args.smoke:
         dest = ROOT / "bench" / "results" / f"{dt.date.today().isoformat()}.json"
         dest.write_text(json.dumps(results, indent=2) + "\n")
