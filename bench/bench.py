@@ -132,68 +132,131 @@ def run_capturer(tmp: Path, servers: list[MariaDBInstance], senders_cfg: str, ex
             "rows_per_s": round(min(s.rows for s in cap.senders) / elapsed)}
 
 
+def baseline_producer(servers: str, client: str, n: int) -> float:
+    """Raw producer rate: n ~420-byte JSON messages, keyed, acks=all, idempotent, one topic."""
+    value = json.dumps({"id": 1, "name": "x" * 380}).encode()
+    topic = f"baseline-{client}"
+    t0 = time.perf_counter()
+    if client == "confluent":
+        import confluent_kafka
+
+        p = confluent_kafka.Producer({"bootstrap.servers": servers, "acks": "all", "enable.idempotence": True,
+                                      "linger.ms": 5, "queue.buffering.max.messages": 1_000_000})
+        for i in range(n):
+            while True:
+                try:
+                    p.produce(topic, value=value, key=str(i).encode())
+                    break
+                except BufferError:
+                    p.poll(0.05)
+            p.poll(0)
+        p.flush(120)
+    else:
+        from kafka import KafkaProducer
+
+        kp = KafkaProducer(bootstrap_servers=servers, acks="all", enable_idempotence=True, linger_ms=5,
+                           batch_size=256 * 1024)
+        for i in range(n):
+            kp.send(topic, value=value, key=str(i).encode())
+        kp.flush(120)
+        kp.close()
+    return n / (time.perf_counter() - t0)
+
+
+class Report:
+    def __init__(self) -> None:
+        self.rows: list[tuple[str, float, float]] = []
+
+    def add(self, label: str, rate: float, baseline: float | None) -> None:
+        self.rows.append((label, rate, rate / baseline if baseline else 1.0))
+
+    def markdown(self) -> str:
+        out = ["| measure | rows/s | ratio to its baseline |", "|---|---:|---:|"]
+        out += [f"| {label} | {rate:,.0f} | {ratio:.2f} |" for label, rate, ratio in self.rows]
+        return "\n".join(out)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=200_000, help="inserts per run (split over regions)")
     ap.add_argument("--smoke", action="store_true", help="assert completeness only (CI)")
     ap.add_argument("--threads", type=int, default=8, help="MySQL sender workers")
+    ap.add_argument("--only", default="file,mysql,kafka", help="senders to measure")
     args = ap.parse_args()
+    only = set(args.only.split(","))
     inserts = args.rows // 2
     updates, deletes = inserts // 4, inserts // 10
     tmp = Path(tempfile.mkdtemp(prefix="capt-bench-"))
     servers = [MariaDBInstance(tmp / f"r{i}", server_id=i + 1).start() for i in range(2)]
+    extra: list[Any] = []
+    rep = Report()
     results: dict[str, Any] = {"date": dt.datetime.now().isoformat(timespec="seconds"),
                                "workload": {"inserts": inserts * 2, "updates": updates * 2, "deletes": deletes * 2,
                                             "regions": 2}, "cpu": os.cpu_count()}
+    failures = []
+
+    def e2e(name: str, senders_cfg: str, total: int, baseline: float | None, label: str) -> None:
+        (tmp / name).mkdir()
+        r = run_capturer(tmp / name, servers, senders_cfg, total)
+        results[name] = r
+        rep.add(label, r["rows_per_s"], baseline)
+        if r["rows"] != total or r["exit"] != 0:
+            failures.append(f"{name}: {r['rows']} of {total} rows, exit {r['exit']}")
+
     try:
         for m in servers:
             m.execute("CREATE DATABASE bench", TABLE)
         t0 = time.perf_counter()
-        threads = []
         written = [0, 0]
 
         def go(i: int, m: MariaDBInstance) -> None:
             written[i] = load(m, i + 1, inserts, updates, deletes)
 
-        for i, m in enumerate(servers):
-            threads.append(threading.Thread(target=go, args=(i, m)))
-            threads[-1].start()
+        threads = [threading.Thread(target=go, args=(i, m)) for i, m in enumerate(servers)]
+        for t in threads:
+            t.start()
         for t in threads:
             t.join()
         total = sum(written)
         results["load_seconds"] = round(time.perf_counter() - t0, 2)
         n, secs = baseline_decode(servers[0])
-        results["baseline_decode_rows_per_s"] = round(n / secs)
-        out = tmp / "out"
-        (tmp / "file").mkdir()
-        r = run_capturer(tmp / "file", servers,
-                         f"[global]\ntype=local\n[local]\nfilepath={out / 'changes.jsonl'}\n", total)
-        r["ratio_to_decode_baseline"] = round(r["rows_per_s"] / results["baseline_decode_rows_per_s"], 2)
-        results["file"] = r
-        if args.smoke:
-            assert r["rows"] == total and r["exit"] == 0, f"not every row arrived: {r} of {total}"
-        target = MariaDBInstance(tmp / "target", server_id=99).start()
-        servers.append(target)
-        results["baseline_upsert_rows_per_s"] = round(baseline_upsert(target, total))
-        (tmp / "mysql").mkdir()
-        r = run_capturer(tmp / "mysql", servers[:2],
-                         f"[global]\ntype=mysql\n[mysql]\nhost=127.0.0.1\nport={target.port}\nuser=root\n"
-                         f"threadnum={args.threads}\n", total)
-        r["ratio_to_upsert_baseline"] = round(r["rows_per_s"] / results["baseline_upsert_rows_per_s"], 2)
-        results["mysql"] = r
-        if args.smoke:
-            assert r["rows"] == total and r["exit"] == 0, f"not every row arrived: {r} of {total}"
+        decode = n / secs
+        results["baseline_decode_rows_per_s"] = round(decode)
+        rep.add("baseline: python-mysql-replication decode, 1 region", decode, None)
+        if "file" in only:
+            e2e("file", f"[global]\ntype=local\n[local]\nfilepath={tmp / 'file' / 'changes.jsonl'}\n",
+                total, decode, "capturer -> file (2 regions)")
+        if "mysql" in only:
+            target = MariaDBInstance(tmp / "target", server_id=99).start()
+            extra.append(target)
+            ups = baseline_upsert(target, total)
+            results["baseline_upsert_rows_per_s"] = round(ups)
+            rep.add("baseline: raw multi-row upsert into the target (1 conn, 1000-row batches)", ups, None)
+            e2e("mysql", f"[global]\ntype=mysql\n[mysql]\nhost=127.0.0.1\nport={target.port}\nuser=root\n"
+                f"threadnum={args.threads}\n", total, ups, f"capturer -> mysql ({args.threads} workers)")
+        if "kafka" in only:
+            sys.path.insert(0, str(ROOT / "tests"))
+            from helpers import Broker
+
+            for client in ("kafka-python", "confluent"):
+                broker = Broker().start()  # a fresh broker each: memory storage grows
+                extra.append(broker)
+                raw = baseline_producer(broker.servers, client, total)
+                results[f"baseline_producer_{client}_msgs_per_s"] = round(raw)
+                rep.add(f"baseline: raw producer, {client}", raw, None)
+                e2e(f"kafka-{client}", f"[global]\ntype=kafka\n[kafka]\nservers={broker.servers}\nclient={client}\n",
+                    total, raw, f"capturer -> kafka ({client})")
+                broker.kill()
     finally:
-        for m in servers:
-            m.stop()
+        for m in servers + extra:
+            (m.kill if hasattr(m, "kill") and not hasattr(m, "stop") else m.stop)()
+    results["table"] = rep.rows
     print(json.dumps(results, indent=2))
     print()
-    print("| measure | rows/s | ratio |")
-    print("|---|---|---|")
-    print(f"| baseline: python-mysql-replication decode (1 region) | {results['baseline_decode_rows_per_s']} | 1.00 |")
-    print(f"| capturer -> file (2 regions) | {results['file']['rows_per_s']} | {results['file']['ratio_to_decode_baseline']} |")
-    print(f"| baseline: raw multi-row upsert into the target (1 conn, 1000-row batches) | {results['baseline_upsert_rows_per_s']} | 1.00 |")
-    print(f"| capturer -> mysql ({args.threads} workers) | {results['mysql']['rows_per_s']} | {results['mysql']['ratio_to_upsert_baseline']} |")
+    print(rep.markdown())
+    if failures:
+        print("\nINCOMPLETE: " + "; ".join(failures))
+        return 1
     if not args.smoke:
         dest = ROOT / "bench" / "results" / f"{dt.date.today().isoformat()}.json"
         dest.write_text(json.dumps(results, indent=2) + "\n")

@@ -163,14 +163,21 @@ def parse_section(ini: IniFile, section: str, keys: list[Key]) -> dict[str, Any]
     sec = ini.sections.get(section)
     values = sec.values if sec else {}
     known = {k.name.lower(): k for k in keys}
+    prefixes = [k for k in keys if k.name.endswith(".*")]
     for low, val in values.items():
-        if low not in known:
+        if low not in known and not any(low.startswith(p.name[:-1].lower()) for p in prefixes):
             raise ConfigError(
                 f"{ini.where(section, val.key)}: unknown key {val.key!r}; "
                 f"known keys: {', '.join(k.name for k in keys)}"
             )
     out: dict[str, Any] = {}
+    for k in prefixes:
+        # "conf.*": every key with that prefix, as written (case kept), into one dict
+        pre = k.name[:-1].lower()
+        out[k.name] = {v.key[len(pre):]: v.value for low, v in values.items() if low.startswith(pre)}
     for k in keys:
+        if k.name.endswith(".*"):
+            continue
         val = values.get(k.name.lower())
         if val is None:
             if k.required:

@@ -62,6 +62,17 @@ class Position:
 
 
 @dataclass(frozen=True)
+class ColumnInfo:
+    """Per-column facts from the binlog's table map."""
+
+    type: int  # MySQL type code
+    unsigned: bool = False
+    precision: int = 0  # DECIMAL
+    scale: int = 0  # DECIMAL
+    binary: bool = False  # a string/blob column without a character set (bytes values)
+
+
+@dataclass(frozen=True)
 class TableSchema:
     """What a region knows about a table when a change is read."""
 
@@ -71,6 +82,7 @@ class TableSchema:
     pk: tuple[str, ...]
     unique_keys: tuple[tuple[str, ...], ...] = ()
     column_types: tuple[int, ...] = ()  # MySQL type codes, in column order
+    column_info: tuple[ColumnInfo, ...] = ()
 
     def type_of(self, column: str) -> int | None:
         try:

@@ -18,6 +18,7 @@ _REGISTRY: dict[str, str] = {
     "local": "senders.local:LocalSender",
     "mysql": "senders.mysql:MySQLSender",
     "kafka": "senders.kafka:KafkaSender",
+    "spark": "senders.spark:SparkSender",
 }
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import deque
 from typing import Any, ClassVar
 
@@ -62,7 +63,9 @@ class Sender:
     KEYS: ClassVar[list[Key]] = []
     #: the most rows handed to one ``send`` call
     batch_rows: int = 5000
-    max_backoff: float = 30.0
+    #: wait up to this long for a batch to fill (senders with a high per-call cost)
+    linger: float = 0.0
+    max_backoff: float = 10.0
 
     def __init__(self, name: str, options: dict[str, Any], queue_rows: int = 100_000):
         self.name = name
@@ -149,6 +152,16 @@ class Sender:
                     break
                 if not items:
                     continue
+                if self.linger > 0:
+                    deadline = time.monotonic() + self.linger
+                    rows = sum(len(it.changes) for it in items if isinstance(it, Txn))
+                    while rows < self.batch_rows and time.monotonic() < deadline and not self._stop.is_set():
+                        try:
+                            more = self.queue.get_many(self.batch_rows - rows, timeout=0.05)
+                        except Closed:
+                            break
+                        items.extend(more)
+                        rows += sum(len(it.changes) for it in more if isinstance(it, Txn))
                 batch = [it for it in items if isinstance(it, Txn)]
                 if batch:
                     if not self._with_retries("send", self.send, batch):

@@ -31,7 +31,7 @@ from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, Write
 from ..bqueue import Closed
 from ..config import RegionConfig
 from ..errors import FatalSourceError, SourceError
-from ..model import Ddl, Heartbeat, Position, RowChange, TableSchema, Txn
+from ..model import ColumnInfo, Ddl, Heartbeat, Position, RowChange, TableSchema, Txn
 from ..tso import RegionClock
 from .base import Region, RegionContext
 from .ddl import ddl_target, is_data_ddl, is_ignorable
@@ -209,7 +209,13 @@ class MySQLRegion(Region):
             if not pk:
                 pk = tuple(c for c in srv_pk if c in cols)
             uks = tuple(u for u in uks if all(c in cols for c in u))
-            s = TableSchema(ev.schema, ev.table, cols, pk, uks, tuple(c.type for c in ev.columns))
+            info = tuple(
+                ColumnInfo(c.type, bool(c.unsigned), int(getattr(c, "precision", 0) or 0),
+                           int(getattr(c, "decimals", 0) or 0),
+                           str(c.character_set_name or "").lower() == "binary")
+                for c in ev.columns
+            )
+            s = TableSchema(ev.schema, ev.table, cols, pk, uks, tuple(c.type for c in ev.columns), info)
             self._schemas[key] = s
         return s
 

@@ -72,7 +72,7 @@ def test_password_not_echoed_on_error(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     "senders,needle",
     [
-        ("[global]\ntype=local,carrier_pigeon\n", "unknown sender 'carrier_pigeon'; known: kafka, local, mysql"),
+        ("[global]\ntype=local,carrier_pigeon\n", "unknown sender 'carrier_pigeon'; known: kafka, local, mysql, spark"),
         ("[global]\ntype=local\n[local]\nfilepath=x\nformat=xml\n", "[local] format: bad value 'xml'"),
         ("[global]\ntype=local\n[local]\nfilpath=x\n", "unknown key 'filpath'"),
         ("[local]\nfilepath=x\n", "missing section [global]"),

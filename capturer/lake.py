@@ -1,0 +1,375 @@
+"""The Spark lake layout: a Parquet changelog per source table, a compacted
+snapshot, and the SQL that gives the current state (merge on read).
+
+Per source table ``db.table`` under the warehouse directory::
+
+    <warehouse>/<name>/changelog/      append-only Parquet: one row per change
+    <warehouse>/<name>/snapshots/gen-N/ the newest compacted snapshot
+    <warehouse>/<name>/_state.json      manifest: columns, primary key, snapshot
+                                        generation and its watermark (swapped atomically)
+
+Changelog rows carry ``_op`` ('i', 'u', 'd'), ``_commit_ts``, ``_region``,
+``_seq`` (index in the source transaction) and ``_sub`` (0, or 1 for the
+insert half of a key change), then the row's columns (the new image; the old
+one for a delete). ``(_region, _commit_ts, _seq, _sub)`` identifies a change:
+a replay after a crash writes the same identity again, and every reader below
+counts it once.
+
+Catalog (database ``cdc`` by default), registered by the sender in its session
+and by ``register_tables`` in any other session (the CLI, a notebook)::
+
+    cdc.<name>_changelog   the changelog table (Parquet, schema merged)
+    cdc.<name>             current state: newest row per key, deletes dropped
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .encode import T_BIT, format_timedelta
+from .model import ColumnInfo
+
+META_COLS = ["_op", "_commit_ts", "_region", "_seq", "_sub"]
+STATE_FILE = "_state.json"
+
+# MySQL type codes
+_INTS = {1, 2, 3, 8, 9, 13}  # tiny, short, long, longlong, int24, year
+_FLOATS = {4, 5}
+_DECIMALS = {0, 246}
+_DATETIMES = {7, 12, 17, 18}  # timestamp, datetime, timestamp2, datetime2
+_DATES = {10, 14}
+_TIMES = {11, 19}
+_BLOBS = {249, 250, 251, 252, 15, 253, 254, 255}
+
+
+def table_name(db: str, table: str) -> str:
+    """A catalog-safe name ``db__table``; names that needed changing get a short
+    hash so that two source tables never share a lake table."""
+    raw = f"{db}__{table}"
+    safe = re.sub(r"[^A-Za-z0-9_]", "_", raw)
+    if safe != raw or safe[:1].isdigit():
+        safe = f"t_{safe}_{zlib.crc32(raw.encode()):08x}"
+    return safe.lower() if safe == safe.lower() else f"{safe.lower()}_{zlib.crc32(raw.encode()):08x}"
+
+
+def q(name: str) -> str:
+    """A Spark SQL identifier."""
+    return "`" + name.replace("`", "``") + "`"
+
+
+def spark_type(ci: ColumnInfo | None) -> str:
+    """The Spark SQL type a MySQL column is stored as."""
+    if ci is None:
+        return "string"
+    t = ci.type
+    if t == T_BIT:
+        return "bigint"
+    if t in _INTS:
+        return "decimal(20,0)" if (t == 8 and ci.unsigned) else "bigint"
+    if t in _FLOATS:
+        return "double"
+    if t in _DECIMALS:
+        if ci.precision and ci.precision <= 38:
+            return f"decimal(38,{min(ci.scale, 38)})"
+        return "string"
+    if t in _DATETIMES:
+        return "timestamp_ntz"
+    if t in _DATES:
+        return "date"
+    if t in _TIMES:
+        return "string"
+    if t == 255 or ((t in _BLOBS) and ci.binary):
+        return "binary"
+    return "string"
+
+
+def lake_value(v: Any, stype: str) -> Any:
+    """A binlog value as the Python value Arrow/Spark expects for ``stype``."""
+    if v is None:
+        return None
+    if stype == "bigint" and isinstance(v, str):  # BIT comes as a bit string
+        return int(v, 2) if v else 0
+    if stype == "string" and not isinstance(v, str):
+        import datetime as dt
+        import decimal
+
+        if isinstance(v, dt.timedelta):
+            return format_timedelta(v)
+        if isinstance(v, (set, frozenset)):
+            return ",".join(sorted(str(x) for x in v))
+        if isinstance(v, (bytes, bytearray)):
+            return bytes(v).decode("utf-8", "replace")
+        if isinstance(v, decimal.Decimal):
+            return str(v)
+        return str(v)
+    if stype == "binary" and isinstance(v, str):
+        return v.encode("utf-8")
+    return v
+
+
+@dataclass
+class TableState:
+    """The manifest of one lake table (``_state.json``)."""
+
+    db: str
+    table: str
+    name: str
+    pk: list[str]
+    columns: list[list[str]] = field(default_factory=list)  # [name, spark type], in order
+    generation: int = 0  # snapshot generation; 0 = none yet
+    snapshot_columns: list[list[str]] = field(default_factory=list)
+    watermark: int = 0  # every change with _commit_ts <= watermark is in the snapshot
+    reset_ts: int = 0  # TRUNCATE / DROP: rows at or below this are gone
+    added: dict[str, list[Any]] = field(default_factory=dict)  # column -> [ALTER's commit_ts, default literal]
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if not k.startswith("_")}
+
+    @classmethod
+    def load(cls, tdir: Path) -> "TableState | None":
+        p = tdir / STATE_FILE
+        if not p.exists():
+            return None
+        return cls(**json.loads(p.read_text()))
+
+    def save(self, tdir: Path) -> None:
+        tdir.mkdir(parents=True, exist_ok=True)
+        tmp = tdir / (STATE_FILE + ".tmp")
+        with open(tmp, "w") as f:
+            json.dump(self.to_json(), f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, tdir / STATE_FILE)
+        fsync_dir(tdir)
+
+
+def fsync_dir(d: Path) -> None:
+    fd = os.open(d, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(d: Path, done: set[str]) -> None:
+    """fsync every file under ``d`` not fsync'd before, and the directories."""
+    for root, _dirs, files in os.walk(d):
+        for f in files:
+            p = os.path.join(root, f)
+            if p in done:
+                continue
+            fd = os.open(p, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            done.add(p)
+        fsync_dir(Path(root))
+
+
+def _cols_sql(cols: list[list[str]], have: set[str] | None = None,
+              added: dict[str, list[Any]] | None = None) -> str:
+    out = []
+    for name, typ in cols:
+        expr = q(name) if have is None or name in have else f"CAST(NULL AS {typ})"
+        if added and name in added and added[name][1] is not None:
+            # rows from before the ALTER read the column's default, as on the source
+            ts, lit = added[name]
+            expr = f"CASE WHEN _commit_ts < {int(ts)} THEN CAST({lit} AS {typ}) ELSE {expr} END"
+        out.append(expr if expr == q(name) else f"{expr} AS {q(name)}")
+    return ", ".join(out)
+
+
+def changes_sql(st: TableState, database: str, include_snapshot: bool, warehouse: Path) -> str:
+    """All changes the current state is made of: snapshot rows plus newer changelog rows."""
+    data_cols = st.columns
+    meta = [["_op", "string"], ["_commit_ts", "bigint"], ["_region", "string"], ["_seq", "int"], ["_sub", "int"]]
+    allc = meta + data_cols
+    cl_have = getattr(st, "_cl_cols", None)  # columns the changelog files really have
+    parts = [f"SELECT {_cols_sql(allc, cl_have, st.added)} FROM {q(database)}.{q(st.name + '_changelog')} "
+             f"WHERE _commit_ts > {max(st.watermark, st.reset_ts)}"]
+    if include_snapshot and st.generation:
+        snap = warehouse / st.name / "snapshots" / f"gen-{st.generation:06d}"
+        have = {c[0] for c in st.snapshot_columns} | set(META_COLS)
+        parts.append(f"SELECT {_cols_sql(allc, have, st.added)} FROM parquet.{q(str(snap))} "
+                     f"WHERE _commit_ts > {st.reset_ts}")
+    return " UNION ALL ".join(parts)
+
+
+def state_sql(st: TableState, database: str, warehouse: Path, with_meta: bool = False,
+              keyless_ts: int = 0) -> str:
+    """The current state: newest row per primary key (deletes dropped); for a table
+    without a key, the multiset of rows (inserts minus deletes)."""
+    src = changes_sql(st, database, True, warehouse)
+    data = [c[0] for c in st.columns]
+    out_cols = ", ".join(q(c) for c in (META_COLS + data if with_meta else data))
+    if st.pk:
+        order = "struct(_commit_ts, _region, _seq, _sub)"
+        keys = ", ".join(q(c) for c in st.pk)
+        return (f"SELECT {', '.join('r.' + q(c) for c in (META_COLS + data if with_meta else data))} FROM ("
+                f"SELECT max_by(struct(*), {order}) AS r FROM ({src}) GROUP BY {keys}) WHERE r._op <> 'd'")
+    cols = ", ".join(q(c) for c in data)
+    # snapshot rows of a keyless table: identical rows stay distinct through _sub (the copy number)
+    meta_out = (f"'i' AS _op, {keyless_ts}L AS _commit_ts, '' AS _region, 0 AS _seq, CAST(_i AS INT) AS _sub, "
+                if with_meta else "")
+    return (f"SELECT {meta_out}{cols} FROM ("
+            f"SELECT {cols}, SUM(CASE WHEN _op = 'd' THEN -1 ELSE 1 END) AS _n FROM "
+            f"(SELECT DISTINCT * FROM ({src})) GROUP BY {cols}) "
+            f"LATERAL VIEW explode(sequence(1, CAST(_n AS INT))) x AS _i WHERE _n > 0")
+
+
+def register(spark: Any, st: TableState, database: str, warehouse: Path) -> None:
+    """(Re)create the changelog table and the current-state view in the session catalog."""
+    spark.sql(f"CREATE DATABASE IF NOT EXISTS {q(database)}")
+    cl = warehouse / st.name / "changelog"
+    spark.sql(f"DROP TABLE IF EXISTS {q(database)}.{q(st.name + '_changelog')}")
+    spark.sql(f"CREATE TABLE {q(database)}.{q(st.name + '_changelog')} USING parquet "
+              f"OPTIONS (path {sql_str(str(cl))}, mergeSchema 'true')")
+    st._cl_cols = set(spark.table(f"{q(database)}.{q(st.name + '_changelog')}").columns)  # type: ignore[attr-defined]
+    spark.sql(f"CREATE OR REPLACE VIEW {q(database)}.{q(st.name)} AS {state_sql(st, database, warehouse)}")
+
+
+def sql_str(s: str) -> str:
+    return "'" + s.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def list_tables(warehouse: Path) -> list[TableState]:
+    out = []
+    if warehouse.exists():
+        for d in sorted(warehouse.iterdir()):
+            st = TableState.load(d) if d.is_dir() else None
+            if st is not None and (d / "changelog").exists():
+                out.append(st)
+    return out
+
+
+def register_tables(spark: Any, warehouse: Path | str, database: str = "cdc") -> list[TableState]:
+    """Register every lake table of a warehouse in this Spark session."""
+    warehouse = Path(warehouse).resolve()
+    tables = list_tables(warehouse)
+    for st in tables:
+        register(spark, st, database, warehouse)
+    return tables
+
+
+def compact(spark: Any, st: TableState, database: str, warehouse: Path) -> TableState:
+    """Write the current state as a new snapshot generation and switch to it
+    atomically (the manifest is replaced by a rename). Must not run while the same
+    table is being appended to (the sender runs it between batches).
+    Returns the new manifest, already saved."""
+    tdir = warehouse / st.name
+    max_ts = spark.sql(f"SELECT max(_commit_ts) FROM {q(database)}.{q(st.name + '_changelog')}").collect()[0][0]
+    if max_ts is None or max_ts <= max(st.watermark, st.reset_ts):
+        return st
+    gen = st.generation + 1
+    dest = tdir / "snapshots" / f"gen-{gen:06d}"
+    df = spark.sql(state_sql(st, database, warehouse, with_meta=True, keyless_ts=int(max_ts)))
+    df.write.mode("overwrite").parquet(str(dest))
+    if str(dest).startswith("/"):
+        fsync_tree(dest, set())
+    new = TableState(**{**st.to_json(), "generation": gen, "watermark": int(max_ts),
+                        "snapshot_columns": [list(c) for c in st.columns]})
+    new.save(tdir)
+    register(spark, new, database, warehouse)
+    # the previous generation is read by no one who reads the new manifest
+    import shutil
+
+    old = tdir / "snapshots" / f"gen-{st.generation:06d}"
+    if st.generation and old.exists():
+        shutil.rmtree(old, ignore_errors=True)
+    return new
+
+
+# --- ALTER TABLE ... ADD COLUMN ----------------------------------------------
+# Rows written before an ADD COLUMN have no value for it in the changelog; the
+# source shows them with the column's DEFAULT. The manifest remembers, per added
+# column, the commit_ts of the ALTER and the default, and the state SQL fills it in.
+
+_TYPE_WORDS = [
+    (r"(tiny|small|medium|big)?int(eger)?|year|bool(ean)?", "bigint"),
+    (r"bit", "bigint"),
+    (r"decimal|numeric|dec|fixed", "decimal"),
+    (r"float|double|real", "double"),
+    (r"datetime|timestamp", "timestamp_ntz"),
+    (r"date", "date"),
+    (r"(tiny|medium|long)?blob|(var)?binary", "binary"),
+]
+
+
+def _split_top(s: str) -> list[str]:
+    """Split at commas that are not inside parentheses or quotes."""
+    out, depth, cur, quote = [], 0, [], ""
+    for ch in s:
+        if quote:
+            cur.append(ch)
+            if ch == quote:
+                quote = ""
+            continue
+        if ch in "'\"`":
+            quote = ch
+        elif ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            out.append("".join(cur))
+            cur = []
+            continue
+        cur.append(ch)
+    out.append("".join(cur))
+    return out
+
+
+def _ddl_type(spec: str) -> str | None:
+    m = re.match(r"\s*([a-zA-Z]+)\s*(\(([^)]*)\))?(\s+unsigned)?", spec)
+    if not m:
+        return None
+    word = m.group(1).lower()
+    for pat, st in _TYPE_WORDS:
+        if re.fullmatch(pat, word):
+            if st == "decimal":
+                args = [a.strip() for a in (m.group(3) or "10,0").split(",")]
+                p, s = int(args[0]), int(args[1]) if len(args) > 1 else 0
+                return f"decimal(38,{s})" if p <= 38 else "string"
+            if word == "bigint" and m.group(4):
+                return "decimal(20,0)"
+            return st
+    return "string"
+
+
+def parse_add_columns(sql: str) -> list[tuple[str, str | None, str | None]]:
+    """``(column, spark type, default as a SQL literal)`` for each ADD COLUMN of an
+    ALTER TABLE; the default is None when there is none or it is not a constant."""
+    body = re.sub(r"/\*.*?\*/", " ", sql, flags=re.S)
+    m = re.match(r"\s*ALTER\s+(?:ONLINE\s+|IGNORE\s+)*TABLE\s+\S+\s+(.*)$", body, re.I | re.S)
+    if not m:
+        return []
+    out = []
+    for clause in _split_top(m.group(1)):
+        c = re.match(r"\s*ADD\s+(?:COLUMN\s+)?(?:IF\s+NOT\s+EXISTS\s+)?(`(?:[^`]|``)+`|[\w$]+)\s+(.*)$",
+                     clause, re.I | re.S)
+        if not c or c.group(1).upper() in ("INDEX", "KEY", "UNIQUE", "PRIMARY", "CONSTRAINT", "FOREIGN",
+                                           "FULLTEXT", "SPATIAL", "PARTITION", "CHECK"):
+            continue
+        name = c.group(1)
+        name = name[1:-1].replace("``", "`") if name.startswith("`") else name
+        rest = c.group(2)
+        if rest.lstrip().startswith("("):  # ADD (a INT, b INT)
+            continue
+        d = re.search(r"\bDEFAULT\s+(\((?:[^()]|\([^()]*\))*\)|'(?:[^'\\]|\\.|'')*'|-?[\d.]+(?:e-?\d+)?|NULL|TRUE|FALSE)",
+                      rest, re.I)
+        default = None
+        if d:
+            lit = d.group(1)
+            if lit.startswith("(") and lit.endswith(")"):
+                lit = lit[1:-1].strip()
+            if re.fullmatch(r"'(?:[^'\\]|\\.|'')*'|-?[\d.]+(?:e-?\d+)?|NULL|TRUE|FALSE", lit, re.I):
+                default = lit
+        out.append((name, _ddl_type(rest), default))
+    return out

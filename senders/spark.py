@@ -1,0 +1,300 @@
+"""The Spark sender: a Parquet changelog per source table, appended through
+Arrow, with a merge-on-read current state and periodic compaction
+(layout and SQL in ``capturer.lake``).
+
+* A batch is grouped by table; each table's rows become one Arrow table that
+  Spark appends to ``<warehouse>/<name>/changelog``. On a local filesystem the
+  new files are fsync'd; only then is the batch acknowledged.
+* A replay after a crash appends the same ``(_region, _commit_ts, _seq, _sub)``
+  again; the current-state view and compaction count it once.
+* ADD COLUMN (and new tables) just work: the changelog schema is merged. A
+  column whose type changes incompatibly stops the sender with an error that
+  says what to do.
+* Runs on ``local[*]`` by default and on a cluster with ``master=spark://...``
+  (the warehouse must then be on storage every executor can reach).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import time
+from pathlib import Path
+from typing import Any, ClassVar
+
+from capturer import lake
+from capturer.errors import SinkError
+from capturer.ini import Key, p_float, p_int, p_nonempty, p_str
+from capturer.model import RowChange, TableSchema, Txn
+
+from .base import Sender
+
+log = logging.getLogger(__name__)
+
+_INCOMPATIBLE_HELP = (
+    "The Parquet changelog cannot hold both types. Way out: stop the capturer, move the "
+    "table's directory {dir} aside, then re-create the table's history in the lake, e.g. "
+    "by re-copying the source table (CREATE TABLE t2 LIKE t; INSERT INTO t2 SELECT * FROM t; "
+    "RENAME ...) or by starting this sender from a checkpoint before the table existed."
+)
+
+
+def arrow_type(stype: str) -> Any:
+    import pyarrow as pa
+
+    m = re.match(r"decimal\((\d+),(\d+)\)", stype)
+    if m:
+        return pa.decimal128(int(m.group(1)), int(m.group(2)))
+    return {
+        "bigint": pa.int64(), "int": pa.int32(), "double": pa.float64(), "string": pa.string(),
+        "binary": pa.binary(), "date": pa.date32(), "timestamp_ntz": pa.timestamp("us"),
+    }[stype]
+
+
+class SparkSender(Sender):
+    KEYS: ClassVar[list[Key]] = [
+        Key("master", p_nonempty, "local[*]", doc="Spark master: local[*], local[N] or spark://host:port"),
+        Key("warehouse", p_nonempty, "./data/spark-warehouse", doc="where the lake tables live"),
+        Key("database", p_nonempty, "cdc", doc="catalog database of the lake tables"),
+        Key("batch_rows", p_int(1, 10_000_000), 50_000, doc="rows per append (bigger = faster)"),
+        Key("batch_interval", p_float(0, 3600), 2.0, doc="seconds to wait for a batch to fill"),
+        Key("compaction_interval", p_float(0, 86_400 * 7), 300.0, doc="seconds between compactions; 0 = never"),
+        Key("app_name", p_str, "binlog-capturer"),
+        Key("conf.*", p_str, doc="any Spark setting, e.g. conf.spark.driver.memory=2g"),
+    ]
+
+    def __init__(self, name: str, options: dict[str, Any], queue_rows: int = 100_000):
+        super().__init__(name, options, max(queue_rows, int(options["batch_rows"]) * 2))
+        self.batch_rows = int(options["batch_rows"])
+        self.linger = float(options["batch_interval"])
+        self.database = options["database"]
+        self.warehouse = Path(options["warehouse"]).resolve()
+        self.spark: Any = None
+        self.tables: dict[tuple[str, str], lake.TableState] = {}
+        self._synced: set[str] = set()
+        self._last_compaction = time.monotonic()
+        self.appends = 0
+        self.compactions = 0
+        self.last_compaction_seconds = 0.0
+
+    def status(self) -> dict[str, Any]:
+        st = super().status()
+        st.update({"appends": self.appends, "compactions": self.compactions,
+                   "last_compaction_seconds": round(self.last_compaction_seconds, 2),
+                   "tables": len(self.tables), "warehouse": str(self.warehouse)})
+        return st
+
+    # --- lifecycle ----------------------------------------------------------
+    def open(self) -> None:
+        if self.spark is not None:
+            return
+        try:
+            from pyspark import SparkContext
+
+            # a Spark context that already runs in this process (a notebook, a test module)
+            # is shared, and left running on close
+            self._own_session = SparkContext._active_spark_context is None
+            self.spark = build_session(self.options, self.warehouse)
+        except ImportError as exc:
+            raise SinkError(f"the spark sender needs pyspark: {exc}; sh start.sh installs it "
+                            "(or: .venv/bin/pip install -e '.[spark]')", retriable=False) from exc
+        except Exception as exc:  # noqa: BLE001 - JVM start-up problems
+            raise SinkError(f"cannot start Spark ({self.options['master']}): {exc}") from exc
+        self.warehouse.mkdir(parents=True, exist_ok=True)
+        for st in lake.list_tables(self.warehouse):
+            self.tables[(st.db, st.table)] = st
+            lake.register(self.spark, st, self.database, self.warehouse)
+
+    def close(self) -> None:
+        if self.spark is not None:
+            if getattr(self, "_own_session", True):
+                try:
+                    self.spark.stop()
+                except Exception:  # noqa: BLE001
+                    pass
+            self.spark = None
+
+    # --- sending ------------------------------------------------------------
+    def send(self, batch: list[Txn]) -> None:
+        if self.spark is None:
+            self.open()
+        by_table: dict[tuple[str, str], list[tuple[Txn, int, int, str, RowChange, dict[str, Any]]]] = {}
+        for txn in batch:
+            if txn.ddl is not None:
+                self._flush(by_table)
+                by_table = {}
+                self._ddl(txn)
+                continue
+            for seq, ch in enumerate(txn.changes):
+                rows = by_table.setdefault((ch.db, ch.table), [])
+                keyed = bool(ch.schema.pk)
+                key_changed = keyed and ch.op == "update" and any(
+                    (ch.before or {}).get(c) != (ch.after or {}).get(c) for c in ch.schema.pk)
+                if ch.op == "insert":
+                    rows.append((txn, seq, 0, "i", ch, ch.after or {}))
+                elif ch.op == "delete":
+                    rows.append((txn, seq, 0, "d", ch, ch.before or {}))
+                elif key_changed or not keyed:
+                    rows.append((txn, seq, 0, "d", ch, ch.before or {}))
+                    rows.append((txn, seq, 1, "i", ch, ch.after or {}))
+                else:
+                    rows.append((txn, seq, 0, "u", ch, ch.after or {}))
+        self._flush(by_table)
+        interval = float(self.options["compaction_interval"])
+        if interval and time.monotonic() - self._last_compaction >= interval:
+            self.compact_all()
+
+    def _state_for(self, schema: TableSchema, columns: list[list[str]]) -> lake.TableState:
+        key = (schema.db, schema.table)
+        st = self.tables.get(key)
+        if st is None:
+            name = lake.table_name(schema.db, schema.table)
+            st = lake.TableState.load(self.warehouse / name) or lake.TableState(
+                schema.db, schema.table, name, list(schema.pk), [])
+            self.tables[key] = st
+        known = {c: t for c, t in st.columns}
+        changed = False
+        for c, t in columns:
+            if c not in known:
+                st.columns.append([c, t])
+                changed = True
+            elif known[c] != t:
+                raise SinkError(
+                    f"lake table {self.database}.{st.name} ({schema.db}.{schema.table}): column {c!r} "
+                    f"changed type from {known[c]} to {t}. "
+                    + _INCOMPATIBLE_HELP.format(dir=self.warehouse / st.name), retriable=False)
+        if list(schema.pk) != st.pk and schema.pk:
+            st.pk = list(schema.pk)
+            changed = True
+        if changed:
+            st.save(self.warehouse / st.name)
+            st._dirty = True  # type: ignore[attr-defined]
+        return st
+
+    def _flush(self, by_table: dict[tuple[str, str], list[Any]]) -> None:
+        import pyarrow as pa
+
+        for rows in by_table.values():
+            if not rows:
+                continue
+            # the columns of this batch, in source order, as the newest schema has them
+            schema = rows[-1][4].schema
+            info = {c: ci for c, ci in zip(schema.columns, schema.column_info)}
+            seen: dict[str, str] = {}
+            for *_, ch, img in rows:
+                s = ch.schema
+                cinfo = {c: ci for c, ci in zip(s.columns, s.column_info)}
+                for c in img:
+                    if c not in seen:
+                        seen[c] = lake.spark_type(cinfo.get(c) or info.get(c))
+            columns = [[c, t] for c, t in seen.items()]
+            st = self._state_for(schema, columns)
+            fields = [pa.field("_op", pa.string()), pa.field("_commit_ts", pa.int64()),
+                      pa.field("_region", pa.string()), pa.field("_seq", pa.int32()),
+                      pa.field("_sub", pa.int32())]
+            fields += [pa.field(c, arrow_type(t)) for c, t in columns]
+            data: dict[str, list[Any]] = {f.name: [] for f in fields}
+            for txn, seq, sub, op, _ch, img in rows:
+                data["_op"].append(op)
+                data["_commit_ts"].append(txn.commit_ts)
+                data["_region"].append(txn.region)
+                data["_seq"].append(seq)
+                data["_sub"].append(sub)
+                for c, t in columns:
+                    data[c].append(lake.lake_value(img.get(c), t))
+            table = pa.Table.from_pydict(data, schema=pa.schema(fields))
+            path = self.warehouse / st.name / "changelog"
+            try:
+                df = self.spark.createDataFrame(table)
+                df.coalesce(1).write.mode("append").parquet(str(path))
+            except Exception as exc:  # noqa: BLE001 - py4j / JVM errors
+                raise SinkError(f"append to {path} failed: {exc}") from exc
+            if str(path).startswith("/"):
+                lake.fsync_tree(path, self._synced)
+            self.appends += 1
+            if getattr(st, "_dirty", True):
+                lake.register(self.spark, st, self.database, self.warehouse)
+                st._dirty = False  # type: ignore[attr-defined]
+
+    def _ddl(self, txn: Txn) -> None:
+        """TRUNCATE and DROP TABLE empty the current state; ADD COLUMN is noted with
+        its default (older rows read it); other DDL shows in the rows that follow."""
+        ddl = txn.ddl
+        assert ddl is not None
+        head = re.sub(r"/\*.*?\*/", " ", ddl.sql, flags=re.S).strip().upper()
+        if ddl.table and head.startswith("ALTER"):
+            self._add_columns(txn)
+            return
+        if not ddl.table or not (head.startswith("TRUNCATE") or head.startswith("DROP")):
+            return
+        st = self.tables.get((ddl.db, ddl.table))
+        if st is None:
+            st = lake.TableState.load(self.warehouse / lake.table_name(ddl.db, ddl.table))
+            if st is None:
+                return
+            self.tables[(ddl.db, ddl.table)] = st
+        st.reset_ts = txn.commit_ts
+        st.save(self.warehouse / st.name)
+        lake.register(self.spark, st, self.database, self.warehouse)
+
+    def _add_columns(self, txn: Txn) -> None:
+        ddl = txn.ddl
+        assert ddl is not None
+        added = lake.parse_add_columns(ddl.sql)
+        if not added:
+            return
+        st = self.tables.get((ddl.db, ddl.table)) or lake.TableState.load(
+            self.warehouse / lake.table_name(ddl.db, ddl.table))
+        if st is None:
+            return  # no rows yet: nothing older to fill in
+        self.tables[(ddl.db, ddl.table)] = st
+        known = {c for c, _ in st.columns}
+        for col, stype, default in added:
+            if col in known:
+                continue
+            if default is not None and default.upper() != "NULL":
+                st.added[col] = [txn.commit_ts, default]
+            if stype is not None:
+                st.columns.append([col, stype])
+        st.save(self.warehouse / st.name)
+        lake.register(self.spark, st, self.database, self.warehouse)
+
+    def compact_all(self) -> None:
+        t0 = time.monotonic()
+        for key, st in list(self.tables.items()):
+            try:
+                self.tables[key] = lake.compact(self.spark, st, self.database, self.warehouse)
+            except Exception as exc:  # noqa: BLE001
+                raise SinkError(f"compaction of {st.name} failed: {exc}") from exc
+        self.compactions += 1
+        self.last_compaction_seconds = time.monotonic() - t0
+        self._last_compaction = time.monotonic()
+
+
+def build_session(options: dict[str, Any], warehouse: Path) -> Any:
+    """A SparkSession as the sender, the CLI and the tests use it."""
+    import sys
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    master = str(options.get("master", "local[*]"))
+    if master.startswith("local") or "://127.0.0.1" in master or "://localhost" in master:
+        # stay on the loopback interface when everything runs on this machine
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    b = (SparkSession.builder.master(options.get("master", "local[*]"))
+         .appName(options.get("app_name") or "binlog-capturer")
+         .config("spark.ui.enabled", "false")
+         .config("spark.sql.session.timeZone", "UTC")
+         .config("spark.sql.timestampType", "TIMESTAMP_NTZ")
+         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+         .config("spark.sql.warehouse.dir", str(warehouse / "_catalog"))
+         .config("spark.sql.shuffle.partitions", "8")
+         .config("spark.driver.extraJavaOptions", f"-Dderby.system.home={warehouse / '_derby'}"))
+    for k, v in (options.get("conf.*") or {}).items():
+        b = b.config(k, v)
+    spark = b.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    return spark
