@@ -27,6 +27,16 @@ export NEED_MARIADB
 . "$ROOT/scripts/bootstrap.sh" || { echo "start.sh: set-up failed" >&2; exit 1; }
 PYBIN="$VENV/bin/python"
 
+# install what the configured senders need (pyspark and Java for spark, confluent-kafka)
+if [ "$DEMO" = "0" ]; then
+    NEEDED=$("$PYBIN" -m capturer --config "$CONFIG" --print-extras 2>/dev/null)
+    if [ -n "$NEEDED" ]; then
+        EXTRAS="$NEEDED"
+        export EXTRAS
+        . "$ROOT/scripts/bootstrap.sh" || { echo "start.sh: installing $NEEDED failed" >&2; exit 1; }
+    fi
+fi
+
 if [ "$DEMO" = "1" ]; then
     if [ "$ONCE" = "1" ]; then exec "$PYBIN" -m capturer --demo --once
     else exec "$PYBIN" -m capturer --demo

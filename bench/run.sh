@@ -4,7 +4,7 @@ set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT" || exit 1
 NEED_MARIADB=1
-EXTRAS=test
+EXTRAS=test,spark,confluent
 export NEED_MARIADB EXTRAS
 . "$ROOT/scripts/bootstrap.sh" || exit 1
 exec "$VENV/bin/python" bench/bench.py "$@"

@@ -29,6 +29,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="capturer", description="Ordered binlog capturer")
     ap.add_argument("--config", default="conf/config.cfg", help="path to config.cfg")
     ap.add_argument("--check", action="store_true", help="validate the config and exit")
+    ap.add_argument("--print-extras", action="store_true",
+                    help="print the setup.py extras the configured senders need (for start.sh)")
     ap.add_argument("--demo", action="store_true", help="run the self-contained demo")
     ap.add_argument("--once", action="store_true", help="with --demo: exit when all demo rows arrived")
     ap.add_argument("--demo-dir", default="data/demo", help="with --demo: where its servers live")
@@ -47,6 +49,15 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"config error: {exc}", file=sys.stderr)
         return 2
+    if args.print_extras:
+        extras = []
+        for s in cfg.senders:
+            if s.name == "spark":
+                extras.append("spark")
+            if s.name == "kafka" and s.options.get("client") == "confluent":
+                extras.append("confluent")
+        print(",".join(extras))
+        return 0
     setup_logging(cfg.log_level)
     log = logging.getLogger("capturer")
     log.info("effective config: %s", json.dumps(cfg.masked(), default=str))

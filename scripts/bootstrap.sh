@@ -39,17 +39,33 @@ if [ ! -x "$VENV/bin/python" ]; then
     "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null 2>&1 || true
 fi
 
-# reinstall when the declared dependencies or the extras asked for change
+# (re)install when setup.py changed; each extra (test, spark, confluent) once on top
 EXTRAS=${EXTRAS:-}
+SUM="$(cksum < "$ROOT/setup.py" | cut -d' ' -f1)"
 STAMP="$VENV/.capturer-installed"
-WANT="$(cat "$ROOT/setup.py" 2>/dev/null | cksum | cut -d' ' -f1)-$EXTRAS"
-if [ "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ]; then
-    echo "bootstrap: installing the project into $VENV${EXTRAS:+ with [$EXTRAS]}" >&2
-    spec="$ROOT"
-    [ -n "$EXTRAS" ] && spec="$ROOT[$EXTRAS]"
-    "$VENV/bin/python" -m pip install -q -e "$spec" || exit 1
-    echo "$WANT" > "$STAMP"
+if [ "$(cat "$STAMP" 2>/dev/null)" != "$SUM" ]; then
+    echo "bootstrap: installing the project into $VENV" >&2
+    "$VENV/bin/python" -m pip install -q -e "$ROOT" || exit 1
+    # generated protobuf code is made here, by the build, never committed
+    "$VENV/bin/python" -m capturer.protogen >/dev/null || exit 1
+    rm -f "$VENV"/.capturer-extra-*
+    echo "$SUM" > "$STAMP"
 fi
+for extra in $(echo "$EXTRAS" | tr ',' ' '); do
+    if [ "$(cat "$VENV/.capturer-extra-$extra" 2>/dev/null)" != "$SUM" ]; then
+        echo "bootstrap: installing [$extra] (pyspark is a ~450 MB download the first time)" >&2
+        "$VENV/bin/python" -m pip install -q -e "$ROOT[$extra]" || exit 1
+        echo "$SUM" > "$VENV/.capturer-extra-$extra"
+    fi
+done
+
+case ",$EXTRAS," in
+    *,spark,*)
+        if ! command -v java >/dev/null 2>&1; then
+            echo "bootstrap: installing a Java runtime for Spark (java not found)" >&2
+            apt_install openjdk-17-jre-headless || exit 1
+        fi ;;
+esac
 
 if [ "${NEED_MARIADB:-0}" = "1" ]; then
     if ! command -v mariadbd >/dev/null 2>&1 && [ ! -x /usr/sbin/mariadbd ]; then
