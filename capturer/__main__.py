@@ -25,7 +25,18 @@ def setup_logging(level: str = "info") -> None:
     )
 
 
+_STOP = threading.Event()
+
+
+def _on_signal(signum: int, _frame: object) -> None:
+    logging.getLogger("capturer").info("signal %d: stopping", signum)
+    _STOP.set()
+
+
 def main(argv: list[str] | None = None) -> int:
+    # first thing: a SIGTERM during start-up must still mean "stop cleanly"
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
     ap = argparse.ArgumentParser(prog="capturer", description="Ordered binlog capturer")
     ap.add_argument("--config", default="conf/config.cfg", help="path to config.cfg")
     ap.add_argument("--check", action="store_true", help="validate the config and exit")
@@ -40,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         setup_logging("info")
         from .demo import run_demo
 
-        return run_demo(Path(args.demo_dir), once=args.once)
+        return run_demo(Path(args.demo_dir), once=args.once, stop=_STOP)
 
     from .config import load_config
 
@@ -72,14 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, CheckpointError) as exc:
         print(f"start-up refused: {exc}", file=sys.stderr)
         return 2
-    stop = threading.Event()
-
-    def on_signal(signum: int, _frame: object) -> None:
-        log.info("signal %d: stopping", signum)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    stop = _STOP
     try:
         cap.start()
     except OSError as exc:

@@ -16,7 +16,6 @@ from .errors import ConfigError
 from .ini import (
     IniFile,
     Key,
-    p_bool,
     p_choice,
     p_float,
     p_int,

@@ -14,7 +14,6 @@ import json
 import logging
 import random
 import shutil
-import signal
 import threading
 import time
 from pathlib import Path
@@ -178,14 +177,16 @@ def _compare(states: list[dict[tuple[str, str], list[dict[str, Any]]]], out: Pat
     return problems
 
 
-def run_demo(basedir: Path, once: bool = False, steps: int = 400) -> int:
+def run_demo(basedir: Path, once: bool = False, steps: int = 400,
+             stop: threading.Event | None = None) -> int:
+    """``stop`` is set by the caller's signal handlers (Ctrl-C, SIGTERM)."""
     basedir = basedir.resolve()
     if basedir.exists():
         shutil.rmtree(basedir)
     basedir.mkdir(parents=True)
     print(f"demo: starting two MariaDB regions under {basedir} ...", flush=True)
     servers = [MariaDBInstance(basedir / f"region{i + 1}", server_id=i + 1) for i in range(2)]
-    stop = threading.Event()
+    stop = stop if stop is not None else threading.Event()
     cap: Capturer | None = None
     try:
         for m in servers:
@@ -195,9 +196,6 @@ def run_demo(basedir: Path, once: bool = False, steps: int = 400) -> int:
         cfg_path = _write_conf(basedir, servers)
         cfg = load_config(cfg_path)
         cap = Capturer(cfg)
-        if not once:
-            signal.signal(signal.SIGINT, lambda *_: stop.set())
-            signal.signal(signal.SIGTERM, lambda *_: stop.set())
         cap.start()
         assert cap.status_server is not None
         print(f"demo: capturer running; status at http://127.0.0.1:{cap.status_server.port}/status",
@@ -230,8 +228,10 @@ def run_demo(basedir: Path, once: bool = False, steps: int = 400) -> int:
                 sent = snap["senders"]["local"]["rows"]
                 print(f"demo: {now - t0:5.1f}s  source rows={rows}  in file={sent}  "
                       f"checkpoint={snap['checkpoint']['commit_time']}", flush=True)
+            if stop.is_set():
+                return True
             if not once:
-                return stop.is_set()
+                return False
             if not workload_done.is_set():
                 return False
             if not targets:
@@ -249,9 +249,9 @@ def run_demo(basedir: Path, once: bool = False, steps: int = 400) -> int:
         if code != 0:
             print("demo: the capturer stopped on a failure (see the log above)", flush=True)
             return code
-        if not once:
+        if not once or stop.is_set():
             print("demo: stopped", flush=True)
-            return 0
+            return 0 if not once else 1
         out = basedir / "out" / "changes.jsonl"
         lines = sum(1 for d in read_changes(out) if d["op"] != "ddl")
         want_rows = sum(w.rows for w in loads)

@@ -208,11 +208,11 @@ def state_sql(st: TableState, database: str, warehouse: Path, with_meta: bool = 
     without a key, the multiset of rows (inserts minus deletes)."""
     src = changes_sql(st, database, True, warehouse)
     data = [c[0] for c in st.columns]
-    out_cols = ", ".join(q(c) for c in (META_COLS + data if with_meta else data))
     if st.pk:
         order = "struct(_commit_ts, _region, _seq, _sub)"
         keys = ", ".join(q(c) for c in st.pk)
-        return (f"SELECT {', '.join('r.' + q(c) for c in (META_COLS + data if with_meta else data))} FROM ("
+        out = ", ".join("r." + q(c) for c in (META_COLS + data if with_meta else data))
+        return (f"SELECT {out} FROM ("
                 f"SELECT max_by(struct(*), {order}) AS r FROM ({src}) GROUP BY {keys}) WHERE r._op <> 'd'")
     cols = ", ".join(q(c) for c in data)
     # snapshot rows of a keyless table: identical rows stay distinct through _sub (the copy number)

@@ -106,7 +106,14 @@ class CapturerProcess:
         self.log = log
         self.proc: subprocess.Popen[bytes] | None = None
 
+    def _ready_count(self) -> int:
+        try:
+            return self.log.read_text(errors="replace").count("status on http")
+        except FileNotFoundError:
+            return 0
+
     def start(self) -> "CapturerProcess":
+        self._ready_before = self._ready_count()
         env = dict(os.environ, PYTHONPATH=str(ROOT))
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(
@@ -120,8 +127,14 @@ class CapturerProcess:
         self.proc.send_signal(signal.SIGKILL)
         self.proc.wait()
 
+    def wait_ready(self, timeout: float = 120) -> None:
+        """Until this process serves its status (its pipeline is built and started)."""
+        wait_for(lambda: self._ready_count() > self._ready_before or (self.proc is not None and self.proc.poll() is not None),
+                 timeout, "the capturer to start")
+
     def stop(self, timeout: float = 60) -> int:
         assert self.proc is not None
+        self.wait_ready()
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
         return self.proc.wait(timeout)

@@ -12,7 +12,7 @@ import pytest
 
 from helpers import Broker, CapturerProcess, checkpoint_covers, consume_all, wait_for, write_config
 from senders.kafka import partition_for
-from workload import SCHEMA, Workload, rows_of
+from workload import SCHEMA, Workload
 
 pytestmark = pytest.mark.integration
 
