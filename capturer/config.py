@@ -66,6 +66,8 @@ REGION_KEYS = [
     Key("heartbeat_lag_ms", p_int(0, 600_000), 1000,
         doc="how far behind the source clock an idle heartbeat promises"),
     Key("connect_timeout", p_float(0.5, 600), 10.0),
+    Key("decoder", p_choice("fast", "library"), "fast",
+        doc="row decoder: fast (planned per table) or library (python-mysql-replication)"),
 ]
 
 
@@ -82,6 +84,7 @@ class RegionConfig:
     heartbeat_ms: int = 500
     heartbeat_lag_ms: int = 1000
     connect_timeout: float = 10.0
+    decoder: str = "fast"
 
     def masked(self) -> dict[str, Any]:
         return {

@@ -73,5 +73,7 @@ class Region:
             "queue_items": len(self.ctx.out),
             "queue_rows": self.ctx.out.weight,
             "reconnects": self.reconnects,
+            "decoded_fast": getattr(self, "fast_events", 0),
+            "decoded_library": getattr(self, "library_events", 0),
             "last_error": self.last_error,
         }

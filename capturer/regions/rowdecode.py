@@ -1,0 +1,355 @@
+"""A faster row decoder for binlog rows events, planned once per table map.
+
+python-mysql-replication decodes every column through a chain of method calls
+on a packet wrapper (about 55 us per 10-column row on CPython). Here, the
+library still does the framing (events, table maps, positions); for a rows
+event we take the remaining event bytes in one read and decode them with a
+per-table plan: one small function per column, chosen when the table map is
+first seen, working on offsets into one ``bytes`` object.
+
+The output is the library's output, value for value (an integration test
+compares both on every column type), with two deliberate differences that
+``normalise_library_row`` applies to the library path too: an empty SET is
+``set()``, not ``None`` (the library cannot tell it from NULL otherwise), and
+an empty binary string is ``b""``, not ``""``.
+
+A table with a column type the plan does not know (MySQL's binary JSON, the
+pre-5.6 temporal types) returns ``None``: the caller then uses the library.
+"""
+
+from __future__ import annotations
+
+import codecs
+import datetime as dt
+import decimal
+import struct
+from typing import Any, Callable
+
+from pymysql.charset import charset_by_name
+from pymysqlreplication.constants import FIELD_TYPE as T
+
+Decoder = Callable[[bytes, int], tuple[Any, int]]
+
+_EPOCH = dt.datetime(1970, 1, 1)
+_DIG2BYTES = [0, 1, 1, 2, 2, 3, 3, 4, 4, 4]
+
+
+def _struct(fmt: str) -> Decoder:
+    s = struct.Struct(fmt)
+    unpack, size = s.unpack_from, s.size
+
+    def dec(d: bytes, o: int) -> tuple[Any, int]:
+        return unpack(d, o)[0], o + size
+
+    return dec
+
+
+def _int24(unsigned: bool) -> Decoder:
+    def dec(d: bytes, o: int) -> tuple[Any, int]:
+        v = d[o] | (d[o + 1] << 8) | (d[o + 2] << 16)
+        if not unsigned and v & 0x800000:
+            v -= 0x1000000
+        return v, o + 3
+
+    return dec
+
+
+def _year(d: bytes, o: int) -> tuple[Any, int]:
+    return d[o] + 1900, o + 1
+
+
+def _encoding(column: Any) -> str | None:
+    """The Python codec the library would decode with; None = keep bytes."""
+    name = column.character_set_name
+    if name is None:
+        return "utf-8"
+    cs = charset_by_name(name)
+    enc = cs.encoding if cs else name
+    try:
+        codecs.lookup(enc)
+    except LookupError:
+        return None
+    return enc
+
+
+def _lenstr(prefix: int, enc: str | None) -> Decoder:
+    if prefix == 1:
+        def dec(d: bytes, o: int) -> tuple[Any, int]:
+            n = d[o]
+            o += 1
+            raw = d[o:o + n]
+            return (raw.decode(enc) if enc else raw), o + n
+        return dec
+    fmt = {2: "<H", 3: None, 4: "<I"}.get(prefix)
+
+    def dec2(d: bytes, o: int) -> tuple[Any, int]:
+        if fmt is None:
+            n = d[o] | (d[o + 1] << 8) | (d[o + 2] << 16)
+        else:
+            n = struct.unpack_from(fmt, d, o)[0]
+        o += prefix
+        raw = d[o:o + n]
+        return (raw.decode(enc) if enc else raw), o + n
+    return dec2
+
+
+def _be_signed(b: bytes) -> int:
+    return int.from_bytes(b, "big", signed=True)
+
+
+def _fsp_reader(fsp: int) -> tuple[int, Callable[[bytes, int], int]]:
+    """(bytes, fn) reading the fractional seconds as the library does."""
+    nbytes = (fsp + 1) // 2
+    if nbytes == 0:
+        return 0, lambda d, o: 0
+    scale = 10 ** (6 - fsp)
+    odd = fsp % 2
+
+    def read(d: bytes, o: int) -> int:
+        v = _be_signed(d[o:o + nbytes])
+        if odd:
+            v = int(v / 10)
+        return v * scale
+
+    return nbytes, read
+
+
+def _datetime2(fsp: int) -> Decoder:
+    nf, frac = _fsp_reader(fsp)
+
+    def dec(d: bytes, o: int) -> tuple[Any, int]:
+        v = int.from_bytes(d[o:o + 5], "big")
+        ym = (v >> 22) & 0x1FFFF
+        try:
+            t = dt.datetime(ym // 13, ym % 13, (v >> 17) & 31, (v >> 12) & 31, (v >> 6) & 63, v & 63)
+        except ValueError:
+            return None, o + 5 + nf
+        us = frac(d, o + 5)
+        return (t.replace(microsecond=us) if us > 0 else t), o + 5 + nf
+
+    return dec
+
+
+def _timestamp2(fsp: int) -> Decoder:
+    nf, frac = _fsp_reader(fsp)
+
+    def dec(d: bytes, o: int) -> tuple[Any, int]:
+        t = _EPOCH + dt.timedelta(seconds=struct.unpack_from(">i", d, o)[0])
+        us = frac(d, o + 4)
+        return (t.replace(microsecond=us) if us > 0 else t), o + 4 + nf
+
+    return dec
+
+
+def _time2(fsp: int) -> Decoder:
+    nf, frac = _fsp_reader(fsp)
+
+    def dec(d: bytes, o: int) -> tuple[Any, int]:
+        v = _be_signed(d[o:o + 3])
+        sign = 1 if (v >> 23) & 1 else -1
+        if sign == -1:
+            v = ~v + 1
+        t = dt.timedelta(hours=(v >> 12) & 0x3FF, minutes=(v >> 6) & 63, seconds=v & 63,
+                         microseconds=frac(d, o + 3)) * sign
+        return t, o + 3 + nf
+
+    return dec
+
+
+def _date(d: bytes, o: int) -> tuple[Any, int]:
+    v = d[o] | (d[o + 1] << 8) | (d[o + 2] << 16)
+    if v == 0:
+        return None, o + 3
+    y, m, day = (v >> 9) & 0x7FFF, (v >> 5) & 15, v & 31
+    if y == 0 or m == 0 or day == 0:
+        return None, o + 3
+    return dt.date(y, m, day), o + 3
+
+
+def _decimal(precision: int, scale: int) -> Decoder:
+    intg = precision - scale
+    intg0, intg0x = divmod(intg, 9)
+    frac0, frac0x = divmod(scale, 9)
+    lead, tail = _DIG2BYTES[intg0x], _DIG2BYTES[frac0x]
+    size = lead + intg0 * 4 + frac0 * 4 + tail
+
+    def dec(d: bytes, o: int) -> tuple[Any, int]:
+        b = bytearray(d[o:o + size])
+        negative = not (b[0] & 0x80)
+        b[0] ^= 0x80
+        mask = -1 if negative else 0
+        parts = ["-"] if negative else []
+        p = 0
+        if lead:
+            parts.append(str(_be_signed(b[p:p + lead]) ^ mask))
+            p += lead
+        for _ in range(intg0):
+            parts.append(f"{struct.unpack_from('>i', b, p)[0] ^ mask:09d}")
+            p += 4
+        parts.append(".")
+        for _ in range(frac0):
+            parts.append(f"{struct.unpack_from('>i', b, p)[0] ^ mask:09d}")
+            p += 4
+        if tail:
+            parts.append(f"{_be_signed(b[p:p + tail]) ^ mask:0{frac0x}d}")
+        return decimal.Decimal("".join(parts)), o + size
+
+    return dec
+
+
+def _enum(size: int, values: list[str] | None) -> Decoder:
+    def dec(d: bytes, o: int) -> tuple[Any, int]:
+        idx = int.from_bytes(d[o:o + size], "little")
+        return (values[idx] if values else None), o + size
+
+    return dec
+
+
+def _set(size: int, values: list[str] | None) -> Decoder:
+    def dec(d: bytes, o: int) -> tuple[Any, int]:
+        mask = int.from_bytes(d[o:o + size], "little")
+        if not values:
+            return None, o + size
+        return {v for i, v in enumerate(values) if mask & (1 << i)}, o + size
+
+    return dec
+
+
+def _bit(nbits: int, nbytes: int) -> Decoder:
+    def dec(d: bytes, o: int) -> tuple[Any, int]:
+        v = int.from_bytes(d[o:o + nbytes], "big") & ((1 << nbits) - 1)
+        return format(v, f"0{nbits}b"), o + nbytes
+
+    return dec
+
+
+def column_decoder(c: Any) -> Decoder | None:
+    t, u = c.type, c.unsigned
+    if t == T.TINY:
+        return _struct("<B" if u else "<b")
+    if t == T.SHORT:
+        return _struct("<H" if u else "<h")
+    if t == T.LONG:
+        return _struct("<I" if u else "<i")
+    if t == T.LONGLONG:
+        return _struct("<Q" if u else "<q")
+    if t == T.INT24:
+        return _int24(u)
+    if t == T.FLOAT:
+        return _struct("<f")
+    if t == T.DOUBLE:
+        return _struct("<d")
+    if t == T.YEAR:
+        return _year
+    if t in (T.VARCHAR, T.STRING):
+        return _lenstr(2 if c.max_length > 255 else 1, _encoding(c))
+    if t == T.BLOB:
+        return _lenstr(c.length_size, _encoding(c))
+    if t == T.GEOMETRY:
+        return _lenstr(c.length_size, None)
+    if t == T.NEWDECIMAL:
+        return _decimal(c.precision, c.decimals)
+    if t == T.DATETIME2:
+        return _datetime2(c.fsp)
+    if t == T.TIMESTAMP2:
+        return _timestamp2(c.fsp)
+    if t == T.TIME2:
+        return _time2(c.fsp)
+    if t == T.DATE:
+        return _date
+    if t == T.ENUM:
+        return _enum(c.size, c.enum_values)
+    if t == T.SET:
+        return _set(c.size, c.set_values)
+    if t == T.BIT:
+        return _bit(c.bits, c.bytes)
+    return None  # JSON (MySQL binary), DATETIME/TIME/TIMESTAMP (pre-5.6), ...
+
+
+class TablePlan:
+    def __init__(self, columns: list[Any]):
+        self.names = [c.name for c in columns]
+        decs = [column_decoder(c) for c in columns]
+        self.ok = all(d is not None for d in decs) and all(self.names)
+        self.decoders: list[Decoder] = [d for d in decs if d is not None]
+        self.n = len(columns)
+        self.null_bytes = (self.n + 7) // 8
+
+    def row(self, d: bytes, o: int) -> tuple[dict[str, Any], int]:
+        nb = d[o:o + self.null_bytes]
+        o += self.null_bytes
+        vals: list[Any] = []
+        append = vals.append
+        for i, dec in enumerate(self.decoders):
+            if nb[i >> 3] & (1 << (i & 7)):
+                append(None)
+            else:
+                v, o = dec(d, o)
+                append(v)
+        return dict(zip(self.names, vals)), o
+
+
+_plans: dict[int, tuple[Any, TablePlan]] = {}
+
+
+def plan_for(ev: Any) -> TablePlan | None:
+    table = ev.table_map.get(ev.table_id)
+    if table is None:
+        return None
+    hit = _plans.get(ev.table_id)
+    if hit is not None and hit[0] is table:
+        return hit[1]
+    plan = TablePlan(list(table.columns))
+    if len(_plans) > 10_000:
+        _plans.clear()
+    _plans[ev.table_id] = (table, plan)
+    return plan
+
+
+def _full(bitmap: bytes, n: int) -> bool:
+    return all(bitmap[i >> 3] & (1 << (i & 7)) for i in range(n))
+
+
+def fast_rows(ev: Any, update: bool) -> list[tuple[dict[str, Any], dict[str, Any] | None]] | None:
+    """Rows of a rows event as (image, after-image-or-None); None when this event
+    must go through the library (unknown type, partial row image)."""
+    if not getattr(ev, "complete", True) or not getattr(ev, "_processed", True):
+        return None
+    plan = plan_for(ev)
+    if plan is None or not plan.ok or ev.number_of_columns != plan.n:
+        return None
+    if not _full(ev.columns_present_bitmap, plan.n):
+        return None
+    if update and not _full(ev.columns_present_bitmap2, plan.n):
+        return None
+    data = bytes(ev.packet.read(ev.event_size - ev.packet.read_bytes))
+    out: list[tuple[dict[str, Any], dict[str, Any] | None]] = []
+    o, end = 0, len(data)
+    row = plan.row
+    if update:
+        while o < end:
+            before, o = row(data, o)
+            after, o = row(data, o)
+            out.append((before, after))
+    else:
+        while o < end:
+            image, o = row(data, o)
+            out.append((image, None))
+    return out
+
+
+def binary_columns(columns: list[Any]) -> frozenset[str]:
+    return frozenset(c.name for c in columns if str(c.character_set_name or "").lower() == "binary")
+
+
+def normalise_library_row(values: dict[str, Any], none_sources: dict[str, Any],
+                          binary: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """An empty SET is set(), not None (the library reports it in none_sources);
+    an empty binary string is b"", not "" (``b"".decode("binary")`` gives "")."""
+    for col, why in none_sources.items():
+        if why == "empty set" and values.get(col) is None:
+            values[col] = set()
+    for col in binary:
+        if values.get(col) == "":
+            values[col] = b""
+    return values
