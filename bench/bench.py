@@ -25,6 +25,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))  # the Tansu broker helper
 
 from capturer.app import Capturer  # noqa: E402
 from capturer.config import load_config  # noqa: E402
@@ -64,10 +65,13 @@ def load(m: MariaDBInstance, region: int, inserts: int, updates: int, deletes: i
     return inserts + updates + deletes
 
 
-def baseline_decode(m: MariaDBInstance) -> tuple[int, float]:
-    """python-mysql-replication alone: decode every row event of the binlog to dicts."""
+def baseline_decode(m: MariaDBInstance, fast: bool = False) -> tuple[int, float]:
+    """python-mysql-replication alone: decode every row event of the binlog to dicts
+    (``fast``: the same framing, rows decoded by capturer.regions.rowdecode)."""
     from pymysqlreplication import BinLogStreamReader
     from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, WriteRowsEvent
+
+    from capturer.regions.rowdecode import fast_rows
 
     s = BinLogStreamReader(
         {"host": "127.0.0.1", "port": m.port, "user": "root", "passwd": ""}, server_id=4242,
@@ -77,8 +81,13 @@ def baseline_decode(m: MariaDBInstance) -> tuple[int, float]:
     t0 = time.perf_counter()
     n = 0
     for ev in s:
-        for _ in ev.rows:
-            n += 1
+        if fast:
+            rows = fast_rows(ev, isinstance(ev, UpdateRowsEvent))
+            assert rows is not None
+            n += len(rows)
+        else:
+            for _ in ev.rows:
+                n += 1
     dt_ = time.perf_counter() - t0
     s.close()
     return n, dt_
@@ -163,6 +172,143 @@ def baseline_producer(servers: str, client: str, n: int) -> float:
     return n / (time.perf_counter() - t0)
 
 
+def baseline_arrow_append(tmp: Path, rows: int, batch: int = 50_000) -> float:
+    """Raw Spark rate: Arrow tables of the bench shape appended to Parquet, 50k rows a batch."""
+    import pyarrow as pa
+
+    from senders.spark import build_session
+
+    spark = build_session({"master": "local[*]"}, tmp / "baseline-spark")
+    try:
+        now = dt.datetime(2026, 1, 1)
+        t0 = time.perf_counter()
+        for start in range(0, rows, batch):
+            n = min(batch, rows - start)
+            ids = list(range(start, start + n))
+            table = pa.table({
+                "_op": ["i"] * n, "_commit_ts": ids, "_region": ["r1"] * n, "_seq": [0] * n, "_sub": [0] * n,
+                "id": ids, "name": [f"name-{i}" for i in ids], "city": ["Oslo"] * n,
+                "price": pa.array([decimal.Decimal("12.34")] * n, pa.decimal128(38, 2)),
+                "qty": pa.array([decimal.Decimal("1.500")] * n, pa.decimal128(38, 3)),
+                "created": pa.array([now] * n, pa.timestamp("us")), "updated": pa.array([now] * n, pa.timestamp("us")),
+                "n": ids, "big": ids, "note": ["x" * 60] * n,
+            })
+            spark.createDataFrame(table).coalesce(1).write.mode("append").parquet(str(tmp / "baseline-spark" / "t"))
+        return rows / (time.perf_counter() - t0)
+    finally:
+        spark.stop()
+
+
+def compaction_seconds(tmp: Path, changes: int = 1_000_000, keys: int = 200_000) -> float:
+    """Time to compact a changelog of ``changes`` rows over ``keys`` primary keys."""
+    from capturer import lake
+    from senders.spark import build_session
+
+    wh = tmp / "compaction"
+    spark = build_session({"master": "local[*]"}, wh)
+    try:
+        spark.range(changes).selectExpr(
+            "CASE WHEN id % 20 = 19 THEN 'd' WHEN id < {k} THEN 'i' ELSE 'u' END AS _op".format(k=keys),
+            "id AS _commit_ts", "'r1' AS _region", "CAST(0 AS INT) AS _seq", "CAST(0 AS INT) AS _sub",
+            f"id % {keys} AS id", "concat('name-', id) AS name", "CAST(id AS DOUBLE) AS price",
+        ).write.parquet(str(wh / "t__t" / "changelog"))
+        st = lake.TableState("t", "t", "t__t", ["id"], [["id", "bigint"], ["name", "string"], ["price", "double"]])
+        st.save(wh / "t__t")
+        lake.register(spark, st, "cdc", wh)
+        t0 = time.perf_counter()
+        new = lake.compact(spark, st, "cdc", wh)
+        secs = time.perf_counter() - t0
+        assert new.generation == 1
+        return secs
+    finally:
+        spark.stop()
+
+
+def latency_run(tmp: Path, servers: list[MariaDBInstance], rate: int = 5000, seconds: int = 20,
+                txn_rows: int = 50) -> dict[str, Any]:
+    """Commit-to-acknowledgement latency (file sender) at a steady ``rate`` rows/s over 2 regions."""
+    out = tmp / "latency" / "changes.jsonl"
+    (tmp / "latency").mkdir()
+    regions = "".join(
+        f"\n[region:r{i}]\nhost=127.0.0.1\nport={m.port}\nuser=root\npassword=\nserver_id={750 + i}\nstart=latest\n"
+        for i, m in enumerate(servers))
+    (tmp / "latency" / "senders.cfg").write_text(f"[global]\ntype=local\n[local]\nfilepath={out}\n")
+    (tmp / "latency" / "config.cfg").write_text(
+        f"[global]\nbinlogCheckPointPath={tmp / 'latency' / 'cp.json'}\nsenderConfig={tmp / 'latency' / 'senders.cfg'}\n"
+        f"filterRuleDict=\nhttpPort={free_port()}\nlogLevel=warning\n" + regions)
+    cap = Capturer(load_config(tmp / "latency" / "config.cfg"))
+    cap.start()
+    acks: list[tuple[float, int]] = []
+    commits: dict[int, float] = {}
+    stop = threading.Event()
+
+    def poll() -> None:
+        last = -1
+        while not stop.is_set():
+            a = cap.manager.acked_ts()
+            if a != last:
+                acks.append((time.time(), a))
+                last = a
+            time.sleep(0.002)
+
+    def drive(i: int, m: MariaDBInstance) -> None:
+        c = m.connect()
+        c.autocommit(False)
+        per_region = rate / len(servers)
+        interval = txn_rows / per_region
+        base = 50_000_000 + i * 10_000_000
+        nxt = time.time()
+        k = 0
+        with c.cursor() as cur:
+            while time.time() < t_end:
+                rows = [(base + k + j, "lat", "Oslo", 1, 1, dt.datetime(2026, 1, 1), dt.datetime(2026, 1, 1), 0, 0, "x")
+                        for j in range(txn_rows)]
+                cur.executemany("INSERT INTO bench.t VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)", rows)
+                c.commit()
+                commits[base + k] = time.time()
+                k += txn_rows
+                nxt += interval
+                time.sleep(max(0.0, nxt - time.time()))
+        c.close()
+
+    threading.Thread(target=poll, daemon=True).start()
+    time.sleep(2)
+    t_end = time.time() + seconds
+    ts = [threading.Thread(target=drive, args=(i, m)) for i, m in enumerate(servers)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        lines = out.read_text().count("\n") if out.exists() else 0
+        if lines >= len(commits) * txn_rows:
+            break
+        time.sleep(0.2)
+    time.sleep(0.5)
+    stop.set()
+    cap.shutdown()
+    first_ts = {}
+    for line in out.read_text().splitlines():
+        d = json.loads(line)
+        if d["op"] == "insert" and d["after"]["id"] in commits:
+            first_ts[d["after"]["id"]] = d["commit_ts"]
+    import bisect
+
+    ack_times = [t for t, _ in acks]
+    ack_vals = [a for _, a in acks]
+    # acked_ts only grows, so the first poll with acked >= commit_ts is the ack time
+    lat = []
+    for rid, cts in first_ts.items():
+        i = bisect.bisect_left(ack_vals, cts)
+        if i < len(ack_times):
+            lat.append(ack_times[i] - commits[rid])
+    lat.sort()
+    pct = lambda p: round(lat[min(len(lat) - 1, int(p * len(lat)))] * 1000, 1) if lat else None  # noqa: E731
+    return {"rate_rows_per_s": rate, "txns": len(commits), "measured": len(lat),
+            "p50_ms": pct(0.50), "p99_ms": pct(0.99), "max_ms": pct(1.0)}
+
+
 class Report:
     def __init__(self) -> None:
         self.rows: list[tuple[str, float, float]] = []
@@ -181,7 +327,7 @@ def main() -> int:
     ap.add_argument("--rows", type=int, default=200_000, help="inserts per run (split over regions)")
     ap.add_argument("--smoke", action="store_true", help="assert completeness only (CI)")
     ap.add_argument("--threads", type=int, default=8, help="MySQL sender workers")
-    ap.add_argument("--only", default="file,mysql,kafka", help="senders to measure")
+    ap.add_argument("--only", default="file,mysql,kafka,spark,all,latency", help="parts to run")
     args = ap.parse_args()
     only = set(args.only.split(","))
     inserts = args.rows // 2
@@ -223,6 +369,9 @@ def main() -> int:
         decode = n / secs
         results["baseline_decode_rows_per_s"] = round(decode)
         rep.add("baseline: python-mysql-replication decode, 1 region", decode, None)
+        n2, secs2 = baseline_decode(servers[0], fast=True)
+        results["fast_decode_rows_per_s"] = round(n2 / secs2)
+        rep.add("fast row decoder (same framing), 1 region", n2 / secs2, decode)
         if "file" in only:
             e2e("file", f"[global]\ntype=local\n[local]\nfilepath={tmp / 'file' / 'changes.jsonl'}\n",
                 total, decode, "capturer -> file (2 regions)")
@@ -235,7 +384,6 @@ def main() -> int:
             e2e("mysql", f"[global]\ntype=mysql\n[mysql]\nhost=127.0.0.1\nport={target.port}\nuser=root\n"
                 f"threadnum={args.threads}\n", total, ups, f"capturer -> mysql ({args.threads} workers)")
         if "kafka" in only:
-            sys.path.insert(0, str(ROOT / "tests"))
             from helpers import Broker
 
             for client in ("kafka-python", "confluent"):
@@ -247,13 +395,46 @@ def main() -> int:
                 e2e(f"kafka-{client}", f"[global]\ntype=kafka\n[kafka]\nservers={broker.servers}\nclient={client}\n",
                     total, raw, f"capturer -> kafka ({client})")
                 broker.kill()
+        if "spark" in only:
+            raw = baseline_arrow_append(tmp, total)
+            results["baseline_arrow_append_rows_per_s"] = round(raw)
+            rep.add("baseline: raw Spark Arrow append (50k-row batches)", raw, None)
+            e2e("spark", f"[global]\ntype=spark\n[spark]\nwarehouse={tmp / 'spark' / 'wh'}\n"
+                "compaction_interval=0\nbatch_interval=1\n", total, raw, "capturer -> spark")
+            if not args.smoke:
+                results["compaction_1M_seconds"] = round(compaction_seconds(tmp), 1)
+        if "all" in only and "mysql" in only and "kafka" in only:
+            from helpers import Broker
+
+            broker = Broker().start()
+            extra.append(broker)
+            target.execute("DROP DATABASE IF EXISTS bench")
+            e2e("all", "[global]\ntype=local,mysql,kafka,spark\n"
+                f"[local]\nfilepath={tmp / 'all' / 'changes.jsonl'}\n"
+                f"[mysql]\nhost=127.0.0.1\nport={target.port}\nuser=root\nthreadnum={args.threads}\n"
+                f"[kafka]\nservers={broker.servers}\nclient=confluent\n"
+                f"[spark]\nwarehouse={tmp / 'all' / 'wh'}\ncompaction_interval=0\nbatch_interval=1\n",
+                total, decode, "capturer -> all four at once (file, mysql, kafka/confluent, spark)")
+            broker.kill()
+        if "latency" in only and not args.smoke:
+            results["latency"] = latency_run(tmp, servers)
     finally:
         for m in servers + extra:
-            (m.kill if hasattr(m, "kill") and not hasattr(m, "stop") else m.stop)()
+            m.stop()
     results["table"] = rep.rows
     print(json.dumps(results, indent=2))
     print()
     print(rep.markdown())
+    if "latency" in results:
+        lat = results["latency"]
+        print(f"\ncommit -> ack latency at {lat['rate_rows_per_s']} rows/s: p50 {lat['p50_ms']} ms, "
+              f"p99 {lat['p99_ms']} ms (over {lat['measured']} transactions)")
+    if "compaction_1M_seconds" in results:
+        print(f"compaction of 1M changes over 200k keys: {results['compaction_1M_seconds']} s")
+    import resource
+
+    results["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    print(f"peak RSS of the bench process (capturer in-process, no JVM): {results['peak_rss_mb']} MB")
     if failures:
         print("\nINCOMPLETE: " + "; ".join(failures))
         return 1

@@ -181,6 +181,8 @@ class Broker:
             self.proc.wait()
             self.proc = None
 
+    stop = kill
+
 
 def consume_all(servers: str, topics: list[str] | None = None, idle: float = 3.0) -> list[Any]:
     """Every message of the given topics (default: all), from the beginning."""
