@@ -12,6 +12,8 @@ JSON (file lines, Kafka messages):
 from __future__ import annotations
 
 import base64
+import json
+import threading
 import datetime as dt
 import decimal
 from typing import Any
@@ -69,6 +71,27 @@ def json_value(v: Any) -> tuple[Any, bool]:
     if isinstance(v, dict):
         return {str(k): json_value(x)[0] for k, x in v.items()}, False
     return str(v), False
+
+
+_seen = threading.local()  # did the encode in this thread meet a binary value?
+
+
+def _default(v: Any) -> Any:
+    if isinstance(v, (bytes, bytearray, memoryview)):
+        _seen.bytes = True
+    return json_value(v)[0]
+
+
+_ENCODER = json.JSONEncoder(ensure_ascii=False, default=_default)
+
+
+def dumps_row_line(d: dict[str, Any]) -> str | None:
+    """JSON text of a line whose row images hold raw values (the fast path: no
+    per-value Python work for ints and strings); None if a binary value was met,
+    and the caller takes the exact path that lists base64 columns."""
+    _seen.bytes = False
+    text = _ENCODER.encode(d)
+    return None if _seen.bytes else text
 
 
 def json_row(row: dict[str, Any] | None, b64: set[str]) -> dict[str, Any] | None:

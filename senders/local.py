@@ -18,7 +18,7 @@ import re
 from pathlib import Path
 from typing import IO, Any, ClassVar
 
-from capturer.encode import json_row
+from capturer.encode import dumps_row_line, json_row
 from capturer.errors import SinkError
 from capturer.ini import Key, p_bool, p_choice, p_int, p_nonempty
 from capturer.model import Txn
@@ -44,7 +44,6 @@ def txn_lines_json(txn: Txn) -> list[str]:
     out = []
     n = len(txn.changes)
     for i, ch in enumerate(txn.changes):
-        b64: set[str] = set()
         d: dict[str, Any] = {
             **head,
             "seq": i,
@@ -52,14 +51,20 @@ def txn_lines_json(txn: Txn) -> list[str]:
             "table": ch.table,
             "op": ch.op,
             "pk": list(ch.schema.pk),
-            "before": json_row(ch.before, b64),
-            "after": json_row(ch.after, b64),
+            "before": ch.before,
+            "after": ch.after,
             "txn_rows": n,
             "last": i == n - 1,
         }
-        if b64:
-            d["b64"] = sorted(b64)
-        out.append(json.dumps(d, ensure_ascii=False))
+        text = dumps_row_line(d)
+        if text is None:  # binary values: encode them explicitly and name them in "b64"
+            b64: set[str] = set()
+            d["before"] = json_row(ch.before, b64)
+            d["after"] = json_row(ch.after, b64)
+            if b64:
+                d["b64"] = sorted(b64)
+            text = json.dumps(d, ensure_ascii=False)
+        out.append(text)
     return out
 
 
