@@ -309,6 +309,58 @@ def latency_run(tmp: Path, servers: list[MariaDBInstance], rate: int = 5000, sec
             "p50_ms": pct(0.50), "p99_ms": pct(0.99), "max_ms": pct(1.0)}
 
 
+def big_txn_rss(tmp: Path, rows: int = 1_000_000) -> dict[str, Any]:
+    """One transaction of ``rows`` rows through the capturer (file sender) in its own
+    process; its peak RSS (VmHWM) and time."""
+    import subprocess
+
+    m = MariaDBInstance(tmp / "bigtxn-src", server_id=31).start()
+    try:
+        m.execute("CREATE DATABASE bench", TABLE)
+        c = m.connect()
+        c.autocommit(False)
+        now = dt.datetime(2026, 1, 1)
+        with c.cursor() as cur:
+            for start in range(0, rows, 5000):
+                cur.executemany("INSERT INTO bench.t VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)",
+                                [(i, f"name-{i}", "Oslo", decimal.Decimal("12.34"), decimal.Decimal("1.500"), now,
+                                  now, i, i, "x" * 60) for i in range(start, min(start + 5000, rows))])
+        c.commit()  # one transaction
+        c.close()
+        d = tmp / "bigtxn"
+        d.mkdir()
+        (d / "senders.cfg").write_text(f"[global]\ntype=local\n[local]\nfilepath={d / 'out.jsonl'}\nrotate_mb=100000\n")
+        (d / "config.cfg").write_text(
+            f"[global]\nbinlogCheckPointPath={d / 'cp.json'}\nsenderConfig={d / 'senders.cfg'}\nfilterRuleDict=\n"
+            f"httpPort={free_port()}\ncheckpointInterval=0.5\nlogLevel=warning\n"
+            f"[region:r1]\nhost=127.0.0.1\nport={m.port}\nuser=root\npassword=\nserver_id=777\n")
+        t0 = time.perf_counter()
+        p = subprocess.Popen([sys.executable, "-m", "capturer", "--config", str(d / "config.cfg")], cwd=ROOT,
+                             env=dict(os.environ, PYTHONPATH=str(ROOT)), stdout=subprocess.DEVNULL,
+                             stderr=open(d / "log", "wb"))
+        peak = 0
+        done = False
+        while time.perf_counter() - t0 < 1200 and p.poll() is None:
+            try:
+                for line in open(f"/proc/{p.pid}/status"):
+                    if line.startswith("VmHWM:"):
+                        peak = max(peak, int(line.split()[1]))
+            except OSError:
+                break
+            if (d / "cp.json").exists() and json.loads((d / "cp.json").read_text())["commit_ts"] > 0:
+                lines = sum(1 for _ in open(d / "out.jsonl")) if (d / "out.jsonl").exists() else 0
+                if lines >= rows:
+                    done = True
+                    break
+            time.sleep(0.5)
+        secs = time.perf_counter() - t0
+        p.terminate()
+        p.wait(60)
+        return {"rows": rows, "delivered": done, "seconds": round(secs, 1), "peak_rss_mb": round(peak / 1024)}
+    finally:
+        m.stop()
+
+
 class Report:
     def __init__(self) -> None:
         self.rows: list[tuple[str, float, float]] = []
@@ -327,7 +379,7 @@ def main() -> int:
     ap.add_argument("--rows", type=int, default=200_000, help="inserts per run (split over regions)")
     ap.add_argument("--smoke", action="store_true", help="assert completeness only (CI)")
     ap.add_argument("--threads", type=int, default=8, help="MySQL sender workers")
-    ap.add_argument("--only", default="file,mysql,kafka,spark,all,latency", help="parts to run")
+    ap.add_argument("--only", default="file,mysql,kafka,spark,all,latency,bigtxn", help="parts to run")
     args = ap.parse_args()
     only = set(args.only.split(","))
     inserts = args.rows // 2
@@ -418,6 +470,8 @@ def main() -> int:
             broker.kill()
         if "latency" in only and not args.smoke:
             results["latency"] = latency_run(tmp, servers)
+        if "bigtxn" in only and not args.smoke:
+            results["big_txn"] = big_txn_rss(tmp)
     finally:
         for m in servers + extra:
             m.stop()
@@ -429,6 +483,10 @@ def main() -> int:
         lat = results["latency"]
         print(f"\ncommit -> ack latency at {lat['rate_rows_per_s']} rows/s: p50 {lat['p50_ms']} ms, "
               f"p99 {lat['p99_ms']} ms (over {lat['measured']} transactions)")
+    if "big_txn" in results:
+        b = results["big_txn"]
+        print(f"one {b['rows']:,}-row transaction -> file: delivered={b['delivered']} in {b['seconds']} s, "
+              f"capturer peak RSS {b['peak_rss_mb']} MB")
     if "compaction_1M_seconds" in results:
         print(f"compaction of 1M changes over 200k keys: {results['compaction_1M_seconds']} s")
     import resource
@@ -439,7 +497,9 @@ def main() -> int:
         print("\nINCOMPLETE: " + "; ".join(failures))
         return 1
     if not args.smoke:
-        dest = ROOT / "bench" / "results" / f"{dt.date.today().isoformat()}.json"
+        full = only >= set(ap.get_default("only").split(","))
+        suffix = "" if full else "-" + "-".join(sorted(only))
+        dest = ROOT / "bench" / "results" / f"{dt.date.today().isoformat()}{suffix}.json"
         dest.write_text(json.dumps(results, indent=2) + "\n")
         print(f"\nwritten {dest}")
     return 0

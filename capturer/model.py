@@ -91,7 +91,7 @@ class TableSchema:
             return None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class RowChange:
     """One row change. ``before`` is None for inserts, ``after`` is None for deletes."""
 

@@ -16,7 +16,7 @@ import logging
 import os
 import re
 from pathlib import Path
-from typing import IO, Any, ClassVar
+from typing import IO, Any, ClassVar, Iterator
 
 from capturer.encode import dumps_row_line, json_row
 from capturer.errors import SinkError
@@ -29,7 +29,7 @@ from .base import Sender
 log = logging.getLogger(__name__)
 
 
-def txn_lines_json(txn: Txn) -> list[str]:
+def txn_lines_json(txn: Txn) -> Iterator[str]:
     head = {
         "region": txn.region,
         "commit_ts": txn.commit_ts,
@@ -40,8 +40,8 @@ def txn_lines_json(txn: Txn) -> list[str]:
     if txn.ddl is not None:
         d = {**head, "seq": 0, "db": txn.ddl.db, "table": txn.ddl.table, "op": "ddl",
              "sql": txn.ddl.sql, "txn_rows": 0, "last": True}
-        return [json.dumps(d, ensure_ascii=False)]
-    out = []
+        yield json.dumps(d, ensure_ascii=False)
+        return
     n = len(txn.changes)
     for i, ch in enumerate(txn.changes):
         d: dict[str, Any] = {
@@ -64,21 +64,22 @@ def txn_lines_json(txn: Txn) -> list[str]:
             if b64:
                 d["b64"] = sorted(b64)
             text = json.dumps(d, ensure_ascii=False)
-        out.append(text)
-    return out
+        yield text
 
 
-def txn_lines_sql(txn: Txn) -> list[str]:
+def txn_lines_sql(txn: Txn) -> Iterator[str]:
     tag = f"-- region={txn.region} commit_ts={txn.commit_ts} position={txn.position.file}:{txn.position.pos}"
     if txn.ddl is not None:
         use = f"USE `{txn.ddl.db.replace('`', '``')}`; " if txn.ddl.db else ""
-        return [tag + " ddl", f"{use}{txn.ddl.sql};"]
-    out = [tag + f" rows={len(txn.changes)}", "BEGIN;"]
+        yield tag + " ddl"
+        yield f"{use}{txn.ddl.sql};"
+        return
+    yield tag + f" rows={len(txn.changes)}"
+    yield "BEGIN;"
     for i, ch in enumerate(txn.changes):
         sql, _ = build(ch, literal=True)
-        out.append(f"/* seq={i} */ {sql};")
-    out.append("COMMIT;")
-    return out
+        yield f"/* seq={i} */ {sql};"
+    yield "COMMIT;"
 
 
 class LocalSender(Sender):
@@ -142,16 +143,19 @@ class LocalSender(Sender):
         self._size += len(data)
 
     def send(self, batch: list[Txn]) -> None:
-        lines: list[str] = []
-        for txn in batch:
-            lines.extend(self.render(txn))
-        if not lines:
-            return
-        data = ("\n".join(lines) + "\n").encode("utf-8")
         try:
             if self._f is None:
                 self.open()
-            self._write(data)
+            # written in slices, so a huge transaction is never rendered whole in memory
+            lines: list[str] = []
+            for txn in batch:
+                for line in self.render(txn):
+                    lines.append(line)
+                    if len(lines) >= 10_000:
+                        self._write(("\n".join(lines) + "\n").encode("utf-8"))
+                        lines = []
+            if lines:
+                self._write(("\n".join(lines) + "\n").encode("utf-8"))
             self._f.flush()  # type: ignore[union-attr]
             if self.fsync:
                 os.fsync(self._f.fileno())  # type: ignore[union-attr]
