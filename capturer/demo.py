@@ -112,16 +112,6 @@ class Workload:
         else:
             self._txn([("DELETE FROM shop.audit WHERE kind='signup' LIMIT 1", ())])
 
-    def master_position(self) -> tuple[str, int]:
-        c = self.m.connect()
-        try:
-            with c.cursor() as cur:
-                cur.execute("SHOW MASTER STATUS")
-                row = cur.fetchone()
-                return str(row[0]), int(row[1])
-        finally:
-            c.close()
-
     def source_state(self) -> dict[tuple[str, str], list[dict[str, Any]]]:
         c = self.m.connect()
         out = {}
@@ -235,7 +225,7 @@ def run_demo(basedir: Path, once: bool = False, steps: int = 400,
             if not workload_done.is_set():
                 return False
             if not targets:
-                targets = [w.master_position() for w in loads]
+                targets = [w.m.master_position() for w in loads]
             cp = c.checkpoint
             for (file, pos), name in zip(targets, ("shard1", "shard2")):
                 p = cp.regions.get(name)

@@ -170,6 +170,17 @@ class MariaDBInstance:
         finally:
             conn.close()
 
+    def master_position(self) -> tuple[str, int]:
+        """(binlog file, position) the server will write next: SHOW MASTER STATUS."""
+        conn = self.connect()
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SHOW MASTER STATUS")
+                row = cur.fetchone()
+                return str(row[0]), int(row[1])
+        finally:
+            conn.close()
+
     def create_capture_user(self, user: str = "capturer", password: str = "capturer") -> None:
         self.execute(
             f"CREATE USER IF NOT EXISTS '{user}'@'127.0.0.1' IDENTIFIED BY '{password}'",

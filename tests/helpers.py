@@ -73,14 +73,7 @@ def wait_for(pred: Callable[[], bool], timeout: float = 60.0, what: str = "condi
 
 
 def master_pos(m: MariaDBInstance) -> tuple[str, int]:
-    c = m.connect()
-    try:
-        with c.cursor() as cur:
-            cur.execute("SHOW MASTER STATUS")
-            r = cur.fetchone()
-            return str(r[0]), int(r[1])
-    finally:
-        c.close()
+    return m.master_position()
 
 
 def checkpoint_covers(tmp: Path, servers: list[MariaDBInstance]) -> bool:
