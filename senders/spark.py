@@ -153,6 +153,12 @@ class SparkSender(Sender):
             st = lake.TableState.load(self.warehouse / name) or lake.TableState(
                 schema.db, schema.table, name, list(schema.pk), [])
             self.tables[key] = st
+        clash = [c for c, _ in columns if c in lake.META_COLS]
+        if clash:
+            raise SinkError(
+                f"{schema.db}.{schema.table}: column {clash[0]!r} has the name of a lake metadata column "
+                f"({', '.join(lake.META_COLS)}); rename it on the source or exclude the table "
+                "(filter_rule.txt) to use the spark sender", retriable=False)
         known = {c: t for c, t in st.columns}
         changed = False
         for c, t in columns:

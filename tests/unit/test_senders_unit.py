@@ -127,3 +127,23 @@ def test_retry_does_not_ack_until_delivered() -> None:
     assert s.got == [1] and s.acked_ts == 1 and s.retries == 3 and "target down" in s.last_error
     s.stop()
     s.join()
+
+
+def test_spark_sender_refuses_a_column_named_like_lake_metadata(tmp_path: Path) -> None:
+    import pytest
+
+    from capturer.errors import SinkError
+    from senders.spark import SparkSender
+
+    s = SparkSender("spark", {"master": "local[1]", "warehouse": str(tmp_path), "database": "cdc",
+                              "batch_rows": 10, "batch_interval": 0, "compaction_interval": 0,
+                              "app_name": "", "conf.*": {}})
+    schema = TableSchema("d", "t", ("id", "_op"), ("id",))
+    with pytest.raises(SinkError) as ei:
+        s._state_for(schema, [["id", "bigint"], ["_op", "string"]])  # noqa: SLF001
+    assert "'_op'" in str(ei.value) and "d.t" in str(ei.value) and not ei.value.retriable
+    # a type change of a known column is refused with the way out
+    s._state_for(TableSchema("d", "u", ("id", "v"), ("id",)), [["id", "bigint"], ["v", "bigint"]])  # noqa: SLF001
+    with pytest.raises(SinkError) as ei:
+        s._state_for(TableSchema("d", "u", ("id", "v"), ("id",)), [["id", "bigint"], ["v", "string"]])  # noqa: SLF001
+    assert "changed type from bigint to string" in str(ei.value) and "Way out" in str(ei.value)
