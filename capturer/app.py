@@ -138,7 +138,8 @@ class Capturer:
         self.stop_event.set()
         for r in self.regions:
             r.join(10)
-        self.merge.thread.join(10) if self.merge.thread.is_alive() else None
+        if self.merge.thread.is_alive():
+            self.merge.thread.join(10)
         deadline = time.monotonic() + drain_timeout
         while time.monotonic() < deadline and not self.failure:
             if all(len(s.queue) == 0 or s.state in ("retrying", "failed") for s in self.senders):

@@ -32,8 +32,7 @@ def canon(v: Any) -> str:
     if isinstance(v, bool):
         return str(int(v))
     if isinstance(v, (int, decimal.Decimal)):
-        d = decimal.Decimal(v)
-        return format(d.normalize(), "f") if d == d.to_integral() else format(d.normalize(), "f")
+        return format(decimal.Decimal(v).normalize(), "f")
     if isinstance(v, float):
         return repr(v)
     if isinstance(v, (bytes, bytearray, memoryview)):
