@@ -65,9 +65,10 @@ def load(m: MariaDBInstance, region: int, inserts: int, updates: int, deletes: i
     return inserts + updates + deletes
 
 
-def baseline_decode(m: MariaDBInstance, fast: bool = False) -> tuple[int, float]:
+def baseline_decode(m: MariaDBInstance, fast: bool = False, use_c: bool = False) -> tuple[int, float]:
     """python-mysql-replication alone: decode every row event of the binlog to dicts
-    (``fast``: the same framing, rows decoded by capturer.regions.rowdecode)."""
+    (``fast``: the same framing, rows decoded by capturer.regions.rowdecode, in
+    Python or, ``use_c``, by its C build)."""
     from pymysqlreplication import BinLogStreamReader
     from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, WriteRowsEvent
 
@@ -82,7 +83,7 @@ def baseline_decode(m: MariaDBInstance, fast: bool = False) -> tuple[int, float]
     n = 0
     for ev in s:
         if fast:
-            rows = fast_rows(ev, isinstance(ev, UpdateRowsEvent))
+            rows = fast_rows(ev, isinstance(ev, UpdateRowsEvent), use_c)
             assert rows is not None
             n += len(rows)
         else:
@@ -423,7 +424,13 @@ def main() -> int:
         rep.add("baseline: python-mysql-replication decode, 1 region", decode, None)
         n2, secs2 = baseline_decode(servers[0], fast=True)
         results["fast_decode_rows_per_s"] = round(n2 / secs2)
-        rep.add("fast row decoder (same framing), 1 region", n2 / secs2, decode)
+        rep.add("fast row decoder, Python (same framing), 1 region", n2 / secs2, decode)
+        from capturer.regions.rowdecode import c_decoder_built
+
+        if c_decoder_built():
+            n3, secs3 = baseline_decode(servers[0], fast=True, use_c=True)
+            results["fast_decode_c_rows_per_s"] = round(n3 / secs3)
+            rep.add("fast row decoder, C build (same framing), 1 region", n3 / secs3, decode)
         if "file" in only:
             e2e("file", f"[global]\ntype=local\n[local]\nfilepath={tmp / 'file' / 'changes.jsonl'}\n",
                 total, decode, "capturer -> file (2 regions)")

@@ -83,15 +83,55 @@ def _default(v: Any) -> Any:
 
 
 _ENCODER = json.JSONEncoder(ensure_ascii=False, default=_default)
+_ENCODER_COMPACT = json.JSONEncoder(ensure_ascii=False, default=_default, separators=(",", ":"))
+
+try:  # the C encoder (setup.py builds it where a compiler is present)
+    from capturer import _fastrows
+except ImportError:  # pragma: no cover - depends on the build
+    _fastrows = None
 
 
-def dumps_row_line(d: dict[str, Any]) -> str | None:
+def _fallback(v: Any) -> Any:
+    return json_value(v)[0]
+
+
+def dumps_row_line(d: dict[str, Any], compact: bool = False) -> str | None:
     """JSON text of a line whose row images hold raw values (the fast path: no
     per-value Python work for ints and strings); None if a binary value was met,
     and the caller takes the exact path that lists base64 columns."""
     _seen.bytes = False
-    text = _ENCODER.encode(d)
+    text = (_ENCODER_COMPACT if compact else _ENCODER).encode(d)
     return None if _seen.bytes else text
+
+
+def encode_line(d: dict[str, Any], rows: tuple[str, ...] = ("before", "after"), compact: bool = False,
+                use_c: bool = True) -> str:
+    """``json.dumps(d, ensure_ascii=False)`` of a message whose ``rows`` fields are
+    row images with raw values (see the module doc for how values are written).
+    Binary values are base64 and their columns are listed, sorted, in a ``b64``
+    field added last. The C encoder is used where it was built; the result is
+    the same text either way (a unit test compares them)."""
+    if use_c and _fastrows is not None:
+        b64: set[str] = set()
+        try:
+            text = _fastrows.json_dumps(d, _fallback, b64, compact)
+        except (TypeError, ValueError, UnicodeError):
+            text = None  # e.g. a lone surrogate: the Python path decides
+        if text is not None:
+            if b64:
+                tail = json.dumps(sorted(b64), ensure_ascii=False, separators=(",", ":") if compact else None)
+                text = text[:-1] + ("," if compact else ", ") + '"b64"' + (":" if compact else ": ") + tail + "}"
+            return text
+    text = dumps_row_line(d, compact)
+    if text is not None:
+        return text
+    b64 = set()
+    exact = dict(d)
+    for k in rows:
+        exact[k] = json_row(d.get(k), b64)
+    if b64:
+        exact["b64"] = sorted(b64)
+    return json.dumps(exact, ensure_ascii=False, separators=(",", ":") if compact else None, default=_fallback)
 
 
 def json_row(row: dict[str, Any] | None, b64: set[str]) -> dict[str, Any] | None:

@@ -15,7 +15,7 @@ import json
 import time
 from typing import Any, Callable
 
-from .encode import json_row, json_value, type_name
+from .encode import encode_line, json_value, type_name
 from .model import Ddl, RowChange, Txn, ts_physical_ms
 from .sqlbuild import build
 
@@ -44,21 +44,16 @@ def source_block(txn: Txn, ch_db: str, ch_table: str, seq: int) -> dict[str, Any
 
 
 def json_envelope(txn: Txn, seq: int, ch: RowChange, op: str) -> bytes:
-    b64: set[str] = set()
-    before = json_row(ch.before, b64) if op in ("u", "d") else None
-    after = json_row(ch.after, b64) if op in ("c", "u") else None
     d: dict[str, Any] = {
-        "before": before,
-        "after": after,
+        "before": ch.before if op in ("u", "d") else None,
+        "after": ch.after if op in ("c", "u") else None,
         "op": op,
         "ts_ms": int(time.time() * 1000),
         "source": source_block(txn, ch.db, ch.table, seq),
         "transaction": {"id": f"{txn.region}:{txn.commit_ts}", "total_order": seq + 1,
                         "rows": len(txn.changes)},
     }
-    if b64:
-        d["b64"] = sorted(b64)
-    return json.dumps(d, ensure_ascii=False, separators=(",", ":")).encode()
+    return encode_line(d, compact=True).encode()
 
 
 def _canal_str(v: Any) -> Any:

@@ -18,7 +18,7 @@ import re
 from pathlib import Path
 from typing import IO, Any, ClassVar, Iterator
 
-from capturer.encode import dumps_row_line, json_row
+from capturer.encode import encode_line
 from capturer.errors import SinkError
 from capturer.ini import Key, p_bool, p_choice, p_int, p_nonempty
 from capturer.model import Txn
@@ -56,15 +56,7 @@ def txn_lines_json(txn: Txn) -> Iterator[str]:
             "txn_rows": n,
             "last": i == n - 1,
         }
-        text = dumps_row_line(d)
-        if text is None:  # binary values: encode them explicitly and name them in "b64"
-            b64: set[str] = set()
-            d["before"] = json_row(ch.before, b64)
-            d["after"] = json_row(ch.after, b64)
-            if b64:
-                d["b64"] = sorted(b64)
-            text = json.dumps(d, ensure_ascii=False)
-        yield text
+        yield encode_line(d)
 
 
 def txn_lines_sql(txn: Txn) -> Iterator[str]:

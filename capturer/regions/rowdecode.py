@@ -13,6 +13,10 @@ compares both on every column type), with two deliberate differences that
 ``set()``, not ``None`` (the library cannot tell it from NULL otherwise), and
 an empty binary string is ``b""``, not ``""``.
 
+``capturer/_fastrows.c`` is the same decoder in C, used when it was built
+(``Plan.rows``); this module's Python functions are its fallback and its
+specification.
+
 A table with a column type the plan does not know (MySQL's binary JSON, the
 pre-5.6 temporal types) returns ``None``: the caller then uses the library.
 """
@@ -27,6 +31,11 @@ from typing import Any, Callable
 
 from pymysql.charset import charset_by_name
 from pymysqlreplication.constants import FIELD_TYPE as T
+
+try:  # the C build of this decoder (setup.py builds it where a compiler is present)
+    from capturer import _fastrows
+except ImportError:  # pragma: no cover - depends on the build
+    _fastrows = None
 
 Decoder = Callable[[bytes, int], tuple[Any, int]]
 
@@ -72,13 +81,31 @@ def _encoding(column: Any) -> str | None:
     return enc
 
 
+def _mysql_latin1(exc: UnicodeError) -> tuple[str, int]:
+    """MySQL's latin1 is cp1252 with the five bytes cp1252 leaves undefined
+    (0x81, 0x8D, 0x8F, 0x90, 0x9D) mapped to the same code points; Python's
+    cp1252 codec (which pymysql picks for latin1) refuses them."""
+    if not isinstance(exc, UnicodeDecodeError):
+        raise exc
+    bad = exc.object[exc.start:exc.end]
+    return "".join(chr(b) for b in bad), exc.end
+
+
+codecs.register_error("capturer-mysql-latin1", _mysql_latin1)
+
+
+def _errors(enc: str | None) -> str:
+    return "capturer-mysql-latin1" if enc == "cp1252" else "strict"
+
+
 def _lenstr(prefix: int, enc: str | None) -> Decoder:
+    errors = _errors(enc)
     if prefix == 1:
         def dec(d: bytes, o: int) -> tuple[Any, int]:
             n = d[o]
             o += 1
             raw = d[o:o + n]
-            return (raw.decode(enc) if enc else raw), o + n
+            return (raw.decode(enc, errors) if enc else raw), o + n
         return dec
     fmt = {2: "<H", 3: None, 4: "<I"}.get(prefix)
 
@@ -89,7 +116,7 @@ def _lenstr(prefix: int, enc: str | None) -> Decoder:
             n = struct.unpack_from(fmt, d, o)[0]
         o += prefix
         raw = d[o:o + n]
-        return (raw.decode(enc) if enc else raw), o + n
+        return (raw.decode(enc, errors) if enc else raw), o + n
     return dec2
 
 
@@ -163,7 +190,10 @@ def _date(d: bytes, o: int) -> tuple[Any, int]:
     y, m, day = (v >> 9) & 0x7FFF, (v >> 5) & 15, v & 31
     if y == 0 or m == 0 or day == 0:
         return None, o + 3
-    return dt.date(y, m, day), o + 3
+    try:
+        return dt.date(y, m, day), o + 3
+    except ValueError:  # e.g. 2020-02-30 under ALLOW_INVALID_DATES: like a zero date
+        return None, o + 3
 
 
 def _decimal(precision: int, scale: int) -> Decoder:
@@ -223,6 +253,37 @@ def _bit(nbits: int, nbytes: int) -> Decoder:
     return dec
 
 
+_INT_SIZES = {T.TINY: 1, T.SHORT: 2, T.INT24: 3, T.LONG: 4, T.LONGLONG: 8}
+
+
+def column_spec(c: Any) -> tuple[Any, ...] | None:
+    """The column as the C decoder's spec (kinds as in _fastrows.c); None = unknown type."""
+    t = c.type
+    if t in _INT_SIZES:
+        return (1, _INT_SIZES[t], int(bool(c.unsigned)))
+    simple = {T.FLOAT: 2, T.DOUBLE: 3, T.YEAR: 4, T.DATE: 10}
+    if t in simple:
+        return (simple[t],)
+    if t in (T.VARCHAR, T.STRING):
+        enc = _encoding(c)
+        return (5, 2 if c.max_length > 255 else 1, enc, _errors(enc))
+    if t == T.BLOB:
+        enc = _encoding(c)
+        return (5, c.length_size, enc, _errors(enc))
+    if t == T.GEOMETRY:
+        return (5, c.length_size, None)
+    if t == T.NEWDECIMAL:
+        return (6, c.precision, c.decimals)
+    if t in (T.DATETIME2, T.TIMESTAMP2, T.TIME2):
+        return ({T.DATETIME2: 7, T.TIMESTAMP2: 8, T.TIME2: 9}[t], c.fsp)
+    if t in (T.ENUM, T.SET):
+        values = c.enum_values if t == T.ENUM else c.set_values
+        return (11 if t == T.ENUM else 12, c.size, tuple(values) if values else None)
+    if t == T.BIT:
+        return (13, c.bits, c.bytes)
+    return None
+
+
 def column_decoder(c: Any) -> Decoder | None:
     t, u = c.type, c.unsigned
     if t == T.TINY:
@@ -267,13 +328,36 @@ def column_decoder(c: Any) -> Decoder | None:
 
 
 class TablePlan:
-    def __init__(self, columns: list[Any]):
+    def __init__(self, columns: list[Any], use_c: bool = True):
         self.names = [c.name for c in columns]
         decs = [column_decoder(c) for c in columns]
         self.ok = all(d is not None for d in decs) and all(self.names)
         self.decoders: list[Decoder] = [d for d in decs if d is not None]
         self.n = len(columns)
         self.null_bytes = (self.n + 7) // 8
+        # the C decoder, when built, does the same work on the same plan
+        self.c: Any = None
+        if self.ok and use_c and _fastrows is not None:
+            specs = [column_spec(c) for c in columns]
+            if all(sp is not None for sp in specs):
+                self.c = _fastrows.Plan(tuple(self.names), tuple(specs))
+
+    def rows(self, data: bytes, update: bool) -> list[tuple[dict[str, Any], dict[str, Any] | None]]:
+        if self.c is not None:
+            return self.c.rows(data, update)
+        out: list[tuple[dict[str, Any], dict[str, Any] | None]] = []
+        o, end = 0, len(data)
+        row = self.row
+        if update:
+            while o < end:
+                before, o = row(data, o)
+                after, o = row(data, o)
+                out.append((before, after))
+        else:
+            while o < end:
+                image, o = row(data, o)
+                out.append((image, None))
+        return out
 
     def row(self, d: bytes, o: int) -> tuple[dict[str, Any], int]:
         nb = d[o:o + self.null_bytes]
@@ -289,33 +373,49 @@ class TablePlan:
         return dict(zip(self.names, vals)), o
 
 
-_plans: dict[int, tuple[Any, TablePlan]] = {}
+_plans: dict[tuple[int, bool], tuple[Any, TablePlan, tuple[Any, ...]]] = {}
 
 
-def plan_for(ev: Any) -> TablePlan | None:
+def plan_for(ev: Any, use_c: bool = True) -> TablePlan | None:
     table = ev.table_map.get(ev.table_id)
     if table is None:
         return None
-    hit = _plans.get(ev.table_id)
+    hit = _plans.get((ev.table_id, use_c))
     if hit is not None and hit[0] is table:
         return hit[1]
-    plan = TablePlan(list(table.columns))
+    # the library makes a new Table for every table map (one per transaction):
+    # reuse the plan when the columns are the same
+    sig = _signature(table.columns)
+    if hit is not None and hit[2] == sig:
+        _plans[(ev.table_id, use_c)] = (table, hit[1], sig)
+        return hit[1]
+    plan = TablePlan(list(table.columns), use_c)
     if len(_plans) > 10_000:
         _plans.clear()
-    _plans[ev.table_id] = (table, plan)
+    _plans[(ev.table_id, use_c)] = (table, plan, sig)
     return plan
+
+
+_SIG_ATTRS = ("type", "name", "unsigned", "character_set_name", "max_length", "length_size", "precision",
+              "decimals", "fsp", "size", "bits", "bytes")
+
+
+def _signature(columns: list[Any]) -> tuple[Any, ...]:
+    return tuple((tuple(getattr(c, a, None) for a in _SIG_ATTRS),
+                  tuple(c.enum_values or ()), tuple(c.set_values or ())) for c in columns)
 
 
 def _full(bitmap: bytes, n: int) -> bool:
     return all(bitmap[i >> 3] & (1 << (i & 7)) for i in range(n))
 
 
-def fast_rows(ev: Any, update: bool) -> list[tuple[dict[str, Any], dict[str, Any] | None]] | None:
+def fast_rows(ev: Any, update: bool, use_c: bool = True) -> list[tuple[dict[str, Any], dict[str, Any] | None]] | None:
     """Rows of a rows event as (image, after-image-or-None); None when this event
-    must go through the library (unknown type, partial row image)."""
+    must go through the library (unknown type, partial row image). ``use_c``:
+    the C decoder where it is built (False: the Python one, for comparisons)."""
     if not getattr(ev, "complete", True) or not getattr(ev, "_processed", True):
         return None
-    plan = plan_for(ev)
+    plan = plan_for(ev, use_c)
     if plan is None or not plan.ok or ev.number_of_columns != plan.n:
         return None
     if not _full(ev.columns_present_bitmap, plan.n):
@@ -323,19 +423,11 @@ def fast_rows(ev: Any, update: bool) -> list[tuple[dict[str, Any], dict[str, Any
     if update and not _full(ev.columns_present_bitmap2, plan.n):
         return None
     data = bytes(ev.packet.read(ev.event_size - ev.packet.read_bytes))
-    out: list[tuple[dict[str, Any], dict[str, Any] | None]] = []
-    o, end = 0, len(data)
-    row = plan.row
-    if update:
-        while o < end:
-            before, o = row(data, o)
-            after, o = row(data, o)
-            out.append((before, after))
-    else:
-        while o < end:
-            image, o = row(data, o)
-            out.append((image, None))
-    return out
+    return plan.rows(data, update)
+
+
+def c_decoder_built() -> bool:
+    return _fastrows is not None
 
 
 def binary_columns(columns: list[Any]) -> frozenset[str]:

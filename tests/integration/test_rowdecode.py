@@ -13,7 +13,7 @@ from pymysqlreplication import BinLogStreamReader
 from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, WriteRowsEvent
 
 from capturer.local_mariadb import MariaDBInstance
-from capturer.regions.rowdecode import binary_columns, fast_rows, normalise_library_row
+from capturer.regions.rowdecode import binary_columns, c_decoder_built, fast_rows, normalise_library_row
 
 pytestmark = pytest.mark.integration
 
@@ -72,7 +72,7 @@ def canon(rows: list[Any]) -> list[Any]:
     return [[(k, type(v).__name__, repr(v)) for k, v in sorted(r.items())] if r is not None else None for r in rows]
 
 
-def read(m: MariaDBInstance, fast: bool) -> list[Any]:
+def read(m: MariaDBInstance, fast: bool, use_c: bool = False) -> list[Any]:
     s = BinLogStreamReader({"host": "127.0.0.1", "port": m.port, "user": "root", "passwd": ""}, server_id=4321,
                            blocking=False, resume_stream=True, log_file="mariadb-bin.000001", log_pos=4,
                            only_events=[WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent], enable_logging=False)
@@ -83,7 +83,7 @@ def read(m: MariaDBInstance, fast: bool) -> list[Any]:
                 continue
             upd = isinstance(ev, UpdateRowsEvent)
             if fast:
-                rows = fast_rows(ev, upd)
+                rows = fast_rows(ev, upd, use_c)
                 assert rows is not None, "the fast decoder refused a supported table"
                 for a, b in rows:
                     out += [a, b]
@@ -117,14 +117,39 @@ def test_fast_decoder_equals_library_on_every_type(tmp_path: Path) -> None:
             cur.execute("DELETE FROM g.t WHERE id % 7 = 0")
         c.close()
         lib = read(m, fast=False)
-        fast = read(m, fast=True)
+        fast = read(m, fast=True, use_c=False)
         assert len(lib) == len(fast) > 800
         assert canon(fast) == canon(lib)
+        # the C build of the decoder (setup.py builds it; CI has a compiler) gives the same
+        assert c_decoder_built(), "capturer._fastrows was not built"
+        fast_c = read(m, fast=True, use_c=True)
+        assert canon(fast_c) == canon(lib)
         # the golden rows really exercise the edge cases
         flat = [r for r in lib if r is not None]
         assert any(r["s"] == set() for r in flat)
         assert any(isinstance(r["t6"], dt.timedelta) and r["t6"] < dt.timedelta(0) for r in flat)
         assert any(r["g"] is not None for r in flat)
         assert any(r["bl"] == b"" for r in flat)
+    finally:
+        m.stop()
+
+
+def test_latin1_bytes_cp1252_leaves_undefined(tmp_path: Path) -> None:
+    """MySQL's latin1 stores any byte; Python's cp1252 (what pymysql maps latin1 to)
+    refuses 0x81 0x8D 0x8F 0x90 0x9D, so the library raises on such a row. The
+    fast decoder maps them as MySQL does (to U+0081 ...), on both builds."""
+    m = MariaDBInstance(tmp_path / "m", server_id=3).start()
+    try:
+        m.execute("CREATE DATABASE g",
+                  "CREATE TABLE g.t (id INT PRIMARY KEY, v VARCHAR(20) CHARACTER SET latin1, t TEXT CHARACTER SET latin1)",
+                  "INSERT INTO g.t VALUES (1, X'41818D8F909D80E9', X'9D')")
+        want = [{"id": 1, "v": "A\x81\x8d\x8f\x90\x9d€é", "t": "\x9d"}, None]
+        assert read(m, fast=True, use_c=False) == want
+        assert read(m, fast=True, use_c=True) == want
+        c = m.connect()
+        with c.cursor() as cur:  # and that is what MySQL itself reads back
+            cur.execute("SELECT v, t FROM g.t")
+            assert cur.fetchone() == ("A\x81\x8d\x8f\x90\x9d€é", "\x9d")
+        c.close()
     finally:
         m.stop()
