@@ -694,7 +694,184 @@ static PyObject *json_dumps(PyObject *self, PyObject *args) {
     return out;
 }
 
+/* ------------------------------------------------------------------------ */
+/* SQL literals, exactly as pymysql's Connection.escape writes them (1.2.x)   */
+
+static int lit_escaped_str(Buf *b, PyObject *u, int no_backslash) {
+    Py_ssize_t n;
+    const char *s = PyUnicode_AsUTF8AndSize(u, &n);
+    if (!s) return -1;
+    if (buf_grow(b, n + 2) < 0) return -1;
+    b->p[b->n++] = '\'';
+    Py_ssize_t start = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        unsigned char ch = (unsigned char)s[i];
+        const char *e = NULL;
+        if (no_backslash) {
+            if (ch == '\'') e = "''";
+        } else {
+            switch (ch) {
+            case 0: e = "\\0"; break;
+            case '\\': e = "\\\\"; break;
+            case '\n': e = "\\n"; break;
+            case '\r': e = "\\r"; break;
+            case 032: e = "\\Z"; break;
+            case '"': e = "\\\""; break;
+            case '\'': e = "\\'"; break;
+            }
+        }
+        if (!e) continue;
+        if (buf_put(b, s + start, i - start) < 0 || buf_put(b, e, 2) < 0) return -1;
+        start = i + 1;
+    }
+    if (buf_put(b, s + start, n - start) < 0) return -1;
+    return buf_put(b, "'", 1);
+}
+
+/* 1 = written, 0 = not a type handled here (the caller uses the fallback), -1 = error */
+static int lit_one(Buf *b, PyObject *o, int no_backslash) {
+    char tmp[96];
+    if (o == Py_None) return buf_put(b, "NULL", 4) < 0 ? -1 : 1;
+    if (o == Py_True) return buf_put(b, "1", 1) < 0 ? -1 : 1;
+    if (o == Py_False) return buf_put(b, "0", 1) < 0 ? -1 : 1;
+    if (PyUnicode_Check(o)) return lit_escaped_str(b, o, no_backslash) < 0 ? -1 : 1;
+    if (PyLong_CheckExact(o)) {
+        PyObject *r = PyLong_Type.tp_repr(o);
+        if (!r) return -1;
+        Py_ssize_t n;
+        const char *s = PyUnicode_AsUTF8AndSize(r, &n);
+        int rc = s ? buf_put(b, s, n) : -1;
+        Py_DECREF(r);
+        return rc < 0 ? -1 : 1;
+    }
+    if (PyFloat_CheckExact(o)) {
+        double x = PyFloat_AS_DOUBLE(o);
+        if (x != x || x == Py_HUGE_VAL || x == -Py_HUGE_VAL) return 0; /* pymysql raises: let it */
+        char *s = PyOS_double_to_string(x, 'r', 0, Py_DTSF_ADD_DOT_0, NULL);
+        if (!s) return -1;
+        int rc = buf_put(b, s, (Py_ssize_t)strlen(s));
+        if (rc == 0 && !strchr(s, 'e')) rc = buf_put(b, "e0", 2);
+        PyMem_Free(s);
+        return rc < 0 ? -1 : 1;
+    }
+    if (PyBytes_Check(o) || PyByteArray_Check(o)) {
+        static const char hex[] = "0123456789abcdef";
+        const unsigned char *s = (const unsigned char *)(PyBytes_Check(o) ? PyBytes_AS_STRING(o) : PyByteArray_AS_STRING(o));
+        Py_ssize_t n = PyBytes_Check(o) ? PyBytes_GET_SIZE(o) : PyByteArray_GET_SIZE(o);
+        if (buf_grow(b, 2 * n + 3) < 0) return -1;
+        b->p[b->n++] = 'X';
+        b->p[b->n++] = '\'';
+        for (Py_ssize_t i = 0; i < n; i++) {
+            b->p[b->n++] = hex[s[i] >> 4];
+            b->p[b->n++] = hex[s[i] & 15];
+        }
+        b->p[b->n++] = '\'';
+        return 1;
+    }
+    if (PyDateTime_CheckExact(o)) {
+        int us = PyDateTime_DATE_GET_MICROSECOND(o);
+        int n = snprintf(tmp, sizeof(tmp), us ? "'%04d-%02d-%02d %02d:%02d:%02d.%06d'" : "'%04d-%02d-%02d %02d:%02d:%02d'",
+                         PyDateTime_GET_YEAR(o), PyDateTime_GET_MONTH(o), PyDateTime_GET_DAY(o),
+                         PyDateTime_DATE_GET_HOUR(o), PyDateTime_DATE_GET_MINUTE(o), PyDateTime_DATE_GET_SECOND(o), us);
+        return buf_put(b, tmp, n) < 0 ? -1 : 1;
+    }
+    if (PyDate_CheckExact(o)) {
+        int n = snprintf(tmp, sizeof(tmp), "'%04d-%02d-%02d'", PyDateTime_GET_YEAR(o), PyDateTime_GET_MONTH(o),
+                         PyDateTime_GET_DAY(o));
+        return buf_put(b, tmp, n) < 0 ? -1 : 1;
+    }
+    if (PyDelta_CheckExact(o)) {
+        long long total = ((long long)PyDateTime_DELTA_GET_DAYS(o) * 86400 + PyDateTime_DELTA_GET_SECONDS(o)) * 1000000LL
+                          + PyDateTime_DELTA_GET_MICROSECONDS(o);
+        const char *sign = total < 0 ? "-" : "";
+        if (total < 0) total = -total;
+        long long secs = total / 1000000, us = total % 1000000;
+        int n = snprintf(tmp, sizeof(tmp), us ? "'%s%02lld:%02lld:%02lld.%06lld'" : "'%s%02lld:%02lld:%02lld'",
+                         sign, secs / 3600, (secs % 3600) / 60, secs % 60, us);
+        return buf_put(b, tmp, n) < 0 ? -1 : 1;
+    }
+    if (Decimal && Py_IS_TYPE(o, (PyTypeObject *)Decimal)) {
+        static PyObject *f = NULL;
+        if (!f && !(f = PyUnicode_FromString("f"))) return -1;
+        PyObject *r = PyObject_Format(o, f);
+        if (!r) return -1;
+        Py_ssize_t n;
+        const char *s = PyUnicode_AsUTF8AndSize(r, &n);
+        if (!s) { Py_DECREF(r); return -1; }
+        if (strpbrk(s, "NnIi")) { Py_DECREF(r); return 0; } /* NaN / Infinity: pymysql raises */
+        int rc = buf_put(b, s, n);
+        Py_DECREF(r);
+        return rc < 0 ? -1 : 1;
+    }
+    return 0;
+}
+
+static PyObject *sql_literals(PyObject *self, PyObject *args) {
+    PyObject *values, *fallback;
+    int no_backslash;
+    if (!PyArg_ParseTuple(args, "OpO", &values, &no_backslash, &fallback)) return NULL;
+    PyObject *seq = PySequence_Fast(values, "values must be a sequence");
+    if (!seq) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject *out = PyTuple_New(n);
+    Buf b = {NULL, 0, 0};
+    if (!out) goto fail;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *v = PySequence_Fast_GET_ITEM(seq, i), *lit;
+        b.n = 0;
+        int rc = lit_one(&b, v, no_backslash);
+        if (rc < 0) goto fail;
+        if (rc == 1) lit = PyUnicode_DecodeUTF8(b.p, b.n, NULL);
+        else lit = PyObject_CallOneArg(fallback, v);
+        if (!lit) goto fail;
+        PyTuple_SET_ITEM(out, i, lit);
+    }
+    PyMem_Free(b.p);
+    Py_DECREF(seq);
+    return out;
+fail:
+    PyMem_Free(b.p);
+    Py_XDECREF(out);
+    Py_DECREF(seq);
+    return NULL;
+}
+
+/* Kafka's murmur2 (the Java client's default partitioner), as senders/kafka.py's Python murmur2 */
+static PyObject *murmur2(PyObject *self, PyObject *arg) {
+    Py_buffer v;
+    if (PyObject_GetBuffer(arg, &v, PyBUF_SIMPLE) < 0) return NULL;
+    const unsigned char *d = v.buf;
+    Py_ssize_t len = v.len;
+    const uint32_t m = 0x5BD1E995;
+    uint32_t h = 0x9747B28C ^ (uint32_t)len;
+    Py_ssize_t n4 = len / 4;
+    for (Py_ssize_t i = 0; i < n4; i++) {
+        uint32_t k = (uint32_t)d[4 * i] | ((uint32_t)d[4 * i + 1] << 8) | ((uint32_t)d[4 * i + 2] << 16)
+                     | ((uint32_t)d[4 * i + 3] << 24);
+        k *= m;
+        k ^= k >> 24;
+        k *= m;
+        h *= m;
+        h ^= k;
+    }
+    Py_ssize_t tail = n4 * 4;
+    switch (len & 3) {
+    case 3: h ^= (uint32_t)d[tail + 2] << 16; /* fall through */
+    case 2: h ^= (uint32_t)d[tail + 1] << 8; /* fall through */
+    case 1: h ^= d[tail]; h *= m;
+    }
+    h ^= h >> 13;
+    h *= m;
+    h ^= h >> 15;
+    PyBuffer_Release(&v);
+    return PyLong_FromUnsignedLong(h);
+}
+
 static PyMethodDef module_methods[] = {
+    {"sql_literals", (PyCFunction)sql_literals, METH_VARARGS,
+     "sql_literals(values, no_backslash_escapes, fallback) -> tuple of SQL literals as pymysql writes them;\n"
+     "fallback(value) (pymysql's Connection.escape) for any other type"},
+    {"murmur2", (PyCFunction)murmur2, METH_O, "murmur2(data: bytes) -> int (Kafka's partitioner hash)"},
     {"json_dumps", (PyCFunction)json_dumps, METH_VARARGS,
      "json_dumps(obj, fallback, b64_keys=None, compact=False) -> str: json.dumps(obj, ensure_ascii=False,\n"
      "default=fallback) for row values; keys of base64-encoded bytes values are added to b64_keys"},

@@ -21,6 +21,8 @@ Key = str
 
 
 def _canon(v: Any) -> str:
+    if type(v) is int:
+        return f"int:{v}"
     if isinstance(v, (bytes, bytearray)):
         return "b:" + bytes(v).hex()
     if isinstance(v, str):
@@ -32,24 +34,43 @@ def _canon(v: Any) -> str:
     return f"{type(v).__name__}:{v}"
 
 
-def conflict_keys(ch: RowChange, db: str, table: str) -> list[Key]:
-    s = ch.schema
+_plans: dict[tuple[int, str, str], tuple[Any, str, list[tuple[str, tuple[str, ...]]]]] = {}
+
+
+def _plan(s: Any, db: str, table: str) -> tuple[str, list[tuple[str, tuple[str, ...]]]]:
+    """(key prefix, [(index key prefix, columns)]) of a table, made once per schema."""
+    hit = _plans.get((id(s), db, table))
+    if hit is not None and hit[0] is s:
+        return hit[1], hit[2]
     prefix = f"{len(db)}:{db}{len(table)}:{table}"
-    keys: list[Key] = []
     indexes: list[tuple[str, tuple[str, ...]]] = []
     if s.pk:
-        indexes.append(("PRIMARY", s.pk))
-    indexes.extend((f"uk{i}", uk) for i, uk in enumerate(s.unique_keys))
+        indexes.append((prefix + "|PRIMARY|", s.pk))
+    indexes.extend((f"{prefix}|uk{i}|", uk) for i, uk in enumerate(s.unique_keys))
+    if len(_plans) > 10_000:
+        _plans.clear()
+    _plans[(id(s), db, table)] = (s, prefix, indexes)  # s kept: its id cannot be reused meanwhile
+    return prefix, indexes
+
+
+def conflict_keys(ch: RowChange, db: str, table: str) -> list[Key]:
+    prefix, indexes = _plan(ch.schema, db, table)
     if not indexes:
         return [prefix + "|*"]
+    keys: list[Key] = []
     for image in (ch.before, ch.after):
         if image is None:
             continue
-        for name, cols in indexes:
+        for head, cols in indexes:
+            if len(cols) == 1:
+                v = image.get(cols[0])
+                if v is not None:  # NULLs never collide in a unique index
+                    keys.append(head + _canon(v))
+                continue
             vals = [image.get(c) for c in cols]
             if any(v is None for v in vals):
-                continue  # NULLs never collide in a unique index
-            keys.append(prefix + "|" + name + "|" + "\x1f".join(_canon(v) for v in vals))
+                continue
+            keys.append(head + "\x1f".join(_canon(v) for v in vals))
     return keys or [prefix + "|*"]
 
 

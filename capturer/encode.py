@@ -104,6 +104,17 @@ def dumps_row_line(d: dict[str, Any], compact: bool = False) -> str | None:
     return None if _seen.bytes else text
 
 
+def dumps_compact(obj: Any) -> str:
+    """``json.dumps(obj, ensure_ascii=False, separators=(",", ":"))`` with values
+    written as ``json_value`` writes them (bytes as base64, not listed anywhere)."""
+    if _fastrows is not None:
+        try:
+            return _fastrows.json_dumps(obj, _fallback, None, True)
+        except (TypeError, ValueError, UnicodeError):
+            pass
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), default=_fallback)
+
+
 def encode_line(d: dict[str, Any], rows: tuple[str, ...] = ("before", "after"), compact: bool = False,
                 use_c: bool = True) -> str:
     """``json.dumps(d, ensure_ascii=False)`` of a message whose ``rows`` fields are

@@ -15,7 +15,7 @@ import json
 import time
 from typing import Any, Callable
 
-from .encode import encode_line, json_value, type_name
+from .encode import dumps_compact, encode_line, json_value, type_name
 from .model import Ddl, RowChange, Txn, ts_physical_ms
 from .sqlbuild import build
 
@@ -189,5 +189,4 @@ def key_bytes(ch: RowChange, image: dict[str, Any] | None) -> bytes | None:
     pk = ch.schema.pk
     if not pk or image is None:
         return None
-    return json.dumps({c: json_value(image.get(c))[0] for c in pk}, ensure_ascii=False,
-                      separators=(",", ":"), sort_keys=False).encode()
+    return dumps_compact({c: image.get(c) for c in pk}).encode()

@@ -67,8 +67,17 @@ def murmur2(data: bytes) -> int:
     return h
 
 
+try:  # the C build (capturer/_fastrows.c); the Python function above is its specification
+    from capturer._fastrows import murmur2 as _murmur2
+except ImportError:  # pragma: no cover - depends on the build
+    _murmur2 = murmur2
+
+
+_OP_BYTES = {"c": b"c", "u": b"u", "d": b"d"}
+
+
 def partition_for(key: bytes, partitions: int) -> int:
-    return (murmur2(key) & 0x7FFFFFFF) % partitions
+    return (_murmur2(key) & 0x7FFFFFFF) % partitions
 
 
 class _Client:
@@ -148,6 +157,7 @@ class _Confluent(_Client):
         self.admin = AdminClient({"bootstrap.servers": servers})
         self.errors: list[str] = []
         self.pending = 0
+        self._since_poll = 0
         self._lock = threading.Lock()
         # fail fast when no broker answers, like kafka-python's constructor does
         md = self.producer.list_topics(timeout=10)
@@ -189,7 +199,10 @@ class _Confluent(_Client):
                 break
             except BufferError:
                 self.producer.poll(0.05)
-        self.producer.poll(0)
+        self._since_poll += 1
+        if self._since_poll >= 256:  # serve delivery callbacks now and then, not per message
+            self._since_poll = 0
+            self.producer.poll(0)
 
     def flush(self, timeout: float) -> list[str]:
         left = self.producer.flush(timeout)
@@ -227,6 +240,7 @@ class KafkaSender(Sender):
         self.encode = FORMATS[self.fmt]
         self.client: _Client | None = None
         self._parts: dict[str, int] = {}
+        self._topics: dict[tuple[str, str, str], str] = {}
         self.messages = 0
 
     def status(self) -> dict[str, Any]:
@@ -261,8 +275,14 @@ class KafkaSender(Sender):
             self.client = None
 
     def topic_for(self, db: str, table: str, region: str) -> str:
-        t = self.options["topic"].replace("{db}", db).replace("{table}", table).replace("{region}", region)
-        return _TOPIC_BAD.sub("_", t)[:249]
+        hit = self._topics.get((db, table, region))
+        if hit is None:
+            t = self.options["topic"].replace("{db}", db).replace("{table}", table).replace("{region}", region)
+            hit = _TOPIC_BAD.sub("_", t)[:249]
+            if len(self._topics) > 100_000:
+                self._topics.clear()
+            self._topics[(db, table, region)] = hit
+        return hit
 
     def _partitions(self, topic: str) -> int:
         n = self._parts.get(topic)
@@ -305,7 +325,7 @@ class KafkaSender(Sender):
 
     def _headers(self, txn: Txn, seq: int, op: str) -> list[tuple[str, bytes]]:
         return [("region", txn.region.encode()), ("commit_ts", str(txn.commit_ts).encode()),
-                ("seq", str(seq).encode()), ("op", op.encode())]
+                ("seq", str(seq).encode()), ("op", _OP_BYTES.get(op) or op.encode())]
 
     def _send_txn(self, txn: Txn) -> int:
         assert self.client is not None

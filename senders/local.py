@@ -43,9 +43,10 @@ def txn_lines_json(txn: Txn) -> Iterator[str]:
         yield json.dumps(d, ensure_ascii=False)
         return
     n = len(txn.changes)
+    # the transaction's fields are the same on every line: encode them once
+    prefix = encode_line(head)[:-1] + ", "
     for i, ch in enumerate(txn.changes):
         d: dict[str, Any] = {
-            **head,
             "seq": i,
             "db": ch.db,
             "table": ch.table,
@@ -56,7 +57,7 @@ def txn_lines_json(txn: Txn) -> Iterator[str]:
             "txn_rows": n,
             "last": i == n - 1,
         }
-        yield encode_line(d)
+        yield prefix + encode_line(d)[1:]
 
 
 def txn_lines_sql(txn: Txn) -> Iterator[str]:

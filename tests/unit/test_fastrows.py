@@ -213,3 +213,45 @@ def test_invalid_date_is_null_on_both_paths() -> None:
     c, py = plans([col(T.DATE)])
     feb30 = ((2020 << 9) | (2 << 5) | 30).to_bytes(3, "little")
     assert c.rows(b"\x00" + feb30, False) == py.rows(b"\x00" + feb30, False) == [({"c": None}, None)]
+
+
+def test_c_murmur2_equals_python() -> None:
+    from capturer._fastrows import murmur2 as c_murmur2
+    from senders.kafka import murmur2
+
+    rng = random.Random(3)
+    for _ in range(5000):
+        data = bytes(rng.randrange(256) for _ in range(rng.randrange(40)))
+        assert c_murmur2(data) == murmur2(data)
+
+
+def test_c_sql_literals_equal_pymysql() -> None:
+    """FastCursor's escaping gives pymysql's exact text for every value type,
+    with and without NO_BACKSLASH_ESCAPES (no server needed: defer_connect)."""
+    import pymysql
+
+    from senders.mysql import _NO_BACKSLASH, FastCursor
+
+    conn = pymysql.connect(defer_connect=True, charset="utf8mb4")
+    values: list[Any] = [
+        None, True, False, 0, -1, 2**64 - 1, -(2**63), 10**30, 1.5, -0.0, 1e300, 5e-324, 123456789.0,
+        "", "plain", "it's \"q\" \\ \n \r \x00 \x1a %s %% é😀", "\x81\x9d",
+        b"", b"\x00'\\\xff", bytearray(b"ab"),
+        decimal.Decimal("0.000000000"), decimal.Decimal("-12345678901234567890.123456789"), decimal.Decimal("1E+5"),
+        dt.datetime(1, 1, 1), dt.datetime(2024, 2, 29, 23, 59, 59, 999999), dt.date(9999, 12, 31),
+        dt.timedelta(0), -dt.timedelta(microseconds=1), dt.timedelta(hours=838, minutes=59, seconds=59),
+        -dt.timedelta(hours=838, minutes=59, seconds=58, microseconds=5), dt.time(1, 2, 3, 4),
+        dt.datetime(2020, 1, 1, tzinfo=dt.timezone.utc),
+    ]
+    rng = random.Random(9)
+    for _ in range(300):
+        values.append("".join(chr(rng.choice([0, 10, 13, 26, 34, 39, 92, 65, 233, 0x1F600])) for _ in range(8)))
+    for status in (0, _NO_BACKSLASH):
+        conn.server_status = status
+        cur = FastCursor(conn)
+        plain = pymysql.cursors.Cursor(conn)
+        q = ", ".join(["%s"] * len(values))
+        assert cur._mogrify(q, values) == plain._mogrify(q, values)
+        for bad in (float("nan"), float("inf"), decimal.Decimal("NaN")):  # pymysql's own error, not ours
+            with pytest.raises(pymysql.err.ProgrammingError):
+                cur._mogrify("%s", [bad])
