@@ -56,7 +56,8 @@ class Capturer:
         }
         self.regions = [
             make_region(r, RegionContext(self.queues[r.name], cp.regions.get(r.name),
-                                         cp.commit_ts, self.journal, self.stop_event))
+                                         cp.commit_ts, self.journal, self.stop_event,
+                                         cfg.spill_rows, cfg.spill_dir))
             for r in cfg.regions
         ]
         self.senders = [sender_class(s.name)(s.name, s.options, cfg.queue_rows) for s in cfg.senders]

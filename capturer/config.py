@@ -50,6 +50,9 @@ GLOBAL_KEYS = [
     Key("queueRows", p_int(1, 10_000_000), 100_000,
         doc="bound on buffered rows per region queue and per sender queue"),
     Key("logLevel", p_choice("debug", "info", "warning", "error"), "info", doc="log level"),
+    Key("spillRows", p_int(0, 100_000_000), 50_000,
+        doc="a transaction with more row changes than this is kept on disk, in chunks, not in memory; 0 = never"),
+    Key("spillDir", p_str, "", doc="directory for spilled transactions (unlinked files); empty = the system's temp dir"),
 ]
 
 REGION_KEYS = [
@@ -115,6 +118,8 @@ class AppConfig:
     log_level: str
     regions: tuple[RegionConfig, ...]
     senders: tuple[SenderConfig, ...]
+    spill_rows: int = 50_000
+    spill_dir: str = ""
 
     def masked(self) -> dict[str, Any]:
         return {
@@ -190,6 +195,8 @@ def load_config(path: Path | str, base_dir: Path | None = None) -> AppConfig:
         checkpoint_interval=g["checkpointInterval"],
         queue_rows=g["queueRows"],
         log_level=g["logLevel"],
+        spill_rows=g["spillRows"],
+        spill_dir=str(_resolve(base, g["spillDir"])) if g["spillDir"] else "",
         regions=tuple(regions),
         senders=senders,
     )

@@ -39,6 +39,7 @@ from typing import Any, Callable
 
 from .errors import ConfigError
 from .model import RowChange, Txn
+from .spill import SpilledChanges
 
 log = logging.getLogger(__name__)
 
@@ -210,9 +211,13 @@ class Filter:
             if self.ddl_selected(txn.ddl.db, txn.ddl.table):
                 return txn
             return replace(txn, ddl=None)
+        spilled = isinstance(txn.changes, SpilledChanges)
         if not self.table_rules and not self.row_rules:
-            if all(ch.db.lower() not in SYSTEM_SCHEMAS for ch in txn.changes):
+            dbs = (s.db for s in txn.changes.schemas) if spilled else (ch.db for ch in txn.changes)
+            if all(db.lower() not in SYSTEM_SCHEMAS for db in dbs):
                 return txn
+        if spilled:  # a big transaction: filtered chunk by chunk, on disk
+            return replace(txn, changes=txn.changes.filter_map(self.apply_change))
         kept = []
         changed = False
         for ch in txn.changes:

@@ -160,6 +160,12 @@ class Txn:
     def rows(self) -> int:
         return len(self.changes)
 
+    @property
+    def weight(self) -> int:
+        """Rows it holds in memory, for bounded queues (a spilled transaction holds about one chunk)."""
+        spilled = getattr(self.changes, "memory_rows", None)
+        return (len(self.changes) if spilled is None else spilled) + 1
+
 
 @dataclass(frozen=True)
 class Heartbeat:

@@ -50,7 +50,7 @@ class SenderManager:
             self.dispatched_ts = item.commit_ts
         weight = 1
         if isinstance(item, Txn):
-            weight = len(item.changes) + 1
+            weight = item.weight
             self.dispatched_txns += 1
             self.dispatched_rows += len(item.changes)
             if item.ddl is not None:

@@ -323,6 +323,12 @@ class KafkaSender(Sender):
             raise SinkError(f"{len(errors)} messages not acknowledged, e.g. {errors[0]}")
         self.messages += sent
 
+    @staticmethod
+    def _flush_or_raise(client: _Client) -> None:
+        errors = client.flush(60)
+        if errors:
+            raise SinkError(f"{len(errors)} messages not acknowledged, e.g. {errors[0]}")
+
     def _headers(self, txn: Txn, seq: int, op: str) -> list[tuple[str, bytes]]:
         return [("region", txn.region.encode()), ("commit_ts", str(txn.commit_ts).encode()),
                 ("seq", str(seq).encode()), ("op", _OP_BYTES.get(op) or op.encode())]
@@ -359,6 +365,8 @@ class KafkaSender(Sender):
                 if op == "d" and self.options["tombstones"] and key is not None:
                     client.produce(topic, part, key, None, headers)
                     n += 1
+            if seq % 50_000 == 49_999:  # a big transaction: bound what the client buffers
+                self._flush_or_raise(client)
         if txn_topic:
             client.produce(txn_topic, 0, txn_id, self._txn_record(txn, "END"), self._headers(txn, 0, "end"))
             n += 1

@@ -492,12 +492,14 @@ class MySQLSender(Sender):
     def _send(self, batch: list[Txn]) -> None:
         causality = Causality()
         lanes: dict[int, list[list[Op]]] = {}
+        placed = [0]
 
         def flush() -> None:
             if lanes:
                 self._run_phase(lanes)
                 lanes.clear()
             causality.reset()
+            placed[0] = 0
 
         def place(keys: list[str], unit: list[Op]) -> None:
             if causality.detect_conflict(keys):
@@ -511,17 +513,22 @@ class MySQLSender(Sender):
                 flush()
                 self._apply_ddl(txn.ddl)
                 continue
-            ops = [Op((txn.commit_ts, txn.region, i), ch, *self._target(ch))
-                   for i, ch in enumerate(txn.changes)]
-            if not ops:
+            if self.atomic:  # one target transaction: the whole source transaction at once
+                ops = [Op((txn.commit_ts, txn.region, i), ch, *self._target(ch))
+                       for i, ch in enumerate(txn.changes)]
+                if ops:
+                    keys = [k for op in ops for k in conflict_keys(op.ch, op.db, op.table)]
+                    place(keys, ops)
                 continue
-            if self.atomic:
-                keys = [k for op in ops for k in conflict_keys(op.ch, op.db, op.table)]
-                place(keys, ops)
-            else:
-                for op in ops:
-                    place(conflict_keys(op.ch, op.db, op.table), [op])
+            for i, ch in enumerate(txn.changes):  # a spilled transaction is read chunk by chunk
+                op = Op((txn.commit_ts, txn.region, i), ch, *self._target(ch))
+                place(conflict_keys(ch, op.db, op.table), [op])
+                placed[0] += 1
+                if placed[0] >= self.phase_rows:  # bounded memory on big batches and transactions
+                    flush()
         flush()
+
+    phase_rows = 50_000
 
     def _run_phase(self, lanes: dict[int, list[list[Op]]]) -> None:
         futures = [self.workers[w].submit(units, self.atomic) for w, units in lanes.items()]

@@ -116,10 +116,13 @@ class SparkSender(Sender):
             self.spark = None
 
     # --- sending ------------------------------------------------------------
+    flush_rows = 100_000
+
     def send(self, batch: list[Txn]) -> None:
         if self.spark is None:
             self.open()
         by_table: dict[tuple[str, str], list[tuple[Txn, int, int, str, RowChange, dict[str, Any]]]] = {}
+        pending = 0
         for txn in batch:
             if txn.ddl is not None:
                 self._flush(by_table)
@@ -127,6 +130,10 @@ class SparkSender(Sender):
                 self._ddl(txn)
                 continue
             for seq, ch in enumerate(txn.changes):
+                pending += 1
+                if pending > self.flush_rows:  # a big transaction (read from its spill): bounded memory
+                    self._flush(by_table)
+                    by_table, pending = {}, 0
                 rows = by_table.setdefault((ch.db, ch.table), [])
                 keyed = bool(ch.schema.pk)
                 key_changed = keyed and ch.op == "update" and any(

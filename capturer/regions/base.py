@@ -19,6 +19,8 @@ class RegionContext:
     floor: int  # every emitted commit_ts is above this (the checkpoint's commit_ts)
     journal: LiftJournal
     stop: threading.Event
+    spill_rows: int = 50_000  # a bigger transaction goes to disk (capturer/spill.py); 0 = never
+    spill_dir: str = ""
 
 
 class Region:
@@ -36,6 +38,7 @@ class Region:
         self.reconnects = 0
         self.txns = 0
         self.rows = 0
+        self.spilled_txns = 0  # transactions kept on disk (past spill_rows)
         self.position: Position | None = ctx.start
         self.last_commit_ts = ctx.floor
         self.last_source_time = 0.0  # source clock (s) of the newest event seen
@@ -73,6 +76,7 @@ class Region:
             "queue_items": len(self.ctx.out),
             "queue_rows": self.ctx.out.weight,
             "reconnects": self.reconnects,
+            "spilled_txns": self.spilled_txns,
             "decoded_fast": getattr(self, "fast_events", 0),
             "decoded_library": getattr(self, "library_events", 0),
             "last_error": self.last_error,

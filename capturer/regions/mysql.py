@@ -35,6 +35,7 @@ from ..model import ColumnInfo, Ddl, Heartbeat, Position, RowChange, TableSchema
 from ..tso import RegionClock
 from .base import Region, RegionContext
 from .ddl import ddl_target, is_data_ddl, is_ignorable
+from ..spill import DEFAULT_CHUNK_ROWS, SpillWriter
 from .rowdecode import fast_rows, normalise_library_row
 
 log = logging.getLogger(__name__)
@@ -257,7 +258,7 @@ class MySQLRegion(Region):
         self.state = "stopped"
 
     def _emit(self, item: Txn | Heartbeat) -> None:
-        weight = len(item.changes) + 1 if isinstance(item, Txn) else 1
+        weight = item.weight if isinstance(item, Txn) else 1
         self.ctx.out.put(item, weight, stop=self.ctx.stop)
 
     def _heartbeat(self) -> None:
@@ -284,6 +285,8 @@ class MySQLRegion(Region):
         # a first heartbeat at the floor tells the merger this region is alive
         self._emit(Heartbeat(self.name, self.clock.last_emitted, self.position))
         changes: list[RowChange] = []
+        spill: SpillWriter | None = None  # the transaction so far, when it grew past spill_rows
+        spill_rows = self.ctx.spill_rows
         gtid = ""
         in_txn = False
         try:
@@ -304,15 +307,22 @@ class MySQLRegion(Region):
                     self.last_source_time = float(ev.timestamp)
                 if isinstance(ev, (MariadbGtidEvent, GtidEvent)):
                     gtid = str(getattr(ev, "gtid", ""))
-                    changes = []
+                    changes, spill = [], None
                     in_txn = True
                 elif isinstance(ev, (WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent)):
                     in_txn = True
                     schema = self._schema(ev)
                     changes.extend(self._changes(ev, schema))
+                    if spill_rows and len(changes) >= (spill.chunk_rows if spill else spill_rows):
+                        if spill is None:
+                            spill = SpillWriter(self.ctx.spill_dir or None, min(spill_rows, DEFAULT_CHUNK_ROWS))
+                            log.info("%s: transaction at %s:%s has more than %d rows: spilling it to disk",
+                                     self.where, stream.log_file, stream.log_pos, spill_rows)
+                        spill.add(changes)
+                        changes = []
                 elif isinstance(ev, XidEvent):
-                    self._commit(stream, ev.timestamp, gtid, changes, None)
-                    changes, gtid, in_txn = [], "", False
+                    self._commit(stream, ev.timestamp, gtid, changes, None, spill)
+                    changes, spill, gtid, in_txn = [], None, "", False
                 elif isinstance(ev, QueryEvent):
                     q = ev.query if isinstance(ev.query, str) else ev.query.decode("utf-8", "replace")
                     head = q.strip().upper()
@@ -325,8 +335,8 @@ class MySQLRegion(Region):
                             log.warning("%s: non-transactional changes before ROLLBACK at %s:%s "
                                         "were applied by the source; passing them on",
                                         self.where, stream.log_file, stream.log_pos)
-                        self._commit(stream, ev.timestamp, gtid, changes, None)
-                        changes, gtid, in_txn = [], "", False
+                        self._commit(stream, ev.timestamp, gtid, changes, None, spill)
+                        changes, spill, gtid, in_txn = [], None, "", False
                     elif is_ignorable(q):
                         continue
                     elif not is_data_ddl(q):
@@ -375,13 +385,19 @@ class MySQLRegion(Region):
                 for r in ev.rows]
 
     def _commit(self, stream: BinLogStreamReader, source_ts: int, gtid: str,
-                changes: list[RowChange], ddl: Ddl | None) -> None:
+                changes: list[RowChange], ddl: Ddl | None, spill: SpillWriter | None = None) -> None:
         pos = Position(str(stream.log_file), int(stream.log_pos), gtid)
         ts = self.clock.commit(int(source_ts), pos)
-        txn = Txn(self.name, ts, pos, tuple(changes), ddl, int(source_ts), gtid)
+        rows: Any = tuple(changes)
+        if spill is not None:
+            if changes:
+                spill.add(changes)
+            rows = spill.finish()
+            self.spilled_txns += 1
+        txn = Txn(self.name, ts, pos, rows, ddl, int(source_ts), gtid)
         self._emit(txn)
         self.position = pos
         self.last_commit_ts = ts
         self.txns += 1
-        self.rows += len(changes)
+        self.rows += len(rows)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Iterator
@@ -162,3 +163,39 @@ def test_types_round_trip_to_target(tmp_path: Path, two_servers, target, capture
         wait_for(lambda: checkpoint_covers(tmp_path, two_servers[:1]), 60)
     assert rows_of(target, "ty", "t") == rows_of(m1, "ty", "t")
     assert rows_of(target, "ty", "we`ird tbl") == rows_of(m1, "ty", "we`ird tbl") == [(1, "%s %% `` \\ '")]
+
+
+def test_big_transaction_is_spilled_and_arrives_whole(tmp_path: Path, two_servers, target, capturer_running) -> None:  # type: ignore[no-untyped-def]
+    """A transaction past spillRows goes to disk in chunks; the filter, the file
+    sender and the MySQL sender read it from there. Everything arrives, in order,
+    as one transaction, and the spill directory is left empty."""
+    m1 = two_servers[0]
+    m1.execute("CREATE DATABASE big", "CREATE TABLE big.t (id INT PRIMARY KEY, v VARCHAR(20), u INT UNIQUE)",
+               "CREATE TABLE big.skip (id INT PRIMARY KEY)")
+    spill_dir = tmp_path / "spill"
+    senders = (f"[global]\ntype=local,mysql\n[local]\nfilepath={tmp_path / 'out' / 'changes.jsonl'}\n"
+               + mysql_senders(target).split("\n", 2)[2])
+    cfg = write_config(tmp_path, two_servers[:1], senders=senders, filter_text="exclude big.skip\ninclude big.*\n",
+                       extra_global=f"spillRows=1000\nspillDir={spill_dir}\n")
+    with capturer_running(cfg) as cap:
+        c = m1.connect()
+        c.autocommit(False)
+        with c.cursor() as cur:
+            cur.executemany("INSERT INTO big.t VALUES (%s, %s, %s)", [(i, f"v{i}", i) for i in range(6000)])
+            cur.executemany("INSERT INTO big.skip VALUES (%s)", [(i,) for i in range(1500)])
+            cur.execute("UPDATE big.t SET id = id + 100000, u = -u WHERE id % 2 = 0")  # PK and UK changes
+            cur.execute("DELETE FROM big.t WHERE id % 5 = 1")
+        c.commit()
+        c.close()
+        wait_for(lambda: checkpoint_covers(tmp_path, two_servers[:1]), 120, "the big transaction")
+        assert cap.regions[0].status()["spilled_txns"] == 1
+    assert rows_of(target, "big", "t") == rows_of(m1, "big", "t")
+    from helpers import read_lines
+
+    lines = [x for x in read_lines(tmp_path) if x["op"] != "ddl"]
+    txn = [x for x in lines if x["txn_rows"] > 1000]
+    assert len(txn) == 6000 + 3000 + 1200 == txn[0]["txn_rows"]
+    assert [x["seq"] for x in txn] == list(range(len(txn)))
+    assert len({x["commit_ts"] for x in txn}) == 1 and txn[-1]["last"]
+    assert {x["table"] for x in txn} == {"t"}  # big.skip filtered out of the spilled rows
+    assert os.listdir(spill_dir) == []
