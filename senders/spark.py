@@ -19,13 +19,15 @@ from __future__ import annotations
 import logging
 import os
 import re
+import threading
 import time
+import uuid
 from pathlib import Path
 from typing import Any, ClassVar
 
 from capturer import lake
 from capturer.errors import SinkError
-from capturer.ini import Key, p_float, p_int, p_nonempty, p_str
+from capturer.ini import Key, p_choice, p_float, p_int, p_nonempty, p_str
 from capturer.model import RowChange, TableSchema, Txn
 
 from .base import Sender
@@ -58,6 +60,9 @@ class SparkSender(Sender):
         Key("warehouse", p_nonempty, "./data/spark-warehouse", doc="where the lake tables live"),
         Key("database", p_nonempty, "cdc", doc="catalog database of the lake tables"),
         Key("batch_rows", p_int(1, 10_000_000), 50_000, doc="rows per append (bigger = faster)"),
+        Key("writer", p_choice("arrow", "spark"), "arrow",
+            doc="how changelog files are written: arrow = pyarrow in this process (no Spark job per append; "
+                "the warehouse must be a local or mounted path), spark = a Spark write per append"),
         Key("batch_interval", p_float(0, 3600), 2.0, doc="seconds to wait for a batch to fill"),
         Key("compaction_interval", p_float(0, 86_400 * 7), 300.0, doc="seconds between compactions; 0 = never"),
         Key("app_name", p_str, "binlog-capturer"),
@@ -71,8 +76,12 @@ class SparkSender(Sender):
         self.database = options["database"]
         self.warehouse = Path(options["warehouse"]).resolve()
         self.spark: Any = None
+        self._opened = False
+        self._session_thread: threading.Thread | None = None
+        self._session_error: BaseException | None = None
         self.tables: dict[tuple[str, str], lake.TableState] = {}
         self._synced: set[str] = set()
+        self._swept: set[str] = set()
         self._last_compaction = time.monotonic()
         self.appends = 0
         self.compactions = 0
@@ -82,13 +91,40 @@ class SparkSender(Sender):
         st = super().status()
         st.update({"appends": self.appends, "compactions": self.compactions,
                    "last_compaction_seconds": round(self.last_compaction_seconds, 2),
-                   "tables": len(self.tables), "warehouse": str(self.warehouse)})
+                   "tables": len(self.tables), "warehouse": str(self.warehouse),
+                   "writer": self.options["writer"],
+                   "session": ("ready" if self.spark is not None else
+                               "starting" if self._session_thread is not None and self._session_thread.is_alive()
+                               else "failed" if self._session_error is not None else "not started")})
         return st
 
     # --- lifecycle ----------------------------------------------------------
+    # With writer=arrow, changelog files are written without Spark: the session
+    # (JVM start-up takes seconds) starts in the background and is needed only to
+    # register the tables' views and to compact. With writer=spark it is needed
+    # for every append, so open() waits for it.
     def open(self) -> None:
-        if self.spark is not None:
+        if self._opened:
             return
+        try:
+            import pyarrow  # noqa: F401
+            import pyspark  # noqa: F401
+        except ImportError as exc:
+            raise SinkError(f"the spark sender needs pyspark and pyarrow: {exc}; sh start.sh installs them "
+                            "(or: .venv/bin/pip install -e '.[spark]')", retriable=False) from exc
+        self.warehouse.mkdir(parents=True, exist_ok=True)
+        for st in lake.list_tables(self.warehouse):
+            self.tables[(st.db, st.table)] = st
+            st._dirty = True  # type: ignore[attr-defined]
+        self._session_error = None
+        self._session_thread = threading.Thread(target=self._start_session, name=f"{self.name}-spark-start",
+                                                daemon=True)
+        self._session_thread.start()
+        self._opened = True
+        if self.options["writer"] == "spark":
+            self._session()
+
+    def _start_session(self) -> None:
         try:
             from pyspark import SparkContext
 
@@ -96,17 +132,40 @@ class SparkSender(Sender):
             # is shared, and left running on close
             self._own_session = SparkContext._active_spark_context is None
             self.spark = build_session(self.options, self.warehouse)
-        except ImportError as exc:
-            raise SinkError(f"the spark sender needs pyspark: {exc}; sh start.sh installs it "
-                            "(or: .venv/bin/pip install -e '.[spark]')", retriable=False) from exc
-        except Exception as exc:  # noqa: BLE001 - JVM start-up problems
+        except BaseException as exc:  # noqa: BLE001 - JVM start-up problems, reported by _session
+            self._session_error = exc
+
+    def _session(self, wait: bool = True) -> Any:
+        """The Spark session; None if it is still starting and ``wait`` is false."""
+        t = self._session_thread
+        if t is not None and t.is_alive():
+            if not wait:
+                return None
+            t.join()
+        if self._session_error is not None:
+            exc, self._session_error = self._session_error, None
+            self._opened = False  # the next attempt starts it again
             raise SinkError(f"cannot start Spark ({self.options['master']}): {exc}") from exc
-        self.warehouse.mkdir(parents=True, exist_ok=True)
-        for st in lake.list_tables(self.warehouse):
-            self.tables[(st.db, st.table)] = st
-            lake.register(self.spark, st, self.database, self.warehouse)
+        return self.spark
+
+    def _register_dirty(self, wait: bool) -> None:
+        """Register (or refresh) the views of tables whose manifest changed."""
+        dirty = [st for st in self.tables.values() if getattr(st, "_dirty", True)]
+        if not dirty:
+            return
+        spark = self._session(wait)
+        if spark is None:
+            return
+        for st in dirty:
+            lake.register(spark, st, self.database, self.warehouse)
+            st._dirty = False  # type: ignore[attr-defined]
 
     def close(self) -> None:
+        t = self._session_thread
+        if t is not None and t.is_alive():
+            t.join()  # a session still starting is stopped once it is up
+        self._session_thread = None
+        self._opened = False
         if self.spark is not None:
             if getattr(self, "_own_session", True):
                 try:
@@ -119,7 +178,7 @@ class SparkSender(Sender):
     flush_rows = 100_000
 
     def send(self, batch: list[Txn]) -> None:
-        if self.spark is None:
+        if not self._opened:
             self.open()
         by_table: dict[tuple[str, str], list[tuple[Txn, int, int, str, RowChange, dict[str, Any]]]] = {}
         pending = 0
@@ -195,8 +254,12 @@ class SparkSender(Sender):
             schema = rows[-1][4].schema
             info = {c: ci for c, ci in zip(schema.columns, schema.column_info)}
             seen: dict[str, str] = {}
+            schemas_seen: set[int] = set()
             for *_, ch, img in rows:
                 s = ch.schema
+                if id(s) in schemas_seen and len(img) == len(s.columns):
+                    continue  # this schema's columns are known already
+                schemas_seen.add(id(s))
                 cinfo = {c: ci for c, ci in zip(s.columns, s.column_info)}
                 for c in img:
                     if c not in seen:
@@ -218,17 +281,44 @@ class SparkSender(Sender):
                     data[c].append(lake.lake_value(img.get(c), t))
             table = pa.Table.from_pydict(data, schema=pa.schema(fields))
             path = self.warehouse / st.name / "changelog"
-            try:
-                df = self.spark.createDataFrame(table)
-                df.coalesce(1).write.mode("append").parquet(str(path))
-            except Exception as exc:  # noqa: BLE001 - py4j / JVM errors
-                raise SinkError(f"append to {path} failed: {exc}") from exc
-            if str(path).startswith("/"):
-                lake.fsync_tree(path, self._synced)
+            if self.options["writer"] == "arrow":
+                self._append_arrow(table, path)
+            else:
+                try:
+                    df = self._session().createDataFrame(table)
+                    df.coalesce(1).write.mode("append").parquet(str(path))
+                except Exception as exc:  # noqa: BLE001 - py4j / JVM errors
+                    raise SinkError(f"append to {path} failed: {exc}") from exc
+                if str(path).startswith("/"):
+                    lake.fsync_tree(path, self._synced)
             self.appends += 1
-            if getattr(st, "_dirty", True):
-                lake.register(self.spark, st, self.database, self.warehouse)
-                st._dirty = False  # type: ignore[attr-defined]
+        self._register_dirty(wait=self.options["writer"] == "spark")
+
+    def _append_arrow(self, table: Any, path: Path) -> None:
+        """One changelog file, written by pyarrow: to a hidden name (Spark skips
+        files starting with "."), fsync'd, then renamed into place, so a reader
+        or a crash never sees half a file."""
+        import pyarrow.parquet as pq
+
+        name = f"part-{uuid.uuid4().hex}.snappy.parquet"
+        tmp = path / f".{name}.tmp"
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+            if str(path) not in self._swept:  # leftovers of a crash mid-write
+                for old in path.glob(".part-*.tmp"):
+                    old.unlink(missing_ok=True)
+                self._swept.add(str(path))
+            pq.write_table(table, tmp, compression="snappy")
+            fd = os.open(tmp, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, path / name)
+            lake.fsync_dir(path)
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)
+            raise SinkError(f"append to {path} failed: {exc}") from exc
 
     def _ddl(self, txn: Txn) -> None:
         """TRUNCATE and DROP TABLE empty the current state; ADD COLUMN is noted with
@@ -249,7 +339,8 @@ class SparkSender(Sender):
             self.tables[(ddl.db, ddl.table)] = st
         st.reset_ts = txn.commit_ts
         st.save(self.warehouse / st.name)
-        lake.register(self.spark, st, self.database, self.warehouse)
+        st._dirty = True  # type: ignore[attr-defined]
+        self._register_dirty(wait=False)
 
     def _add_columns(self, txn: Txn) -> None:
         ddl = txn.ddl
@@ -271,13 +362,18 @@ class SparkSender(Sender):
             if stype is not None:
                 st.columns.append([col, stype])
         st.save(self.warehouse / st.name)
-        lake.register(self.spark, st, self.database, self.warehouse)
+        st._dirty = True  # type: ignore[attr-defined]
+        self._register_dirty(wait=False)
 
     def compact_all(self) -> None:
         t0 = time.monotonic()
+        spark = self._session()
+        self._register_dirty(wait=True)  # compaction reads the registered changelog
         for key, st in list(self.tables.items()):
             try:
-                self.tables[key] = lake.compact(self.spark, st, self.database, self.warehouse)
+                new = lake.compact(spark, st, self.database, self.warehouse)
+                new._dirty = getattr(st, "_dirty", True) and new is st  # type: ignore[attr-defined]
+                self.tables[key] = new
             except Exception as exc:  # noqa: BLE001
                 raise SinkError(f"compaction of {st.name} failed: {exc}") from exc
         self.compactions += 1

@@ -79,7 +79,8 @@ def test_snapshot_equals_source_and_compaction_keeps_it(tmp_path: Path, two_serv
     assert rows >= sum(w.rows for w in loads) // 2
 
 
-def test_add_column_and_types_and_truncate(tmp_path: Path, two_servers, spark, capturer_running) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("writer", ["arrow", "spark"])
+def test_add_column_and_types_and_truncate(tmp_path: Path, two_servers, spark, capturer_running, writer: str) -> None:  # type: ignore[no-untyped-def]
     m1 = two_servers[0]
     m1.execute(
         "CREATE DATABASE ty",
@@ -89,7 +90,7 @@ def test_add_column_and_types_and_truncate(tmp_path: Path, two_servers, spark, c
         "CREATE TABLE ty.gone (id INT PRIMARY KEY)",
     )
     wh = tmp_path / "wh"
-    cfg = write_config(tmp_path, two_servers[:1], senders=spark_senders(wh))
+    cfg = write_config(tmp_path, two_servers[:1], senders=spark_senders(wh, writer=writer))
     with capturer_running(cfg):
         m1.execute(
             "SET time_zone='+00:00'",
@@ -113,6 +114,13 @@ def test_add_column_and_types_and_truncate(tmp_path: Path, two_servers, spark, c
     assert row["added"] == "set" and row["bits"] == 21 and row["b"] == bytearray(b"\x00\xff")
     types = dict(spark.table("cdc.ty__t").dtypes)
     assert types["dt6"] == "timestamp_ntz" and types["u"] == "decimal(20,0)" and types["d"] == "decimal(38,6)"
+    files = list((wh / "ty__t" / "changelog").glob("*.parquet"))
+    assert files and not list((wh / "ty__t" / "changelog").glob(".*.tmp"))
+    # who wrote the files: pyarrow in the capturer, or Spark's own writer
+    import pyarrow.parquet as pq
+
+    created_by = pq.ParquetFile(files[0]).metadata.created_by
+    assert ("parquet-cpp" in created_by) == (writer == "arrow"), created_by
 
 
 def test_incompatible_type_change_is_a_clear_error(tmp_path: Path, two_servers, spark) -> None:  # type: ignore[no-untyped-def]
