@@ -16,6 +16,8 @@ Arrow, with a merge-on-read current state and periodic compaction
 
 from __future__ import annotations
 
+import datetime as dt
+import decimal
 import logging
 import os
 import re
@@ -52,6 +54,14 @@ def arrow_type(stype: str) -> Any:
         "bigint": pa.int64(), "int": pa.int32(), "double": pa.float64(), "string": pa.string(),
         "binary": pa.binary(), "date": pa.date32(), "timestamp_ntz": pa.timestamp("us"),
     }[stype]
+
+
+# value types Arrow takes as they are for each lake type (lake_value would return them unchanged)
+_AS_IS: dict[str, set[type]] = {
+    "bigint": {int, type(None)}, "int": {int, type(None)}, "double": {float, type(None)},
+    "string": {str, type(None)}, "binary": {bytes, type(None)}, "date": {dt.date, type(None)},
+    "timestamp_ntz": {dt.datetime, type(None)}, "decimal": {decimal.Decimal, type(None)},
+}
 
 
 class SparkSender(Sender):
@@ -270,15 +280,16 @@ class SparkSender(Sender):
                       pa.field("_region", pa.string()), pa.field("_seq", pa.int32()),
                       pa.field("_sub", pa.int32())]
             fields += [pa.field(c, arrow_type(t)) for c, t in columns]
-            data: dict[str, list[Any]] = {f.name: [] for f in fields}
-            for txn, seq, sub, op, _ch, img in rows:
-                data["_op"].append(op)
-                data["_commit_ts"].append(txn.commit_ts)
-                data["_region"].append(txn.region)
-                data["_seq"].append(seq)
-                data["_sub"].append(sub)
-                for c, t in columns:
-                    data[c].append(lake.lake_value(img.get(c), t))
+            data: dict[str, list[Any]] = {
+                "_op": [r[3] for r in rows], "_commit_ts": [r[0].commit_ts for r in rows],
+                "_region": [r[0].region for r in rows], "_seq": [r[1] for r in rows], "_sub": [r[2] for r in rows],
+            }
+            imgs = [r[5] for r in rows]
+            for c, t in columns:  # column by column: values Arrow takes as they are skip lake_value
+                vals = [img.get(c) for img in imgs]
+                if not {type(v) for v in vals} <= _AS_IS.get(t if not t.startswith("decimal") else "decimal", set()):
+                    vals = [lake.lake_value(v, t) for v in vals]
+                data[c] = vals
             table = pa.Table.from_pydict(data, schema=pa.schema(fields))
             path = self.warehouse / st.name / "changelog"
             if self.options["writer"] == "arrow":
