@@ -679,8 +679,8 @@ static int put_obj(Buf *b, PyObject *o, Enc *e, PyObject *key, int depth) {
 
 static PyObject *json_dumps(PyObject *self, PyObject *args) {
     PyObject *obj, *fallback, *b64 = Py_None;
-    int compact = 0;
-    if (!PyArg_ParseTuple(args, "OO|Op", &obj, &fallback, &b64, &compact)) return NULL;
+    int compact = 0, as_bytes = 0;
+    if (!PyArg_ParseTuple(args, "OO|Opp", &obj, &fallback, &b64, &compact, &as_bytes)) return NULL;
     if (b64 != Py_None && !PySet_Check(b64)) {
         PyErr_SetString(PyExc_TypeError, "b64 must be a set or None");
         return NULL;
@@ -689,7 +689,8 @@ static PyObject *json_dumps(PyObject *self, PyObject *args) {
              compact ? 1 : 2};
     Buf b = {NULL, 0, 0};
     PyObject *out = NULL;
-    if (put_obj(&b, obj, &e, NULL, 0) == 0) out = PyUnicode_DecodeUTF8(b.p ? b.p : "", b.n, NULL);
+    if (put_obj(&b, obj, &e, NULL, 0) == 0)
+        out = as_bytes ? PyBytes_FromStringAndSize(b.p ? b.p : "", b.n) : PyUnicode_DecodeUTF8(b.p ? b.p : "", b.n, NULL);
     PyMem_Free(b.p);
     return out;
 }
@@ -873,7 +874,8 @@ static PyMethodDef module_methods[] = {
      "fallback(value) (pymysql's Connection.escape) for any other type"},
     {"murmur2", (PyCFunction)murmur2, METH_O, "murmur2(data: bytes) -> int (Kafka's partitioner hash)"},
     {"json_dumps", (PyCFunction)json_dumps, METH_VARARGS,
-     "json_dumps(obj, fallback, b64_keys=None, compact=False) -> str: json.dumps(obj, ensure_ascii=False,\n"
+     "json_dumps(obj, fallback, b64_keys=None, compact=False, as_bytes=False) -> str (or its UTF-8 bytes):\n"
+     "json.dumps(obj, ensure_ascii=False,\n"
      "default=fallback) for row values; keys of base64-encoded bytes values are added to b64_keys"},
     {NULL, NULL, 0, NULL},
 };

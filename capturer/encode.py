@@ -115,6 +115,23 @@ def dumps_compact(obj: Any) -> str:
     return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), default=_fallback)
 
 
+def encode_line_bytes(d: dict[str, Any], rows: tuple[str, ...] = ("before", "after"), compact: bool = False,
+                      use_c: bool = True) -> bytes:
+    """``encode_line(...).encode()``, without the round trip through str on the C path."""
+    if use_c and _fastrows is not None:
+        b64: set[str] = set()
+        try:
+            data = _fastrows.json_dumps(d, _fallback, b64, compact, True)
+        except (TypeError, ValueError, UnicodeError):
+            data = None
+        if data is not None:
+            if not b64:
+                return data
+            tail = json.dumps(sorted(b64), ensure_ascii=False, separators=(",", ":") if compact else None)
+            return data[:-1] + (("," if compact else ", ") + '"b64"' + (":" if compact else ": ") + tail + "}").encode()
+    return encode_line(d, rows, compact, use_c=False).encode()
+
+
 def encode_line(d: dict[str, Any], rows: tuple[str, ...] = ("before", "after"), compact: bool = False,
                 use_c: bool = True) -> str:
     """``json.dumps(d, ensure_ascii=False)`` of a message whose ``rows`` fields are

@@ -15,7 +15,7 @@ import json
 import time
 from typing import Any, Callable
 
-from .encode import dumps_compact, encode_line, json_value, type_name
+from .encode import dumps_compact, encode_line_bytes, json_value, type_name
 from .model import Ddl, RowChange, Txn, ts_physical_ms
 from .sqlbuild import build
 
@@ -53,7 +53,7 @@ def json_envelope(txn: Txn, seq: int, ch: RowChange, op: str) -> bytes:
         "transaction": {"id": f"{txn.region}:{txn.commit_ts}", "total_order": seq + 1,
                         "rows": len(txn.changes)},
     }
-    return encode_line(d, compact=True).encode()
+    return encode_line_bytes(d, compact=True)
 
 
 def _canal_str(v: Any) -> Any:

@@ -18,7 +18,7 @@ import re
 from pathlib import Path
 from typing import IO, Any, ClassVar, Iterator
 
-from capturer.encode import encode_line
+from capturer.encode import encode_line_bytes
 from capturer.errors import SinkError
 from capturer.ini import Key, p_bool, p_choice, p_int, p_nonempty
 from capturer.model import Txn
@@ -29,7 +29,7 @@ from .base import Sender
 log = logging.getLogger(__name__)
 
 
-def txn_lines_json(txn: Txn) -> Iterator[str]:
+def txn_lines_json(txn: Txn) -> Iterator[bytes]:
     head = {
         "region": txn.region,
         "commit_ts": txn.commit_ts,
@@ -40,11 +40,11 @@ def txn_lines_json(txn: Txn) -> Iterator[str]:
     if txn.ddl is not None:
         d = {**head, "seq": 0, "db": txn.ddl.db, "table": txn.ddl.table, "op": "ddl",
              "sql": txn.ddl.sql, "txn_rows": 0, "last": True}
-        yield json.dumps(d, ensure_ascii=False)
+        yield json.dumps(d, ensure_ascii=False).encode()
         return
     n = len(txn.changes)
     # the transaction's fields are the same on every line: encode them once
-    prefix = encode_line(head)[:-1] + ", "
+    prefix = encode_line_bytes(head)[:-1] + b", "
     for i, ch in enumerate(txn.changes):
         d: dict[str, Any] = {
             "seq": i,
@@ -57,10 +57,15 @@ def txn_lines_json(txn: Txn) -> Iterator[str]:
             "txn_rows": n,
             "last": i == n - 1,
         }
-        yield prefix + encode_line(d)[1:]
+        yield prefix + encode_line_bytes(d)[1:]
 
 
-def txn_lines_sql(txn: Txn) -> Iterator[str]:
+def txn_lines_sql(txn: Txn) -> Iterator[bytes]:
+    for line in _txn_lines_sql(txn):
+        yield line.encode("utf-8")
+
+
+def _txn_lines_sql(txn: Txn) -> Iterator[str]:
     tag = f"-- region={txn.region} commit_ts={txn.commit_ts} position={txn.position.file}:{txn.position.pos}"
     if txn.ddl is not None:
         use = f"USE `{txn.ddl.db.replace('`', '``')}`; " if txn.ddl.db else ""
@@ -140,15 +145,15 @@ class LocalSender(Sender):
             if self._f is None:
                 self.open()
             # written in slices, so a huge transaction is never rendered whole in memory
-            lines: list[str] = []
+            lines: list[bytes] = []
             for txn in batch:
                 for line in self.render(txn):
                     lines.append(line)
                     if len(lines) >= 10_000:
-                        self._write(("\n".join(lines) + "\n").encode("utf-8"))
+                        self._write(b"\n".join(lines) + b"\n")
                         lines = []
             if lines:
-                self._write(("\n".join(lines) + "\n").encode("utf-8"))
+                self._write(b"\n".join(lines) + b"\n")
             self._f.flush()  # type: ignore[union-attr]
             if self.fsync:
                 os.fsync(self._f.fileno())  # type: ignore[union-attr]

@@ -56,6 +56,7 @@ def test_c_json_equals_python(before: Any, after: Any, compact: bool, seq: int, 
     c = encode.encode_line(line, compact=compact, use_c=True)
     py = encode.encode_line(line, compact=compact, use_c=False)
     assert c == py
+    assert encode.encode_line_bytes(line, compact=compact, use_c=True) == py.encode()
 
 
 def test_c_json_edge_values() -> None:
