@@ -792,13 +792,21 @@ static int lit_one(Buf *b, PyObject *o, int no_backslash) {
         return buf_put(b, tmp, n) < 0 ? -1 : 1;
     }
     if (Decimal && Py_IS_TYPE(o, (PyTypeObject *)Decimal)) {
-        static PyObject *f = NULL;
-        if (!f && !(f = PyUnicode_FromString("f"))) return -1;
-        PyObject *r = PyObject_Format(o, f);
+        /* str() is format(o, "f") unless it uses an exponent (then format, which is slower) */
+        PyObject *r = PyObject_Str(o);
         if (!r) return -1;
         Py_ssize_t n;
         const char *s = PyUnicode_AsUTF8AndSize(r, &n);
         if (!s) { Py_DECREF(r); return -1; }
+        if (strpbrk(s, "Ee")) {
+            static PyObject *f = NULL;
+            Py_DECREF(r);
+            if (!f && !(f = PyUnicode_FromString("f"))) return -1;
+            r = PyObject_Format(o, f);
+            if (!r) return -1;
+            s = PyUnicode_AsUTF8AndSize(r, &n);
+            if (!s) { Py_DECREF(r); return -1; }
+        }
         if (strpbrk(s, "NnIi")) { Py_DECREF(r); return 0; } /* NaN / Infinity: pymysql raises */
         int rc = buf_put(b, s, n);
         Py_DECREF(r);

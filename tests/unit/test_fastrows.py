@@ -247,6 +247,7 @@ def test_c_sql_literals_equal_pymysql() -> None:
     rng = random.Random(9)
     for _ in range(300):
         values.append("".join(chr(rng.choice([0, 10, 13, 26, 34, 39, 92, 65, 233, 0x1F600])) for _ in range(8)))
+        values.append(decimal.Decimal(rng.randrange(-10**12, 10**12)).scaleb(rng.randrange(-40, 10)))
     for status in (0, _NO_BACKSLASH):
         conn.server_status = status
         cur = FastCursor(conn)
