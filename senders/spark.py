@@ -203,15 +203,20 @@ class SparkSender(Sender):
                 if pending > self.flush_rows:  # a big transaction (read from its spill): bounded memory
                     self._flush(by_table)
                     by_table, pending = {}, 0
-                rows = by_table.setdefault((ch.db, ch.table), [])
-                keyed = bool(ch.schema.pk)
-                key_changed = keyed and ch.op == "update" and any(
-                    (ch.before or {}).get(c) != (ch.after or {}).get(c) for c in ch.schema.pk)
-                if ch.op == "insert":
+                s = ch.schema
+                rows = by_table.get((s.db, s.table))
+                if rows is None:
+                    rows = by_table[(s.db, s.table)] = []
+                op = ch.op
+                if op == "insert":
                     rows.append((txn, seq, 0, "i", ch, ch.after or {}))
-                elif ch.op == "delete":
+                    continue
+                if op == "delete":
                     rows.append((txn, seq, 0, "d", ch, ch.before or {}))
-                elif key_changed or not keyed:
+                    continue
+                pk = s.pk
+                before, after = ch.before or {}, ch.after or {}
+                if not pk or any(before.get(c) != after.get(c) for c in pk):
                     rows.append((txn, seq, 0, "d", ch, ch.before or {}))
                     rows.append((txn, seq, 1, "i", ch, ch.after or {}))
                 else:
