@@ -544,6 +544,59 @@ static int put_b64(Buf *b, const unsigned char *s, Py_ssize_t n) {
     return 0;
 }
 
+/* int.__repr__ of an int (or subclass) */
+static int put_int(Buf *b, PyObject *o) {
+    int overflow = 0;
+    long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
+    if (v == -1 && PyErr_Occurred()) return -1;
+    if (!overflow) {
+        char tmp[32];
+        int n = snprintf(tmp, sizeof(tmp), "%lld", v);
+        return buf_put(b, tmp, n);
+    }
+    PyObject *r = PyLong_Type.tp_repr(o);
+    if (!r) return -1;
+    Py_ssize_t n;
+    const char *s = PyUnicode_AsUTF8AndSize(r, &n);
+    int rc = s ? buf_put(b, s, n) : -1;
+    Py_DECREF(r);
+    return rc;
+}
+
+/* DATETIME / DATE / TIME values between quotes q, as json_value and pymysql write them
+   (naive fields; TIME as [-]H:MM:SS[.ffffff] from the signed total):
+   1 = written, 0 = not one of these types, -1 = error */
+static int put_temporal(Buf *b, PyObject *o, char q) {
+    char tmp[96];
+    int n;
+    if (PyDateTime_CheckExact(o)) {
+        int us = PyDateTime_DATE_GET_MICROSECOND(o);
+        n = snprintf(tmp, sizeof(tmp), "%c%04d-%02d-%02d %02d:%02d:%02d", q, PyDateTime_GET_YEAR(o),
+                     PyDateTime_GET_MONTH(o), PyDateTime_GET_DAY(o), PyDateTime_DATE_GET_HOUR(o),
+                     PyDateTime_DATE_GET_MINUTE(o), PyDateTime_DATE_GET_SECOND(o));
+        if (us) n += snprintf(tmp + n, sizeof(tmp) - n, ".%06d", us);
+        tmp[n++] = q;
+    } else if (PyDate_CheckExact(o)) {
+        n = snprintf(tmp, sizeof(tmp), "%c%04d-%02d-%02d%c", q, PyDateTime_GET_YEAR(o), PyDateTime_GET_MONTH(o),
+                     PyDateTime_GET_DAY(o), q);
+    } else if (PyDelta_CheckExact(o)) {
+        long long total = ((long long)PyDateTime_DELTA_GET_DAYS(o) * 86400 + PyDateTime_DELTA_GET_SECONDS(o)) * 1000000LL
+                          + PyDateTime_DELTA_GET_MICROSECONDS(o);
+        const char *sign = total < 0 ? "-" : "";
+        if (total < 0) total = -total;
+        long long secs = total / 1000000, us = total % 1000000;
+        if (us)
+            n = snprintf(tmp, sizeof(tmp), "%c%s%02lld:%02lld:%02lld.%06lld%c", q, sign, secs / 3600, (secs % 3600) / 60,
+                         secs % 60, us, q);
+        else
+            n = snprintf(tmp, sizeof(tmp), "%c%s%02lld:%02lld:%02lld%c", q, sign, secs / 3600, (secs % 3600) / 60,
+                         secs % 60, q);
+    } else {
+        return 0;
+    }
+    return buf_put(b, tmp, n) < 0 ? -1 : 1;
+}
+
 typedef struct {
     PyObject *fallback;  /* v -> a JSON-able value (capturer.encode.json_value(v)[0]) */
     PyObject *b64;       /* set: keys whose value was base64-encoded, or NULL */
@@ -567,7 +620,6 @@ static int put_fallback(Buf *b, PyObject *o, Enc *e, PyObject *key, int depth) {
 }
 
 static int put_obj(Buf *b, PyObject *o, Enc *e, PyObject *key, int depth) {
-    char tmp[96];
     if (depth > 64) {
         PyErr_SetString(PyExc_ValueError, "nesting too deep");
         return -1;
@@ -577,20 +629,7 @@ static int put_obj(Buf *b, PyObject *o, Enc *e, PyObject *key, int depth) {
     if (o == Py_False) return buf_put(b, "false", 5);
     if (PyUnicode_Check(o)) return put_str(b, o);
     if (PyLong_Check(o)) {
-        int overflow = 0;
-        long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
-        if (v == -1 && PyErr_Occurred()) return -1;
-        if (!overflow) {
-            int n = snprintf(tmp, sizeof(tmp), "%lld", v);
-            return buf_put(b, tmp, n);
-        }
-        PyObject *r = PyLong_Type.tp_repr(o);
-        if (!r) return -1;
-        Py_ssize_t n;
-        const char *s = PyUnicode_AsUTF8AndSize(r, &n);
-        int rc = s ? buf_put(b, s, n) : -1;
-        Py_DECREF(r);
-        return rc;
+        return put_int(b, o);
     }
     if (PyFloat_Check(o)) {
         double x = PyFloat_AS_DOUBLE(o);
@@ -640,27 +679,9 @@ static int put_obj(Buf *b, PyObject *o, Enc *e, PyObject *key, int depth) {
         Py_DECREF(seq);
         return rc < 0 ? -1 : buf_put(b, "]", 1);
     }
-    if (PyDateTime_CheckExact(o) && !((PyDateTime_DateTime *)o)->hastzinfo) {
-        int us = PyDateTime_DATE_GET_MICROSECOND(o);
-        int n = snprintf(tmp, sizeof(tmp), us ? "\"%04d-%02d-%02d %02d:%02d:%02d.%06d\"" : "\"%04d-%02d-%02d %02d:%02d:%02d\"",
-                         PyDateTime_GET_YEAR(o), PyDateTime_GET_MONTH(o), PyDateTime_GET_DAY(o),
-                         PyDateTime_DATE_GET_HOUR(o), PyDateTime_DATE_GET_MINUTE(o), PyDateTime_DATE_GET_SECOND(o), us);
-        return buf_put(b, tmp, n);
-    }
-    if (PyDate_CheckExact(o)) {
-        int n = snprintf(tmp, sizeof(tmp), "\"%04d-%02d-%02d\"", PyDateTime_GET_YEAR(o), PyDateTime_GET_MONTH(o),
-                         PyDateTime_GET_DAY(o));
-        return buf_put(b, tmp, n);
-    }
-    if (PyDelta_CheckExact(o)) {
-        long long total = ((long long)PyDateTime_DELTA_GET_DAYS(o) * 86400 + PyDateTime_DELTA_GET_SECONDS(o)) * 1000000LL
-                          + PyDateTime_DELTA_GET_MICROSECONDS(o);
-        const char *sign = total < 0 ? "-" : "";
-        if (total < 0) total = -total;
-        long long secs = total / 1000000, us = total % 1000000;
-        int n = snprintf(tmp, sizeof(tmp), us ? "\"%s%02lld:%02lld:%02lld.%06lld\"" : "\"%s%02lld:%02lld:%02lld\"",
-                         sign, secs / 3600, (secs % 3600) / 60, secs % 60, us);
-        return buf_put(b, tmp, n);
+    if (!(PyDateTime_CheckExact(o) && ((PyDateTime_DateTime *)o)->hastzinfo)) { /* aware: json_value decides */
+        int rc = put_temporal(b, o, '"');
+        if (rc) return rc < 0 ? -1 : 0;
     }
     if (Decimal && Py_IS_TYPE(o, (PyTypeObject *)Decimal)) {
         PyObject *r = PyObject_Str(o);
@@ -731,20 +752,11 @@ static int lit_escaped_str(Buf *b, PyObject *u, int no_backslash) {
 
 /* 1 = written, 0 = not a type handled here (the caller uses the fallback), -1 = error */
 static int lit_one(Buf *b, PyObject *o, int no_backslash) {
-    char tmp[96];
     if (o == Py_None) return buf_put(b, "NULL", 4) < 0 ? -1 : 1;
     if (o == Py_True) return buf_put(b, "1", 1) < 0 ? -1 : 1;
     if (o == Py_False) return buf_put(b, "0", 1) < 0 ? -1 : 1;
     if (PyUnicode_Check(o)) return lit_escaped_str(b, o, no_backslash) < 0 ? -1 : 1;
-    if (PyLong_CheckExact(o)) {
-        PyObject *r = PyLong_Type.tp_repr(o);
-        if (!r) return -1;
-        Py_ssize_t n;
-        const char *s = PyUnicode_AsUTF8AndSize(r, &n);
-        int rc = s ? buf_put(b, s, n) : -1;
-        Py_DECREF(r);
-        return rc < 0 ? -1 : 1;
-    }
+    if (PyLong_CheckExact(o)) return put_int(b, o) < 0 ? -1 : 1;
     if (PyFloat_CheckExact(o)) {
         double x = PyFloat_AS_DOUBLE(o);
         if (x != x || x == Py_HUGE_VAL || x == -Py_HUGE_VAL) return 0; /* pymysql raises: let it */
@@ -769,28 +781,8 @@ static int lit_one(Buf *b, PyObject *o, int no_backslash) {
         b->p[b->n++] = '\'';
         return 1;
     }
-    if (PyDateTime_CheckExact(o)) {
-        int us = PyDateTime_DATE_GET_MICROSECOND(o);
-        int n = snprintf(tmp, sizeof(tmp), us ? "'%04d-%02d-%02d %02d:%02d:%02d.%06d'" : "'%04d-%02d-%02d %02d:%02d:%02d'",
-                         PyDateTime_GET_YEAR(o), PyDateTime_GET_MONTH(o), PyDateTime_GET_DAY(o),
-                         PyDateTime_DATE_GET_HOUR(o), PyDateTime_DATE_GET_MINUTE(o), PyDateTime_DATE_GET_SECOND(o), us);
-        return buf_put(b, tmp, n) < 0 ? -1 : 1;
-    }
-    if (PyDate_CheckExact(o)) {
-        int n = snprintf(tmp, sizeof(tmp), "'%04d-%02d-%02d'", PyDateTime_GET_YEAR(o), PyDateTime_GET_MONTH(o),
-                         PyDateTime_GET_DAY(o));
-        return buf_put(b, tmp, n) < 0 ? -1 : 1;
-    }
-    if (PyDelta_CheckExact(o)) {
-        long long total = ((long long)PyDateTime_DELTA_GET_DAYS(o) * 86400 + PyDateTime_DELTA_GET_SECONDS(o)) * 1000000LL
-                          + PyDateTime_DELTA_GET_MICROSECONDS(o);
-        const char *sign = total < 0 ? "-" : "";
-        if (total < 0) total = -total;
-        long long secs = total / 1000000, us = total % 1000000;
-        int n = snprintf(tmp, sizeof(tmp), us ? "'%s%02lld:%02lld:%02lld.%06lld'" : "'%s%02lld:%02lld:%02lld'",
-                         sign, secs / 3600, (secs % 3600) / 60, secs % 60, us);
-        return buf_put(b, tmp, n) < 0 ? -1 : 1;
-    }
+    int rc = put_temporal(b, o, '\'');  /* pymysql ignores tzinfo too */
+    if (rc) return rc;
     if (Decimal && Py_IS_TYPE(o, (PyTypeObject *)Decimal)) {
         /* str() is format(o, "f") unless it uses an exponent (then format, which is slower) */
         PyObject *r = PyObject_Str(o);
