@@ -117,13 +117,13 @@ def dumps_compact(obj: Any) -> str:
 
 def encode_line_bytes(d: dict[str, Any], rows: tuple[str, ...] = ("before", "after"), compact: bool = False,
                       use_c: bool = True) -> bytes:
-    """``encode_line(...).encode()``, without the round trip through str on the C path."""
+    """``encode_line(...).encode()``: the C encoder's UTF-8 output where it was built."""
     if use_c and _fastrows is not None:
         b64: set[str] = set()
         try:
             data = _fastrows.json_dumps(d, _fallback, b64, compact, True)
         except (TypeError, ValueError, UnicodeError):
-            data = None
+            data = None  # e.g. a lone surrogate: the Python path decides
         if data is not None:
             if not b64:
                 return data
@@ -140,16 +140,7 @@ def encode_line(d: dict[str, Any], rows: tuple[str, ...] = ("before", "after"), 
     field added last. The C encoder is used where it was built; the result is
     the same text either way (a unit test compares them)."""
     if use_c and _fastrows is not None:
-        b64: set[str] = set()
-        try:
-            text = _fastrows.json_dumps(d, _fallback, b64, compact)
-        except (TypeError, ValueError, UnicodeError):
-            text = None  # e.g. a lone surrogate: the Python path decides
-        if text is not None:
-            if b64:
-                tail = json.dumps(sorted(b64), ensure_ascii=False, separators=(",", ":") if compact else None)
-                text = text[:-1] + ("," if compact else ", ") + '"b64"' + (":" if compact else ": ") + tail + "}"
-            return text
+        return encode_line_bytes(d, rows, compact).decode("utf-8")
     text = dumps_row_line(d, compact)
     if text is not None:
         return text

@@ -84,17 +84,20 @@ class SpilledChanges:
         raise IndexError("row change index out of range")  # pragma: no cover
 
     def filter_map(self, fn: Callable[[RowChange], RowChange | None]) -> SpilledChanges | tuple[RowChange, ...]:
-        """``fn`` on every change, None dropped: a new spill (or a tuple when little is left)."""
-        w = SpillWriter(self.directory, self.chunk_rows)
-        kept_total = 0
+        """``fn`` on every change, None dropped: a new spill, or a tuple when no
+        more than a chunk is left (then nothing is written)."""
+        w: SpillWriter | None = None
+        kept: list[RowChange] = []
         for chunk in self.chunks():
-            kept = [out for out in map(fn, chunk) if out is not None]
-            kept_total += len(kept)
-            if kept:
+            kept.extend(out for out in map(fn, chunk) if out is not None)
+            if len(kept) > self.chunk_rows:
+                w = w or SpillWriter(self.directory, self.chunk_rows)
                 w.add(kept)
-        if kept_total <= self.chunk_rows:
-            out = tuple(ch for chunk in w.finish().chunks() for ch in chunk)
-            return out
+                kept = []
+        if w is None:
+            return tuple(kept)
+        if kept:
+            w.add(kept)
         return w.finish()
 
     def __repr__(self) -> str:

@@ -388,8 +388,10 @@ class MySQLRegion(Region):
                 changes: list[RowChange], ddl: Ddl | None, spill: SpillWriter | None = None) -> None:
         pos = Position(str(stream.log_file), int(stream.log_pos), gtid)
         ts = self.clock.commit(int(source_ts), pos)
-        rows: Any = tuple(changes)
-        if spill is not None:
+        rows: Any
+        if spill is None:
+            rows = tuple(changes)
+        else:
             if changes:
                 spill.add(changes)
             rows = spill.finish()
