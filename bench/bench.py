@@ -125,7 +125,12 @@ def run_capturer(tmp: Path, servers: list[MariaDBInstance], senders_cfg: str, ex
         f"[global]\nbinlogCheckPointPath={tmp / 'cp.json'}\nsenderConfig={tmp / 'senders.cfg'}\n"
         f"filterRuleDict=\nhttpPort={free_port()}\ncheckpointInterval=0.5\nlogLevel=warning\n" + regions
     )
-    cap = Capturer(load_config(tmp / "config.cfg"))
+    return run_until_delivered(tmp / "config.cfg", expect_rows)
+
+
+def run_until_delivered(config: Path, expect_rows: int) -> dict[str, Any]:
+    """Run the capturer in-process until every sender has ``expect_rows`` rows."""
+    cap = Capturer(load_config(config))
     t0 = time.perf_counter()
     cap.start()
     done_at: list[float] = []
@@ -140,6 +145,146 @@ def run_capturer(tmp: Path, servers: list[MariaDBInstance], senders_cfg: str, ex
     elapsed = (done_at[0] if done_at else time.perf_counter()) - t0
     return {"exit": code, "seconds": round(elapsed, 2), "rows": min(s.rows for s in cap.senders),
             "rows_per_s": round(min(s.rows for s in cap.senders) / elapsed)}
+
+
+def baikal_decode(rows: int) -> dict[str, float]:
+    """BaikalDB payload decoding over the bench workload's prewrite payloads (made by
+    the test double's writer): protobuf parse alone (the ceiling), the capturer's
+    decoder in Python, and in C; rows per second of each."""
+    from baikaldb_double.__main__ import bench_load
+    from baikaldb_double.cluster import Cluster
+
+    from capturer import protogen
+    from capturer.regions.baikaldb.rows import RowPlan, mutation_changes, parse_entry
+    from capturer.regions.baikaldb.schema import TableDef
+
+    P = protogen.load("baikaldb")
+    c = Cluster()
+    c.stores = ["127.0.0.1:1"]
+    n, _ = bench_load(c, rows)
+    payloads = [(rec.ts, r.prewrites[rec.start_ts]) for r in c.regions.values() for rec in r.records if not rec.fake]
+    info = next(t for t in c.tables.values()).schema_info()
+    from capturer.regions.baikaldb import brpc_json
+
+    tdef = TableDef.from_schema_info(brpc_json.from_json(info, P.SchemaInfo()))
+    out: dict[str, float] = {}
+    t0 = time.perf_counter()
+    k = 0
+    for _, raw in payloads:
+        req = P.StoreReq()
+        req.ParseFromString(raw)
+        for m in req.binlog.prewrite_value.mutations:
+            k += len(m.insert_rows) + len(m.deleted_rows)
+    out["protobuf_parse"] = k / (time.perf_counter() - t0)
+    for name, use_c in (("python", False), ("c", True)):
+        plan = RowPlan(tdef)
+        if not use_c:
+            plan._c = None
+        elif plan._c is None:
+            continue
+        t0 = time.perf_counter()
+        got = 0
+        for ts, raw in payloads:
+            e = parse_entry(P, raw, ts, 1)
+            for m in e.mutations:
+                changes, _ = mutation_changes(plan, m, False)
+                got += len(changes)
+        assert got == n, (got, n)
+        out[name] = got / (time.perf_counter() - t0)
+    return out
+
+
+def run_capturer_baikal(tmp: Path, meta: str, expect_rows: int) -> dict[str, Any]:
+    """The capturer reading the double (its own process) into the file sender."""
+    (tmp / "senders.cfg").write_text(f"[global]\ntype=local\n[local]\nfilepath={tmp / 'changes.jsonl'}\n")
+    (tmp / "config.cfg").write_text(
+        f"[global]\nbinlogCheckPointPath={tmp / 'cp.json'}\nsenderConfig={tmp / 'senders.cfg'}\n"
+        f"filterRuleDict=\nhttpPort={free_port()}\ncheckpointInterval=0.5\nlogLevel=warning\n"
+        f"[region:bk]\ntype=baikaldb\nmetaServer={meta}\nbinlogTableID=20\ncreate_tables=false\n")
+    return run_until_delivered(tmp / "config.cfg", expect_rows)
+
+
+def baikal_double_process(tmp: Path, rows: int) -> tuple[Any, dict[str, Any]]:
+    import subprocess
+
+    ready = tmp / "double-ready.json"
+    p = subprocess.Popen([sys.executable, "-m", "baikaldb_double", "--bench-rows", str(rows), "--ready", str(ready)],
+                         cwd=ROOT / "tests", env=dict(os.environ, PYTHONPATH=f"{ROOT}:{ROOT / 'tests'}"),
+                         stdout=subprocess.DEVNULL, stderr=open(tmp / "double.log", "wb"))
+    deadline = time.time() + 600
+    while not ready.exists():
+        if p.poll() is not None or time.time() > deadline:
+            raise RuntimeError(f"the BaikalDB double did not start: {(tmp / 'double.log').read_text()[-2000:]}")
+        time.sleep(0.2)
+    time.sleep(0.2)
+    return p, json.loads(ready.read_text())
+
+
+def load_sequence(m: MariaDBInstance, table: str, rows: int) -> None:
+    """``rows`` rows of the bench shape, generated inside the server (the Sequence engine)."""
+    m.execute("CREATE DATABASE IF NOT EXISTS snap", TABLE.replace("bench.t", table))
+    c = m.connect()
+    c.autocommit(True)
+    with c.cursor() as cur:
+        step = 1_000_000
+        for lo in range(0, rows, step):
+            hi = min(rows, lo + step)
+            cur.execute(
+                f"INSERT INTO {table} SELECT seq, CONCAT('name-', seq), ELT(1 + seq % 4, 'Paris', 'Oslo', 'Lima', "
+                "'Pune'), (seq % 100000) / 100, (seq % 100000) / 1000, '2026-01-01 12:00:00.123456', "
+                f"'2026-01-01 12:00:00', seq, seq * 1000, REPEAT('x', 60) FROM snap.seq_{lo}_to_{hi - 1}")
+    c.close()
+
+
+def snapshot_run(tmp: Path, m: MariaDBInstance, senders_cfg: str, rows: int, workers: int = 2) -> dict[str, Any]:
+    """The capturer copying snap.t (``rows`` rows) with snapshot=initial, in-process:
+    seconds from start until every sender holds every row."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    (tmp / "senders.cfg").write_text(senders_cfg)
+    (tmp / "config.cfg").write_text(
+        f"[global]\nbinlogCheckPointPath={tmp / 'cp.json'}\nsenderConfig={tmp / 'senders.cfg'}\n"
+        f"filterRuleDict=\nhttpPort={free_port()}\ncheckpointInterval=0.5\nlogLevel=warning\n"
+        f"[region:r1]\nhost=127.0.0.1\nport={m.port}\nuser=root\npassword=\nserver_id=733\n"
+        f"snapshot=initial\nsnapshot_workers={workers}\n")
+    (tmp / "filter.txt").write_text("include snap.*\n")
+    cfgtext = (tmp / "config.cfg").read_text().replace("filterRuleDict=\n", f"filterRuleDict={tmp / 'filter.txt'}\n")
+    (tmp / "config.cfg").write_text(cfgtext)
+    return run_until_delivered(tmp / "config.cfg", rows)
+
+
+def snapshot_rss(tmp: Path, m: MariaDBInstance, rows: int) -> dict[str, Any]:
+    """Peak RSS (VmHWM) of a capturer process copying a ``rows``-row table to a file."""
+    import subprocess
+
+    d = tmp / "snaprss"
+    d.mkdir()
+    (d / "senders.cfg").write_text(f"[global]\ntype=local\n[local]\nfilepath={d / 'out.jsonl'}\nrotate_mb=100000\n")
+    (d / "filter.txt").write_text("include snap.big\n")
+    (d / "config.cfg").write_text(
+        f"[global]\nbinlogCheckPointPath={d / 'cp.json'}\nsenderConfig={d / 'senders.cfg'}\n"
+        f"filterRuleDict={d / 'filter.txt'}\nhttpPort={free_port()}\ncheckpointInterval=1\nlogLevel=info\n"
+        f"[region:r1]\nhost=127.0.0.1\nport={m.port}\nuser=root\npassword=\nserver_id=734\nsnapshot=initial\n")
+    t0 = time.perf_counter()
+    log = open(d / "log", "wb")
+    p = subprocess.Popen([sys.executable, "-m", "capturer", "--config", str(d / "config.cfg")], cwd=ROOT,
+                         env=dict(os.environ, PYTHONPATH=str(ROOT)), stdout=subprocess.DEVNULL, stderr=log)
+    peak, done = 0, False
+    while time.perf_counter() - t0 < 3600 and p.poll() is None:
+        try:
+            for line in open(f"/proc/{p.pid}/status"):
+                if line.startswith("VmHWM:"):
+                    peak = max(peak, int(line.split()[1]))
+        except OSError:
+            break
+        if b"snapshot of snap.big done" in (d / "log").read_bytes():
+            done = True
+            break
+        time.sleep(0.5)
+    secs = time.perf_counter() - t0
+    p.terminate()
+    p.wait(120)
+    return {"rows": rows, "done": done, "seconds": round(secs, 1), "rows_per_s": round(rows / secs),
+            "peak_rss_mb": round(peak / 1024)}
 
 
 def baseline_producer(servers: str, client: str, n: int) -> float:
@@ -380,7 +525,8 @@ def main() -> int:
     ap.add_argument("--rows", type=int, default=200_000, help="inserts per run (split over regions)")
     ap.add_argument("--smoke", action="store_true", help="assert completeness only (CI)")
     ap.add_argument("--threads", type=int, default=8, help="MySQL sender workers")
-    ap.add_argument("--only", default="file,mysql,kafka,spark,all,latency,bigtxn", help="parts to run")
+    ap.add_argument("--only", default="file,baikaldb,snapshot,mysql,kafka,spark,all,latency,bigtxn",
+                    help="parts to run")
     args = ap.parse_args()
     only = set(args.only.split(","))
     inserts = args.rows // 2
@@ -434,6 +580,27 @@ def main() -> int:
         if "file" in only:
             e2e("file", f"[global]\ntype=local\n[local]\nfilepath={tmp / 'file' / 'changes.jsonl'}\n",
                 total, decode, "capturer -> file (2 regions)")
+        if "baikaldb" in only:
+            dec = baikal_decode(inserts * 2)
+            for k, v in dec.items():
+                results[f"baikaldb_decode_{k}_rows_per_s"] = round(v)
+            rep.add("BaikalDB payloads: protobuf parse only (ceiling), 1 binlog region", dec["protobuf_parse"], decode)
+            rep.add("BaikalDB row decoder, Python", dec["python"], decode)
+            if "c" in dec:
+                rep.add("BaikalDB row decoder, C build", dec["c"], decode)
+            proc, info = baikal_double_process(tmp, inserts * 2)
+            try:
+                (tmp / "baikaldb").mkdir()
+                r = run_capturer_baikal(tmp / "baikaldb", info["meta"], info["rows"])
+            finally:
+                proc.terminate()
+                proc.wait(30)
+            results["baikaldb"] = r
+            mysql_file = results.get("file", {}).get("rows_per_s")
+            rep.add("BaikalDB (double, 1 partition x 2 regions) -> file; ratio to MySQL -> file",
+                    r["rows_per_s"], mysql_file)
+            if r["rows"] != info["rows"] or r["exit"] != 0:
+                failures.append(f"baikaldb: {r['rows']} of {info['rows']} rows, exit {r['exit']}")
         if "mysql" in only:
             target = MariaDBInstance(tmp / "target", server_id=99).start()
             extra.append(target)
@@ -475,6 +642,34 @@ def main() -> int:
                 f"[spark]\nwarehouse={tmp / 'all' / 'wh'}\ncompaction_interval=0\nbatch_interval=1\n",
                 total, decode, "capturer -> all four at once (file, mysql, kafka/confluent, spark)")
             broker.kill()
+        if "snapshot" in only:
+            srows = 1_000_000 if not args.smoke else args.rows
+            src = MariaDBInstance(tmp / "snapsrc", server_id=41).start()
+            extra.append(src)
+            t0 = time.perf_counter()
+            load_sequence(src, "snap.t", srows)
+            results["snapshot_load_seconds"] = round(time.perf_counter() - t0, 1)
+            r = snapshot_run(tmp / "snap-file", src, f"[global]\ntype=local\n[local]\nfilepath={tmp / 'snap-file' / 'o.jsonl'}\n"
+                             "rotate_mb=100000\n", srows)
+            results["snapshot_file"] = r
+            rep.add(f"snapshot of {srows:,} rows -> file (2 workers)", r["rows_per_s"], None)
+            if r["rows"] < srows or r["exit"] != 0:
+                failures.append(f"snapshot->file: {r['rows']} of {srows} rows, exit {r['exit']}")
+            starget = MariaDBInstance(tmp / "snaptarget", server_id=42, binlog=False).start()
+            extra.append(starget)
+            ups = baseline_upsert(starget, srows)
+            results["snapshot_baseline_upsert_rows_per_s"] = round(ups)
+            rep.add("baseline: raw multi-row upsert into the target (1 conn, 1000-row batches)", ups, None)
+            r = snapshot_run(tmp / "snap-mysql", src, f"[global]\ntype=mysql\n[mysql]\nhost=127.0.0.1\n"
+                             f"port={starget.port}\nuser=root\nthreadnum={args.threads}\n", srows)
+            results["snapshot_mysql"] = r
+            rep.add(f"snapshot of {srows:,} rows -> mysql ({args.threads} workers)", r["rows_per_s"], ups)
+            if r["rows"] < srows or r["exit"] != 0:
+                failures.append(f"snapshot->mysql: {r['rows']} of {srows} rows, exit {r['exit']}")
+            if not args.smoke:
+                big = 10_000_000
+                load_sequence(src, "snap.big", big)
+                results["snapshot_rss"] = snapshot_rss(tmp, src, big)
         if "latency" in only and not args.smoke:
             results["latency"] = latency_run(tmp, servers)
         if "bigtxn" in only and not args.smoke:
@@ -494,6 +689,10 @@ def main() -> int:
         b = results["big_txn"]
         print(f"one {b['rows']:,}-row transaction -> file: delivered={b['delivered']} in {b['seconds']} s, "
               f"capturer peak RSS {b['peak_rss_mb']} MB")
+    if "snapshot_rss" in results:
+        b = results["snapshot_rss"]
+        print(f"snapshot of a {b['rows']:,}-row table -> file: done={b['done']} in {b['seconds']} s "
+              f"({b['rows_per_s']:,} rows/s), capturer peak RSS {b['peak_rss_mb']} MB")
     if "compaction_1M_seconds" in results:
         print(f"compaction of 1M changes over 200k keys: {results['compaction_1M_seconds']} s")
     import resource

@@ -1,4 +1,5 @@
-"""Command line: ``python -m capturer [--config conf/config.cfg] [--demo [--once]]``.
+"""Command line: ``python -m capturer [--config conf/config.cfg] [--demo [--once]]``, and
+``python -m capturer snapshot db.table ...`` (copy tables again, on demand).
 
 ``start.sh`` wraps this (virtualenv, background, pid file, log). Exit codes:
 0 clean stop, 1 a stage failed, 2 bad configuration or checkpoint.
@@ -33,24 +34,100 @@ def _on_signal(signum: int, _frame: object) -> None:
     _STOP.set()
 
 
+def snapshot_cli(argv: list[str]) -> int:
+    """``python -m capturer snapshot db.table ...``: ask the running capturer (its
+    status port, with the config's controlToken) to copy tables again."""
+    import urllib.error
+    import urllib.request
+
+    ap = argparse.ArgumentParser(prog="capturer snapshot",
+                                 description="Copy tables again while the capturer streams (on demand).")
+    ap.add_argument("tables", nargs="+", help="db.table (backticks quote names with dots: `my.db`.t)")
+    ap.add_argument("--config", default="conf/config.cfg", help="the running capturer's config (port, token)")
+    ap.add_argument("--region", help="only this region (default: every MySQL/MariaDB region that has the table)")
+    ap.add_argument("--truncate", action="store_true",
+                    help="empty the table downstream before its first chunk (rows the source no longer has go)")
+    ap.add_argument("--url", help="the status URL, e.g. http://127.0.0.1:8080 (default: from the config)")
+    ap.add_argument("--token", help="the control token (default: controlToken of the config)")
+    args = ap.parse_args(argv)
+    token = args.token
+    url = args.url
+    if url is None or token is None:
+        from .config import load_config
+
+        try:
+            cfg = load_config(Path(args.config))
+        except ConfigError as exc:
+            print(f"config error: {exc}", file=sys.stderr)
+            return 2
+        if url is None:
+            if not cfg.http_port:
+                print("the config has httpPort=0 (a free port chosen at start): give --url", file=sys.stderr)
+                return 2
+            host = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "[::1]"}.get(cfg.http_host, cfg.http_host)
+            url = f"http://{host}:{cfg.http_port}"
+        token = token if token is not None else cfg.control_token
+    if not token:
+        print("no control token: set controlToken in [global] of the config (and restart the capturer), "
+              "or give --token", file=sys.stderr)
+        return 2
+    body = json.dumps({"tables": args.tables, "region": args.region, "truncate": args.truncate}).encode()
+    req = urllib.request.Request(url.rstrip("/") + "/snapshot", data=body, method="POST",
+                                 headers={"Content-Type": "application/json", "Authorization": f"Bearer {token}"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            out = json.loads(r.read())
+    except urllib.error.HTTPError as exc:
+        try:
+            msg = json.loads(exc.read()).get("error", "")
+        except ValueError:
+            msg = ""
+        print(f"refused: HTTP {exc.code}: {msg}", file=sys.stderr)
+        return 1
+    except (urllib.error.URLError, OSError) as exc:
+        print(f"cannot reach the capturer at {url}: {exc}", file=sys.stderr)
+        return 1
+    for region, r in out["regions"].items():
+        print(f"{region}: snapshot run {r['run']}: {', '.join(r['tables'])}")
+    if out.get("missing"):
+        print(f"not found in any region: {', '.join(out['missing'])}")
+    print("progress: GET /status (regions.<name>.snapshot), or the log")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     # first thing: a SIGTERM during start-up must still mean "stop cleanly"
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "snapshot":
+        return snapshot_cli(argv[1:])
     ap = argparse.ArgumentParser(prog="capturer", description="Ordered binlog capturer")
     ap.add_argument("--config", default="conf/config.cfg", help="path to config.cfg")
     ap.add_argument("--check", action="store_true", help="validate the config and exit")
     ap.add_argument("--print-extras", action="store_true",
                     help="print the setup.py extras the configured senders need (for start.sh)")
-    ap.add_argument("--demo", action="store_true", help="run the self-contained demo")
+    ap.add_argument("--demo", nargs="?", const="mariadb", choices=["mariadb", "baikaldb"],
+                    help="run the self-contained demo: two MariaDB regions (default), or baikaldb: "
+                         "BaikalDB binlog tables served by the test double")
     ap.add_argument("--once", action="store_true", help="with --demo: exit when all demo rows arrived")
-    ap.add_argument("--demo-dir", default="data/demo", help="with --demo: where its servers live")
+    ap.add_argument("--demo-dir", help="with --demo: where its servers live (default: data/demo)")
     args = ap.parse_args(argv)
+    # options that would be silently ignored are refused (exit code 2, as argparse does)
+    if not args.demo and (args.once or args.demo_dir is not None):
+        ap.error("--once and --demo-dir go with --demo")
+    if sum(map(bool, (args.demo, args.check, args.print_extras))) > 1:
+        ap.error("--demo, --check and --print-extras exclude each other")
+    if not args.config.strip():
+        ap.error("--config: empty path")
+    args.demo_dir = args.demo_dir or "data/demo"
 
     if args.demo:
         setup_logging("info")
-        from .demo import run_demo
+        from .demo import run_baikaldb_demo, run_demo
 
+        if args.demo == "baikaldb":
+            return run_baikaldb_demo(Path(args.demo_dir), once=args.once, stop=_STOP)
         return run_demo(Path(args.demo_dir), once=args.once, stop=_STOP)
 
     from .config import load_config
@@ -81,14 +158,18 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cap = Capturer(cfg)
     except (ConfigError, CheckpointError) as exc:
-        print(f"start-up refused: {exc}", file=sys.stderr)
+        msg = str(exc)
+        if isinstance(exc, CheckpointError) and str(cfg.checkpoint_path) not in msg:
+            msg = f"{cfg.checkpoint_path}: {msg}"  # every refusal names the file at fault
+        print(f"start-up refused: {msg}", file=sys.stderr)
         return 2
     stop = _STOP
     try:
         cap.start()
     except OSError as exc:
-        print(f"start-up failed: {exc}", file=sys.stderr)
-        cap.shutdown()
+        print(f"start-up failed: {exc} (config {args.config})", file=sys.stderr)
+        if cap.status_server is not None:  # something did start: stop it (a final checkpoint)
+            cap.shutdown()
         return 2
     code = cap.run(should_stop=stop)
     if code:

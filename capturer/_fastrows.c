@@ -58,6 +58,10 @@ static int get_int(PyObject *spec, Py_ssize_t i, int *out) {
     }
     long v = PyLong_AsLong(PyTuple_GET_ITEM(spec, i));
     if (v == -1 && PyErr_Occurred()) return -1;
+    if (v < INT_MIN || v > INT_MAX) {  /* not truncated into a plausible value */
+        PyErr_SetString(PyExc_OverflowError, "column spec value out of range");
+        return -1;
+    }
     *out = (int)v;
     return 0;
 }
@@ -90,6 +94,13 @@ static int plan_init(Plan *self, PyObject *args, PyObject *kw) {
         case K_DECIMAL:
         case K_BIT:
             if (get_int(spec, 1, &c->a) < 0 || get_int(spec, 2, &c->b) < 0) return -1;
+            /* the ranges a table map describes; others would make the decoder read outside the event */
+            if ((c->kind == K_INT && (c->a < 1 || c->a > 8))
+                || (c->kind == K_DECIMAL && (c->a < 1 || c->a > 65 || c->b < 0 || c->b > c->a))
+                || (c->kind == K_BIT && (c->a < 1 || c->a > 64 || c->b < 1 || c->b > 8))) {
+                PyErr_Format(PyExc_ValueError, "bad column spec (kind %d: %d, %d)", c->kind, c->a, c->b);
+                return -1;
+            }
             break;
         case K_STR: {
             if (get_int(spec, 1, &c->a) < 0) return -1;
@@ -239,7 +250,7 @@ static PyObject *decode_col(const Col *c, const unsigned char *d, Py_ssize_t *po
         break;
     case K_YEAR:
         NEED(1);
-        v = PyLong_FromLong(d[o] + 1900);
+        v = PyLong_FromLong(d[o] ? d[o] + 1900 : 0); /* 0 is the zero year '0000' */
         o += 1;
         break;
     case K_STR: {
@@ -295,14 +306,32 @@ static PyObject *decode_col(const Col *c, const unsigned char *d, Py_ssize_t *po
         break;
     }
     case K_TIME2: {
-        int nf = (c->a + 1) / 2;
+        /* MySQL's packed TIME (my_time_packed_from_binary); see time2_packed() in rowdecode.py */
+        int fsp = c->a;
+        int nf = (fsp + 1) / 2;
         NEED(3 + nf);
-        int64_t x = be_signed(d + o, 3);
-        int sign = ((x >> 23) & 1) ? 1 : -1;
-        if (sign == -1) x = -x;
-        int64_t total = ((((x >> 12) & 0x3FF) * 60 + ((x >> 6) & 63)) * 60 + (x & 63)) * 1000000LL
-                        + frac_us(d + o + 3, c->a);
-        total *= sign;
+        int64_t packed;
+        if (fsp >= 5) {
+            uint64_t u = 0;
+            for (int k = 0; k < 6; k++) u = (u << 8) | d[o + k];
+            packed = (int64_t)u - 0x800000000000LL;
+        } else {
+            int64_t ip = (int64_t)(((uint32_t)d[o] << 16) | ((uint32_t)d[o + 1] << 8) | d[o + 2]) - 0x800000;
+            if (fsp == 0) {
+                packed = ip * (1LL << 24);
+            } else {
+                int64_t frac, unit, span;
+                if (fsp <= 2) { frac = d[o + 3]; unit = 10000; span = 0x100; }
+                else { frac = ((int64_t)d[o + 3] << 8) | d[o + 4]; unit = 100; span = 0x10000; }
+                if (ip < 0 && frac) { ip += 1; frac -= span; }
+                packed = ip * (1LL << 24) + frac * unit;
+            }
+        }
+        int64_t a = packed < 0 ? -packed : packed;
+        int64_t ipart = a >> 24;
+        int64_t total = ((((ipart >> 12) & 0x3FF) * 60 + ((ipart >> 6) & 63)) * 60 + (ipart & 63)) * 1000000LL
+                        + (a & 0xFFFFFF);
+        if (packed < 0) total = -total;
         const int64_t day = 86400LL * 1000000LL;
         int64_t days = total / day, rem = total % day;
         if (rem < 0) { rem += day; days -= 1; }
@@ -408,7 +437,12 @@ static PyObject *plan_rows(Plan *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "y*p", &buf, &update)) return NULL;
     const unsigned char *d = buf.buf;
     Py_ssize_t o = 0, end = buf.len;
-    PyObject *out = PyList_New(0);
+    PyObject *out = NULL;
+    if (self->n == 0 && end > 0) {  /* a row of no columns takes no bytes: it would never end */
+        PyErr_SetString(PyExc_ValueError, "row bytes for a plan without columns");
+        goto fail;
+    }
+    out = PyList_New(0);
     if (!out) goto fail;
     while (o < end) {
         PyObject *a = decode_row(self, d, &o, end);
@@ -453,6 +487,288 @@ static PyTypeObject PlanType = {
     .tp_methods = plan_methods,
     .tp_init = (initproc)plan_init,
     .tp_new = PyType_GenericNew,
+};
+
+
+/* ------------------------------------------------------------------------ */
+/* BaikalDB rows: protobuf messages whose field numbers are field ids          */
+/* (capturer/regions/baikaldb/rows.py RowPlan.decode_py is the specification) */
+
+enum {
+    BK_SINT32 = 1, BK_SINT64, BK_UINT, BK_BOOL, BK_FLOAT, BK_DOUBLE,
+    BK_TEXT, BK_BYTES, BK_DATETIME, BK_DATE, BK_TIME, BK_TIMESTAMP
+};
+static const int BK_WIRE[13] = {-1, 0, 0, 0, 0, 5, 1, 2, 2, 1, 5, 5, 5};
+
+typedef struct {
+    PyObject_HEAD
+    Py_ssize_t n;
+    PyObject *names;     /* tuple of str, live columns in order */
+    int maxid;           /* largest field id in slot/known */
+    int *slot;           /* field id -> index into names, -1 = not live */
+    int *kinds;          /* per index */
+    unsigned char *known;/* field id -> known to this version (dropped ones too) */
+    int utf8;
+    PyObject *enc;       /* bytes: codec name */
+} BPlan;
+
+static void bplan_dealloc(BPlan *self) {
+    PyMem_Free(self->slot);
+    PyMem_Free(self->kinds);
+    PyMem_Free(self->known);
+    Py_XDECREF(self->names);
+    Py_XDECREF(self->enc);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* baikal_plan(((field_id, name, kind), ...), (known ids...), encoding) */
+static PyObject *baikal_plan(PyObject *mod, PyObject *args) {
+    PyObject *spec, *known;
+    const char *enc;
+    if (!PyArg_ParseTuple(args, "O!O!s", &PyTuple_Type, &spec, &PyTuple_Type, &known, &enc)) return NULL;
+    extern PyTypeObject BPlanType;
+    BPlan *p = PyObject_New(BPlan, &BPlanType);
+    if (!p) return NULL;
+    p->slot = NULL; p->kinds = NULL; p->known = NULL; p->names = NULL; p->enc = NULL;
+    p->n = PyTuple_GET_SIZE(spec);
+    int maxid = 0;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(known); i++) {
+        long v = PyLong_AsLong(PyTuple_GET_ITEM(known, i));
+        if (v == -1 && PyErr_Occurred()) goto fail;
+        if (v < 1 || v > (1 << 22)) { PyErr_SetString(PyExc_ValueError, "field id out of range"); goto fail; }
+        if (v > maxid) maxid = (int)v;
+    }
+    for (Py_ssize_t i = 0; i < p->n; i++) {
+        PyObject *t = PyTuple_GET_ITEM(spec, i);
+        if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != 3) { PyErr_SetString(PyExc_ValueError, "bad spec"); goto fail; }
+        long v = PyLong_AsLong(PyTuple_GET_ITEM(t, 0));
+        if (v == -1 && PyErr_Occurred()) goto fail;
+        if (v < 1 || v > (1 << 22)) { PyErr_SetString(PyExc_ValueError, "field id out of range"); goto fail; }
+        if (v > maxid) maxid = (int)v;
+    }
+    p->maxid = maxid;
+    p->slot = PyMem_Malloc(sizeof(int) * (maxid + 1));
+    p->known = PyMem_Calloc(maxid + 1, 1);
+    p->kinds = PyMem_Malloc(sizeof(int) * (p->n ? p->n : 1));
+    p->names = PyTuple_New(p->n);
+    if (!p->slot || !p->known || !p->kinds || !p->names) { PyErr_NoMemory(); goto fail; }
+    for (int i = 0; i <= maxid; i++) p->slot[i] = -1;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(known); i++)
+        p->known[PyLong_AsLong(PyTuple_GET_ITEM(known, i))] = 1;
+    for (Py_ssize_t i = 0; i < p->n; i++) {
+        PyObject *t = PyTuple_GET_ITEM(spec, i);
+        long fid = PyLong_AsLong(PyTuple_GET_ITEM(t, 0));
+        PyObject *name = PyTuple_GET_ITEM(t, 1);
+        long kind = PyLong_AsLong(PyTuple_GET_ITEM(t, 2));
+        if (kind < BK_SINT32 || kind > BK_TIMESTAMP || !PyUnicode_Check(name)) {
+            PyErr_SetString(PyExc_ValueError, "bad field spec");
+            goto fail;
+        }
+        p->slot[fid] = (int)i;
+        p->known[fid] = 1;
+        p->kinds[i] = (int)kind;
+        Py_INCREF(name);
+        PyTuple_SET_ITEM(p->names, i, name);
+    }
+    p->utf8 = strcmp(enc, "utf-8") == 0 || strcmp(enc, "utf8") == 0;
+    p->enc = PyBytes_FromString(enc);
+    if (!p->enc) goto fail;
+    return (PyObject *)p;
+fail:
+    Py_DECREF(p);
+    return NULL;
+}
+
+static int bk_varint(const unsigned char *d, Py_ssize_t *po, Py_ssize_t end, uint64_t *out) {
+    uint64_t r = 0;
+    int shift = 0;
+    Py_ssize_t o = *po;
+    for (;;) {
+        if (o >= end) { PyErr_SetString(PyExc_ValueError, "truncated varint"); return -1; }
+        unsigned char b = d[o++];
+        if (shift < 64) r |= (uint64_t)(b & 0x7F) << shift;
+        if (b < 0x80) break;
+        shift += 7;
+        if (shift > 63) { PyErr_SetString(PyExc_ValueError, "varint longer than 10 bytes"); return -1; }
+    }
+    *po = o;
+    *out = r;
+    return 0;
+}
+
+static PyObject *bk_text(BPlan *p, const unsigned char *s, Py_ssize_t n) {
+    PyObject *v = p->utf8 ? PyUnicode_DecodeUTF8((const char *)s, n, "strict")
+                          : PyUnicode_Decode((const char *)s, n, PyBytes_AS_STRING(p->enc), "strict");
+    if (!v && PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
+        PyErr_Clear();
+        v = PyBytes_FromStringAndSize((const char *)s, n);
+    }
+    return v;
+}
+
+static PyObject *bk_none_on_value_error(void) {
+    if (PyErr_ExceptionMatches(PyExc_ValueError)) {
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    return NULL;
+}
+
+static PyObject *bk_value(BPlan *p, int kind, int wt, uint64_t u, const unsigned char *s, Py_ssize_t n) {
+    switch (kind) {
+    case BK_SINT32: case BK_SINT64:
+        return PyLong_FromLongLong((int64_t)(u >> 1) ^ -(int64_t)(u & 1));
+    case BK_UINT:
+        return PyLong_FromUnsignedLongLong(u);
+    case BK_BOOL:
+        return PyLong_FromLong(u ? 1 : 0);
+    case BK_TEXT:
+        return bk_text(p, s, n);
+    case BK_BYTES:
+        return PyBytes_FromStringAndSize((const char *)s, n);
+    case BK_DOUBLE: {
+        double x;
+        memcpy(&x, &u, 8);
+        return PyFloat_FromDouble(x);
+    }
+    case BK_FLOAT: {
+        uint32_t w = (uint32_t)u;
+        float x;
+        memcpy(&x, &w, 4);
+        return PyFloat_FromDouble((double)x);
+    }
+    case BK_DATETIME: {
+        int ym = (int)((u >> 46) & 0x1FFFF);
+        PyObject *v = PyDateTime_FromDateAndTime(ym / 13, ym % 13, (int)((u >> 41) & 0x1F), (int)((u >> 36) & 0x1F),
+                                                 (int)((u >> 30) & 0x3F), (int)((u >> 24) & 0x3F), (int)(u & 0xFFFFFF));
+        return v ? v : bk_none_on_value_error();
+    }
+    case BK_DATE: {
+        int ym = (int)((u >> 5) & 0x1FFFF);
+        PyObject *v = PyDate_FromDate(ym / 13, ym % 13, (int)(u & 0x1F));
+        return v ? v : bk_none_on_value_error();
+    }
+    case BK_TIME: {
+        int32_t v = (int32_t)(uint32_t)u;
+        int neg = v < 0;
+        int64_t a = neg ? -(int64_t)v : (int64_t)v;
+        int64_t secs = ((a >> 12) & 0x3FF) * 3600 + ((a >> 6) & 0x3F) * 60 + (a & 0x3F);
+        return PyDelta_FromDSU(0, (int)(neg ? -secs : secs), 0);
+    }
+    case BK_TIMESTAMP: {
+        uint32_t v = (uint32_t)u;
+        if (v == 0) Py_RETURN_NONE;
+        PyObject *delta = PyDelta_FromDSU((int)(v / 86400), (int)(v % 86400), 0);
+        if (!delta) return NULL;
+        PyObject *r = PyNumber_Add(Epoch, delta);
+        Py_DECREF(delta);
+        return r;
+    }
+    }
+    (void)wt;
+    PyErr_SetString(PyExc_SystemError, "bad kind");
+    return NULL;
+}
+
+/* a value whose wire type does not match its column's type: as the wire gives it */
+static PyObject *bk_by_wire(BPlan *p, int wt, uint64_t u, const unsigned char *s, Py_ssize_t n) {
+    if (wt == 2) return bk_text(p, s, n);
+    if (wt == 5) return PyLong_FromUnsignedLongLong((uint32_t)u);
+    return PyLong_FromUnsignedLongLong(u);
+}
+
+static PyObject *bplan_row(BPlan *self, PyObject *arg) {
+    Py_buffer buf;
+    if (PyObject_GetBuffer(arg, &buf, PyBUF_SIMPLE) < 0) return NULL;
+    const unsigned char *d = buf.buf;
+    Py_ssize_t o = 0, end = buf.len;
+    PyObject *row = NULL, *unknown = NULL;
+    long mism = 0;
+    row = _PyDict_NewPresized(self->n);
+    unknown = PyList_New(0);
+    if (!row || !unknown) goto fail;
+    for (Py_ssize_t i = 0; i < self->n; i++)
+        if (PyDict_SetItem(row, PyTuple_GET_ITEM(self->names, i), Py_None) < 0) goto fail;
+    while (o < end) {
+        uint64_t tag, u = 0;
+        const unsigned char *s = NULL;
+        Py_ssize_t n = 0;
+        if (bk_varint(d, &o, end, &tag) < 0) goto fail;
+        uint64_t fno = tag >> 3;
+        int wt = (int)(tag & 7);
+        if (fno == 0) { PyErr_SetString(PyExc_ValueError, "field number 0"); goto fail; }
+        if (wt == 0) {
+            if (bk_varint(d, &o, end, &u) < 0) goto fail;
+        } else if (wt == 2) {
+            uint64_t ln;
+            if (bk_varint(d, &o, end, &ln) < 0) goto fail;
+            if (ln > (uint64_t)(end - o)) { PyErr_SetString(PyExc_ValueError, "truncated length-delimited field"); goto fail; }
+            s = d + o;
+            n = (Py_ssize_t)ln;
+            o += n;
+        } else if (wt == 1) {
+            if (end - o < 8) { PyErr_SetString(PyExc_ValueError, "truncated 64-bit field"); goto fail; }
+            u = le_unsigned(d + o, 8);
+            o += 8;
+        } else if (wt == 5) {
+            if (end - o < 4) { PyErr_SetString(PyExc_ValueError, "truncated 32-bit field"); goto fail; }
+            u = le_unsigned(d + o, 4);
+            o += 4;
+        } else {
+            PyErr_Format(PyExc_ValueError, "unsupported wire type %d (field %llu)", wt, (unsigned long long)fno);
+            goto fail;
+        }
+        int idx = fno <= (uint64_t)self->maxid ? self->slot[fno] : -1;
+        if (idx < 0) {
+            if (fno > (uint64_t)self->maxid || !self->known[fno]) {
+                PyObject *f = PyLong_FromUnsignedLongLong(fno);
+                if (!f) goto fail;
+                int r = PyList_Append(unknown, f);
+                Py_DECREF(f);
+                if (r < 0) goto fail;
+            }
+            continue;
+        }
+        int kind = self->kinds[idx];
+        PyObject *v;
+        if (wt != BK_WIRE[kind]) {
+            mism++;
+            v = bk_by_wire(self, wt, u, s, n);
+        } else {
+            v = bk_value(self, kind, wt, u, s, n);
+        }
+        if (!v) goto fail;
+        int r = PyDict_SetItem(row, PyTuple_GET_ITEM(self->names, idx), v);
+        Py_DECREF(v);
+        if (r < 0) goto fail;
+    }
+    PyBuffer_Release(&buf);
+    PyObject *ut = PyList_AsTuple(unknown);
+    Py_DECREF(unknown);
+    if (!ut) { Py_DECREF(row); return NULL; }
+    PyObject *res = Py_BuildValue("(NNl)", row, ut, mism);
+    return res;
+fail:
+    Py_XDECREF(row);
+    Py_XDECREF(unknown);
+    PyBuffer_Release(&buf);
+    return NULL;
+}
+
+static PyMethodDef bplan_methods[] = {
+    {"row", (PyCFunction)bplan_row, METH_O,
+     "row(data) -> (column -> value for every live column, unknown field numbers, wire-type mismatches)"},
+    {NULL, NULL, 0, NULL},
+};
+
+PyTypeObject BPlanType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "capturer._fastrows.BaikalPlan",
+    .tp_basicsize = sizeof(BPlan),
+    .tp_dealloc = (destructor)bplan_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "a decoder for the rows of one BaikalDB table version (baikal_plan(...))",
+    .tp_methods = bplan_methods,
 };
 
 
@@ -566,45 +882,87 @@ static int put_int(Buf *b, PyObject *o) {
 /* DATETIME / DATE / TIME values between quotes q, as json_value and pymysql write them
    (naive fields; TIME as [-]H:MM:SS[.ffffff] from the signed total):
    1 = written, 0 = not one of these types, -1 = error */
+/* n >= 0 in exactly `width` digits (zero-padded; wider numbers keep all their digits) */
+static char *fmt_uint(char *p, unsigned long long n, int width) {
+    char tmp[24];
+    int k = 0;
+    do {
+        tmp[k++] = (char)('0' + n % 10);
+        n /= 10;
+    } while (n);
+    while (k < width) tmp[k++] = '0';
+    while (k) *p++ = tmp[--k];
+    return p;
+}
+
 static int put_temporal(Buf *b, PyObject *o, char q) {
     char tmp[96];
-    int n;
+    char *p = tmp;
     if (PyDateTime_CheckExact(o)) {
         int us = PyDateTime_DATE_GET_MICROSECOND(o);
-        n = snprintf(tmp, sizeof(tmp), "%c%04d-%02d-%02d %02d:%02d:%02d", q, PyDateTime_GET_YEAR(o),
-                     PyDateTime_GET_MONTH(o), PyDateTime_GET_DAY(o), PyDateTime_DATE_GET_HOUR(o),
-                     PyDateTime_DATE_GET_MINUTE(o), PyDateTime_DATE_GET_SECOND(o));
-        if (us) n += snprintf(tmp + n, sizeof(tmp) - n, ".%06d", us);
-        tmp[n++] = q;
+        *p++ = q;
+        p = fmt_uint(p, (unsigned)PyDateTime_GET_YEAR(o), 4);
+        *p++ = '-';
+        p = fmt_uint(p, (unsigned)PyDateTime_GET_MONTH(o), 2);
+        *p++ = '-';
+        p = fmt_uint(p, (unsigned)PyDateTime_GET_DAY(o), 2);
+        *p++ = ' ';
+        p = fmt_uint(p, (unsigned)PyDateTime_DATE_GET_HOUR(o), 2);
+        *p++ = ':';
+        p = fmt_uint(p, (unsigned)PyDateTime_DATE_GET_MINUTE(o), 2);
+        *p++ = ':';
+        p = fmt_uint(p, (unsigned)PyDateTime_DATE_GET_SECOND(o), 2);
+        if (us) {
+            *p++ = '.';
+            p = fmt_uint(p, (unsigned)us, 6);
+        }
+        *p++ = q;
     } else if (PyDate_CheckExact(o)) {
-        n = snprintf(tmp, sizeof(tmp), "%c%04d-%02d-%02d%c", q, PyDateTime_GET_YEAR(o), PyDateTime_GET_MONTH(o),
-                     PyDateTime_GET_DAY(o), q);
+        *p++ = q;
+        p = fmt_uint(p, (unsigned)PyDateTime_GET_YEAR(o), 4);
+        *p++ = '-';
+        p = fmt_uint(p, (unsigned)PyDateTime_GET_MONTH(o), 2);
+        *p++ = '-';
+        p = fmt_uint(p, (unsigned)PyDateTime_GET_DAY(o), 2);
+        *p++ = q;
     } else if (PyDelta_CheckExact(o)) {
+        if (PyDateTime_DELTA_GET_DAYS(o) > 100000 || PyDateTime_DELTA_GET_DAYS(o) < -100000)
+            return 0; /* the total in microseconds would overflow: the caller's fallback writes it */
         long long total = ((long long)PyDateTime_DELTA_GET_DAYS(o) * 86400 + PyDateTime_DELTA_GET_SECONDS(o)) * 1000000LL
                           + PyDateTime_DELTA_GET_MICROSECONDS(o);
-        const char *sign = total < 0 ? "-" : "";
-        if (total < 0) total = -total;
-        long long secs = total / 1000000, us = total % 1000000;
-        if (us)
-            n = snprintf(tmp, sizeof(tmp), "%c%s%02lld:%02lld:%02lld.%06lld%c", q, sign, secs / 3600, (secs % 3600) / 60,
-                         secs % 60, us, q);
-        else
-            n = snprintf(tmp, sizeof(tmp), "%c%s%02lld:%02lld:%02lld%c", q, sign, secs / 3600, (secs % 3600) / 60,
-                         secs % 60, q);
+        *p++ = q;
+        if (total < 0) {
+            *p++ = '-';
+            total = -total;
+        }
+        unsigned long long secs = (unsigned long long)total / 1000000, us = (unsigned long long)total % 1000000;
+        p = fmt_uint(p, secs / 3600, 2);
+        *p++ = ':';
+        p = fmt_uint(p, (secs % 3600) / 60, 2);
+        *p++ = ':';
+        p = fmt_uint(p, secs % 60, 2);
+        if (us) {
+            *p++ = '.';
+            p = fmt_uint(p, us, 6);
+        }
+        *p++ = q;
     } else {
         return 0;
     }
-    return buf_put(b, tmp, n) < 0 ? -1 : 1;
+    return buf_put(b, tmp, p - tmp) < 0 ? -1 : 1;
 }
 
 typedef struct {
     PyObject *fallback;  /* v -> a JSON-able value (capturer.encode.json_value(v)[0]) */
-    PyObject *b64;       /* set: keys whose value was base64-encoded, or NULL */
+    PyObject *b64;       /* set: columns whose value was base64-encoded, or NULL */
     const char *isep, *ksep;
     int isep_n, ksep_n;
+    PyObject *rows;      /* tuple: the top-level keys whose dict values are row images, or NULL */
 } Enc;
 
-static int put_obj(Buf *b, PyObject *o, Enc *e, PyObject *key, int depth);
+/* key: o is the value of column `key` of a row image (listed in e->b64 if base64-encoded);
+   row: o is a row image */
+static int put_obj(Buf *b, PyObject *o, Enc *e, PyObject *key, int depth, int row);
 
 static int put_fallback(Buf *b, PyObject *o, Enc *e, PyObject *key, int depth) {
     PyObject *r = PyObject_CallOneArg(e->fallback, o);
@@ -614,12 +972,12 @@ static int put_fallback(Buf *b, PyObject *o, Enc *e, PyObject *key, int depth) {
         PyErr_SetString(PyExc_TypeError, "value is not JSON serializable");
         return -1;
     }
-    int rc = put_obj(b, r, e, key, depth + 1);
+    int rc = put_obj(b, r, e, key, depth + 1, 0);
     Py_DECREF(r);
     return rc;
 }
 
-static int put_obj(Buf *b, PyObject *o, Enc *e, PyObject *key, int depth) {
+static int put_obj(Buf *b, PyObject *o, Enc *e, PyObject *key, int depth, int row) {
     if (depth > 64) {
         PyErr_SetString(PyExc_ValueError, "nesting too deep");
         return -1;
@@ -643,37 +1001,60 @@ static int put_obj(Buf *b, PyObject *o, Enc *e, PyObject *key, int depth) {
         return rc;
     }
     if (PyDict_Check(o)) {
-        if (buf_put(b, "{", 1) < 0) return -1;
-        Py_ssize_t pos = 0;
+        /* a dict subclass (e.g. an OrderedDict) in its items() order, as json writes it */
+        PyObject *items = PyDict_CheckExact(o) ? NULL : PyMapping_Items(o);
+        if (!items && !PyDict_CheckExact(o)) return -1;
+        int rc = buf_put(b, "{", 1);
+        Py_ssize_t pos = 0, idx = 0;
         PyObject *k, *v;
         int first = 1;
-        while (PyDict_Next(o, &pos, &k, &v)) {
+        while (rc == 0) {
+            if (!items) {
+                if (!PyDict_Next(o, &pos, &k, &v)) break;
+            } else {
+                if (idx >= PyList_GET_SIZE(items)) break;
+                PyObject *it = PyList_GET_ITEM(items, idx++);
+                if (!PyTuple_Check(it) || PyTuple_GET_SIZE(it) != 2) {
+                    PyErr_SetString(PyExc_ValueError, "items must return 2-tuples");
+                    rc = -1;
+                    break;
+                }
+                k = PyTuple_GET_ITEM(it, 0);
+                v = PyTuple_GET_ITEM(it, 1);
+            }
             if (!PyUnicode_Check(k)) {
                 PyErr_SetString(PyExc_TypeError, "keys must be str");
-                return -1;
+                rc = -1;
+                break;
             }
-            if (!first && buf_put(b, e->isep, e->isep_n) < 0) return -1;
-            first = 0;
-            if (put_str(b, k) < 0 || buf_put(b, e->ksep, e->ksep_n) < 0) return -1;
             Py_INCREF(k);
             Py_INCREF(v);
-            int rc = put_obj(b, v, e, k, depth + 1);
+            int child_row = 0;
+            if (depth == 0 && e->b64 && e->rows) {
+                child_row = PySequence_Contains(e->rows, k);
+                if (child_row < 0) rc = -1;
+            }
+            if (rc == 0 && ((!first && buf_put(b, e->isep, e->isep_n) < 0) || put_str(b, k) < 0
+                            || buf_put(b, e->ksep, e->ksep_n) < 0
+                            || put_obj(b, v, e, row ? k : NULL, depth + 1, child_row) < 0))
+                rc = -1;
+            first = 0;
             Py_DECREF(k);
             Py_DECREF(v);
-            if (rc < 0) return -1;
         }
-        return buf_put(b, "}", 1);
+        Py_XDECREF(items);
+        return rc < 0 ? -1 : buf_put(b, "}", 1);
     }
     if (PyList_Check(o) || PyTuple_Check(o)) {
         PyObject *seq = PySequence_Fast(o, "");
         if (!seq) return -1;
         int rc = buf_put(b, "[", 1);
-        Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-        for (Py_ssize_t i = 0; rc == 0 && i < n; i++) {
+        /* the size is read at each step: a fallback may change the list being written */
+        for (Py_ssize_t i = 0; rc == 0 && i < PySequence_Fast_GET_SIZE(seq); i++) {
             if (i && buf_put(b, e->isep, e->isep_n) < 0) { rc = -1; break; }
             PyObject *item = PySequence_Fast_GET_ITEM(seq, i);
             Py_INCREF(item);
-            rc = put_obj(b, item, e, NULL, depth + 1);
+            rc = put_obj(b, item, e, NULL, depth + 1, 0);
             Py_DECREF(item);
         }
         Py_DECREF(seq);
@@ -690,29 +1071,143 @@ static int put_obj(Buf *b, PyObject *o, Enc *e, PyObject *key, int depth) {
         Py_DECREF(r);
         return rc;
     }
-    if (PyBytes_Check(o) || PyByteArray_Check(o)) {
+    if (PyBytes_Check(o) || PyByteArray_Check(o) || PyMemoryView_Check(o)) {
         if (key && e->b64 && PySet_Add(e->b64, key) < 0) return -1;
         if (PyBytes_Check(o)) return put_b64(b, (const unsigned char *)PyBytes_AS_STRING(o), PyBytes_GET_SIZE(o));
-        return put_b64(b, (const unsigned char *)PyByteArray_AS_STRING(o), PyByteArray_GET_SIZE(o));
+        if (PyByteArray_Check(o))
+            return put_b64(b, (const unsigned char *)PyByteArray_AS_STRING(o), PyByteArray_GET_SIZE(o));
+        PyObject *raw = PyBytes_FromObject(o); /* bytes(memoryview), any layout */
+        if (!raw) return -1;
+        int rc = put_b64(b, (const unsigned char *)PyBytes_AS_STRING(raw), PyBytes_GET_SIZE(raw));
+        Py_DECREF(raw);
+        return rc;
     }
     return put_fallback(b, o, e, key, depth);
 }
 
 static PyObject *json_dumps(PyObject *self, PyObject *args) {
-    PyObject *obj, *fallback, *b64 = Py_None;
+    PyObject *obj, *fallback, *b64 = Py_None, *rows = Py_None;
     int compact = 0, as_bytes = 0;
-    if (!PyArg_ParseTuple(args, "OO|Opp", &obj, &fallback, &b64, &compact, &as_bytes)) return NULL;
+    if (!PyArg_ParseTuple(args, "OO|OppO", &obj, &fallback, &b64, &compact, &as_bytes, &rows)) return NULL;
     if (b64 != Py_None && !PySet_Check(b64)) {
         PyErr_SetString(PyExc_TypeError, "b64 must be a set or None");
         return NULL;
     }
+    if (rows != Py_None && !PyTuple_Check(rows)) {
+        PyErr_SetString(PyExc_TypeError, "rows must be a tuple or None");
+        return NULL;
+    }
     Enc e = {fallback, b64 == Py_None ? NULL : b64, compact ? "," : ", ", compact ? ":" : ": ", compact ? 1 : 2,
-             compact ? 1 : 2};
+             compact ? 1 : 2, rows == Py_None ? NULL : rows};
     Buf b = {NULL, 0, 0};
     PyObject *out = NULL;
-    if (put_obj(&b, obj, &e, NULL, 0) == 0)
+    if (put_obj(&b, obj, &e, NULL, 0, 0) == 0)
         out = as_bytes ? PyBytes_FromStringAndSize(b.p ? b.p : "", b.n) : PyUnicode_DecodeUTF8(b.p ? b.p : "", b.n, NULL);
     PyMem_Free(b.p);
+    return out;
+}
+
+/* The file sender's JSON lines of one slice of a transaction, joined, each ending in "\n":
+ * prefix + "seq": i, <db/table/"op": > op <, "pk": [...], "before": > before, "after": after,
+ * "txn_rows": total, "last": bool [, "b64": [sorted keys]]}
+ * exactly as senders/local.py's per-line path writes them. piece(schema) -> (bytes, bytes)
+ * gives the parts that depend only on the table (called once per schema object). */
+static PyObject *json_lines(PyObject *self, PyObject *args) {
+    static PyObject *s_schema = NULL, *s_op = NULL, *s_before = NULL, *s_after = NULL;
+    PyObject *prefix, *changes, *piece, *fallback;
+    Py_ssize_t seq0, total;
+    if (!PyArg_ParseTuple(args, "SOOOnn", &prefix, &changes, &piece, &fallback, &seq0, &total)) return NULL;
+    if (seq0 < 0 || total < 0) {
+        PyErr_SetString(PyExc_ValueError, "seq0 and txn_rows must be >= 0");
+        return NULL;
+    }
+    if (!s_schema && !(s_schema = PyUnicode_InternFromString("schema"))) return NULL;
+    if (!s_op && !(s_op = PyUnicode_InternFromString("op"))) return NULL;
+    if (!s_before && !(s_before = PyUnicode_InternFromString("before"))) return NULL;
+    if (!s_after && !(s_after = PyUnicode_InternFromString("after"))) return NULL;
+    PyObject *seq = PySequence_Fast(changes, "changes must be a sequence");
+    if (!seq) return NULL;
+    PyObject *cache = PyDict_New(), *b64 = PySet_New(NULL), *out = NULL;
+    Buf b = {NULL, 0, 0};
+    Enc e = {fallback, b64, ", ", ": ", 2, 2, NULL};
+    const char *pre = PyBytes_AS_STRING(prefix);
+    Py_ssize_t pre_n = PyBytes_GET_SIZE(prefix);
+    char num[64];
+    if (!cache || !b64) goto done;
+    /* the size is read at each step and the change held: its attributes may run code that changes the list */
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(seq); i++) {
+        PyObject *ch = PySequence_Fast_GET_ITEM(seq, i);
+        Py_INCREF(ch);
+        PyObject *schema = NULL, *op = NULL, *before = NULL, *after = NULL, *key = NULL, *pieces;
+        int rc = -1;
+        if (!(schema = PyObject_GetAttr(ch, s_schema)) || !(op = PyObject_GetAttr(ch, s_op))
+            || !(before = PyObject_GetAttr(ch, s_before)) || !(after = PyObject_GetAttr(ch, s_after))
+            || !(key = PyLong_FromVoidPtr(schema)))
+            goto row_done;
+        pieces = PyDict_GetItemWithError(cache, key);  /* borrowed */
+        if (!pieces) {
+            if (PyErr_Occurred()) goto row_done;
+            PyObject *made = PyObject_CallOneArg(piece, schema);
+            if (!made) goto row_done;
+            if (!PyTuple_Check(made) || PyTuple_GET_SIZE(made) != 2 || !PyBytes_Check(PyTuple_GET_ITEM(made, 0))
+                || !PyBytes_Check(PyTuple_GET_ITEM(made, 1))) {
+                Py_DECREF(made);
+                PyErr_SetString(PyExc_RuntimeError, "piece(schema) must return (bytes, bytes)");
+                goto row_done;
+            }
+            /* the cache keeps the schema alive too, so its address is not reused during the call */
+            PyObject *entry = PyTuple_Pack(3, PyTuple_GET_ITEM(made, 0), PyTuple_GET_ITEM(made, 1), schema);
+            Py_DECREF(made);
+            if (!entry) goto row_done;
+            if (PyDict_SetItem(cache, key, entry) < 0) { Py_DECREF(entry); goto row_done; }
+            Py_DECREF(entry);
+            pieces = entry;
+        }
+        PyObject *pa = PyTuple_GET_ITEM(pieces, 0), *pb = PyTuple_GET_ITEM(pieces, 1);
+        char *np = num;
+        memcpy(np, "\"seq\": ", 7);
+        np = fmt_uint(np + 7, (unsigned long long)seq0 + (unsigned long long)i, 1); /* no signed overflow */
+        *np++ = ',';
+        *np++ = ' ';
+        if (buf_put(&b, pre, pre_n) < 0 || buf_put(&b, num, np - num) < 0
+            || buf_put(&b, PyBytes_AS_STRING(pa), PyBytes_GET_SIZE(pa)) < 0 || put_obj(&b, op, &e, NULL, 0, 0) < 0
+            || buf_put(&b, PyBytes_AS_STRING(pb), PyBytes_GET_SIZE(pb)) < 0 || put_obj(&b, before, &e, NULL, 0, 1) < 0
+            || buf_put(&b, ", \"after\": ", 11) < 0 || put_obj(&b, after, &e, NULL, 0, 1) < 0)
+            goto row_done;
+        np = num;
+        memcpy(np, ", \"txn_rows\": ", 14);
+        np = fmt_uint(np + 14, (unsigned long long)total, 1);
+        if ((unsigned long long)seq0 + (unsigned long long)i + 1 == (unsigned long long)total) {
+            memcpy(np, ", \"last\": true", 14);
+            np += 14;
+        } else {
+            memcpy(np, ", \"last\": false", 15);
+            np += 15;
+        }
+        if (buf_put(&b, num, np - num) < 0) goto row_done;
+        if (PySet_GET_SIZE(b64) > 0) {
+            PyObject *keys = PySequence_List(b64);
+            if (!keys) goto row_done;
+            int bad = PyList_Sort(keys) < 0 || buf_put(&b, ", \"b64\": ", 9) < 0 || put_obj(&b, keys, &e, NULL, 0, 0) < 0;
+            Py_DECREF(keys);
+            if (bad || PySet_Clear(b64) < 0) goto row_done;
+        }
+        rc = buf_put(&b, "}\n", 2);
+    row_done:
+        Py_DECREF(ch);
+        Py_XDECREF(schema);
+        Py_XDECREF(op);
+        Py_XDECREF(before);
+        Py_XDECREF(after);
+        Py_XDECREF(key);
+        if (rc < 0) goto done;
+    }
+    out = PyBytes_FromStringAndSize(b.p ? b.p : "", b.n);
+done:
+    PyMem_Free(b.p);
+    Py_XDECREF(cache);
+    Py_XDECREF(b64);
+    Py_DECREF(seq);
     return out;
 }
 
@@ -873,10 +1368,15 @@ static PyMethodDef module_methods[] = {
      "sql_literals(values, no_backslash_escapes, fallback) -> tuple of SQL literals as pymysql writes them;\n"
      "fallback(value) (pymysql's Connection.escape) for any other type"},
     {"murmur2", (PyCFunction)murmur2, METH_O, "murmur2(data: bytes) -> int (Kafka's partitioner hash)"},
+    {"baikal_plan", (PyCFunction)baikal_plan, METH_VARARGS,
+     "baikal_plan(((field_id, name, kind), ...), known_field_ids, encoding) -> a BaikalDB row decoder"},
+    {"json_lines", (PyCFunction)json_lines, METH_VARARGS,
+     "json_lines(prefix, changes, piece, fallback, seq0, txn_rows) -> bytes: the file sender's JSON lines of\n"
+     "changes (seq numbered from seq0), each ending in a newline; piece(schema) -> (bytes, bytes)"},
     {"json_dumps", (PyCFunction)json_dumps, METH_VARARGS,
-     "json_dumps(obj, fallback, b64_keys=None, compact=False, as_bytes=False) -> str (or its UTF-8 bytes):\n"
-     "json.dumps(obj, ensure_ascii=False,\n"
-     "default=fallback) for row values; keys of base64-encoded bytes values are added to b64_keys"},
+     "json_dumps(obj, fallback, b64_keys=None, compact=False, as_bytes=False, rows=None) -> str (or its UTF-8\n"
+     "bytes): json.dumps(obj, ensure_ascii=False, default=fallback) for row values; the columns of base64-encoded\n"
+     "values in the row images (the dicts under obj's keys in rows) are added to b64_keys"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -895,6 +1395,7 @@ PyMODINIT_FUNC PyInit__fastrows(void) {
     Epoch = PyDateTime_FromDateAndTime(1970, 1, 1, 0, 0, 0, 0);
     if (!Epoch) return NULL;
     if (PyType_Ready(&PlanType) < 0) return NULL;
+    if (PyType_Ready(&BPlanType) < 0) return NULL;
     PyObject *m = PyModule_Create(&moddef);
     if (!m) return NULL;
     Py_INCREF(&PlanType);

@@ -19,6 +19,7 @@ from senders import sender_class
 
 from .bqueue import WeightedQueue
 from .checkpoint import Checkpoint, load_checkpoint, save_checkpoint
+from .errors import CheckpointError
 from .config import AppConfig
 from .filter import load_filter
 from .merger import MergeStage
@@ -45,8 +46,14 @@ class Capturer:
             log.info("resuming from checkpoint %s: commit_ts=%d %s", cfg.checkpoint_path,
                      cp.commit_ts, {r: str(p) for r, p in cp.regions.items()})
         names = {r.name for r in cfg.regions}
-        for stale in set(cp.regions) - names:
-            log.warning("checkpoint has region %r which is not configured; ignoring it", stale)
+        stale = sorted(set(cp.regions) - names)
+        if stale:
+            # a renamed region would otherwise start again from its `start` setting: rows lost or repeated
+            raise CheckpointError(
+                f"{cfg.checkpoint_path}: names region(s) {', '.join(map(repr, stale))} that {cfg.path} does not "
+                f"configure (configured: {', '.join(sorted(names)) or 'none'}). If a region was renamed, use its "
+                "old name again; if it was removed on purpose, delete its entry under \"regions\" in the "
+                "checkpoint (plain JSON) while the capturer is stopped")
         cp = Checkpoint(cp.commit_ts, {r: p for r, p in cp.regions.items() if r in names})
         self.checkpoint = cp
         self.checkpoint_written_at = time.time()
@@ -57,7 +64,8 @@ class Capturer:
         self.regions = [
             make_region(r, RegionContext(self.queues[r.name], cp.regions.get(r.name),
                                          cp.commit_ts, self.journal, self.stop_event,
-                                         cfg.spill_rows, cfg.spill_dir))
+                                         cfg.spill_rows, cfg.spill_dir, cfg.checkpoint_path,
+                                         self.filter.table_selected))
             for r in cfg.regions
         ]
         self.senders = [sender_class(s.name)(s.name, s.options, cfg.queue_rows) for s in cfg.senders]
@@ -74,7 +82,8 @@ class Capturer:
         self.manager.dispatch(item)
 
     def start(self) -> None:
-        self.status_server = StatusServer(self.cfg.http_host, self.cfg.http_port, self.snapshot, self.health)
+        self.status_server = StatusServer(self.cfg.http_host, self.cfg.http_port, self.snapshot, self.health,
+                                          self.control, self.cfg.control_token)
         self.status_server.start()
         log.info("status on http://%s:%d/status", self.status_server.host, self.status_server.port)
         self.manager.start()
@@ -90,6 +99,9 @@ class Capturer:
                 return
         save_checkpoint(self.cfg.checkpoint_path, cp)
         self.journal.prune(cp.regions)
+        for r in self.regions:
+            if r.name in cp.regions:
+                r.checkpointed(cp.regions[r.name])
         self.checkpoint = cp
         self.checkpoint_written_at = time.time()
 
@@ -156,6 +168,57 @@ class Capturer:
             log.error("final checkpoint could not be written: %s", exc)
         if self.status_server is not None:
             self.status_server.stop()
+
+    # --- control --------------------------------------------------------------
+    def control(self, path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        """``POST /snapshot`` (the token is checked by the status server)."""
+        if path == "/snapshot":
+            tables = body.get("tables")
+            if not isinstance(tables, list) or not tables or not all(isinstance(t, str) for t in tables):
+                return 400, {"error": 'expected {"tables": ["db.table", ...], "region": optional, '
+                                      '"truncate": optional true}'}
+            region = body.get("region")
+            if region is not None and not isinstance(region, str):
+                return 400, {"error": "region must be a string"}
+            truncate = body.get("truncate", False)
+            if not isinstance(truncate, bool):
+                return 400, {"error": "truncate must be true or false"}
+            try:
+                return 202, self.request_snapshot(tables, region, truncate)
+            except ValueError as exc:
+                return 400, {"error": str(exc)}
+            except LookupError as exc:
+                return 404, {"error": str(exc)}
+        return 404, {"error": f"unknown control endpoint {path}"}
+
+    def request_snapshot(self, tables: list[str], region: str | None = None,
+                         truncate: bool = False) -> dict[str, Any]:
+        """Copy tables again while streaming, in every MySQL/MariaDB region that has
+        them (or only ``region``). ValueError for a bad name, LookupError if no
+        region has a table."""
+        from .filter import split_table_name
+        from .regions.mysql import MySQLRegion
+
+        names = [split_table_name(t) for t in tables]
+        regions = [r for r in self.regions if isinstance(r, MySQLRegion)]
+        if region is not None:
+            regions = [r for r in regions if r.name == region]
+            if not regions:
+                raise LookupError(f"no MySQL/MariaDB region named {region!r}")
+        if not regions:
+            raise LookupError("snapshots are for MySQL/MariaDB regions; none is configured")
+        out: dict[str, Any] = {}
+        found: set[tuple[str, str]] = set()
+        for r in regions:
+            have = [(db, t) for db, t in names if self.filter.table_selected(db, t) and r.table_exists(db, t)]
+            if have:
+                found.update(have)
+                out[r.name] = {"run": r.request_snapshot(have, truncate), "tables": [f"{db}.{t}" for db, t in have]}
+        missing = [f"{db}.{t}" for db, t in names if (db, t) not in found]
+        if not out:
+            raise LookupError(f"no region has (or the filter selects) {', '.join(missing)}")
+        log.info("on-demand snapshot requested: %s%s", out, f"; not found: {missing}" if missing else "")
+        return {"regions": out, "missing": missing, "truncate": truncate}
 
     # --- status -------------------------------------------------------------
     def health(self) -> tuple[bool, str]:

@@ -22,8 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import failpoints
 from .errors import CheckpointError
-from .model import Position, ts_physical_ms
+from .model import AnyPosition, position_from_json, ts_physical_ms
 
 VERSION = 1
 
@@ -31,7 +32,7 @@ VERSION = 1
 @dataclass(frozen=True)
 class Checkpoint:
     commit_ts: int = 0
-    regions: dict[str, Position] = field(default_factory=dict)
+    regions: dict[str, AnyPosition] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         ms = ts_physical_ms(self.commit_ts)
@@ -41,9 +42,19 @@ class Checkpoint:
             "commit_time": (
                 dt.datetime.fromtimestamp(ms / 1000, dt.timezone.utc).isoformat() if ms else None
             ),
-            "regions": {r: p.to_json() for r, p in sorted(self.regions.items())},
+            "regions": {r: getattr(p, "checkpoint_json", p.to_json)() for r, p in sorted(self.regions.items())},
             "written_at": dt.datetime.now(dt.timezone.utc).isoformat(),
         }
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A key given twice (a hand edit gone wrong) makes the file ambiguous."""
+    seen: set[str] = set()
+    for k, _ in pairs:
+        if k in seen:
+            raise ValueError(f"key {k!r} appears twice")
+        seen.add(k)
+    return dict(pairs)
 
 
 def load_checkpoint(path: Path) -> Checkpoint | None:
@@ -59,9 +70,11 @@ def load_checkpoint(path: Path) -> Checkpoint | None:
         "(regions then start from their 'start' setting)"
     )
     try:
-        d = json.loads(raw.decode("utf-8"))
+        d = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicate_keys)
     except (UnicodeDecodeError, ValueError) as exc:
         raise CheckpointError(f"{path}: checkpoint is not valid JSON ({exc}); {hint}") from None
+    except RecursionError:  # garbage nested thousands deep
+        raise CheckpointError(f"{path}: checkpoint is not valid JSON (nested too deeply); {hint}") from None
     if not isinstance(d, dict):
         raise CheckpointError(f"{path}: checkpoint must be a JSON object; {hint}")
     if d.get("version") != VERSION:
@@ -75,7 +88,7 @@ def load_checkpoint(path: Path) -> Checkpoint | None:
     regions = {}
     for name, pos in regions_raw.items():
         try:
-            regions[name] = Position.from_json(pos)
+            regions[name] = position_from_json(pos)
         except ValueError as exc:
             raise CheckpointError(f"{path}: regions.{name}: {exc}; {hint}") from None
     return Checkpoint(ts, regions)
@@ -91,6 +104,7 @@ def save_checkpoint(path: Path, cp: Checkpoint) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+    failpoints.hit("checkpoint.write")
     os.replace(tmp, path)
     dfd = os.open(path.parent, os.O_RDONLY)
     try:

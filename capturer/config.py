@@ -16,6 +16,7 @@ from .errors import ConfigError
 from .ini import (
     IniFile,
     Key,
+    p_bool,
     p_choice,
     p_float,
     p_int,
@@ -38,6 +39,53 @@ def p_start(v: str) -> str:
     return v
 
 
+_PEER = re.compile(r"^[A-Za-z0-9_.\-\[\]:]+:\d{1,5}$")
+
+
+def p_peers(v: str) -> tuple[str, ...]:
+    peers = tuple(x.strip() for x in v.split(",") if x.strip())
+    if not peers:
+        raise ValueError("expected host:port[,host:port...]")
+    for p in peers:
+        if not _PEER.match(p) or not 0 < int(p.rsplit(":", 1)[1]) < 65536:
+            raise ValueError(f"{p!r} is not host:port")
+    return peers
+
+
+def p_ids(v: str) -> tuple[int, ...]:
+    out = []
+    for x in (x.strip() for x in v.split(",")):
+        if not x:
+            continue
+        if not x.isdigit() or int(x) <= 0 or int(x) >= 1 << 63:
+            raise ValueError(f"expected positive region ids separated by commas, got {x!r}")
+        out.append(int(x))
+    return tuple(out)
+
+
+def p_baikal_start(v: str) -> str:
+    """earliest | latest | a BaikalDB TSO | a UTC time 'YYYY-MM-DD HH:MM:SS[.ffffff]'."""
+    import datetime as dt
+
+    low = v.lower()
+    if low in ("earliest", "latest"):
+        return low
+    if v.isdigit():
+        if int(v) <= 0 or int(v) >= 1 << 63:
+            raise ValueError("a TSO must be a positive 64-bit integer")
+        return v
+    try:
+        t = dt.datetime.fromisoformat(v)
+    except ValueError:
+        raise ValueError("expected earliest, latest, a BaikalDB TSO (an integer) or a UTC time "
+                         "'YYYY-MM-DD HH:MM:SS'") from None
+    if t.tzinfo is None:
+        t = t.replace(tzinfo=dt.timezone.utc)
+    if t.timestamp() * 1000 < 1577808000000:
+        raise ValueError("a start time before 2020-01-01 (BaikalDB's TSO origin) is not a TSO")
+    return t.isoformat()
+
+
 GLOBAL_KEYS = [
     Key("binlogCheckPointPath", p_nonempty, "./conf/binlog_checkpoint.txt",
         doc="checkpoint file (JSON), written atomically every checkpointInterval seconds"),
@@ -53,6 +101,8 @@ GLOBAL_KEYS = [
     Key("spillRows", p_int(0, 100_000_000), 50_000,
         doc="a transaction with more row changes than this is kept on disk, in chunks, not in memory; 0 = never"),
     Key("spillDir", p_str, "", doc="directory for spilled transactions (unlinked files); empty = the system's temp dir"),
+    Key("controlToken", p_str, "", secret=True,
+        doc="token that unlocks the control endpoints of the status port (POST /snapshot); empty = they are off"),
 ]
 
 REGION_KEYS = [
@@ -71,7 +121,64 @@ REGION_KEYS = [
     Key("connect_timeout", p_float(0.5, 600), 10.0),
     Key("decoder", p_choice("fast", "library"), "fast",
         doc="row decoder: fast (planned per table) or library (python-mysql-replication)"),
+    Key("snapshot", p_choice("never", "initial", "when_needed"), "never",
+        doc="copy the selected tables: never; initial (on a first start); when_needed (also when the "
+            "checkpoint's binlog is purged)"),
+    Key("snapshot_workers", p_int(1, 64), 2, doc="tables copied at once"),
+    Key("snapshot_chunk_rows", p_int(10, 10_000_000), 20_000, doc="rows per snapshot chunk"),
+    Key("snapshot_driver", p_choice("auto", "mariadb", "pymysql"), "auto",
+        doc="client that reads snapshot chunks: MariaDB Connector/Python where installed (auto), or pymysql"),
+    Key("snapshot_ddl", p_bool, True,
+        doc="send CREATE DATABASE/TABLE IF NOT EXISTS (from SHOW CREATE TABLE) before a table's first chunk"),
 ]
+
+
+BAIKAL_KEYS = [
+    Key("type", p_choice("baikaldb"), "baikaldb", doc="region kind"),
+    Key("metaServer", p_peers, required=True, doc="meta server peers host:port[,host:port...]"),
+    Key("binlogTableID", p_int(1, (1 << 63) - 1), required=True, doc="table id of the binlog table"),
+    Key("binlogRegionID", p_ids, (), doc="only these binlog regions (comma-separated); empty = every region"),
+    Key("start", p_baikal_start, "earliest",
+        doc="without a checkpoint: earliest (each region's oldest binlog), latest (now), a TSO, or a UTC time"),
+    Key("read_batch", p_int(1, 100_000), 1000, doc="rows asked per OP_READ_BINLOG (read_binlog_cnt)"),
+    Key("poll_ms", p_int(10, 60_000), 100, doc="pause before reading a caught-up region again"),
+    Key("connect_timeout", p_float(0.1, 600), 3.0),
+    Key("request_timeout", p_float(1, 3600), 15.0,
+        doc="seconds for one call (a store may take 10 s to answer a read)"),
+    Key("follower_read_after", p_float(0, 86_400), 10.0,
+        doc="ask followers when the leader has nothing and the position is this many seconds behind"),
+    Key("schema_refresh", p_float(0.5, 86_400), 10.0, doc="seconds between schema and region refreshes"),
+    Key("create_tables", p_bool, True,
+        doc="on a first start, send CREATE TABLE IF NOT EXISTS for every source table (DDL)"),
+    Key("unpaired_update", p_choice("error", "split"), "error",
+        doc="an UPDATE with unequal old/new row counts: stop with an error, or split it into deletes+inserts"),
+    Key("region_buffer", p_int(10, 1_000_000), 1000, doc="entries buffered per binlog region"),
+]
+
+
+@dataclass(frozen=True)
+class BaikalRegionConfig:
+    name: str
+    type: str
+    metaServer: tuple[str, ...]
+    binlogTableID: int
+    binlogRegionID: tuple[int, ...] = ()
+    start: str = "earliest"
+    read_batch: int = 1000
+    poll_ms: int = 100
+    connect_timeout: float = 3.0
+    request_timeout: float = 15.0
+    follower_read_after: float = 10.0
+    schema_refresh: float = 10.0
+    create_tables: bool = True
+    unpaired_update: str = "error"
+    region_buffer: int = 1000
+
+    def masked(self) -> dict[str, Any]:
+        return {"type": self.type, "metaServer": ",".join(self.metaServer), "binlogTableID": self.binlogTableID,
+                "binlogRegionID": ",".join(map(str, self.binlogRegionID)), "start": self.start,
+                "read_batch": self.read_batch, "create_tables": self.create_tables,
+                "unpaired_update": self.unpaired_update}
 
 
 @dataclass(frozen=True)
@@ -88,13 +195,18 @@ class RegionConfig:
     heartbeat_lag_ms: int = 1000
     connect_timeout: float = 10.0
     decoder: str = "fast"
+    snapshot: str = "never"
+    snapshot_workers: int = 2
+    snapshot_chunk_rows: int = 20_000
+    snapshot_ddl: bool = True
+    snapshot_driver: str = "auto"
 
     def masked(self) -> dict[str, Any]:
         return {
             "type": self.type, "host": self.host, "port": self.port, "user": self.user,
             "password": "***" if self.password else "", "server_id": self.server_id,
             "start": self.start, "heartbeat_ms": self.heartbeat_ms,
-            "heartbeat_lag_ms": self.heartbeat_lag_ms,
+            "heartbeat_lag_ms": self.heartbeat_lag_ms, "snapshot": self.snapshot,
         }
 
 
@@ -116,10 +228,11 @@ class AppConfig:
     checkpoint_interval: float
     queue_rows: int
     log_level: str
-    regions: tuple[RegionConfig, ...]
+    regions: tuple["RegionConfig | BaikalRegionConfig", ...]
     senders: tuple[SenderConfig, ...]
     spill_rows: int = 50_000
     spill_dir: str = ""
+    control_token: str = field(default="", repr=False)
 
     def masked(self) -> dict[str, Any]:
         return {
@@ -128,6 +241,7 @@ class AppConfig:
             "senderConfig": str(self.sender_config_path),
             "filterRuleDict": str(self.filter_path or ""),
             "http": f"{self.http_host}:{self.http_port}",
+            "controlToken": "***" if self.control_token else "",
             "regions": {r.name: r.masked() for r in self.regions},
             "senders": {s.name: _mask_opts(s) for s in self.senders},
         }
@@ -168,12 +282,33 @@ def load_config(path: Path | str, base_dir: Path | None = None) -> AppConfig:
             raise ConfigError(
                 f"{path}:{sec.line}: region name {rname!r} must be 1-64 of A-Z a-z 0-9 _ . -"
             )
-        v = parse_section(ini, name, REGION_KEYS)
-        regions.append(RegionConfig(name=rname, **{k: v[k] for k in v}))
+        kind = sec.values.get("type")
+        if kind is not None and kind.value.lower() == "baikaldb":
+            v = parse_section(ini, name, BAIKAL_KEYS)
+            regions.append(BaikalRegionConfig(name=rname, **{k: v[k] for k in v}))
+        else:
+            keys = REGION_KEYS
+            if kind is not None and kind.value.lower() not in ("mysql", "mariadb"):
+                raise ConfigError(f"{ini.where(name, 'type')}: bad value {kind.value!r}: expected one of "
+                                  "mysql, mariadb, baikaldb")
+            v = parse_section(ini, name, keys)
+            regions.append(RegionConfig(name=rname, **{k: v[k] for k in v}))
     if not regions:
         raise ConfigError(f"{path}: no [region:NAME] section; configure at least one source")
-    ids = {}
+    ids: dict[Any, str] = {}
     for r in regions:
+        if isinstance(r, BaikalRegionConfig):
+            for rid in r.binlogRegionID or (0,):
+                bkey = (frozenset(r.metaServer), r.binlogTableID, rid)
+                other = ids.get(bkey) or ids.get((bkey[0], bkey[1], 0))
+                if other is None and rid == 0:
+                    other = next((n for k, n in ids.items() if k[:2] == bkey[:2]), None)
+                if other is not None:
+                    raise ConfigError(
+                        f"{path}: regions [region:{other}] and [region:{r.name}] both read binlog table "
+                        f"{r.binlogTableID}{f' region {rid}' if rid else ''} of the same cluster")
+                ids[bkey] = r.name
+            continue
         key = (r.host, r.port)
         if key in ids:
             raise ConfigError(
@@ -197,6 +332,7 @@ def load_config(path: Path | str, base_dir: Path | None = None) -> AppConfig:
         log_level=g["logLevel"],
         spill_rows=g["spillRows"],
         spill_dir=str(_resolve(base, g["spillDir"])) if g["spillDir"] else "",
+        control_token=g["controlToken"],
         regions=tuple(regions),
         senders=senders,
     )

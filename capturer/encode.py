@@ -121,7 +121,7 @@ def encode_line_bytes(d: dict[str, Any], rows: tuple[str, ...] = ("before", "aft
     if use_c and _fastrows is not None:
         b64: set[str] = set()
         try:
-            data = _fastrows.json_dumps(d, _fallback, b64, compact, True)
+            data = _fastrows.json_dumps(d, _fallback, b64, compact, True, tuple(rows))
         except (TypeError, ValueError, UnicodeError):
             data = None  # e.g. a lone surrogate: the Python path decides
         if data is not None:
@@ -147,15 +147,16 @@ def encode_line(d: dict[str, Any], rows: tuple[str, ...] = ("before", "after"), 
     b64 = set()
     exact = dict(d)
     for k in rows:
-        exact[k] = json_row(d.get(k), b64)
+        if k in exact:  # an absent row field stays absent, as on the C path
+            exact[k] = json_row(exact[k], b64)
     if b64:
         exact["b64"] = sorted(b64)
     return json.dumps(exact, ensure_ascii=False, separators=(",", ":") if compact else None, default=_fallback)
 
 
 def json_row(row: dict[str, Any] | None, b64: set[str]) -> dict[str, Any] | None:
-    if row is None:
-        return None
+    if not isinstance(row, dict):  # None (or not a row image: written as any value)
+        return row
     out = {}
     for k, v in row.items():
         jv, is_b64 = json_value(v)

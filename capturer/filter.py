@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .errors import ConfigError
+from .ini import read_text_file
 from .model import RowChange, Txn
 from .spill import SpilledChanges
 
@@ -190,7 +191,7 @@ class Filter:
         rules = self._rules_for(ch.db, ch.table)
         if not rules:
             return ch
-        if ch.op == "insert":
+        if ch.op == "insert" or ch.op == "read":
             return ch if self._row_ok(rules, ch.after) else None
         if ch.op == "delete":
             return ch if self._row_ok(rules, ch.before) else None
@@ -215,6 +216,18 @@ class Filter:
         if not self.table_rules and not self.row_rules:
             dbs = (s.db for s in txn.changes.schemas) if spilled else (ch.db for ch in txn.changes)
             if all(db.lower() not in SYSTEM_SCHEMAS for db in dbs):
+                return txn
+        if not self.row_rules and not spilled:
+            # tables only: one decision per run of changes to the same table (a snapshot
+            # chunk is one table); the transaction is passed on as it is if all are kept
+            last = None
+            for ch in txn.changes:
+                s = ch.schema
+                if s is not last:
+                    if not self.table_selected(s.db, s.table):
+                        break
+                    last = s
+            else:
                 return txn
         if spilled:  # a big transaction: filtered chunk by chunk, on disk
             return replace(txn, changes=txn.changes.filter_map(self.apply_change))
@@ -266,7 +279,7 @@ def parse_filter_text(text: str, path: Path) -> Filter:
         if word not in ("include", "exclude"):
             raise ConfigError(
                 f"{path}:{lineno}: expected 'include PATTERN', 'exclude PATTERN' or a "
-                f"TAB-separated row rule 'db<TAB>field<TAB>op<TAB>value', got {stripped!r}"
+                f"TAB-separated row rule 'db<TAB>field<TAB>op<TAB>value', got {_short(stripped)}"
             )
         if not rest:
             raise ConfigError(f"{path}:{lineno}: '{word}' needs a pattern (db.table glob or /regex/)")
@@ -286,13 +299,29 @@ def parse_filter_text(text: str, path: Path) -> Filter:
     return Filter(table_rules, row_rules, str(path))
 
 
+_SCALARS = (int, float, str, bytes, bool, type(None))
+
+
+def _plain_value(v: Any) -> bool:
+    """A value a row can hold: a scalar, or a list/tuple/set of scalars (a SET column
+    is a Python set). Complex numbers, dicts and Ellipsis would only ever compare
+    false, so a rule with them would silently drop every row."""
+    if isinstance(v, _SCALARS):
+        return True
+    return isinstance(v, (list, tuple, set, frozenset)) and all(isinstance(x, _SCALARS) for x in v)
+
+
+def _short(text: str, limit: int = 120) -> str:
+    return repr(text if len(text) <= limit else text[:limit] + "...")
+
+
 def _parse_row_rule(raw: str, path: Path, lineno: int) -> RowRule:
     parts = raw.rstrip("\r\n").split("\t")
     parts = [p.strip() for p in parts]
     if len(parts) != 4:
         raise ConfigError(
             f"{path}:{lineno}: a row rule has 4 TAB-separated fields db, field, op, value; "
-            f"got {len(parts)}: {raw.strip()!r}"
+            f"got {len(parts)}: {_short(raw.strip())}"
         )
     target, field, op, literal = parts
     if not target or not field:
@@ -300,13 +329,15 @@ def _parse_row_rule(raw: str, path: Path, lineno: int) -> RowRule:
     op_norm = " ".join(op.split()).lower()
     if op_norm not in _OPS:
         raise ConfigError(
-            f"{path}:{lineno}: unknown operator {op!r}; use one of {', '.join(_OPS)}"
+            f"{path}:{lineno}: unknown operator {_short(op)}; use one of {', '.join(_OPS)}"
         )
     try:
         value = ast.literal_eval(literal)
-    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        if not _plain_value(value):
+            raise ValueError("no row value is ever of that type")
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
         raise ConfigError(
-            f"{path}:{lineno}: value {literal!r} is not a literal (number, 'string', None, "
+            f"{path}:{lineno}: value {_short(literal)} is not a literal (number, 'string', None, "
             f"True/False, or a list/tuple of them)"
         ) from None
     if op_norm in ("in", "not in") and not isinstance(value, (list, tuple, set, frozenset, str)):
@@ -325,10 +356,16 @@ def _parse_row_rule(raw: str, path: Path, lineno: int) -> RowRule:
 def load_filter(path: Path | None) -> Filter:
     if path is None:
         return Filter.empty()
+    return parse_filter_text(read_text_file(path, "filter rule file (filterRuleDict)"), path)
+
+
+def split_table_name(text: str) -> tuple[str, str]:
+    """``db.table`` (backticks quote a part that holds dots, as in filter rules);
+    ValueError for anything else (no globs here)."""
     try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: filter rule file not found (filterRuleDict)") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{path}: cannot read filter rules: {exc}") from exc
-    return parse_filter_text(text, path)
+        db, table = _split_name(text.strip(), Path("<request>"), 1)
+    except ConfigError as exc:
+        raise ValueError(str(exc).replace("<request>:1: ", "")) from None
+    if table == "*" and not text.strip().endswith("*"):
+        raise ValueError(f"expected db.table, got {text!r}")
+    return db, table

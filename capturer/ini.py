@@ -8,6 +8,7 @@ Keys are matched case-insensitively (``binlogCheckPointPath`` or
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -45,13 +46,30 @@ class IniFile:
         return f"{self.path}:{line}: [{section}] {key}"
 
 
-def read_ini(path: Path) -> IniFile:
+def read_text_file(path: Path, what: str = "file") -> str:
+    """The file as UTF-8 text (a leading BOM is dropped). A byte that is not UTF-8,
+    or a NUL byte, is a ConfigError naming the line; a file that cannot be read
+    is a ConfigError naming it (``what`` says which file it is)."""
     try:
-        text = path.read_text(encoding="utf-8")
+        raw = path.read_bytes()
     except FileNotFoundError:
-        raise ConfigError(f"{path}: file not found") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{path}: cannot read: {exc}") from exc
+        raise ConfigError(f"{path}: {what} not found") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read {what}: {exc.strerror or exc}") from None
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        col = exc.start - (raw.rfind(b"\n", 0, exc.start) + 1) + 1
+        raise ConfigError(f"{path}:{line}: byte 0x{raw[exc.start]:02x} at column {col} is not UTF-8; "
+                          "save the file as UTF-8") from None
+    if "\0" in text:
+        raise ConfigError(f"{path}:{text.count(chr(10), 0, text.index(chr(0))) + 1}: NUL byte in the file")
+    return text
+
+
+def read_ini(path: Path) -> IniFile:
+    text = read_text_file(path)
     sections: dict[str, IniSection] = {}
     current: IniSection | None = None
     for lineno, raw in enumerate(text.splitlines(), start=1):
@@ -71,11 +89,15 @@ def read_ini(path: Path) -> IniFile:
             continue
         sep = [i for i in (line.find("="), line.find(":")) if i > 0]
         if not sep:
-            raise ConfigError(f"{path}:{lineno}: expected 'key = value', got {raw.strip()!r}")
-        if current is None:
-            raise ConfigError(f"{path}:{lineno}: key outside any [section]: {raw.strip()!r}")
+            # the line is not echoed: it may be a password written without '='
+            raise ConfigError(f"{path}:{lineno}: expected 'key = value' (the line has no '=')")
         i = min(sep)
         key, value = line[:i].strip(), line[i + 1 :].strip()
+        if not _KEY.match(key):
+            # not echoed either: "password hunter2=x" must not print "hunter2"
+            raise ConfigError(f"{path}:{lineno}: expected 'key = value' (what precedes the '=' is not a key)")
+        if current is None:
+            raise ConfigError(f"{path}:{lineno}: key {key!r} outside any [section]")
         if key.lower() in current.values:
             prev = current.values[key.lower()]
             raise ConfigError(
@@ -88,6 +110,10 @@ def read_ini(path: Path) -> IniFile:
 # --- typed keys -------------------------------------------------------------
 
 Parser = Callable[[str], Any]
+
+_KEY = re.compile(r"[A-Za-z0-9_.\-]+\Z")
+_INT = re.compile(r"[+-]?[0-9]+\Z")
+_FLOAT = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?\Z")
 
 
 @dataclass(frozen=True)
@@ -112,12 +138,12 @@ def p_nonempty(v: str) -> str:
 
 def p_int(lo: int | None = None, hi: int | None = None) -> Parser:
     def parse(v: str) -> int:
-        try:
-            n = int(v)
-        except ValueError:
-            raise ValueError(f"expected an integer, got {v!r}") from None
-        if (lo is not None and n < lo) or (hi is not None and n > hi):
-            raise ValueError(f"expected an integer in [{lo}, {hi}], got {n}")
+        # ASCII digits only: int() would also take "1_000" and other scripts' digits
+        if not _INT.match(v):
+            raise ValueError("expected an integer")
+        n = int(v) if len(v) <= 30 else None
+        if n is None or (lo is not None and n < lo) or (hi is not None and n > hi):
+            raise ValueError(f"expected an integer in [{lo}, {hi}]")
         return n
 
     return parse
@@ -125,12 +151,11 @@ def p_int(lo: int | None = None, hi: int | None = None) -> Parser:
 
 def p_float(lo: float | None = None, hi: float | None = None) -> Parser:
     def parse(v: str) -> float:
-        try:
-            n = float(v)
-        except ValueError:
-            raise ValueError(f"expected a number, got {v!r}") from None
-        if n != n or (lo is not None and n < lo) or (hi is not None and n > hi):
-            raise ValueError(f"expected a number in [{lo}, {hi}], got {v}")
+        if not _FLOAT.match(v):
+            raise ValueError("expected a number")
+        n = float(v)
+        if (lo is not None and n < lo) or (hi is not None and n > hi):
+            raise ValueError(f"expected a number in [{lo}, {hi}]")
         return n
 
     return parse
@@ -188,6 +213,6 @@ def parse_section(ini: IniFile, section: str, keys: list[Key]) -> dict[str, Any]
         try:
             out[k.name] = k.parse(val.value)
         except ValueError as exc:
-            shown = "***" if k.secret else repr(val.value)
+            shown = "***" if k.secret else repr(val.value if len(val.value) <= 80 else val.value[:80] + "...")
             raise ConfigError(f"{ini.where(section, k.name)}: bad value {shown}: {exc}") from None
     return out

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -28,7 +29,35 @@ class MariaDBUnavailable(RuntimeError):
     """mariadbd / mariadb-install-db cannot be found or started."""
 
 
+class _PortTaken(Exception):
+    """mariadbd could not bind its port: somebody took it after we chose it."""
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
+    """A free TCP port on 127.0.0.1 *below* the kernel's ephemeral range.
+
+    A port from bind(0) comes out of the ephemeral range, where any outgoing
+    connection or listener (Spark and py4j open many) can take it in the seconds
+    before the server we picked it for binds it. Below that range only another
+    explicit choice can collide, and ``MariaDBInstance.start`` retries that case.
+    """
+    hi = min(_ephemeral_low(), 65535)
+    lo = max(1024, hi - 12000)
+    for _ in range(200):
+        port = random.randrange(lo, hi)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -103,9 +132,21 @@ class MariaDBInstance:
         (self.basedir / "binlog").mkdir(exist_ok=True)
 
     def start(self, timeout: float = 60.0) -> "MariaDBInstance":
+        """Start the server; with no fixed port, retry on a new one if the chosen port was taken."""
+        fixed = bool(self.port)
+        for attempt in range(5):
+            if not fixed:
+                self.port = free_port()
+            try:
+                return self._start_once(timeout)
+            except _PortTaken:
+                if fixed or attempt == 4:
+                    raise MariaDBUnavailable(f"port {self.port} is in use; see {self.basedir / 'error.log'}")
+                log.info("port %d was taken before mariadbd bound it; retrying on another", self.port)
+        raise AssertionError("unreachable")
+
+    def _start_once(self, timeout: float) -> "MariaDBInstance":
         mariadbd = find_mariadbd()
-        if not self.port:
-            self.port = free_port()
         self._write_cnf()
         datadir = self.basedir / "data"
         if not (datadir / "mysql").exists():
@@ -126,6 +167,8 @@ class MariaDBInstance:
             )
             if res.returncode != 0:
                 raise MariaDBUnavailable(f"mariadb-install-db failed:\n{res.stdout}\n{res.stderr}")
+        errlog = self.basedir / "error.log"
+        err_from = errlog.stat().st_size if errlog.exists() else 0
         out = open(self.basedir / "stdout.log", "ab")
         self.proc = subprocess.Popen(
             [mariadbd, f"--defaults-file={self.cnf}"],
@@ -138,15 +181,33 @@ class MariaDBInstance:
         last_err: Exception | None = None
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise MariaDBUnavailable(
-                    f"mariadbd exited with {self.proc.returncode}; see {self.basedir / 'error.log'}"
-                )
+                code, self.proc = self.proc.returncode, None
+                try:
+                    with open(errlog, "rb") as f:
+                        f.seek(err_from)
+                        tail = f.read().decode("utf-8", "replace")
+                except OSError:
+                    tail = ""
+                if "Address already in use" in tail or "Do you already have another" in tail:
+                    raise _PortTaken()
+                raise MariaDBUnavailable(f"mariadbd exited with {code}; see {errlog}")
             try:
-                self.connect().close()
-                return self
-            except pymysql.err.MySQLError as exc:
+                # short timeouts: whatever answers on the port must greet like *our* server
+                conn = self.connect(connect_timeout=2, read_timeout=5, write_timeout=5)
+                try:
+                    with conn.cursor() as cur:
+                        cur.execute("SELECT @@datadir")
+                        got = str(cur.fetchone()[0]).rstrip("/")
+                finally:
+                    conn.close()
+                if Path(got).resolve() == datadir.resolve():
+                    return self
+                last_err = MariaDBUnavailable(f"port {self.port} answers with another server (datadir {got})")
+                time.sleep(0.2)
+            except (pymysql.err.MySQLError, OSError) as exc:
                 last_err = exc
                 time.sleep(0.2)
+        self.stop()
         raise MariaDBUnavailable(f"mariadbd did not accept connections in {timeout}s: {last_err}")
 
     def connect(self, db: str | None = None, **kw: object) -> pymysql.connections.Connection:

@@ -16,11 +16,11 @@ import time
 from typing import Any, Callable
 
 from .encode import dumps_compact, encode_line_bytes, json_value, type_name
-from .model import Ddl, RowChange, Txn, ts_physical_ms
+from .model import Ddl, Position, RowChange, Txn, ts_physical_ms
 from .sqlbuild import build
 
-OP_CODE = {"insert": "c", "update": "u", "delete": "d"}
-CANAL_TYPE = {"insert": "INSERT", "update": "UPDATE", "delete": "DELETE"}
+OP_CODE = {"insert": "c", "update": "u", "delete": "d", "read": "r"}
+CANAL_TYPE = {"insert": "INSERT", "update": "UPDATE", "delete": "DELETE", "read": "INSERT"}
 # java.sql.Types for Canal's sqlType
 _JDBC = {
     "tinyint": -6, "smallint": 5, "mediumint": 4, "int": 4, "bigint": -5, "decimal": 3, "float": 7,
@@ -40,13 +40,14 @@ def source_block(txn: Txn, ch_db: str, ch_table: str, seq: int) -> dict[str, Any
         "position": txn.position.to_json(),
         "gtid": txn.gtid,
         "seq": seq,
+        **({"snapshot": txn.snapshot.to_json()} if txn.snapshot is not None else {}),
     }
 
 
 def json_envelope(txn: Txn, seq: int, ch: RowChange, op: str) -> bytes:
     d: dict[str, Any] = {
         "before": ch.before if op in ("u", "d") else None,
-        "after": ch.after if op in ("c", "u") else None,
+        "after": ch.after if op in ("c", "u", "r") else None,
         "op": op,
         "ts_ms": int(time.time() * 1000),
         "source": source_block(txn, ch.db, ch.table, seq),
@@ -65,7 +66,7 @@ def _canal_str(v: Any) -> Any:
 
 def canal_message(txn: Txn, seq: int, ch: RowChange, op: str) -> bytes:
     s = ch.schema
-    kind = {"c": "INSERT", "u": "UPDATE", "d": "DELETE"}[op]
+    kind = {"c": "INSERT", "u": "UPDATE", "d": "DELETE", "r": "INSERT"}[op]
     row = ch.after if op != "d" else ch.before
     data = [{k: _canal_str(v) for k, v in (row or {}).items()}]
     old = None
@@ -94,7 +95,7 @@ def canal_message(txn: Txn, seq: int, ch: RowChange, op: str) -> bytes:
 def sql_message(txn: Txn, seq: int, ch: RowChange, op: str) -> bytes:
     if op == "d" and ch.op != "delete":  # the delete half of a key change
         ch = RowChange(ch.schema, "delete", ch.before, None)
-    elif op == "c" and ch.op != "insert":
+    elif op == "c" and ch.op not in ("insert", "read"):
         ch = RowChange(ch.schema, "insert", None, ch.after)
     sql, _ = build(ch, literal=True)
     return sql.encode()
@@ -121,6 +122,17 @@ def _pb_value(pb: Any, v: Any) -> Any:
     return val
 
 
+def fill_position(m: Any, txn: Txn) -> None:
+    """``capturer.Position`` of a transaction: file/pos for MySQL, ts for BaikalDB."""
+    p = txn.position
+    m.kind = p.kind
+    m.gtid = txn.gtid
+    if isinstance(p, Position):
+        m.file, m.pos = p.file, p.pos
+    else:
+        m.ts = p.ts
+
+
 def protobuf_message(txn: Txn, seq: int, ch: RowChange, op: str) -> bytes:
     from . import protogen
 
@@ -128,14 +140,15 @@ def protobuf_message(txn: Txn, seq: int, ch: RowChange, op: str) -> bytes:
     m = pb.RowChange()
     m.region, m.commit_ts, m.seq = txn.region, txn.commit_ts, seq
     m.db, m.table = ch.db, ch.table
-    m.op = {"c": pb.RowChange.INSERT, "u": pb.RowChange.UPDATE, "d": pb.RowChange.DELETE}[op]
+    m.op = {"c": pb.RowChange.INSERT, "u": pb.RowChange.UPDATE, "d": pb.RowChange.DELETE,
+            "r": pb.RowChange.READ}[op]
     for image, target in ((ch.before if op != "c" else None, m.before), (ch.after if op != "d" else None, m.after)):
         for k, v in (image or {}).items():
             col = target.add()
             col.name = k
             col.value.CopyFrom(_pb_value(pb, v))
     m.pk.extend(ch.schema.pk)
-    m.position.file, m.position.pos, m.position.gtid = txn.position.file, txn.position.pos, txn.gtid
+    fill_position(m.position, txn)
     m.txn_rows = len(txn.changes)
     m.last = seq == len(txn.changes) - 1
     m.source_ts = txn.source_ts
@@ -157,7 +170,7 @@ def ddl_message(txn: Txn, ddl: Ddl, fmt: str) -> bytes:
         pb = protogen.load()
         m = pb.RowChange(region=txn.region, commit_ts=txn.commit_ts, db=ddl.db, table=ddl.table,
                          op=pb.RowChange.DDL, sql=ddl.sql, source_ts=txn.source_ts, last=True)
-        m.position.file, m.position.pos, m.position.gtid = txn.position.file, txn.position.pos, txn.gtid
+        fill_position(m.position, txn)
         return m.SerializeToString()
     if fmt == "canal":
         d = {"id": 0, "database": ddl.db, "table": ddl.table, "isDdl": True, "type": "QUERY",
@@ -177,6 +190,8 @@ def change_events(ch: RowChange) -> list[tuple[str, dict[str, Any] | None]]:
     pk = ch.schema.pk
     if ch.op == "insert":
         return [("c", ch.after)]
+    if ch.op == "read":
+        return [("r", ch.after)]
     if ch.op == "delete":
         return [("d", ch.before)]
     if pk and ch.before is not None and ch.after is not None and any(ch.before.get(c) != ch.after.get(c) for c in pk):

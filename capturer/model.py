@@ -7,13 +7,18 @@ merge order across regions is ``(commit_ts, region)``.
 
 from __future__ import annotations
 
+import base64
+import datetime as dt
+import decimal
 from dataclasses import dataclass, field
-from typing import Any, Literal, Union
+from typing import Any, ClassVar, Literal, Union
 
 LOGICAL_BITS = 18
 LOGICAL_MASK = (1 << LOGICAL_BITS) - 1
 
-Op = Literal["insert", "update", "delete"]
+Op = Literal["insert", "update", "delete", "read"]
+"""``read``: a row copied by a snapshot (applied like an insert: an upsert of the
+row as it was at that point of the stream)."""
 
 
 def make_ts(physical_ms: int, logical: int = 0) -> int:
@@ -29,20 +34,152 @@ def ts_logical(ts: int) -> int:
     return ts & LOGICAL_MASK
 
 
+# --- snapshot progress (carried by MySQL positions) ----------------------------------
+
+def encode_key(key: tuple[Any, ...] | None) -> list[Any] | None:
+    """A snapshot key (primary-key values) as JSON: each value tagged with its type."""
+    if key is None:
+        return None
+    out: list[Any] = []
+    for v in key:
+        if v is None:
+            out.append(None)
+        elif isinstance(v, bool):
+            out.append(["i", int(v)])
+        elif isinstance(v, int):
+            out.append(["i", v])
+        elif isinstance(v, float):
+            out.append(["f", repr(v)])
+        elif isinstance(v, str):
+            out.append(["s", v])
+        elif isinstance(v, (bytes, bytearray)):
+            out.append(["b", base64.b64encode(bytes(v)).decode()])
+        elif isinstance(v, decimal.Decimal):
+            out.append(["d", str(v)])
+        elif isinstance(v, dt.datetime):
+            out.append(["dt", v.isoformat()])
+        elif isinstance(v, dt.date):
+            out.append(["da", v.isoformat()])
+        elif isinstance(v, dt.timedelta):
+            out.append(["td", v.days, v.seconds, v.microseconds])
+        elif isinstance(v, (set, frozenset)):
+            out.append(["set", sorted(str(x) for x in v)])
+        else:
+            raise ValueError(f"cannot keep a key value of type {type(v).__name__}")
+    return out
+
+
+def decode_key(d: Any) -> tuple[Any, ...] | None:
+    if d is None:
+        return None
+    if not isinstance(d, list):
+        raise ValueError(f"a snapshot key must be a list, got {d!r}")
+    out: list[Any] = []
+    for v in d:
+        if v is None:
+            out.append(None)
+            continue
+        if not isinstance(v, list) or not v:
+            raise ValueError(f"bad snapshot key value {v!r}")
+        tag = v[0]
+        if tag == "i":
+            out.append(int(v[1]))
+        elif tag == "f":
+            out.append(float(v[1]))
+        elif tag == "s":
+            out.append(str(v[1]))
+        elif tag == "b":
+            out.append(base64.b64decode(v[1]))
+        elif tag == "d":
+            out.append(decimal.Decimal(v[1]))
+        elif tag == "dt":
+            out.append(dt.datetime.fromisoformat(v[1]))
+        elif tag == "da":
+            out.append(dt.date.fromisoformat(v[1]))
+        elif tag == "td":
+            out.append(dt.timedelta(days=v[1], seconds=v[2], microseconds=v[3]))
+        elif tag == "set":
+            out.append(set(v[1]))
+        else:
+            raise ValueError(f"bad snapshot key tag {tag!r}")
+    return tuple(out)
+
+
+SNAPSHOT_STATES = ("pending", "running", "done", "dropped")
+
+
+@dataclass(frozen=True)
+class TableProgress:
+    """How far the snapshot of one table got, as of a position: every row with a
+    key up to ``last_key`` (in key order) has been delivered (``chunks`` chunks,
+    ``rows`` rows). ``run`` names the snapshot run (stable across restarts)."""
+
+    db: str
+    table: str
+    run: str
+    state: str = "pending"  # pending | running | done | dropped
+    last_key: tuple[Any, ...] | None = None
+    chunks: int = 0
+    rows: int = 0
+    truncate: bool = False  # TRUNCATE the table downstream before its first chunk
+
+    def to_json(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"db": self.db, "table": self.table, "run": self.run, "state": self.state,
+                             "last_key": encode_key(self.last_key), "chunks": self.chunks, "rows": self.rows}
+        if self.truncate:
+            d["truncate"] = True
+        return d
+
+    @classmethod
+    def from_json(cls, d: Any) -> "TableProgress":
+        if not isinstance(d, dict):
+            raise ValueError(f"snapshot entry must be an object, got {d!r}")
+        try:
+            state = d.get("state", "pending")
+            if state not in SNAPSHOT_STATES:
+                raise ValueError(f"unknown snapshot state {state!r}")
+            return cls(str(d["db"]), str(d["table"]), str(d["run"]), state, decode_key(d.get("last_key")),
+                       int(d.get("chunks", 0)), int(d.get("rows", 0)), bool(d.get("truncate", False)))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"bad snapshot entry {d!r}: {exc}") from None
+
+
+@dataclass(frozen=True)
+class SnapshotMark:
+    """On a transaction of snapshot rows: which run, table chunk, and whether it is
+    the table's last. A chunk read again after a crash has the same (run, table,
+    chunk); its rows may be newer (they were read again)."""
+
+    run: str
+    chunk: int
+    last: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {"run": self.run, "chunk": self.chunk, "last": self.last}
+
+
 @dataclass(frozen=True, order=True)
 class Position:
     """A resume point in a MySQL/MariaDB binlog: the byte offset *after* a transaction.
 
     Ordered by (file, pos); binlog file names sort in creation order
-    (``name.000001`` < ``name.000002``). ``gtid`` is informational.
-    """
+    (``name.000001`` < ``name.000002``). ``gtid`` is informational. ``snapshot``:
+    the progress of a running table snapshot at this point (kept in the checkpoint
+    only, not in every change)."""
 
     file: str
     pos: int
     gtid: str = field(default="", compare=False)
+    snapshot: tuple[TableProgress, ...] = field(default=(), compare=False, repr=False)
 
     def to_json(self) -> dict[str, Any]:
         return {"file": self.file, "pos": self.pos, "gtid": self.gtid}
+
+    def checkpoint_json(self) -> dict[str, Any]:
+        d = self.to_json()
+        if self.snapshot:
+            d["snapshot"] = [t.to_json() for t in self.snapshot]
+        return d
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> "Position":
@@ -55,10 +192,87 @@ class Position:
             raise ValueError(f"position.pos must be an integer >= 4, got {pos!r}")
         if not isinstance(gtid, str):
             raise ValueError(f"position.gtid must be a string, got {gtid!r}")
-        return cls(file, pos, gtid)
+        snap = d.get("snapshot", [])
+        if not isinstance(snap, list):
+            raise ValueError("position.snapshot must be a list")
+        return cls(file, pos, gtid, tuple(TableProgress.from_json(t) for t in snap))
 
     def __str__(self) -> str:
         return f"{self.file}:{self.pos}" + (f" ({self.gtid})" if self.gtid else "")
+
+    kind: ClassVar[str] = "mysql"
+
+
+@dataclass(frozen=True)
+class TsPosition:
+    """A resume point in a BaikalDB binlog table: read every binlog region strictly
+    after ``ts`` (a BaikalDB TSO), except where ``regions`` gives a region its own,
+    later, resume ts (a region that started later, e.g. at its own oldest binlog).
+
+    ``epoch`` names the version of the source tables' schemas in effect at this
+    point (the region's schema journal keeps them), so that a restart decodes
+    rows the way the destinations expect them."""
+
+    ts: int
+    regions: tuple[tuple[int, int], ...] = ()  # (binlog region id, resume ts), every region read
+    epoch: int = 0
+
+    kind: ClassVar[str] = "baikaldb"
+
+    def resume_ts(self, region_id: int) -> int:
+        for rid, ts in self.regions:
+            if rid == region_id:
+                return max(ts, self.ts)
+        return self.ts
+
+    def to_json(self) -> dict[str, Any]:
+        """Compact (carried by every change): regions only where they differ from ``ts``."""
+        d: dict[str, Any] = {"kind": self.kind, "ts": self.ts, "epoch": self.epoch}
+        own = {str(r): t for r, t in self.regions if t > self.ts}
+        if own:
+            d["regions"] = own
+        return d
+
+    def checkpoint_json(self) -> dict[str, Any]:
+        """Every region with its resume ts, for the checkpoint file."""
+        return {"kind": self.kind, "ts": self.ts, "epoch": self.epoch,
+                "regions": {str(r): max(t, self.ts) for r, t in self.regions}}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> "TsPosition":
+        if not isinstance(d, dict):
+            raise ValueError(f"position must be an object, got {d!r}")
+        ts, epoch, regions = d.get("ts"), d.get("epoch", 0), d.get("regions", {})
+        if not isinstance(ts, int) or isinstance(ts, bool) or ts <= 0 or ts >= 1 << 63:
+            raise ValueError(f"position.ts must be a positive 64-bit integer (a BaikalDB TSO), got {ts!r}")
+        if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
+            raise ValueError(f"position.epoch must be a non-negative integer, got {epoch!r}")
+        if not isinstance(regions, dict):
+            raise ValueError(f"position.regions must be an object, got {regions!r}")
+        out = []
+        for k, v in regions.items():
+            if not (isinstance(k, str) and k.isdigit()) or not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                raise ValueError(f"position.regions: expected \"<region id>\": <ts>, got {k!r}: {v!r}")
+            out.append((int(k), v))
+        return cls(ts, tuple(sorted(out)), epoch)
+
+    def __str__(self) -> str:
+        return f"ts {self.ts}"
+
+
+AnyPosition = Union[Position, TsPosition]
+
+
+def position_from_json(d: Any) -> AnyPosition:
+    """A checkpointed position of any region kind (``kind``; MySQL when absent)."""
+    if not isinstance(d, dict):
+        raise ValueError(f"position must be an object, got {d!r}")
+    kind = d.get("kind", "mysql")
+    if kind == "mysql":
+        return Position.from_json(d)
+    if kind == "baikaldb":
+        return TsPosition.from_json(d)
+    raise ValueError(f"unknown position kind {kind!r}")
 
 
 @dataclass(frozen=True)
@@ -146,11 +360,12 @@ class Txn:
 
     region: str
     commit_ts: int
-    position: Position
+    position: "AnyPosition"
     changes: tuple[RowChange, ...] = ()
     ddl: Ddl | None = None
     source_ts: int = 0  # seconds, as the source wrote it in the binlog event header
     gtid: str = ""
+    snapshot: SnapshotMark | None = None  # set on a transaction of snapshot rows (op "read")
 
     @property
     def is_ddl(self) -> bool:
@@ -173,7 +388,7 @@ class Heartbeat:
 
     region: str
     commit_ts: int
-    position: Position | None = None
+    position: "AnyPosition | None" = None
 
 
 Item = Union[Txn, Heartbeat]

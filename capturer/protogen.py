@@ -1,48 +1,62 @@
-"""Generated protobuf code for ``proto/capturer.proto``, made by the build.
+"""Generated protobuf code for ``proto/*.proto``, made by the build.
 
-``bootstrap.sh`` runs ``python -m capturer.protogen`` after installing; if the
-generated module is missing or older than the .proto (a source checkout
-used directly), ``load()`` generates it on first use. The generated file is
-never committed or edited by hand.
+``bootstrap.sh`` runs ``python -m capturer.protogen`` after installing; if a
+generated module is missing or older than its .proto (a source checkout used
+directly), ``load()`` generates it on first use. Generated files are never
+committed or edited by hand.
+
+* ``capturer``: ``proto/capturer.proto``, the change format at the edges
+  (Kafka ``format=protobuf``).
+* ``baikaldb``: ``proto/baikaldb.proto``, BaikalDB's binlog read protocol.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import sys
+import threading
 from pathlib import Path
 from types import ModuleType
 
-PROTO = Path(__file__).resolve().parent.parent / "proto" / "capturer.proto"
+PROTO_DIR = Path(__file__).resolve().parent.parent / "proto"
+PROTO = PROTO_DIR / "capturer.proto"
+NAMES = ("capturer", "baikaldb")
 OUT = Path(__file__).resolve().parent / "_generated"
-_module: ModuleType | None = None
+_modules: dict[str, ModuleType] = {}
+_lock = threading.Lock()
 
 
-def generate() -> Path:
+def generate(name: str = "capturer") -> Path:
     from grpc_tools import protoc  # build-time dependency (grpcio-tools)
 
+    proto = PROTO_DIR / f"{name}.proto"
     OUT.mkdir(exist_ok=True)
-    target = OUT / "capturer_pb2.py"
-    if target.exists() and target.stat().st_mtime >= PROTO.stat().st_mtime:
+    target = OUT / f"{name}_pb2.py"
+    if target.exists() and target.stat().st_mtime >= proto.stat().st_mtime:
         return target
-    rc = protoc.main(["protoc", f"-I{PROTO.parent}", f"--python_out={OUT}", str(PROTO)])
+    rc = protoc.main(["protoc", f"-I{PROTO_DIR}", f"--python_out={OUT}", str(proto)])
     if rc != 0:
-        raise RuntimeError(f"protoc failed ({rc}) on {PROTO}")
+        raise RuntimeError(f"protoc failed ({rc}) on {proto}")
     return target
 
 
-def load() -> ModuleType:
-    global _module
-    if _module is None:
-        path = generate()
-        spec = importlib.util.spec_from_file_location("capturer_pb2", path)
-        assert spec is not None and spec.loader is not None
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules["capturer_pb2"] = mod
-        spec.loader.exec_module(mod)
-        _module = mod
-    return _module
+def load(name: str = "capturer") -> ModuleType:
+    mod = _modules.get(name)
+    if mod is not None:
+        return mod
+    with _lock:
+        if name not in _modules:
+            path = generate(name)
+            modname = f"{name}_pb2"
+            spec = importlib.util.spec_from_file_location(modname, path)
+            assert spec is not None and spec.loader is not None
+            m = importlib.util.module_from_spec(spec)
+            sys.modules[modname] = m
+            spec.loader.exec_module(m)
+            _modules[name] = m
+        return _modules[name]
 
 
 if __name__ == "__main__":
-    print(generate())
+    for n in NAMES:
+        print(generate(n))

@@ -29,11 +29,18 @@ def output_files(filepath: Path) -> list[Path]:
 
 
 def read_changes(filepath: Path, dedupe: bool = True) -> Iterator[dict[str, Any]]:
+    """The changes of a file set in order. ``dedupe``: a change delivered again
+    after a crash (the same ``(region, commit_ts, seq)``) is skipped. Snapshot
+    rows (op ``read``) are never skipped: one read again after a crash is a newer
+    read of the row, applied in its place in the stream."""
     seen: set[tuple[str, int, int]] = set()
     for p in output_files(filepath):
         with open(p, encoding="utf-8") as f:
             for line in f:
                 d = json.loads(line)
+                if d["op"] == "read":
+                    yield d
+                    continue
                 ident = (d["region"], d["commit_ts"], d["seq"])
                 if dedupe:
                     if ident in seen:
@@ -47,13 +54,81 @@ def _key(d: dict[str, Any], row: dict[str, Any]) -> RowKey:
     return tuple(row.get(c) for c in pk)
 
 
+def _keyless(t: dict[RowKey, dict[str, Any]], before: dict[str, Any] | None, after: dict[str, Any] | None,
+             counter: list[int]) -> None:
+    """A table without a primary key is a multiset: a delete removes one equal row."""
+    if before is not None:
+        for k, row in t.items():
+            if row == before:
+                del t[k]
+                break
+    if after is not None:
+        counter[0] += 1
+        t[("#", counter[0])] = after
+
+
+def _literal(text: str | None) -> Any:
+    """A DEFAULT literal of an ALTER TABLE as the JSON value rows carry."""
+    if text is None or text.upper() == "NULL":
+        return None
+    if text.upper() in ("TRUE", "FALSE"):
+        return 1 if text.upper() == "TRUE" else 0
+    if text.startswith("'"):
+        return text[1:-1].replace("''", "'").replace("\\'", "'").replace("\\\\", "\\")
+    try:
+        return int(text)
+    except ValueError:
+        return float(text)
+
+
+def _apply_ddl(state: dict[tuple[str, str], dict[RowKey, dict[str, Any]]], d: dict[str, Any]) -> None:
+    """What an ALTER TABLE does to the rows already there: ADD COLUMN (with its
+    constant default), DROP COLUMN, CHANGE COLUMN (a rename); TRUNCATE and DROP
+    TABLE empty the table."""
+    from .lake import parse_add_columns
+
+    t = state.get((d["db"], d["table"]))
+    if t is None:
+        return
+    sql = re.sub(r"/\*.*?\*/", " ", d.get("sql") or "", flags=re.S).strip()
+    head = sql.upper()
+    if head.startswith("TRUNCATE") or head.startswith("DROP TABLE"):
+        t.clear()
+        return
+    if not head.startswith("ALTER"):
+        return
+    for name, _, default in parse_add_columns(sql):
+        for row in t.values():
+            row.setdefault(name, _literal(default))
+    ident = r"(`(?:[^`]|``)+`|[\w$]+)"
+    for m in re.finditer(r"\bDROP\s+(?:COLUMN\s+)?(?:IF\s+EXISTS\s+)?" + ident, sql, re.I):
+        col = m.group(1)
+        if col.upper() in ("INDEX", "KEY", "PRIMARY", "FOREIGN", "CONSTRAINT", "CHECK", "PARTITION", "UNIQUE"):
+            continue
+        col = col[1:-1].replace("``", "`") if col.startswith("`") else col
+        for row in t.values():
+            row.pop(col, None)
+    for m in re.finditer(r"\bCHANGE\s+(?:COLUMN\s+)?" + ident + r"\s+" + ident, sql, re.I):
+        old, new = (c[1:-1].replace("``", "`") if c.startswith("`") else c for c in m.groups())
+        if old != new:
+            for row in t.values():
+                if old in row:
+                    row[new] = row.pop(old)
+
+
 def rebuild(changes: Iterator[dict[str, Any]]) -> dict[tuple[str, str], dict[RowKey, dict[str, Any]]]:
-    """State per (db, table): primary key -> row. Applies changes in file order."""
+    """State per (db, table): primary key -> row. Applies changes in file order,
+    and what DDL does to existing rows (``_apply_ddl``)."""
     state: dict[tuple[str, str], dict[RowKey, dict[str, Any]]] = {}
+    counter = [0]
     for d in changes:
         if d["op"] == "ddl":
+            _apply_ddl(state, d)
             continue
         t = state.setdefault((d["db"], d["table"]), {})
+        if not d.get("pk"):
+            _keyless(t, d["before"], d["after"], counter)
+            continue
         if d["before"] is not None:
             t.pop(_key(d, d["before"]), None)
         if d["after"] is not None:

@@ -21,6 +21,7 @@ import tempfile
 from itertools import islice
 from typing import IO, Any, Callable, Iterator
 
+from . import failpoints
 from .model import RowChange, TableSchema
 
 DEFAULT_CHUNK_ROWS = 20_000
@@ -129,7 +130,15 @@ class SpillWriter:
                     self._schema_index[id(ch.schema)] = si
                 rows.append((si, ch.op, ch.before, ch.after))
             data = pickle.dumps(rows, protocol=pickle.HIGHEST_PROTOCOL)
-            self._f.write(data)
+            try:
+                failpoints.hit("spill.write")
+                self._f.write(data)
+                self._f.flush()
+            except OSError as exc:
+                where = self.directory or tempfile.gettempdir()
+                raise OSError(exc.errno, f"spilling a big transaction to {where} failed: "
+                                         f"{exc.strerror or exc}") from exc
+            failpoints.hit("spill.chunk")
             self._chunks.append((self._off, len(data), len(part)))
             self._off += len(data)
 

@@ -50,7 +50,7 @@ def build(ch: RowChange, target_db: str | None = None, literal: bool = False) ->
     s = ch.schema
     name = f"{o.ident(target_db or s.db)}.{o.ident(s.table)}"
     limit = "" if s.pk else " LIMIT 1"
-    if ch.op == "insert":
+    if ch.op == "insert" or ch.op == "read":
         row = ch.after or {}
         cols = ", ".join(o.ident(c) for c in row)
         vals = ", ".join(o.value(v, s.type_of(c)) for c, v in row.items())

@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 from pathlib import Path
+from typing import Any
 
+from .durable import append_line, rewrite_lines
 from .errors import CheckpointError
 from .model import Position, make_ts
 
@@ -63,36 +64,25 @@ class LiftJournal:
             self._entries[key] = commit_ts
             if self.path is None:
                 return
-            line = json.dumps(
-                {"region": region, "file": pos.file, "pos": pos.pos, "commit_ts": commit_ts}
-            )
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-            try:
-                os.write(fd, (line + "\n").encode())
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            append_line(self.path, json.dumps(
+                {"region": region, "file": pos.file, "pos": pos.pos, "commit_ts": commit_ts}))
 
-    def prune(self, positions: dict[str, Position]) -> None:
-        """Forget lifts at or before each region's checkpointed position."""
+    def prune(self, positions: dict[str, Any]) -> None:
+        """Forget lifts at or before each (MySQL) region's checkpointed position."""
         with self._lock:
+            mine = {r: p for r, p in positions.items() if isinstance(p, Position)}
             keep = {
                 k: v
                 for k, v in self._entries.items()
-                if k[0] not in positions or (k[1], k[2]) > (positions[k[0]].file, positions[k[0]].pos)
+                if k[0] not in mine or (k[1], k[2]) > (mine[k[0]].file, mine[k[0]].pos)
             }
             if len(keep) == len(self._entries):
                 return
             self._entries = keep
             if self.path is None:
                 return
-            tmp = self.path.with_suffix(self.path.suffix + ".tmp")
-            with open(tmp, "w", encoding="utf-8") as f:
-                for (region, file, pos), ts in keep.items():
-                    f.write(json.dumps({"region": region, "file": file, "pos": pos, "commit_ts": ts}) + "\n")
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
+            rewrite_lines(self.path, (json.dumps({"region": region, "file": file, "pos": pos, "commit_ts": ts})
+                                      for (region, file, pos), ts in keep.items()))
 
 
 class RegionClock:
@@ -114,6 +104,14 @@ class RegionClock:
             self.journal.record(self.region, position, ts)
         self.last_txn = self.last_emitted = ts
         return ts
+
+    def extra(self, source_now_ms: int) -> int:
+        """A commit_ts for an item the capturer inserts into the stream (a snapshot
+        chunk) right after what was emitted, in the time of a heartbeat (the source's
+        clock minus the heartbeat lag). A later transaction that falls at or below it
+        is lifted (and journaled), so its commit_ts stays the same on replay."""
+        self.last_emitted = max(self.last_emitted + 1, make_ts(source_now_ms))
+        return self.last_emitted
 
     def heartbeat(self, source_now_ms: int) -> int:
         """The ts a heartbeat may promise now (never below what was already emitted)."""

@@ -58,10 +58,21 @@ if [ "$(cat "$STAMP" 2>/dev/null)" != "$SUM" ]; then
     rm -f "$VENV"/.capturer-extra-*
     echo "$SUM" > "$STAMP"
 fi
-for extra in $(echo "$EXTRAS" | tr ',' ' '); do
+# MariaDB Connector/Python (extra "snapshot": fast snapshot reads) builds against libmariadb
+if ! command -v mariadb_config >/dev/null 2>&1 && ! command -v mysql_config >/dev/null 2>&1; then
+    echo "bootstrap: installing libmariadb-dev (MariaDB Connector/Python for snapshots)" >&2
+    apt_install libmariadb-dev pkg-config || echo "bootstrap: no libmariadb-dev; snapshots use pymysql" >&2
+fi
+for extra in snapshot $(echo "$EXTRAS" | tr ',' ' '); do
     if [ "$(cat "$VENV/.capturer-extra-$extra" 2>/dev/null)" != "$SUM" ]; then
         echo "bootstrap: installing [$extra] (pyspark is a ~450 MB download the first time)" >&2
-        "$VENV/bin/python" -m pip install -q -e "$ROOT[$extra]" || exit 1
+        if ! "$VENV/bin/python" -m pip install -q -e "$ROOT[$extra]"; then
+            if [ "$extra" = "snapshot" ]; then
+                echo "bootstrap: MariaDB Connector/Python did not install; snapshots use pymysql (slower)" >&2
+                continue
+            fi
+            exit 1
+        fi
         echo "$SUM" > "$VENV/.capturer-extra-$extra"
     fi
 done

@@ -18,10 +18,12 @@ import re
 from pathlib import Path
 from typing import IO, Any, ClassVar, Iterator
 
-from capturer.encode import encode_line_bytes
+from capturer import failpoints
+from capturer.encode import _fallback, _fastrows, encode_line_bytes
 from capturer.errors import SinkError
 from capturer.ini import Key, p_bool, p_choice, p_int, p_nonempty
-from capturer.model import Txn
+from capturer.model import Position, RowChange, TableSchema, Txn
+from capturer.spill import SpilledChanges
 from capturer.sqlbuild import build
 
 from .base import Sender
@@ -30,13 +32,8 @@ log = logging.getLogger(__name__)
 
 
 def txn_lines_json(txn: Txn) -> Iterator[bytes]:
-    head = {
-        "region": txn.region,
-        "commit_ts": txn.commit_ts,
-        "position": txn.position.to_json(),
-        "gtid": txn.gtid,
-        "source_ts": txn.source_ts,
-    }
+    """One JSON line per row change (without the newline): the reference encoding."""
+    head = _head(txn)
     if txn.ddl is not None:
         d = {**head, "seq": 0, "db": txn.ddl.db, "table": txn.ddl.table, "op": "ddl",
              "sql": txn.ddl.sql, "txn_rows": 0, "last": True}
@@ -46,18 +43,79 @@ def txn_lines_json(txn: Txn) -> Iterator[bytes]:
     # the transaction's fields are the same on every line: encode them once
     prefix = encode_line_bytes(head)[:-1] + b", "
     for i, ch in enumerate(txn.changes):
-        d: dict[str, Any] = {
-            "seq": i,
-            "db": ch.db,
-            "table": ch.table,
-            "op": ch.op,
-            "pk": list(ch.schema.pk),
-            "before": ch.before,
-            "after": ch.after,
-            "txn_rows": n,
-            "last": i == n - 1,
-        }
-        yield prefix + encode_line_bytes(d)[1:]
+        yield prefix + _line_tail(i, ch, n)
+
+
+def _line_tail(i: int, ch: RowChange, n: int) -> bytes:
+    d: dict[str, Any] = {
+        "seq": i,
+        "db": ch.db,
+        "table": ch.table,
+        "op": ch.op,
+        "pk": list(ch.schema.pk),
+        "before": ch.before,
+        "after": ch.after,
+        "txn_rows": n,
+        "last": i == n - 1,
+    }
+    return encode_line_bytes(d)[1:]
+
+
+SLICE_ROWS = 10_000  # lines rendered at once: a huge transaction is never rendered whole in memory
+
+
+def _head(txn: Txn) -> dict[str, Any]:
+    head = {
+        "region": txn.region,
+        "commit_ts": txn.commit_ts,
+        "position": txn.position.to_json(),
+        "gtid": txn.gtid,
+        "source_ts": txn.source_ts,
+    }
+    if txn.snapshot is not None:
+        head["snapshot"] = txn.snapshot.to_json()
+    return head
+
+
+def _schema_piece(schema: TableSchema) -> tuple[bytes, bytes]:
+    """The parts of a line that depend only on its table (for the C encoder)."""
+    a = encode_line_bytes({"db": schema.db, "table": schema.table, "op": ""})
+    b = encode_line_bytes({"pk": list(schema.pk), "before": None})
+    return a[1:a.rindex(b'""')], b", " + b[1:-5]
+
+
+def txn_blocks_json(txn: Txn) -> Iterator[bytes]:
+    """``txn_lines_json`` as blocks of whole lines, each line ending in a newline;
+    the C encoder renders a slice of lines in one call where it was built."""
+    if txn.ddl is not None or _fastrows is None:
+        yield from _join_slices(txn_lines_json(txn))
+        return
+    n = len(txn.changes)
+    prefix = encode_line_bytes(_head(txn))[:-1] + b", "
+    seq0 = 0
+    slices = txn.changes.chunks() if isinstance(txn.changes, SpilledChanges) else (
+        txn.changes[i:i + SLICE_ROWS] for i in range(0, n, SLICE_ROWS))
+    for part in slices:
+        try:
+            yield _fastrows.json_lines(prefix, part, _schema_piece, _fallback, seq0, n)
+        except (TypeError, ValueError, UnicodeError):  # e.g. a lone surrogate: the exact per-line path decides
+            yield b"".join(prefix + _line_tail(seq0 + i, ch, n) + b"\n" for i, ch in enumerate(part))
+        seq0 += len(part)
+
+
+def _join_slices(lines: Iterator[bytes]) -> Iterator[bytes]:
+    block: list[bytes] = []
+    for line in lines:
+        block.append(line)
+        if len(block) >= SLICE_ROWS:
+            yield b"\n".join(block) + b"\n"
+            block = []
+    if block:
+        yield b"\n".join(block) + b"\n"
+
+
+def txn_blocks_sql(txn: Txn) -> Iterator[bytes]:
+    return _join_slices(txn_lines_sql(txn))
 
 
 def txn_lines_sql(txn: Txn) -> Iterator[bytes]:
@@ -66,7 +124,9 @@ def txn_lines_sql(txn: Txn) -> Iterator[bytes]:
 
 
 def _txn_lines_sql(txn: Txn) -> Iterator[str]:
-    tag = f"-- region={txn.region} commit_ts={txn.commit_ts} position={txn.position.file}:{txn.position.pos}"
+    p = txn.position
+    where = f"{p.file}:{p.pos}" if isinstance(p, Position) else f"ts:{p.ts}"
+    tag = f"-- region={txn.region} commit_ts={txn.commit_ts} position={where}"
     if txn.ddl is not None:
         use = f"USE `{txn.ddl.db.replace('`', '``')}`; " if txn.ddl.db else ""
         yield tag + " ddl"
@@ -94,7 +154,7 @@ class LocalSender(Sender):
         self.path = Path(options["filepath"])
         self.rotate_bytes = int(options["rotate_mb"]) * 1024 * 1024
         self.fsync = bool(options["fsync"])
-        self.render = txn_lines_sql if options["format"] == "sql" else txn_lines_json
+        self.render = txn_blocks_sql if options["format"] == "sql" else txn_blocks_json
         self._f: IO[bytes] | None = None
         self._size = 0
 
@@ -137,6 +197,7 @@ class LocalSender(Sender):
 
     def _write(self, data: bytes) -> None:
         assert self._f is not None
+        failpoints.hit("local.write")
         self._f.write(data)
         self._size += len(data)
 
@@ -144,16 +205,18 @@ class LocalSender(Sender):
         try:
             if self._f is None:
                 self.open()
-            # written in slices, so a huge transaction is never rendered whole in memory
-            lines: list[bytes] = []
+            # written in blocks of lines, so a huge transaction is never rendered whole in memory
+            pending: list[bytes] = []
+            size = 0
             for txn in batch:
-                for line in self.render(txn):
-                    lines.append(line)
-                    if len(lines) >= 10_000:
-                        self._write(b"\n".join(lines) + b"\n")
-                        lines = []
-            if lines:
-                self._write(b"\n".join(lines) + b"\n")
+                for block in self.render(txn):
+                    pending.append(block)
+                    size += len(block)
+                    if size >= 4 << 20:
+                        self._write(b"".join(pending))
+                        pending, size = [], 0
+            if pending:
+                self._write(b"".join(pending))
             self._f.flush()  # type: ignore[union-attr]
             if self.fsync:
                 os.fsync(self._f.fileno())  # type: ignore[union-attr]

@@ -253,7 +253,7 @@ class Worker:
                 run = todo[i:j]
                 what = f"{head.ch.op} into {quote_ident(head.db)}.{quote_ident(head.table)}"
                 try:
-                    if head.ch.op == "insert":
+                    if head.ch.op == "insert" or head.ch.op == "read":
                         self._insert(cur, run)
                     elif head.ch.op == "delete":
                         self._delete(cur, run)

@@ -208,7 +208,7 @@ class SparkSender(Sender):
                 if rows is None:
                     rows = by_table[(s.db, s.table)] = []
                 op = ch.op
-                if op == "insert":
+                if op == "insert" or op == "read":
                     rows.append((txn, seq, 0, "i", ch, ch.after or {}))
                     continue
                 if op == "delete":

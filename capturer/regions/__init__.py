@@ -6,13 +6,27 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ..config import RegionConfig
+    from ..config import BaikalRegionConfig, RegionConfig
     from .base import Region, RegionContext
 
 
-def make_region(cfg: "RegionConfig", ctx: "RegionContext") -> "Region":
+def make_region(cfg: "RegionConfig | BaikalRegionConfig", ctx: "RegionContext") -> "Region":
+    """The region of kind ``cfg.type``; CheckpointError when the checkpoint holds a
+    position of another kind for it."""
     if cfg.type in ("mysql", "mariadb"):
+        from ..errors import CheckpointError
+        from ..model import Position
+
+        if ctx.start is not None and not isinstance(ctx.start, Position):
+            raise CheckpointError(
+                f"checkpoint: regions.{cfg.name} is a {getattr(ctx.start, 'kind', '?')} position, but "
+                f"[region:{cfg.name}] is type={cfg.type}; remove that entry from the checkpoint to start this "
+                "region from its 'start' setting")
         from .mysql import MySQLRegion
 
-        return MySQLRegion(cfg, ctx)
+        return MySQLRegion(cfg, ctx)  # type: ignore[arg-type]
+    if cfg.type == "baikaldb":
+        from .baikaldb.region import BaikalRegion
+
+        return BaikalRegion(cfg, ctx)
     raise ValueError(f"unknown region type {cfg.type!r}")

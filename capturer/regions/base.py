@@ -5,22 +5,30 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import Any, Callable
 
-from ..bqueue import WeightedQueue
-from ..model import Item, Position
+import logging
+
+from ..bqueue import Closed, WeightedQueue
+from ..errors import FatalSourceError, SourceError
+from ..model import AnyPosition, Item
 from ..tso import LiftJournal
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
 class RegionContext:
     out: WeightedQueue[Item]
-    start: Position | None  # from the checkpoint; None on a first start
+    start: AnyPosition | None  # from the checkpoint; None on a first start
     floor: int  # every emitted commit_ts is above this (the checkpoint's commit_ts)
     journal: LiftJournal
     stop: threading.Event
     spill_rows: int = 50_000  # a bigger transaction goes to disk (capturer/spill.py); 0 = never
     spill_dir: str = ""
+    state_path: Path | None = None  # the checkpoint file: a region keeps its own state files next to it
+    table_selected: Callable[[str, str], bool] = lambda db, table: True  # the filter's table rules
 
 
 class Region:
@@ -39,7 +47,7 @@ class Region:
         self.txns = 0
         self.rows = 0
         self.spilled_txns = 0  # transactions kept on disk (past spill_rows)
-        self.position: Position | None = ctx.start
+        self.position: AnyPosition | None = ctx.start
         self.last_commit_ts = ctx.floor
         self.last_source_time = 0.0  # source clock (s) of the newest event seen
         self.caught_up_at = 0.0  # local time when the source last said "nothing more"
@@ -54,8 +62,55 @@ class Region:
     def join(self, timeout: float | None = None) -> None:
         self._thread.join(timeout)
 
-    def _run(self) -> None:
+    #: errors that mean "try again from the last position" (a kind adds its driver's)
+    RETRYABLE: tuple[type[BaseException], ...] = (SourceError, OSError)
+    where: str = ""
+
+    def _connect_and_stream(self) -> None:
+        """One attempt: connect, then read until stopped or an error."""
         raise NotImplementedError
+
+    def _run(self) -> None:
+        """Run attempts until stopped; retryable errors back off (0.5 s doubling to
+        30 s) and retry from the last position; anything else is fatal."""
+        delay = 0.5
+        while not self.ctx.stop.is_set():
+            try:
+                self.state = "connecting"
+                self._connect_and_stream()
+                delay = 0.5
+            except Closed:
+                break
+            except FatalSourceError as exc:
+                self._fail(exc)
+                log.error("%s", exc)
+                return
+            except self.RETRYABLE as exc:
+                self.reconnects += 1
+                self.state = "reconnecting"
+                self.last_error = f"{type(exc).__name__}: {exc}"
+                log.warning("%s: %s; reconnecting in %.1fs", self.where or self.name, self.last_error, delay)
+                if self.ctx.stop.wait(delay):
+                    break
+                delay = min(delay * 2, 30.0)
+            except BaseException as exc:  # noqa: BLE001 - reported to the app
+                self._fail(exc, f"{type(exc).__name__}: {exc}")
+                log.exception("%s: failed", self.where or self.name)
+                return
+            finally:
+                self._after_attempt()
+        self.state = "stopped"
+
+    def _after_attempt(self) -> None:
+        """Release what one attempt held (connections)."""
+
+    def _fail(self, exc: BaseException, text: str = "") -> None:
+        self.error = exc
+        self.state = "failed"
+        self.last_error = text or str(exc)
+
+    def checkpointed(self, position: Any) -> None:
+        """The checkpoint now holds ``position`` for this region (state older than it may go)."""
 
     def lag_seconds(self) -> float:
         now = time.time()

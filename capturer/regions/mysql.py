@@ -11,9 +11,14 @@ written to the binlog, so it never leaves the region.
 
 from __future__ import annotations
 
+import itertools
 import logging
+import re
 import struct
+import threading
 import time
+import uuid
+from functools import partial
 from typing import Any
 
 import pymysql
@@ -28,15 +33,29 @@ from pymysqlreplication.event import (
 )
 from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, WriteRowsEvent
 
-from ..bqueue import Closed
+from .. import failpoints
 from ..config import RegionConfig
 from ..errors import FatalSourceError, SourceError
-from ..model import ColumnInfo, Ddl, Heartbeat, Position, RowChange, TableSchema, Txn
+from ..encode import qualified, quote_ident
+from ..model import ColumnInfo, Ddl, Heartbeat, Position, RowChange, TableProgress, TableSchema, Txn
 from ..tso import RegionClock
 from .base import Region, RegionContext
 from .ddl import ddl_target, is_data_ddl, is_ignorable
 from ..spill import DEFAULT_CHUNK_ROWS, SpillWriter
 from .rowdecode import fast_rows, normalise_library_row
+from .snapshot import (
+    SYSTEM_SCHEMAS,
+    Chunk,
+    Recorder,
+    Snapshotter,
+    TablePlan,
+    chunk_mark,
+    create_table_sql,
+    image_key,
+    index_rows,
+    promote_key,
+    row_key,
+)
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +106,18 @@ class MySQLRegion(Region):
         self._meta: pymysql.connections.Connection | None = None
         self.fast_events = 0
         self.library_events = 0
+        # emission order: binlog transactions, heartbeats and snapshot chunks leave under
+        # this lock, which also guards the position, the clock and the snapshot recorders
+        self._lock = threading.Condition()
+        self.snap_progress: tuple[TableProgress, ...] = ctx.start.snapshot if isinstance(ctx.start, Position) else ()
+        self.recorders: dict[tuple[str, str], Recorder] = {}
+        self._tokens = itertools.count(1)
+        self.snapshotter: Snapshotter | None = None
+        self.snapshot_rows = 0
+        self.snapshot_txns = 0
+        self._ddl_seen: dict[tuple[str, str], Position] = {}  # (db, table) / (db, "") / ("", "") -> last DDL
+        self._snap_gen = 0  # bumped when the binlog starts over (chunks read before are void)
+        self._snap_lock = threading.Lock()
 
     # --- connection ---------------------------------------------------------
     def _conn_settings(self) -> dict[str, Any]:
@@ -139,13 +170,29 @@ class MySQLRegion(Region):
                     raise FatalSourceError(f"{self.where}: the server lists no binary logs")
                 if self.position is not None:
                     names = {n: size for n, size in logs}
-                    if self.position.file not in names:
+                    if self.position.file in names:
+                        self._start_snapshot(cur, fresh=False)
+                        return self.position
+                    if self.cfg.snapshot != "when_needed":
                         raise FatalSourceError(
                             f"{self.where}: resume position {self.position} is no longer on the "
                             f"server (purged?); the oldest binlog is {logs[0][0]}. Rows between "
                             "would be lost; re-seed the destinations and delete the checkpoint "
-                            "to start over."
+                            "to start over (or set snapshot=when_needed in this region to copy "
+                            "every table again and go on from the current position)."
                         )
+                    log.warning("%s: resume position %s is no longer on the server (oldest binlog %s); "
+                                "snapshot=when_needed: copying every selected table again and reading the "
+                                "binlog from its current end", self.where, self.position, logs[0][0])
+                    with self._lock:
+                        self.position = None
+                        self.snap_progress = ()
+                        self._snap_gen += 1  # chunks in flight were read against the old binlog
+                if self.cfg.snapshot in ("initial", "when_needed"):
+                    cur.execute("SHOW MASTER STATUS")
+                    row = cur.fetchone()
+                    self.position = Position(str(row[0]), int(row[1]))
+                    self._start_snapshot(cur, fresh=True)
                     return self.position
                 start = self.cfg.start
                 if start == "earliest":
@@ -161,30 +208,24 @@ class MySQLRegion(Region):
 
     # --- table metadata -----------------------------------------------------
     def _keys_from_server(self, db: str, table: str) -> tuple[tuple[str, ...], tuple[tuple[str, ...], ...]]:
-        """(primary key, unique keys) from information_schema, cached until a DDL."""
+        """(primary key, unique keys) from SHOW INDEX, cached until a DDL. A table
+        without a primary key is keyed by its first NOT NULL unique key in the
+        server's order, as InnoDB itself does (``promote_key``, shared with snapshots)."""
         key = (db, table)
         if key in self._ukeys:
             return self._ukeys[key]  # type: ignore[return-value]
-        pk: tuple[str, ...] = ()
-        uks: dict[str, list[str]] = {}
         try:
             if self._meta is None:
                 self._meta = self._connect()
             with self._meta.cursor() as cur:
-                cur.execute(
-                    "SELECT INDEX_NAME, COLUMN_NAME FROM information_schema.STATISTICS "
-                    "WHERE TABLE_SCHEMA=%s AND TABLE_NAME=%s AND NON_UNIQUE=0 "
-                    "ORDER BY INDEX_NAME, SEQ_IN_INDEX",
-                    (db, table),
-                )
-                for idx, col in cur.fetchall():
-                    uks.setdefault(str(idx), []).append(str(col))
+                cur.execute(f"SHOW INDEX FROM {qualified(db, table)}")
+                rows = index_rows(list(cur.fetchall()))
         except (pymysql.err.MySQLError, SourceError) as exc:
             log.warning("%s: cannot read keys of %s.%s: %s", self.where, db, table, exc)
             self._meta = None
-        if "PRIMARY" in uks:
-            pk = tuple(uks.pop("PRIMARY"))
-        res = (pk, tuple(tuple(v) for _, v in sorted(uks.items())))
+            rows = []
+        pk, uk_list = promote_key(rows)
+        res = (pk, uk_list)
         self._ukeys[key] = res  # type: ignore[assignment]
         return res
 
@@ -224,48 +265,287 @@ class MySQLRegion(Region):
         return s
 
     # --- the loop -----------------------------------------------------------
+    RETRYABLE = (SourceError, pymysql.err.MySQLError, OSError, EOFError, struct.error)
+
     def _run(self) -> None:
-        delay = 0.5
-        while not self.ctx.stop.is_set():
-            try:
-                self.state = "connecting"
-                start = self._prepare()
-                self.position = start
-                self._stream(start)
-                delay = 0.5
-            except Closed:
-                break
-            except FatalSourceError as exc:
-                self.error = exc
-                self.state = "failed"
-                self.last_error = str(exc)
-                log.error("%s", exc)
-                return
-            except (SourceError, pymysql.err.MySQLError, OSError, EOFError, struct.error) as exc:
-                self.reconnects += 1
-                self.state = "reconnecting"
-                self.last_error = f"{type(exc).__name__}: {exc}"
-                log.warning("%s: %s; reconnecting in %.1fs", self.where, self.last_error, delay)
-                if self.ctx.stop.wait(delay):
-                    break
-                delay = min(delay * 2, 30.0)
-            except BaseException as exc:  # noqa: BLE001 - reported to the app
-                self.error = exc
-                self.state = "failed"
-                self.last_error = f"{type(exc).__name__}: {exc}"
-                log.exception("%s: failed", self.where)
-                return
-        self.state = "stopped"
+        try:
+            super()._run()
+        finally:
+            if self.snapshotter is not None:
+                self.snapshotter.close()
+
+    def _connect_and_stream(self) -> None:
+        start = self._prepare()
+        self.position = start
+        self._stream(start)
 
     def _emit(self, item: Txn | Heartbeat) -> None:
         weight = item.weight if isinstance(item, Txn) else 1
         self.ctx.out.put(item, weight, stop=self.ctx.stop)
 
-    def _heartbeat(self) -> None:
-        now_ms = int(time.time() * 1000 + self._clock_offset_ms) - self.cfg.heartbeat_lag_ms
-        ts = self.clock.heartbeat(now_ms)
-        self.caught_up_at = time.time()
-        self._emit(Heartbeat(self.name, ts, self.position))
+    def _source_now_ms(self) -> int:
+        """The source's clock now, minus the heartbeat lag: what a heartbeat promises."""
+        return int(time.time() * 1000 + self._clock_offset_ms) - self.cfg.heartbeat_lag_ms
+
+    def _heartbeat(self, here: Position | None = None) -> None:
+        now_ms = self._source_now_ms()
+        with self._lock:
+            if here is not None and (self.position is None or (here.file, here.pos) > (self.position.file,
+                                                                                       self.position.pos)):
+                self.position = Position(here.file, here.pos, here.gtid, self.snap_progress)
+            ts = self.clock.heartbeat(now_ms)
+            self.caught_up_at = time.time()
+            self._emit(Heartbeat(self.name, ts, self.position))
+            self._lock.notify_all()
+
+    def status(self) -> dict[str, Any]:
+        d = super().status()
+        if self.snapshotter is not None:
+            d["snapshot"] = {"driver": self.snapshotter.driver, "rows": self.snapshot_rows,
+                             "chunks": self.snapshot_txns, "tables": self.snapshotter.status()}
+        return d
+
+    def table_exists(self, db: str, table: str) -> bool:
+        conn = self._connect()
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SELECT 1 FROM information_schema.TABLES WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s "
+                            "AND TABLE_TYPE = 'BASE TABLE'", (db, table))
+                return cur.fetchone() is not None
+        finally:
+            conn.close()
+
+    # --- snapshots ----------------------------------------------------------
+    def _start_snapshot(self, cur: Any, fresh: bool) -> None:
+        """On a first start (``fresh``) with snapshot=initial/when_needed: every table
+        the filter selects; on a restart: the snapshot in progress in the checkpoint."""
+        if fresh:
+            cur.execute("SHOW STATUS LIKE 'binlog_snapshot_file'")
+            if cur.fetchone() is None:
+                raise FatalSourceError(
+                    f"{self.where}: snapshot={self.cfg.snapshot} needs MariaDB's consistent-snapshot binlog position "
+                    "(binlog_snapshot_file), which this server does not report (MySQL?); set snapshot=never in "
+                    f"[region:{self.name}]")
+            cur.execute("SELECT TABLE_SCHEMA, TABLE_NAME FROM information_schema.TABLES WHERE TABLE_TYPE = "
+                        "'BASE TABLE' ORDER BY TABLE_SCHEMA, TABLE_NAME")
+            tables = [(str(db), str(t)) for db, t in cur.fetchall()
+                      if str(db).lower() not in SYSTEM_SCHEMAS and self.ctx.table_selected(str(db), str(t))]
+            log.info("%s: snapshot=%s on a first start: copying %d table(s) while reading the binlog from %s",
+                     self.where, self.cfg.snapshot, len(tables), self.position)
+            run = uuid.uuid4().hex[:12]
+            self.add_snapshot_progress(tuple(TableProgress(db, t, run) for db, t in tables))
+            if self.cfg.snapshot_ddl:
+                # every table's CREATE first, as the binlog would have given it: changes to a
+                # table whose copy has not started yet then find it on a new target
+                stmts: list[tuple[str, str, str]] = []
+                for db in sorted({db for db, _ in tables}):
+                    stmts.append((db, "", f"CREATE DATABASE IF NOT EXISTS {quote_ident(db)}"))
+                for db, t in tables:
+                    cur.execute(f"SHOW CREATE TABLE {qualified(db, t)}")
+                    row = cur.fetchone()
+                    sql = create_table_sql(db, t, str(row[1])) if row else ""
+                    if sql:
+                        stmts.append((db, t, sql))
+                with self._lock:
+                    for db, t, sql in stmts:
+                        self._emit(Txn(self.name, self.clock.extra(self._source_now_ms()), self.position, (),  # type: ignore[arg-type]
+                                       Ddl(db, sql, t, db), int(time.time()), ""))
+        with self._snap_lock:
+            if fresh or self.snapshotter is None:
+                pending = tuple(p for p in self.snap_progress if p.state in ("pending", "running"))
+                if pending:
+                    if self.snapshotter is None:
+                        self.snapshotter = Snapshotter(self, self.cfg.snapshot_workers, self.cfg.snapshot_chunk_rows)
+                    self.snapshotter.load(pending)
+
+    def request_snapshot(self, tables: list[tuple[str, str]], truncate: bool) -> str:
+        """Copy these tables again while streaming (on demand). ValueError when the
+        server cannot give a consistent-snapshot binlog position (not MariaDB)."""
+        conn = self._connect()
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SHOW STATUS LIKE 'binlog_snapshot_file'")
+                if cur.fetchone() is None:
+                    raise ValueError(f"{self.where}: snapshots need MariaDB's consistent-snapshot binlog position "
+                                     "(binlog_snapshot_file), which this server does not report")
+        finally:
+            conn.close()
+        with self._snap_lock:
+            if self.snapshotter is None:
+                self.snapshotter = Snapshotter(self, self.cfg.snapshot_workers, self.cfg.snapshot_chunk_rows)
+            return self.snapshotter.request(tables, truncate)
+
+    def add_snapshot_progress(self, progress: tuple[TableProgress, ...]) -> None:
+        with self._lock:
+            names = {(p.db, p.table) for p in progress}
+            self.snap_progress = tuple(p for p in self.snap_progress if (p.db, p.table) not in names) + progress
+            self._restamp()
+
+    def update_snapshot_progress(self, p: TableProgress) -> None:
+        """A table's state (running, dropped) for its run; a run whose tables are all
+        done or dropped leaves the positions."""
+        with self._lock:
+            if not any((x.db, x.table, x.run) == (p.db, p.table, p.run) for x in self.snap_progress):
+                return  # superseded by a newer run of the table
+            progress = tuple(p if (x.db, x.table) == (p.db, p.table) else x for x in self.snap_progress)
+            if all(x.state in ("done", "dropped") for x in progress if x.run == p.run):
+                progress = tuple(x for x in progress if x.run != p.run)
+            self.snap_progress = progress
+            self._restamp()
+
+    def table_progress(self, db: str, table: str) -> TableProgress | None:
+        with self._lock:
+            return next((p for p in self.snap_progress if (p.db, p.table) == (db, table)), None)
+
+    def _restamp(self) -> None:
+        """The current position carries the current snapshot progress (under the lock)."""
+        p = self.position
+        if p is not None and p.snapshot is not self.snap_progress:
+            self.position = Position(p.file, p.pos, p.gtid, self.snap_progress)
+
+    def chunk_begin(self, plan: TablePlan) -> int:
+        """A worker is about to open a consistent snapshot of ``plan``'s table: from now
+        on the binlog's changes to it are recorded (its P is at or after this point)."""
+        with self._lock:
+            rec = self.recorders.get((plan.db, plan.table))
+            cols = tuple(c.name for c in plan.columns)
+            if rec is None:
+                rec = self.recorders[(plan.db, plan.table)] = Recorder(plan.key, cols)
+            rec.key, rec.columns = plan.key, cols
+            token = next(self._tokens)
+            rec.lows[token] = self.position or Position("", 0)
+            return token
+
+    def chunk_end(self, plan: TablePlan, token: int) -> None:
+        with self._lock:
+            rec = self.recorders.get((plan.db, plan.table))
+            if rec is not None:
+                rec.lows.pop(token, None)
+                rec.prune()
+                if not rec.lows:
+                    del self.recorders[(plan.db, plan.table)]
+
+    def snapshot_failed(self, exc: BaseException) -> None:
+        log.error("%s: snapshot failed: %s", self.where, exc)
+        if self.error is None:
+            self._fail(exc)
+
+    def emit_chunk(self, chunk: Chunk) -> TableProgress | str:
+        """Deliver a chunk once the stream has passed the position it is consistent
+        with (returns the table's progress after it); "redo" if its table changed
+        shape since it was described, or the binlog was restarted meanwhile;
+        "superseded" if a newer run of the table was requested; "stopped"."""
+        at = (chunk.at.file, chunk.at.pos)
+        plan = chunk.plan
+        key = (plan.db, plan.table)
+        with self._lock:
+            while True:
+                if self.ctx.stop.is_set() or self.error is not None:
+                    return "stopped"
+                if self.position is not None and (self.position.file, self.position.pos) >= at:
+                    break
+                self._lock.wait(0.25)
+            prev = next((x for x in self.snap_progress if (x.db, x.table) == key), None)
+            if prev is None or prev.run != chunk.run:
+                return "superseded"
+            if chunk.gen != self._snap_gen:
+                return "redo"
+            ddl = self._last_ddl(plan.db, plan.table)
+            described = plan.described_at
+            if ddl is not None and (described is None or (ddl.file, ddl.pos) > (described.file, described.pos)):
+                return "redo"
+            rec = self.recorders.get(key)
+            changes: Any
+            if chunk.spilled is None:
+                rows = chunk.rows
+                if rec is not None and rec.changed:
+                    newer = {k for k, p in rec.changed.items() if (p.file, p.pos) > at}
+                    if newer:
+                        rows = [r for r in rows if row_key(r, plan.key) not in newer]
+                changes = tuple(map(partial(RowChange, plan.schema, "read", None), rows))
+            else:
+                changes = self._keyless_rows(chunk, rec, at)
+            p = TableProgress(plan.db, plan.table, chunk.run, "done" if chunk.last else "running", chunk.last_key,
+                              chunk.index + 1, prev.rows + len(changes), prev.truncate)
+            progress = tuple(p if (x.db, x.table) == key else x for x in self.snap_progress)
+            if chunk.last and all(x.state in ("done", "dropped") for x in progress if x.run == chunk.run):
+                # the run is complete: later positions need not carry it
+                progress = tuple(x for x in progress if x.run != chunk.run)
+            here = self.position
+            assert here is not None
+            # CREATE / TRUNCATE carry the progress as it was: only the rows transaction says
+            # the chunk was delivered, so a restart between them reads the chunk again
+            before = Position(here.file, here.pos, here.gtid, self.snap_progress)
+            after = Position(here.file, here.pos, here.gtid, progress)
+            now = self._source_now_ms()
+            ddls = []
+            if chunk.create_sql:
+                ddls += [(f"CREATE DATABASE IF NOT EXISTS {quote_ident(plan.db)}", ""), (chunk.create_sql, plan.table)]
+            if chunk.truncate:
+                ddls.append((f"TRUNCATE TABLE {qualified(plan.db, plan.table)}", plan.table))
+            for sql, table in ddls:
+                self._emit(Txn(self.name, self.clock.extra(now), before, (), Ddl(plan.db, sql, table, plan.db),
+                               now // 1000, ""))
+            txn = Txn(self.name, self.clock.extra(now), after, changes, None, now // 1000, "", chunk_mark(chunk))
+            self._emit(txn)
+            self.snap_progress = progress
+            self.position = after
+            self.last_commit_ts = txn.commit_ts
+            self.snapshot_txns += 1
+            self.snapshot_rows += len(changes)
+            return p
+
+    def _last_ddl(self, db: str, table: str) -> Position | None:
+        """(under the lock) The newest DDL that may have changed ``db.table``."""
+        a = self._ddl_seen.get((db, table))
+        b = self._ddl_seen.get((db, ""))
+        c = self._ddl_seen.get(("", ""))
+        cands = [x for x in (a, b, c) if x is not None]
+        return max(cands, key=lambda p: (p.file, p.pos)) if cands else None
+
+    def position_now(self) -> Position | None:
+        with self._lock:
+            return self.position
+
+    def snapshot_generation(self) -> int:
+        with self._lock:
+            return self._snap_gen
+
+    def _keyless_rows(self, chunk: Chunk, rec: Recorder | None, at: tuple[str, int]) -> Any:
+        """A keyless table: its rows at P, plus what changes after P inserted and
+        minus what they deleted (a multiset), i.e. its rows at the stream's position."""
+        from collections import Counter
+
+        from ..spill import SpillWriter
+
+        delta: Counter[tuple[Any, ...]] = Counter()
+        added: dict[tuple[Any, ...], dict[str, Any]] = {}
+        for pos, sign, key, img in (rec.events if rec is not None else []):
+            if (pos.file, pos.pos) > at:
+                delta[key] += sign
+                if sign > 0:
+                    added[key] = img
+        cols = tuple(c.name for c in chunk.plan.columns)
+        remove = Counter({k: -n for k, n in delta.items() if n < 0})
+
+        def keep(ch: RowChange) -> RowChange | None:
+            k = image_key(ch.after or {}, cols)
+            if remove.get(k, 0) > 0:
+                remove[k] -= 1
+                return None
+            return ch
+
+        spilled = chunk.spilled
+        out = SpillWriter(spilled.directory, spilled.chunk_rows)
+        for part in spilled.chunks():
+            kept = [c for c in (keep(ch) for ch in part) if c is not None]
+            if kept:
+                out.add(kept)
+        extra = [RowChange(chunk.plan.schema, "read", None, added[k]) for k, n in delta.items() if n > 0
+                 for _ in range(n)]
+        if extra:
+            out.add(extra)
+        return out.finish()
 
     def _stream(self, start: Position) -> None:
         stream = BinLogStreamReader(
@@ -283,7 +563,8 @@ class MySQLRegion(Region):
         self.state = "streaming"
         log.info("%s: reading from %s", self.where, start)
         # a first heartbeat at the floor tells the merger this region is alive
-        self._emit(Heartbeat(self.name, self.clock.last_emitted, self.position))
+        with self._lock:
+            self._emit(Heartbeat(self.name, self.clock.last_emitted, self.position))
         changes: list[RowChange] = []
         spill: SpillWriter | None = None  # the transaction so far, when it grew past spill_rows
         spill_rows = self.ctx.spill_rows
@@ -297,11 +578,8 @@ class MySQLRegion(Region):
                     if not in_txn:
                         # the server has sent everything: the stream position is at a
                         # transaction boundary, past any trailing non-transaction events
-                        here = Position(str(stream.log_file), int(stream.log_pos),
-                                        self.position.gtid if self.position else "")
-                        if self.position is None or (here.file, here.pos) > (self.position.file, self.position.pos):
-                            self.position = here
-                        self._heartbeat()
+                        self._heartbeat(Position(str(stream.log_file), int(stream.log_pos),
+                                                 self.position.gtid if self.position else ""))
                     continue
                 if ev.timestamp:
                     self.last_source_time = float(ev.timestamp)
@@ -386,8 +664,6 @@ class MySQLRegion(Region):
 
     def _commit(self, stream: BinLogStreamReader, source_ts: int, gtid: str,
                 changes: list[RowChange], ddl: Ddl | None, spill: SpillWriter | None = None) -> None:
-        pos = Position(str(stream.log_file), int(stream.log_pos), gtid)
-        ts = self.clock.commit(int(source_ts), pos)
         rows: Any
         if spill is None:
             rows = tuple(changes)
@@ -396,10 +672,43 @@ class MySQLRegion(Region):
                 spill.add(changes)
             rows = spill.finish()
             self.spilled_txns += 1
-        txn = Txn(self.name, ts, pos, rows, ddl, int(source_ts), gtid)
-        self._emit(txn)
-        self.position = pos
-        self.last_commit_ts = ts
-        self.txns += 1
-        self.rows += len(rows)
+        with self._lock:
+            pos = Position(str(stream.log_file), int(stream.log_pos), gtid, self.snap_progress)
+            ts = self.clock.commit(int(source_ts), pos)
+            txn = Txn(self.name, ts, pos, rows, ddl, int(source_ts), gtid)
+            if ddl is not None:
+                failpoints.hit("region.ddl")
+                self._note_ddl(ddl, pos)
+            elif self.recorders:
+                self._record(txn, pos)
+            self._emit(txn)
+            self.position = pos
+            self.last_commit_ts = ts
+            self.txns += 1
+            self.rows += len(rows)
+            self._lock.notify_all()
+
+    def _note_ddl(self, d: Ddl, pos: Position) -> None:
+        """(under the lock) Which tables a DDL may have changed, for the snapshot's
+        check that a chunk's columns are still the table's: its table; or every
+        table of its database for a statement naming several (DROP TABLE a, b;
+        RENAME) or none; or every table when the database is unknown."""
+        head = re.sub(r"/\*.*?\*/", " ", d.sql, flags=re.S).strip().upper()
+        many = head.startswith("DROP") or bool(re.search(r"\bRENAME\b", head))
+        if not d.db:
+            self._ddl_seen[("", "")] = pos
+        elif not d.table or many:
+            self._ddl_seen[(d.db, "")] = pos
+        else:
+            self._ddl_seen[(d.db, d.table)] = pos
+        if len(self._ddl_seen) > 10_000:  # old entries only matter for chunks in flight
+            self._ddl_seen = dict(list(self._ddl_seen.items())[-1000:])
+
+    def _record(self, txn: Txn, pos: Position) -> None:
+        """Changes to tables with chunks in flight (under the lock)."""
+        recs = self.recorders
+        for ch in txn.changes:
+            rec = recs.get((ch.schema.db, ch.schema.table))
+            if rec is not None:
+                rec.record(pos, ch.before, ch.after)
 

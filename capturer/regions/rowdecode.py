@@ -64,7 +64,9 @@ def _int24(unsigned: bool) -> Decoder:
 
 
 def _year(d: bytes, o: int) -> tuple[Any, int]:
-    return d[o] + 1900, o + 1
+    """YEAR is stored as year - 1900, and 0 for the zero year '0000' (which the
+    library reads as 1900, a value YEAR cannot hold)."""
+    return (d[o] + 1900 if d[o] else 0), o + 1
 
 
 def _encoding(column: Any) -> str | None:
@@ -168,17 +170,36 @@ def _timestamp2(fsp: int) -> Decoder:
     return dec
 
 
+def time2_packed(d: bytes, o: int, fsp: int) -> int:
+    """MySQL's packed TIME (``intpart << 24 | microseconds``, signed) of a TIME2
+    value, as the server reads it (``my_time_packed_from_binary``). A negative
+    time with a fraction stores its integer part rounded up and the fraction as
+    a negative complement, which python-mysql-replication does not undo (it reads
+    '-01:00:00.25' as -00:59:59.75)."""
+    if fsp >= 5:
+        return int.from_bytes(d[o:o + 6], "big") - 0x800000000000
+    intpart = int.from_bytes(d[o:o + 3], "big") - 0x800000
+    if fsp == 0:
+        return intpart << 24
+    nb, unit, span = (1, 10000, 0x100) if fsp <= 2 else (2, 100, 0x10000)
+    frac = int.from_bytes(d[o + 3:o + 3 + nb], "big")
+    if intpart < 0 and frac:
+        intpart += 1
+        frac -= span
+    return (intpart << 24) + frac * unit
+
+
 def _time2(fsp: int) -> Decoder:
-    nf, frac = _fsp_reader(fsp)
+    nf = (fsp + 1) // 2
 
     def dec(d: bytes, o: int) -> tuple[Any, int]:
-        v = _be_signed(d[o:o + 3])
-        sign = 1 if (v >> 23) & 1 else -1
-        if sign == -1:
-            v = ~v + 1
-        t = dt.timedelta(hours=(v >> 12) & 0x3FF, minutes=(v >> 6) & 63, seconds=v & 63,
-                         microseconds=frac(d, o + 3)) * sign
-        return t, o + 3 + nf
+        if o + 3 + nf > len(d):
+            raise IndexError("TIME2 value truncated")
+        packed = time2_packed(d, o, fsp)
+        a = -packed if packed < 0 else packed
+        ip = a >> 24
+        us = ((((ip >> 12) & 0x3FF) * 60 + ((ip >> 6) & 63)) * 60 + (ip & 63)) * 1_000_000 + (a & 0xFFFFFF)
+        return dt.timedelta(microseconds=-us if packed < 0 else us), o + 3 + nf
 
     return dec
 
@@ -347,6 +368,8 @@ class TablePlan:
             return self.c.rows(data, update)
         out: list[tuple[dict[str, Any], dict[str, Any] | None]] = []
         o, end = 0, len(data)
+        if data and not self.n:  # a row of no columns takes no bytes: it would never end
+            raise ValueError("row bytes for a plan without columns")
         row = self.row
         if update:
             while o < end:
@@ -357,6 +380,8 @@ class TablePlan:
             while o < end:
                 image, o = row(data, o)
                 out.append((image, None))
+        if o > end:  # a value ran past the end (slicing gave it fewer bytes): as the C decoder, an error
+            raise ValueError(f"rows event truncated at byte {end}")
         return out
 
     def row(self, d: bytes, o: int) -> tuple[dict[str, Any], int]:

@@ -204,3 +204,11 @@ def test_demo_once(tmp_path: Path) -> None:
     assert "OK: file replay equals the sources" in r.stdout
     lines = (tmp_path / "demo" / "out" / "changes.jsonl").read_text().splitlines()
     assert any(json.loads(x)["op"] == "delete" for x in lines)
+
+
+def test_demo_baikaldb_once(tmp_path: Path) -> None:
+    r = run_cli("--demo", "baikaldb", "--once", "--demo-dir", str(tmp_path / "demo"))
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "OK: file replay equals the double's tables" in r.stdout
+    lines = (tmp_path / "demo" / "out" / "changes.jsonl").read_text().splitlines()
+    assert any('"op": "ddl"' in x and "ADD COLUMN `extra`" in x for x in lines)

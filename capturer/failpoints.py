@@ -1,0 +1,79 @@
+"""Fault injection at named points, for the reliability suite (``tests/chaos/``).
+
+Off unless the environment variable ``CAPTURER_FAILPOINTS`` is set; then
+``hit(name)`` costs a dict lookup. The variable holds ``;``-separated rules
+``NAME=ACTION@WHEN``:
+
+* ``ACTION``: ``kill`` (SIGKILL this process: a crash at exactly that moment),
+  ``enospc`` (raise ``OSError(ENOSPC)``: a full disk) or ``eio``.
+* ``WHEN``: ``N`` (the N-th hit, 1-based), ``N-M`` (hits N to M), ``N-`` (from
+  the N-th on) or ``*`` (every hit).
+
+Points: ``checkpoint.write`` (the new checkpoint is in its temp file, not yet
+renamed), ``region.ddl`` (a region is about to emit a DDL), ``spill.chunk``
+(a chunk of a big transaction was written to the spill file), ``spill.write``
+(before writing a spill chunk), ``local.write`` (the file sender writes a block).
+
+A bad rule is an error naming the variable, never ignored.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import threading
+
+ENV = "CAPTURER_FAILPOINTS"
+_ACTIONS = ("kill", "enospc", "eio")
+
+
+class FailpointError(ValueError):
+    pass
+
+
+def _parse(text: str) -> dict[str, tuple[str, int, int]]:
+    rules: dict[str, tuple[str, int, int]] = {}
+    for part in filter(None, (p.strip() for p in text.split(";"))):
+        name, sep, spec = part.partition("=")
+        action, sep2, when = spec.partition("@")
+        if not sep or not name or action not in _ACTIONS:
+            raise FailpointError(f"{ENV}: bad rule {part!r}; want NAME=({'|'.join(_ACTIONS)})@WHEN")
+        when = when if sep2 else "*"
+        try:
+            if when == "*":
+                lo, hi = 1, 1 << 62
+            elif "-" in when:
+                a, b = when.split("-", 1)
+                lo, hi = int(a), (int(b) if b else 1 << 62)
+            else:
+                lo = hi = int(when)
+        except ValueError:
+            raise FailpointError(f"{ENV}: bad WHEN in {part!r}; want N, N-M, N- or *") from None
+        if lo < 1 or hi < lo:
+            raise FailpointError(f"{ENV}: bad range in {part!r}")
+        rules[name.strip()] = (action, lo, hi)
+    return rules
+
+
+_RULES = _parse(os.environ.get(ENV, ""))
+_COUNTS: dict[str, int] = {}
+_LOCK = threading.Lock()
+
+
+def hit(name: str) -> None:
+    """Count a pass through the point ``name``; act if a rule says so."""
+    if not _RULES:
+        return
+    rule = _RULES.get(name)
+    if rule is None:
+        return
+    with _LOCK:
+        n = _COUNTS[name] = _COUNTS.get(name, 0) + 1
+    action, lo, hi = rule
+    if not lo <= n <= hi:
+        return
+    if action == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    code = errno.ENOSPC if action == "enospc" else errno.EIO
+    raise OSError(code, f"{os.strerror(code)} (injected at failpoint {name}, hit {n})")

@@ -1,0 +1,16 @@
+"""BaikalDB store regions: the binlog table's regions, read over brpc's HTTP+JSON
+protocol from every store that holds them, merged by commit_ts into one stream.
+
+Modules: ``tso`` (TSO <-> commit_ts), ``brpc_json`` (brpc's json2pb rules),
+``client`` (meta and store calls with leader/peer handling), ``schema`` (source
+tables, their decoding plans and the DDL made from schema changes), ``rows``
+(payload and row decoding), ``region`` (the region: discovery, per-store-region
+readers, the watermark merge).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .region import BaikalRegion  # noqa: F401

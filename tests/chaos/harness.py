@@ -1,0 +1,722 @@
+"""The reliability suite's machinery: real servers, a continuous workload, a
+seeded schedule of faults, and a row-for-row check of every sink.
+
+Everything is real: two MariaDB source regions, a MariaDB target, a Tansu
+Kafka-protocol broker, local Spark and the capturer as a child process
+(``python -m capturer``, as ``start.sh`` runs it). The one stand-in is the
+*storage* under the broker: Tansu's only persistent engines here are S3 and
+PostgreSQL (this build lacks the latter), so it keeps its log in moto's S3
+server, which lets a broker restart keep the topics, as a real cluster does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import pymysql
+
+from capturer.local_mariadb import MariaDBInstance, free_port
+from capturer.replay import read_changes, rebuild
+from helpers import ROOT, Broker, start_servers
+from workload import SCHEMA, Workload
+
+TABLES = ["users", "pairs", "log", "bulk"]
+CHAOS_SCHEMA = SCHEMA + [
+    "CREATE TABLE IF NOT EXISTS app.bulk (id BIGINT PRIMARY KEY, shard INT NOT NULL, n INT NOT NULL, "
+    "payload VARCHAR(200) NOT NULL)",
+]
+
+
+# ----------------------------------------------------------------------------- servers
+
+
+class S3Store:
+    """moto's S3 server on 127.0.0.1: the storage Tansu keeps its log in."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.server: Any = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> "S3Store":
+        import logging
+
+        import boto3
+        from moto.server import ThreadedMotoServer
+
+        logging.getLogger("werkzeug").setLevel(logging.ERROR)
+        self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
+        self.server.start()
+        boto3.client("s3", endpoint_url=self.url, aws_access_key_id="chaos", aws_secret_access_key="chaos",
+                     region_name="us-east-1").create_bucket(Bucket="tansu")
+        return self
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
+
+
+class PersistentBroker(Broker):
+    """Tansu on S3 storage, on a fixed port: a restart keeps every topic."""
+
+    def __init__(self, store: S3Store):
+        super().__init__()
+        self.store = store
+
+    def start(self) -> "PersistentBroker":
+        url = f"tcp://127.0.0.1:{self.port}"
+        env = dict(os.environ, AWS_ENDPOINT=self.store.url, AWS_ACCESS_KEY_ID="chaos", AWS_SECRET_ACCESS_KEY="chaos",
+                   AWS_DEFAULT_REGION="us-east-1", AWS_ALLOW_HTTP="true")
+        self.proc = subprocess.Popen(
+            [self.binary(), "broker", "--listener-url", url, "--advertised-listener-url", url,
+             "--storage-engine", "s3://tansu/"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+        )
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), 0.2).close()
+                return self
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError("tansu did not start")
+
+
+# ----------------------------------------------------------------------------- workload
+
+
+class ChaosWorkload(Workload):
+    """The OLTP mix of ``tests/workload.py`` (PK changes, unique-key swaps, a keyless
+    table, rollbacks) plus big transactions that spill and DDL, and it rides out a
+    restart of its server (a failed transaction is retried as a new one; the
+    sources are the truth the sinks are compared with, not this model)."""
+
+    def __init__(self, m: MariaDBInstance, shard: int, seed: int, big_rows: int):
+        super().__init__(m, shard, seed)
+        self.big_rows = big_rows
+        self.bulk_next = shard * 1_000_000_000  # key ranges of the shards never meet
+        self.big_txns = 0
+        self.ddls = 0
+        self.failed = 0
+        self.paused = threading.Event()
+        self.idle = threading.Event()
+        self.want_big = threading.Event()
+        self.want_ddl = threading.Event()
+
+    def _big(self) -> None:
+        assert self.conn is not None
+        with self.conn.cursor() as cur:
+            if self.rng.random() < 0.6 or self.bulk_next == self.shard * 1_000_000_000:
+                rows = [(self.bulk_next + i, self.shard, i, f"p{self.rng.randrange(10**6)}" * 3)
+                        for i in range(self.big_rows)]
+                n = cur.executemany("INSERT INTO app.bulk VALUES (%s,%s,%s,%s)", rows)
+                self.bulk_next += self.big_rows
+            else:  # a big update, half of it moving primary keys
+                n = cur.execute("UPDATE app.bulk SET n = n + 1, id = IF(n %% 2 = 0, id + 1000000, id) "
+                                "WHERE shard = %s ORDER BY id DESC LIMIT %s", (self.shard, self.big_rows))
+        self.conn.commit()
+        self.rows += n
+        self.big_txns += 1
+
+    def _ddl(self) -> None:
+        assert self.conn is not None
+        self.ddls += 1
+        col = f"c{self.shard}_{self.ddls}"
+        with self.conn.cursor() as cur:
+            cur.execute(f"ALTER TABLE app.bulk ADD COLUMN IF NOT EXISTS `{col}` INT NULL")
+            cur.execute(f"ALTER TABLE app.bulk DROP COLUMN IF EXISTS `{col}`")
+
+    def step(self) -> None:
+        if self.paused.is_set():
+            self.idle.set()
+            time.sleep(0.05)
+            return
+        self.idle.clear()
+        try:
+            if self.conn is None:
+                self.conn = self.m.connect(connect_timeout=3, read_timeout=30, write_timeout=30)
+                self.conn.autocommit(False)
+            if self.want_ddl.is_set():
+                self.want_ddl.clear()
+                self._ddl()
+            elif self.want_big.is_set() or self.rng.random() < 0.004:
+                self.want_big.clear()
+                self._big()
+            else:
+                super().step()
+        except pymysql.err.MySQLError:
+            self.failed += 1
+            with contextlib.suppress(Exception):
+                if self.conn is not None:
+                    self.conn.close()
+            self.conn = None
+            time.sleep(0.2)
+
+    def run_until(self, stop: threading.Event, pace: float) -> None:
+        try:
+            while not stop.is_set():
+                self.step()
+                if pace:
+                    time.sleep(pace)
+        except BaseException as exc:  # noqa: BLE001 (reported by ChaosRun.run)
+            self.errors.append(exc)
+        finally:
+            self.idle.set()
+
+
+# ----------------------------------------------------------------------------- status hammer
+
+
+class StatusHammer(threading.Thread):
+    """Hits the status port from several connections: GETs of every page and
+    junk (garbage bytes, a huge header, a half request). Counts what answered."""
+
+    def __init__(self, port: int, seed: int):
+        super().__init__(daemon=True)
+        self.port = port
+        self.rng = random.Random(seed)
+        self.stop = threading.Event()
+        self.ok = 0
+        self.refused = 0
+        self.junk = 0
+
+    def _one(self) -> None:
+        kind = self.rng.random()
+        with socket.create_connection(("127.0.0.1", self.port), 2) as s:
+            s.settimeout(5)
+            if kind < 0.7:
+                path = self.rng.choice(["/status", "/metrics", "/health", "/", "/nope", "/status?x=1"])
+                s.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+            elif kind < 0.8:
+                s.sendall(bytes(self.rng.randrange(256) for _ in range(self.rng.randrange(1, 4096))))
+                self.junk += 1
+            elif kind < 0.9:
+                s.sendall(b"GET /status HTTP/1.1\r\nX-Big: " + b"a" * 200_000 + b"\r\n\r\n")
+                self.junk += 1
+            else:
+                s.sendall(b"GET /../../etc/passwd HTTP/1.1\r\n")  # and never finishes it
+                self.junk += 1
+                return
+            with contextlib.suppress(OSError):
+                head = s.recv(64)
+                if head.startswith(b"HTTP/1.") and b" 200 " in head[:16]:
+                    self.ok += 1
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            try:
+                self._one()
+            except OSError:
+                self.refused += 1  # a capturer that is down (killed on purpose) refuses
+                time.sleep(0.1)
+
+
+# ----------------------------------------------------------------------------- the capturer
+
+
+class Capturer:
+    """``python -m capturer`` as a child; can be armed with a failpoint."""
+
+    def __init__(self, cfg: Path, log: Path):
+        self.cfg, self.log = cfg, log
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def argv(self) -> list[str]:
+        return [sys.executable, "-m", "capturer", "--config", str(self.cfg)]
+
+    def env(self, failpoints: str = "") -> dict[str, str]:
+        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        env.pop("CAPTURER_FAILPOINTS", None)
+        if failpoints:
+            env["CAPTURER_FAILPOINTS"] = failpoints
+        return env
+
+    @staticmethod
+    def cwd() -> str:
+        return str(ROOT)
+
+    def start(self, failpoints: str = "") -> "Capturer":
+        with open(self.log, "ab") as out:
+            out.write(f"\n===== start {time.strftime('%H:%M:%S')} failpoints={failpoints or '-'}\n".encode())
+            self.proc = subprocess.Popen(self.argv(), stdout=out, stderr=subprocess.STDOUT,
+                                         env=self.env(failpoints), cwd=self.cwd())
+        return self
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill9(self) -> None:
+        if self.alive():
+            assert self.proc is not None
+            self.proc.send_signal(signal.SIGKILL)
+        if self.proc is not None:
+            self.proc.wait()
+
+    def wait_dead(self, timeout: float) -> bool:
+        assert self.proc is not None
+        try:
+            self.proc.wait(timeout)
+            return True
+        except subprocess.TimeoutExpired:
+            return False
+
+    def stop(self, timeout: float = 120) -> int:
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout)
+
+
+# ----------------------------------------------------------------------------- the run
+
+
+@dataclass
+class Plan:
+    seed: int
+    kills: int  # kill -9 in total (random moments + at failpoints)
+    target_outage: float  # seconds the MySQL target is down
+    broker_restarts: int = 1
+    source_restarts: int = 1
+    gap: tuple[float, float] = (3.0, 7.0)  # seconds of load between faults
+    big_rows: int = 600
+    spill_rows: int = 300
+    pace: float = 0.01  # seconds between a shard's transactions: a load the sinks can follow on 2 cores
+    spark: bool = True
+
+
+@dataclass
+class Figures:
+    faults: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    recoveries: list[tuple[str, float]] = field(default_factory=list)
+    rows_written: int = 0
+    txns: int = 0
+    big_txns: int = 0
+    ddls: int = 0
+    failed_source_txns: int = 0
+    lost: int = 0
+    diverged: int = 0
+    duplicates: dict[str, int] = field(default_factory=dict)
+    status_ok: int = 0
+    status_junk: int = 0
+    elapsed: float = 0.0
+
+    def max_recovery(self) -> float:
+        return max((r for _, r in self.recoveries), default=0.0)
+
+    def text(self) -> str:
+        worst = max(self.recoveries, key=lambda x: x[1], default=("-", 0.0))
+        return (
+            f"chaos: faults injected {sum(self.faults.values())} ({dict(self.faults)}); "
+            f"rows written {self.rows_written} in {self.txns} txns ({self.big_txns} spilled big, {self.ddls} DDL "
+            f"pairs, {self.failed_source_txns} source txns failed by restarts); rows lost {self.lost}; "
+            f"rows diverged {self.diverged}; duplicates (identified by region, commit_ts, seq) {self.duplicates}; "
+            f"max recovery {worst[1]:.1f}s ({worst[0]}); status answers {self.status_ok} "
+            f"(+{self.status_junk} junk requests); {self.elapsed:.0f}s"
+        )
+
+
+def checkpoint_ts(cp: Path) -> int:
+    try:
+        return int(json.loads(cp.read_text())["commit_ts"])
+    except (OSError, ValueError, KeyError):
+        return 0
+
+
+def covers(cp: Path, sources: list[MariaDBInstance]) -> bool:
+    try:
+        regions = json.loads(cp.read_text())["regions"]
+    except (OSError, ValueError, KeyError):
+        return False
+    for i, m in enumerate(sources):
+        pos = regions.get(f"r{i + 1}")
+        try:
+            if pos is None or (pos["file"], pos["pos"]) < m.master_position():
+                return False
+        except pymysql.err.MySQLError:
+            return False
+    return True
+
+
+def wait(pred: Callable[[], bool], timeout: float, what: str) -> float:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        if pred():
+            return time.monotonic() - t0
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+class ChaosRun:
+    def __init__(self, tmp: Path, plan: Plan):
+        self.tmp, self.plan = tmp, plan
+        self.rng = random.Random(plan.seed)
+        self.fig = Figures()
+        self.sources: list[MariaDBInstance] = []
+        self.target: MariaDBInstance | None = None
+        self.store: S3Store | None = None
+        self.broker: PersistentBroker | None = None
+        self.cp = tmp / "checkpoint.json"
+        self.out = tmp / "out" / "changes.jsonl"
+        self.wh = tmp / "wh"
+        self.http_port = free_port()
+        self.loads: list[ChaosWorkload] = []
+        self.stop_load = threading.Event()
+        self.threads: list[threading.Thread] = []
+        self.cap: Capturer | None = None
+
+    # -- set-up / tear-down
+    def __enter__(self) -> "ChaosRun":
+        try:
+            self.sources = start_servers(self.tmp, 2)
+            for m in self.sources:
+                m.execute(*CHAOS_SCHEMA)
+            self.target = MariaDBInstance(self.tmp / "target", server_id=99, binlog=False).start()
+            self.store = S3Store().start()
+            self.broker = PersistentBroker(self.store).start()
+        except BaseException:
+            self.__exit__()
+            raise
+        self._write_config()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop_load.set()
+        for t in self.threads:
+            t.join(30)
+        if self.cap is not None:
+            self.cap.kill9()
+        for srv in [*self.sources, self.target]:
+            if srv is not None:
+                with contextlib.suppress(Exception):
+                    srv.stop()
+        if self.broker is not None:
+            self.broker.kill()
+        if self.store is not None:
+            self.store.stop()
+
+    def _write_config(self) -> None:
+        p, t = self.plan, self.tmp
+        assert self.target is not None and self.broker is not None
+        senders = ["local", "mysql", "kafka"] + (["spark"] if p.spark else [])
+        (t / "senderConfig.cfg").write_text(
+            f"[global]\ntype={','.join(senders)}\n"
+            f"[local]\nfilepath={self.out}\nrotate_mb=4\n"
+            f"[mysql]\nhost=127.0.0.1\nport={self.target.port}\nuser=root\npassword=\nthreadnum=4\n"
+            f"[kafka]\nservers={self.broker.servers}\n"
+            f"[spark]\nmaster=local[1]\nwarehouse={self.wh}\nbatch_interval=1\ncompaction_interval=0\n"
+        )
+        (t / "filter_rule.txt").write_text("")
+        regions = "".join(
+            f"\n[region:r{i + 1}]\ntype=mysql\nhost=127.0.0.1\nport={m.port}\nuser=capturer\npassword=capturer\n"
+            f"server_id={800 + i}\nheartbeat_ms=200\n" for i, m in enumerate(self.sources))
+        (t / "config.cfg").write_text(
+            f"[global]\nbinlogCheckPointPath={self.cp}\nsenderConfig={t / 'senderConfig.cfg'}\n"
+            f"filterRuleDict={t / 'filter_rule.txt'}\nhttpPort={self.http_port}\ncheckpointInterval=0.5\n"
+            f"spillRows={p.spill_rows}\nspillDir={t / 'spill'}\nlogLevel=info\n" + regions)
+
+    # -- faults
+    def _restart(self, label: str, failpoints: str = "") -> None:
+        """Start the capturer again and time until its checkpoint moves past where it was."""
+        before = checkpoint_ts(self.cp)
+        assert self.cap is not None
+        self.cap.start(failpoints)
+        self.fig.recoveries.append((label, wait(lambda: checkpoint_ts(self.cp) > before, 300, f"progress after {label}")))
+
+    def kill_random(self) -> None:
+        assert self.cap is not None
+        self.cap.kill9()
+        self.fig.faults["kill -9 (random moment)"] += 1
+        self._restart("kill -9")
+
+    def kill_at(self, point: str, trigger: Callable[[], None]) -> None:
+        """Restart armed with a failpoint that kills at ``point``; make it happen."""
+        assert self.cap is not None
+        self.cap.kill9()
+        hit = self.rng.randint(1, 3) if point == "checkpoint.write" else 1
+        self.cap.start(f"{point}=kill@{hit}")
+        trigger()
+        died = self.cap.wait_dead(90)
+        if not died:  # the moment did not come: a random kill instead, counted as such
+            self.cap.kill9()
+        self.fig.faults[f"kill -9 at {point}" if died else "kill -9 (random moment)"] += 1
+        self._restart(f"kill -9 at {point}")
+
+    def target_outage(self) -> None:
+        assert self.target is not None
+        self.target.stop()
+        time.sleep(self.plan.target_outage)
+        before = checkpoint_ts(self.cp)
+        self.target.start()
+        self.fig.faults[f"MySQL target down {self.plan.target_outage:.0f}s"] += 1
+        self.fig.recoveries.append(("MySQL target back", wait(lambda: checkpoint_ts(self.cp) > before, 300,
+                                                             "progress after the target came back")))
+
+    def broker_restart(self) -> None:
+        assert self.broker is not None
+        self.broker.kill()
+        time.sleep(self.rng.uniform(1, 4))
+        before = checkpoint_ts(self.cp)
+        self.broker.start()
+        self.fig.faults["Kafka broker restarted"] += 1
+        self.fig.recoveries.append(("broker back", wait(lambda: checkpoint_ts(self.cp) > before, 300,
+                                                       "progress after the broker restart")))
+
+    def source_restart(self) -> None:
+        i = self.rng.randrange(len(self.sources))
+        w, m = self.loads[i], self.sources[i]
+        w.paused.set()
+        w.idle.wait(30)
+        m.stop()
+        time.sleep(self.rng.uniform(1, 3))
+        m.start()
+        w.paused.clear()
+        before = checkpoint_ts(self.cp)
+        self.fig.faults["source server restarted"] += 1
+        self.fig.recoveries.append((f"source r{i + 1} back", wait(lambda: checkpoint_ts(self.cp) > before, 300,
+                                                                 "progress after the source restart")))
+
+    def _trigger_ddl(self) -> None:
+        self.rng.choice(self.loads).want_ddl.set()
+
+    def _trigger_big(self) -> None:
+        self.rng.choice(self.loads).want_big.set()
+
+    def schedule(self) -> list[Callable[[], None]]:
+        p = self.plan
+        special = [lambda: self.kill_at("checkpoint.write", lambda: None),
+                   lambda: self.kill_at("region.ddl", self._trigger_ddl),
+                   lambda: self.kill_at("spill.chunk", self._trigger_big)]
+        kills: list[Callable[[], None]] = []
+        for k in range(p.kills):
+            kills.append(special[k] if k < len(special) else
+                         (self.kill_random if self.rng.random() < 0.6 else self.rng.choice(special)))
+        others: list[Callable[[], None]] = [self.target_outage]
+        others += [self.broker_restart] * p.broker_restarts + [self.source_restart] * p.source_restarts
+        faults = kills + others
+        self.rng.shuffle(faults)
+        return faults
+
+    # -- main
+    def run(self) -> Figures:
+        t_start = time.monotonic()
+        p = self.plan
+        self.loads = [ChaosWorkload(m, i + 1, p.seed * 10 + i, p.big_rows) for i, m in enumerate(self.sources)]
+        self.threads = [threading.Thread(target=w.run_until, args=(self.stop_load, p.pace), daemon=True)
+                        for w in self.loads]
+        for t in self.threads:
+            t.start()
+        self.cap = Capturer(self.tmp / "config.cfg", self.tmp / "capturer.log").start()
+        wait(lambda: checkpoint_ts(self.cp) > 0, 180, "the first checkpoint")
+        hammer = StatusHammer(self.http_port, p.seed)
+        hammer.start()
+        try:
+            for fault in self.schedule():
+                time.sleep(self.rng.uniform(*p.gap))
+                assert self.cap.alive(), f"the capturer died on its own; see {self.cap.log}"
+                fault()
+            time.sleep(self.rng.uniform(*p.gap))
+        finally:
+            self.stop_load.set()
+            for t in self.threads:
+                t.join(60)
+            hammer.stop.set()
+            hammer.join(10)
+        assert not [e for w in self.loads for e in w.errors], [e for w in self.loads for e in w.errors]
+        assert self.cap.alive(), f"the capturer died on its own; see {self.cap.log}"
+        wait(lambda: covers(self.cp, self.sources), 600, "every sender to acknowledge all source changes")
+        assert self.cap.stop() == 0, f"unclean final stop; see {self.cap.log}"
+        f = self.fig
+        f.rows_written = sum(w.rows for w in self.loads)
+        f.txns = sum(w.txns for w in self.loads)
+        f.big_txns = sum(w.big_txns for w in self.loads)
+        f.ddls = sum(w.ddls for w in self.loads)
+        f.failed_source_txns = sum(w.failed for w in self.loads)
+        f.status_ok, f.status_junk = hammer.ok, hammer.junk
+        f.elapsed = time.monotonic() - t_start
+        return f
+
+
+# ----------------------------------------------------------------------------- checks
+
+
+def source_json(sources: list[MariaDBInstance], table: str) -> list[str]:
+    from capturer.encode import json_row
+
+    out: list[str] = []
+    for m in sources:
+        c = m.connect()
+        try:
+            with c.cursor() as cur:
+                cur.execute("SET time_zone='+00:00'")
+                cur.execute(f"SELECT * FROM app.`{table}`")
+                cols = [d[0] for d in cur.description]
+                out += [json.dumps(json_row(dict(zip(cols, r)), set()), sort_keys=True) for r in cur.fetchall()]
+        finally:
+            c.close()
+    return sorted(out)
+
+
+def compare(name: str, want: list[Any], got: list[Any]) -> tuple[int, int, str]:
+    """(lost, diverged) rows as multisets, and a short description."""
+    from collections import Counter
+
+    cw, cg = Counter(want), Counter(got)
+    lost = sum((cw - cg).values())
+    extra = sum((cg - cw).values())
+    if not lost and not extra:
+        return 0, 0, ""
+    return lost, extra, (f"{name}: {len(want)} source rows, {len(got)} in the sink; missing e.g. "
+                         f"{list((cw - cg).elements())[:2]}; extra e.g. {list((cg - cw).elements())[:2]}")
+
+
+def duplicate_identities(items: list[tuple[tuple[Any, ...], str]]) -> tuple[int, list[str]]:
+    """Copies of the same (region, commit_ts, seq) must be the same change."""
+    seen: dict[tuple[Any, ...], str] = {}
+    dups, bad = 0, []
+    for ident, body in items:
+        prev = seen.get(ident)
+        if prev is None:
+            seen[ident] = body
+        else:
+            dups += 1
+            if prev != body:
+                bad.append(f"{ident}: {prev[:200]} != {body[:200]}")
+    return dups, bad
+
+
+class Rec(tuple):  # (topic, partition, offset, key, value, headers), with the attribute names of a consumer record
+    topic = property(lambda self: self[0])
+    partition = property(lambda self: self[1])
+    offset = property(lambda self: self[2])
+    key = property(lambda self: self[3])
+    value = property(lambda self: self[4])
+    headers = property(lambda self: self[5])
+
+
+def consume_fast(servers: str, idle: float = 15.0, first: float = 300.0) -> list[Rec]:
+    """Every message of every topic from the beginning (confluent-kafka: the test's
+    own reading must not take longer than the run)."""
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+    c = Consumer({"bootstrap.servers": servers, "group.id": f"chaos-check-{time.time_ns()}",
+                  "enable.auto.commit": False, "session.timeout.ms": 6000, "heartbeat.interval.ms": 2000})
+    try:
+        md = c.list_topics(timeout=30)
+        tps = [TopicPartition(t, p, OFFSET_BEGINNING) for t, tm in md.topics.items() if not t.startswith("__")
+               for p in tm.partitions]
+        c.assign(tps)
+        out: list[Rec] = []
+        last = time.monotonic()
+        # the broker reads a big log back from its store slowly: wait long for the first message
+        while time.monotonic() - last < (idle if out else first):
+            for msg in c.consume(10_000, timeout=0.5):
+                if msg.error():
+                    continue
+                out.append(Rec((msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value(),
+                                msg.headers() or [])))
+                last = time.monotonic()
+        return out
+    finally:
+        c.close()
+
+
+def check_sinks(run: ChaosRun) -> list[str]:
+    """Every sink against the sources; fills the figures; returns the problems."""
+    problems: list[str] = []
+    f = run.fig
+    want = {t: source_json(run.sources, t) for t in TABLES}
+
+    # the file: replayed in order, copies collapsed by identity
+    raw = list(read_changes(run.out, dedupe=False))
+    items = [((d["region"], d["commit_ts"], d["seq"], d.get("sub", 0)), json.dumps(d, sort_keys=True))
+             for d in raw if d.get("op") != "ddl"]
+    dups, bad = duplicate_identities(items)
+    f.duplicates["file"] = dups
+    problems += [f"file: two different changes share an identity: {b}" for b in bad[:3]]
+    problems += [f"file: a rolled-back row arrived: {d}" for d in raw
+                 if "rolled back" in json.dumps(d.get("after"))][:3]
+    state = rebuild(read_changes(run.out))
+    for t in TABLES:
+        got = sorted(json.dumps(r, sort_keys=True) for r in state.get(("app", t), {}).values())
+        lost, div, why = compare(f"file app.{t}", want[t], got)
+        f.lost += lost
+        f.diverged += div
+        problems += [why] if why else []
+
+    # the MySQL target, row for row
+    from workload import rows_of
+
+    assert run.target is not None
+    for t in TABLES:
+        w = sorted((r for m in run.sources for r in rows_of(m, "app", t)), key=repr)
+        g = rows_of(run.target, "app", t)
+        lost, div, why = compare(f"MySQL app.{t}", [repr(r) for r in w], [repr(r) for r in g])
+        f.lost += lost
+        f.diverged += div
+        problems += [why] if why else []
+
+    # Kafka, replayed by key
+    from integration.test_snapshot import rebuild_kafka
+
+    assert run.broker is not None
+    records = consume_fast(run.broker.servers)
+    items = []
+    for r in records:
+        if r.value is None or r.topic == "capturer.schema_changes":
+            continue
+        h = {k: v.decode() for k, v in r.headers}
+        body = json.loads(r.value)
+        body.pop("ts_ms", None)  # when the capturer sent it (Debezium's meaning): a re-send differs there only
+        items.append(((h["region"], h["commit_ts"], h["seq"], h["op"]), json.dumps(body, sort_keys=True)))
+    dups, bad = duplicate_identities(items)
+    f.duplicates["kafka"] = dups
+    problems += [f"kafka: two different changes share an identity: {b}" for b in bad[:3]]
+    state_k = rebuild_kafka(records)
+    for t in TABLES:
+        lost, div, why = compare(f"Kafka app.{t}", want[t], state_k.get(("app", t), []))
+        f.lost += lost
+        f.diverged += div
+        problems += [why] if why else []
+
+    # the lake, through its merge-on-read views (in a child: its own JVM)
+    if run.plan.spark:
+        problems += check_lake(run)
+    return problems
+
+
+def check_lake(run: ChaosRun) -> list[str]:
+    from capturer.lakecli import verify
+    from senders.spark import build_session
+
+    spark = build_session({"master": "local[1]"}, run.tmp / "sparkhome")
+    problems = []
+    try:
+        srcs = [{"host": "127.0.0.1", "port": m.port, "user": "root", "password": ""} for m in run.sources]
+        for t in TABLES:
+            report = verify(spark, run.wh, "cdc", "app", t, srcs)
+            lost = int(report.get("missing", 0))
+            div = int(report.get("extra", 0)) + int(report.get("different", 0))
+            run.fig.lost += lost
+            run.fig.diverged += div
+            if not report.get("equal") or lost or div:
+                problems.append(f"lake app.{t}: {json.dumps(report, default=str)[:1500]}")
+    finally:
+        spark.stop()
+    return problems

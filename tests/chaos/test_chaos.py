@@ -1,0 +1,46 @@
+"""Crashes and outages under load, every sender at once; see harness.py.
+
+The quick case runs in every test run; the full schedule (20 kill -9, a 60 s
+target outage, ...) with ``sh tests/run.sh --runslow`` (or ``-k chaos_full``).
+A seed reproduces a schedule: CHAOS_SEED=n.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from .harness import ChaosRun, Plan, check_sinks
+
+pytestmark = pytest.mark.integration
+pytest.importorskip("pyspark")
+pytest.importorskip("moto")
+
+
+def run_plan(tmp_path: Path, plan: Plan, capsys: pytest.CaptureFixture[str]) -> None:
+    with ChaosRun(tmp_path, plan) as run:
+        fig = run.run()
+        problems = check_sinks(run)
+    with capsys.disabled():
+        print(f"\n[seed {plan.seed}] {fig.text()}")
+    assert not problems, "\n".join(problems)
+    assert fig.lost == 0 and fig.diverged == 0
+    kills = sum(n for k, n in fig.faults.items() if k.startswith("kill"))
+    assert kills == plan.kills
+    assert fig.big_txns > 0 and fig.status_ok > 0
+
+
+@pytest.mark.timeout(900)
+def test_chaos_quick(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    seed = int(os.environ.get("CHAOS_SEED", "7"))
+    run_plan(tmp_path, Plan(seed=seed, kills=3, target_outage=8, gap=(2.0, 4.0)), capsys)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+def test_chaos_full(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    seed = int(os.environ.get("CHAOS_SEED", "20261123"))
+    run_plan(tmp_path, Plan(seed=seed, kills=20, target_outage=60, broker_restarts=2, source_restarts=2,
+                            gap=(3.0, 8.0)), capsys)

@@ -1,0 +1,529 @@
+"""Initial and on-demand snapshots (real MariaDB sources and target, Tansu, local Spark)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+import requests
+
+from capturer.encode import json_row, quote_ident
+from capturer.local_mariadb import MariaDBInstance
+from capturer.replay import read_changes, rebuild
+from helpers import ROOT, Broker, CapturerProcess, checkpoint_covers, consume_all, read_lines, start_servers, wait_for, write_config
+from workload import SCHEMA, TABLES, Workload, assert_target_equals_sources
+
+pytestmark = pytest.mark.integration
+
+EXTRA = [
+    # hostile names, a table keyed only by a NOT NULL unique key, an empty table
+    "CREATE DATABASE `we``ird db`",
+    "CREATE TABLE `we``ird db`.`ta ble%s` (`i d` INT PRIMARY KEY, `v``al` VARCHAR(30), `%s` TEXT)",
+    "CREATE TABLE app.ukonly (code VARCHAR(20) NOT NULL, v INT, UNIQUE KEY uk (code))",
+    "CREATE TABLE app.empty (id INT PRIMARY KEY)",
+]
+
+
+def fill_extra(m: MariaDBInstance, n: int = 300) -> None:
+    c = m.connect()
+    with c.cursor() as cur:
+        cur.executemany("INSERT INTO `we``ird db`.`ta ble%%s` VALUES (%s, %s, %s)",
+                        [(i, f"v`'\"\\{i}", "%s %d" if i % 3 else None) for i in range(n)])
+        cur.executemany("INSERT INTO app.ukonly VALUES (%s, %s)", [(f"c{i}", i) for i in range(n)])
+    c.commit()
+    c.close()
+
+
+def churn_extra(m: MariaDBInstance, rounds: int) -> None:
+    c = m.connect()
+    with c.cursor() as cur:
+        for i in range(rounds):
+            cur.execute("UPDATE `we``ird db`.`ta ble%%s` SET `v``al` = CONCAT(`v``al`, '+') WHERE `i d` = %s", (i * 7 % 300,))
+            cur.execute("UPDATE app.ukonly SET v = v + 1000 WHERE code = %s", (f"c{i * 11 % 300}",))
+            if i % 10 == 0:
+                cur.execute("DELETE FROM app.ukonly WHERE code = %s", (f"c{i}",))
+            c.commit()
+    c.close()
+
+
+def source_rows(m: MariaDBInstance, db: str, table: str) -> list[str]:
+    c = m.connect()
+    try:
+        with c.cursor() as cur:
+            cur.execute("SET time_zone='+00:00'")
+            cur.execute(f"SELECT * FROM {quote_ident(db)}.{quote_ident(table)}")
+            cols = [d[0] for d in cur.description]
+            return sorted(json.dumps(json_row(dict(zip(cols, r)), set()), sort_keys=True) for r in cur.fetchall())
+    finally:
+        c.close()
+
+
+ALL = [("app", t) for t in TABLES] + [("we`ird db", "ta ble%s"), ("app", "ukonly"), ("app", "empty")]
+
+
+def assert_file_equals_source(tmp: Path, m: MariaDBInstance) -> None:
+    state = rebuild(read_changes(tmp / "out" / "changes.jsonl"))
+    for db, t in ALL:
+        got = sorted(json.dumps(r, sort_keys=True) for r in state.get((db, t), {}).values())
+        want = source_rows(m, db, t)
+        assert got == want, f"file: {db}.{t}: {len(got)} rows vs {len(want)} in the source"
+
+
+def snapshot_done(cap: Any, region: str = "r1") -> bool:
+    snap = cap.snapshot()["regions"][region].get("snapshot")
+    return bool(snap) and all(t["state"] in ("done", "dropped") for t in snap["tables"].values())
+
+
+def rebuild_kafka(records: list[Any]) -> dict[tuple[str, str], list[str]]:
+    """Every table's rows from the topics: keyed tables by key; keyless ones as a
+    multiset in commit order, emptied by a TRUNCATE from the schema topic."""
+    seen = set()
+    events: dict[str, list[tuple[int, int, dict[str, Any], Any]]] = defaultdict(list)
+    truncates: dict[tuple[str, str], list[int]] = defaultdict(list)
+    for r in records:
+        if r.value is None:
+            continue
+        h = {k: v.decode() for k, v in r.headers}
+        if r.topic == "capturer.schema_changes":
+            d = json.loads(r.value)
+            if d["ddl"].startswith("TRUNCATE"):
+                truncates[(d["source"]["db"], d["source"]["table"])].append(int(h["commit_ts"]))
+            continue
+        ident = (h["region"], h["commit_ts"], h["seq"], h["op"])
+        if ident in seen:
+            continue
+        seen.add(ident)
+        d = json.loads(r.value)
+        events[r.topic].append((int(h["commit_ts"]), int(h["seq"]), d, r.key))
+    out: dict[tuple[str, str], list[str]] = {}
+    for topic, evs in events.items():
+        evs.sort(key=lambda e: (e[0], e[1]))
+        db, table = evs[0][2]["source"]["db"], evs[0][2]["source"]["table"]
+        cuts = sorted(truncates.get((db, table), []))
+        keyed: dict[Any, dict[str, Any]] = {}
+        keyless: list[dict[str, Any]] = []
+        for ts, _, d, key in evs:
+            while cuts and cuts[0] < ts:
+                keyless.clear()
+                keyed.clear()
+                cuts.pop(0)
+            if key is None:
+                if d["op"] in ("c", "r"):
+                    keyless.append(d["after"])
+                elif d["op"] == "d" and d["before"] in keyless:  # (a row from before the copy: not seen)
+                    keyless.remove(d["before"])
+                continue
+            if d["op"] in ("c", "u", "r"):
+                keyed[key] = d["after"]
+            else:
+                keyed.pop(key, None)
+        rows = list(keyed.values()) + keyless
+        out[(db, table)] = sorted(json.dumps(x, sort_keys=True) for x in rows)
+    return out
+
+
+@pytest.fixture
+def target(tmp_path: Path) -> Iterator[MariaDBInstance]:
+    m = MariaDBInstance(tmp_path / "target", server_id=99, binlog=False).start()
+    yield m
+    m.stop()
+
+
+def test_initial_snapshot_with_concurrent_writes_every_sender(tmp_path: Path, target: MariaDBInstance,
+                                                              capturer_running) -> None:  # type: ignore[no-untyped-def]
+    """Tables with history that is no longer in the binlog are copied while writes go
+    on; file, MySQL, Kafka and Spark end up equal to the source."""
+    pytest.importorskip("pyspark")
+    from capturer.lakecli import verify
+
+    (m,) = start_servers(tmp_path, 1)
+    broker = Broker().start()
+    wh = tmp_path / "wh"
+    try:
+        m.execute(*SCHEMA, *EXTRA)
+        w = Workload(m, 1, 77)
+        w.run(400)
+        fill_extra(m)
+        m.execute("FLUSH BINARY LOGS", "PURGE BINARY LOGS BEFORE NOW() + INTERVAL 1 DAY")  # history: only tables
+        senders = (f"[global]\ntype=local,mysql,kafka,spark\n[local]\nfilepath={tmp_path / 'out' / 'changes.jsonl'}\n"
+                   f"[mysql]\nhost=127.0.0.1\nport={target.port}\nuser=root\npassword=\nthreadnum=4\n"
+                   f"[kafka]\nservers={broker.servers}\nclient=confluent\n"
+                   f"[spark]\nmaster=local[2]\nwarehouse={wh}\nbatch_interval=0.3\ncompaction_interval=0\n")
+        cfg = write_config(tmp_path, [m], senders=senders,
+                           region_extra="snapshot=initial\nsnapshot_chunk_rows=60\nsnapshot_workers=2\n")
+        with capturer_running(cfg) as cap:
+            t = w.thread(300)  # concurrent writes during the snapshot
+            churn_extra(m, 150)
+            t.join()
+            assert not w.errors
+            wait_for(lambda: snapshot_done(cap), 180, "the snapshot to finish")
+            wait_for(lambda: checkpoint_covers(tmp_path, [m]), 180, "every sender to catch up")
+            st = cap.snapshot()
+            for table in TABLES + ["ukonly"]:  # (a table that never had a row has no lake table)
+                r = verify(cap.senders[3]._session(), wh, "cdc", "app", table,  # type: ignore[attr-defined]
+                           [{"host": "127.0.0.1", "port": m.port, "user": "root", "password": ""}])
+                assert r["equal"], r
+        snap = st["regions"]["r1"]["snapshot"]["tables"]
+        assert snap["app.users"]["state"] == "done" and snap["app.users"]["chunks"] > 5
+        assert snap["app.empty"]["rows"] == 0 and snap["app.empty"]["state"] == "done"
+        assert_file_equals_source(tmp_path, m)
+        assert_target_equals_sources([m], target, tables=TABLES + ["ukonly", "empty"])
+        assert source_rows(m, "we`ird db", "ta ble%s") == source_rows(target, "we`ird db", "ta ble%s")
+        kafka = rebuild_kafka(consume_all(broker.servers))
+        for db, t in ALL:
+            if t == "empty":
+                continue
+            assert kafka[(db, t)] == source_rows(m, db, t), f"kafka {db}.{t}"
+        lines = read_lines(tmp_path)
+        reads = [x for x in lines if x["op"] == "read"]
+        assert reads and all(x["snapshot"]["run"] for x in reads)
+        assert {x["table"] for x in reads} >= {"users", "pairs", "log", "ta ble%s", "ukonly"}
+        # the snapshot's rows are spread over the stream, between binlog transactions
+        ops = [x["op"] for x in lines]
+        first_read, last_read = ops.index("read"), len(ops) - 1 - ops[::-1].index("read")
+        assert any(o in ("insert", "update", "delete") for o in ops[first_read:last_read])
+    finally:
+        broker.kill()
+        m.stop()
+
+
+def test_kill9_mid_snapshot_resumes_after_the_last_acknowledged_chunk(tmp_path: Path) -> None:
+    N = 150_000
+    (m,) = start_servers(tmp_path, 1)
+    try:
+        m.execute("CREATE DATABASE big", "CREATE TABLE big.t (id INT PRIMARY KEY, v VARCHAR(40), n INT)")
+        c = m.connect()
+        with c.cursor() as cur:
+            for s in range(0, N, 5000):
+                cur.executemany("INSERT INTO big.t VALUES (%s, %s, %s)",
+                                [(i, f"row-{i}", i % 97) for i in range(s, s + 5000)])
+        c.commit()
+        cfg = write_config(tmp_path, [m], region_extra="snapshot=initial\nsnapshot_chunk_rows=500\nsnapshot_workers=1\n")
+        log = tmp_path / "capturer.log"
+        p = CapturerProcess(cfg, log).start()
+        p.wait_ready()
+
+        def acked_rows() -> int:
+            try:
+                cp = json.loads((tmp_path / "checkpoint.json").read_text())
+            except (OSError, ValueError):
+                return 0
+            return sum(t["rows"] for t in cp["regions"]["r1"].get("snapshot", []))
+
+        wait_for(lambda: acked_rows() >= 3000, 120, "part of the snapshot to be acknowledged")
+        with c.cursor() as cur:  # writes while it copies
+            cur.execute("UPDATE big.t SET v = 'changed' WHERE id % 1000 = 3")
+            cur.execute("DELETE FROM big.t WHERE id % 1000 = 5")
+        c.commit()
+        p.kill9()
+        before = acked_rows()
+        assert 0 < before < N
+        p = CapturerProcess(cfg, log).start()
+        p.wait_ready()
+        with c.cursor() as cur:
+            cur.execute("UPDATE big.t SET n = -1 WHERE id % 1000 = 7")
+        c.commit()
+        wait_for(lambda: "snapshot of big.t done" in log.read_text(), 120, "the snapshot to finish")
+        wait_for(lambda: checkpoint_covers(tmp_path, [m]), 60)
+        assert p.stop() == 0
+        c.close()
+        state = rebuild(read_changes(tmp_path / "out" / "changes.jsonl"))
+        got = sorted(json.dumps(r, sort_keys=True) for r in state[("big", "t")].values())
+        assert got == source_rows(m, "big", "t")
+        reads = [x for x in read_lines(tmp_path) if x["op"] == "read"]
+        # resumed after the acknowledged chunks, not from zero
+        assert len(reads) < N + (N - before) // 2, len(reads)
+        last = [x["snapshot"] for x in reads][-1]
+        assert last["last"] and sorted({x["snapshot"]["chunk"] for x in reads}) == list(range(last["chunk"] + 1))
+    finally:
+        m.stop()
+
+
+def test_on_demand_resnapshot_repairs_a_target(tmp_path: Path, target: MariaDBInstance, capturer_running) -> None:  # type: ignore[no-untyped-def]
+    (m,) = start_servers(tmp_path, 1)
+    try:
+        m.execute(*SCHEMA)
+        token = "s3cret-token-for-tests"
+        cfg = write_config(tmp_path, [m], extra_global=f"controlToken={token}\n",
+                           senders=f"[global]\ntype=mysql\n[mysql]\nhost=127.0.0.1\nport={target.port}\n"
+                                   "user=root\npassword=\nthreadnum=4\n")
+        with capturer_running(cfg) as cap:
+            w = Workload(m, 1, 5)
+            w.run(200)
+            wait_for(lambda: checkpoint_covers(tmp_path, [m]), 60)
+            assert_target_equals_sources([m], target)
+            # someone damages the target
+            target.execute("DELETE FROM app.users WHERE id % 3 = 0", "UPDATE app.users SET name = 'damaged'",
+                           "INSERT INTO app.users (id, email) VALUES (-1, 'not-in-the-source')")
+            url = f"http://127.0.0.1:{cap.status_server.port}"  # type: ignore[union-attr]
+            # refused without the token, or with a wrong one; GET stays read-only
+            assert requests.post(url + "/snapshot", json={"tables": ["app.users"]}, timeout=10).status_code == 401
+            assert requests.post(url + "/snapshot", json={"tables": ["app.users"]}, timeout=10,
+                                 headers={"Authorization": "Bearer wrong"}).status_code == 401
+            bad = requests.post(url + "/snapshot", json={"tables": ["nodb.notable"]}, timeout=10,
+                                headers={"Authorization": f"Bearer {token}"})
+            assert bad.status_code == 404 and "nodb.notable" in bad.json()["error"]
+            # the CLI, as an operator runs it (with --truncate: rows the source lacks go too)
+            r = subprocess.run([sys.executable, "-m", "capturer", "snapshot", "app.users", "--truncate",
+                                "--config", str(cfg), "--url", url], cwd=ROOT, capture_output=True, text=True,
+                               env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=60)
+            assert r.returncode == 0, r.stderr
+            assert "snapshot run" in r.stdout
+            t = w.thread(100)  # writes go on meanwhile
+            t.join()
+            wait_for(lambda: snapshot_done(cap), 60, "the re-snapshot")
+            wait_for(lambda: checkpoint_covers(tmp_path, [m]), 60)
+            st = requests.get(url + "/status", timeout=10).json()
+            metrics = requests.get(url + "/metrics", timeout=10).text
+        assert_target_equals_sources([m], target)
+        assert st["regions"]["r1"]["snapshot"]["tables"]["app.users"]["state"] == "done"
+        assert 'capturer_snapshot_rows{region="r1",table="app.users"}' in metrics
+    finally:
+        m.stop()
+
+
+def test_control_endpoint_is_off_without_a_token(tmp_path: Path, capturer_running) -> None:  # type: ignore[no-untyped-def]
+    (m,) = start_servers(tmp_path, 1)
+    try:
+        cfg = write_config(tmp_path, [m])
+        with capturer_running(cfg) as cap:
+            url = f"http://127.0.0.1:{cap.status_server.port}"  # type: ignore[union-attr]
+            r = requests.post(url + "/snapshot", json={"tables": ["app.users"]}, timeout=10,
+                              headers={"Authorization": "Bearer anything"})
+            assert r.status_code == 403 and "controlToken" in r.json()["error"]
+            r = subprocess.run([sys.executable, "-m", "capturer", "snapshot", "app.users", "--config", str(cfg),
+                                "--url", url], cwd=ROOT, capture_output=True, text=True,
+                               env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=60)
+            assert r.returncode == 2 and "controlToken" in r.stderr
+    finally:
+        m.stop()
+
+
+def test_table_dropped_during_its_snapshot(tmp_path: Path, capturer_running) -> None:  # type: ignore[no-untyped-def]
+    (m,) = start_servers(tmp_path, 1)
+    try:
+        m.execute("CREATE DATABASE d", "CREATE TABLE d.gone (id INT PRIMARY KEY, v TEXT)",
+                  "CREATE TABLE d.stays (id INT PRIMARY KEY)")
+        c = m.connect()
+        with c.cursor() as cur:
+            for s in range(0, 40000, 5000):
+                cur.executemany("INSERT INTO d.gone VALUES (%s, %s)", [(i, "x" * 200) for i in range(s, s + 5000)])
+            cur.executemany("INSERT INTO d.stays VALUES (%s)", [(i,) for i in range(50)])
+        c.commit()
+        c.close()
+        cfg = write_config(tmp_path, [m], region_extra="snapshot=initial\nsnapshot_chunk_rows=200\nsnapshot_workers=1\n")
+        with capturer_running(cfg) as cap:
+            wait_for(lambda: (cap.snapshot()["regions"]["r1"].get("snapshot") or {}).get("rows", 0) > 400, 60)
+            m.execute("DROP TABLE d.gone")
+            wait_for(lambda: snapshot_done(cap), 60, "the snapshot to end")
+            wait_for(lambda: checkpoint_covers(tmp_path, [m]), 60)
+            snap = cap.snapshot()["regions"]["r1"]["snapshot"]["tables"]
+            assert cap.failure == ""
+        assert snap["d.gone"]["state"] == "dropped"
+        assert snap["d.stays"]["state"] == "done" and snap["d.stays"]["rows"] == 50
+        state = rebuild(read_changes(tmp_path / "out" / "changes.jsonl"))
+        assert not state.get(("d", "gone"))  # emptied by the DROP TABLE that follows its rows
+        assert len(state[("d", "stays")]) == 50
+    finally:
+        m.stop()
+
+
+@pytest.mark.parametrize("driver", ["mariadb", "pymysql"])
+def test_snapshot_values_equal_binlog_values_for_every_type(tmp_path: Path, driver: str) -> None:
+    """A row read by a snapshot is, value for value and schema for schema, what the
+    binlog decoder gives for the same row (so sinks cannot tell them apart)."""
+    import random
+
+    from capturer.app import Capturer
+    from capturer.config import load_config
+    from integration.test_rowdecode import COLS, GOLDEN, rand_row
+
+    (m,) = start_servers(tmp_path, 1)
+    try:
+        m.execute("CREATE DATABASE g", GOLDEN)
+        rng = random.Random(11)
+        c = m.connect()
+        with c.cursor() as cur:
+            cur.execute("SET time_zone='+00:00'")
+            ph = ", ".join(["%s"] * (len(COLS) + 1))
+            for i in range(200):
+                cur.execute(f"INSERT INTO g.t (id, {', '.join(COLS)}) VALUES ({ph})", [i, *rand_row(rng, i)])
+            cur.execute("UPDATE g.t SET g = POINT(1.5, -2), s = '', t6 = '-00:00:00.000001' WHERE id < 5")
+            cur.execute("INSERT INTO g.t (id, dt0, da, ts0, y) VALUES (1000, '0000-00-00', '0000-00-00', 0, 0)")
+            cur.execute("INSERT INTO g.t (id) VALUES (1001)")
+        c.commit()
+        c.close()
+        runs = {}
+        for mode in ("binlog", "snapshot"):
+            d = tmp_path / mode
+            d.mkdir()
+            if driver == "mariadb":
+                pytest.importorskip("mariadb")
+            extra = f"snapshot=initial\nsnapshot_driver={driver}\n" if mode == "snapshot" else "start=earliest\n"
+            cfg = write_config(d, [m], region_extra=extra)
+            cap = Capturer(load_config(cfg))
+            cap.start()
+            want = b'"op": "read"' if mode == "snapshot" else b'"op": "insert"'
+            out = d / "out" / "changes.jsonl"
+
+            def done(c: Any) -> bool:  # (complete lines only: the file is being written)
+                if not out.exists() or c.manager.acked_ts() == 0:
+                    return False
+                return sum(want in line for line in out.read_bytes().split(b"\n")[:-1]) >= 202
+
+            t0 = time.monotonic()
+            cap.run(until=lambda c: done(c) or time.monotonic() - t0 > 120)
+            runs[mode] = rebuild(read_changes(d / "out" / "changes.jsonl"))[("g", "t")]
+            if mode == "binlog":
+                (binlog_schema,) = [x for k, x in cap.regions[0]._schemas.items() if k[:2] == ("g", "t")]
+            else:
+                from capturer.regions.snapshot import Reader, describe
+
+                reader = Reader(cap.regions[0])  # type: ignore[arg-type]
+                assert reader.kind == driver
+                snap_schema = describe(reader, "g", "t").schema
+                reader.close()
+        # the same TableSchema (types, keys): sinks (the lake's column types) cannot tell them apart
+        assert snap_schema == binlog_schema
+        diffs = {(k, c): (v.get(c), runs["snapshot"][k].get(c)) for k, v in runs["binlog"].items()
+                 for c in v if v.get(c) != runs["snapshot"].get(k, {}).get(c)}
+        assert not diffs, list(diffs.items())[:6]
+        assert runs["binlog"] == runs["snapshot"]
+    finally:
+        m.stop()
+
+
+def _file_state(tmp: Path, db: str, tables: list[str]) -> dict[str, list[str]]:
+    state = rebuild(read_changes(tmp / "out" / "changes.jsonl"))
+    return {t: sorted(json.dumps(r, sort_keys=True) for r in state.get((db, t), {}).values()) for t in tables}
+
+
+def test_odd_keys_unique_key_order_and_uuid_keys(tmp_path: Path, capturer_running) -> None:  # type: ignore[no-untyped-def]
+    """Chunk keys that compare unlike they print (ENUM, BIT, zero dates), a table
+    keyed by the server's first NOT NULL unique key (not the first by name), and a
+    UUID key changed while chunks are in flight: every row, once, in every case."""
+    (m,) = start_servers(tmp_path, 1)
+    try:
+        m.execute("CREATE DATABASE d",
+                  "CREATE TABLE d.e (e ENUM('z','a') NOT NULL, id INT NOT NULL, PRIMARY KEY (e, id))",
+                  "INSERT INTO d.e SELECT 'z', seq FROM d.seq_1_to_25",
+                  "INSERT INTO d.e SELECT 'a', seq FROM d.seq_1_to_25",
+                  "CREATE TABLE d.b (b BIT(8) NOT NULL PRIMARY KEY, v INT)",
+                  "INSERT INTO d.b SELECT seq, seq FROM d.seq_1_to_40",
+                  "CREATE TABLE d.s (s SET('x','y','z') NOT NULL, id INT NOT NULL, PRIMARY KEY (s, id))",
+                  "INSERT INTO d.s SELECT ELT(1 + seq % 4, '', 'x', 'y,z', 'x,y,z'), seq FROM d.seq_1_to_40",
+                  "CREATE TABLE d.u (a INT NOT NULL, b INT NOT NULL, v INT, UNIQUE KEY z_key (b), UNIQUE KEY a_key (a))",
+                  "INSERT INTO d.u SELECT seq, 1000 - seq, seq FROM d.seq_1_to_40",
+                  "CREATE TABLE d.g (id UUID PRIMARY KEY, ip INET6, v INT)",
+                  "INSERT INTO d.g SELECT UUID(), CONCAT('2001:db8::', HEX(seq)), seq FROM d.seq_1_to_60")
+        c = m.connect()
+        with c.cursor() as cur:
+            cur.execute("SET SESSION sql_mode=''")
+            cur.execute("CREATE TABLE d.z (dt DATETIME NOT NULL, id INT NOT NULL, PRIMARY KEY (dt, id))")
+            cur.execute("INSERT INTO d.z SELECT '0000-00-00 00:00:00', seq FROM d.seq_1_to_25")
+            cur.execute("INSERT INTO d.z SELECT '2020-01-01', seq FROM d.seq_1_to_25")
+        c.commit()
+        tables = ["e", "b", "s", "u", "g", "z"]
+        m.execute("FLUSH BINARY LOGS", "PURGE BINARY LOGS BEFORE NOW() + INTERVAL 1 DAY")
+        cfg = write_config(tmp_path, [m], region_extra="snapshot=initial\nsnapshot_chunk_rows=10\nsnapshot_workers=2\n")
+        with capturer_running(cfg) as cap:
+            with c.cursor() as cur:  # changes while the chunks go
+                for i in range(30):
+                    cur.execute("UPDATE d.g SET v = v + 100 WHERE v %% 7 = %s", (i % 7,))
+                    cur.execute("DELETE FROM d.g WHERE v = %s", (i,))
+                    cur.execute("UPDATE d.u SET v = -v WHERE a = %s", (i,))
+                    c.commit()
+            wait_for(lambda: snapshot_done(cap), 60, "the snapshot")
+            wait_for(lambda: checkpoint_covers(tmp_path, [m]), 60)
+            snap = cap.snapshot()["regions"]["r1"]["snapshot"]["tables"]
+        c.close()
+        assert all(v["state"] == "done" for v in snap.values()), snap
+        # the source read back in the values the binlog gives: BIT as a bit string, a zero
+        # date as NULL, UUID/INET6 as their 16 bytes
+        exprs = {"b": "LPAD(BIN(b), 8, '0') AS b, v",
+                 "z": "NULLIF(CAST(dt AS CHAR), '0000-00-00 00:00:00') AS dt, id",
+                 "g": "CAST(id AS BINARY) AS id, CAST(ip AS BINARY) AS ip, v"}
+        want = {}
+        c = m.connect()
+        with c.cursor() as cur:
+            for t in tables:
+                cur.execute(f"SELECT {exprs.get(t, '*')} FROM d.{t}")
+                cols = [x[0] for x in cur.description]
+                want[t] = sorted(json.dumps(json_row(dict(zip(cols, r)), set()), sort_keys=True) for r in cur.fetchall())
+        c.close()
+        assert _file_state(tmp_path, "d", tables) == want
+        pks = {(x["table"], tuple(x["pk"])) for x in read_lines(tmp_path) if x["op"] in ("read", "update", "insert")}
+        assert ("u", ("b",)) in pks and ("u", ("a",)) not in pks  # the server's first unique key, both paths
+    finally:
+        m.stop()
+
+
+def test_ddl_between_and_during_chunks(tmp_path: Path, target: MariaDBInstance, capturer_running) -> None:  # type: ignore[no-untyped-def]
+    """Columns added and dropped while a table is being copied: the copy goes on with
+    the new columns, and the target ends equal to the source."""
+    (m,) = start_servers(tmp_path, 1)
+    try:
+        m.execute("CREATE DATABASE d", "CREATE TABLE d.t (id INT PRIMARY KEY, a VARCHAR(20), b INT)",
+                  "INSERT INTO d.t SELECT seq, CONCAT('a', seq), seq FROM d.seq_1_to_3000")
+        cfg = write_config(tmp_path, [m], senders=(
+            f"[global]\ntype=local,mysql\n[local]\nfilepath={tmp_path / 'out' / 'changes.jsonl'}\n"
+            f"[mysql]\nhost=127.0.0.1\nport={target.port}\nuser=root\npassword=\nthreadnum=4\n"),
+            region_extra="snapshot=initial\nsnapshot_chunk_rows=50\nsnapshot_workers=1\n")
+        with capturer_running(cfg) as cap:
+            wait_for(lambda: (cap.snapshot()["regions"]["r1"].get("snapshot") or {}).get("rows", 0) > 200, 60)
+            m.execute("ALTER TABLE d.t ADD COLUMN c INT NOT NULL DEFAULT 7",
+                      "UPDATE d.t SET c = id WHERE id % 10 = 0")
+            m.execute("ALTER TABLE d.t DROP COLUMN a")
+            m.execute("UPDATE d.t SET b = -b WHERE id % 13 = 0")
+            wait_for(lambda: snapshot_done(cap), 60, "the snapshot")
+            wait_for(lambda: checkpoint_covers(tmp_path, [m]), 60)
+            snap = cap.snapshot()["regions"]["r1"]["snapshot"]["tables"]
+        assert snap["d.t"]["state"] == "done"
+        assert source_rows(target, "d", "t") == source_rows(m, "d", "t")
+    finally:
+        m.stop()
+
+
+def test_on_demand_requests_racing(tmp_path: Path, target: MariaDBInstance, capturer_running) -> None:  # type: ignore[no-untyped-def]
+    """Two requests for a table in quick succession (the second supersedes the first),
+    a request while workers are leaving, and bad request bodies."""
+    (m,) = start_servers(tmp_path, 1)
+    try:
+        m.execute("CREATE DATABASE d", "CREATE TABLE d.t (id INT PRIMARY KEY, v INT)",
+                  "INSERT INTO d.t SELECT seq, seq FROM d.seq_1_to_5000")
+        token = "t0k3n-racing-requests"
+        cfg = write_config(tmp_path, [m], extra_global=f"controlToken={token}\n",
+                           senders=f"[global]\ntype=mysql\n[mysql]\nhost=127.0.0.1\nport={target.port}\n"
+                                   "user=root\npassword=\nthreadnum=4\n",
+                           region_extra="snapshot_chunk_rows=100\nsnapshot_workers=2\n")
+        target.execute("CREATE DATABASE d", "CREATE TABLE d.t (id INT PRIMARY KEY, v INT)")
+        with capturer_running(cfg) as cap:
+            url = f"http://127.0.0.1:{cap.status_server.port}/snapshot"  # type: ignore[union-attr]
+            auth = {"Authorization": f"Bearer {token}"}
+            for body, code in (({"tables": ["d.t"], "truncate": "false"}, 400), ({"tables": "d.t"}, 400),
+                               ({"tables": ["d.t"], "region": 5}, 400), ({"tables": ["d"]}, 400),
+                               ({"tables": ["d.missing"]}, 404), ({"tables": ["d.t"], "region": "r9"}, 404)):
+                r = requests.post(url, json=body, headers=auth, timeout=10)
+                assert r.status_code == code, (body, r.status_code, r.text)
+            runs = [requests.post(url, json={"tables": ["d.t"]}, headers=auth, timeout=10).json() for _ in range(2)]
+            assert runs[0]["regions"]["r1"]["run"] != runs[1]["regions"]["r1"]["run"]
+            wait_for(lambda: snapshot_done(cap), 60, "the snapshot")
+            time.sleep(1.5)  # the workers leave
+            m.execute("UPDATE d.t SET v = -v WHERE id % 3 = 0")
+            target.execute("DELETE FROM d.t WHERE id > 4000")
+            assert requests.post(url, json={"tables": ["d.t"]}, headers=auth, timeout=10).status_code == 202
+            wait_for(lambda: snapshot_done(cap), 60, "the third snapshot")
+            wait_for(lambda: checkpoint_covers(tmp_path, [m]), 60)
+            st = cap.snapshot()["regions"]["r1"]["snapshot"]["tables"]["d.t"]
+        assert st["state"] == "done" and st["run"] not in (runs[0]["regions"]["r1"]["run"],)
+        assert source_rows(target, "d", "t") == source_rows(m, "d", "t")
+    finally:
+        m.stop()
