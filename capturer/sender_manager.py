@@ -3,9 +3,15 @@ computes the checkpoint from their acknowledgements.
 
 Each sender has its own bounded queue and thread, so senders drain in
 parallel; a slow sender throttles the stream once its queue is full
-(back-pressure, not unbounded buffering). The checkpoint is the minimum of the
-senders' acknowledged commit_ts; each region's position in it is the one after
-that region's last transaction at or below that commit_ts.
+(back-pressure, not unbounded buffering).
+
+Every item handed out gets a dispatch number (its index in the merged stream)
+and senders acknowledge numbers, not commit_ts: two regions can commit at the
+same commit_ts, and a sender that has taken the first of them but not the
+second must not let the second region's position into the checkpoint. A
+region's position in the checkpoint is the one after its last item that every
+sender acknowledged; the checkpoint's commit_ts is the newest commit_ts at or
+below which every item is acknowledged.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from senders.base import Sender
 
 from .bqueue import Closed
 from .checkpoint import Checkpoint
-from .model import Item, Position, Txn
+from .model import AnyPosition, Item, Txn
 
 log = logging.getLogger(__name__)
 
@@ -31,8 +37,10 @@ class SenderManager:
         self.senders = senders
         self.stop_event = stop
         self.checkpoint = start
-        self._positions: dict[str, Position] = dict(start.regions)
-        self._pending: collections.deque[tuple[int, str, Position | None]] = collections.deque()
+        self._positions: dict[str, AnyPosition] = dict(start.regions)
+        # (dispatch number, commit_ts, region, position) of items not yet acknowledged by every sender
+        self._pending: collections.deque[tuple[int, int, str, AnyPosition | None]] = collections.deque()
+        self._seq = 0
         self._lock = threading.Lock()
         self.dispatched_ts = start.commit_ts
         self.dispatched_txns = 0
@@ -46,7 +54,9 @@ class SenderManager:
     def dispatch(self, item: Item) -> None:
         """Hand one item to every sender, in stream order (blocks when a sender is full)."""
         with self._lock:
-            self._pending.append((item.commit_ts, item.region, item.position))
+            self._seq += 1
+            seq = self._seq
+            self._pending.append((seq, item.commit_ts, item.region, item.position))
             self.dispatched_ts = item.commit_ts
         weight = 1
         if isinstance(item, Txn):
@@ -57,24 +67,32 @@ class SenderManager:
                 self.ddl_pending_ts = item.commit_ts
         for s in self.senders:
             try:
-                s.queue.put(item, weight, stop=self.stop_event)
+                s.queue.put((seq, item), weight, stop=self.stop_event)
             except Closed:
                 return
 
     def acked_ts(self) -> int:
         return min(s.acked_ts for s in self.senders)
 
+    def acked_seq(self) -> int:
+        return min(s.acked_seq for s in self.senders)
+
     def advance(self) -> Checkpoint:
         """The checkpoint as of now (never below the previous one)."""
-        acked = self.acked_ts()
+        acked = self.acked_seq()
         with self._lock:
-            if acked <= self.checkpoint.commit_ts:
-                return self.checkpoint
+            last_ts = None
             while self._pending and self._pending[0][0] <= acked:
-                _, region, pos = self._pending.popleft()
+                _, last_ts, region, pos = self._pending.popleft()
                 if pos is not None:
                     self._positions[region] = pos
-            self.checkpoint = Checkpoint(acked, dict(self._positions))
+            if last_ts is None:
+                return self.checkpoint
+            if self._pending and self._pending[0][1] <= last_ts:
+                # another region's item at the same commit_ts is still on its way
+                last_ts = self._pending[0][1] - 1
+            ts = max(last_ts, self.checkpoint.commit_ts)
+            self.checkpoint = Checkpoint(ts, dict(self._positions))
             return self.checkpoint
 
     def failed(self) -> Sender | None:

@@ -7,7 +7,8 @@ bounded queue, and runs in its own thread. Subclasses implement
 * ``send(batch)`` receives transactions in stream order (heartbeats are
   filtered out). When it returns, every row of the batch must be durable at
   the destination: the base class then acknowledges the batch, i.e. moves
-  ``acked_ts`` to the commit_ts of its last item.
+  ``acked_seq`` to the dispatch number of its last item (the SenderManager
+  numbers the merged stream) and ``acked_ts`` to its commit_ts.
 * It raises ``SinkError(retriable=True)`` for a failure worth retrying (the
   base retries the same batch with capped exponential backoff, shows the error
   and the retry count in the status, and does not acknowledge meanwhile) or
@@ -70,8 +71,10 @@ class Sender:
     def __init__(self, name: str, options: dict[str, Any], queue_rows: int = 100_000):
         self.name = name
         self.options = options
-        self.queue: WeightedQueue[Item] = WeightedQueue(queue_rows)
+        # (dispatch number, item) pairs in stream order, from the SenderManager
+        self.queue: WeightedQueue[tuple[int, Item]] = WeightedQueue(queue_rows)
         self.acked_ts = 0
+        self.acked_seq = 0
         self.rows = 0
         self.txns = 0
         self.errors = 0
@@ -147,28 +150,29 @@ class Sender:
                 return
             while not self._stop.is_set():
                 try:
-                    items = self.queue.get_many(self.batch_rows, timeout=0.2)
+                    pairs = self.queue.get_many(self.batch_rows, timeout=0.2)
                 except Closed:
                     break
-                if not items:
+                if not pairs:
                     continue
                 if self.linger > 0:
                     deadline = time.monotonic() + self.linger
-                    rows = sum(len(it.changes) for it in items if isinstance(it, Txn))
+                    rows = sum(len(it.changes) for _, it in pairs if isinstance(it, Txn))
                     while rows < self.batch_rows and time.monotonic() < deadline and not self._stop.is_set():
                         try:
                             more = self.queue.get_many(self.batch_rows - rows, timeout=0.05)
                         except Closed:
                             break
-                        items.extend(more)
-                        rows += sum(len(it.changes) for it in more if isinstance(it, Txn))
-                batch = [it for it in items if isinstance(it, Txn)]
+                        pairs.extend(more)
+                        rows += sum(len(it.changes) for _, it in more if isinstance(it, Txn))
+                batch = [it for _, it in pairs if isinstance(it, Txn)]
                 if batch:
                     if not self._with_retries("send", self.send, batch):
                         break
                     self.txns += len(batch)
                     self.rows += sum(len(t.changes) for t in batch)
-                self.acked_ts = max(self.acked_ts, items[-1].commit_ts)
+                self.acked_ts = max(self.acked_ts, pairs[-1][1].commit_ts)
+                self.acked_seq = pairs[-1][0]
         except BaseException as exc:  # noqa: BLE001 - reported to the app
             self.error = exc
             self.state = "failed"

@@ -119,7 +119,7 @@ class FlakySender(Sender):
 def test_retry_does_not_ack_until_delivered() -> None:
     s = FlakySender()
     s.start(0)
-    s.queue.put(txn(1))
+    s.queue.put((1, txn(1)))
     deadline = time.time() + 5
     while s.acked_ts < 1 and time.time() < deadline:
         assert s.acked_ts == 0 or s.got
@@ -147,3 +147,50 @@ def test_spark_sender_refuses_a_column_named_like_lake_metadata(tmp_path: Path) 
     with pytest.raises(SinkError) as ei:
         s._state_for(TableSchema("d", "u", ("id", "v"), ("id",)), [["id", "bigint"], ["v", "string"]])  # noqa: SLF001
     assert "changed type from bigint to string" in str(ei.value) and "Way out" in str(ei.value)
+
+
+class OneAtATime(Sender):
+    """Takes one transaction per batch and blocks on the batch numbered ``hold``."""
+
+    batch_rows = 1
+
+    def __init__(self, hold: int):
+        super().__init__("one", {})
+        self.hold = hold
+        self.gate = threading.Event()
+        self.got: list[tuple[str, int]] = []
+
+    def send(self, batch: list[Txn]) -> None:
+        if len(self.got) + 1 == self.hold:
+            self.gate.wait()
+        self.got.extend((t.region, t.commit_ts) for t in batch)
+
+
+def test_checkpoint_never_passes_an_unacknowledged_txn_at_the_same_commit_ts() -> None:
+    """Two regions commit at the same commit_ts (MariaDB: same second, same counter).
+    A sender that acknowledged the first but not the second must not let the
+    checkpoint fold the second region's position: after a crash that region would
+    resume past a transaction this sender never got."""
+    s = OneAtATime(hold=3)
+    m = SenderManager([s], Checkpoint(), threading.Event())
+    m.start()
+    m.dispatch(txn(4, "a", pos=400))
+    m.dispatch(txn(5, "a", pos=500))
+    m.dispatch(txn(5, "b", pos=600))
+    deadline = time.time() + 5
+    while len(s.got) < 2 and time.time() < deadline:
+        time.sleep(0.01)
+    assert s.got == [("a", 4), ("a", 5)]
+    time.sleep(0.1)
+    cp = m.advance()
+    assert "b" not in cp.regions, cp.regions  # (5, b) is not acknowledged
+    assert cp.regions["a"] == Position("bin.000001", 500)
+    assert cp.commit_ts == 4  # "everything at or below commit_ts is durable" stays true
+    s.gate.set()
+    while len(s.got) < 3 and time.time() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.1)
+    cp = m.advance()
+    assert cp.commit_ts == 5 and cp.regions["b"] == Position("bin.000001", 600)
+    m.stop()
+    m.join()
