@@ -1,7 +1,9 @@
 """K-way merge of region streams into one stream ordered by (commit_ts, region).
 
 ``Merger`` is pure (no threads, no sockets) so it can be property-tested.
-Each region offers items in its own strictly increasing commit_ts order.
+Each region offers items in its own strictly increasing commit_ts order
+(except that DDL preludes, ``Ddl.seq < 0``, share the commit_ts of the
+transaction they precede).
 An item is released only when every region has an item at its head (a
 transaction or a heartbeat): then the smallest head is below every region's
 watermark, and nothing smaller can come later.
@@ -39,6 +41,8 @@ class Merger:
             raise ValueError("regions must be a non-empty list of distinct names")
         self._heads: dict[str, Item | None] = {r: None for r in self.regions}
         self._last: dict[str, int] = {r: -1 for r in self.regions}
+        # the region's last item was a DDL prelude: the next transaction may share its commit_ts
+        self._prelude: dict[str, bool] = dict.fromkeys(self.regions, False)
         self.last_emitted: tuple[int, int, str] | None = None
 
     def needs(self) -> list[str]:
@@ -53,11 +57,12 @@ class Merger:
             raise RuntimeError(f"region {r!r} already has a head item")
         last = self._last[r]
         if isinstance(item, Txn):
-            if item.commit_ts <= last:
+            if item.commit_ts < last or (item.commit_ts == last and not self._prelude[r]):
                 raise OrderError(f"region {r}: commit_ts {item.commit_ts} after {last}")
         elif item.commit_ts < last:
             raise OrderError(f"region {r}: heartbeat {item.commit_ts} after {last}")
         self._last[r] = item.commit_ts
+        self._prelude[r] = isinstance(item, Txn) and item.ddl is not None and item.ddl.prelude
         self._heads[r] = item
 
     def watermark(self) -> int | None:

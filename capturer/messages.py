@@ -169,7 +169,8 @@ def ddl_message(txn: Txn, ddl: Ddl, fmt: str) -> bytes:
 
         pb = protogen.load()
         m = pb.RowChange(region=txn.region, commit_ts=txn.commit_ts, db=ddl.db, table=ddl.table,
-                         op=pb.RowChange.DDL, sql=ddl.sql, source_ts=txn.source_ts, last=True)
+                         op=pb.RowChange.DDL, sql=ddl.sql, source_ts=txn.source_ts, last=True,
+                         seq=ddl.seq)
         fill_position(m.position, txn)
         return m.SerializeToString()
     if fmt == "canal":
@@ -179,7 +180,7 @@ def ddl_message(txn: Txn, ddl: Ddl, fmt: str) -> bytes:
         return json.dumps(d, ensure_ascii=False).encode()
     if fmt == "sql":
         return ddl.sql.encode()
-    d2 = {"source": {**source_block(txn, ddl.db, ddl.table, 0), "session_db": ddl.session_db},
+    d2 = {"source": {**source_block(txn, ddl.db, ddl.table, ddl.seq), "session_db": ddl.session_db},
           "ddl": ddl.sql, "ts_ms": int(time.time() * 1000)}
     return json.dumps(d2, ensure_ascii=False).encode()
 

@@ -341,12 +341,24 @@ class Ddl:
 
     ``db``/``table``: what it changes (``table`` is "" for a database-level
     statement or when the statement could not be read); ``session_db``: the
-    database that was current when it ran (unqualified names refer to it)."""
+    database that was current when it ran (unqualified names refer to it).
+
+    ``seq``: the statement's place in the change identity ``(region, commit_ts,
+    seq)``. 0 for a statement of its own; a region that must apply a schema
+    change in front of a transaction (BaikalDB writes no DDL, so the region
+    derives it) gives the k statements the transaction's commit_ts and seq -k
+    .. -1: they leave just before it and never share an identity with its rows."""
 
     db: str
     sql: str
     table: str = ""
     session_db: str = ""
+    seq: int = 0
+
+    @property
+    def prelude(self) -> bool:
+        """Emitted in front of a transaction of the same region at the same commit_ts."""
+        return self.seq < 0
 
 
 @dataclass(frozen=True)

@@ -339,7 +339,7 @@ class KafkaSender(Sender):
             if topic:
                 self._partitions(topic)  # create it if needed; DDL keeps one order: partition 0
                 client.produce(topic, 0, txn.ddl.db.encode(), ddl_message(txn, txn.ddl, self.fmt),
-                               self._headers(txn, 0, "ddl"))
+                               self._headers(txn, txn.ddl.seq, "ddl"))
                 n += 1
             return n
         if not txn.changes:

@@ -35,7 +35,7 @@ def txn_lines_json(txn: Txn) -> Iterator[bytes]:
     """One JSON line per row change (without the newline): the reference encoding."""
     head = _head(txn)
     if txn.ddl is not None:
-        d = {**head, "seq": 0, "db": txn.ddl.db, "table": txn.ddl.table, "op": "ddl",
+        d = {**head, "seq": txn.ddl.seq, "db": txn.ddl.db, "table": txn.ddl.table, "op": "ddl",
              "sql": txn.ddl.sql, "txn_rows": 0, "last": True}
         yield json.dumps(d, ensure_ascii=False).encode()
         return

@@ -103,3 +103,26 @@ def test_tie_between_regions_orders_by_region_name() -> None:
     m.offer(Txn("a", 7, POS))
     first = m.pop()
     assert first is not None and first.region == "a"
+
+
+def test_ddl_preludes_share_the_commit_ts_of_the_transaction_they_precede() -> None:
+    from capturer.model import Ddl
+
+    m = Merger(["a", "b"])
+    pre = [Txn("a", 7, POS, (), Ddl("d", f"ALTER TABLE t ADD c{i} INT", "t", "d", i - 2)) for i in range(2)]
+    m.offer(pre[0])
+    m.offer(Txn("b", 7, POS))
+    out = [m.pop()]
+    m.offer(pre[1])
+    out.append(m.pop())
+    m.offer(Txn("a", 7, POS))  # the data transaction, after its two preludes
+    out.append(m.pop())
+    m.offer(Heartbeat("a", 9))
+    out.append(m.pop())  # b's transaction at 7 comes after all of a's items at 7
+    assert [(x.region, x.commit_ts, x.ddl.seq if x.ddl else None) for x in out] == [
+        ("a", 7, -2), ("a", 7, -1), ("a", 7, None), ("b", 7, None)]
+    with pytest.raises(OrderError):  # only a prelude opens the same commit_ts to the next transaction
+        m2 = Merger(["a"])
+        m2.offer(Txn("a", 7, POS, (), Ddl("d", "CREATE TABLE x (i INT)")))
+        m2.pop()
+        m2.offer(Txn("a", 7, POS))

@@ -259,6 +259,7 @@ class StoreRegionInfo:
     not_leader: int = 0
     version_old: int = 0
     follower_reads: int = 0
+    repeats: int = 0  # entries at the read's own binlog_ts (older stores give the last fake back)
     peer_failures: int = 0
     retries: int = 0
     meta_refreshes: int = 0
@@ -288,7 +289,7 @@ class StoreRegionInfo:
             "leader": self.leader, "peers": list(self.peers), "serving_peer": self.serving_peer,
             "next_ts": self.next_ts, "latest_ts": self.latest_ts,
             "lag_seconds": round(max(0.0, time.time() - unix_ms(self.latest_ts) / 1000), 3) if self.latest_ts else None,
-            "reads": self.reads, "entries": self.entries, "fakes": self.fakes,
+            "reads": self.reads, "entries": self.entries, "fakes": self.fakes, "repeats": self.repeats,
             "not_leader": self.not_leader, "version_old": self.version_old,
             "follower_reads": self.follower_reads, "peer_failures": self.peer_failures,
             "retries": self.retries, "meta_refreshes": self.meta_refreshes, "last_error": self.last_error,
@@ -417,9 +418,10 @@ class StoreClient:
                                        f"{code} {_store_errmsg(d)}")
             errors.append(f"{peer}: {code} {_store_errmsg(d)}".rstrip())
         # the leader no longer holds it (its word is final; a follower that answered
-        # "nothing new" only lags), or every peer that answered says so
-        if leader_purged or (purged and len(purged) == answered):
-            raise BinlogPurged(self._purged_message(sr, binlog_ts))
+        # "nothing new" only lags), or every peer of the region says so: one follower
+        # alone may be a new peer whose binlog starts late, so it is not believed
+        if leader_purged or (purged and set(purged) >= set(sr.peers)):
+            raise BinlogPurged(self._purged_message(sr, binlog_ts, "the leader" if leader_purged else "every peer"))
         if empty_from is not None:
             return ReadResult([], empty_from, False)
         raise PeerFailure("; ".join(errors) or "no peer answered", refresh)
@@ -438,6 +440,11 @@ class StoreClient:
                 ts = int(ts)
             if not isinstance(ts, int) or isinstance(ts, bool):
                 raise PeerFailure(f"{peer}: commit_ts {ts!r} is not an integer")
+            if ts == binlog_ts and not out:
+                # older stores scan from binlog_ts inclusive and give the fake at it back
+                # (what was read last): delivered already, so skipped
+                sr.repeats += 1
+                continue
             if ts <= prev:
                 raise FatalSourceError(
                     f"{self.where}: store {peer}, region {sr.region_id}: commit_ts {ts} follows {prev} in a "
@@ -490,13 +497,44 @@ class StoreClient:
                 sr.leader = d["leader"]
         return None
 
-    def _purged_message(self, sr: StoreRegionInfo, binlog_ts: int) -> str:
+    def oldest_ts(self, sr: StoreRegionInfo) -> int:
+        """Where ``start=earliest`` begins: the newest ``oldest_ts`` any peer reports
+        (a follower may still hold binlog its leader has purged; reading from the
+        leader's oldest is what is safe)."""
+        found: list[int] = []
+        errors: list[str] = []
+        for peer in self._order(sr):
+            try:
+                d = self.http.post(peer, "StoreService/query_binlog",
+                                   {"op_type": "OP_QUERY_BINLOG", "region_id": sr.region_id,
+                                    "region_version": sr.version})
+            except (PeerFailure, FatalSourceError) as exc:
+                errors.append(str(exc))
+                continue
+            code = _errcode(d)
+            info = d.get("binlog_info")
+            if code == "SUCCESS" and isinstance(info, dict) and isinstance(info.get("oldest_ts"), int) \
+                    and info["oldest_ts"] > 0:
+                found.append(int(info["oldest_ts"]))
+            elif code == "UNSUPPORT_REQ_TYPE":
+                raise FatalSourceError(
+                    f"{self.where}: store {peer} does not know OP_QUERY_BINLOG (an older BaikalDB), so "
+                    "start=earliest cannot find the oldest binlog of region "
+                    f"{sr.region_id}; set start to a BaikalDB TSO, a UTC time (YYYY-MM-DD HH:MM:SS) or latest")
+            else:
+                errors.append(f"{peer}: {code or 'no errcode'}")
+        if not found:
+            raise SourceError(f"{self.where}: binlog region {sr.region_id}: no peer answered OP_QUERY_BINLOG with "
+                              "its oldest_ts (needed for start=earliest): " + "; ".join(errors))
+        return max(found)
+
+    def _purged_message(self, sr: StoreRegionInfo, binlog_ts: int, who: str) -> str:
         info = self.query_binlog(sr)
         oldest = ""
         if info and isinstance(info.get("oldest_ts"), int):
             oldest = f"; the oldest binlog it still holds is at TSO {describe(int(info['oldest_ts']))}"
         return (f"{self.where}: binlog region {sr.region_id} (partition {sr.partition_id}) no longer holds "
-                f"the binlog after TSO {describe(binlog_ts)} (LESS_THAN_OLDEST_TS from every peer: it was "
+                f"the binlog after TSO {describe(binlog_ts)} (LESS_THAN_OLDEST_TS from {who}: it was "
                 f"purged){oldest}. Changes in between are lost for this capturer; nothing was skipped. "
                 "To recover: re-seed the destinations from the source tables, then restart reading from a "
                 "position the store still holds: stop the capturer, remove this region from the checkpoint "

@@ -50,36 +50,47 @@ from typing import Any
 from ... import protogen
 from ...bqueue import Closed, WeightedQueue
 from ...durable import append_line, rewrite_lines
-from ...encode import quote_ident
+from ...encode import qualified, quote_ident
 from ...errors import CheckpointError, FatalSourceError, SourceError
 from ...model import Ddl, Heartbeat, RowChange, TsPosition, Txn
 from ...spill import DEFAULT_CHUNK_ROWS, SpillWriter
 from ..base import Region, RegionContext
-from .client import MetaClient, PeerFailure, StoreClient, StoreRegionInfo
+from .client import BinlogPurged, MetaClient, PeerFailure, StoreClient, StoreRegionInfo
 from .rows import Entry, RowDecodeError, RowPlan, UnpairedUpdate, mutation_changes, parse_entry
-from .schema import TableDef, alter_table_sql, create_table_sql, linked_binlog_tables, transition_def
+from .schema import TableDef, alter_table_sql, create_table_sql, linked_binlog_tables
 from .tso import describe, from_unix_ms, to_commit_ts, unix_ms, unix_seconds
 
 log = logging.getLogger(__name__)
 
-# heartbeats trail the watermark by this many TSO ticks, so that a DDL can
-# always be given a commit_ts of its own in front of the next transaction
-RESERVE = 16
 # parts of one transaction across partitions have commit_ts from one TSO batch
 JOIN_GAP = 64
-# transactions are held while their commit_ts are this close, up to MAX_RUN of them
-MIN_GAP = 16
-MAX_RUN = 1000
+
+
+@dataclass
+class Epoch:
+    """The source tables' schemas in effect from a point of the stream on.
+
+    ``from_ts``: the schemas apply to entries after this TSO; ``at_ts``: the
+    commit TSO the switch's DDL preludes were given (the transaction they
+    precede, or the heartbeat's TSO); ``first``: the first start's CREATE
+    statements. None for the schemas a region started with."""
+
+    tables: dict[int, TableDef]
+    from_ts: int | None = None
+    at_ts: int | None = None
+    first: bool = False
 
 
 class SchemaJournal:
-    """``epoch -> {table_id: TableDef}``: the schemas in effect at each position
-    of this region (JSON lines, fsync'd before a position names the epoch)."""
+    """``epoch -> Epoch``: the schemas in effect at each position of this region
+    (JSON lines, fsync'd before any item names the epoch). A switch is journaled
+    before its DDL leaves, with where it applies, so that a restart from before
+    it makes the same switch at the same point with the same statements."""
 
     def __init__(self, path: Path | None):
         self.path = path
         self.lock = threading.Lock()  # the region appends while the app's checkpoint prunes
-        self.epochs: dict[int, dict[int, TableDef]] = {}
+        self.epochs: dict[int, Epoch] = {}
         if path is None or not path.exists():
             return
         lines = path.read_text(encoding="utf-8").splitlines()
@@ -88,8 +99,11 @@ class SchemaJournal:
                 continue
             try:
                 d = json.loads(line)
-                self.epochs[int(d["epoch"])] = {int(k): TableDef.from_json(v) for k, v in d["tables"].items()}
-            except (ValueError, KeyError, TypeError) as exc:
+                tables = {int(k): TableDef.from_json(v) for k, v in d["tables"].items()}
+                f, a = d.get("from_ts"), d.get("at_ts")
+                self.epochs[int(d["epoch"])] = Epoch(tables, None if f is None else int(f),
+                                                     None if a is None else int(a), bool(d.get("first")))
+            except (ValueError, KeyError, TypeError, AttributeError) as exc:
                 if n == len(lines):  # a torn last line after kill -9: never referenced by a position
                     log.warning("%s:%d: ignoring torn last line", path, n)
                     continue
@@ -99,15 +113,32 @@ class SchemaJournal:
         with self.lock:
             return max(self.epochs, default=0) + 1
 
-    def write(self, epoch: int, tables: dict[int, TableDef]) -> None:
+    def write(self, epoch: int, ep: Epoch) -> None:
         with self.lock:
             if self.path is not None:
-                append_line(self.path, self._line(epoch, tables))
-            self.epochs[epoch] = dict(tables)
+                append_line(self.path, self._line(epoch, ep))
+            self.epochs[epoch] = ep
 
     @staticmethod
-    def _line(epoch: int, tables: dict[int, TableDef]) -> str:
-        return json.dumps({"epoch": epoch, "tables": {str(k): v.to_json() for k, v in tables.items()}})
+    def _line(epoch: int, ep: Epoch) -> str:
+        d: dict[str, Any] = {"epoch": epoch, "tables": {str(k): v.to_json() for k, v in ep.tables.items()}}
+        if ep.from_ts is not None:
+            d["from_ts"] = ep.from_ts
+        if ep.at_ts is not None:
+            d["at_ts"] = ep.at_ts
+        if ep.first:
+            d["first"] = True
+        return json.dumps(d)
+
+    def scheduled_after(self, epoch: int, ts: int) -> list[tuple[int, Epoch]]:
+        """Switches journaled after ``epoch`` that apply at or after ``ts``, in order."""
+        with self.lock:
+            return sorted((e, ep) for e, ep in self.epochs.items()
+                          if e > epoch and ep.from_ts is not None and ep.from_ts >= ts and not ep.first)
+
+    def first_start(self) -> tuple[int, Epoch] | None:
+        with self.lock:
+            return next(((e, ep) for e, ep in sorted(self.epochs.items()) if ep.first), None)
 
     def prune(self, keep_from: int) -> None:
         with self.lock:
@@ -121,18 +152,29 @@ class SchemaJournal:
 
 
 @dataclass
+class Switch:
+    """A schema switch to make in front of a transaction (or at a heartbeat):
+    ``changes`` tid -> (version in use or None for a new table, next version)."""
+
+    changes: dict[int, tuple[TableDef | None, TableDef]]
+    epoch: int | None = None  # a journaled switch being made again: its epoch number ...
+    at: int | None = None  # ... the TSO its preludes had ...
+    from_ts: int | None = None  # ... and the TSO after which its schemas apply
+
+
+@dataclass
 class Prepared:
-    """A transaction decoded and ready to leave, not yet emitted."""
+    """A transaction decoded and ready to leave."""
 
     ts: int  # BaikalDB commit TSO (the last part's)
     entries: list[Entry]
+    changes: Any = ()  # tuple[RowChange, ...] or SpilledChanges
+    switch: Switch | None = None
 
     @property
     def first(self) -> int:
-        """The first part's commit TSO (a DDL or a position must stay below it)."""
+        """The first part's commit TSO (a position in front of it must stay below it)."""
         return self.entries[0].ts
-    changes: Any  # tuple[RowChange, ...] or SpilledChanges
-    switches: dict[int, tuple[TableDef | None, TableDef]] = field(default_factory=dict)
 
     @property
     def txn_id(self) -> int:
@@ -157,18 +199,22 @@ class BaikalRegion(Region):
         self.journal = SchemaJournal(jpath)
         self.tables: dict[int, TableDef] = {}
         self.plans: dict[int, RowPlan] = {}
-        self.pending: dict[int, tuple[TableDef, int]] = {}  # newer versions seen, with the TSO when seen
+        # newer versions the meta showed, not switched to yet, with a TSO taken after they were read
+        self.pending: dict[int, tuple[TableDef, int]] = {}
         self.epoch = 0
+        self.scheduled: list[tuple[int, Epoch]] = []  # switches journaled before a restart, to make again
+        self._initialised = False
         self.stores: dict[int, StoreRegionInfo] = {}
         self.partitions = 1
         self.binlog_table = ""
         self.last_emitted = 0  # TSO of the last item that left (txn, DDL or heartbeat)
-        self.held: list[Prepared] = []  # decoded, not emitted yet: a run of close commit_ts
         self.watermark = 0
         self._starts: dict[int, int] = {}
         self._fatal: BaseException | None = None
         self._new_regions: list[Any] = []
         self._lock = threading.Lock()
+        self._refreshed: tuple[dict[int, TableDef], int] | None = None  # from the refresher thread
+        self._refreshing = False
         self._warned: set[Any] = set()
         self._last_refresh = 0.0
         self._last_evidence_refresh = 0.0
@@ -196,13 +242,13 @@ class BaikalRegion(Region):
             self.journal.prune(position.epoch)
 
     # --- discovery ----------------------------------------------------------
-    def _now_tso(self) -> int:
-        tso = self.meta.gen_tso()
+    def _now_tso(self, meta: MetaClient | None = None) -> int:
+        tso = (meta or self.meta).gen_tso()
         return tso if tso else from_unix_ms(int(time.time() * 1000))
 
-    def _linked(self) -> tuple[Any, dict[int, TableDef]]:
-        """(the binlog table's SchemaInfo, the source tables linked to it)."""
-        schemas = self.meta.query_schemas()
+    def _linked(self, meta: MetaClient | None = None) -> tuple[Any, dict[int, TableDef], int]:
+        """(the binlog table's SchemaInfo, the source tables linked to it, the partitions)."""
+        schemas = (meta or self.meta).query_schemas()
         tid = self.cfg.binlogTableID
         binlog = next((s for s in schemas if int(s.table_id) == tid), None)
         if binlog is None:
@@ -220,16 +266,16 @@ class BaikalRegion(Region):
                 d = TableDef.from_schema_info(s)
                 defs[d.table_id] = d
         self.binlog_table = f"{binlog.database}.{binlog.table_name}"
-        self.partitions = max(1, int(binlog.partition_num or 1))
-        return binlog, defs
+        return binlog, defs, max(1, int(binlog.partition_num or 1))
 
     def _discover(self) -> None:
         self.meta.find_leader()
-        _, defs = self._linked()
-        if not self.tables:
+        _, defs, parts = self._linked()
+        if not self._initialised:
             self._init_schemas(defs)
+            self._initialised = True
         else:
-            self._note_versions(defs)
+            self._note_versions(defs, self._now_tso())
         regions = self.meta.query_regions(self.cfg.binlogTableID)
         if self.cfg.binlogRegionID:
             want = set(self.cfg.binlogRegionID)
@@ -241,7 +287,7 @@ class BaikalRegion(Region):
             regions = [r for r in regions if int(r.region_id) in want]
         if not regions:
             raise SourceError(f"{self.where}: the meta servers list no region of binlog table {self.cfg.binlogTableID}")
-        self.partitions = max(self.partitions, len({int(r.partition_id) for r in regions}))
+        self._set_partitions(parts, regions)
         for r in regions:
             rid = int(r.region_id)
             if rid in self.stores:
@@ -252,9 +298,22 @@ class BaikalRegion(Region):
         if not self._starts:
             self._choose_starts()
 
+    def _set_partitions(self, partition_num: int, regions: list[Any]) -> None:
+        """Partitions only grow (joining the parts of a transaction must not switch
+        off because one answer lacked ``partition_num``)."""
+        self.partitions = max(self.partitions, partition_num, len({int(r.partition_id) for r in regions}))
+
     def _init_schemas(self, defs: dict[int, TableDef]) -> None:
         pos = self.ctx.start
         if isinstance(pos, TsPosition):
+            if pos.epoch == 0:  # stopped within the first start's CREATE statements
+                first = self.journal.first_start()
+                if first is not None:
+                    self.tables, self.epoch = dict(first[1].tables), first[0]
+                    self._schedule_journaled(pos.ts)
+                    self._note_versions(defs, self._now_tso())
+                    self.plans = {tid: RowPlan(d) for tid, d in self.tables.items()}
+                    return
             known = self.journal.epochs.get(pos.epoch)
             if known is None:
                 if pos.epoch:
@@ -262,30 +321,38 @@ class BaikalRegion(Region):
                                 self.where, pos.epoch)
                 self.tables = dict(defs)
                 self.epoch = self.journal.next_epoch()
-                self.journal.write(self.epoch, self.tables)
+                self.journal.write(self.epoch, Epoch(self.tables))
             else:
-                self.tables = dict(known)
+                self.tables = dict(known.tables)
                 self.epoch = pos.epoch
-                self._note_versions(defs)
+                self._schedule_journaled(pos.ts)
+                self._note_versions(defs, self._now_tso())
         else:
             self.tables = dict(defs)
             self.epoch = self.journal.next_epoch()
-            self.journal.write(self.epoch, self.tables)
+            self.journal.write(self.epoch, Epoch(self.tables))
         self.plans = {tid: RowPlan(d) for tid, d in self.tables.items()}
 
-    def _note_versions(self, defs: dict[int, TableDef]) -> None:
-        """Remember tables whose current version differs from the one in use; the
-        switch happens in stream order (``_prepare``)."""
-        obs = 0
+    def _schedule_journaled(self, ts: int) -> None:
+        """Switches journaled after the epoch the restart resumes in: they are made
+        again at the same points (before the meta's newer versions count)."""
+        self.scheduled = self.journal.scheduled_after(self.epoch, ts)
+
+    def _newest_version(self, tid: int) -> int:
+        v = [self.tables[tid].version] if tid in self.tables else []
+        if tid in self.pending:
+            v.append(self.pending[tid][0].version)
+        v += [ep.tables[tid].version for _, ep in self.scheduled if tid in ep.tables]
+        return max(v, default=-1)
+
+    def _note_versions(self, defs: dict[int, TableDef], obs: int) -> None:
+        """Remember tables whose version is newer than every one known here; the
+        switch happens in stream order (``_prepare``). A version never goes back:
+        a meta follower that lags answers with older schemas, which are ignored."""
         for tid, d in defs.items():
+            if d.version <= self._newest_version(tid):
+                continue
             cur = self.tables.get(tid)
-            if cur is not None and cur.version == d.version and cur == d:
-                self.pending.pop(tid, None)
-                continue
-            pend = self.pending.get(tid)
-            if pend is not None and pend[0] == d:
-                continue
-            obs = obs or self._now_tso()
             self.pending[tid] = (d, obs)
             log.info("%s: %s: schema version %s -> %d seen at TSO %s", self.where, d.name,
                      cur.version if cur else "new table", d.version, describe(obs))
@@ -303,11 +370,7 @@ class BaikalRegion(Region):
             client = StoreClient(self.where, self.cfg.connect_timeout, self.cfg.request_timeout, 1e9)
             try:
                 for rid, sr in self.stores.items():
-                    info = client.query_binlog(sr)
-                    if not info or not isinstance(info.get("oldest_ts"), int) or info["oldest_ts"] <= 0:
-                        raise SourceError(f"{self.where}: binlog region {rid}: no peer answered OP_QUERY_BINLOG "
-                                          "with its oldest_ts (needed for start=earliest)")
-                    starts[rid] = int(info["oldest_ts"])
+                    starts[rid] = client.oldest_ts(sr)
             finally:
                 client.close()
         elif start == "latest":
@@ -323,17 +386,20 @@ class BaikalRegion(Region):
         first = min(self._starts.values())
         self.last_emitted = first
         log.info("%s: first start at TSO %s (start=%s)", self.where, describe(first), start)
+        if self.cfg.create_tables:
+            # the schemas the CREATE statements are made from, named by the last of them
+            self.epoch = self.journal.next_epoch()
+            self.journal.write(self.epoch, Epoch(dict(self.tables), first, first, first=True))
         self._first_ddl(first)
 
-    def _first_ddl(self, last: int) -> None:
-        """CREATE DATABASE / TABLE IF NOT EXISTS for every source table, at TSOs ending
-        at ``last``. All but the last name epoch 0 ("the first start is not done"),
-        so a restart from between them sends them all again."""
+    def _first_ddl(self, at: int) -> None:
+        """CREATE DATABASE / TABLE IF NOT EXISTS for every source table, as preludes
+        at TSO ``at`` (the start). All but the last name epoch 0 ("the first start is
+        not done"), so a restart from between them sends them all again, the same."""
         if not self.cfg.create_tables:
             return
         stmts = self._ddl_statements({tid: (None, d) for tid, d in self.tables.items()}, set())
-        for i, ((db, table, sql), ts) in enumerate(zip(stmts, range(last - len(stmts) + 1, last + 1))):
-            self._emit_ddl(ts, db, table, sql, None if i == len(stmts) - 1 else 0)
+        self._emit_preludes(stmts, at, at, 0, self.epoch)
 
     def _position(self, ts: int, epoch: int | None = None) -> TsPosition:
         return TsPosition(ts, tuple(sorted(self._starts.items())), self.epoch if epoch is None else epoch)
@@ -346,7 +412,6 @@ class BaikalRegion(Region):
         threads = []
         self._fatal = None
         # each region resumes after what has left this region (a reconnect drops what was only buffered)
-        self.held = []
         resume = self.last_emitted
         latest: dict[int, int] = {}
         buffers: dict[int, collections.deque[Entry]] = {}
@@ -391,8 +456,10 @@ class BaikalRegion(Region):
                         self.stores[rid].latest_ts = e.ts
                 with self._lock:
                     new, self._new_regions = self._new_regions, []
+                    refreshed, self._refreshed = self._refreshed, None
+                if refreshed is not None:
+                    self._note_versions(*refreshed)
                 if new:
-                    self._flush_held()
                     resume = self.last_emitted
                     for r in new:
                         if int(r.region_id) not in self.stores and (
@@ -402,7 +469,7 @@ class BaikalRegion(Region):
                                      describe(resume))
                             add(int(r.region_id))
                 if time.monotonic() - self._last_refresh > self.cfg.schema_refresh:
-                    self._refresh()
+                    self._start_refresh()
                 w = min(latest.values())
                 if w > self.watermark:
                     self.watermark = w
@@ -415,21 +482,41 @@ class BaikalRegion(Region):
             for t in threads:
                 t.join(0.5)
 
-    def _refresh(self) -> None:
+    def _start_refresh(self) -> None:
+        """Schemas and regions from the meta, in a thread of its own: a slow or dead
+        meta never holds up the merge (nor, through it, the other regions)."""
         self._last_refresh = time.monotonic()
+        if self._refreshing:
+            return
+        self._refreshing = True
+        threading.Thread(target=self._refresh, name=f"baikaldb-{self.name}-refresh", daemon=True).start()
+
+    def _refresh(self) -> None:
+        meta = MetaClient(list(self.cfg.metaServer), self.cfg.connect_timeout, self.cfg.request_timeout, self.where)
         try:
-            _, defs = self._linked()
-            self._note_versions(defs)
-            for r in self.meta.query_regions(self.cfg.binlogTableID):
-                rid = int(r.region_id)
-                if rid in self.stores:
-                    self.stores[rid].update_from_pb(r, trust_leader=False)
-                elif not self.cfg.binlogRegionID or rid in self.cfg.binlogRegionID:
-                    with self._lock:
+            _, defs, parts = self._linked(meta)
+            obs = self._now_tso(meta)
+            regions = meta.query_regions(self.cfg.binlogTableID)
+            with self._lock:
+                self._refreshed = (defs, obs)
+                self._set_partitions(parts, regions)
+                for r in regions:
+                    rid = int(r.region_id)
+                    if rid in self.stores:
+                        self.stores[rid].update_from_pb(r, trust_leader=False)
+                    elif not self.cfg.binlogRegionID or rid in self.cfg.binlogRegionID:
                         self._new_regions.append(r)
-        except SourceError as exc:
+        except (SourceError, FatalSourceError, PeerFailure) as exc:
+            # a meta that answers oddly for a while is no reason to stop: the stream goes on
+            # with what it knows, and the next refresh tries again
             self.counters["refresh_failures"] += 1
             log.warning("%s: schema/region refresh failed: %s", self.where, exc)
+        except Exception:  # noqa: BLE001
+            self.counters["refresh_failures"] += 1
+            log.exception("%s: schema/region refresh failed", self.where)
+        finally:
+            meta.close()
+            self._refreshing = False
 
     def _on_new_regions(self, infos: list[Any]) -> None:
         with self._lock:
@@ -496,6 +583,12 @@ class BaikalRegion(Region):
                 sr.last_error = str(exc)
                 if isinstance(exc, RowDecodeError):
                     exc = FatalSourceError(f"{self.where}: binlog region {sr.region_id}: {exc}")
+                elif isinstance(exc, BinlogPurged) and self.ctx.start is None and self.cfg.start == "earliest" \
+                        and next_ts == sr.start_ts:
+                    exc = BinlogPurged(
+                        f"{exc} (This was the first read, at the oldest binlog the store reported: its first "
+                        "transaction's prewrite is already purged. Set start to a later TSO or time in this "
+                        "[region:...] section.)")
                 self._fatal = exc
                 wake.set()
         except BaseException as exc:  # noqa: BLE001
@@ -565,20 +658,14 @@ class BaikalRegion(Region):
                     b.appendleft(ent)
                 break
             self._offer(self._prepare([g[0] for g in group]))
-        # heartbeat: trail the watermark so that a later DDL finds a free commit_ts, and
-        # never pass an entry not delivered yet (a held transaction, parts waiting to join)
-        h = w - RESERVE
+        # heartbeat: everything below the watermark has left, except parts waiting to
+        # join (the head): promise what is below both
+        h = w - 1
         head = smallest()
         if head is not None:
-            h = min(h, head[0].ts - RESERVE)
-        if self.held and self.held[-1].ts <= h:
-            self._flush_held()
-        if self.held:
-            h = min(h, self.held[0].first - RESERVE)
-        due = self._due(h)
-        if due:
-            self._switch_at_heartbeat(due, h)
+            h = min(h, head[0].ts - 1)
         if h > self.last_emitted:
+            self._switch_at_heartbeat(h)
             self.last_emitted = h
             self.position = self._position(h)
             self.caught_up_at = time.time()
@@ -589,59 +676,76 @@ class BaikalRegion(Region):
 
     # --- transactions -------------------------------------------------------
     def _refresh_for_evidence(self) -> None:
-        """Read the schemas again because a row showed a newer one. A failure is
-        raised (the stream reads again from what was delivered, after a backoff):
-        rows are never delivered without the columns they carry."""
+        """Read the schemas again because a row showed a newer one (at most once a
+        second; rows of tables that are not linked any more must not turn every
+        transaction into a full schema query). A failure is raised (the stream reads
+        again from what was delivered, after a backoff): rows are never delivered
+        without the columns they carry."""
+        if time.monotonic() - self._last_evidence_refresh < 1.0:
+            return
         self._last_evidence_refresh = time.monotonic()
-        _, defs = self._linked()
-        self._note_versions(defs)
+        _, defs, _ = self._linked()
+        self._note_versions(defs, self._now_tso())
+
+    def _journaled_switch(self, upto: int) -> Switch | None:
+        """The next journaled switch (a restart making it again), if it applies to
+        entries at or below ``upto``."""
+        if not self.scheduled or self.scheduled[0][1].from_ts is None or self.scheduled[0][1].from_ts >= upto:
+            return None
+        epoch, ep = self.scheduled[0]
+        changes = {tid: (self.tables.get(tid), d) for tid, d in ep.tables.items()
+                   if self.tables.get(tid) != d}
+        return Switch(changes, epoch, ep.at_ts, ep.from_ts)
 
     def _prepare(self, entries: list[Entry]) -> Prepared:
-        ts = entries[-1].ts
-        switches = self._due(ts)
+        p = Prepared(entries[-1].ts, entries)
+        journaled = self._journaled_switch(p.first)
+        if journaled is not None:
+            # made before a restart: the same switch again, whatever the meta says now
+            p.switch = journaled
+            p.changes = self._decode(p)
+            return p
+        p.switch = Switch(self._due(p.ts))
         muts = [m for e in entries for m in e.mutations]
         touched = {int(m.table_id) for m in muts}
-        unknown_tables = touched - set(self.tables) - set(switches)
+        unknown_tables = touched - set(self.tables) - set(p.switch.changes)
         if unknown_tables:
             self._refresh_for_evidence()
-            switches = self._due(ts)
+            p.switch.changes = self._due(p.ts)
             for tid in unknown_tables:
-                if tid in self.pending and tid not in switches:
-                    switches[tid] = (self.tables.get(tid), self.pending[tid][0])
-        p = Prepared(ts, entries, (), switches)
-        known = set(p.switches)
-        p.changes = self._decode(p, {})
-        if set(p.switches) != known:
+                if tid in self.pending and tid not in p.switch.changes:
+                    p.switch.changes[tid] = (self.tables.get(tid), self.pending[tid][0])
+        known = set(p.switch.changes)
+        p.changes = self._decode(p)
+        if set(p.switch.changes) != known:
             # a row showed a newer schema half way: read the whole transaction with it
-            p.changes = self._decode(p, {})
+            p.changes = self._decode(p)
+        if not p.switch.changes:
+            p.switch = None
         return p
 
-    def _plan(self, tid: int, switches: dict[int, tuple[TableDef | None, TableDef]],
-              override: dict[int, RowPlan]) -> RowPlan | None:
-        if tid in override:
-            return override[tid]
-        if tid in switches:
-            new = switches[tid][1]
+    def _plan(self, tid: int, p: Prepared) -> RowPlan | None:
+        if p.switch is not None and tid in p.switch.changes:
+            new = p.switch.changes[tid][1]
             plan = self.plans.get(-tid)
             if plan is None or plan.tdef is not new:
                 plan = self.plans[-tid] = RowPlan(new)  # the next version's plan, kept apart
             return plan
         return self.plans.get(tid)
 
-    def _decode(self, p: Prepared, override: dict[int, RowPlan]) -> Any:
+    def _decode(self, p: Prepared) -> Any:
         """The row changes of a prepared transaction (spilled past spill_rows)."""
         spill_rows = self.ctx.spill_rows
         total = sum(len(m.insert_rows) + len(m.deleted_rows) for e in p.entries for m in e.mutations)
         spill: SpillWriter | None = None
         if spill_rows and total > spill_rows:
             spill = SpillWriter(self.ctx.spill_dir or None, min(spill_rows, DEFAULT_CHUNK_ROWS))
-            self.spilled_txns += 1
         out: list[RowChange] = []
         split = self.cfg.unpaired_update == "split"
         for e in p.entries:
             for m in e.mutations:
                 tid = int(m.table_id)
-                plan = self._plan(tid, p.switches, override)
+                plan = self._plan(tid, p)
                 if plan is None:
                     self.counters["skipped_mutations"] += 1
                     if ("table", tid) not in self._warned:
@@ -660,8 +764,8 @@ class BaikalRegion(Region):
                 except (RowDecodeError, ValueError) as exc:
                     raise FatalSourceError(f"{self.where}: transaction {e.txn_id} at TSO {describe(p.ts)}, binlog "
                                            f"region {e.region_id}: {exc}") from None
-                if unknown and not override:
-                    changes = self._unknown_fields(p, tid, m, unknown, changes, split)
+                if unknown:
+                    changes = self._unknown_fields(p, tid, m, unknown, split)
                 if len(set(map(len, (m.insert_rows, m.deleted_rows)))) > 1 and m.insert_rows and m.deleted_rows:
                     self.counters["unpaired_updates_split"] += 1
                 out.extend(changes)
@@ -674,77 +778,56 @@ class BaikalRegion(Region):
             return spill.finish()
         return tuple(out)
 
-    def _unknown_fields(self, p: Prepared, tid: int, m: Any, unknown: tuple[int, ...], changes: list[RowChange],
+    def _unknown_fields(self, p: Prepared, tid: int, m: Any, unknown: tuple[int, ...],
                         split: bool) -> list[RowChange]:
         """Rows with field numbers this table version does not know: a newer schema."""
-        self._refresh_for_evidence()
-        pend = self.pending.get(tid)
-        if pend is not None and set(unknown) <= pend[0].known_ids and tid not in p.switches:
-            p.switches[tid] = (self.tables.get(tid), pend[0])
-            changes, _ = mutation_changes(self._plan(tid, p.switches, {}), m, split)  # type: ignore[arg-type]
-            return changes
+        assert p.switch is not None
+        if p.switch.epoch is None:  # (a journaled switch is made exactly as before)
+            self._last_evidence_refresh = 0.0
+            self._refresh_for_evidence()
+            pend = self.pending.get(tid)
+            if pend is not None and set(unknown) <= pend[0].known_ids and tid not in p.switch.changes:
+                p.switch.changes[tid] = (self.tables.get(tid), pend[0])
+                changes, _ = mutation_changes(self._plan(tid, p), m, split)  # type: ignore[arg-type]
+                return changes
         self.counters["unknown_fields"] += len(unknown)
-        cur = p.switches.get(tid, (None, self.tables.get(tid)))[1]
+        cur = p.switch.changes.get(tid, (None, self.tables.get(tid)))[1]
         raise SourceError(
             f"{self.where}: {cur.name if cur else tid}: transaction {p.txn_id} (TSO {describe(p.ts)}) carries field "
             f"numbers {sorted(set(unknown))} that the meta's schema (version {cur.version if cur else '?'}) does not "
             "know yet; reading it again once the meta knows them")
 
     def _offer(self, c: Prepared) -> None:
-        """Hold transactions while their commit_ts follow each other closely (a run),
-        and emit the run once a gap opens, so that a schema change's DDL always finds
-        free commit_ts of its own: in front of ``c``, or in front of the run (whose
-        transactions were written before the change and are read again with the
-        columns both versions have)."""
-        run = self.held
-        if c.switches:
-            stmts = self._ddl_statements(c.switches)
-            k = len(stmts)
-            if run and run[-1].ts + k < c.first:
-                self._flush_held()
-                self._apply_switches(c.switches, stmts, range(c.first - k, c.first))
-            elif run and self.last_emitted + k < run[0].first:
-                override = {tid: RowPlan(transition_def(old, new)) for tid, (old, new) in c.switches.items()
-                            if old is not None}
-                for p in run:
-                    if override and any(int(m.table_id) in override for e in p.entries for m in e.mutations):
-                        p.changes = self._decode(p, override)
-                self._apply_switches(c.switches, stmts, range(run[0].first - k, run[0].first))
-                self._flush_held()
-            elif not run and self.last_emitted + k < c.first:
-                self._apply_switches(c.switches, stmts, range(c.first - k, c.first))
+        """Emit a transaction, after the DDL of a schema switch it needs. The DDL
+        statements take the transaction's own commit_ts as preludes (seq -k..-1), so
+        a switch never needs a free commit_ts, however close the transactions."""
+        sw = c.switch
+        if sw is not None:
+            if sw.epoch is not None and sw.at is not None and sw.from_ts is not None:
+                self._apply_switch(sw, at=sw.at, from_ts=sw.from_ts)  # where it was made before
             else:
-                # a run of transactions on consecutive TSOs longer than MAX_RUN around a schema
-                # change: no commit_ts is free; this one is read without the new columns
-                self.counters["ddl_late"] += 1
-                log.error("%s: no free commit_ts for the DDL of %s before TSO %d; transaction %d is delivered "
-                          "without its new columns", self.where,
-                          ", ".join(d.name for _, d in c.switches.values()), c.ts, c.txn_id)
-                override = {tid: RowPlan(transition_def(old, new)) for tid, (old, new) in c.switches.items()
-                            if old is not None}
-                for tid, (_, new) in c.switches.items():
-                    self.pending[tid] = (new, c.ts)
-                c.switches = {}
-                c.changes = self._decode(c, override)
-                self._flush_held()
-            self.held = [c]
-            return
-        if run and (c.first - run[-1].ts > MIN_GAP or len(run) >= MAX_RUN):
-            self._flush_held()
-        self.held.append(c)
+                # the position of a prelude resumes reading in front of the transaction
+                self._apply_switch(sw, at=c.ts, from_ts=c.first - 1)
+        self._emit_txn(c)
 
     def _ddl_statements(self, switches: dict[int, tuple[TableDef | None, TableDef]],
                         known_dbs: set[str] | None = None) -> list[tuple[str, str, str]]:
         """(db, table, sql) of the DDL that brings a target to the switched versions:
-        CREATE DATABASE/TABLE for new tables (``create_tables``), else ALTER TABLE."""
+        CREATE DATABASE/TABLE for new tables (``create_tables``), RENAME TABLE for a
+        table that was renamed, ALTER TABLE for changed columns."""
         if known_dbs is None:
             known_dbs = {d.db for d in self.tables.values()}
         out = []
         creates = sorted((d for old, d in switches.values() if old is None), key=lambda d: d.name)
+        renamed = [(old, new) for old, new in switches.values() if old is not None and old.name != new.name]
         if self.cfg.create_tables:
-            for db in sorted({d.db for d in creates} - known_dbs):
+            new_dbs = {d.db for d in creates} | {new.db for _, new in renamed}
+            for db in sorted(new_dbs - known_dbs):
                 out.append((db, "", f"CREATE DATABASE IF NOT EXISTS {quote_ident(db)}"))
             out += [(d.db, d.table, create_table_sql(d)) for d in creates]
+        for old, new in sorted(renamed, key=lambda x: x[1].name):
+            out.append((new.db, new.table, f"RENAME TABLE {qualified(old.db, old.table)} TO "
+                                           f"{qualified(new.db, new.table)}"))
         for tid in sorted(switches):
             old, new = switches[tid]
             if old is not None:
@@ -753,46 +836,60 @@ class BaikalRegion(Region):
                     out.append((new.db, new.table, sql))
         return out
 
-    def _apply_switches(self, switches: dict[int, tuple[TableDef | None, TableDef]],
-                        stmts: list[tuple[str, str, str]], slots: range) -> None:
-        tables = {**self.tables, **{tid: new for tid, (_, new) in switches.items()}}
-        epoch = self.journal.next_epoch()
-        self.journal.write(epoch, tables)  # first: a failed write changes nothing (it is retried)
-        # every statement but the last names the old epoch: a restart from between them
-        # sees the schema change as not yet made and sends its DDL again (idempotent)
-        old_epoch = self.epoch
-        for i, ((db, table, sql), ts) in enumerate(zip(stmts, slots)):
-            self._emit_ddl(ts, db, table, sql, epoch if i == len(stmts) - 1 else old_epoch)
+    def _apply_switch(self, sw: Switch, at: int, from_ts: int) -> None:
+        """Journal the switch, emit its DDL as preludes at TSO ``at``, and decode
+        with the new versions from now on."""
+        tables = {**self.tables, **{tid: new for tid, (_, new) in sw.changes.items()}}
+        stmts = self._ddl_statements(sw.changes)
+        if sw.epoch is not None:  # made again after a restart: same epoch, same statements
+            epoch = sw.epoch
+            self.scheduled = [x for x in self.scheduled if x[0] != epoch]
+        else:
+            epoch = self.journal.next_epoch()
+            self.journal.write(epoch, Epoch(tables, from_ts, at))  # first: a failed write changes nothing
+            self.scheduled = []  # (stale: a new switch was needed before them)
+        self._emit_preludes(stmts, at, from_ts, self.epoch, epoch)
         self.tables, self.epoch = tables, epoch
-        for tid, (_, new) in switches.items():
+        for tid, (_, new) in sw.changes.items():
             plan = self.plans.pop(-tid, None)
             self.plans[tid] = plan if plan is not None and plan.tdef is new else RowPlan(new)
-            self.pending.pop(tid, None)
-        self.counters["schema_switches"] += len(switches)
+            if tid in self.pending and self.pending[tid][0].version <= new.version:
+                del self.pending[tid]
+        self.counters["schema_switches"] += len(sw.changes)
 
-    def _switch_at_heartbeat(self, due: dict[int, tuple[TableDef | None, TableDef]], h: int) -> None:
-        stmts = self._ddl_statements(due)
+    def _switch_at_heartbeat(self, h: int) -> None:
+        """A switch due by time (committed after it was seen) with no transaction to
+        carry it: made at the heartbeat, its preludes at the heartbeat's TSO."""
+        journaled = self._journaled_switch(h + 1)
+        if journaled is not None:
+            if journaled.at is not None and journaled.at == journaled.from_ts and journaled.at <= h:
+                self._apply_switch(journaled, at=journaled.at, from_ts=journaled.at)
+            return  # (a switch made in front of a transaction waits for that transaction)
+        due = self._due(h)
+        if due:
+            self._apply_switch(Switch(due), at=h, from_ts=h)
+
+    def _emit_preludes(self, stmts: list[tuple[str, str, str]], at: int, from_ts: int, old_epoch: int,
+                       new_epoch: int) -> None:
+        """The statements at commit TSO ``at``, seq -k..-1. Every one but the last
+        names the old epoch: a restart from between them makes the switch again and
+        sends all of them again, with the same identities."""
         k = len(stmts)
-        if not self.held and self.last_emitted + k < h + 1:
-            self._apply_switches(due, stmts, range(h - k + 1, h + 1))
-
-    def _emit_ddl(self, ts: int, db: str, table: str, sql: str, epoch: int | None = None) -> None:
-        self.counters["ddl"] += 1
-        log.info("%s: DDL at TSO %d: %s", self.where, ts, sql.replace("\n", " "))
-        pos = self._position(ts, epoch)
-        self._emit(Txn(self.name, to_commit_ts(ts), pos, (), Ddl(db, sql, table, db), unix_seconds(ts)))
-        self.last_emitted = ts
-        self.position = pos
-
-    def _flush_held(self) -> None:
-        run, self.held = self.held, []
-        for p in run:
-            self._emit_txn(p)
+        for i, (db, table, sql) in enumerate(stmts):
+            last = i == k - 1
+            self.counters["ddl"] += 1
+            log.info("%s: DDL at TSO %d: %s", self.where, at, sql.replace("\n", " "))
+            pos = self._position(from_ts, new_epoch if last else old_epoch)
+            self._emit(Txn(self.name, to_commit_ts(at), pos, (), Ddl(db, sql, table, db, i - k), unix_seconds(at)))
+            self.position = pos
+        self.last_emitted = max(self.last_emitted, from_ts)
 
     def _emit_txn(self, p: Prepared) -> None:
         pos = self._position(p.ts)
         if len(p.entries) > 1:
             self.counters["multi_partition_txns"] += 1
+        if hasattr(p.changes, "memory_rows"):
+            self.spilled_txns += 1
         txn = Txn(self.name, to_commit_ts(p.ts), pos, p.changes, None, unix_seconds(p.ts), f"txn-{p.txn_id}")
         self._emit(txn)
         self.last_emitted = p.ts
