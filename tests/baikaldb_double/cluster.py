@@ -234,6 +234,7 @@ class Region:
     meta_leader: str | None = None  # what the meta reports as leader (stale on purpose)
     leader_unknown: bool = False  # mid-election: everybody answers NOT_LEADER 0.0.0.0:0
     follower_reads: bool = True  # followers serve OP_READ_BINLOG
+    peer_oldest: dict[str, int] = field(default_factory=dict)  # a peer whose binlog starts later (a new peer)
 
     def check_point(self) -> int:
         return min(self.pending) if self.pending else self.applied_ts

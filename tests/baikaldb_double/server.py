@@ -147,7 +147,10 @@ class BaikalDouble:
     ``.lag[peer] = ts`` (a lagging leader or follower), ``.follower_reads = False``,
     ``.meta_leader`` (stale leader in RegionInfo), ``cluster.purge(...)``,
     ``Txn.prewrite()`` without commit (held check point), ``region.version += 1``
-    (VERSION_OLD), ``cluster.meta_init = False`` (HAVE_NOT_INIT)."""
+    (VERSION_OLD), ``cluster.meta_init = False`` (HAVE_NOT_INIT), ``region.peer_oldest[peer] = ts``
+    (a new peer whose binlog starts late), ``freeze_meta(i)`` (a meta peer that lags: it keeps
+    answering QUERY_SCHEMA with the schemas of now), ``legacy_scan = True`` (a store before
+    master: the scan includes a FAKE at ``binlog_ts`` itself, and OP_QUERY_BINLOG is unknown)."""
 
     def __init__(self, n_stores: int = 3, n_meta: int = 2, seed: int = 1, fake_ms: int = 200):
         self.cluster = Cluster(seed)
@@ -160,6 +163,8 @@ class BaikalDouble:
         self._stop = threading.Event()
         self._faker: threading.Thread | None = None
         self.fakes_paused: set[int] = set()
+        self.legacy_scan = False
+        self.frozen_meta: dict[int, list[dict[str, Any]]] = {}  # meta index -> QUERY_SCHEMA infos it serves
 
     @property
     def meta_servers(self) -> str:
@@ -177,6 +182,11 @@ class BaikalDouble:
         self._stop.set()
         for s in self.stores + self.metas:
             s.stop()
+
+    def freeze_meta(self, i: int) -> None:
+        """Meta peer ``i`` keeps answering QUERY_SCHEMA with today's schemas (it lags)."""
+        P = pb()
+        self.frozen_meta[i] = self._query(P.QueryRequest(op_type=P.QUERY_SCHEMA))["schema_infos"]
 
     def restart_store(self, i: int) -> None:
         s = self.stores[i]
@@ -231,7 +241,7 @@ class BaikalDouble:
                 brpc_json.from_json(r.info(c.binlogs[r.table_id].name, c.binlogs[r.table_id].partitions),
                                     res.regions.add())
                 return brpc_json.to_json(res)
-            if op == "OP_QUERY_BINLOG":
+            if op == "OP_QUERY_BINLOG" and not self.legacy_scan:
                 bi = res.binlog_info
                 bi.region_id, bi.oldest_ts, bi.check_point_ts = r.region_id, r.oldest_ts, self._check_point(r, me)
                 bi.region_oldest_ts = bi.binlog_cf_oldest_ts = bi.data_cf_oldest_ts = r.oldest_ts
@@ -253,7 +263,8 @@ class BaikalDouble:
                 res.errmsg = b"get binlog check point ts"
                 return brpc_json.to_json(res)
             # 8.
-            if begin < r.oldest_ts:
+            oldest = max(r.oldest_ts, r.peer_oldest.get(me, 0))
+            if begin < oldest:
                 res.errcode = P.LESS_THAN_OLDEST_TS
                 res.errmsg = b"begin ts gt oldest ts"
                 return brpc_json.to_json(res)
@@ -263,10 +274,12 @@ class BaikalDouble:
                 return brpc_json.to_json(res)
             # 10. ascending scan from begin (exclusive) up to the check point
             remaining = req.binlog_desc.read_binlog_cnt if req.binlog_desc.HasField("read_binlog_cnt") else 1000
-            lo = _first_after(r, begin)
+            lo = _first_after(r, begin - 1 if self.legacy_scan else begin)
             for rec in r.records[lo:]:
                 if rec.ts > cp:
                     break
+                if rec.ts == begin and not rec.fake:
+                    continue
                 if rec.fake:
                     fake = P.StoreReq(op_type=P.OP_FAKE_BINLOG, region_id=r.region_id, region_version=1)
                     fake.binlog_desc.binlog_ts = rec.ts
@@ -274,7 +287,7 @@ class BaikalDouble:
                     res.binlogs.append(fake.SerializeToString())
                     res.commit_ts.append(rec.ts)
                     continue
-                if rec.start_ts < r.oldest_ts:
+                if rec.start_ts < oldest:
                     res.Clear()
                     res.errcode = P.LESS_THAN_OLDEST_TS
                     res.errmsg = b"start ts gt oldest ts"
@@ -307,7 +320,10 @@ class BaikalDouble:
                     return {"region_id": req.region_id, "errcode": "UNSUPPORT_REQ_TYPE", "errmsg": "unsupported"}
                 return {"region_id": req.region_id, "errcode": "SUCCESS", "leader": self.cluster.meta_leader}
             if method == "query":
-                return self._query(brpc_json.from_json(body, P.QueryRequest()))
+                req = brpc_json.from_json(body, P.QueryRequest())
+                if i in self.frozen_meta and req.op_type == P.QUERY_SCHEMA and not req.table_name:
+                    return {"errcode": "SUCCESS", "errmsg": "success", "schema_infos": self.frozen_meta[i]}
+                return self._query(req)
             if method == "tso_service":
                 req = brpc_json.from_json(body, P.TsoRequest())
                 if me != self.cluster.meta_leader:

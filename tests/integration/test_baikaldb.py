@@ -456,3 +456,65 @@ def test_big_transaction_is_spilled(tmp_path: Path, double: BaikalDouble, captur
     assert_file_equals(c, tmp_path / "out" / "changes.jsonl")
     big = [x for x in read_lines(tmp_path) if x["txn_rows"] == 1500]
     assert len(big) == 1500 and [x["seq"] for x in big] == list(range(1500))
+
+
+def test_older_store_lagging_meta_and_a_new_peer(tmp_path: Path, double: BaikalDouble,
+                                                 capturer_running) -> None:  # type: ignore[no-untyped-def]
+    """What older or lagging servers answer must neither stop the capturer nor
+    lose anything:
+
+    * stores before BaikalDB master give back the FAKE at the read's own binlog_ts
+      (the last one read) and do not know OP_QUERY_BINLOG (start=earliest says so);
+    * a meta follower that lags answers QUERY_SCHEMA with an older version of a
+      table: ignored (no DROP COLUMN of the column the newer version added);
+    * a new peer whose binlog starts later answers LESS_THAN_OLDEST_TS while the
+      other peers are down: it is not believed on its own (no "purged" fatal error)."""
+    c = double.cluster
+    double.legacy_scan = True
+    w = Workload(c, seed=21)
+    # start=earliest needs OP_QUERY_BINLOG: a clear error at start
+    cfg = baikal_config(tmp_path, double, file_sender(tmp_path))
+    cap = Capturer(load_config(cfg))
+    cap.start()
+    assert cap.run() == 1
+    assert "does not know OP_QUERY_BINLOG" in cap.failure and "set start to" in cap.failure
+    (tmp_path / "checkpoint.json").unlink(missing_ok=True)
+    start = c.tso.alloc()
+    cfg = baikal_config(tmp_path, double, file_sender(tmp_path), region_extra=f"start={start}\n")
+    with capturer_running(cfg) as cap:
+        streaming(cap)
+        w.run(30, pause=0.01)
+        wait_for(lambda: covered(tmp_path, w), 60, "the checkpoint to pass the last commit")
+        assert sum(x["repeats"] for x in status(cap)["regions"]["shop"]["store_regions"].values()) > 0
+        # meta 1 lags at today's schemas; the change happens at meta 0 (the leader)
+        double.freeze_meta(1)
+        w.schema_change(1)  # ADD COLUMN extra
+        w.run(20)
+        wait_for(lambda: any(x["op"] == "ddl" and "ADD COLUMN `extra`" in x["sql"] for x in read_lines(tmp_path)),
+                 60, "the ADD COLUMN")
+        double.metas[0].stop()  # now only the lagging meta answers the refreshes
+        w.run(20, pause=0.05)
+        time.sleep(2.5)  # longer than schema_refresh
+        wait_for(lambda: covered(tmp_path, w), 60)
+        # a new peer of a region with its binlog starting now, while the leader is down
+        region = c.binlogs[20].regions[0]
+        new_peer = next(p for p in region.peers if p != region.leader)
+        with c.lock:
+            region.peer_oldest[new_peer] = c.tso.alloc()
+        # ... and is for a while the only peer of that region that answers
+        others = [i for i, s in enumerate(double.stores) if s.addr != new_peer]
+        for i in others:
+            double.stores[i].stop()
+        w.run(20)
+        time.sleep(2.0)
+        for i in others:
+            double.restart_store(i)
+        w.run(10)
+        wait_for(lambda: covered(tmp_path, w), 90)
+        st = status(cap)
+    assert cap.failure == ""
+    lines = read_lines(tmp_path)
+    assert not any(x["op"] == "ddl" and "DROP COLUMN" in x["sql"] for x in lines), \
+        [x["sql"] for x in lines if x["op"] == "ddl"]
+    assert st["regions"]["shop"]["tables"]["shop.orders"]["version"] >= 2
+    assert_file_equals(c, tmp_path / "out" / "changes.jsonl")
