@@ -54,7 +54,8 @@ class Capturer:
                 f"configure (configured: {', '.join(sorted(names)) or 'none'}). If a region was renamed, use its "
                 "old name again; if it was removed on purpose, delete its entry under \"regions\" in the "
                 "checkpoint (plain JSON) while the capturer is stopped")
-        cp = Checkpoint(cp.commit_ts, {r: p for r, p in cp.regions.items() if r in names})
+        cp = Checkpoint(cp.commit_ts, {r: p for r, p in cp.regions.items() if r in names},
+                        {r: t for r, t in cp.region_ts.items() if r in names})
         self.checkpoint = cp
         self.checkpoint_written_at = time.time()
         self.journal = LiftJournal(cfg.checkpoint_path.with_name(cfg.checkpoint_path.name + ".lifts"))
@@ -63,7 +64,7 @@ class Capturer:
         }
         self.regions = [
             make_region(r, RegionContext(self.queues[r.name], cp.regions.get(r.name),
-                                         cp.commit_ts, self.journal, self.stop_event,
+                                         cp.floor(r.name), self.journal, self.stop_event,
                                          cfg.spill_rows, cfg.spill_dir, cfg.checkpoint_path,
                                          self.filter.table_selected))
             for r in cfg.regions

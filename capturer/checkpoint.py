@@ -1,12 +1,15 @@
 """The checkpoint file: how far every sender has acknowledged, and where each
 region resumes.
 
-``commit_ts`` is the newest commit_ts that *every* sender acknowledged: all
-transactions at or below it, in merged order, are durable in every
-destination. ``regions[name]`` is the binlog position just after that region's
-last transaction at or below ``commit_ts``. A restart reads each region from
-its position, so nothing is lost; transactions after the checkpoint may be
-delivered again.
+``commit_ts`` is the newest commit_ts at or below which *every* sender
+acknowledged everything: all transactions at or below it, in merged order, are
+durable in every destination. ``regions[name]`` is the position just after that
+region's last item every sender acknowledged, and ``region_ts[name]`` that
+item's commit_ts: the region's clock resumes above it, so a transaction read
+again gets the commit_ts it had (two regions can share a commit_ts, so the
+global ``commit_ts`` can be below a region's own). A restart reads each region
+from its position, so nothing is lost; transactions after it may be delivered
+again, with the same ``(region, commit_ts, seq)``.
 
 The file is JSON, written atomically (temp file, fsync, rename, fsync of the
 directory) and never moves backwards. A missing file means "first start"; an
@@ -33,6 +36,12 @@ VERSION = 1
 class Checkpoint:
     commit_ts: int = 0
     regions: dict[str, AnyPosition] = field(default_factory=dict)
+    region_ts: dict[str, int] = field(default_factory=dict)  # commit_ts of each region's item at its position
+
+    def floor(self, region: str) -> int:
+        """What the region's commit_ts must stay above after a restart (a checkpoint
+        written before region_ts existed: the global commit_ts, as then)."""
+        return self.region_ts.get(region, self.commit_ts)
 
     def to_json(self) -> dict[str, Any]:
         ms = ts_physical_ms(self.commit_ts)
@@ -43,6 +52,7 @@ class Checkpoint:
                 dt.datetime.fromtimestamp(ms / 1000, dt.timezone.utc).isoformat() if ms else None
             ),
             "regions": {r: getattr(p, "checkpoint_json", p.to_json)() for r, p in sorted(self.regions.items())},
+            "region_ts": dict(sorted(self.region_ts.items())),
             "written_at": dt.datetime.now(dt.timezone.utc).isoformat(),
         }
 
@@ -91,7 +101,15 @@ def load_checkpoint(path: Path) -> Checkpoint | None:
             regions[name] = position_from_json(pos)
         except ValueError as exc:
             raise CheckpointError(f"{path}: regions.{name}: {exc}; {hint}") from None
-    return Checkpoint(ts, regions)
+    rts_raw = d.get("region_ts", {})
+    if not isinstance(rts_raw, dict):
+        raise CheckpointError(f"{path}: 'region_ts' must be an object; {hint}")
+    region_ts = {}
+    for name, v in rts_raw.items():
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0 or v >= 1 << 63:
+            raise CheckpointError(f"{path}: region_ts.{name} must be a non-negative 64-bit integer; {hint}")
+        region_ts[name] = v
+    return Checkpoint(ts, regions, region_ts)
 
 
 def save_checkpoint(path: Path, cp: Checkpoint) -> None:

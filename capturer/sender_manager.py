@@ -10,8 +10,9 @@ and senders acknowledge numbers, not commit_ts: two regions can commit at the
 same commit_ts, and a sender that has taken the first of them but not the
 second must not let the second region's position into the checkpoint. A
 region's position in the checkpoint is the one after its last item that every
-sender acknowledged; the checkpoint's commit_ts is the newest commit_ts at or
-below which every item is acknowledged.
+sender acknowledged, with that item's commit_ts (the region's clock resumes
+above it); the checkpoint's commit_ts is the newest commit_ts at or below
+which every item is acknowledged.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ class SenderManager:
         self.stop_event = stop
         self.checkpoint = start
         self._positions: dict[str, AnyPosition] = dict(start.regions)
+        self._region_ts: dict[str, int] = dict(start.region_ts)
         # (dispatch number, commit_ts, region, position) of items not yet acknowledged by every sender
         self._pending: collections.deque[tuple[int, int, str, AnyPosition | None]] = collections.deque()
         self._seq = 0
@@ -86,13 +88,14 @@ class SenderManager:
                 _, last_ts, region, pos = self._pending.popleft()
                 if pos is not None:
                     self._positions[region] = pos
+                    self._region_ts[region] = last_ts
             if last_ts is None:
                 return self.checkpoint
             if self._pending and self._pending[0][1] <= last_ts:
                 # another region's item at the same commit_ts is still on its way
                 last_ts = self._pending[0][1] - 1
             ts = max(last_ts, self.checkpoint.commit_ts)
-            self.checkpoint = Checkpoint(ts, dict(self._positions))
+            self.checkpoint = Checkpoint(ts, dict(self._positions), dict(self._region_ts))
             return self.checkpoint
 
     def failed(self) -> Sender | None:

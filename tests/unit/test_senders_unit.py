@@ -194,3 +194,29 @@ def test_checkpoint_never_passes_an_unacknowledged_txn_at_the_same_commit_ts() -
     assert cp.commit_ts == 5 and cp.regions["b"] == Position("bin.000001", 600)
     m.stop()
     m.join()
+
+
+def test_each_region_resumes_its_clock_above_its_own_acknowledged_item(tmp_path: Path) -> None:
+    """(T, r1) acknowledged, r0's heartbeat at T not yet: the checkpoint's commit_ts
+    is T-1, but r1's clock must resume above T, or a transaction it reads again
+    would take T, the identity of the one it already delivered."""
+    from capturer.checkpoint import load_checkpoint, save_checkpoint
+    from capturer.model import make_ts
+    from capturer.tso import LiftJournal, RegionClock
+
+    t = make_ts(1_700_000_000_000) + 46
+    s = OneAtATime(hold=0)  # (its thread is not started: the test says what it acknowledged)
+    m = SenderManager([s], Checkpoint(), threading.Event())
+    m.dispatch(txn(t - 1, "r0", pos=100))
+    m.dispatch(txn(t, "r1", pos=200))
+    m.dispatch(Heartbeat("r0", t, Position("bin.000001", 150)))
+    s.acked_seq = 2
+    cp = m.advance()
+    assert cp.commit_ts == t - 1 and cp.region_ts == {"r0": t - 1, "r1": t}
+    save_checkpoint(tmp_path / "cp.json", cp)
+    back = load_checkpoint(tmp_path / "cp.json")
+    assert back is not None and back.floor("r1") == t and back.floor("r0") == t - 1
+    assert back.floor("new") == t - 1  # a region the checkpoint does not know yet
+    clock = RegionClock("r1", back.floor("r1"), LiftJournal(None))
+    # r1's next transaction, in the same second: it had t + 1 the first time
+    assert clock.commit(1_700_000_000, Position("bin.000001", 300)) == t + 1
