@@ -235,6 +235,7 @@ class Region:
     leader_unknown: bool = False  # mid-election: everybody answers NOT_LEADER 0.0.0.0:0
     follower_reads: bool = True  # followers serve OP_READ_BINLOG
     peer_oldest: dict[str, int] = field(default_factory=dict)  # a peer whose binlog starts later (a new peer)
+    announce: list[int] = field(default_factory=list)  # regions a VERSION_OLD answer lists after this one
 
     def check_point(self) -> int:
         return min(self.pending) if self.pending else self.applied_ts
@@ -316,6 +317,19 @@ class Cluster:
             bt = BinlogTable(table_id, db, name, partitions, regions)
             self.binlogs[table_id] = bt
             return bt
+
+    def add_region(self, binlog_table_id: int, partition: int) -> Region:
+        """A new binlog region of a partition (BaikalDB does not split binlog regions:
+        this is the generic VERSION_OLD case of §6, for readers that must handle it)."""
+        with self.lock:
+            bt = self.binlogs[binlog_table_id]
+            rid = max(self.regions) + 1
+            peers = self.rng.sample(self.stores, min(3, len(self.stores)))
+            r = Region(rid, binlog_table_id, partition, peers, peers[0])
+            r.applied_ts = r.oldest_ts = self.tso.alloc()
+            bt.regions.append(r)
+            self.regions[rid] = r
+            return r
 
     def create_table(self, table_id: int, db: str, name: str, columns: list[tuple[Any, ...]], pk: list[str],
                      binlog_table_id: int, uniques: list[list[str]] | None = None, link_field: str = "",

@@ -238,8 +238,9 @@ class BaikalDouble:
             if req.region_version < version:
                 res.errcode = P.VERSION_OLD
                 res.errmsg = b"region version too old"
-                brpc_json.from_json(r.info(c.binlogs[r.table_id].name, c.binlogs[r.table_id].partitions),
-                                    res.regions.add())
+                bt = c.binlogs[r.table_id]
+                for x in [r] + [c.regions[a] for a in r.announce]:
+                    brpc_json.from_json(x.info(bt.name, bt.partitions), res.regions.add())
                 return brpc_json.to_json(res)
             if op == "OP_QUERY_BINLOG" and not self.legacy_scan:
                 bi = res.binlog_info

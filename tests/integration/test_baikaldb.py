@@ -525,3 +525,34 @@ def test_older_store_lagging_meta_and_a_new_peer(tmp_path: Path, double: BaikalD
         [x["sql"] for x in lines if x["op"] == "ddl"]
     assert st["regions"]["shop"]["tables"]["shop.orders"]["version"] >= 2
     assert_file_equals(c, tmp_path / "out" / "changes.jsonl")
+
+
+def test_version_old_announcing_a_new_region(tmp_path: Path, double: BaikalDouble,
+                                             capturer_running) -> None:  # type: ignore[no-untyped-def]
+    """A store answers VERSION_OLD listing the region's new info and a new region
+    (the generic case of the protocol's §6; BaikalDB does not split binlog regions).
+    The meta refresh is off, so only that answer can tell the reader: the new region
+    is read from the point the stream had reached, and what is written to it arrives."""
+    c = double.cluster
+    w = Workload(c, seed=31)
+    cfg = baikal_config(tmp_path, double, file_sender(tmp_path))
+    cfg.write_text(cfg.read_text().replace("schema_refresh=2\n", "schema_refresh=86400\n"))
+    with capturer_running(cfg) as cap:
+        streaming(cap)
+        w.run(20)
+        wait_for(lambda: covered(tmp_path, w), 60)
+        old = c.binlogs[20].regions[0]
+        new = c.add_region(20, old.partition_id)
+        with c.lock:
+            old.announce = [new.region_id]
+            old.version += 1
+        w.run(60)
+        wait_for(lambda: str(new.region_id) in status(cap)["regions"]["shop"]["store_regions"], 60,
+                 "the new region to be read")
+        w.run(20)
+        wait_for(lambda: covered(tmp_path, w), 60)
+        st = status(cap)["regions"]["shop"]["store_regions"]
+    assert new.records, "the workload wrote nothing to the new region"
+    assert st[str(old.region_id)]["version_old"] >= 1 and st[str(old.region_id)]["version"] == old.version
+    assert st[str(new.region_id)]["entries"] > 0
+    assert_file_equals(c, tmp_path / "out" / "changes.jsonl")

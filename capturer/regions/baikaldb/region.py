@@ -462,12 +462,11 @@ class BaikalRegion(Region):
                 if new:
                     resume = self.last_emitted
                     for r in new:
-                        if int(r.region_id) not in self.stores and (
-                                not self.cfg.binlogRegionID or int(r.region_id) in self.cfg.binlogRegionID):
-                            self.stores[int(r.region_id)] = StoreRegionInfo.from_pb(r)
-                            log.info("%s: new binlog region %d (from TSO %s)", self.where, int(r.region_id),
-                                     describe(resume))
-                            add(int(r.region_id))
+                        rid = int(r.region_id)
+                        if rid not in self.stores and (not self.cfg.binlogRegionID or rid in self.cfg.binlogRegionID):
+                            self.stores[rid] = StoreRegionInfo.from_pb(r)
+                            self._starts[rid] = self._new_region_start(self.stores[rid], resume)
+                            add(rid)
                 if time.monotonic() - self._last_refresh > self.cfg.schema_refresh:
                     self._start_refresh()
                 w = min(latest.values())
@@ -481,6 +480,24 @@ class BaikalRegion(Region):
                 q.close()  # a reader of this attempt still in a call: its entries go nowhere
             for t in threads:
                 t.join(0.5)
+
+    def _new_region_start(self, sr: StoreRegionInfo, resume: int) -> int:
+        """Where a binlog region that appeared while streaming is read from: the point
+        the stream has reached, or its oldest binlog if that is later (a region made
+        after that point holds nothing before it)."""
+        client = StoreClient(self.where, self.cfg.connect_timeout, self.cfg.request_timeout, 1e9)
+        try:
+            oldest = client.oldest_ts(sr)
+        except (SourceError, FatalSourceError, PeerFailure) as exc:
+            log.warning("%s: new binlog region %d: its oldest binlog is unknown (%s); reading it from TSO %s",
+                        self.where, sr.region_id, exc, describe(resume))
+            return resume
+        finally:
+            client.close()
+        start = max(resume, oldest)
+        log.info("%s: new binlog region %d (partition %d): reading it from TSO %s%s", self.where, sr.region_id,
+                 sr.partition_id, describe(start), " (where its binlog begins)" if oldest > resume else "")
+        return start
 
     def _start_refresh(self) -> None:
         """Schemas and regions from the meta, in a thread of its own: a slow or dead
