@@ -79,6 +79,8 @@ class PersistentBroker(Broker):
     def __init__(self, store: S3Store):
         super().__init__()
         self.store = store
+        self.killed_after_term = 0  # stops that SIGTERM did not finish in time
+        self.stop_seconds: list[float] = []
 
     def start(self) -> "PersistentBroker":
         url = f"tcp://127.0.0.1:{self.port}"
@@ -106,12 +108,15 @@ class PersistentBroker(Broker):
         stops it the way an operator restarts a broker; a capturer outage with
         ``kill -9`` is what this suite kills."""
         if self.proc is not None:
+            t0 = time.monotonic()
             self.proc.terminate()
             try:
-                self.proc.wait(30)
+                self.proc.wait(120)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+                self.killed_after_term += 1
+            self.stop_seconds.append(time.monotonic() - t0)
             self.proc = None
 
 
@@ -487,6 +492,8 @@ class ChaosRun:
     def broker_restart(self) -> None:
         assert self.broker is not None
         self.broker.stop_gracefully()
+        if self.broker.killed_after_term:
+            self.fig.faults["Kafka broker did not stop on SIGTERM in 120 s (killed)"] += 1
         time.sleep(self.rng.uniform(1, 4))
         before = checkpoint_ts(self.cp)
         self.broker.start()
@@ -710,11 +717,40 @@ def check_sinks(run: ChaosRun) -> list[str]:
         f.lost += lost
         f.diverged += div
         problems += [why] if why else []
+        if why:
+            problems += kafka_trail(records, raw, t, want[t], state_k.get(("app", t), []))
 
     # the lake, through its merge-on-read views (in a child: its own JVM)
     if run.plan.spark:
         problems += check_lake(run)
     return problems
+
+
+def kafka_trail(records: list[Rec], raw: list[dict[str, Any]], table: str, want: list[str],
+                got: list[str]) -> list[str]:
+    """For a few rows Kafka has wrong: every message of that row's key (or, in a
+    keyless table, with that row image) next to the file's changes of it, so a
+    failure says whether a message is absent or out of order."""
+    from collections import Counter
+
+    bad = list((Counter(got) - Counter(want)).elements())[:2] + list((Counter(want) - Counter(got)).elements())[:2]
+    out = []
+    for row_json in bad:
+        row = json.loads(row_json)
+        kid = row.get("id", row.get("a"))
+        def hit(img: Any) -> bool:
+            if not isinstance(img, dict):
+                return False
+            return img == row if kid is None else img.get("id", img.get("a")) == kid
+        ks = [(r.partition, r.offset, {k: v.decode() for k, v in r.headers}.get("commit_ts"),
+               {k: v.decode() for k, v in r.headers}.get("seq"), json.loads(r.value).get("op"))
+              for r in records if r.value is not None and r.topic == f"capturer.app.{table}"
+              and (hit(json.loads(r.value).get("before")) or hit(json.loads(r.value).get("after")))]
+        fs = [(d["region"], d["commit_ts"], d["seq"], d["op"]) for d in raw
+              if d.get("table") == table and (hit(d.get("before")) or hit(d.get("after")))]
+        out.append(f"  trail of {row_json[:120]}: kafka (partition, offset, commit_ts, seq, op) {ks[:12]}; "
+                   f"file (region, commit_ts, seq, op) {fs[:12]}")
+    return out
 
 
 def check_lake(run: ChaosRun) -> list[str]:
