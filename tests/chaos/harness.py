@@ -330,6 +330,7 @@ class Figures:
     txns: int = 0
     big_txns: int = 0
     ddls: int = 0
+    broker_stops: list[float] = field(default_factory=list)  # seconds each graceful broker stop took
     failed_source_txns: int = 0
     lost: int = 0
     diverged: int = 0
@@ -349,7 +350,8 @@ class Figures:
             f"pairs, {self.failed_source_txns} source txns failed by restarts); rows lost {self.lost}; "
             f"rows diverged {self.diverged}; duplicates (identified by region, commit_ts, seq) {self.duplicates}; "
             f"max recovery {worst[1]:.1f}s ({worst[0]}); status answers {self.status_ok} "
-            f"(+{self.status_junk} junk requests); {self.elapsed:.0f}s"
+            f"(+{self.status_junk} junk requests); broker stops on SIGTERM took "
+            f"{[round(x, 1) for x in self.broker_stops]} s; {self.elapsed:.0f}s"
         )
 
 
@@ -492,6 +494,7 @@ class ChaosRun:
     def broker_restart(self) -> None:
         assert self.broker is not None
         self.broker.stop_gracefully()
+        self.fig.broker_stops = list(self.broker.stop_seconds)
         if self.broker.killed_after_term:
             self.fig.faults["Kafka broker did not stop on SIGTERM in 120 s (killed)"] += 1
         time.sleep(self.rng.uniform(1, 4))
