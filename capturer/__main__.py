@@ -2,7 +2,9 @@
 ``python -m capturer snapshot db.table ...`` (copy tables again, on demand).
 
 ``start.sh`` wraps this (virtualenv, background, pid file, log). Exit codes:
-0 clean stop, 1 a stage failed, 2 bad configuration or checkpoint.
+0 clean stop, 1 a stage failed, 2 bad configuration or checkpoint. ``snapshot``:
+0 started, 2 refused (HTTP 4xx: bad or refused request, token) or bad config,
+1 the capturer could not be reached or failed to answer.
 """
 
 from __future__ import annotations
@@ -46,7 +48,8 @@ def snapshot_cli(argv: list[str]) -> int:
     ap.add_argument("--config", default="conf/config.cfg", help="the running capturer's config (port, token)")
     ap.add_argument("--region", help="only this region (default: every MySQL/MariaDB region that has the table)")
     ap.add_argument("--truncate", action="store_true",
-                    help="empty the table downstream before its first chunk (rows the source no longer has go)")
+                    help="empty the table downstream before its first chunk (rows the source no longer has go); "
+                         "refused for a table that several regions deliver")
     ap.add_argument("--url", help="the status URL, e.g. http://127.0.0.1:8080 (default: from the config)")
     ap.add_argument("--token", help="the control token (default: controlToken of the config)")
     args = ap.parse_args(argv)
@@ -83,7 +86,9 @@ def snapshot_cli(argv: list[str]) -> int:
         except ValueError:
             msg = ""
         print(f"refused: HTTP {exc.code}: {msg}", file=sys.stderr)
-        return 1
+        # a request the capturer refuses (bad name, unknown table, a copy it will not
+        # make, no or wrong token) is the caller's to fix: 2, as for a bad config
+        return 2 if 400 <= exc.code < 500 else 1
     except (urllib.error.URLError, OSError) as exc:
         print(f"cannot reach the capturer at {url}: {exc}", file=sys.stderr)
         return 1

@@ -19,7 +19,7 @@ from senders import sender_class
 
 from .bqueue import WeightedQueue
 from .checkpoint import Checkpoint, load_checkpoint, save_checkpoint
-from .errors import CheckpointError
+from .errors import CheckpointError, SourceError
 from .config import AppConfig
 from .filter import load_filter
 from .merger import MergeStage
@@ -62,11 +62,12 @@ class Capturer:
         self.queues: dict[str, WeightedQueue[Item]] = {
             r.name: WeightedQueue(cfg.queue_rows) for r in cfg.regions
         }
+        self._cp_lock = threading.RLock()  # checkpoint writes: the run loop's and pin_start's
         self.regions = [
             make_region(r, RegionContext(self.queues[r.name], cp.regions.get(r.name),
                                          cp.floor(r.name), self.journal, self.stop_event,
                                          cfg.spill_rows, cfg.spill_dir, cfg.checkpoint_path,
-                                         self.filter.table_selected))
+                                         self.filter.table_selected, self.pin_start, self.tables_elsewhere))
             for r in cfg.regions
         ]
         self.senders = [sender_class(s.name)(s.name, s.options, cfg.queue_rows) for s in cfg.senders]
@@ -93,6 +94,40 @@ class Capturer:
             r.start()
 
     def write_checkpoint(self) -> None:
+        with self._cp_lock:
+            self._write_checkpoint()
+
+    def pin_start(self, region: str, position: Any) -> None:
+        """A region's first start, made durable before it emits anything: the
+        checkpoint gets ``position`` for ``region`` (commit_ts unchanged) if it holds
+        no position for it yet, written now. Without this a crash before the first
+        regular checkpoint would start the region again from a new start (its
+        ``start=latest``, or a new snapshot run), and what changed in between would
+        never be delivered. Any region kind (a position of its kind)."""
+        with self._cp_lock:
+            cp = self.manager.pin(region, position)
+            if cp is None:
+                return
+            save_checkpoint(self.cfg.checkpoint_path, cp)
+            self.checkpoint = cp
+            self.checkpoint_written_at = time.time()
+            log.info("region %s: start position %s written to %s before anything is sent", region, position,
+                     self.cfg.checkpoint_path)
+
+    def tables_elsewhere(self, region: str, tables: list[tuple[str, str]]) -> dict[tuple[str, str], list[str]]:
+        """For each of ``tables``: the other MySQL/MariaDB regions that deliver a table
+        of that name (it exists on their server and the filter selects it)."""
+        from .regions.mysql import MySQLRegion
+
+        out: dict[tuple[str, str], list[str]] = {}
+        for r in self.regions:
+            if r.name == region or not isinstance(r, MySQLRegion):
+                continue
+            for t in r.tables_info(tables):
+                out.setdefault(t, []).append(r.name)
+        return out
+
+    def _write_checkpoint(self) -> None:
         cp = self.manager.advance()
         if cp is self.checkpoint and cp.commit_ts and self.checkpoint_written_at:
             # unchanged; rewrite now and then so its age shows it is alive
@@ -190,34 +225,58 @@ class Capturer:
                 return 400, {"error": str(exc)}
             except LookupError as exc:
                 return 404, {"error": str(exc)}
+            except SourceError as exc:  # a source did not answer: nothing was started
+                return 503, {"error": f"nothing started: {exc}"}
         return 404, {"error": f"unknown control endpoint {path}"}
 
     def request_snapshot(self, tables: list[str], region: str | None = None,
                          truncate: bool = False) -> dict[str, Any]:
         """Copy tables again while streaming, in every MySQL/MariaDB region that has
-        them (or only ``region``). ValueError for a bad name, LookupError if no
-        region has a table."""
+        them (or only ``region``). Everything is checked before any region starts:
+        ValueError for a bad name, a server without snapshots, or a copy that would
+        empty a table other regions also deliver (``truncate``, or a keyless table);
+        LookupError if no region has a table; SourceError if a source does not
+        answer (nothing started then either)."""
         from .filter import split_table_name
         from .regions.mysql import MySQLRegion
+        from .regions.snapshot import truncate_conflict
 
-        names = [split_table_name(t) for t in tables]
-        regions = [r for r in self.regions if isinstance(r, MySQLRegion)]
+        names = list(dict.fromkeys(split_table_name(t) for t in tables))
+        every = [r for r in self.regions if isinstance(r, MySQLRegion)]
+        regions = every
         if region is not None:
             regions = [r for r in regions if r.name == region]
             if not regions:
                 raise LookupError(f"no MySQL/MariaDB region named {region!r}")
         if not regions:
             raise LookupError("snapshots are for MySQL/MariaDB regions; none is configured")
-        out: dict[str, Any] = {}
-        found: set[tuple[str, str]] = set()
-        for r in regions:
-            have = [(db, t) for db, t in names if self.filter.table_selected(db, t) and r.table_exists(db, t)]
-            if have:
-                found.update(have)
-                out[r.name] = {"run": r.request_snapshot(have, truncate), "tables": [f"{db}.{t}" for db, t in have]}
+        # 1. what every region delivers (all of them: another region's rows are at stake too)
+        info = {r.name: r.tables_info(names) for r in every}
+        have = {r.name: [t for t in names if t in info[r.name]] for r in regions}
+        found = {t for ts in have.values() for t in ts}
         missing = [f"{db}.{t}" for db, t in names if (db, t) not in found]
-        if not out:
+        if not found:
             raise LookupError(f"no region has (or the filter selects) {', '.join(missing)}")
+        # 2. a copy that empties a table downstream must be the table's only source
+        for r in regions:
+            for t in have[r.name]:
+                if not (truncate or info[r.name][t]):
+                    continue
+                holders = [x.name for x in every if t in info[x.name]]
+                if len(holders) > 1:
+                    why = "the request truncates it" if truncate else \
+                        "it has no key, so its copy starts with a TRUNCATE"
+                    raise ValueError("snapshot refused: " + truncate_conflict(t[0], t[1], holders, why))
+        # 3. every server can give a consistent-snapshot position
+        for r in regions:
+            if have[r.name]:
+                r.check_snapshot_support()
+        # 4. then start: no I/O, and never waiting on a region's emission lock
+        out: dict[str, Any] = {}
+        for r in regions:
+            if have[r.name]:
+                out[r.name] = {"run": r.start_snapshot_request(have[r.name], truncate),
+                               "tables": [f"{db}.{t}" for db, t in have[r.name]]}
         log.info("on-demand snapshot requested: %s%s", out, f"; not found: {missing}" if missing else "")
         return {"regions": out, "missing": missing, "truncate": truncate}
 

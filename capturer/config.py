@@ -123,13 +123,13 @@ REGION_KEYS = [
         doc="row decoder: fast (planned per table) or library (python-mysql-replication)"),
     Key("snapshot", p_choice("never", "initial", "when_needed"), "never",
         doc="copy the selected tables: never; initial (on a first start); when_needed (also when the "
-            "checkpoint's binlog is purged)"),
+            "checkpoint's binlog is purged: then each table is emptied downstream first)"),
     Key("snapshot_workers", p_int(1, 64), 2, doc="tables copied at once"),
     Key("snapshot_chunk_rows", p_int(10, 10_000_000), 20_000, doc="rows per snapshot chunk"),
     Key("snapshot_driver", p_choice("auto", "mariadb", "pymysql"), "auto",
         doc="client that reads snapshot chunks: MariaDB Connector/Python where installed (auto), or pymysql"),
     Key("snapshot_ddl", p_bool, True,
-        doc="send CREATE DATABASE/TABLE IF NOT EXISTS (from SHOW CREATE TABLE) before a table's first chunk"),
+        doc="send CREATE DATABASE/TABLE IF NOT EXISTS (from SHOW CREATE TABLE) before a table's copy starts"),
 ]
 
 

@@ -1,6 +1,6 @@
 """Message bodies for message-bus senders (Kafka): one message per row change.
 
-* ``json``: a Debezium-like envelope ``{before, after, op (c/u/d), ts_ms, source}``
+* ``json``: a Debezium-like envelope ``{before, after, op (c/u/d/r; t: a TRUNCATE), ts_ms, source}``
 * ``canal``: Canal's flatMessage JSON (values as strings, ``old`` holds changed columns)
 * ``sql``: the idempotent SQL statement (the seed's behaviour)
 * ``protobuf``: ``capturer.RowChange`` from ``proto/capturer.proto``
@@ -12,6 +12,7 @@ headers, so a consumer can drop duplicates after a crash replay.
 from __future__ import annotations
 
 import json
+import re
 import time
 from typing import Any, Callable
 
@@ -40,8 +41,43 @@ def source_block(txn: Txn, ch_db: str, ch_table: str, seq: int) -> dict[str, Any
         "position": txn.position.to_json(),
         "gtid": txn.gtid,
         "seq": seq,
-        **({"snapshot": txn.snapshot.to_json()} if txn.snapshot is not None else {}),
+        **snapshot_fields(txn, seq),
     }
+
+
+def snapshot_fields(txn: Txn, seq: int) -> dict[str, Any]:
+    """Debezium's ``snapshot``: "true" on a snapshot row, "last" on the last row of a
+    table's copy, "false" otherwise; ``snapshot_chunk``: which run and chunk the row
+    came with, its table and the binlog position the chunk was read at."""
+    m = txn.snapshot
+    if m is None:
+        return {"snapshot": "false"}
+    last = m.last and seq == len(txn.changes) - 1
+    return {"snapshot": "last" if last else "true", "snapshot_chunk": m.to_json()}
+
+
+_TRUNCATE = re.compile(r"^\s*(?:/\*.*?\*/\s*)*TRUNCATE\b", re.I | re.S)
+
+
+def is_truncate(ddl: Ddl) -> bool:
+    """A TRUNCATE of one table (a snapshot's, or the source's own)."""
+    return bool(ddl.table) and bool(_TRUNCATE.match(ddl.sql))
+
+
+def truncate_message(txn: Txn, ddl: Ddl, fmt: str) -> bytes:
+    """A TRUNCATE as an event of the table's own topic, so that its consumers see
+    the table emptied in their stream: Debezium's ``op: "t"`` (json), Canal's
+    ``TRUNCATE`` (canal), the statement (sql), a DDL change carrying it (protobuf)."""
+    if fmt == "json":
+        d = {"before": None, "after": None, "op": "t", "ts_ms": int(time.time() * 1000),
+             "source": source_block(txn, ddl.db, ddl.table, ddl.seq)}
+        return json.dumps(d, ensure_ascii=False).encode()
+    if fmt == "canal":
+        d2 = {"id": 0, "database": ddl.db, "table": ddl.table, "isDdl": True, "type": "TRUNCATE",
+              "es": ts_physical_ms(txn.commit_ts), "ts": int(time.time() * 1000), "sql": ddl.sql,
+              "data": None, "old": None, "gtid": txn.gtid}
+        return json.dumps(d2, ensure_ascii=False).encode()
+    return ddl_message(txn, ddl, fmt)  # sql: the statement; protobuf: op DDL with it
 
 
 def json_envelope(txn: Txn, seq: int, ch: RowChange, op: str) -> bytes:

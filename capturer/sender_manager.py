@@ -98,6 +98,17 @@ class SenderManager:
             self.checkpoint = Checkpoint(ts, dict(self._positions), dict(self._region_ts))
             return self.checkpoint
 
+    def pin(self, region: str, position: AnyPosition) -> Checkpoint | None:
+        """Give a region that has no position yet its start position (nothing of it
+        was dispatched): the checkpoint to write now, or None if it has one."""
+        with self._lock:
+            if region in self._positions:
+                return None
+            self._positions[region] = position
+            cur = self.checkpoint
+            self.checkpoint = Checkpoint(cur.commit_ts, {**cur.regions, region: position}, dict(cur.region_ts))
+            return self.checkpoint
+
     def failed(self) -> Sender | None:
         return next((s for s in self.senders if s.error is not None), None)
 

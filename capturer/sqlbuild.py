@@ -1,7 +1,15 @@
 """Idempotent SQL from row changes: a replay converges to the same target state.
 
 * insert -> ``INSERT ... ON DUPLICATE KEY UPDATE`` (an upsert)
-* update -> ``UPDATE ... WHERE <old key>`` (so a primary-key change moves the row)
+* update -> in SQL text (``literal``: ``format=sql`` files and Kafka messages):
+  the upsert of the new row, after ``DELETE ... WHERE <old key>`` if the key
+  changed. A target being filled by a snapshot may not have the old row yet
+  (its chunk is still to come, or was read before this change and leaves the
+  key to it): an ``UPDATE`` would then change nothing and the row would be
+  lost, where the upsert converges. With parameters (``literal=False``):
+  ``UPDATE ... WHERE <old key>`` (for a target known to hold the row). A table
+  without a key: ``UPDATE ... LIMIT 1`` either way (its snapshot copy is a
+  TRUNCATE plus its rows, so the target always holds it).
 * delete -> ``DELETE ... WHERE <key>``
 
 The key is the primary key; without one, every column of the old image, with
@@ -60,6 +68,16 @@ def build(ch: RowChange, target_db: str | None = None, literal: bool = False) ->
             sql += f" ON DUPLICATE KEY UPDATE {upd}"
     elif ch.op == "delete":
         sql = f"DELETE FROM {name} WHERE {_where(o, s, ch.before or {})}{limit}"
+    elif literal and s.pk and ch.after is not None and all(c in ch.after for c in s.pk):
+        # converges whether or not the target already holds the old row (see above)
+        after = ch.after
+        before = ch.before or {}
+        cols = ", ".join(o.ident(c) for c in after)
+        vals = ", ".join(o.value(v, s.type_of(c)) for c, v in after.items())
+        upd = ", ".join(f"{o.ident(c)}=VALUES({o.ident(c)})" for c in after)
+        sql = f"INSERT INTO {name} ({cols}) VALUES ({vals}) ON DUPLICATE KEY UPDATE {upd}"
+        if before and any(before.get(c) != after.get(c) for c in s.pk):
+            sql = f"DELETE FROM {name} WHERE {_where(o, s, before)}; {sql}"
     else:
         after = ch.after or {}
         sets = ", ".join(f"{o.ident(c)}={o.value(v, s.type_of(c))}" for c, v in after.items())

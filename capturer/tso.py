@@ -105,12 +105,16 @@ class RegionClock:
         self.last_txn = self.last_emitted = ts
         return ts
 
-    def extra(self, source_now_ms: int) -> int:
+    def extra(self, not_before_ms: int = 0) -> int:
         """A commit_ts for an item the capturer inserts into the stream (a snapshot
-        chunk) right after what was emitted, in the time of a heartbeat (the source's
-        clock minus the heartbeat lag). A later transaction that falls at or below it
-        is lifted (and journaled), so its commit_ts stays the same on replay."""
-        self.last_emitted = max(self.last_emitted + 1, make_ts(source_now_ms))
+        chunk, a CREATE/TRUNCATE it sends) right after what was emitted: the next
+        value after the last emitted one, so it sits where the region's stream is
+        (its source time), not at the wall clock: a region whose stream lags does not
+        lift its later transactions above "now" (out of their order with other
+        regions). ``not_before_ms``: a lower bound (the source's clock, for a region
+        that has emitted nothing with a time yet). A later transaction that falls at
+        or below it is lifted (journaled), so its commit_ts stays the same on replay."""
+        self.last_emitted = max(self.last_emitted + 1, make_ts(not_before_ms) if not_before_ms else 0)
         return self.last_emitted
 
     def heartbeat(self, source_now_ms: int) -> int:

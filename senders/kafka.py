@@ -12,6 +12,9 @@ in order.
 * a primary-key change is a delete under the old key, then a create under the
   new key (as Debezium does); ``tombstones=true`` adds a null-value message
   after each delete for log compaction.
+* a ``TRUNCATE`` (a snapshot's, or the source's) also goes to the table's own
+  topic, in every partition, without a key: Debezium's ``op: "t"`` in json,
+  Canal's ``TRUNCATE`` in canal, the statement in sql, a DDL change in protobuf.
 * delivery: ``acks=all`` with an idempotent producer; a batch is acknowledged
   only when the broker has acknowledged every message in it. On failure the
   whole batch is sent again (at least once); the ``region``, ``commit_ts`` and
@@ -29,7 +32,7 @@ from typing import Any, ClassVar
 
 from capturer.errors import SinkError
 from capturer.ini import Key, p_bool, p_choice, p_int, p_nonempty, p_str
-from capturer.messages import FORMATS, change_events, ddl_message, key_bytes
+from capturer.messages import FORMATS, change_events, ddl_message, is_truncate, key_bytes, truncate_message
 from capturer.model import Txn, ts_physical_ms
 
 from .base import Sender
@@ -341,6 +344,15 @@ class KafkaSender(Sender):
                 client.produce(topic, 0, txn.ddl.db.encode(), ddl_message(txn, txn.ddl, self.fmt),
                                self._headers(txn, txn.ddl.seq, "ddl"))
                 n += 1
+            if is_truncate(txn.ddl):
+                # the table's own consumers see it emptied: an event (op "t", no key) in every
+                # partition of its topic, in order with the keys that partition holds
+                d = txn.ddl
+                table_topic = self.topic_for(d.db, d.table, txn.region)
+                body = truncate_message(txn, d, self.fmt)
+                for part in range(self._partitions(table_topic)):
+                    client.produce(table_topic, part, None, body, self._headers(txn, d.seq, "t"))
+                    n += 1
             return n
         if not txn.changes:
             return 0

@@ -29,6 +29,12 @@ class RegionContext:
     spill_dir: str = ""
     state_path: Path | None = None  # the checkpoint file: a region keeps its own state files next to it
     table_selected: Callable[[str, str], bool] = lambda db, table: True  # the filter's table rules
+    # makes a region's first start durable before it emits anything: the app writes the
+    # checkpoint with this position for the region if the checkpoint has none for it yet
+    pin_start: Callable[[str, Any], None] = lambda region, position: None
+    # (region, tables) -> {table: [other regions that deliver a table of that name]}
+    tables_elsewhere: Callable[[str, list[tuple[str, str]]], dict[tuple[str, str], list[str]]] = \
+        lambda region, tables: {}
 
 
 class Region:

@@ -11,6 +11,7 @@ written to the binlog, so it never leaves the region.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import re
@@ -37,24 +38,25 @@ from .. import failpoints
 from ..config import RegionConfig
 from ..errors import FatalSourceError, SourceError
 from ..encode import qualified, quote_ident
-from ..model import ColumnInfo, Ddl, Heartbeat, Position, RowChange, TableProgress, TableSchema, Txn
+from ..model import ColumnInfo, Ddl, Heartbeat, Position, RowChange, TableProgress, TableSchema, Txn, ts_physical_ms
 from ..tso import RegionClock
 from .base import Region, RegionContext
 from .ddl import ddl_target, is_data_ddl, is_ignorable
 from ..spill import DEFAULT_CHUNK_ROWS, SpillWriter
 from .rowdecode import fast_rows, normalise_library_row
 from .snapshot import (
-    SYSTEM_SCHEMAS,
     Chunk,
     Recorder,
     Snapshotter,
     TablePlan,
+    base_tables,
     chunk_mark,
     create_table_sql,
     image_key,
     index_rows,
     promote_key,
     row_key,
+    truncate_conflict,
 )
 
 log = logging.getLogger(__name__)
@@ -115,9 +117,17 @@ class MySQLRegion(Region):
         self.snapshotter: Snapshotter | None = None
         self.snapshot_rows = 0
         self.snapshot_txns = 0
-        self._ddl_seen: dict[tuple[str, str], Position] = {}  # (db, table) / (db, "") / ("", "") -> last DDL
+        # (db, table) / (db, "") / ("", "") -> last DDL, names in lower case (lower_case_table_names
+        # may fold them), newest last; _ddl_floor: the newest DDL of entries pruned away
+        self._ddl_seen: dict[tuple[str, str], Position] = {}
+        self._ddl_floor: Position | None = None
         self._snap_gen = 0  # bumped when the binlog starts over (chunks read before are void)
         self._snap_lock = threading.Lock()
+        # on-demand runs not yet in snap_progress: a request never waits for the emission lock
+        # (held while the region is blocked on a full queue); applied at its next use
+        self._requests: list[tuple[TableProgress, ...]] = []
+        self._req_lock = threading.Lock()
+        self._creates_done: set[tuple[str, str, str]] = set()  # (run, db, table) up-front CREATE emitted
 
     # --- connection ---------------------------------------------------------
     def _conn_settings(self) -> dict[str, Any]:
@@ -136,6 +146,7 @@ class MySQLRegion(Region):
                 host=self.cfg.host, port=self.cfg.port, user=self.cfg.user,
                 password=self.cfg.password, charset="utf8mb4", autocommit=True,
                 connect_timeout=self.cfg.connect_timeout, read_timeout=30,
+                sql_mode="",  # SHOW CREATE TABLE and parameters read the same whatever the server's mode
             )
         except pymysql.err.OperationalError as exc:
             code = exc.args[0] if exc.args else 0
@@ -182,27 +193,35 @@ class MySQLRegion(Region):
                             "every table again and go on from the current position)."
                         )
                     log.warning("%s: resume position %s is no longer on the server (oldest binlog %s); "
-                                "snapshot=when_needed: copying every selected table again and reading the "
-                                "binlog from its current end", self.where, self.position, logs[0][0])
+                                "snapshot=when_needed: copying every selected table again (each emptied "
+                                "downstream first: rows deleted in the gap go too) and reading the binlog "
+                                "from its current end", self.where, self.position, logs[0][0])
                     with self._lock:
                         self.position = None
                         self.snap_progress = ()
                         self._snap_gen += 1  # chunks in flight were read against the old binlog
+                    purged = True
+                else:
+                    purged = False
                 if self.cfg.snapshot in ("initial", "when_needed"):
                     cur.execute("SHOW MASTER STATUS")
                     row = cur.fetchone()
-                    self.position = Position(str(row[0]), int(row[1]))
-                    self._start_snapshot(cur, fresh=True)
+                    self._start_snapshot(cur, fresh=True, at=Position(str(row[0]), int(row[1])), truncate=purged)
                     return self.position
                 start = self.cfg.start
                 if start == "earliest":
-                    return Position(logs[0][0], 4)
-                if start == "latest":
+                    pos = Position(logs[0][0], 4)
+                elif start == "latest":
                     cur.execute("SHOW MASTER STATUS")
                     row = cur.fetchone()
-                    return Position(str(row[0]), int(row[1]))
-                file, _, pos = start.rpartition(":")
-                return Position(file, int(pos))
+                    pos = Position(str(row[0]), int(row[1]))
+                else:
+                    file, _, off = start.rpartition(":")
+                    pos = Position(file, int(off))
+                # durable before anything is emitted: a crash before the first checkpoint
+                # resumes here, not from a new "latest" (changes between would be lost)
+                self.ctx.pin_start(self.name, pos)
+                return pos
         finally:
             conn.close()
 
@@ -287,9 +306,16 @@ class MySQLRegion(Region):
         """The source's clock now, minus the heartbeat lag: what a heartbeat promises."""
         return int(time.time() * 1000 + self._clock_offset_ms) - self.cfg.heartbeat_lag_ms
 
+    def _extra_ts(self) -> int:
+        """(under the lock) The commit_ts of an item the region inserts (snapshot rows,
+        CREATE, TRUNCATE): right after the last one emitted, i.e. at the stream's
+        time; at the source's clock only before anything at all was emitted."""
+        return self.clock.extra(self._source_now_ms() if self.clock.last_emitted == 0 else 0)
+
     def _heartbeat(self, here: Position | None = None) -> None:
         now_ms = self._source_now_ms()
         with self._lock:
+            self._apply_requests()
             if here is not None and (self.position is None or (here.file, here.pos) > (self.position.file,
                                                                                        self.position.pos)):
                 self.position = Position(here.file, here.pos, here.gtid, self.snap_progress)
@@ -315,11 +341,41 @@ class MySQLRegion(Region):
         finally:
             conn.close()
 
+    def tables_info(self, tables: list[tuple[str, str]]) -> dict[tuple[str, str], bool]:
+        """Which of ``tables`` this region captures (base tables on its server that
+        the filter selects), each with whether it is keyless."""
+        tables = [t for t in tables if self.ctx.table_selected(*t)]
+        if not tables:
+            return {}
+        conn = self._connect()
+        try:
+            with conn.cursor() as cur:
+                def execute(sql: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+                    cur.execute(sql, params)
+                    return list(cur.fetchall())
+                return base_tables(execute, "%s", tables)
+        except pymysql.err.MySQLError as exc:
+            raise SourceError(f"{self.where}: cannot list tables: {exc}") from None
+        finally:
+            conn.close()
+
+    def check_truncate(self, db: str, table: str, why: str) -> None:
+        """Refuse (FatalSourceError) to TRUNCATE ``db.table`` downstream when another
+        region also delivers a table of that name: its rows would go too."""
+        others = self.ctx.tables_elsewhere(self.name, [(db, table)]).get((db, table))
+        if others:
+            raise FatalSourceError(f"{self.where}: snapshot refused: "
+                                   + truncate_conflict(db, table, [self.name, *others], why))
+
     # --- snapshots ----------------------------------------------------------
-    def _start_snapshot(self, cur: Any, fresh: bool) -> None:
+    def _start_snapshot(self, cur: Any, fresh: bool, at: Position | None = None, truncate: bool = False) -> None:
         """On a first start (``fresh``) with snapshot=initial/when_needed: every table
-        the filter selects; on a restart: the snapshot in progress in the checkpoint."""
+        the filter selects (``truncate``: each emptied downstream first), from ``at``;
+        on a restart: the snapshot in progress in the checkpoint. Tables whose copy has
+        not started get their CREATE TABLE IF NOT EXISTS first (again after a restart),
+        so that binlog changes to them find them on a new target."""
         if fresh:
+            assert at is not None
             cur.execute("SHOW STATUS LIKE 'binlog_snapshot_file'")
             if cur.fetchone() is None:
                 raise FatalSourceError(
@@ -328,28 +384,39 @@ class MySQLRegion(Region):
                     f"[region:{self.name}]")
             cur.execute("SELECT TABLE_SCHEMA, TABLE_NAME FROM information_schema.TABLES WHERE TABLE_TYPE = "
                         "'BASE TABLE' ORDER BY TABLE_SCHEMA, TABLE_NAME")
-            tables = [(str(db), str(t)) for db, t in cur.fetchall()
-                      if str(db).lower() not in SYSTEM_SCHEMAS and self.ctx.table_selected(str(db), str(t))]
-            log.info("%s: snapshot=%s on a first start: copying %d table(s) while reading the binlog from %s",
-                     self.where, self.cfg.snapshot, len(tables), self.position)
+            # the filter decides, system schemas included (left out unless a rule names them)
+            tables = [(str(db), str(t)) for db, t in cur.fetchall() if self.ctx.table_selected(str(db), str(t))]
+
+            def execute(sql: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+                cur.execute(sql, params)
+                return list(cur.fetchall())
+            keyless = base_tables(execute, "%s", tables)
+            # a copy that truncates must be the only source of its table downstream
+            cut = [t for t in tables if truncate or keyless.get(t)]
+            clash = self.ctx.tables_elsewhere(self.name, cut) if cut else {}
+            if clash:
+                (db, t), others = sorted(clash.items())[0]
+                why = "snapshot=when_needed empties every table first" if truncate else \
+                    "it has no key, so its copy starts with a TRUNCATE"
+                more = f" ({len(clash) - 1} more such table(s): {', '.join(f'{d}.{x}' for d, x in sorted(clash)[1:6])})" \
+                    if len(clash) > 1 else ""
+                raise FatalSourceError(f"{self.where}: snapshot={self.cfg.snapshot} refused: "
+                                       + truncate_conflict(db, t, [self.name, *others], why) + more)
             run = uuid.uuid4().hex[:12]
-            self.add_snapshot_progress(tuple(TableProgress(db, t, run) for db, t in tables))
-            if self.cfg.snapshot_ddl:
-                # every table's CREATE first, as the binlog would have given it: changes to a
-                # table whose copy has not started yet then find it on a new target
-                stmts: list[tuple[str, str, str]] = []
-                for db in sorted({db for db, _ in tables}):
-                    stmts.append((db, "", f"CREATE DATABASE IF NOT EXISTS {quote_ident(db)}"))
-                for db, t in tables:
-                    cur.execute(f"SHOW CREATE TABLE {qualified(db, t)}")
-                    row = cur.fetchone()
-                    sql = create_table_sql(db, t, str(row[1])) if row else ""
-                    if sql:
-                        stmts.append((db, t, sql))
-                with self._lock:
-                    for db, t, sql in stmts:
-                        self._emit(Txn(self.name, self.clock.extra(self._source_now_ms()), self.position, (),  # type: ignore[arg-type]
-                                       Ddl(db, sql, t, db), int(time.time()), ""))
+            progress = tuple(TableProgress(db, t, run, truncate=truncate) for db, t in tables)
+            start = Position(at.file, at.pos, at.gtid, progress)
+            # durable before anything is emitted: a crash before the first checkpoint resumes
+            # this run from this position (so changes made meanwhile are delivered)
+            self.ctx.pin_start(self.name, start)
+            with self._lock:
+                self._apply_requests()
+                self.snap_progress = progress
+                self.position = start
+            log.info("%s: snapshot=%s: copying %d table(s)%s while reading the binlog from %s",
+                     self.where, self.cfg.snapshot, len(tables), " (each emptied downstream first)" if truncate
+                     else "", self.position)
+        if self.cfg.snapshot_ddl:
+            self._upfront_creates(cur)
         with self._snap_lock:
             if fresh or self.snapshotter is None:
                 pending = tuple(p for p in self.snap_progress if p.state in ("pending", "running"))
@@ -358,9 +425,41 @@ class MySQLRegion(Region):
                         self.snapshotter = Snapshotter(self, self.cfg.snapshot_workers, self.cfg.snapshot_chunk_rows)
                     self.snapshotter.load(pending)
 
-    def request_snapshot(self, tables: list[tuple[str, str]], truncate: bool) -> str:
-        """Copy these tables again while streaming (on demand). ValueError when the
-        server cannot give a consistent-snapshot binlog position (not MariaDB)."""
+    def _upfront_creates(self, cur: Any) -> None:
+        """Every pending table's CREATE TABLE IF NOT EXISTS (not yet emitted by this
+        process), as the binlog would have given it, before anything else."""
+        with self._lock:
+            self._apply_requests()
+            todo = [(p.run, p.db, p.table) for p in self.snap_progress
+                    if p.state == "pending" and (p.run, p.db, p.table) not in self._creates_done]
+        if not todo:
+            return
+        stmts: list[tuple[str, str, str]] = []
+        for db in sorted({db for _, db, _ in todo}):
+            stmts.append((db, "", f"CREATE DATABASE IF NOT EXISTS {quote_ident(db)}"))
+        for _, db, t in todo:
+            failpoints.hit("snapshot.create")
+            try:
+                cur.execute(f"SHOW CREATE TABLE {qualified(db, t)}")
+            except pymysql.err.MySQLError as exc:
+                if exc.args and exc.args[0] == 1146:  # dropped since: its copy will say so
+                    continue
+                raise
+            row = cur.fetchone()
+            sql = create_table_sql(db, t, str(row[1])) if row else ""
+            if sql:
+                stmts.append((db, t, sql))
+        with self._lock:
+            for db, t, sql in stmts:
+                ts = self._extra_ts()
+                self._emit(Txn(self.name, ts, self.position, (), Ddl(db, sql, t, db),  # type: ignore[arg-type]
+                               ts_physical_ms(ts) // 1000, ""))
+                self.last_commit_ts = ts
+            self._creates_done.update(todo)
+
+    def check_snapshot_support(self) -> None:
+        """ValueError when the server cannot give a consistent-snapshot binlog position
+        (not MariaDB)."""
         conn = self._connect()
         try:
             with conn.cursor() as cur:
@@ -370,21 +469,49 @@ class MySQLRegion(Region):
                                      "(binlog_snapshot_file), which this server does not report")
         finally:
             conn.close()
+
+    def start_snapshot_request(self, tables: list[tuple[str, str]], truncate: bool) -> str:
+        """Copy these tables again while streaming (checked by the caller); returns the
+        run id. Never waits for the emission lock."""
         with self._snap_lock:
             if self.snapshotter is None:
                 self.snapshotter = Snapshotter(self, self.cfg.snapshot_workers, self.cfg.snapshot_chunk_rows)
             return self.snapshotter.request(tables, truncate)
 
-    def add_snapshot_progress(self, progress: tuple[TableProgress, ...]) -> None:
-        with self._lock:
+    def request_snapshot(self, tables: list[tuple[str, str]], truncate: bool) -> str:
+        """Copy these tables again while streaming (on demand). ValueError when the
+        server cannot give a consistent-snapshot binlog position (not MariaDB)."""
+        self.check_snapshot_support()
+        return self.start_snapshot_request(tables, truncate)
+
+    def add_snapshot_progress(self, progress: tuple[TableProgress, ...], wait: bool = False) -> None:
+        """A new run's tables: into the positions now if the emission lock is free (or
+        ``wait``), else at the lock's next use (it may be held by an emission waiting
+        for room in a full queue: an HTTP request must not wait for that)."""
+        with self._req_lock:
+            self._requests.append(progress)
+        if self._lock.acquire(blocking=wait):
+            try:
+                self._apply_requests()
+            finally:
+                self._lock.release()
+
+    def _apply_requests(self) -> None:
+        """(under the lock) Runs requested since the lock was last held, in order."""
+        if not self._requests:
+            return
+        with self._req_lock:
+            reqs, self._requests = self._requests, []
+        for progress in reqs:
             names = {(p.db, p.table) for p in progress}
             self.snap_progress = tuple(p for p in self.snap_progress if (p.db, p.table) not in names) + progress
-            self._restamp()
+        self._restamp()
 
     def update_snapshot_progress(self, p: TableProgress) -> None:
         """A table's state (running, dropped) for its run; a run whose tables are all
         done or dropped leaves the positions."""
         with self._lock:
+            self._apply_requests()
             if not any((x.db, x.table, x.run) == (p.db, p.table, p.run) for x in self.snap_progress):
                 return  # superseded by a newer run of the table
             progress = tuple(p if (x.db, x.table) == (p.db, p.table) else x for x in self.snap_progress)
@@ -395,6 +522,7 @@ class MySQLRegion(Region):
 
     def table_progress(self, db: str, table: str) -> TableProgress | None:
         with self._lock:
+            self._apply_requests()
             return next((p for p in self.snap_progress if (p.db, p.table) == (db, table)), None)
 
     def _restamp(self) -> None:
@@ -410,7 +538,8 @@ class MySQLRegion(Region):
             rec = self.recorders.get((plan.db, plan.table))
             cols = tuple(c.name for c in plan.columns)
             if rec is None:
-                rec = self.recorders[(plan.db, plan.table)] = Recorder(plan.key, cols)
+                rec = self.recorders[(plan.db, plan.table)] = Recorder(
+                    plan.key, cols, spill_rows=self.ctx.spill_rows, spill_dir=self.ctx.spill_dir)
             rec.key, rec.columns = plan.key, cols
             token = next(self._tokens)
             rec.lows[token] = self.position or Position("", 0)
@@ -430,6 +559,63 @@ class MySQLRegion(Region):
         if self.error is None:
             self._fail(exc)
 
+    def _wait_past(self, at: tuple[str, int]) -> bool:
+        """(under the lock) Until the stream has passed ``at``; False if stopping."""
+        while True:
+            if self.ctx.stop.is_set() or self.error is not None:
+                return False
+            if self.position is not None and (self.position.file, self.position.pos) >= at:
+                return True
+            self._lock.wait(0.25)
+
+    def _ddl_since(self, plan: TablePlan) -> bool:
+        """(under the lock) Whether a DDL that may have changed ``plan``'s table was
+        read after the table was described."""
+        ddl = self._last_ddl(plan.db, plan.table)
+        described = plan.described_at
+        return ddl is not None and (described is None or (ddl.file, ddl.pos) > (described.file, described.pos))
+
+    def emit_begin(self, plan: TablePlan, run: str, at: Position, create_sql: str,
+                   truncate: bool) -> TableProgress | str:
+        """A table's run starts: once the stream has passed ``at`` (after its SHOW CREATE
+        TABLE), its CREATE (if any) and TRUNCATE (if ``truncate``) go out as transactions
+        of their own, and the table becomes ``running``: every chunk of it is read
+        after this point of the stream. Returns its progress, or "redo" / "superseded"
+        / "stopped" as ``emit_chunk``."""
+        key = (plan.db, plan.table)
+        with self._lock:
+            if not self._wait_past((at.file, at.pos)):
+                return "stopped"
+            self._apply_requests()
+            prev = next((x for x in self.snap_progress if (x.db, x.table) == key), None)
+            if prev is None or prev.run != run:
+                return "superseded"
+            if self._ddl_since(plan):
+                return "redo"
+            p = dataclasses.replace(prev, state="running")
+            progress = tuple(p if (x.db, x.table) == key else x for x in self.snap_progress)
+            here = self.position
+            assert here is not None
+            before = Position(here.file, here.pos, here.gtid, self.snap_progress)
+            after = Position(here.file, here.pos, here.gtid, progress)
+            stmts: list[tuple[str, str]] = []
+            if create_sql:
+                stmts += [(f"CREATE DATABASE IF NOT EXISTS {quote_ident(plan.db)}", ""), (create_sql, plan.table)]
+            if truncate:
+                stmts.append((f"TRUNCATE TABLE {qualified(plan.db, plan.table)}", plan.table))
+            failpoints.hit("snapshot.begin")
+            # only the last statement says the start was delivered: a restart before it does it again
+            for i, (sql, table) in enumerate(stmts):
+                ts = self._extra_ts()
+                self._emit(Txn(self.name, ts, after if i == len(stmts) - 1 else before, (),
+                               Ddl(plan.db, sql, table, plan.db), ts_physical_ms(ts) // 1000, ""))
+                self.last_commit_ts = ts
+            self.snap_progress = progress
+            self.position = after
+            self._creates_done.add((run, plan.db, plan.table))
+            self._lock.notify_all()
+            return p
+
     def emit_chunk(self, chunk: Chunk) -> TableProgress | str:
         """Deliver a chunk once the stream has passed the position it is consistent
         with (returns the table's progress after it); "redo" if its table changed
@@ -439,24 +625,20 @@ class MySQLRegion(Region):
         plan = chunk.plan
         key = (plan.db, plan.table)
         with self._lock:
-            while True:
-                if self.ctx.stop.is_set() or self.error is not None:
-                    return "stopped"
-                if self.position is not None and (self.position.file, self.position.pos) >= at:
-                    break
-                self._lock.wait(0.25)
+            if not self._wait_past(at):
+                return "stopped"
+            self._apply_requests()
             prev = next((x for x in self.snap_progress if (x.db, x.table) == key), None)
             if prev is None or prev.run != chunk.run:
                 return "superseded"
             if chunk.gen != self._snap_gen:
                 return "redo"
-            ddl = self._last_ddl(plan.db, plan.table)
-            described = plan.described_at
-            if ddl is not None and (described is None or (ddl.file, ddl.pos) > (described.file, described.pos)):
+            if self._ddl_since(plan):
                 return "redo"
             rec = self.recorders.get(key)
             changes: Any
-            if chunk.spilled is None:
+            keyless = chunk.spilled is not None
+            if not keyless:
                 rows = chunk.rows
                 if rec is not None and rec.changed:
                     newer = {k for k, p in rec.changed.items() if (p.file, p.pos) > at}
@@ -473,20 +655,17 @@ class MySQLRegion(Region):
                 progress = tuple(x for x in progress if x.run != chunk.run)
             here = self.position
             assert here is not None
-            # CREATE / TRUNCATE carry the progress as it was: only the rows transaction says
-            # the chunk was delivered, so a restart between them reads the chunk again
+            # a keyless table's TRUNCATE carries the progress as it was: only the rows
+            # transaction says the copy was delivered, so a restart between them reads it again.
+            # (A keyed table's TRUNCATE was its run's start, before its first chunk was read.)
             before = Position(here.file, here.pos, here.gtid, self.snap_progress)
             after = Position(here.file, here.pos, here.gtid, progress)
-            now = self._source_now_ms()
-            ddls = []
-            if chunk.create_sql:
-                ddls += [(f"CREATE DATABASE IF NOT EXISTS {quote_ident(plan.db)}", ""), (chunk.create_sql, plan.table)]
-            if chunk.truncate:
-                ddls.append((f"TRUNCATE TABLE {qualified(plan.db, plan.table)}", plan.table))
-            for sql, table in ddls:
-                self._emit(Txn(self.name, self.clock.extra(now), before, (), Ddl(plan.db, sql, table, plan.db),
-                               now // 1000, ""))
-            txn = Txn(self.name, self.clock.extra(now), after, changes, None, now // 1000, "", chunk_mark(chunk))
+            if keyless and chunk.truncate:
+                ts = self._extra_ts()
+                self._emit(Txn(self.name, ts, before, (), Ddl(plan.db, f"TRUNCATE TABLE {qualified(plan.db, plan.table)}",
+                                                                plan.table, plan.db), ts_physical_ms(ts) // 1000, ""))
+            ts = self._extra_ts()
+            txn = Txn(self.name, ts, after, changes, None, ts_physical_ms(ts) // 1000, "", chunk_mark(chunk))
             self._emit(txn)
             self.snap_progress = progress
             self.position = after
@@ -496,12 +675,13 @@ class MySQLRegion(Region):
             return p
 
     def _last_ddl(self, db: str, table: str) -> Position | None:
-        """(under the lock) The newest DDL that may have changed ``db.table``."""
-        a = self._ddl_seen.get((db, table))
-        b = self._ddl_seen.get((db, ""))
-        c = self._ddl_seen.get(("", ""))
-        cands = [x for x in (a, b, c) if x is not None]
-        return max(cands, key=lambda p: (p.file, p.pos)) if cands else None
+        """(under the lock) The newest DDL that may have changed ``db.table`` (names
+        compared without case: lower_case_table_names may fold them, and a needless
+        re-read is safe)."""
+        db, table = db.lower(), table.lower()
+        cands = [self._ddl_seen.get(k) for k in ((db, table), (db, ""), ("", ""))] + [self._ddl_floor]
+        found = [x for x in cands if x is not None]
+        return max(found, key=lambda p: (p.file, p.pos)) if found else None
 
     def position_now(self) -> Position | None:
         with self._lock:
@@ -512,39 +692,49 @@ class MySQLRegion(Region):
             return self._snap_gen
 
     def _keyless_rows(self, chunk: Chunk, rec: Recorder | None, at: tuple[str, int]) -> Any:
-        """A keyless table: its rows at P, plus what changes after P inserted and
-        minus what they deleted (a multiset), i.e. its rows at the stream's position."""
+        """A keyless table: its rows at P, plus what changes after P inserted, minus
+        what they deleted (a multiset), i.e. its rows at the stream's position. Only
+        the deleted rows are held in memory (counted by value); the rows read and the
+        rows inserted stream from disk to disk."""
         from collections import Counter
 
         from ..spill import SpillWriter
 
-        delta: Counter[tuple[Any, ...]] = Counter()
-        added: dict[tuple[Any, ...], dict[str, Any]] = {}
-        for pos, sign, key, img in (rec.events if rec is not None else []):
-            if (pos.file, pos.pos) > at:
-                delta[key] += sign
-                if sign > 0:
-                    added[key] = img
         cols = tuple(c.name for c in chunk.plan.columns)
-        remove = Counter({k: -n for k, n in delta.items() if n < 0})
+        remove: Counter[tuple[Any, ...]] = Counter()
+        if rec is not None:
+            for sign, row in rec.keyless_events(at):
+                if sign < 0:
+                    remove[image_key(row, cols)] += 1
 
-        def keep(ch: RowChange) -> RowChange | None:
-            k = image_key(ch.after or {}, cols)
-            if remove.get(k, 0) > 0:
-                remove[k] -= 1
-                return None
-            return ch
+        def keep(row: dict[str, Any]) -> bool:
+            if remove:
+                k = image_key(row, cols)
+                n = remove.get(k, 0)
+                if n > 0:
+                    if n == 1:
+                        del remove[k]
+                    else:
+                        remove[k] = n - 1
+                    return False
+            return True
 
         spilled = chunk.spilled
         out = SpillWriter(spilled.directory, spilled.chunk_rows)
         for part in spilled.chunks():
-            kept = [c for c in (keep(ch) for ch in part) if c is not None]
+            kept = [ch for ch in part if keep(ch.after or {})]
             if kept:
                 out.add(kept)
-        extra = [RowChange(chunk.plan.schema, "read", None, added[k]) for k, n in delta.items() if n > 0
-                 for _ in range(n)]
-        if extra:
-            out.add(extra)
+        if rec is not None:
+            batch: list[RowChange] = []
+            for sign, row in rec.keyless_events(at):
+                if sign > 0 and keep(row):
+                    batch.append(RowChange(chunk.plan.schema, "read", None, row))
+                    if len(batch) >= out.chunk_rows:
+                        out.add(batch)
+                        batch = []
+            if batch:
+                out.add(batch)
         return out.finish()
 
     def _stream(self, start: Position) -> None:
@@ -673,6 +863,7 @@ class MySQLRegion(Region):
             rows = spill.finish()
             self.spilled_txns += 1
         with self._lock:
+            self._apply_requests()
             pos = Position(str(stream.log_file), int(stream.log_pos), gtid, self.snap_progress)
             ts = self.clock.commit(int(source_ts), pos)
             txn = Txn(self.name, ts, pos, rows, ddl, int(source_ts), gtid)
@@ -692,17 +883,25 @@ class MySQLRegion(Region):
         """(under the lock) Which tables a DDL may have changed, for the snapshot's
         check that a chunk's columns are still the table's: its table; or every
         table of its database for a statement naming several (DROP TABLE a, b;
-        RENAME) or none; or every table when the database is unknown."""
+        RENAME) or none; or every table when the database is unknown. Names are kept
+        in lower case; entries pruned away leave their newest position as a floor
+        (any table: a chunk described before it is read again)."""
         head = re.sub(r"/\*.*?\*/", " ", d.sql, flags=re.S).strip().upper()
         many = head.startswith("DROP") or bool(re.search(r"\bRENAME\b", head))
         if not d.db:
-            self._ddl_seen[("", "")] = pos
+            key = ("", "")
         elif not d.table or many:
-            self._ddl_seen[(d.db, "")] = pos
+            key = (d.db.lower(), "")
         else:
-            self._ddl_seen[(d.db, d.table)] = pos
+            key = (d.db.lower(), d.table.lower())
+        self._ddl_seen.pop(key, None)  # newest last
+        self._ddl_seen[key] = pos
         if len(self._ddl_seen) > 10_000:  # old entries only matter for chunks in flight
-            self._ddl_seen = dict(list(self._ddl_seen.items())[-1000:])
+            items = list(self._ddl_seen.items())
+            dropped = max((p for _, p in items[:-1000]), key=lambda p: (p.file, p.pos))
+            if self._ddl_floor is None or (dropped.file, dropped.pos) > (self._ddl_floor.file, self._ddl_floor.pos):
+                self._ddl_floor = dropped
+            self._ddl_seen = dict(items[-1000:])
 
     def _record(self, txn: Txn, pos: Position) -> None:
         """Changes to tables with chunks in flight (under the lock)."""

@@ -27,9 +27,19 @@ whole table is read in one consistent snapshot (streamed to disk past
 rows that changes between P and X deleted and inserted (a multiset), so a target
 ends up with exactly the source's rows.
 
+The start of a table's run (its ``CREATE TABLE IF NOT EXISTS``, and for
+``truncate`` its ``TRUNCATE``) is a step of its own, delivered in stream order
+at a point X0 *before* chunk 0 is read: every chunk is then read at a P >= X0,
+so every binlog transaction after the TRUNCATE (delivered after it) survives
+it. The step moves the table from ``pending`` to ``running`` in the positions,
+so a restart after it was acknowledged never truncates again, and one before it
+does it again.
+
 Progress (per table: last key delivered, chunks, rows) travels in the region's
 positions, so the checkpoint holds it: after ``kill -9`` the snapshot resumes
-after the last acknowledged chunk.
+after the last acknowledged chunk. The last key is stored with the key it is a
+value of (``key=<columns and types>`` as its first element): a table whose key
+changed since is copied again from its start.
 """
 
 from __future__ import annotations
@@ -38,13 +48,17 @@ import collections
 import dataclasses
 import datetime as dt
 import logging
+import os
+import pickle
 import queue
+import tempfile
 import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
+from .. import failpoints
 from ..encode import quote_ident
 from ..errors import FatalSourceError, SourceError
 from ..model import ColumnInfo, Position, SnapshotMark, TableProgress, TableSchema
@@ -72,7 +86,7 @@ _GEOMETRY = {"geometry", "point", "linestring", "polygon", "multipoint", "multil
              "geometrycollection"}
 _STRINGISH = {"char", "varchar", "tinytext", "text", "mediumtext", "longtext", "tinyblob", "blob", "mediumblob",
               "longblob", "binary", "varbinary", "enum", "set", "json", "uuid", "inet6", "inet4"}
-_NUMERIC_KEY = {"enum", "set", "bit"}  # compared and kept as their number in a chunk key
+_NUMERIC_KEY = {"enum", "set", "bit"}  # kept as their number in a chunk key
 _TEMPORAL = {"datetime", "date", "timestamp", "time"}  # kept as text in a chunk key (zero dates too)
 
 
@@ -88,11 +102,12 @@ class ColumnsChanged(Exception):
 class Column:
     name: str
     data_type: str
-    column_type: str
+    column_type: str  # as information_schema gives it (ENUM members keep their case)
     precision: int
     scale: int
     binary: bool
     nullable: bool
+    collation: str = ""
 
     @property
     def code(self) -> int:
@@ -101,6 +116,53 @@ class Column:
     @property
     def bits(self) -> int:
         return self.precision if self.data_type == "bit" else 0
+
+    def enum_members(self) -> list[str] | None:
+        """An ENUM's members in index order (index 1 first), when they can stand for
+        their index in a comparison (distinct, none empty); else None."""
+        if self.data_type != "enum":
+            return None
+        return enum_members(self.column_type)
+
+
+def enum_members(column_type: str) -> list[str] | None:
+    """``enum('a','b''c')`` -> ``["a", "b'c"]``; None if it is not such a list, or a
+    member is empty or equal to another one but for case and trailing spaces (a
+    comparison by name could then match another index than the one meant)."""
+    t = column_type.strip()
+    if not t.lower().startswith("enum(") or not t.endswith(")"):
+        return None
+    body, out, i = t[5:-1], [], 0
+    while i < len(body):
+        if body[i] != "'":
+            return None
+        j, cur = i + 1, []
+        while True:
+            if j >= len(body):
+                return None
+            if body[j] == "'":
+                if j + 1 < len(body) and body[j + 1] == "'":
+                    cur.append("'")
+                    j += 2
+                    continue
+                break
+            if body[j] == "\\":  # (how the server escapes it here is not certain: compare by number)
+                return None
+            cur.append(body[j])
+            j += 1
+        out.append("".join(cur))
+        i = j + 1
+        if i < len(body):
+            if body[i] != ",":
+                return None
+            i += 1
+    folded = [m.rstrip(" ").lower() for m in out]
+    if not out or "" in folded or len(set(folded)) != len(folded):
+        return None
+    return out
+
+
+KEY_SIG = "key="  # first element of a stored last key: the key it is a value of
 
 
 @dataclass
@@ -123,9 +185,18 @@ class TablePlan:
         by = {c.name: c for c in self.columns}
         return [by[k] for k in self.key]
 
+    def key_signature(self) -> str:
+        """The chunk key as stored with a last key: its columns, types and collations
+        (a key that changed in any of them orders rows differently)."""
+        return KEY_SIG + ", ".join(f"{quote_ident(c.name)} {c.column_type}"
+                                   + (f" COLLATE {c.collation}" if c.collation else "")
+                                   for c in self.key_columns())
+
     def key_select(self, ident: Callable[[str], str] = quote_ident) -> str:
         """The chunk key as SELECT returns it for comparisons: ENUM/SET/BIT as their
-        number, dates as text (a zero date is a key too), the rest as stored."""
+        number, dates as text (a zero date is a key too), FLOAT as its exact double
+        (its shortest text would not compare equal to the stored value), the rest as
+        stored."""
         out = []
         for c in self.key_columns():
             q = ident(c.name)
@@ -135,14 +206,33 @@ class TablePlan:
                 out.append(f"CAST({q} AS CHAR)")
             elif c.data_type in _RAW_BINARY:
                 out.append(f"CAST({q} AS BINARY)")
+            elif c.data_type == "float":
+                out.append(f"CAST({q} AS DOUBLE)")
             else:
                 out.append(q)
         return ", ".join(out)
 
-    def key_compare(self, ident: Callable[[str], str] = quote_ident) -> list[str]:
-        """Per key column, what ``> ?`` / ``= ?`` compares (matching ``key_select``)."""
-        return [f"CAST({ident(c.name)} AS UNSIGNED)" if c.data_type in _NUMERIC_KEY else ident(c.name)
-                for c in self.key_columns()]
+    def key_where(self, values: tuple[Any, ...], ident: Callable[[str], str], ph: str) -> tuple[str, tuple[Any, ...]]:
+        """``(k1, k2, ...) > values`` (values as ``key_select`` reads them), written so
+        that an index range is used: ``(k1 > ?) OR (k1 = ? AND k2 > ?) ...``. Each
+        column is compared as stored (an index range), with what is exact for it:
+        FLOAT with its exact double, BIT with its number, ENUM by member names
+        (``IN (...)`` for "after"), SET with its number but as a number for "after"
+        (no range: a SET key scans the index up to the last key for each chunk)."""
+        cols = self.key_columns()
+        ors: list[str] = []
+        params: list[Any] = []
+        for i in range(len(cols)):
+            parts = []
+            for j in range(i):
+                sql, ps = _key_cmp(cols[j], "=", values[j], ident, ph)
+                parts.append(sql)
+                params.extend(ps)
+            sql, ps = _key_cmp(cols[i], ">", values[i], ident, ph)
+            parts.append(sql)
+            params.extend(ps)
+            ors.append("(" + " AND ".join(parts) + ")")
+        return " OR ".join(ors), tuple(params)
 
     def select_list(self, ident: Callable[[str], str] = quote_ident, alias: bool = False) -> str:
         """The columns as SELECT reads them; ``alias``: each named as its column."""
@@ -167,6 +257,47 @@ class TablePlan:
         it (then a chunk's last key is taken from its last row as read)."""
         return all(c.data_type not in _NUMERIC_KEY and c.data_type not in _TEMPORAL
                    and c.data_type not in ("float", "year") for c in self.key_columns())
+
+
+def _key_cmp(c: Column, op: str, v: Any, ident: Callable[[str], str], ph: str) -> tuple[str, list[Any]]:
+    """One key column compared (``=`` or ``>``) with ``v`` as ``key_select`` read it."""
+    q = ident(c.name)
+    if c.data_type == "enum":
+        members = c.enum_members()
+        if members is not None and v is not None and 1 <= int(v) <= len(members):
+            if op == "=":
+                return f"{q} = {ph}", [members[int(v) - 1]]
+            after = members[int(v):]
+            if not after:
+                return "0 = 1", []
+            return f"{q} IN ({', '.join([ph] * len(after))})", after
+        if members is not None and v is not None and int(v) == 0 and op == ">":  # '' (an invalid value) is first
+            return f"{q} IN ({', '.join([ph] * len(members))})", list(members)
+        return f"CAST({q} AS UNSIGNED) {op} {ph}", [v]
+    if c.data_type == "set":
+        return (f"{q} = {ph}" if op == "=" else f"CAST({q} AS UNSIGNED) > {ph}"), [v]
+    return f"{q} {op} {ph}", [v]
+
+
+def split_key(last_key: tuple[Any, ...] | None) -> tuple[str | None, tuple[Any, ...] | None]:
+    """A stored last key as (its key's signature or None for one stored without it,
+    its values)."""
+    if last_key is None:
+        return None, None
+    if last_key and isinstance(last_key[0], str) and last_key[0].startswith(KEY_SIG):
+        return last_key[0], tuple(last_key[1:])
+    return None, tuple(last_key)
+
+
+def key_matches(plan: TablePlan, last_key: tuple[Any, ...] | None) -> bool:
+    """Whether a stored last key is a value of ``plan``'s key (one stored without
+    its key: whether it has as many values)."""
+    sig, values = split_key(last_key)
+    if values is None:
+        return True
+    if sig is None:
+        return len(values) == len(plan.key)
+    return sig == plan.key_signature()
 
 
 def _epoch_value(v: Any) -> Any:
@@ -256,6 +387,9 @@ class Reader:
             except pymysql.err.MySQLError as exc:
                 raise SourceError(f"{self.where}: snapshot connection failed: {exc}") from None
         self.execute("SET time_zone = '+00:00'")
+        # the server's sql_mode must not change what is read: PAD_CHAR_TO_FULL_LENGTH pads CHAR
+        # values (keys too), ANSI_QUOTES / NO_BACKSLASH_ESCAPES change how statements are read
+        self.execute("SET SESSION sql_mode = ''")
         self.execute("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
 
     def ident(self, name: str) -> str:
@@ -347,26 +481,56 @@ class Reader:
 
 
 def list_tables(reader: Reader, selected: Callable[[str, str], bool]) -> list[tuple[str, str]]:
+    """Every base table the filter selects (the filter's own rules decide on the
+    system schemas: left out unless a rule names them)."""
     rows = reader.execute("SELECT TABLE_SCHEMA, TABLE_NAME FROM information_schema.TABLES "
                           "WHERE TABLE_TYPE = 'BASE TABLE' ORDER BY TABLE_SCHEMA, TABLE_NAME")
-    return [(str(db), str(t)) for db, t in rows
-            if str(db).lower() not in SYSTEM_SCHEMAS and selected(str(db), str(t))]
+    return [(str(db), str(t)) for db, t in rows if selected(str(db), str(t))]
+
+
+def base_tables(execute: Callable[[str, tuple[Any, ...]], list[tuple[Any, ...]]], ph: str,
+                tables: list[tuple[str, str]]) -> dict[tuple[str, str], bool]:
+    """Which of ``tables`` exist as base tables, each with whether it is keyless (no
+    primary key and no NOT NULL unique key without prefix): ``{(db, table): keyless}``.
+    ``execute(sql, params)`` runs a statement with ``ph`` placeholders."""
+    out: dict[tuple[str, str], bool] = {}
+    for start in range(0, len(tables), 200):
+        part = tables[start:start + 200]
+        cond = " OR ".join([f"(TABLE_SCHEMA = {ph} AND TABLE_NAME = {ph})"] * len(part))
+        params = tuple(x for pair in part for x in pair)
+        have = {(str(db), str(t)) for db, t in execute(
+            f"SELECT TABLE_SCHEMA, TABLE_NAME FROM information_schema.TABLES WHERE TABLE_TYPE = 'BASE TABLE' "
+            f"AND ({cond})", params)}
+        idx: dict[tuple[str, str], list[tuple[str, str, bool, bool, bool]]] = {}
+        for db, t, iname, cname, non_unique, nullable, sub_part in execute(
+                "SELECT TABLE_SCHEMA, TABLE_NAME, INDEX_NAME, COLUMN_NAME, NON_UNIQUE, NULLABLE, SUB_PART "
+                f"FROM information_schema.STATISTICS WHERE ({cond}) ORDER BY TABLE_SCHEMA, TABLE_NAME, INDEX_NAME, "
+                "SEQ_IN_INDEX", params):
+            idx.setdefault((str(db), str(t)), []).append(
+                (str(iname), str(cname), int(non_unique) == 0, str(nullable or "").upper() == "YES",
+                 sub_part is not None))
+        for db, t in part:
+            hit = next(((hd, ht) for hd, ht in have if hd == db and ht == t), None) or next(
+                ((hd, ht) for hd, ht in have if hd.lower() == db.lower() and ht.lower() == t.lower()), None)
+            if hit is not None:
+                out[(db, t)] = promote_key(idx.get(hit, []))[0] == ()
+    return out
 
 
 def describe(reader: Reader, db: str, table: str) -> TablePlan:
     ph = reader.ph
     cols = reader.execute(
         "SELECT COLUMN_NAME, DATA_TYPE, COLUMN_TYPE, NUMERIC_PRECISION, NUMERIC_SCALE, CHARACTER_SET_NAME, "
-        f"IS_NULLABLE FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = {ph} AND TABLE_NAME = {ph} "
-        "ORDER BY ORDINAL_POSITION", (db, table))
+        f"IS_NULLABLE, COLLATION_NAME FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = {ph} AND "
+        f"TABLE_NAME = {ph} ORDER BY ORDINAL_POSITION", (db, table))
     if not cols:
         raise TableGone(f"{db}.{table}")
     columns = []
-    for name, dtype, ctype, prec, scale, cs, nullable in cols:
+    for name, dtype, ctype, prec, scale, cs, nullable, coll in cols:
         dtype = str(dtype).lower()
-        columns.append(Column(str(name), dtype, str(ctype).lower(), int(prec or 0), int(scale or 0),
+        columns.append(Column(str(name), dtype, str(ctype), int(prec or 0), int(scale or 0),
                               (cs is None and dtype in _STRINGISH | _GEOMETRY) or dtype in _RAW_BINARY,
-                              str(nullable).upper() == "YES"))
+                              str(nullable).upper() == "YES", str(coll or "")))
     try:
         idx = reader.execute(f"SHOW INDEX FROM {reader.table(db, table)}")
     except Exception as exc:  # noqa: BLE001
@@ -375,7 +539,7 @@ def describe(reader: Reader, db: str, table: str) -> TablePlan:
         raise
     pk, uks = promote_key(index_rows(idx))
     key = pk
-    info = tuple(ColumnInfo(c.code, "unsigned" in c.column_type or c.data_type == "year",
+    info = tuple(ColumnInfo(c.code, "unsigned" in c.column_type.lower() or c.data_type == "year",
                             c.precision if c.data_type == "decimal" else 0,
                             c.scale if c.data_type == "decimal" else 0, c.binary) for c in columns)
     names = tuple(c.name for c in columns)
@@ -384,6 +548,17 @@ def describe(reader: Reader, db: str, table: str) -> TablePlan:
     est = reader.execute(f"SELECT TABLE_ROWS FROM information_schema.TABLES WHERE TABLE_SCHEMA = {ph} AND "
                          f"TABLE_NAME = {ph}", (db, table))
     return TablePlan(db, table, columns, key, schema, int(est[0][0] or 0) if est else 0)
+
+
+def truncate_conflict(db: str, table: str, regions: list[str], why: str) -> str:
+    """Why a copy that empties ``db.table`` downstream is refused when several
+    regions deliver a table of that name, and the ways out."""
+    return (f"table {db}.{table} is captured from regions {', '.join(sorted(set(regions)))}, and {why}: a "
+            "TRUNCATE from one region would also empty, in every sink, the rows the other regions delivered "
+            "to the same table. Ways out: copy a keyed table without truncate (rows the source no longer has "
+            "then stay downstream: delete them there), give a keyless table a primary key or a NOT NULL "
+            "unique key in every source, or leave it out in the filter (README: \"Snapshots: initial load "
+            "and on demand\")")
 
 
 def create_table_sql(db: str, table: str, show_create: str) -> str:
@@ -427,34 +602,17 @@ def promote_key(rows: list[tuple[str, str, bool, bool, bool]]) -> tuple[tuple[st
     return pk, tuple(tuple(v) for _, v in sorted(keys.items()))
 
 
-def keyset_where(exprs: list[str], ph: str) -> str:
-    """``(k1, k2, ...) > (?, ?, ...)`` written so that an index range is used."""
-    ors = []
-    for i in range(len(exprs)):
-        parts = [f"{e} = {ph}" for e in exprs[:i]] + [f"{exprs[i]} > {ph}"]
-        ors.append("(" + " AND ".join(parts) + ")")
-    return " OR ".join(ors)
-
-
-def keyset_params(last: tuple[Any, ...]) -> tuple[Any, ...]:
-    out: list[Any] = []
-    for i in range(len(last)):
-        out.extend(last[:i + 1])
-    return tuple(out)
-
-
 @dataclass
 class Chunk:
     plan: TablePlan
     at: Position  # the binlog position the rows are consistent with
     rows: list[dict[str, Any]]  # (keyed tables) or a SpilledChanges-backed list (keyless: see spill)
-    last_key: tuple[Any, ...] | None
+    last_key: tuple[Any, ...] | None  # as stored: (key signature, values...)
     last: bool
     index: int
     run: str
-    truncate: bool = False
+    truncate: bool = False  # (keyless tables) TRUNCATE right before the rows; a keyed table's is its run's start
     spilled: Any = None  # keyless tables: the rows as a SpilledChanges of "read" changes
-    create_sql: str = ""  # first chunk of a run: the table's CREATE TABLE (IF NOT EXISTS), sent first
     gen: int = 0  # the region's snapshot generation when it was read (a binlog reset voids it)
 
 
@@ -475,6 +633,48 @@ def image_key(row: dict[str, Any], cols: tuple[str, ...]) -> tuple[Any, ...]:
     return tuple(_hashable(row.get(c)) for c in cols)
 
 
+class EventSpill:
+    """Recorded changes of a keyless table, on disk (an unlinked temporary file), in
+    batches: what a long consistent read of a busy keyless table would otherwise
+    keep in memory."""
+
+    def __init__(self, directory: str | None):
+        if directory:
+            os.makedirs(directory, exist_ok=True)
+        self.directory = directory
+        self._f = tempfile.TemporaryFile(dir=directory or None, prefix="capturer-snaprec-")
+        self._batches: list[tuple[int, int]] = []
+        self._off = 0
+        self.rows = 0
+
+    def add(self, events: list[tuple[str, int, int, dict[str, Any]]]) -> None:
+        data = pickle.dumps(events, protocol=pickle.HIGHEST_PROTOCOL)
+        try:
+            failpoints.hit("spill.write")
+            self._f.write(data)
+            self._f.flush()
+        except OSError as exc:
+            where = self.directory or tempfile.gettempdir()
+            raise OSError(exc.errno, f"spilling the changes recorded during a snapshot to {where} failed: "
+                                     f"{exc.strerror or exc}") from exc
+        self._batches.append((self._off, len(data)))
+        self._off += len(data)
+        self.rows += len(events)
+
+    def batches(self) -> Iterator[list[tuple[str, int, int, dict[str, Any]]]]:
+        for off, length in self._batches:
+            data = os.pread(self._f.fileno(), length, off)
+            if len(data) != length:
+                raise OSError(f"snapshot change spill truncated: wanted {length} bytes at {off}, got {len(data)}")
+            yield pickle.loads(data)
+
+    def close(self) -> None:
+        try:
+            self._f.close()
+        except OSError:
+            pass
+
+
 @dataclass
 class Recorder:
     """What the binlog changed in one table while chunks of it are in flight."""
@@ -482,9 +682,12 @@ class Recorder:
     key: tuple[str, ...]
     columns: tuple[str, ...]
     changed: dict[tuple[Any, ...], Position] = field(default_factory=dict)  # keyed: key -> last change
-    # keyless: (pos, -1 deleted / +1 inserted, row as a tuple, row)
-    events: list[tuple[Position, int, tuple[Any, ...], dict[str, Any]]] = field(default_factory=list)
+    # keyless: (file, pos, -1 deleted / +1 inserted, row), oldest first; past spill_rows on disk
+    events: list[tuple[str, int, int, dict[str, Any]]] = field(default_factory=list)
     lows: dict[int, Position] = field(default_factory=dict)  # in-flight chunk -> lower bound of its P
+    spill_rows: int = 0  # keyless: keep at most this many events in memory (0: no limit)
+    spill_dir: str = ""
+    spill: EventSpill | None = None
 
     def record(self, pos: Position, before: dict[str, Any] | None, after: dict[str, Any] | None) -> None:
         if self.key:
@@ -493,18 +696,37 @@ class Recorder:
                     self.changed[row_key(img, self.key)] = pos
         else:
             if before is not None:
-                self.events.append((pos, -1, image_key(before, self.columns), before))
+                self.events.append((pos.file, pos.pos, -1, before))
             if after is not None:
-                self.events.append((pos, 1, image_key(after, self.columns), after))
+                self.events.append((pos.file, pos.pos, 1, after))
+            if self.spill_rows and len(self.events) >= self.spill_rows:
+                if self.spill is None:
+                    self.spill = EventSpill(self.spill_dir or None)
+                self.spill.add(self.events)
+                self.events = []
+
+    def keyless_events(self, after: tuple[str, int]) -> Iterator[tuple[int, dict[str, Any]]]:
+        """(sign, row) of the keyless changes recorded after ``after``, in order."""
+        if self.spill is not None:
+            for batch in self.spill.batches():
+                for f, p, sign, row in batch:
+                    if (f, p) > after:
+                        yield sign, row
+        for f, p, sign, row in self.events:
+            if (f, p) > after:
+                yield sign, row
 
     def prune(self) -> None:
         if not self.lows:
             self.changed.clear()
             self.events.clear()
+            if self.spill is not None:
+                self.spill.close()
+                self.spill = None
             return
         low = min((p.file, p.pos) for p in self.lows.values())
         self.changed = {k: p for k, p in self.changed.items() if (p.file, p.pos) > low}
-        self.events = [e for e in self.events if (e[0].file, e[0].pos) > low]
+        self.events = [e for e in self.events if (e[0], e[1]) > low]
 
 
 @dataclass
@@ -700,25 +922,51 @@ class Snapshotter:
         task.estimated = plan.estimated
         if not task.started:
             task.started = time.time()
-        if task.progress.state == "pending":
-            self._set(task, dataclasses.replace(task.progress, state="running"))
         log.info("%s: snapshot of %s starts (key %s, ~%d rows, %s)", self.region.where, plan.name,
                  ",".join(plan.key) or "none: one consistent read of the whole table", plan.estimated,
                  reader.kind)
         while not self.stop.is_set() and not self.region.ctx.stop.is_set():
             p = task.progress
-            if p.state != "running" or not self._current(key, task):
+            if p.state not in ("pending", "running") or not self._current(key, task):
                 return
+            if plan.key and not key_matches(plan, p.last_key):
+                self._key_changed(task, plan)
+                continue
+            outcome: Any
+            if p.state == "pending":
+                # the run's start (CREATE, TRUNCATE) in stream order, before chunk 0 is read
+                try:
+                    outcome = self._begin(reader, plan, p)
+                except ColumnsChanged:
+                    outcome = "redo"
+                except TableGone:
+                    self._gone(task)
+                    return
+                task.error = ""
+                if outcome == "redo":
+                    try:
+                        plan = self._describe(reader, db, table)
+                    except TableGone:
+                        self._gone(task)
+                        return
+                    continue
+                if isinstance(outcome, str):
+                    return
+                task.progress = outcome
+                continue
+            if not plan.key:
+                self.region.check_truncate(plan.db, plan.table, "it has no key: its copy starts with a TRUNCATE")
             token = self.region.chunk_begin(plan)
             try:
                 try:
                     chunk = self._read(reader, plan, p)
                 except ColumnsChanged:
-                    outcome: Any = "redo"
+                    outcome = "redo"
                 except TableGone:
                     self._gone(task)
                     return
                 else:
+                    failpoints.hit("snapshot.chunk_read")  # read, not delivered yet
                     outcome = self.region.emit_chunk(chunk)
             finally:
                 self.region.chunk_end(plan, token)
@@ -740,6 +988,18 @@ class Snapshotter:
                          task.progress.rows, task.progress.chunks)
                 return
 
+    def _key_changed(self, task: TableTask, plan: TablePlan) -> None:
+        """The table's key is not the one its last key was taken with (it changed
+        during the copy, or between a crash and the restart): copy it again from the
+        start. A run that truncates starts over with its TRUNCATE (state pending);
+        otherwise the rows already delivered are upserted again by the new key."""
+        p = task.progress
+        sig, _ = split_key(p.last_key)
+        log.warning("%s: snapshot of %s: its key changed since chunk %d (was %s, now %s): copying it again from "
+                    "the start%s", self.region.where, plan.name, p.chunks, (sig or "?")[len(KEY_SIG):],
+                    plan.key_signature()[len(KEY_SIG):], " with a TRUNCATE first" if p.truncate else "")
+        self._set(task, dataclasses.replace(p, last_key=None, state="pending" if p.truncate else p.state))
+
     def _describe(self, reader: Reader, db: str, table: str) -> TablePlan:
         at = self.region.position_now()
         plan = describe(reader, db, table)
@@ -755,6 +1015,23 @@ class Snapshotter:
                     "in the binlog stream; moving on", self.region.where, task.name)
         self._set(task, dataclasses.replace(task.progress, state="dropped"))
 
+    def _begin(self, reader: Reader, plan: TablePlan, p: TableProgress) -> TableProgress | str:
+        """A run's start for one table: its CREATE TABLE IF NOT EXISTS (snapshot_ddl)
+        and, when the run truncates a keyed table, its TRUNCATE, delivered in stream
+        order at a point the chunks are all read after."""
+        truncate = p.truncate and bool(plan.key)
+        if truncate:
+            self.region.check_truncate(plan.db, plan.table, "the snapshot run truncates it")
+        create = self._create_sql(reader, plan)
+        # a binlog position at or after every DDL SHOW CREATE TABLE reflects: the CREATE
+        # goes out once the stream has passed it (a DDL after the describe: read again)
+        reader.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT")
+        try:
+            at = reader.snapshot_position()
+        finally:
+            reader.execute("COMMIT")
+        return self.region.emit_begin(plan, p.run, at, create, truncate)
+
     def _read(self, reader: Reader, plan: TablePlan, p: TableProgress) -> Chunk:
         ph = reader.ph
         norm = normalizers(plan, reader.kind)
@@ -764,11 +1041,12 @@ class Snapshotter:
         reader.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT")
         try:
             at = reader.snapshot_position()
-            create = self._create_sql(reader, plan) if p.chunks == 0 else ""
             if not plan.key:
                 chunk = self._read_keyless(reader, plan, p, at, names, norm)
-                chunk.create_sql, chunk.gen = create, gen
+                chunk.gen = gen
                 return chunk
+            sig = plan.key_signature()
+            _, values = split_key(p.last_key)
             order = ", ".join(reader.ident(c) for c in plan.key)
             nk = len(plan.key)
             # rows straight as dicts from the C client where the key is read as it is selected
@@ -779,27 +1057,26 @@ class Snapshotter:
                 sql = (f"SELECT {plan.select_list(reader.ident)}, {plan.key_select(reader.ident)} "
                        f"FROM {reader.table(plan.db, plan.table)}")
             params: tuple[Any, ...] = ()
-            if p.last_key is not None:
-                sql += f" WHERE {keyset_where(plan.key_compare(reader.ident), ph)}"
-                params = keyset_params(p.last_key)
+            if values is not None:
+                where, params = plan.key_where(values, reader.ident, ph)
+                sql += f" WHERE {where}"
             sql += f" ORDER BY {order} LIMIT {self.chunk_rows}"
             try:
                 if as_dicts:
                     rows = reader.fetch_dicts(sql, params)
-                    last_key = tuple(rows[-1][k] for k in plan.key) if rows else p.last_key
+                    last_key = (sig, *(rows[-1][k] for k in plan.key)) if rows else p.last_key
                     fix_rows(rows, names, norm)
                 else:
                     raw = reader.execute(sql, params)
                     rows = [make(r) for r in raw]
-                    last_key = tuple(raw[-1][-nk:]) if raw else p.last_key
+                    last_key = (sig, *raw[-1][-nk:]) if raw else p.last_key
             except Exception as exc:  # noqa: BLE001
                 if reader.is_error(exc) and reader.errno(exc) == 1146:
                     raise TableGone(plan.name) from None
                 if reader.is_error(exc) and reader.errno(exc) == 1054:  # a column went since it was described
                     raise ColumnsChanged(plan.name) from None
                 raise
-            return Chunk(plan, at, rows, last_key, len(rows) < self.chunk_rows, p.chunks, p.run,
-                         p.truncate and p.chunks == 0, create_sql=create, gen=gen)
+            return Chunk(plan, at, rows, last_key, len(rows) < self.chunk_rows, p.chunks, p.run, False, gen=gen)
         finally:
             reader.execute("COMMIT")
 
@@ -865,5 +1142,24 @@ def fix_rows(rows: list[dict[str, Any]], names: list[str], norm: list[Callable[[
                 d[n] = f(d[n])
 
 
+@dataclass(frozen=True)
+class ChunkMark(SnapshotMark):
+    """The snapshot mark of a chunk's rows, with its table and the binlog position P
+    it was read at (rows of two chunks, or a chunk read again after a crash, can be
+    told apart and placed: P <= the transaction's position)."""
+
+    db: str = ""
+    table: str = ""
+    read_at: Position | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        d = super().to_json()
+        d["db"], d["table"] = self.db, self.table
+        if self.read_at is not None:
+            d["read_at"] = {"file": self.read_at.file, "pos": self.read_at.pos}
+        return d
+
+
 def chunk_mark(chunk: Chunk) -> SnapshotMark:
-    return SnapshotMark(chunk.run, chunk.index, chunk.last)
+    return ChunkMark(chunk.run, chunk.index, chunk.last, chunk.plan.db, chunk.plan.table,
+                     Position(chunk.at.file, chunk.at.pos))

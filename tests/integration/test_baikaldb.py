@@ -556,3 +556,30 @@ def test_version_old_announcing_a_new_region(tmp_path: Path, double: BaikalDoubl
     assert st[str(old.region_id)]["version_old"] >= 1 and st[str(old.region_id)]["version"] == old.version
     assert st[str(new.region_id)]["entries"] > 0
     assert_file_equals(c, tmp_path / "out" / "changes.jsonl")
+
+
+def test_kill9_before_the_first_checkpoint_keeps_the_start(tmp_path: Path, double: BaikalDouble) -> None:
+    """start=latest, kill -9 before any regular checkpoint: the start chosen at the
+    first start was written before anything left, so the restart reads from it
+    (choosing "latest" again would skip what was written in between)."""
+    c = double.cluster
+    w = Workload(c, seed=41)
+    cfg = baikal_config(tmp_path, double, file_sender(tmp_path), region_extra="start=latest\ncreate_tables=false\n",
+                        extra_global="")
+    cfg.write_text(cfg.read_text().replace("checkpointInterval=0.5", "checkpointInterval=600"))
+    log = tmp_path / "capturer.log"
+    proc = CapturerProcess(cfg, log).start()
+    proc.wait_ready()
+    wait_for(lambda: (tmp_path / "checkpoint.json").exists(), 30, "the pinned start")
+    pinned = json.loads((tmp_path / "checkpoint.json").read_text())
+    assert pinned["commit_ts"] == 0 and set(pinned["regions"]) == {"shop", "acct"}
+    w.run(30)
+    time.sleep(1.0)
+    proc.kill9()
+    w.run(30)  # while it is down
+    cfg.write_text(cfg.read_text().replace("checkpointInterval=600", "checkpointInterval=0.5"))
+    proc = CapturerProcess(cfg, log).start()
+    proc.wait_ready()
+    wait_for(lambda: covered(tmp_path, w), 120, "the restarted capturer to catch up")
+    assert proc.stop() == 0
+    assert_file_equals(c, tmp_path / "out" / "changes.jsonl")

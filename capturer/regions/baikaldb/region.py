@@ -390,6 +390,10 @@ class BaikalRegion(Region):
             # the schemas the CREATE statements are made from, named by the last of them
             self.epoch = self.journal.next_epoch()
             self.journal.write(self.epoch, Epoch(dict(self.tables), first, first, first=True))
+        # durable before anything leaves: a crash before the first checkpoint resumes
+        # from these starts (start=latest or a time is not chosen again); epoch 0 while
+        # the first start's CREATE statements are still to be sent
+        self.ctx.pin_start(self.name, self._position(first, 0 if self.cfg.create_tables else None))
         self._first_ddl(first)
 
     def _first_ddl(self, at: int) -> None:
