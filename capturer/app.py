@@ -63,6 +63,7 @@ class Capturer:
             r.name: WeightedQueue(cfg.queue_rows) for r in cfg.regions
         }
         self._cp_lock = threading.RLock()  # checkpoint writes: the run loop's and pin_start's
+        self._floors = {r.name: cp.floor(r.name) for r in cfg.regions}  # where each region's clock starts
         self.regions = [
             make_region(r, RegionContext(self.queues[r.name], cp.regions.get(r.name),
                                          cp.floor(r.name), self.journal, self.stop_event,
@@ -105,7 +106,7 @@ class Capturer:
         ``start=latest``, or a new snapshot run), and what changed in between would
         never be delivered. Any region kind (a position of its kind)."""
         with self._cp_lock:
-            cp = self.manager.pin(region, position)
+            cp = self.manager.pin(region, position, self._floors[region])
             if cp is None:
                 return
             save_checkpoint(self.cfg.checkpoint_path, cp)
@@ -250,13 +251,19 @@ class Capturer:
                 raise LookupError(f"no MySQL/MariaDB region named {region!r}")
         if not regions:
             raise LookupError("snapshots are for MySQL/MariaDB regions; none is configured")
-        # 1. what every region delivers (all of them: another region's rows are at stake too)
-        info = {r.name: r.tables_info(names) for r in every}
+        # 1. what the regions asked deliver; the others only when a copy empties a
+        # table downstream (another region's rows are at stake then): an unrelated
+        # region that does not answer must not fail the request
+        info = {r.name: r.tables_info(names) for r in regions}
         have = {r.name: [t for t in names if t in info[r.name]] for r in regions}
         found = {t for ts in have.values() for t in ts}
         missing = [f"{db}.{t}" for db, t in names if (db, t) not in found]
         if not found:
             raise LookupError(f"no region has (or the filter selects) {', '.join(missing)}")
+        if truncate or any(info[r.name][t] for r in regions for t in have[r.name]):
+            for r in every:
+                if r.name not in info:
+                    info[r.name] = r.tables_info(names)
         # 2. a copy that empties a table downstream must be the table's only source
         for r in regions:
             for t in have[r.name]:

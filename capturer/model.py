@@ -122,12 +122,15 @@ class TableProgress:
     chunks: int = 0
     rows: int = 0
     truncate: bool = False  # TRUNCATE the table downstream before its first chunk
+    created: bool = False  # its CREATE TABLE went out at the run's start (a restart does not send it again)
 
     def to_json(self) -> dict[str, Any]:
         d: dict[str, Any] = {"db": self.db, "table": self.table, "run": self.run, "state": self.state,
                              "last_key": encode_key(self.last_key), "chunks": self.chunks, "rows": self.rows}
         if self.truncate:
             d["truncate"] = True
+        if self.created:
+            d["created"] = True
         return d
 
     @classmethod
@@ -139,7 +142,8 @@ class TableProgress:
             if state not in SNAPSHOT_STATES:
                 raise ValueError(f"unknown snapshot state {state!r}")
             return cls(str(d["db"]), str(d["table"]), str(d["run"]), state, decode_key(d.get("last_key")),
-                       int(d.get("chunks", 0)), int(d.get("rows", 0)), bool(d.get("truncate", False)))
+                       int(d.get("chunks", 0)), int(d.get("rows", 0)), bool(d.get("truncate", False)),
+                       bool(d.get("created", False)))
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"bad snapshot entry {d!r}: {exc}") from None
 

@@ -87,8 +87,13 @@ class SenderManager:
             while self._pending and self._pending[0][0] <= acked:
                 _, last_ts, region, pos = self._pending.popleft()
                 if pos is not None:
+                    # the floor is the commit_ts of the first item that reached this
+                    # position: items sent again at it after a restart (a region's
+                    # statements in front of its first transaction) then get their
+                    # commit_ts again
+                    if pos is not self._positions.get(region):
+                        self._region_ts[region] = last_ts
                     self._positions[region] = pos
-                    self._region_ts[region] = last_ts
             if last_ts is None:
                 return self.checkpoint
             if self._pending and self._pending[0][1] <= last_ts:
@@ -98,15 +103,17 @@ class SenderManager:
             self.checkpoint = Checkpoint(ts, dict(self._positions), dict(self._region_ts))
             return self.checkpoint
 
-    def pin(self, region: str, position: AnyPosition) -> Checkpoint | None:
+    def pin(self, region: str, position: AnyPosition, floor: int) -> Checkpoint | None:
         """Give a region that has no position yet its start position (nothing of it
-        was dispatched): the checkpoint to write now, or None if it has one."""
+        was dispatched) and the floor its clock started from: the checkpoint to
+        write now, or None if it has one."""
         with self._lock:
             if region in self._positions:
                 return None
             self._positions[region] = position
+            self._region_ts[region] = floor
             cur = self.checkpoint
-            self.checkpoint = Checkpoint(cur.commit_ts, {**cur.regions, region: position}, dict(cur.region_ts))
+            self.checkpoint = Checkpoint(cur.commit_ts, {**cur.regions, region: position}, dict(self._region_ts))
             return self.checkpoint
 
     def failed(self) -> Sender | None:

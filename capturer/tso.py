@@ -105,16 +105,24 @@ class RegionClock:
         self.last_txn = self.last_emitted = ts
         return ts
 
-    def extra(self, not_before_ms: int = 0) -> int:
-        """A commit_ts for an item the capturer inserts into the stream (a snapshot
-        chunk, a CREATE/TRUNCATE it sends) right after what was emitted: the next
-        value after the last emitted one, so it sits where the region's stream is
-        (its source time), not at the wall clock: a region whose stream lags does not
-        lift its later transactions above "now" (out of their order with other
-        regions). ``not_before_ms``: a lower bound (the source's clock, for a region
-        that has emitted nothing with a time yet). A later transaction that falls at
-        or below it is lifted (journaled), so its commit_ts stays the same on replay."""
-        self.last_emitted = max(self.last_emitted + 1, make_ts(not_before_ms) if not_before_ms else 0)
+    def extra(self, source_now_ms: int) -> int:
+        """A commit_ts for an item the capturer inserts into the stream where timing
+        decides (a snapshot chunk, a table copy's CREATE/TRUNCATE): above everything
+        this region ever sent, at the source's clock (minus the heartbeat lag). After
+        a restart the item is made again somewhere else in the stream; at "now" it
+        can never take the identity of an item sent before the crash. A later
+        transaction that falls at or below it is lifted (journaled), so its commit_ts
+        stays the same on replay. (A region whose stream lags thus moves its next
+        transactions up to the source's clock while it copies: across regions they
+        are ordered by that time, not by their binlog time.)"""
+        self.last_emitted = max(self.last_emitted + 1, make_ts(source_now_ms))
+        return self.last_emitted
+
+    def next(self) -> int:
+        """A commit_ts right after the last emitted one, for items at a fixed point
+        of the stream (the CREATE statements sent at a snapshot's start, before
+        anything else): made again at the same point, they get the same values."""
+        self.last_emitted += 1
         return self.last_emitted
 
     def heartbeat(self, source_now_ms: int) -> int:

@@ -350,7 +350,16 @@ class KafkaSender(Sender):
                 d = txn.ddl
                 table_topic = self.topic_for(d.db, d.table, txn.region)
                 body = truncate_message(txn, d, self.fmt)
-                for part in range(self._partitions(table_topic)):
+                try:
+                    parts = self._partitions(table_topic)
+                except SinkError as exc:
+                    if exc.retriable:
+                        raise
+                    # no topic and create_topics=false: nobody consumes an empty table's topic
+                    log.warning("sender %s: TRUNCATE of %s.%s not sent to %r: %s", self.name, d.db, d.table,
+                                table_topic, exc)
+                    return n
+                for part in range(parts):
                     client.produce(table_topic, part, None, body, self._headers(txn, d.seq, "t"))
                     n += 1
             return n

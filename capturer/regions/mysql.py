@@ -307,10 +307,14 @@ class MySQLRegion(Region):
         return int(time.time() * 1000 + self._clock_offset_ms) - self.cfg.heartbeat_lag_ms
 
     def _extra_ts(self) -> int:
-        """(under the lock) The commit_ts of an item the region inserts (snapshot rows,
-        CREATE, TRUNCATE): right after the last one emitted, i.e. at the stream's
-        time; at the source's clock only before anything at all was emitted."""
-        return self.clock.extra(self._source_now_ms() if self.clock.last_emitted == 0 else 0)
+        """(under the lock) The commit_ts of an item the region inserts where timing
+        decides (snapshot rows, a table copy's CREATE/TRUNCATE): above everything the
+        region ever sent, also by a process before a crash (``RegionClock.extra``):
+        the source's clock itself (not minus the heartbeat lag) and a millisecond
+        more. Everything sent before was at most the source's clock when it was sent:
+        a transaction's source second plus a counter (below 2^18 per second, one
+        millisecond's worth), a heartbeat's promise, a lift above them."""
+        return self.clock.extra(int(time.time() * 1000 + self._clock_offset_ms) + 1)
 
     def _heartbeat(self, here: Position | None = None) -> None:
         now_ms = self._source_now_ms()
@@ -409,9 +413,9 @@ class MySQLRegion(Region):
             # this run from this position (so changes made meanwhile are delivered)
             self.ctx.pin_start(self.name, start)
             with self._lock:
-                self._apply_requests()
                 self.snap_progress = progress
                 self.position = start
+                self._apply_requests()  # (after: a request made meanwhile is kept)
             log.info("%s: snapshot=%s: copying %d table(s)%s while reading the binlog from %s",
                      self.where, self.cfg.snapshot, len(tables), " (each emptied downstream first)" if truncate
                      else "", self.position)
@@ -426,12 +430,18 @@ class MySQLRegion(Region):
                     self.snapshotter.load(pending)
 
     def _upfront_creates(self, cur: Any) -> None:
-        """Every pending table's CREATE TABLE IF NOT EXISTS (not yet emitted by this
-        process), as the binlog would have given it, before anything else."""
+        """Every pending table's CREATE TABLE IF NOT EXISTS, as the binlog would have
+        given it, before anything else of the region: binlog changes to a table whose
+        copy has not started then find it on a new target. They take the commit_ts
+        right after the region's floor and only the last one's position marks them
+        sent (``created``): a restart before that was acknowledged sends them again
+        with the same identities (the floor is the one pinned with the start), and a
+        restart after it does not send them again (which would lift every replayed
+        transaction above them, to new identities)."""
         with self._lock:
             self._apply_requests()
             todo = [(p.run, p.db, p.table) for p in self.snap_progress
-                    if p.state == "pending" and (p.run, p.db, p.table) not in self._creates_done]
+                    if p.state == "pending" and not p.created and (p.run, p.db, p.table) not in self._creates_done]
         if not todo:
             return
         stmts: list[tuple[str, str, str]] = []
@@ -450,11 +460,20 @@ class MySQLRegion(Region):
             if sql:
                 stmts.append((db, t, sql))
         with self._lock:
-            for db, t, sql in stmts:
-                ts = self._extra_ts()
-                self._emit(Txn(self.name, ts, self.position, (), Ddl(db, sql, t, db),  # type: ignore[arg-type]
-                               ts_physical_ms(ts) // 1000, ""))
+            self._apply_requests()
+            done = set(todo)
+            progress = tuple(dataclasses.replace(p, created=True) if (p.run, p.db, p.table) in done else p
+                             for p in self.snap_progress)
+            here = self.position
+            assert here is not None
+            after = Position(here.file, here.pos, here.gtid, progress)
+            for i, (db, t, sql) in enumerate(stmts):
+                ts = self.clock.next()
+                self._emit(Txn(self.name, ts, after if i == len(stmts) - 1 else here, (),
+                               Ddl(db, sql, t, db), ts_physical_ms(ts) // 1000, ""))
                 self.last_commit_ts = ts
+            self.snap_progress = progress
+            self.position = after
             self._creates_done.update(todo)
 
     def check_snapshot_support(self) -> None:

@@ -969,3 +969,85 @@ def test_create_tables_first_even_when_show_create_failed_once(tmp_path: Path, t
             assert create < change, t
     finally:
         m.stop()
+
+
+def test_kill9_during_an_initial_snapshot_keeps_every_identity(tmp_path: Path, target: MariaDBInstance,
+                                                               monkeypatch) -> None:
+    """An initial snapshot with its CREATE statements sent first (snapshot_ddl, the
+    default), a keyed and a keyless table written to all along, kill -9 before the
+    first checkpoint and again later: every binlog transaction sent again after a
+    restart has the commit_ts it had (one identity per source transaction: a
+    keyless table would otherwise get its rows twice), and the file and the MySQL
+    target equal the source."""
+    (m,) = start_servers(tmp_path, 1)
+    stop = threading.Event()
+    try:
+        m.execute("CREATE DATABASE d", "CREATE TABLE d.t (id INT PRIMARY KEY, v VARCHAR(20))",
+                  "CREATE TABLE d.k (msg VARCHAR(20), n INT)",
+                  "INSERT INTO d.t SELECT seq, CONCAT('v', seq) FROM d.seq_1_to_2000",
+                  "INSERT INTO d.k SELECT 'old', seq % 5 FROM d.seq_1_to_300",
+                  # more tables, so that some are still to be copied at each kill (their CREATE
+                  # statements were sent first, and must not be sent again in front of a replay)
+                  *[f"CREATE TABLE d.p{i} (id INT PRIMARY KEY) SELECT seq AS id FROM d.seq_1_to_400" for i in range(6)])
+        cfg = write_config(tmp_path, [m],
+                           senders=FILE_AND_MYSQL.format(out=tmp_path / "out" / "changes.jsonl", port=target.port),
+                           region_extra="snapshot=initial\nsnapshot_chunk_rows=100\nsnapshot_workers=1\n")
+        cfg.write_text(cfg.read_text().replace("checkpointInterval=0.5", "checkpointInterval=3600"))
+        log = tmp_path / "capturer.log"
+
+        def writes() -> None:
+            c = m.connect()
+            c.autocommit(True)
+            i = 0
+            with c.cursor() as cur:
+                while not stop.is_set():
+                    i += 1
+                    cur.execute("UPDATE d.t SET v = %s WHERE id = %s", (f"w{i}", (i * 37) % 2000 + 1))
+                    cur.execute("INSERT INTO d.k VALUES (%s, %s)", (f"n{i % 3}", i % 5))
+                    if i % 4 == 0:
+                        cur.execute("DELETE FROM d.k WHERE n = %s LIMIT 1", (i % 5,))
+                    time.sleep(0.005)
+            c.close()
+
+        w = threading.Thread(target=writes, daemon=True)
+        w.start()
+        # 1. killed at the 6th chunk read (binlog changes already in the file, tables still to
+        # copy), before any checkpoint but the pinned start
+        monkeypatch.setenv("CAPTURER_FAILPOINTS", "snapshot.chunk_read=kill@6")
+        p = CapturerProcess(cfg, log).start()
+        assert p.proc is not None and p.proc.wait(120) == -9
+        # 2. again, after checkpoints
+        cfg.write_text(cfg.read_text().replace("checkpointInterval=3600", "checkpointInterval=0.5"))
+        p = CapturerProcess(cfg, log).start()
+        assert p.proc is not None and p.proc.wait(120) == -9
+        monkeypatch.delenv("CAPTURER_FAILPOINTS")
+        p = CapturerProcess(cfg, log).start()
+        p.wait_ready()
+        wait_for(lambda: all(f"snapshot of d.{x} done" in log.read_text() for x in ("t", "k", "p5")),
+                 180, "every copy")
+        stop.set()
+        w.join()
+        wait_for(lambda: checkpoint_covers(tmp_path, [m]), 60)
+        assert p.stop() == 0
+        lines = read_lines(tmp_path)
+        at: dict[str, set[int]] = {}
+        for x in lines:
+            if x["op"] not in ("ddl", "read") and x.get("gtid"):
+                at.setdefault(x["gtid"], set()).add(x["commit_ts"])
+        moved = {g: sorted(t) for g, t in at.items() if len(t) > 1}
+        assert not moved, f"{len(moved)} transactions sent again under another commit_ts, e.g. {list(moved.items())[:3]}"
+        seen: dict[tuple[Any, ...], str] = {}
+        for x in lines:
+            if x["op"] == "read":
+                continue
+            k = (x["region"], x["commit_ts"], x["seq"])
+            body = json.dumps({a: b for a, b in x.items() if a != "snapshot"}, sort_keys=True)
+            assert seen.setdefault(k, body) == body, f"two changes share {k}"
+        files = file_tables(tmp_path)
+        for t in ("t", "k", "p0", "p5"):
+            want = source_rows(m, "d", t)
+            assert files[("d", t)] == want, t
+            assert source_rows(target, "d", t) == want, t
+    finally:
+        stop.set()
+        m.stop()

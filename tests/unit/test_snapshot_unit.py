@@ -197,15 +197,22 @@ def test_ddl_seen_keeps_the_newest_and_ignores_case() -> None:
         assert floor is not None and floor >= Position("f.000001", 100 + 5)
 
 
-def test_clock_extra_follows_the_stream_not_the_wall_clock() -> None:
+def test_clock_extra_is_above_everything_sent_and_next_follows_the_stream() -> None:
+    """An item placed by timing (a chunk, a copy's TRUNCATE) is above everything the
+    region sent, so the same item made again after a restart can never take the
+    identity of one sent before the crash; an item at a fixed point of the stream
+    (the CREATE statements at a snapshot's start) takes the next value, the same on
+    a replay from the same floor."""
     c = RegionClock("r", 0, LiftJournal(None))
-    t = c.commit(1_000, Position("f", 10))  # a lagging stream: source time 1000 s
-    x = c.extra()
-    assert x == t + 1  # right after it, not at "now"
-    nxt = c.commit(1_001, Position("f", 20))
-    assert nxt == make_ts(1_001_000) and c.lifts == 0  # the next transaction keeps its own time
-    fresh = RegionClock("r", 0, LiftJournal(None))
-    assert fresh.extra(5_000) == make_ts(5_000)  # nothing emitted yet: the bound given
+    t = c.commit(1_000, Position("f", 10))
+    hb = c.heartbeat(2_000_000)  # idle: the heartbeats move on
+    x = c.extra(1_500_000)  # made again after a restart at an earlier "now": still above all
+    assert x == hb + 1 > t
+    later = c.extra(3_000_000)
+    assert later == make_ts(3_000_000)
+    a = RegionClock("r", 77, LiftJournal(None))
+    b = RegionClock("r", 77, LiftJournal(None))
+    assert [a.next(), a.next()] == [b.next(), b.next()] == [78, 79]
 
 
 def test_keyless_copy_spills_recorded_changes_and_corrects_the_rows(tmp_path: Any) -> None:
