@@ -141,7 +141,7 @@ class MariaDBInstance:
                 return self._start_once(timeout)
             except _PortTaken:
                 if fixed or attempt == 4:
-                    raise MariaDBUnavailable(f"port {self.port} is in use; see {self.basedir / 'error.log'}")
+                    raise MariaDBUnavailable(f"port {self.port} is in use; see {self.basedir / 'error.log'}") from None
                 log.info("port %d was taken before mariadbd bound it; retrying on another", self.port)
         raise AssertionError("unreachable")
 

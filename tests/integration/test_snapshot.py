@@ -121,7 +121,7 @@ def rebuild_kafka(records: list[Any]) -> dict[tuple[str, str], list[str]]:
         seen.add(ident)
         events[r.topic].append((int(h["commit_ts"]), int(h["seq"]), d, r.key))
     out: dict[tuple[str, str], list[str]] = {}
-    for topic, evs in events.items():
+    for _topic, evs in events.items():
         evs.sort(key=lambda e: (e[0], e[1]))
         db, table = evs[0][2]["source"]["db"], evs[0][2]["source"]["table"]
         cuts = sorted(truncates.get((db, table), set()))

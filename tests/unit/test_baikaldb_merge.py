@@ -35,7 +35,7 @@ from hypothesis import strategies as st
 from capturer import protogen
 from capturer.bqueue import WeightedQueue
 from capturer.merger import Merger
-from capturer.model import Heartbeat, TsPosition, Txn
+from capturer.model import TsPosition, Txn
 from capturer.regions.baikaldb.region import BaikalRegion, Epoch
 from capturer.regions.baikaldb.rows import Entry, RowPlan
 from capturer.regions.baikaldb.schema import FieldDef, TableDef

@@ -131,7 +131,7 @@ def test_start_step_is_redone_after_a_ddl_and_skipped_when_superseded() -> None:
 def test_restart_of_a_run_whose_start_was_delivered_does_not_truncate_again() -> None:
     """The progress in a checkpoint after the TRUNCATE: state running; the worker
     goes straight to chunks (only a pending table gets a start step)."""
-    started = TableProgress("d", "t", "run1", "running", (f"key=`id` int(11)", 100), 2, 200, truncate=True)
+    started = TableProgress("d", "t", "run1", "running", ("key=`id` int(11)", 100), 2, 200, truncate=True)
     pos = Position.from_json(json.loads(json.dumps(Position("f.000001", 100, "", (started,)).checkpoint_json())))
     (p,) = pos.snapshot
     assert p.state == "running" and p.truncate and p.chunks == 2
