@@ -105,6 +105,18 @@ class SpilledChanges:
         return f"SpilledChanges({self._len} rows in {len(self._chunks)} chunks)"
 
 
+def write_blob(f: Any, data: bytes, directory: str | None, what: str) -> None:
+    """Append ``data`` to the spill file ``f``; a failure (disk full) names the
+    directory and what was being spilled."""
+    try:
+        failpoints.hit("spill.write")
+        f.write(data)
+        f.flush()
+    except OSError as exc:
+        where = directory or tempfile.gettempdir()
+        raise OSError(exc.errno, f"spilling {what} to {where} failed: {exc.strerror or exc}") from exc
+
+
 class SpillWriter:
     def __init__(self, directory: str | None = None, chunk_rows: int = DEFAULT_CHUNK_ROWS):
         self.directory = directory
@@ -130,14 +142,7 @@ class SpillWriter:
                     self._schema_index[id(ch.schema)] = si
                 rows.append((si, ch.op, ch.before, ch.after))
             data = pickle.dumps(rows, protocol=pickle.HIGHEST_PROTOCOL)
-            try:
-                failpoints.hit("spill.write")
-                self._f.write(data)
-                self._f.flush()
-            except OSError as exc:
-                where = self.directory or tempfile.gettempdir()
-                raise OSError(exc.errno, f"spilling a big transaction to {where} failed: "
-                                         f"{exc.strerror or exc}") from exc
+            write_blob(self._f, data, self.directory, "a big transaction")
             failpoints.hit("spill.chunk")
             self._chunks.append((self._off, len(data), len(part)))
             self._off += len(data)

