@@ -22,3 +22,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _no_capturer_left_running():  # type: ignore[no-untyped-def]
+    """A test that fails half way may leave a capturer process running: kill it, so
+    it cannot hold ports, servers or CPU for the tests after it."""
+    from helpers import LIVE_PROCESSES
+
+    before = len(LIVE_PROCESSES)  # (a module fixture's shared capturer was started before this)
+    yield
+    while len(LIVE_PROCESSES) > before:
+        p = LIVE_PROCESSES.pop()
+        if p.poll() is None:
+            p.kill()
+            p.wait()

@@ -91,6 +91,9 @@ def checkpoint_covers(tmp: Path, servers: list[MariaDBInstance]) -> bool:
     return True
 
 
+LIVE_PROCESSES: list[subprocess.Popen[bytes]] = []  # capturers started by tests (killed after each test)
+
+
 class CapturerProcess:
     """``python -m capturer`` as a child process, as start.sh runs it."""
 
@@ -113,6 +116,7 @@ class CapturerProcess:
                 [sys.executable, "-m", "capturer", "--config", str(self.cfg)],
                 stdout=out, stderr=subprocess.STDOUT, env=env, cwd=str(ROOT),
             )
+        LIVE_PROCESSES.append(self.proc)
         return self
 
     def kill9(self) -> None:

@@ -569,17 +569,21 @@ def test_kill9_before_the_first_checkpoint_keeps_the_start(tmp_path: Path, doubl
     cfg.write_text(cfg.read_text().replace("checkpointInterval=0.5", "checkpointInterval=600"))
     log = tmp_path / "capturer.log"
     proc = CapturerProcess(cfg, log).start()
-    proc.wait_ready()
-    wait_for(lambda: (tmp_path / "checkpoint.json").exists(), 30, "the pinned start")
-    pinned = json.loads((tmp_path / "checkpoint.json").read_text())
-    assert pinned["commit_ts"] == 0 and set(pinned["regions"]) == {"shop", "acct"}
-    w.run(30)
-    time.sleep(1.0)
-    proc.kill9()
-    w.run(30)  # while it is down
-    cfg.write_text(cfg.read_text().replace("checkpointInterval=600", "checkpointInterval=0.5"))
-    proc = CapturerProcess(cfg, log).start()
-    proc.wait_ready()
-    wait_for(lambda: covered(tmp_path, w), 120, "the restarted capturer to catch up")
-    assert proc.stop() == 0
+    try:
+        proc.wait_ready()
+        wait_for(lambda: (tmp_path / "checkpoint.json").exists(), 30, "the pinned start")
+        pinned = json.loads((tmp_path / "checkpoint.json").read_text())
+        assert pinned["commit_ts"] == 0 and set(pinned["regions"]) == {"shop", "acct"}
+        w.run(30)
+        time.sleep(1.0)
+        proc.kill9()
+        w.run(30)  # while it is down
+        cfg.write_text(cfg.read_text().replace("checkpointInterval=600", "checkpointInterval=0.5"))
+        proc = CapturerProcess(cfg, log).start()
+        proc.wait_ready()
+        wait_for(lambda: covered(tmp_path, w), 120, "the restarted capturer to catch up")
+        assert proc.stop() == 0
+    finally:
+        if proc.proc is not None and proc.proc.poll() is None:
+            proc.kill9()
     assert_file_equals(c, tmp_path / "out" / "changes.jsonl")
