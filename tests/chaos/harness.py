@@ -47,8 +47,13 @@ class S3Store:
     """moto's S3 server on 127.0.0.1: the storage Tansu keeps its log in."""
 
     def __init__(self) -> None:
+        import uuid
+
         self.port = free_port()
         self.server: Any = None
+        # moto keeps its buckets in the process, across servers: a bucket of its own per
+        # run, or a broker reads the topics of the run before (same names, same keys)
+        self.bucket = f"tansu-{uuid.uuid4().hex[:12]}"
 
     @property
     def url(self) -> str:
@@ -64,7 +69,7 @@ class S3Store:
         self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
         self.server.start()
         boto3.client("s3", endpoint_url=self.url, aws_access_key_id="chaos", aws_secret_access_key="chaos",
-                     region_name="us-east-1").create_bucket(Bucket="tansu")
+                     region_name="us-east-1").create_bucket(Bucket=self.bucket)
         return self
 
     def stop(self) -> None:
@@ -82,7 +87,9 @@ class PersistentBroker(Broker):
         self.killed_after_term = 0  # stops that SIGTERM did not finish in time
         self.stop_seconds: list[float] = []
 
-    storage = "s3://tansu/"
+    @property  # type: ignore[override]
+    def storage(self) -> str:
+        return f"s3://{self.store.bucket}/"
 
     def env(self) -> dict[str, str]:
         return dict(os.environ, AWS_ENDPOINT=self.store.url, AWS_ACCESS_KEY_ID="chaos", AWS_SECRET_ACCESS_KEY="chaos",
