@@ -155,13 +155,24 @@ def test_broker_down_at_start_then_up_costs_nothing(tmp_path: Path, two_servers,
     assert ids == list(range(50))
 
 
-def test_broker_killed_mid_load(tmp_path: Path, two_servers) -> None:  # type: ignore[no-untyped-def]
-    """Memory storage: a restarted broker is empty. Everything after the checkpoint
-    that was current at the kill must be in the new broker. A local sender runs
-    alongside (fan-out) and tells each row's commit_ts."""
+def test_broker_restarted_mid_load(tmp_path: Path, two_servers) -> None:  # type: ignore[no-untyped-def]
+    """The broker goes away under load and comes back (Tansu keeping its log in an
+    S3 store, stopped with SIGTERM as an operator restarts a broker: Tansu loses
+    acknowledged messages on SIGKILL, see tests/chaos/tansu_durability.py). While it
+    is away the checkpoint must not pass what Kafka has not acknowledged; afterwards
+    every row is in Kafka. A local sender runs alongside (fan-out) and tells each
+    row's commit_ts.
+
+    (It used a memory broker killed and restarted empty until 2026-11-24; Tansu
+    acknowledges a produce to a topic it does not have without keeping it, so a
+    non-idempotent producer with a cached topic writes into the void there. No real
+    broker does that, and an empty broker after a restart is not a real outage.)"""
+    from chaos.harness import PersistentBroker, S3Store
+
     for m in two_servers:
         m.execute("CREATE DATABASE d", "CREATE TABLE d.t (id INT PRIMARY KEY, v INT)")
-    broker = Broker().start()
+    store = S3Store().start()
+    broker = PersistentBroker(store).start()
     senders = kafka_senders(broker.servers).replace("type=kafka", "type=kafka,local")
     senders += f"[local]\nfilepath={tmp_path / 'out' / 'changes.jsonl'}\n"
     cfg = write_config(tmp_path, two_servers, senders=senders)
@@ -170,8 +181,7 @@ def test_broker_killed_mid_load(tmp_path: Path, two_servers) -> None:  # type: i
         for i in range(300):
             two_servers[i % 2].execute(f"INSERT INTO d.t VALUES ({i}, {i})")
         time.sleep(2)
-        cp_at_kill = json.loads((tmp_path / "checkpoint.json").read_text())["commit_ts"]
-        broker.kill()
+        broker.stop_gracefully()
         for i in range(300, 600):
             two_servers[i % 2].execute(f"INSERT INTO d.t VALUES ({i}, {i})")
         time.sleep(3)
@@ -182,16 +192,16 @@ def test_broker_killed_mid_load(tmp_path: Path, two_servers) -> None:  # type: i
     finally:
         assert proc.stop() == 0
         broker.kill()
+        store.stop()
     from helpers import read_lines
 
     commit_ts = {x["after"]["id"]: x["commit_ts"] for x in read_lines(tmp_path) if x["op"] == "insert"}
     assert sorted(commit_ts) == list(range(600))
     in_kafka = {json.loads(r.value)["after"]["id"] for r in recs}
-    must = {i for i, ts in commit_ts.items() if ts > cp_at_kill}
-    assert must >= set(range(300, 600))
-    assert must <= in_kafka, f"missing after the checkpoint: {sorted(must - in_kafka)[:10]}"
-    # while the broker was down the checkpoint could not pass what Kafka had not acknowledged
-    assert all(ts <= stalled or i in in_kafka for i, ts in commit_ts.items())
+    assert in_kafka == set(range(600)), f"missing in Kafka: {sorted(set(range(600)) - in_kafka)[:10]}"
+    # while the broker was away the checkpoint did not pass rows the broker did not have yet
+    late = [i for i in range(300, 600) if commit_ts[i] <= stalled]
+    assert not late, f"the checkpoint passed rows written while the broker was down: {late[:10]}"
 
 
 @pytest.mark.parametrize("fmt", ["canal", "sql", "protobuf"])
