@@ -15,6 +15,7 @@ setup(
         "PyMySQL>=1.2,<1.3",  # senders/mysql.py FastCursor overrides Cursor._mogrify (1.2.x)
         "mysql-replication==1.0.17",
         "protobuf>=4.21",
+        "msgpack>=1.0",  # the rows of region agents' streams (capturer/agent/wire.py)
         "grpcio>=1.60",
         "requests>=2.28",
         "prometheus_client>=0.17",

@@ -68,7 +68,8 @@ class Capturer:
             make_region(r, RegionContext(self.queues[r.name], cp.regions.get(r.name),
                                          cp.floor(r.name), self.journal, self.stop_event,
                                          cfg.spill_rows, cfg.spill_dir, cfg.checkpoint_path,
-                                         self.filter.table_selected, self.pin_start, self.tables_elsewhere))
+                                         self.filter.table_selected, self.pin_start, self.tables_elsewhere,
+                                         filter_path=cfg.filter_path))
             for r in cfg.regions
         ]
         self.senders = [sender_class(s.name)(s.name, s.options, cfg.queue_rows) for s in cfg.senders]
@@ -116,13 +117,15 @@ class Capturer:
                      self.cfg.checkpoint_path)
 
     def tables_elsewhere(self, region: str, tables: list[tuple[str, str]]) -> dict[tuple[str, str], list[str]]:
-        """For each of ``tables``: the other MySQL/MariaDB regions that deliver a table
-        of that name (it exists on their server and the filter selects it)."""
+        """For each of ``tables``: the other MySQL/MariaDB regions, local or served by
+        agents, that deliver a table of that name (it exists on their server and the
+        filter selects it)."""
         from .regions.mysql import MySQLRegion
+        from .regions.remote import RemoteRegion
 
         out: dict[tuple[str, str], list[str]] = {}
         for r in self.regions:
-            if r.name == region or not isinstance(r, MySQLRegion):
+            if r.name == region or not isinstance(r, (MySQLRegion, RemoteRegion)):
                 continue
             for t in r.tables_info(tables):
                 out.setdefault(t, []).append(r.name)
@@ -242,9 +245,13 @@ class Capturer:
         from .regions.mysql import MySQLRegion
         from .regions.snapshot import truncate_conflict
 
+        from .regions.remote import RemoteRegion
+
         names = list(dict.fromkeys(split_table_name(t) for t in tables))
         every = [r for r in self.regions if isinstance(r, MySQLRegion)]
         regions = every
+        # regions served by agents take no on-demand snapshot here, but their tables count as holders
+        pool: list[Any] = every + [r for r in self.regions if isinstance(r, RemoteRegion)]
         if region is not None:
             regions = [r for r in regions if r.name == region]
             if not regions:
@@ -261,7 +268,7 @@ class Capturer:
         if not found:
             raise LookupError(f"no region has (or the filter selects) {', '.join(missing)}")
         if truncate or any(info[r.name][t] for r in regions for t in have[r.name]):
-            for r in every:
+            for r in pool:
                 if r.name not in info:
                     info[r.name] = r.tables_info(names)
         # 2. a copy that empties a table downstream must be the table's only source
@@ -269,7 +276,7 @@ class Capturer:
             for t in have[r.name]:
                 if not (truncate or info[r.name][t]):
                     continue
-                holders = [x.name for x in every if t in info[x.name]]
+                holders = [x.name for x in pool if t in info[x.name]]
                 if len(holders) > 1:
                     why = "the request truncates it" if truncate else \
                         "it has no key, so its copy starts with a TRUNCATE"

@@ -10,7 +10,7 @@ import logging
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Union
 
 from .errors import ConfigError
 from .ini import (
@@ -156,6 +156,51 @@ BAIKAL_KEYS = [
 ]
 
 
+REMOTE_KEYS = [
+    Key("type", p_choice("remote"), "remote", doc="region kind: a region served by a region agent"),
+    Key("address", p_peers, required=True,
+        doc="the agent: host:port; several (comma-separated) are tried in turn (an agent moved or restarted elsewhere)"),
+    Key("agent_region", p_str, "", doc="the region's name in the agent's config; empty = this section's name"),
+    Key("token", p_str, "", secret=True, doc="shared token the agent requires (its [agent] token)"),
+    Key("tls", p_bool, False, doc="connect with TLS (set automatically when tls_ca is given)"),
+    Key("tls_ca", p_str, "", doc="PEM file of the CA that signed the agent's certificate; empty = the system's roots"),
+    Key("tls_cert", p_str, "", doc="PEM client certificate, for agents that require one (tls_client_ca)"),
+    Key("tls_key", p_str, "", doc="PEM key of tls_cert"),
+    Key("tls_server_name", p_str, "", doc="name to check in the agent's certificate instead of the address's host"),
+    Key("connect_timeout", p_float(0.1, 600), 5.0, doc="seconds to reach an agent before trying the next address"),
+    Key("idle_timeout", p_float(1, 3600), 15.0,
+        doc="an agent that sends nothing for this long (it sends a status every second) is given up and reconnected"),
+]
+
+
+@dataclass(frozen=True)
+class RemoteRegionConfig:
+    name: str
+    type: str
+    address: tuple[str, ...]
+    agent_region: str = ""
+    token: str = field(default="", repr=False)
+    tls: bool = False
+    tls_ca: str = ""
+    tls_cert: str = ""
+    tls_key: str = ""
+    tls_server_name: str = ""
+    connect_timeout: float = 5.0
+    idle_timeout: float = 15.0
+
+    @property
+    def remote_name(self) -> str:
+        return self.agent_region or self.name
+
+    @property
+    def uses_tls(self) -> bool:
+        return self.tls or bool(self.tls_ca or self.tls_cert)
+
+    def masked(self) -> dict[str, Any]:
+        return {"type": self.type, "address": ",".join(self.address), "agent_region": self.remote_name,
+                "token": "***" if self.token else "", "tls": self.uses_tls}
+
+
 @dataclass(frozen=True)
 class BaikalRegionConfig:
     name: str
@@ -210,6 +255,9 @@ class RegionConfig:
         }
 
 
+AnyRegionConfig = Union[RegionConfig, BaikalRegionConfig, RemoteRegionConfig]
+
+
 @dataclass(frozen=True)
 class SenderConfig:
     name: str
@@ -228,7 +276,7 @@ class AppConfig:
     checkpoint_interval: float
     queue_rows: int
     log_level: str
-    regions: tuple["RegionConfig | BaikalRegionConfig", ...]
+    regions: tuple["AnyRegionConfig", ...]
     senders: tuple[SenderConfig, ...]
     spill_rows: int = 50_000
     spill_dir: str = ""
@@ -273,49 +321,7 @@ def load_config(path: Path | str, base_dir: Path | None = None) -> AppConfig:
     if "global" not in ini.sections:
         raise ConfigError(f"{path}: missing section [global]")
     g = parse_section(ini, "global", GLOBAL_KEYS)
-    regions = []
-    for name, sec in ini.sections.items():
-        if not name.startswith("region:"):
-            continue
-        rname = name[len("region:"):].strip()
-        if not _REGION_NAME.match(rname):
-            raise ConfigError(
-                f"{path}:{sec.line}: region name {rname!r} must be 1-64 of A-Z a-z 0-9 _ . -"
-            )
-        kind = sec.values.get("type")
-        if kind is not None and kind.value.lower() == "baikaldb":
-            v = parse_section(ini, name, BAIKAL_KEYS)
-            regions.append(BaikalRegionConfig(name=rname, **{k: v[k] for k in v}))
-        else:
-            keys = REGION_KEYS
-            if kind is not None and kind.value.lower() not in ("mysql", "mariadb"):
-                raise ConfigError(f"{ini.where(name, 'type')}: bad value {kind.value!r}: expected one of "
-                                  "mysql, mariadb, baikaldb")
-            v = parse_section(ini, name, keys)
-            regions.append(RegionConfig(name=rname, **{k: v[k] for k in v}))
-    if not regions:
-        raise ConfigError(f"{path}: no [region:NAME] section; configure at least one source")
-    ids: dict[Any, str] = {}
-    for r in regions:
-        if isinstance(r, BaikalRegionConfig):
-            for rid in r.binlogRegionID or (0,):
-                bkey = (frozenset(r.metaServer), r.binlogTableID, rid)
-                other = ids.get(bkey) or ids.get((bkey[0], bkey[1], 0))
-                if other is None and rid == 0:
-                    other = next((n for k, n in ids.items() if k[:2] == bkey[:2]), None)
-                if other is not None:
-                    raise ConfigError(
-                        f"{path}: regions [region:{other}] and [region:{r.name}] both read binlog table "
-                        f"{r.binlogTableID}{f' region {rid}' if rid else ''} of the same cluster")
-                ids[bkey] = r.name
-            continue
-        key = (r.host, r.port)
-        if key in ids:
-            raise ConfigError(
-                f"{path}: regions [region:{ids[key]}] and [region:{r.name}] read the same "
-                f"server {r.host}:{r.port}"
-            )
-        ids[key] = r.name
+    regions = parse_regions(ini, path)
 
     sender_path = _resolve(base, g["senderConfig"])
     senders = load_sender_config(sender_path)
@@ -336,6 +342,69 @@ def load_config(path: Path | str, base_dir: Path | None = None) -> AppConfig:
         regions=tuple(regions),
         senders=senders,
     )
+
+
+def parse_regions(ini: IniFile, path: Path, allow_remote: bool = True) -> list[AnyRegionConfig]:
+    """Every ``[region:NAME]`` section, validated by its ``type``; at least one. Two
+    regions that read the same source are an error."""
+    regions = []
+    for name, sec in ini.sections.items():
+        if not name.startswith("region:"):
+            continue
+        rname = name[len("region:"):].strip()
+        if not _REGION_NAME.match(rname):
+            raise ConfigError(
+                f"{path}:{sec.line}: region name {rname!r} must be 1-64 of A-Z a-z 0-9 _ . -"
+            )
+        kind = sec.values.get("type")
+        if kind is not None and kind.value.lower() == "remote" and allow_remote:
+            v = parse_section(ini, name, REMOTE_KEYS)
+            regions.append(RemoteRegionConfig(name=rname, **{k: v[k] for k in v}))
+            continue
+        if kind is not None and kind.value.lower() == "baikaldb":
+            v = parse_section(ini, name, BAIKAL_KEYS)
+            regions.append(BaikalRegionConfig(name=rname, **{k: v[k] for k in v}))
+        else:
+            keys = REGION_KEYS
+            if kind is not None and kind.value.lower() not in ("mysql", "mariadb"):
+                raise ConfigError(f"{ini.where(name, 'type')}: bad value {kind.value!r}: expected one of "
+                                  "mysql, mariadb, baikaldb" + (", remote" if allow_remote else ""))
+            v = parse_section(ini, name, keys)
+            regions.append(RegionConfig(name=rname, **{k: v[k] for k in v}))
+    if not regions:
+        raise ConfigError(f"{path}: no [region:NAME] section; configure at least one source")
+    ids: dict[Any, str] = {}
+    for r in regions:
+        if isinstance(r, RemoteRegionConfig):
+            for addr in r.address:
+                rkey = (addr, r.agent_region or r.name)
+                if rkey in ids:
+                    raise ConfigError(
+                        f"{path}: regions [region:{ids[rkey]}] and [region:{r.name}] both subscribe to region "
+                        f"{rkey[1]!r} of the agent at {addr}")
+                ids[rkey] = r.name
+            continue
+        if isinstance(r, BaikalRegionConfig):
+            for rid in r.binlogRegionID or (0,):
+                bkey = (frozenset(r.metaServer), r.binlogTableID, rid)
+                other = ids.get(bkey) or ids.get((bkey[0], bkey[1], 0))
+                if other is None and rid == 0:
+                    other = next((n for k, n in ids.items() if k[:2] == bkey[:2]), None)
+                if other is not None:
+                    raise ConfigError(
+                        f"{path}: regions [region:{other}] and [region:{r.name}] both read binlog table "
+                        f"{r.binlogTableID}{f' region {rid}' if rid else ''} of the same cluster")
+                ids[bkey] = r.name
+            continue
+        key = (r.host, r.port)
+        if key in ids:
+            raise ConfigError(
+                f"{path}: regions [region:{ids[key]}] and [region:{r.name}] read the same "
+                f"server {r.host}:{r.port}"
+            )
+        ids[key] = r.name
+
+    return regions
 
 
 def load_sender_config(path: Path) -> tuple[SenderConfig, ...]:

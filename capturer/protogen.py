@@ -8,6 +8,8 @@ committed or edited by hand.
 * ``capturer``: ``proto/capturer.proto``, the change format at the edges
   (Kafka ``format=protobuf``).
 * ``baikaldb``: ``proto/baikaldb.proto``, BaikalDB's binlog read protocol.
+* ``agent``: ``proto/agent.proto``, the region agents' stream (services are
+  registered with grpc's generic handlers: no generated stubs).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from types import ModuleType
 
 PROTO_DIR = Path(__file__).resolve().parent.parent / "proto"
 PROTO = PROTO_DIR / "capturer.proto"
-NAMES = ("capturer", "baikaldb")
+NAMES = ("capturer", "baikaldb", "agent")
 OUT = Path(__file__).resolve().parent / "_generated"
 _modules: dict[str, ModuleType] = {}
 _lock = threading.Lock()

@@ -53,6 +53,11 @@ class LiftJournal:
                         continue
                     raise CheckpointError(f"{path}:{lineno}: corrupt lift journal: {exc}") from exc
 
+    def entries(self, region: str) -> list[tuple[str, int, int]]:
+        """``(file, pos, commit_ts)`` of every lift kept for ``region``."""
+        with self._lock:
+            return [(f, p, ts) for (r, f, p), ts in self._entries.items() if r == region]
+
     def get(self, region: str, pos: Position) -> int:
         return self._entries.get((region, pos.file, pos.pos), 0)
 

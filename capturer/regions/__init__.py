@@ -6,11 +6,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ..config import BaikalRegionConfig, RegionConfig
+    from ..config import AnyRegionConfig
     from .base import Region, RegionContext
 
 
-def make_region(cfg: "RegionConfig | BaikalRegionConfig", ctx: "RegionContext") -> "Region":
+def make_region(cfg: "AnyRegionConfig", ctx: "RegionContext") -> "Region":
     """The region of kind ``cfg.type``; CheckpointError when the checkpoint holds a
     position of another kind for it."""
     if cfg.type in ("mysql", "mariadb"):
@@ -25,6 +25,10 @@ def make_region(cfg: "RegionConfig | BaikalRegionConfig", ctx: "RegionContext") 
         from .mysql import MySQLRegion
 
         return MySQLRegion(cfg, ctx)  # type: ignore[arg-type]
+    if cfg.type == "remote":
+        from .remote import RemoteRegion
+
+        return RemoteRegion(cfg, ctx)
     if cfg.type == "baikaldb":
         from .baikaldb.region import BaikalRegion
 

@@ -35,6 +35,10 @@ class RegionContext:
     # (region, tables) -> {table: [other regions that deliver a table of that name]}
     tables_elsewhere: Callable[[str, list[tuple[str, str]]], dict[tuple[str, str], list[str]]] = \
         lambda region, tables: {}
+    # served by an agent to a capturer that already passed on a heartbeat at this ts: the region's
+    # clock stays above it (its own floor is the commit_ts of the item at ``start``)
+    promised: int = 0
+    filter_path: Path | None = None  # filterRuleDict (sent to agents along with a subscription)
 
 
 class Region:

@@ -102,6 +102,8 @@ class MySQLRegion(Region):
         self.cfg = cfg
         self.where = f"region {cfg.name} ({cfg.host}:{cfg.port})"
         self.clock = RegionClock(cfg.name, ctx.floor, ctx.journal)
+        # a region an agent serves again: nothing at or below what the capturer already passed on
+        self.clock.last_emitted = max(self.clock.last_emitted, ctx.promised)
         self._clock_offset_ms = 0.0
         self._schemas: dict[tuple[str, str, tuple[str, ...]], TableSchema] = {}
         self._ukeys: dict[tuple[str, str], tuple[tuple[str, ...], tuple[str, ...]]] = {}

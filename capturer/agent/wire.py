@@ -1,0 +1,278 @@
+"""The items of an agent's stream, as bytes (the ``items`` field of a ``Batch``).
+
+A batch's ``items`` is a concatenation of msgpack values, read in order:
+
+* ``["s", sid, db, table, columns, pk, unique_keys, column_types, column_info]``: a
+  table schema, sent once per stream before the first row that uses it.
+* ``["t", commit_ts, position, source_ts, gtid, ddl, snapshot, nrows, rows]``: a
+  transaction. ``rows`` holds its first row changes; when it holds fewer than
+  ``nrows``, ``["c", rows]`` values follow (in this batch or the next ones) until
+  ``nrows`` are read: a big transaction never makes one big message.
+* ``["h", commit_ts, position]``: a heartbeat.
+
+A row change is ``[sid, op, before, after]``: ``op`` 0..3 (insert, update, delete,
+read), an image a list of values in the schema's column order (a map when its
+columns differ from the schema's), or nil. Values are msgpack's own types plus
+extension types for Decimal, datetime, date, time, timedelta, set and integers
+beyond 64 bits. Positions are their checkpoint JSON (``position_from_json``).
+
+Why msgpack inside protobuf: the frame (``proto/agent.proto``) is protobuf, the
+rows are msgpack because one protobuf message per value costs about a microsecond
+per column in Python, which would cap a 10-column stream near 100k rows/s on each
+side (``bench/bench.py agent`` measures the transport). msgpack is safe to read from
+a peer (no code is run, unlike pickle): a malformed batch is an error, not an exploit.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+from typing import Any, Iterator
+
+import msgpack
+
+from ..model import (
+    ColumnInfo,
+    Ddl,
+    Heartbeat,
+    Item,
+    RowChange,
+    SnapshotMark,
+    TableSchema,
+    Txn,
+    position_from_json,
+)
+
+PROTOCOL = 1
+OPS = ("insert", "update", "delete", "read")
+_OP_CODE = {op: i for i, op in enumerate(OPS)}
+CHUNK_ROWS = 2000  # rows per "t"/"c" value
+BATCH_BYTES = 1 << 20  # a batch is sent once its items pass this size
+
+_EXT_DECIMAL, _EXT_DATETIME, _EXT_DATE, _EXT_TIME, _EXT_TIMEDELTA, _EXT_SET, _EXT_BIGINT = range(1, 8)
+
+
+class WireError(ValueError):
+    """A batch that does not follow this format (a bug or a foreign peer)."""
+
+
+def _default(v: Any) -> Any:
+    if isinstance(v, decimal.Decimal):
+        return msgpack.ExtType(_EXT_DECIMAL, str(v).encode())
+    if isinstance(v, dt.datetime):
+        return msgpack.ExtType(_EXT_DATETIME, v.isoformat().encode())
+    if isinstance(v, dt.date):
+        return msgpack.ExtType(_EXT_DATE, v.isoformat().encode())
+    if isinstance(v, dt.time):
+        return msgpack.ExtType(_EXT_TIME, v.isoformat().encode())
+    if isinstance(v, dt.timedelta):
+        return msgpack.ExtType(_EXT_TIMEDELTA, _packb([v.days, v.seconds, v.microseconds]))
+    if isinstance(v, (set, frozenset)):
+        return msgpack.ExtType(_EXT_SET, _packb(sorted(v, key=repr)))
+    if isinstance(v, int):  # beyond 64 bits (msgpack raises OverflowError before asking)
+        return msgpack.ExtType(_EXT_BIGINT, str(v).encode())
+    if isinstance(v, (bytearray, memoryview)):
+        return bytes(v)
+    raise TypeError(f"cannot send a value of type {type(v).__name__} to the capturer")
+
+
+def _ext_hook(code: int, data: bytes) -> Any:
+    s = data.decode() if code != _EXT_TIMEDELTA and code != _EXT_SET else ""
+    if code == _EXT_DECIMAL:
+        return decimal.Decimal(s)
+    if code == _EXT_DATETIME:
+        return dt.datetime.fromisoformat(s)
+    if code == _EXT_DATE:
+        return dt.date.fromisoformat(s)
+    if code == _EXT_TIME:
+        return dt.time.fromisoformat(s)
+    if code == _EXT_TIMEDELTA:
+        d, sec, us = unpackb(data)
+        return dt.timedelta(days=d, seconds=sec, microseconds=us)
+    if code == _EXT_SET:
+        return set(unpackb(data))
+    if code == _EXT_BIGINT:
+        return int(s)
+    raise WireError(f"unknown msgpack extension type {code}")
+
+
+def _packb(v: Any) -> bytes:
+    return msgpack.packb(v, default=_default, unicode_errors="surrogatepass", use_bin_type=True)
+
+
+def _big_ints(v: Any) -> Any:
+    """``v`` with integers beyond 64 bits made extension values (the slow path)."""
+    if isinstance(v, bool) or v is None:
+        return v
+    if isinstance(v, int):
+        return v if -(1 << 63) <= v < 1 << 64 else msgpack.ExtType(_EXT_BIGINT, str(v).encode())
+    if isinstance(v, dict):
+        return {k: _big_ints(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_big_ints(x) for x in v]
+    return v
+
+
+def packb(v: Any) -> bytes:
+    try:
+        return _packb(v)
+    except OverflowError:
+        return _packb(_big_ints(v))
+
+
+def unpackb(data: bytes) -> Any:
+    return msgpack.unpackb(data, ext_hook=_ext_hook, unicode_errors="surrogatepass", raw=False,
+                           strict_map_key=False)
+
+
+def position_json(pos: Any) -> Any:
+    if pos is None:
+        return None
+    return getattr(pos, "checkpoint_json", pos.to_json)()
+
+
+def read_position(d: Any) -> Any:
+    if d is None:
+        return None
+    try:
+        return position_from_json(d)
+    except ValueError as exc:
+        raise WireError(f"bad position {d!r}: {exc}") from None
+
+
+class Encoder:
+    """Items -> msgpack values, for one stream (it remembers which schemas it sent)."""
+
+    def __init__(self) -> None:
+        self._sent: dict[int, tuple[int, TableSchema]] = {}  # id(schema) -> (sid, schema kept alive)
+
+    def _sid(self, schema: TableSchema, out: list[bytes]) -> int:
+        hit = self._sent.get(id(schema))
+        if hit is not None and hit[1] is schema:
+            return hit[0]
+        sid = len(self._sent) + 1
+        self._sent[id(schema)] = (sid, schema)
+        out.append(packb(["s", sid, schema.db, schema.table, list(schema.columns), list(schema.pk),
+                          [list(u) for u in schema.unique_keys], list(schema.column_types),
+                          [[c.type, c.unsigned, c.precision, c.scale, c.binary] for c in schema.column_info]]))
+        return sid
+
+    def _rows(self, changes: Any, out: list[bytes]) -> list[Any]:
+        rows = []
+        cols_of: dict[int, tuple[int, tuple[str, ...]]] = {}
+        for ch in changes:
+            s = ch.schema
+            hit = cols_of.get(id(s))
+            if hit is None:
+                hit = cols_of[id(s)] = (self._sid(s, out), s.columns)
+            sid, cols = hit
+            b, a = ch.before, ch.after
+            if b is not None:
+                b = list(b.values()) if tuple(b) == cols else b
+            if a is not None:
+                a = list(a.values()) if tuple(a) == cols else a
+            rows.append([sid, _OP_CODE[ch.op], b, a])
+        return rows
+
+    def item(self, item: Item) -> Iterator[tuple[bytes, int]]:
+        """(msgpack value, rows in it) pieces for ``item``, in order."""
+        if isinstance(item, Heartbeat):
+            yield packb(["h", item.commit_ts, position_json(item.position)]), 0
+            return
+        ddl = item.ddl
+        d = None if ddl is None else [ddl.db, ddl.sql, ddl.table, ddl.session_db, ddl.seq]
+        m = item.snapshot
+        snap = None if m is None else [m.run, m.chunk, m.last]
+        changes = item.changes
+        n = len(changes)
+        chunks = changes.chunks() if hasattr(changes, "chunks") else \
+            (changes[i:i + CHUNK_ROWS] for i in range(0, n, CHUNK_ROWS))
+        first = True
+        for chunk in chunks:
+            for i in range(0, len(chunk), CHUNK_ROWS):
+                pre: list[bytes] = []
+                rows = self._rows(chunk[i:i + CHUNK_ROWS], pre)
+                if first:
+                    v = ["t", item.commit_ts, position_json(item.position), item.source_ts, item.gtid, d, snap,
+                         n, rows]
+                    first = False
+                else:
+                    v = ["c", rows]
+                for p in pre:
+                    yield p, 0
+                yield packb(v), len(rows)
+        if first:
+            yield packb(["t", item.commit_ts, position_json(item.position), item.source_ts, item.gtid, d, snap,
+                         0, []]), 0
+
+
+class Decoder:
+    """msgpack values -> items, for one stream. A big transaction is handed to
+    ``collect`` (a callable that gets the header and row chunks) so the caller
+    can keep it on disk."""
+
+    def __init__(self, region: str) -> None:
+        self.region = region
+        self.schemas: dict[int, tuple[TableSchema, tuple[str, ...]]] = {}
+
+    def schema(self, v: list[Any]) -> None:
+        try:
+            _, sid, db, table, cols, pk, uks, types, infos = v
+            s = TableSchema(db, table, tuple(cols), tuple(pk), tuple(tuple(u) for u in uks), tuple(types),
+                            tuple(ColumnInfo(*c) for c in infos))
+        except (TypeError, ValueError) as exc:
+            raise WireError(f"bad schema {v!r}: {exc}") from None
+        self.schemas[sid] = (s, s.columns)
+
+    def rows(self, rows: list[Any]) -> list[RowChange]:
+        out = []
+        schemas = self.schemas
+        try:
+            for sid, op, b, a in rows:
+                s, cols = schemas[sid]
+                if b.__class__ is list:
+                    b = dict(zip(cols, b))
+                if a.__class__ is list:
+                    a = dict(zip(cols, a))
+                out.append(RowChange(s, OPS[op], b, a))
+        except (KeyError, IndexError, TypeError, ValueError) as exc:
+            raise WireError(f"bad row change: {exc!r}") from None
+        return out
+
+    def header(self, v: list[Any]) -> tuple[dict[str, Any], int, list[RowChange]]:
+        """A "t" value: (the Txn's fields but changes, rows in all, its first row changes)."""
+        try:
+            _, commit_ts, pos, source_ts, gtid, d, snap, n, rows = v
+            fields = {"region": self.region, "commit_ts": int(commit_ts), "position": read_position(pos),
+                      "source_ts": int(source_ts), "gtid": str(gtid),
+                      "ddl": None if d is None else Ddl(d[0], d[1], d[2], d[3], int(d[4])),
+                      "snapshot": None if snap is None else SnapshotMark(str(snap[0]), int(snap[1]), bool(snap[2]))}
+        except (TypeError, ValueError, IndexError) as exc:
+            raise WireError(f"bad transaction header: {exc!r}") from None
+        return fields, int(n), self.rows(rows)
+
+    def heartbeat(self, v: list[Any]) -> Heartbeat:
+        try:
+            _, ts, pos = v
+            return Heartbeat(self.region, int(ts), read_position(pos))
+        except (TypeError, ValueError) as exc:
+            raise WireError(f"bad heartbeat {v!r}: {exc}") from None
+
+
+def unpacker(data: bytes) -> Iterator[Any]:
+    u = msgpack.Unpacker(ext_hook=_ext_hook, unicode_errors="surrogatepass", raw=False, strict_map_key=False,
+                         max_buffer_size=max(len(data), 1 << 20))
+    u.feed(data)
+    try:
+        for v in u:
+            if not isinstance(v, list) or not v:
+                raise WireError(f"bad item {v!r:.80}")
+            yield v
+    except (msgpack.UnpackException, ValueError) as exc:
+        if isinstance(exc, WireError):
+            raise
+        raise WireError(f"bad batch: {exc}") from None
+
+
+def make_txn(fields: dict[str, Any], changes: Any) -> Txn:
+    return Txn(changes=changes, **fields)

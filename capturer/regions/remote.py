@@ -1,0 +1,384 @@
+"""``type = remote``: a region that a region agent runs next to its source
+(``python -m capturer.agent``) and serves over gRPC (``proto/agent.proto``).
+
+The capturer stays the only keeper of durable state. Each connection subscribes
+with what a restart from the checkpoint would use, taken from what this region
+already passed on: the position of its last item, the commit_ts of the item that
+reached that position (the floor) and its newest heartbeat (nothing may come at or
+below it). The agent starts a fresh region there. Lifts of commit_ts (``tso.py``)
+that the agent's region makes are sent ahead of the transaction and journaled here
+before it goes on; a start position the region pins is written to the checkpoint
+here. As the checkpoint moves the agent is told, so it can drop state older than it.
+
+A dropped connection, an agent killed or moved to another address (``address``
+lists several; each failure tries the next) is a reconnect from the last item
+passed on: nothing lost, nothing repeated. A region the agent reports failed, a
+wrong token or an unknown region name stop the capturer with that error.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+from ..errors import FatalSourceError, SourceError
+from ..model import Heartbeat, Position, Txn
+from ..spill import DEFAULT_CHUNK_ROWS, SpillWriter
+from .base import Region, RegionContext
+
+log = logging.getLogger(__name__)
+
+METHOD = "/capturer.agent.RegionAgent/Stream"
+CHANNEL_OPTIONS = [
+    ("grpc.max_receive_message_length", -1),
+    ("grpc.max_send_message_length", -1),
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+    # reconnect attempts are this module's job (it rotates addresses)
+    ("grpc.initial_reconnect_backoff_ms", 200),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+]
+_FATAL_CODES = ("UNAUTHENTICATED", "PERMISSION_DENIED", "NOT_FOUND", "FAILED_PRECONDITION", "INVALID_ARGUMENT",
+                "UNIMPLEMENTED")
+
+
+def _read_pem(path: str, key: str, where: str) -> bytes:
+    try:
+        return Path(path).expanduser().read_bytes()
+    except OSError as exc:
+        raise FatalSourceError(f"{where}: {key} = {path}: {exc.strerror or exc}") from None
+
+
+def channel_credentials(cfg: Any, where: str) -> Any:
+    import grpc
+
+    ca = _read_pem(cfg.tls_ca, "tls_ca", where) if cfg.tls_ca else None
+    cert = _read_pem(cfg.tls_cert, "tls_cert", where) if cfg.tls_cert else None
+    key = _read_pem(cfg.tls_key, "tls_key", where) if cfg.tls_key else None
+    return grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)
+
+
+class RemoteRegion(Region):
+    RETRYABLE = (SourceError, OSError)
+
+    def __init__(self, cfg: Any, ctx: RegionContext):
+        super().__init__(cfg.name, ctx)
+        self.cfg = cfg
+        self.where = f"region {cfg.name} (agent {','.join(cfg.address)}, region {cfg.remote_name})"
+        self._addr_index = 0
+        self.address = cfg.address[0]
+        self.floor = ctx.floor  # commit_ts of the item that reached self.position
+        self.promised = ctx.floor  # the newest ts passed on (nothing may come at or below it but a prelude's txn)
+        self._pos_json: Any = None
+        self.agent_status: dict[str, Any] = {}
+        self.agent_status_at = 0.0
+        self.batches = 0
+        self.bytes = 0
+        self.connected_since = 0.0
+        self._requests: queue.Queue[Any] | None = None
+        self._call: Any = None
+        self._lock = threading.Lock()
+        self._filter_rules = ("", "")
+        path = ctx.filter_path
+        if path is not None:  # the rules travel as text: the agent's region copies only selected tables
+            try:
+                self._filter_rules = (Path(path).read_text(encoding="utf-8"), str(path))
+            except OSError as exc:
+                raise FatalSourceError(f"{self.where}: cannot read the filter rules {path}: {exc}") from None
+
+    # --- one attempt ----------------------------------------------------------
+    def _connect_and_stream(self) -> None:
+        import grpc
+
+        from .. import protogen
+        from ..agent import wire
+
+        pb = protogen.load("agent")
+        self.address = self.cfg.address[self._addr_index % len(self.cfg.address)]
+        where = f"region {self.name} (agent {self.address})"
+        channel = self._channel(self.address, where)
+        try:
+            try:
+                grpc.channel_ready_future(channel).result(timeout=self.cfg.connect_timeout)
+            except grpc.FutureTimeoutError:
+                self._addr_index += 1
+                raise SourceError(f"{where}: not reachable within {self.cfg.connect_timeout:g}s") from None
+            self._stream(channel, pb, wire, where)
+        finally:
+            channel.close()
+
+    def _channel(self, address: str, where: str) -> Any:
+        import grpc
+
+        if self.cfg.uses_tls:
+            opts = list(CHANNEL_OPTIONS)
+            if self.cfg.tls_server_name:
+                opts.append(("grpc.ssl_target_name_override", self.cfg.tls_server_name))
+            return grpc.secure_channel(address, channel_credentials(self.cfg, where), options=opts)
+        return grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+
+    def _metadata(self) -> tuple[tuple[str, str], ...]:
+        return (("authorization", f"Bearer {self.cfg.token}"),) if self.cfg.token else ()
+
+    def tables_info(self, tables: list[tuple[str, str]]) -> dict[tuple[str, str], bool]:
+        """Which of ``tables`` the agent's region captures, each with whether it is
+        keyless (asked of the agent; SourceError if no address answers)."""
+        import grpc
+
+        from .. import protogen
+        from ..agent import wire
+
+        pb = protogen.load("agent")
+        errors = []
+        for i in range(len(self.cfg.address)):
+            address = self.cfg.address[(self._addr_index + i) % len(self.cfg.address)]
+            where = f"region {self.name} (agent {address})"
+            channel = self._channel(address, where)
+            try:
+                call = channel.unary_unary("/capturer.agent.RegionAgent/Tables",
+                                           request_serializer=pb.TablesRequest.SerializeToString,
+                                           response_deserializer=pb.TablesReply.FromString)
+                reply = call(pb.TablesRequest(protocol=wire.PROTOCOL, region=self.cfg.remote_name,
+                                              tables=wire.packb([list(t) for t in tables]),
+                                              filter_rules=self._filter_rules[0], filter_source=self._filter_rules[1]),
+                             metadata=self._metadata(), timeout=self.cfg.connect_timeout + 30)
+                return {(str(db), str(t)): bool(k) for db, t, k in wire.unpackb(reply.tables)}
+            except grpc.RpcError as exc:
+                errors.append(f"{address}: {exc.code().name}: {exc.details()}")
+            finally:
+                channel.close()
+        raise SourceError(f"region {self.name}: no agent could list its tables ({'; '.join(errors)})")
+
+    def _answer(self, pb: Any, wire: Any, ask: bytes, requests: "queue.Queue[Any]") -> None:
+        """The agent's region asks which other regions deliver some tables (before a copy empties them)."""
+        ask_id, tables = wire.unpackb(ask)
+        try:
+            found = self.ctx.tables_elsewhere(self.name, [(str(db), str(t)) for db, t in tables])
+            answer = pb.Answer(id=int(ask_id), tables=wire.packb([[db, t, regions]
+                                                                   for (db, t), regions in found.items()]))
+        except SourceError as exc:
+            answer = pb.Answer(id=int(ask_id), error=str(exc))
+        requests.put(pb.Request(answer=answer))
+
+    def _subscribe(self, pb: Any, wire: Any) -> Any:
+        rules, source = self._filter_rules
+        return pb.Request(subscribe=pb.Subscribe(
+            protocol=wire.PROTOCOL, region=self.cfg.remote_name,
+            position=wire.packb(wire.position_json(self.position)) if self.position is not None else b"",
+            floor=self.floor, promised=self.promised,
+            lifts=wire.packb([list(e) for e in self.ctx.journal.entries(self.name)]),
+            filter_rules=rules, filter_source=source, capturer=f"{self.name}"))
+
+    def _stream(self, channel: Any, pb: Any, wire: Any, where: str) -> None:
+        import grpc
+
+        requests: queue.Queue[Any] = queue.Queue()
+        requests.put(self._subscribe(pb, wire))
+
+        def request_iter() -> Iterator[Any]:
+            while True:
+                r = requests.get()
+                if r is None:
+                    return
+                yield r
+
+        metadata = self._metadata()
+        stub = channel.stream_stream(METHOD, request_serializer=pb.Request.SerializeToString,
+                                     response_deserializer=pb.Batch.FromString)
+        call = stub(request_iter(), metadata=metadata)
+        last = [time.monotonic()]
+        done = threading.Event()
+        idle = [False]
+
+        def watchdog() -> None:
+            while not done.wait(0.2):
+                if self.ctx.stop.is_set():
+                    call.cancel()
+                    return
+                if time.monotonic() - last[0] > self.cfg.idle_timeout:
+                    idle[0] = True
+                    call.cancel()
+                    return
+
+        with self._lock:
+            self._requests, self._call = requests, call
+        dog = threading.Thread(target=watchdog, name=f"region-{self.name}-watchdog", daemon=True)
+        dog.start()
+        decoder = wire.Decoder(self.name)
+        partial: list[Any] | None = None  # [fields, total, rows so far (list), SpillWriter | None, count]
+        try:
+            for batch in call:
+                last[0] = time.monotonic()
+                if self.state != "streaming":
+                    self.state = "streaming"
+                    self.connected_since = time.time()
+                    log.info("%s: streaming from %s", where, wire.position_json(self.position) or "its start")
+                self.batches += 1
+                self.bytes += batch.ByteSize()
+                if batch.status:
+                    self.agent_status = wire.unpackb(batch.status)
+                    self.agent_status_at = time.time()
+                if batch.lifts:
+                    for file, pos, ts in wire.unpackb(batch.lifts):
+                        self.ctx.journal.record(self.name, Position(str(file), int(pos)), int(ts))
+                if batch.pin:
+                    self.ctx.pin_start(self.name, wire.read_position(wire.unpackb(batch.pin)))
+                if batch.ask:
+                    self._answer(pb, wire, batch.ask, requests)
+                if batch.items:
+                    partial = self._items(decoder, wire.unpacker(batch.items), partial, wire)
+                if batch.fatal:
+                    raise FatalSourceError(f"{where}: the agent's region {self.cfg.remote_name} failed: "
+                                           f"{batch.fatal}")
+            if self.ctx.stop.is_set():
+                return
+            raise SourceError(f"{where}: the agent ended the stream")
+        except grpc.RpcError as exc:
+            if self.ctx.stop.is_set():
+                return
+            code = exc.code() if hasattr(exc, "code") else None
+            name = getattr(code, "name", str(code))
+            detail = exc.details() if hasattr(exc, "details") else str(exc)
+            if name in _FATAL_CODES:
+                raise FatalSourceError(f"{where}: the agent refused: {name}: {detail}") from None
+            self._addr_index += 1
+            if idle[0]:
+                raise SourceError(f"{where}: nothing received for {self.cfg.idle_timeout:g}s") from None
+            raise SourceError(f"{where}: {name}: {detail}") from None
+        except wire.WireError as exc:
+            raise SourceError(f"{where}: {exc}") from None
+        finally:
+            done.set()
+            requests.put(None)
+            call.cancel()
+            with self._lock:
+                self._requests = self._call = None
+
+    def _items(self, decoder: Any, values: Iterator[list[Any]], partial: list[Any] | None,
+               wire: Any) -> list[Any] | None:
+        for v in values:
+            tag = v[0]
+            if tag == "c":
+                if partial is None:
+                    raise wire.WireError("rows of a transaction that was not started")
+                self._more(partial, decoder.rows(v[1]))
+            elif tag == "t":
+                if partial is not None:
+                    raise wire.WireError("a transaction started before the previous one ended")
+                fields, total, rows = decoder.header(v)
+                partial = [fields, total, [], None, 0]
+                self._more(partial, rows)
+            elif tag == "h":
+                if partial is not None:
+                    raise wire.WireError("a heartbeat inside a transaction")
+                self._heartbeat(decoder.heartbeat(v))
+            elif tag == "s":
+                decoder.schema(v)
+            else:
+                raise wire.WireError(f"unknown item {tag!r}")
+            if partial is not None and partial[4] >= partial[1]:
+                self._txn(partial)
+                partial = None
+        return partial
+
+    def _more(self, partial: list[Any], rows: list[Any]) -> None:
+        partial[4] += len(rows)
+        if partial[4] > partial[1]:
+            raise SourceError(f"{self.where}: a transaction has more rows than its header said ({partial[1]})")
+        partial[2].extend(rows)
+        spill_rows = self.ctx.spill_rows
+        if partial[3] is None and spill_rows and partial[4] > spill_rows:
+            partial[3] = SpillWriter(self.ctx.spill_dir or None, min(spill_rows, DEFAULT_CHUNK_ROWS))
+        w = partial[3]
+        if w is not None and (len(partial[2]) >= w.chunk_rows or partial[4] == partial[1]):
+            w.add(partial[2])
+            partial[2] = []
+
+    def _same_position(self, pos: Any) -> Any:
+        """The position object this region passed on last when ``pos`` is the same
+        point (the checkpoint's floor is the commit_ts of the first item at a position)."""
+        from ..agent.wire import position_json
+
+        j = position_json(pos)
+        if pos is not None and self.position is not None and j == self._pos_json:
+            return self.position
+        self._pos_json = j
+        return pos
+
+    def _txn(self, partial: list[Any]) -> None:
+        fields, _total, rows, w, _n = partial
+        if w is not None:
+            changes: Any = w.finish()
+            self.spilled_txns += 1
+        else:
+            changes = tuple(rows)
+        pos = fields["position"]
+        if pos is not None:
+            fields["position"] = self._same_position(pos)
+        txn = Txn(changes=changes, **fields)
+        self.ctx.out.put(txn, txn.weight, stop=self.ctx.stop)
+        if txn.position is not None:
+            if txn.position is not self.position:
+                self.floor = txn.commit_ts
+            self.position = txn.position
+        self.last_commit_ts = txn.commit_ts
+        self.promised = max(self.promised, txn.commit_ts)
+        self.txns += 1
+        self.rows += len(changes)
+        if txn.source_ts:
+            self.last_source_time = float(txn.source_ts)
+
+    def _heartbeat(self, hb: Heartbeat) -> None:
+        if hb.commit_ts < self.promised:
+            return  # an agent's region starting again promises less than was passed on: nothing new
+        if hb.position is not None:
+            pos = self._same_position(hb.position)
+            if pos is not self.position:
+                self.floor = hb.commit_ts
+            self.position = pos
+            hb = Heartbeat(hb.region, hb.commit_ts, pos)
+        self.ctx.out.put(hb, 1, stop=self.ctx.stop)
+        self.promised = hb.commit_ts
+        self.last_commit_ts = max(self.last_commit_ts, hb.commit_ts)
+        self.caught_up_at = time.time()
+
+    # --- capturer side ----------------------------------------------------------
+    def checkpointed(self, position: Any) -> None:
+        from .. import protogen
+        from ..agent import wire
+
+        with self._lock:
+            requests = self._requests
+        if requests is not None:
+            pb = protogen.load("agent")
+            requests.put(pb.Request(checkpointed=pb.Checkpointed(
+                position=wire.packb(wire.position_json(position)))))
+
+    def stop(self) -> None:
+        super().stop()
+        with self._lock:
+            call = self._call
+        if call is not None:
+            call.cancel()
+
+    def lag_seconds(self) -> float:
+        if self.agent_status and time.time() - self.agent_status_at < 5:
+            return float(self.agent_status.get("lag_seconds") or 0.0)
+        return super().lag_seconds()
+
+    def status(self) -> dict[str, Any]:
+        d = super().status()
+        d["agent"] = {"address": self.address, "region": self.cfg.remote_name, "batches": self.batches,
+                      "bytes": self.bytes, "status_age_seconds":
+                          round(time.time() - self.agent_status_at, 1) if self.agent_status_at else None,
+                      "region_status": self.agent_status}
+        for k in ("decoded_fast", "decoded_library", "spilled_txns"):
+            if k in self.agent_status and k != "spilled_txns":
+                d[k] = self.agent_status[k]
+        return d

@@ -1,0 +1,366 @@
+"""Region agents (``python -m capturer.agent``) feeding capturers over gRPC
+(regions of ``type = remote``): every sender, kill -9 of an agent, of the
+capturer and of both, an agent restarted at another address, refusals, TLS.
+
+Agents and capturers run as real child processes on their own loopback ports
+(as on separate hosts; this machine cannot give them separate network namespaces
+in CI, so "another machine" is another process and port here)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from capturer.local_mariadb import MariaDBInstance, free_port
+from capturer.replay import read_changes, rebuild
+from chaos.harness import compare, duplicate_identities, source_json
+from helpers import LIVE_PROCESSES, ROOT, CapturerProcess, checkpoint_covers, start_servers, wait_for, write_config
+from workload import SCHEMA, TABLES, Workload, assert_target_equals_sources
+
+pytestmark = pytest.mark.integration
+
+
+class AgentProcess:
+    """``python -m capturer.agent`` as a child process."""
+
+    def __init__(self, cfg: Path, log: Path):
+        self.cfg = cfg
+        self.log = log
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.port = 0
+
+    def start(self, listen: str | None = None) -> "AgentProcess":
+        pf = self.cfg.with_suffix(".port")
+        pf.unlink(missing_ok=True)
+        argv = [sys.executable, "-m", "capturer.agent", "--config", str(self.cfg), "--port-file", str(pf)]
+        if listen:
+            argv += ["--listen", listen]
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=str(ROOT),
+                                         env=dict(os.environ, PYTHONPATH=str(ROOT)))
+        LIVE_PROCESSES.append(self.proc)
+        wait_for(lambda: pf.exists() or self.proc.poll() is not None, 60, "the agent to serve")  # type: ignore[union-attr]
+        assert self.proc.poll() is None, self.log.read_text()[-3000:]
+        self.port = int(pf.read_text())
+        return self
+
+    def kill9(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+
+    def stop(self) -> int:
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(60)
+
+
+def agent_config(tmp: Path, name: str, regions: dict[str, MariaDBInstance], port: int = 0, extra: str = "",
+                 region_extra: str = "") -> Path:
+    cfg = tmp / f"{name}.cfg"
+    text = f"[agent]\nlisten=127.0.0.1:{port}\nstateDir={tmp / (name + '-state')}\nstatusInterval=0.5\n{extra}"
+    for i, (rname, m) in enumerate(regions.items()):
+        text += (f"\n[region:{rname}]\ntype=mariadb\nhost=127.0.0.1\nport={m.port}\nuser=capturer\n"
+                 f"password=capturer\nserver_id={900 + i}\nheartbeat_ms=200\n{region_extra}")
+    cfg.write_text(text)
+    return cfg
+
+
+def capturer_config(tmp: Path, remote: dict[str, str], local: list[MariaDBInstance] = (), senders: str = "",
+                    extra_global: str = "") -> Path:
+    """r1.. for ``local`` servers, then the remote regions ({name: region section body})."""
+    cfg = write_config(tmp, list(local), senders=senders, extra_global=extra_global)
+    cfg.write_text(cfg.read_text() + "".join(f"\n[region:{n}]\ntype=remote\n{body}" for n, body in remote.items()))
+    return cfg
+
+
+@pytest.fixture
+def sources(tmp_path: Path) -> Iterator[list[MariaDBInstance]]:
+    servers = start_servers(tmp_path, 2)
+    for m in servers:
+        m.execute(*SCHEMA)
+    yield servers
+    for m in servers:
+        m.stop()
+
+
+@pytest.fixture
+def target(tmp_path: Path) -> Iterator[MariaDBInstance]:
+    m = MariaDBInstance(tmp_path / "target", server_id=99, binlog=False).start()
+    yield m
+    m.stop()
+
+
+def file_state_equals(tmp: Path, servers: list[MariaDBInstance], tables: list[str] = TABLES) -> None:
+    """The file, replayed with copies collapsed by identity, equals the sources; a
+    repeated identity is always the same change."""
+    out = tmp / "out" / "changes.jsonl"
+    raw = list(read_changes(out, dedupe=False))
+    items = [((d["region"], d["commit_ts"], d["seq"], d.get("sub", 0)), json.dumps(d, sort_keys=True))
+             for d in raw if d.get("op") != "ddl"]
+    _dups, bad = duplicate_identities(items)
+    assert not bad, bad[:3]
+    state = rebuild(read_changes(out))
+    for t in tables:
+        got = sorted(json.dumps(r, sort_keys=True) for r in state.get(("app", t), {}).values())
+        lost, div, why = compare(f"file app.{t}", source_json(servers, t), got)
+        assert not lost and not div, why
+
+
+def regions_covered(tmp: Path, servers: dict[str, MariaDBInstance]) -> bool:
+    p = tmp / "checkpoint.json"
+    try:
+        cp = json.loads(p.read_text())
+    except (OSError, ValueError):
+        return False
+    for name, m in servers.items():
+        pos = cp["regions"].get(name)
+        if pos is None or (pos["file"], pos["pos"]) < m.master_position():
+            return False
+    return True
+
+
+def alive(cap: Any) -> bool:
+    assert not cap._find_failure(), cap._find_failure()
+    return True
+
+
+def http_status(cfg: Path) -> dict[str, Any]:
+    port = next(int(line.split("=", 1)[1]) for line in cfg.read_text().splitlines() if line.startswith("httpPort="))
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=10) as r:
+        return json.loads(r.read())
+
+
+def test_agent_feeds_every_sender_with_an_initial_snapshot(tmp_path: Path, sources: list[MariaDBInstance],
+                                                           target: MariaDBInstance, capturer_running) -> None:  # type: ignore[no-untyped-def]
+    """One region through an agent (token, initial snapshot of rows that were there
+    before), one local region: file, MySQL, Kafka and Spark equal the sources, and the
+    merged stream is in one commit order across the two kinds."""
+    pytest.importorskip("pyspark")
+    from capturer.lakecli import verify
+    from helpers import Broker
+    from integration.test_snapshot import rebuild_kafka
+    from chaos.harness import consume_fast
+    from senders.spark import build_session
+
+    local, remote = sources
+    Workload(remote, 2, seed=70).run(60)  # there before anything reads: only a snapshot can copy these
+    agent = AgentProcess(agent_config(tmp_path, "agent", {"shard2": remote}, extra="token=t0k3n\n",
+                                      region_extra="snapshot=initial\nsnapshot_chunk_rows=50\n"),
+                         tmp_path / "agent.log").start()
+    broker = Broker().start()
+    wh = tmp_path / "wh"
+    senders = (f"[global]\ntype=local,mysql,kafka,spark\n[local]\nfilepath={tmp_path / 'out' / 'changes.jsonl'}\n"
+               f"[mysql]\nhost=127.0.0.1\nport={target.port}\nuser=root\npassword=\nthreadnum=4\n"
+               f"[kafka]\nservers={broker.servers}\nclient=confluent\n"
+               f"[spark]\nmaster=local[2]\nwarehouse={wh}\nbatch_interval=0.3\ncompaction_interval=0\n")
+    cfg = capturer_config(tmp_path, {"shard2": f"address=127.0.0.1:{agent.port}\ntoken=t0k3n\n"}, [local],
+                          senders=senders)
+    # app.log has no key: its copy would start with a TRUNCATE that empties r1's rows too (refused: see
+    # test_refusals_name_region_and_agent); the keyed tables are copied
+    (tmp_path / "filter_rule.txt").write_text("exclude app.log\n")
+    tables = ["users", "pairs"]
+    try:
+        with capturer_running(cfg) as cap:
+            loads = [Workload(local, 1, seed=71), Workload(remote, 3, seed=72)]
+            threads = [w.thread(250) for w in loads]
+            for t in threads:
+                t.join()
+            assert not any(w.errors for w in loads)
+            wait_for(lambda: alive(cap) and regions_covered(tmp_path, {"r1": local, "shard2": remote}), 240,
+                     "every sender")
+            st = http_status(cfg)
+            r = st["regions"]["shard2"]
+            assert r["agent"]["address"] == f"127.0.0.1:{agent.port}" and r["rows"] > 0 and r["state"] == "streaming"
+            assert r["agent"]["region_status"]["snapshot"]["rows"] >= 60, r["agent"]["region_status"]
+            assert all(s["errors"] == 0 for s in st["senders"].values()), st["senders"]
+            del cap
+        assert_target_equals_sources(sources, target, tables)
+        file_state_equals(tmp_path, sources, tables)
+        lines = [d for d in read_changes(tmp_path / "out" / "changes.jsonl", dedupe=False)]
+        tss = [d["commit_ts"] for d in lines]
+        assert tss == sorted(tss), "one commit order across a local and a remote region"
+        regions = [d["region"] for d in lines if d["op"] != "ddl"]
+        assert {"r1", "shard2"} <= set(regions)
+        assert any(d["op"] == "read" for d in lines if d["region"] == "shard2"), "snapshot rows"
+        state_k = rebuild_kafka(consume_fast(broker.servers))
+        for t in tables:
+            lost, div, why = compare(f"Kafka app.{t}", source_json(sources, t), state_k.get(("app", t), []))
+            assert not lost and not div, why
+        spark = build_session({"master": "local[1]"}, tmp_path / "sparkhome")
+        try:
+            srcs = [{"host": "127.0.0.1", "port": m.port, "user": "root", "password": ""} for m in sources]
+            for t in tables:
+                res = verify(spark, wh, "cdc", "app", t, srcs)
+                assert res["equal"], res
+        finally:
+            spark.stop()
+    finally:
+        broker.kill()
+        agent.stop()
+
+
+def _load(servers: list[MariaDBInstance], seed: int) -> tuple[list[Workload], threading.Event, list[threading.Thread]]:
+    loads = [Workload(m, i + 1, seed + i) for i, m in enumerate(servers)]
+    stop = threading.Event()
+
+    def go(w: Workload) -> None:
+        while not stop.is_set():
+            w.step()
+            time.sleep(0.003)
+
+    threads = [threading.Thread(target=go, args=(w,), daemon=True) for w in loads]
+    for t in threads:
+        t.start()
+    return loads, stop, threads
+
+
+def test_kill9_agent_restarted_at_another_address_then_capturer_then_both(
+        tmp_path: Path, sources: list[MariaDBInstance], target: MariaDBInstance) -> None:
+    """Under load: kill -9 of the agent (a new one starts at another port, which the
+    capturer's address list names second), then of the capturer, then of both.
+    The target and the file equal the sources; nothing is repeated under another
+    identity; the checkpoint keeps moving."""
+    ports = [free_port(), free_port()]
+    acfg = agent_config(tmp_path, "agent", {"s1": sources[0], "s2": sources[1]})
+    agent = AgentProcess(acfg, tmp_path / "agent.log").start(f"127.0.0.1:{ports[0]}")
+    senders = (f"[global]\ntype=local,mysql\n[local]\nfilepath={tmp_path / 'out' / 'changes.jsonl'}\n"
+               f"[mysql]\nhost=127.0.0.1\nport={target.port}\nuser=root\npassword=\nthreadnum=4\n")
+    addr = f"address=127.0.0.1:{ports[0]},127.0.0.1:{ports[1]}\nconnect_timeout=1\nidle_timeout=3\n"
+    cfg = capturer_config(tmp_path, {"s1": addr, "s2": addr}, senders=senders)
+    cap = CapturerProcess(cfg, tmp_path / "capturer.log").start()
+    names = {"s1": sources[0], "s2": sources[1]}
+    loads, stop, threads = _load(sources, 80)
+    try:
+        cap.wait_ready()
+        wait_for(lambda: regions_covered(tmp_path, {n: m for n, m in names.items()}) or
+                 sum(w.txns for w in loads) > 150, 60, "load to start")
+        time.sleep(2)
+        agent.kill9()  # 1. the agent; a new one at the second address
+        time.sleep(1)
+        agent = AgentProcess(acfg, tmp_path / "agent2.log").start(f"127.0.0.1:{ports[1]}")
+        before = sum(w.txns for w in loads)
+        wait_for(lambda: sum(w.txns for w in loads) > before + 100, 60, "load to go on")
+        time.sleep(2)
+        cap.kill9()  # 2. the capturer
+        cap = CapturerProcess(cfg, tmp_path / "capturer.log").start()
+        cap.wait_ready()
+        time.sleep(3)
+        agent.kill9()  # 3. both
+        cap.kill9()
+        agent = AgentProcess(acfg, tmp_path / "agent3.log").start(f"127.0.0.1:{ports[0]}")
+        cap = CapturerProcess(cfg, tmp_path / "capturer.log").start()
+        cap.wait_ready()
+        time.sleep(3)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(30)
+    assert not any(w.errors for w in loads), [w.errors for w in loads]
+    assert sum(w.rows for w in loads) > 500
+    try:
+        wait_for(lambda: regions_covered(tmp_path, names), 180, "the capturer to catch up")
+        st = http_status(cfg)
+        assert st["regions"]["s1"]["reconnects"] >= 0 and st["regions"]["s1"]["state"] == "streaming"
+        assert cap.stop() == 0
+    finally:
+        agent.stop()
+    log = (tmp_path / "capturer.log").read_text()
+    assert "not reachable" in log or "UNAVAILABLE" in log, "the capturer saw the agent go"
+    assert_target_equals_sources(sources, target)
+    file_state_equals(tmp_path, sources)
+
+
+def test_refusals_name_region_and_agent(tmp_path: Path, sources: list[MariaDBInstance]) -> None:
+    """A wrong token and an unknown region stop the capturer (exit 1) with the
+    agent's reason; a bad agent config is refused (exit 2) naming file and key."""
+    m = sources[0]
+    agent = AgentProcess(agent_config(tmp_path, "agent", {"s1": m}, extra="token=Zq9-right\n"),
+                         tmp_path / "agent.log").start()
+    try:
+        for name, body, want in [
+            ("wrongtoken", f"address=127.0.0.1:{agent.port}\ntoken=Zq9-wrong\nagent_region=s1\n", "UNAUTHENTICATED"),
+            ("nosuch", f"address=127.0.0.1:{agent.port}\ntoken=Zq9-right\n", "serves no region 'nosuch'"),
+        ]:
+            d = tmp_path / name
+            d.mkdir()
+            cfg = capturer_config(d, {name: body})
+            cap = CapturerProcess(cfg, d / "capturer.log").start()
+            assert cap.proc is not None and cap.proc.wait(60) == 1
+            log = (d / "capturer.log").read_text()
+            assert want in log and f"region {name}" in log, log[-2000:]
+            assert "Zq9" not in log, "a token is never printed"
+    finally:
+        agent.stop()
+    # a copy through an agent that would empty a table a local region also delivers: refused by the agent's
+    # region after asking the capturer which other regions deliver the table
+    agent = AgentProcess(agent_config(tmp_path, "agent2", {"s2": sources[1]}, region_extra="snapshot=initial\n"),
+                         tmp_path / "agent2.log").start()
+    try:
+        d = tmp_path / "conflict"
+        d.mkdir()
+        cfg = capturer_config(d, {"s2": f"address=127.0.0.1:{agent.port}\n"}, [m])
+        cap = CapturerProcess(cfg, d / "capturer.log").start()
+        assert cap.proc is not None and cap.proc.wait(60) == 1
+        log = (d / "capturer.log").read_text()
+        assert "snapshot=initial refused: table app.log is captured from regions r1, s2" in log, log[-2000:]
+    finally:
+        agent.stop()
+    bad = tmp_path / "bad.cfg"
+    bad.write_text("[agent]\nlisten=127.0.0.1:0\ntls_cert=/nonexistent.pem\n[region:a]\ntype=mysql\nhost=h\n"
+                   "user=u\nserver_id=1\n")
+    r = subprocess.run([sys.executable, "-m", "capturer.agent", "--config", str(bad), "--check"], cwd=str(ROOT),
+                       capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert r.returncode == 2 and str(bad) in r.stderr and "tls_cert" in r.stderr, r.stderr
+
+
+def test_tls_token_and_a_big_transaction(tmp_path: Path, sources: list[MariaDBInstance], capturer_running) -> None:  # type: ignore[no-untyped-def]
+    """TLS with a private CA and a token; a 6,000-row transaction (primary keys
+    changed) is spilled on both sides and arrives whole."""
+    m = sources[0]
+    key, crt = tmp_path / "agent.key", tmp_path / "agent.crt"
+    r = subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj",
+                        "/CN=capturer-agent", "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1",
+                        "-keyout", str(key), "-out", str(crt)], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"openssl cannot make a test certificate: {r.stderr[-300:]}")
+    agent = AgentProcess(agent_config(tmp_path, "agent", {"s1": m},
+                                      extra=f"token=tls-t0ken\ntls_cert={crt}\ntls_key={key}\nspillRows=1000\n"),
+                         tmp_path / "agent.log").start()
+    cfg = capturer_config(tmp_path, {"s1": f"address=localhost:{agent.port}\ntoken=tls-t0ken\ntls_ca={crt}\n"},
+                          extra_global="spillRows=1500\n")
+    try:
+        with capturer_running(cfg) as cap:
+            w = Workload(m, 1, seed=90)
+            w.run(50)
+            c = m.connect("app")
+            with c.cursor() as cur:
+                cur.execute("INSERT INTO app.pairs (a, b, val) SELECT seq, 'big', REPEAT('x', 50) "
+                            "FROM seq_1_to_6000")
+                c.commit()
+                cur.execute("UPDATE app.pairs SET a = a + 100000 WHERE b = 'big'")
+                c.commit()
+            c.close()
+            w.run(30)
+            wait_for(lambda: alive(cap) and regions_covered(tmp_path, {"s1": m}), 120, "the capturer to catch up")
+            wait_for(lambda: cap.snapshot()["regions"]["s1"]["agent"]["region_status"].get("spilled_txns", 0) >= 2,
+                     10, "the agent's status to show its spilled transactions")
+            assert cap.snapshot()["regions"]["s1"]["spilled_txns"] >= 2
+        file_state_equals(tmp_path, [m])
+        lines = list(read_changes(tmp_path / "out" / "changes.jsonl", dedupe=False))
+        big = [d for d in lines if d.get("table") == "pairs" and d["op"] == "update" and
+               (d.get("after") or {}).get("b") == "big"]
+        assert len(big) == 6000 and len({d["commit_ts"] for d in big}) == 1
+    finally:
+        agent.stop()
