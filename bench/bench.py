@@ -128,6 +128,34 @@ def run_capturer(tmp: Path, servers: list[MariaDBInstance], senders_cfg: str, ex
     return run_until_delivered(tmp / "config.cfg", expect_rows)
 
 
+def run_capturer_agents(tmp: Path, servers: list[MariaDBInstance], expect_rows: int) -> dict[str, Any]:
+    """The same as ``run_capturer`` to a file, each region read by its own agent process."""
+    import subprocess
+
+    procs, remote = [], ""
+    try:
+        for i, m in enumerate(servers):
+            (tmp / f"agent{i}.cfg").write_text(
+                f"[agent]\nlisten=127.0.0.1:0\nstateDir={tmp / 'agent-state'}\nlogLevel=warning\n"
+                f"[region:r{i}]\nhost=127.0.0.1\nport={m.port}\nuser=root\npassword=\nserver_id={720 + i}\n")
+            pf = tmp / f"agent{i}.port"
+            procs.append(subprocess.Popen([sys.executable, "-m", "capturer.agent", "--config", str(tmp / f"agent{i}.cfg"),
+                                           "--port-file", str(pf)], cwd=str(ROOT)))
+            deadline = time.monotonic() + 60
+            while not pf.exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            remote += f"\n[region:r{i}]\ntype=remote\naddress=127.0.0.1:{pf.read_text().strip()}\n"
+        (tmp / "senders.cfg").write_text(f"[global]\ntype=local\n[local]\nfilepath={tmp / 'changes.jsonl'}\n")
+        (tmp / "config.cfg").write_text(
+            f"[global]\nbinlogCheckPointPath={tmp / 'cp.json'}\nsenderConfig={tmp / 'senders.cfg'}\n"
+            f"filterRuleDict=\nhttpPort={free_port()}\ncheckpointInterval=0.5\nlogLevel=warning\n" + remote)
+        return run_until_delivered(tmp / "config.cfg", expect_rows)
+    finally:
+        for p in procs:
+            p.terminate()
+            p.wait(30)
+
+
 def run_until_delivered(config: Path, expect_rows: int) -> dict[str, Any]:
     """Run the capturer in-process until every sender has ``expect_rows`` rows."""
     cap = Capturer(load_config(config))
@@ -525,7 +553,7 @@ def main() -> int:
     ap.add_argument("--rows", type=int, default=200_000, help="inserts per run (split over regions)")
     ap.add_argument("--smoke", action="store_true", help="assert completeness only (CI)")
     ap.add_argument("--threads", type=int, default=8, help="MySQL sender workers")
-    ap.add_argument("--only", default="file,baikaldb,snapshot,mysql,kafka,spark,all,latency,bigtxn",
+    ap.add_argument("--only", default="file,agents,baikaldb,snapshot,mysql,kafka,spark,all,latency,bigtxn",
                     help="parts to run")
     args = ap.parse_args()
     only = set(args.only.split(","))
@@ -580,6 +608,19 @@ def main() -> int:
         if "file" in only:
             e2e("file", f"[global]\ntype=local\n[local]\nfilepath={tmp / 'file' / 'changes.jsonl'}\n",
                 total, decode, "capturer -> file (2 regions)")
+        if "agents" in only:
+            from agent_transport import measure
+
+            tr = measure(300_000)
+            results["agent_transport"] = tr
+            rep.add("agent -> capturer transport ceiling (synthetic region, gRPC loopback)", tr["rows_per_s"], None)
+            (tmp / "agents").mkdir()
+            r = run_capturer_agents(tmp / "agents", servers, total)
+            results["agents"] = r
+            rep.add("capturer -> file, 2 regions each served by an agent process; ratio to in-process",
+                    r["rows_per_s"], results.get("file", {}).get("rows_per_s"))
+            if r["rows"] != total or r["exit"] != 0:
+                failures.append(f"agents: {r['rows']} of {total} rows, exit {r['exit']}")
         if "baikaldb" in only:
             dec = baikal_decode(inserts * 2)
             for k, v in dec.items():

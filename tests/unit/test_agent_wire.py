@@ -1,0 +1,120 @@
+"""The agent stream's items (capturer/agent/wire.py): every value type round-trips,
+a big transaction is cut in chunks and put together again, malformed batches are
+a WireError, and a remote region assembles, spills and re-stamps what it reads."""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import threading
+
+import pytest
+
+from capturer.agent import wire
+from capturer.bqueue import WeightedQueue
+from capturer.config import RemoteRegionConfig
+from capturer.model import ColumnInfo, Ddl, Heartbeat, Position, RowChange, SnapshotMark, TableSchema, TsPosition, Txn
+from capturer.regions.base import RegionContext
+from capturer.regions.remote import RemoteRegion
+from capturer.spill import SpillWriter
+from capturer.tso import LiftJournal
+
+S = TableSchema("d`b", "t.1", ("id", "v", "w"), ("id",), (("v",),), (3, 15, 246),
+                (ColumnInfo(3), ColumnInfo(15, binary=True), ColumnInfo(246, precision=10, scale=2)))
+
+VALUES = [None, True, 0, -1, (1 << 64) - 1, -(1 << 63), 1 << 70, -(1 << 70), 1.5, float("inf"), "", "Bé😀",
+          "bad \udcff surrogate", b"\x00\xff", decimal.Decimal("-12.30"), decimal.Decimal("1E+30"),
+          dt.datetime(2026, 1, 2, 3, 4, 5, 6), dt.datetime(2026, 1, 2, tzinfo=dt.timezone.utc), dt.date(1000, 1, 1),
+          dt.time(23, 59, 59, 1), dt.timedelta(days=-1, seconds=5, microseconds=7), {"a", "b"}, {"k": [1, "x", None]},
+          [1, [2.5]]]
+
+
+def roundtrip(items: list) -> list:  # type: ignore[type-arg]
+    enc = wire.Encoder()
+    data = b"".join(p for it in items for p, _ in enc.item(it))
+    r = RemoteRegion(RemoteRegionConfig("r", "remote", ("127.0.0.1:1",)),
+                     RegionContext(WeightedQueue(10_000_000), None, 0, LiftJournal(None), threading.Event(),
+                                   spill_rows=0))
+    rest = r._items(wire.Decoder("r"), wire.unpacker(data), None, wire)
+    assert rest is None
+    out = []
+    while len(r.ctx.out):
+        out.append(r.ctx.out.get(0))
+    return out
+
+
+@pytest.mark.parametrize("v", VALUES, ids=[repr(v)[:30] for v in VALUES])
+def test_every_value_round_trips(v: object) -> None:
+    t = Txn("r", 5, Position("b.000001", 100), (RowChange(S, "insert", None, {"id": 1, "v": v, "w": None}),))
+    (got,) = roundtrip([t])
+    assert got.changes[0].after == {"id": 1, "v": v, "w": None}
+    assert type(got.changes[0].after["v"]) is type(v) or isinstance(v, (list, tuple))
+
+
+def test_transactions_heartbeats_and_images_with_other_columns() -> None:
+    pos = Position("b.000002", 400, "0-1-9")
+    items = [
+        Heartbeat("agent-name", 3, None),
+        Txn("agent-name", 7, pos, (RowChange(S, "update", {"id": 1, "v": "a", "w": None}, {"w": 2, "id": 1}),
+                                   RowChange(S, "delete", {"id": 2, "v": None, "w": None}, None),
+                                   RowChange(S, "read", None, {"id": 3, "v": "c", "w": decimal.Decimal("1.00")})),
+            source_ts=123, gtid="0-1-9", snapshot=SnapshotMark("run1", 4, True)),
+        Txn("agent-name", 9, TsPosition(99, ((7, 120),), 3), ddl=Ddl("db", "ALTER TABLE t ADD c INT", "t", "db", -1)),
+        Heartbeat("agent-name", 9, TsPosition(120, (), 3)),
+    ]
+    hb0, t1, t2, hb1 = roundtrip(items)
+    assert isinstance(hb0, Heartbeat) and hb0.region == "r" and hb0.commit_ts == 3 and hb0.position is None
+    assert t1.region == "r" and t1.commit_ts == 7 and t1.position == pos and t1.position.gtid == "0-1-9"
+    assert [c.op for c in t1.changes] == ["update", "delete", "read"]
+    assert t1.changes[0].after == {"w": 2, "id": 1} and list(t1.changes[0].after) == ["w", "id"]
+    assert t1.changes[0].schema == S and t1.source_ts == 123 and t1.snapshot == SnapshotMark("run1", 4, True)
+    assert t2.ddl == Ddl("db", "ALTER TABLE t ADD c INT", "t", "db", -1) and t2.changes == ()
+    assert t2.position == TsPosition(99, ((7, 120),), 3)
+    assert hb1.position == TsPosition(120, (), 3)
+
+
+def test_big_transaction_in_chunks_and_spilled_on_arrival() -> None:
+    n = 2 * wire.CHUNK_ROWS + 17
+    changes = [RowChange(S, "insert", None, {"id": i, "v": f"x{i}", "w": None}) for i in range(n)]
+    w = SpillWriter(None, 1000)
+    w.add(changes)
+    spilled = w.finish()
+    enc = wire.Encoder()
+    pieces = list(enc.item(Txn("a", 11, Position("b.000001", 9), spilled)))
+    assert sum(r for _, r in pieces) == n and len(pieces) > 3  # schema + header + continuation chunks
+    r = RemoteRegion(RemoteRegionConfig("r", "remote", ("127.0.0.1:1",)),
+                     RegionContext(WeightedQueue(10_000_000), None, 0, LiftJournal(None), threading.Event(),
+                                   spill_rows=500))
+    dec = wire.Decoder("r")
+    partial = None
+    for p, _ in pieces:  # one piece per batch: a transaction spans batches
+        partial = r._items(dec, wire.unpacker(p), partial, wire)
+    assert partial is None
+    (txn,) = [r.ctx.out.get(0)]
+    assert r.spilled_txns == 1 and hasattr(txn.changes, "chunks") and len(txn.changes) == n
+    assert [c.after["id"] for c in txn.changes] == list(range(n))
+    assert txn.weight < n  # held on disk, not in memory
+
+
+@pytest.mark.parametrize("data", [
+    wire.packb(["x", 1]),
+    wire.packb(["c", []]),  # rows of no transaction
+    wire.packb(["t", 1, None, 0, "", None, None, 1, [[99, 0, None, [1]]]]),  # unknown schema
+    wire.packb(["h", "nope", None]),
+    wire.packb(["t", 1, {"file": "", "pos": 1}, 0, "", None, None, 0, []]),  # bad position
+    b"\xc1",  # not msgpack
+    wire.packb({"a": 1}),
+])
+def test_malformed_batches_are_wire_errors(data: bytes) -> None:
+    r = RemoteRegion(RemoteRegionConfig("r", "remote", ("127.0.0.1:1",)),
+                     RegionContext(WeightedQueue(100), None, 0, LiftJournal(None), threading.Event()))
+    with pytest.raises(wire.WireError):
+        r._items(wire.Decoder("r"), wire.unpacker(data), None, wire)
+
+
+def test_position_identity_is_kept_for_the_checkpoint_floor() -> None:
+    """A heartbeat at the position of the last transaction is that position (the
+    checkpoint's region_ts stays the transaction's commit_ts, as for a local region)."""
+    pos = Position("b.000001", 500)
+    hb0, t, hb = roundtrip([Heartbeat("a", 1, None), Txn("a", 5, pos, ()), Heartbeat("a", 8, pos)])
+    assert hb.position is t.position
