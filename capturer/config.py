@@ -359,6 +359,12 @@ def parse_regions(ini: IniFile, path: Path, allow_remote: bool = True) -> list[A
         kind = sec.values.get("type")
         if kind is not None and kind.value.lower() == "remote" and allow_remote:
             v = parse_section(ini, name, REMOTE_KEYS)
+            if bool(v["tls_cert"]) != bool(v["tls_key"]):
+                raise ConfigError(f"{ini.where(name, 'tls_cert' if v['tls_cert'] else 'tls_key')}: "
+                                  "tls_cert and tls_key go together (a client certificate for mutual TLS)")
+            for k in ("tls_ca", "tls_cert", "tls_key"):
+                if v[k] and not Path(v[k]).expanduser().is_file():
+                    raise ConfigError(f"{ini.where(name, k)}: no such file: {v[k]}")
             regions.append(RemoteRegionConfig(name=rname, **{k: v[k] for k in v}))
             continue
         if kind is not None and kind.value.lower() == "baikaldb":

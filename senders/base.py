@@ -15,7 +15,6 @@ bounded queue, and runs in its own thread. Subclasses implement
   ``SinkError(retriable=False)`` for a fatal one (the capturer stops after a
   final checkpoint of what was truly acknowledged).
 
-Senders that complete out of order (parallel workers) use ``AckTracker``.
 """
 
 from __future__ import annotations
@@ -23,7 +22,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
 from typing import Any, ClassVar
 
 from capturer.bqueue import Closed, WeightedQueue
@@ -32,32 +30,6 @@ from capturer.ini import Key
 from capturer.model import Item, Txn
 
 log = logging.getLogger(__name__)
-
-
-class AckTracker:
-    """Head-of-line watermark over out-of-order completions (the maxwell model).
-
-    ``register(ts)`` in stream order; ``done(ts)`` in any order; ``acked`` is the
-    commit_ts of the longest completed prefix."""
-
-    def __init__(self, start: int = 0):
-        self._pending: deque[int] = deque()
-        self._done: set[int] = set()
-        self._lock = threading.Lock()
-        self.acked = start
-
-    def register(self, ts: int) -> None:
-        with self._lock:
-            self._pending.append(ts)
-
-    def done(self, ts: int) -> int:
-        with self._lock:
-            self._done.add(ts)
-            while self._pending and self._pending[0] in self._done:
-                t = self._pending.popleft()
-                self._done.discard(t)
-                self.acked = t
-            return self.acked
 
 
 class Sender:

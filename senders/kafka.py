@@ -270,6 +270,12 @@ class KafkaSender(Sender):
                                     ".venv/bin/pip install confluent-kafka", retriable=False) from None
                 self.client = _Confluent(servers, self.options)
             else:
+                try:
+                    import kafka  # noqa: F401
+                except ImportError:
+                    raise SinkError("client=kafka-python needs the project's 'kafka' extra: "
+                                    ".venv/bin/pip install -e '.[kafka]' (start.sh installs it)",
+                                    retriable=False) from None
                 self.client = _KafkaPython(servers, self.options)
         except SinkError:
             raise

@@ -24,7 +24,7 @@ import pytest
 from capturer.local_mariadb import MariaDBInstance, free_port
 from capturer.replay import read_changes, rebuild
 from chaos.harness import compare, duplicate_identities, source_json
-from helpers import LIVE_PROCESSES, ROOT, CapturerProcess, checkpoint_covers, start_servers, wait_for, write_config
+from helpers import LIVE_PROCESSES, ROOT, CapturerProcess, start_servers, wait_for, write_config
 from workload import SCHEMA, TABLES, Workload, assert_target_equals_sources
 
 pytestmark = pytest.mark.integration
@@ -185,7 +185,6 @@ def test_agent_feeds_every_sender_with_an_initial_snapshot(tmp_path: Path, sourc
             assert r["agent"]["address"] == f"127.0.0.1:{agent.port}" and r["rows"] > 0 and r["state"] == "streaming"
             assert r["agent"]["region_status"]["snapshot"]["rows"] >= 60, r["agent"]["region_status"]
             assert all(s["errors"] == 0 for s in st["senders"].values()), st["senders"]
-            del cap
         assert_target_equals_sources(sources, target, tables)
         file_state_equals(tmp_path, sources, tables)
         lines = [d for d in read_changes(tmp_path / "out" / "changes.jsonl", dedupe=False)]

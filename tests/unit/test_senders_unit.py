@@ -8,7 +8,7 @@ from pathlib import Path
 from capturer.checkpoint import Checkpoint
 from capturer.model import Heartbeat, Position, RowChange, TableSchema, Txn
 from capturer.sender_manager import SenderManager
-from senders.base import AckTracker, Sender
+from senders.base import Sender
 from senders.local import LocalSender
 
 S = TableSchema("d", "t", ("id", "v"), ("id",))
@@ -17,16 +17,6 @@ S = TableSchema("d", "t", ("id", "v"), ("id",))
 def txn(ts: int, region: str = "r", n: int = 2, pos: int = 0) -> Txn:
     ch = tuple(RowChange(S, "insert", None, {"id": ts * 10 + i, "v": "x"}) for i in range(n))
     return Txn(region, ts, Position("bin.000001", pos or ts * 100), ch)
-
-
-def test_ack_tracker_head_of_line() -> None:
-    a = AckTracker()
-    for ts in (1, 2, 3, 4):
-        a.register(ts)
-    assert a.done(3) == 0
-    assert a.done(1) == 1
-    assert a.done(2) == 3
-    assert a.done(4) == 4
 
 
 def local(tmp: Path, **kw: object) -> LocalSender:
