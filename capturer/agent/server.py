@@ -93,7 +93,7 @@ class Session:
             if sub.filter_rules else Filter.empty()
         self._pin: Any = None
         self._pin_lock = threading.Lock()
-        self._ask: bytes = b""
+        self._ask: list[bytes] = []  # questions not sent yet (snapshot workers may ask at once)
         self._asks = 0
         self._answers: dict[int, Any] = {}
         self._answered = threading.Condition(self._pin_lock)
@@ -114,7 +114,7 @@ class Session:
         with self._pin_lock:
             self._asks += 1
             ask_id = self._asks
-            self._ask = wire.packb([ask_id, [list(t) for t in tables]])
+            self._ask.append(wire.packb([ask_id, [list(t) for t in tables]]))
             deadline = time.monotonic() + 120
             while ask_id not in self._answers:
                 if self.stop.is_set() or time.monotonic() > deadline:
@@ -138,8 +138,7 @@ class Session:
 
     def _take_ask(self) -> bytes:
         with self._pin_lock:
-            a, self._ask = self._ask, b""
-        return a
+            return self._ask.pop(0) if self._ask else b""
 
     def _take_pin(self) -> bytes:
         with self._pin_lock:
@@ -352,6 +351,7 @@ class Agent:
         try:
             yield from session.run(requests, context, pb)
         finally:
+            session.done.set()  # also when the call ended before the session ran
             with self._lock:
                 if self._sessions.get(rcfg.name) is session:
                     del self._sessions[rcfg.name]

@@ -74,7 +74,12 @@ class RemoteRegion(Region):
         self._addr_index = 0
         self.address = cfg.address[0]
         self.floor = ctx.floor  # commit_ts of the item that reached self.position
-        self.promised = ctx.floor  # the newest ts passed on (nothing may come at or below it but a prelude's txn)
+        # a reconnect resumes the agent's clock as a local region's goes on: from the last transaction
+        # passed on (above it every lift is journaled) and the newest heartbeat (nothing at or below it)
+        self.last_txn_ts = ctx.floor
+        self.promised = ctx.floor
+        self._in_put = False
+        self._last_recv = time.monotonic()
         self._pos_json: Any = None
         self.agent_status: dict[str, Any] = {}
         self.agent_status_at = 0.0
@@ -84,6 +89,10 @@ class RemoteRegion(Region):
         self._requests: queue.Queue[Any] | None = None
         self._call: Any = None
         self._lock = threading.Lock()
+        host = cfg.address[0].rsplit(":", 1)[0]
+        if cfg.token and not cfg.uses_tls and any(a.rsplit(":", 1)[0] not in ("127.0.0.1", "localhost", "[::1]")
+                                                  for a in cfg.address):
+            log.warning("%s: the token goes to %s in clear text (no TLS): set tls_ca (or tls=true)", self.where, host)
         self._filter_rules = ("", "")
         path = ctx.filter_path
         if path is not None:  # the rules travel as text: the agent's region copies only selected tables
@@ -157,13 +166,17 @@ class RemoteRegion(Region):
 
     def _answer(self, pb: Any, wire: Any, ask: bytes, requests: "queue.Queue[Any]") -> None:
         """The agent's region asks which other regions deliver some tables (before a copy empties them)."""
-        ask_id, tables = wire.unpackb(ask)
+        try:
+            ask_id, tables = wire.unpackb(ask)
+        except (wire.WireError, ValueError, TypeError) as exc:
+            log.warning("%s: ignoring a malformed question from the agent: %s", self.where, exc)
+            return
         try:
             found = self.ctx.tables_elsewhere(self.name, [(str(db), str(t)) for db, t in tables])
             answer = pb.Answer(id=int(ask_id), tables=wire.packb([[db, t, regions]
                                                                    for (db, t), regions in found.items()]))
-        except SourceError as exc:
-            answer = pb.Answer(id=int(ask_id), error=str(exc))
+        except Exception as exc:  # noqa: BLE001 - the agent's region is told, and retries
+            answer = pb.Answer(id=int(ask_id), error=f"{type(exc).__name__}: {exc}")
         requests.put(pb.Request(answer=answer))
 
     def _subscribe(self, pb: Any, wire: Any) -> Any:
@@ -171,7 +184,7 @@ class RemoteRegion(Region):
         return pb.Request(subscribe=pb.Subscribe(
             protocol=wire.PROTOCOL, region=self.cfg.remote_name,
             position=wire.packb(wire.position_json(self.position)) if self.position is not None else b"",
-            floor=self.floor, promised=self.promised,
+            floor=self.last_txn_ts, promised=self.promised,
             lifts=wire.packb([list(e) for e in self.ctx.journal.entries(self.name)]),
             filter_rules=rules, filter_source=source, capturer=f"{self.name}"))
 
@@ -192,7 +205,7 @@ class RemoteRegion(Region):
         stub = channel.stream_stream(METHOD, request_serializer=pb.Request.SerializeToString,
                                      response_deserializer=pb.Batch.FromString)
         call = stub(request_iter(), metadata=metadata)
-        last = [time.monotonic()]
+        self._last_recv = time.monotonic()
         done = threading.Event()
         idle = [False]
 
@@ -201,7 +214,8 @@ class RemoteRegion(Region):
                 if self.ctx.stop.is_set():
                     call.cancel()
                     return
-                if time.monotonic() - last[0] > self.cfg.idle_timeout:
+                # waiting for room in the queue (slow senders) is not the agent being silent
+                if not self._in_put and time.monotonic() - self._last_recv > self.cfg.idle_timeout:
                     idle[0] = True
                     call.cancel()
                     return
@@ -214,7 +228,7 @@ class RemoteRegion(Region):
         partial: list[Any] | None = None  # [fields, total, rows so far (list), SpillWriter | None, count]
         try:
             for batch in call:
-                last[0] = time.monotonic()
+                self._last_recv = time.monotonic()
                 if self.state != "streaming":
                     self.state = "streaming"
                     self.connected_since = time.time()
@@ -228,9 +242,14 @@ class RemoteRegion(Region):
                     for file, pos, ts in wire.unpackb(batch.lifts):
                         self.ctx.journal.record(self.name, Position(str(file), int(pos)), int(ts))
                 if batch.pin:
-                    self.ctx.pin_start(self.name, wire.read_position(wire.unpackb(batch.pin)))
-                if batch.ask:
-                    self._answer(pb, wire, batch.ask, requests)
+                    pinned = wire.read_position(wire.unpackb(batch.pin))
+                    self.ctx.pin_start(self.name, pinned)
+                    if self.position is None:  # a reconnect before the first item resumes here, not anew
+                        self.position = pinned
+                        self._pos_json = wire.position_json(pinned)
+                if batch.ask:  # may ask other agents: not on this thread (the stream must go on being read)
+                    threading.Thread(target=self._answer, args=(pb, wire, batch.ask, requests),
+                                     name=f"region-{self.name}-answer", daemon=True).start()
                 if batch.items:
                     partial = self._items(decoder, wire.unpacker(batch.items), partial, wire)
                 if batch.fatal:
@@ -253,6 +272,8 @@ class RemoteRegion(Region):
             raise SourceError(f"{where}: {name}: {detail}") from None
         except wire.WireError as exc:
             raise SourceError(f"{where}: {exc}") from None
+        except (TypeError, ValueError, IndexError, KeyError) as exc:  # a malformed batch: read it again
+            raise SourceError(f"{where}: bad batch: {exc!r}") from None
         finally:
             done.set()
             requests.put(None)
@@ -322,17 +343,26 @@ class RemoteRegion(Region):
         if pos is not None:
             fields["position"] = self._same_position(pos)
         txn = Txn(changes=changes, **fields)
-        self.ctx.out.put(txn, txn.weight, stop=self.ctx.stop)
+        self._put(txn, txn.weight)
         if txn.position is not None:
             if txn.position is not self.position:
                 self.floor = txn.commit_ts
             self.position = txn.position
         self.last_commit_ts = txn.commit_ts
+        self.last_txn_ts = txn.commit_ts
         self.promised = max(self.promised, txn.commit_ts)
         self.txns += 1
         self.rows += len(changes)
         if txn.source_ts:
             self.last_source_time = float(txn.source_ts)
+
+    def _put(self, item: Any, weight: int) -> None:
+        self._in_put = True
+        try:
+            self.ctx.out.put(item, weight, stop=self.ctx.stop)
+        finally:
+            self._in_put = False
+            self._last_recv = time.monotonic()
 
     def _heartbeat(self, hb: Heartbeat) -> None:
         if hb.commit_ts < self.promised:
@@ -343,7 +373,7 @@ class RemoteRegion(Region):
                 self.floor = hb.commit_ts
             self.position = pos
             hb = Heartbeat(hb.region, hb.commit_ts, pos)
-        self.ctx.out.put(hb, 1, stop=self.ctx.stop)
+        self._put(hb, 1)
         self.promised = hb.commit_ts
         self.last_commit_ts = max(self.last_commit_ts, hb.commit_ts)
         self.caught_up_at = time.time()
