@@ -69,7 +69,7 @@ class Capturer:
                                          cp.floor(r.name), self.journal, self.stop_event,
                                          cfg.spill_rows, cfg.spill_dir, cfg.checkpoint_path,
                                          self.filter.table_selected, self.pin_start, self.tables_elsewhere,
-                                         filter_path=cfg.filter_path))
+                                         filter_path=cfg.filter_path, config_path=cfg.path))
             for r in cfg.regions
         ]
         self.senders = [sender_class(s.name)(s.name, s.options, cfg.queue_rows) for s in cfg.senders]

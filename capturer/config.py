@@ -130,6 +130,9 @@ REGION_KEYS = [
         doc="client that reads snapshot chunks: MariaDB Connector/Python where installed (auto), or pymysql"),
     Key("snapshot_ddl", p_bool, True,
         doc="send CREATE DATABASE/TABLE IF NOT EXISTS (from SHOW CREATE TABLE) before a table's copy starts"),
+    Key("process", p_bool, False,
+        doc="read and decode this region in a worker process of its own (a local region agent) instead of "
+            "the capturer's process: decoding then uses another core and not the senders' GIL"),
 ]
 
 
@@ -153,6 +156,9 @@ BAIKAL_KEYS = [
     Key("unpaired_update", p_choice("error", "split"), "error",
         doc="an UPDATE with unequal old/new row counts: stop with an error, or split it into deletes+inserts"),
     Key("region_buffer", p_int(10, 1_000_000), 1000, doc="entries buffered per binlog region"),
+    Key("process", p_bool, False,
+        doc="read and decode this region in a worker process of its own (a local region agent) instead of "
+            "the capturer's process: decoding then uses another core and not the senders' GIL"),
 ]
 
 
@@ -218,6 +224,7 @@ class BaikalRegionConfig:
     create_tables: bool = True
     unpaired_update: str = "error"
     region_buffer: int = 1000
+    process: bool = False
 
     def masked(self) -> dict[str, Any]:
         return {"type": self.type, "metaServer": ",".join(self.metaServer), "binlogTableID": self.binlogTableID,
@@ -245,6 +252,7 @@ class RegionConfig:
     snapshot_chunk_rows: int = 20_000
     snapshot_ddl: bool = True
     snapshot_driver: str = "auto"
+    process: bool = False
 
     def masked(self) -> dict[str, Any]:
         return {

@@ -25,6 +25,24 @@ def _on_signal(signum: int, _frame: object) -> None:
     _STOP.set()
 
 
+def _follow_parent(pid: int) -> None:
+    """A worker stops when the capturer that started it is gone (even after kill -9)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG (Linux)
+    except (OSError, AttributeError):
+        pass
+
+    def watch() -> None:
+        while not _STOP.wait(0.5):
+            if os.getppid() != pid:
+                logging.getLogger("capturer.agent").info("the capturer (pid %d) is gone: stopping", pid)
+                _STOP.set()
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
 def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
@@ -34,12 +52,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--listen", help="override [agent] listen (host:port or unix:PATH)")
     ap.add_argument("--check", action="store_true", help="validate the config and exit")
     ap.add_argument("--port-file", help="write the port served on to this file once serving (for listen=...:0)")
+    # the capturer's worker processes (process=true): one region of the capturer's own config
+    ap.add_argument("--capturer-config", help=argparse.SUPPRESS)
+    ap.add_argument("--region", help=argparse.SUPPRESS)
+    ap.add_argument("--parent-pid", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    from .config import load_agent_config, p_listen
+    from .config import load_agent_config, p_listen, worker_config
 
     try:
-        cfg = load_agent_config(Path(args.config))
-        if args.listen:
+        if args.capturer_config:
+            if not (args.region and args.listen):
+                ap.error("--capturer-config needs --region and --listen")
+            cfg = worker_config(Path(args.capturer_config), args.region, args.listen)
+        else:
+            cfg = load_agent_config(Path(args.config))
+        if args.listen and not args.capturer_config:
             from dataclasses import replace
 
             try:
@@ -49,7 +76,13 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"config error: {exc}", file=sys.stderr)
         return 2
-    setup_logging(cfg.log_level)
+    if args.capturer_config:
+        logging.basicConfig(level=getattr(logging, cfg.log_level.upper(), logging.INFO), stream=sys.stderr,
+                            format=f"%(asctime)s %(levelname)s [worker {args.region}] %(name)s: %(message)s")
+        if args.parent_pid:
+            _follow_parent(args.parent_pid)
+    else:
+        setup_logging(cfg.log_level)
     log = logging.getLogger("capturer.agent")
     log.info("effective config: %s", json.dumps(cfg.masked(), default=str))
     if args.check:

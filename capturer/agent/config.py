@@ -4,7 +4,7 @@ serves (the same keys as in ``config.cfg``; remote regions cannot be served agai
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -53,11 +53,28 @@ class AgentConfig:
     spill_dir: str = ""
     status_interval: float = 1.0
     log_level: str = "info"
+    state_path: Path | None = None  # where a region keeps state files (default: stateDir/agent)
 
     def masked(self) -> dict[str, Any]:
         return {"config": str(self.path), "listen": self.listen, "token": "***" if self.token else "",
                 "tls": bool(self.tls_cert), "mutual_tls": bool(self.tls_client_ca), "stateDir": str(self.state_dir),
                 "regions": {r.name: r.masked() for r in self.regions}}
+
+
+def worker_config(capturer_config: Path, region: str, listen: str) -> AgentConfig:
+    """An agent serving one region of a capturer's own config (``process = true``):
+    the capturer's queue and spill settings, its state files where the in-process
+    region would keep them (next to the checkpoint)."""
+    from ..config import load_config
+
+    cfg = load_config(capturer_config)
+    rcfg = next((r for r in cfg.regions if r.name == region), None)
+    if rcfg is None or rcfg.type == "remote":
+        raise ConfigError(f"{capturer_config}: no local region [region:{region}]")
+    return AgentConfig(path=capturer_config, listen=p_listen(listen), state_dir=cfg.checkpoint_path.parent,
+                       regions=(replace(rcfg, process=False),), queue_rows=cfg.queue_rows, spill_rows=cfg.spill_rows,
+                       spill_dir=cfg.spill_dir, status_interval=1.0, log_level=cfg.log_level,
+                       state_path=cfg.checkpoint_path)
 
 
 def load_agent_config(path: Path | str, base_dir: Path | None = None) -> AgentConfig:
@@ -78,7 +95,7 @@ def load_agent_config(path: Path | str, base_dir: Path | None = None) -> AgentCo
     for k in ("tls_cert", "tls_key", "tls_client_ca"):
         if g[k] and not _resolve(base, g[k]).is_file():
             raise ConfigError(f"{ini.where('agent', k)}: no such file: {_resolve(base, g[k])}")
-    regions = parse_regions(ini, path, allow_remote=False)
+    regions = [replace(r, process=False) for r in parse_regions(ini, path, allow_remote=False)]
     return AgentConfig(
         path=path, listen=g["listen"], state_dir=_resolve(base, g["stateDir"]), regions=tuple(regions),
         token=g["token"],

@@ -99,7 +99,8 @@ class Session:
         self._answered = threading.Condition(self._pin_lock)
         agent.cfg.state_dir.mkdir(parents=True, exist_ok=True)
         ctx = RegionContext(self.out, start, int(sub.floor), self.journal, self.stop, agent.cfg.spill_rows,
-                            agent.cfg.spill_dir, agent.cfg.state_dir / "agent", flt.table_selected, self._pin_start,
+                            agent.cfg.spill_dir, agent.cfg.state_path or agent.cfg.state_dir / "agent",
+                            flt.table_selected, self._pin_start,
                             self._tables_elsewhere, promised=int(sub.promised))
         self.region: Region = make_region(rcfg, ctx)
         self.start = start

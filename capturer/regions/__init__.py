@@ -13,6 +13,10 @@ if TYPE_CHECKING:
 def make_region(cfg: "AnyRegionConfig", ctx: "RegionContext") -> "Region":
     """The region of kind ``cfg.type``; CheckpointError when the checkpoint holds a
     position of another kind for it."""
+    if getattr(cfg, "process", False):
+        from .worker import WorkerRegion
+
+        return WorkerRegion(cfg, ctx)
     if cfg.type in ("mysql", "mariadb"):
         from ..errors import CheckpointError
         from ..model import Position

@@ -39,6 +39,7 @@ class RegionContext:
     # clock stays above it (its own floor is the commit_ts of the item at ``start``)
     promised: int = 0
     filter_path: Path | None = None  # filterRuleDict (sent to agents along with a subscription)
+    config_path: Path | None = None  # the capturer's config.cfg (a worker process reads it: process=true)
 
 
 class Region:

@@ -363,3 +363,54 @@ def test_tls_token_and_a_big_transaction(tmp_path: Path, sources: list[MariaDBIn
         assert len(big) == 6000 and len({d["commit_ts"] for d in big}) == 1
     finally:
         agent.stop()
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie (exited, not yet reaped) is gone too
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def test_regions_in_worker_processes(tmp_path: Path, sources: list[MariaDBInstance], target: MariaDBInstance) -> None:
+    """process=true: each region decodes in a worker process. Under load: kill -9
+    of a worker (started again, the region resumes), then kill -9 of the capturer
+    (its workers exit by themselves), a restart: target and file equal the sources."""
+    senders = (f"[global]\ntype=local,mysql\n[local]\nfilepath={tmp_path / 'out' / 'changes.jsonl'}\n"
+               f"[mysql]\nhost=127.0.0.1\nport={target.port}\nuser=root\npassword=\nthreadnum=4\n")
+    cfg = write_config(tmp_path, sources, senders=senders, region_extra="process=true\n")
+    cap = CapturerProcess(cfg, tmp_path / "capturer.log").start()
+    loads, stop, threads = _load(sources, 60)
+    names = {"r1": sources[0], "r2": sources[1]}
+    try:
+        cap.wait_ready()
+        wait_for(lambda: all(r.get("worker", {}).get("pid") and r["state"] == "streaming"
+                             for r in http_status(cfg)["regions"].values()), 60, "workers to stream")
+        st = http_status(cfg)["regions"]
+        first = st["r1"]["worker"]["pid"]
+        time.sleep(2)
+        os.kill(first, signal.SIGKILL)
+        wait_for(lambda: http_status(cfg)["regions"]["r1"]["worker"]["starts"] == 2, 60, "the worker to start again")
+        time.sleep(2)
+        workers = [r["worker"]["pid"] for r in http_status(cfg)["regions"].values()]
+        cap.kill9()
+        wait_for(lambda: not any(_pid_alive(p) for p in workers), 30, "the workers to exit with the capturer")
+        cap = CapturerProcess(cfg, tmp_path / "capturer.log").start()
+        cap.wait_ready()
+        time.sleep(2)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(30)
+    assert not any(w.errors for w in loads)
+    wait_for(lambda: regions_covered(tmp_path, names), 180, "the capturer to catch up")
+    workers = [r["worker"]["pid"] for r in http_status(cfg)["regions"].values()]
+    assert cap.stop() == 0
+    assert not any(_pid_alive(p) for p in workers), "a clean stop ends the workers"
+    assert "the worker exited with code -9; starting it again" in (tmp_path / "capturer.log").read_text()
+    assert_target_equals_sources(sources, target)
+    file_state_equals(tmp_path, sources)
