@@ -115,9 +115,10 @@ def baseline_upsert(target: MariaDBInstance, rows: int, batch: int = 1000) -> fl
     return rows / secs
 
 
-def run_capturer(tmp: Path, servers: list[MariaDBInstance], senders_cfg: str, expect_rows: int) -> dict[str, Any]:
+def run_capturer(tmp: Path, servers: list[MariaDBInstance], senders_cfg: str, expect_rows: int,
+                 region_extra: str = "") -> dict[str, Any]:
     regions = "".join(
-        f"\n[region:r{i}]\nhost=127.0.0.1\nport={m.port}\nuser=root\npassword=\nserver_id={700 + i}\n"
+        f"\n[region:r{i}]\nhost=127.0.0.1\nport={m.port}\nuser=root\npassword=\nserver_id={700 + i}\n{region_extra}"
         for i, m in enumerate(servers)
     )
     (tmp / "senders.cfg").write_text(senders_cfg)
@@ -399,18 +400,20 @@ def compaction_seconds(tmp: Path, changes: int = 1_000_000, keys: int = 200_000)
 
 
 def latency_run(tmp: Path, servers: list[MariaDBInstance], rate: int = 5000, seconds: int = 20,
-                txn_rows: int = 50) -> dict[str, Any]:
+                txn_rows: int = 50, region_extra: str = "", name: str = "latency") -> dict[str, Any]:
     """Commit-to-acknowledgement latency (file sender) at a steady ``rate`` rows/s over 2 regions."""
-    out = tmp / "latency" / "changes.jsonl"
-    (tmp / "latency").mkdir()
+    d = tmp / name
+    out = d / "changes.jsonl"
+    run = sum(1 for p in tmp.glob("latency*") if p.is_dir())
+    d.mkdir()
     regions = "".join(
         f"\n[region:r{i}]\nhost=127.0.0.1\nport={m.port}\nuser=root\npassword=\nserver_id={750 + i}\nstart=latest\n"
-        for i, m in enumerate(servers))
-    (tmp / "latency" / "senders.cfg").write_text(f"[global]\ntype=local\n[local]\nfilepath={out}\n")
-    (tmp / "latency" / "config.cfg").write_text(
-        f"[global]\nbinlogCheckPointPath={tmp / 'latency' / 'cp.json'}\nsenderConfig={tmp / 'latency' / 'senders.cfg'}\n"
+        f"{region_extra}" for i, m in enumerate(servers))
+    (d / "senders.cfg").write_text(f"[global]\ntype=local\n[local]\nfilepath={out}\n")
+    (d / "config.cfg").write_text(
+        f"[global]\nbinlogCheckPointPath={d / 'cp.json'}\nsenderConfig={d / 'senders.cfg'}\n"
         f"filterRuleDict=\nhttpPort={free_port()}\nlogLevel=warning\n" + regions)
-    cap = Capturer(load_config(tmp / "latency" / "config.cfg"))
+    cap = Capturer(load_config(d / "config.cfg"))
     cap.start()
     acks: list[tuple[float, int]] = []
     commits: dict[int, float] = {}
@@ -430,7 +433,7 @@ def latency_run(tmp: Path, servers: list[MariaDBInstance], rate: int = 5000, sec
         c.autocommit(False)
         per_region = rate / len(servers)
         interval = txn_rows / per_region
-        base = 50_000_000 + i * 10_000_000
+        base = 50_000_000 + i * 10_000_000 + run * 1_000_000  # each run its own ids
         nxt = time.time()
         k = 0
         with c.cursor() as cur:
@@ -553,7 +556,7 @@ def main() -> int:
     ap.add_argument("--rows", type=int, default=200_000, help="inserts per run (split over regions)")
     ap.add_argument("--smoke", action="store_true", help="assert completeness only (CI)")
     ap.add_argument("--threads", type=int, default=8, help="MySQL sender workers")
-    ap.add_argument("--only", default="file,agents,baikaldb,snapshot,mysql,kafka,spark,all,latency,bigtxn",
+    ap.add_argument("--only", default="file,workers,agents,baikaldb,snapshot,mysql,kafka,spark,all,latency,bigtxn",
                     help="parts to run")
     args = ap.parse_args()
     only = set(args.only.split(","))
@@ -568,9 +571,10 @@ def main() -> int:
                                             "regions": 2}, "cpu": os.cpu_count()}
     failures = []
 
-    def e2e(name: str, senders_cfg: str, total: int, baseline: float | None, label: str) -> None:
+    def e2e(name: str, senders_cfg: str, total: int, baseline: float | None, label: str,
+            region_extra: str = "") -> None:
         (tmp / name).mkdir()
-        r = run_capturer(tmp / name, servers, senders_cfg, total)
+        r = run_capturer(tmp / name, servers, senders_cfg, total, region_extra)
         results[name] = r
         rep.add(label, r["rows_per_s"], baseline)
         if r["rows"] != total or r["exit"] != 0:
@@ -608,6 +612,11 @@ def main() -> int:
         if "file" in only:
             e2e("file", f"[global]\ntype=local\n[local]\nfilepath={tmp / 'file' / 'changes.jsonl'}\n",
                 total, decode, "capturer -> file (2 regions)")
+        if "workers" in only:
+            e2e("file-workers", f"[global]\ntype=local\n[local]\nfilepath={tmp / 'file-workers' / 'changes.jsonl'}\n",
+                total, results.get("file", {}).get("rows_per_s"),
+                "capturer -> file, regions in worker processes (process=true); ratio to in-process",
+                region_extra="process=true\n")
         if "agents" in only:
             from agent_transport import measure
 
@@ -683,6 +692,19 @@ def main() -> int:
                 f"[spark]\nwarehouse={tmp / 'all' / 'wh'}\ncompaction_interval=0\nbatch_interval=1\n",
                 total, decode, "capturer -> all four at once (file, mysql, kafka/confluent, spark)")
             broker.kill()
+            if "workers" in only:
+                broker = Broker().start()
+                extra.append(broker)
+                target.execute("DROP DATABASE IF EXISTS bench")
+                e2e("all-workers", "[global]\ntype=local,mysql,kafka,spark\n"
+                    f"[local]\nfilepath={tmp / 'all-workers' / 'changes.jsonl'}\n"
+                    f"[mysql]\nhost=127.0.0.1\nport={target.port}\nuser=root\nthreadnum={args.threads}\n"
+                    f"[kafka]\nservers={broker.servers}\nclient=confluent\n"
+                    f"[spark]\nwarehouse={tmp / 'all-workers' / 'wh'}\ncompaction_interval=0\nbatch_interval=1\n",
+                    total, results["all"]["rows_per_s"],
+                    "capturer -> all four, regions in worker processes; ratio to all four in-process",
+                    region_extra="process=true\n")
+                broker.kill()
         if "snapshot" in only:
             srows = 1_000_000 if not args.smoke else args.rows
             src = MariaDBInstance(tmp / "snapsrc", server_id=41).start()
@@ -713,6 +735,10 @@ def main() -> int:
                 results["snapshot_rss"] = snapshot_rss(tmp, src, big)
         if "latency" in only and not args.smoke:
             results["latency"] = latency_run(tmp, servers)
+            results["latency_20k"] = latency_run(tmp, servers, rate=20_000, name="latency-20k")
+            if "workers" in only:
+                results["latency_20k_workers"] = latency_run(tmp, servers, rate=20_000, name="latency-20k-workers",
+                                                             region_extra="process=true\n")
         if "bigtxn" in only and not args.smoke:
             results["big_txn"] = big_txn_rss(tmp)
     finally:
@@ -722,10 +748,12 @@ def main() -> int:
     print(json.dumps(results, indent=2))
     print()
     print(rep.markdown())
-    if "latency" in results:
-        lat = results["latency"]
-        print(f"\ncommit -> ack latency at {lat['rate_rows_per_s']} rows/s: p50 {lat['p50_ms']} ms, "
-              f"p99 {lat['p99_ms']} ms (over {lat['measured']} transactions)")
+    for key in ("latency", "latency_20k", "latency_20k_workers"):
+        if key in results:
+            lat = results[key]
+            print(f"\ncommit -> ack latency at {lat['rate_rows_per_s']} rows/s"
+                  f"{' (regions in worker processes)' if 'workers' in key else ''}: p50 {lat['p50_ms']} ms, "
+                  f"p99 {lat['p99_ms']} ms (over {lat['measured']} transactions)")
     if "big_txn" in results:
         b = results["big_txn"]
         print(f"one {b['rows']:,}-row transaction -> file: delivered={b['delivered']} in {b['seconds']} s, "
