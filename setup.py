@@ -12,7 +12,7 @@ setup(
     python_requires=">=3.10",
     packages=find_packages(include=["capturer", "capturer.*", "senders", "senders.*"]),
     install_requires=[
-        "PyMySQL>=1.2,<1.3",  # senders/mysql.py FastCursor overrides Cursor._mogrify (1.2.x)
+        "PyMySQL>=1.2,<1.3",  # senders/mysql/sender.py FastCursor overrides Cursor._mogrify (1.2.x)
         "mysql-replication==1.0.17",
         "protobuf>=4.21",
         "msgpack>=1.0",  # the rows of region agents' streams (capturer/agent/wire.py)

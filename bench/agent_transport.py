@@ -61,11 +61,11 @@ def serve(port_file: str, rows: int) -> None:
 def measure(rows: int) -> dict[str, Any]:
     import tempfile
 
-    from capturer.bqueue import WeightedQueue
+    from capturer.pipeline.bqueue import WeightedQueue
     from capturer.config import RemoteRegionConfig
     from capturer.model import Txn
     from capturer.regions.base import RegionContext
-    from capturer.regions.remote import RemoteRegion
+    from capturer.regions.remote.region import RemoteRegion
     from capturer.tso import LiftJournal
 
     pf = Path(tempfile.mkdtemp()) / "port"

@@ -67,12 +67,12 @@ def load(m: MariaDBInstance, region: int, inserts: int, updates: int, deletes: i
 
 def baseline_decode(m: MariaDBInstance, fast: bool = False, use_c: bool = False) -> tuple[int, float]:
     """python-mysql-replication alone: decode every row event of the binlog to dicts
-    (``fast``: the same framing, rows decoded by capturer.regions.rowdecode, in
+    (``fast``: the same framing, rows decoded by capturer.regions.mysql.rowdecode, in
     Python or, ``use_c``, by its C build)."""
     from pymysqlreplication import BinLogStreamReader
     from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, WriteRowsEvent
 
-    from capturer.regions.rowdecode import fast_rows
+    from capturer.regions.mysql.rowdecode import fast_rows
 
     s = BinLogStreamReader(
         {"host": "127.0.0.1", "port": m.port, "user": "root", "passwd": ""}, server_id=4242,
@@ -155,6 +155,78 @@ def run_capturer_agents(tmp: Path, servers: list[MariaDBInstance], expect_rows: 
         for p in procs:
             p.terminate()
             p.wait(30)
+
+
+def many_regions(tmp: Path, n: int, total_inserts: int, agents: int = 2) -> dict[str, Any]:
+    """``n`` regions (MariaDB servers) with the fixed workload split over them, read
+    in-process and through ``agents`` agent processes (n/agents regions each), each
+    into the file sender; the file's commit order is checked."""
+    import subprocess
+
+    small = {"innodb_buffer_pool_size": "32M", "innodb_log_file_size": "48M"}
+    servers = [MariaDBInstance(tmp / f"m{i}", server_id=100 + i, extra=dict(small)).start() for i in range(n)]
+    out: dict[str, Any] = {"regions": n}
+    try:
+        per = total_inserts // n
+        for m in servers:
+            m.execute("CREATE DATABASE bench", TABLE)
+        threads = [threading.Thread(target=load, args=(m, 100 + i, per, per // 4, per // 10))
+                   for i, m in enumerate(servers)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        total = n * (per + per // 4 + per // 10)
+        out["rows"] = total
+
+        def ordered(path: Path) -> bool:
+            last = -1
+            with open(path, encoding="utf-8") as f:
+                for line in f:
+                    ts = json.loads(line)["commit_ts"]
+                    if ts < last:
+                        return False
+                    last = ts
+            return True
+
+        d = tmp / "local"
+        d.mkdir()
+        r = run_capturer(d, servers, f"[global]\ntype=local\n[local]\nfilepath={d / 'changes.jsonl'}\n", total)
+        r["ordered"] = ordered(d / "changes.jsonl")
+        out["in_process"] = r
+        d = tmp / "agents"
+        d.mkdir()
+        procs, remote = [], ""
+        try:
+            for a in range(agents):
+                mine = [(i, m) for i, m in enumerate(servers) if i % agents == a]
+                cfg = f"[agent]\nlisten=127.0.0.1:0\nstateDir={d / 'state'}\nlogLevel=warning\n" + "".join(
+                    f"[region:r{i}]\nhost=127.0.0.1\nport={m.port}\nuser=root\npassword=\nserver_id={900 + i}\n"
+                    for i, m in mine)
+                (d / f"agent{a}.cfg").write_text(cfg)
+                pf = d / f"agent{a}.port"
+                procs.append(subprocess.Popen([sys.executable, "-m", "capturer.agent", "--config",
+                                               str(d / f"agent{a}.cfg"), "--port-file", str(pf)], cwd=str(ROOT)))
+                deadline = time.monotonic() + 60
+                while not pf.exists() and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                remote += "".join(f"\n[region:r{i}]\ntype=remote\naddress=127.0.0.1:{pf.read_text().strip()}\n"
+                                  for i, _ in mine)
+            (d / "senders.cfg").write_text(f"[global]\ntype=local\n[local]\nfilepath={d / 'changes.jsonl'}\n")
+            (d / "config.cfg").write_text(
+                f"[global]\nbinlogCheckPointPath={d / 'cp.json'}\nsenderConfig={d / 'senders.cfg'}\n"
+                f"filterRuleDict=\nhttpPort={free_port()}\ncheckpointInterval=0.5\nlogLevel=warning\n" + remote)
+            r = run_until_delivered(d / "config.cfg", total)
+            r["ordered"] = ordered(d / "changes.jsonl")
+            out["agents"] = r
+        finally:
+            for p in procs:
+                p.terminate()
+                p.wait(30)
+    finally:
+        for m in servers:
+            m.stop()
+    return out
 
 
 def run_until_delivered(config: Path, expect_rows: int) -> dict[str, Any]:
@@ -351,7 +423,7 @@ def baseline_arrow_append(tmp: Path, rows: int, batch: int = 50_000) -> float:
     """Raw Spark rate: Arrow tables of the bench shape appended to Parquet, 50k rows a batch."""
     import pyarrow as pa
 
-    from senders.spark import build_session
+    from senders.spark.sender import build_session
 
     spark = build_session({"master": "local[*]"}, tmp / "baseline-spark")
     try:
@@ -376,8 +448,8 @@ def baseline_arrow_append(tmp: Path, rows: int, batch: int = 50_000) -> float:
 
 def compaction_seconds(tmp: Path, changes: int = 1_000_000, keys: int = 200_000) -> float:
     """Time to compact a changelog of ``changes`` rows over ``keys`` primary keys."""
-    from capturer import lake
-    from senders.spark import build_session
+    from senders.spark import lake
+    from senders.spark.sender import build_session
 
     wh = tmp / "compaction"
     spark = build_session({"master": "local[*]"}, wh)
@@ -603,7 +675,7 @@ def main() -> int:
         n2, secs2 = baseline_decode(servers[0], fast=True)
         results["fast_decode_rows_per_s"] = round(n2 / secs2)
         rep.add("fast row decoder, Python (same framing), 1 region", n2 / secs2, decode)
-        from capturer.regions.rowdecode import c_decoder_built
+        from capturer.regions.mysql.rowdecode import c_decoder_built
 
         if c_decoder_built():
             n3, secs3 = baseline_decode(servers[0], fast=True, use_c=True)
@@ -617,6 +689,16 @@ def main() -> int:
                 total, results.get("file", {}).get("rows_per_s"),
                 "capturer -> file, regions in worker processes (process=true); ratio to in-process",
                 region_extra="process=true\n")
+        if "regions16" in only:
+            base2 = results.get("file", {}).get("rows_per_s")
+            r16 = many_regions(tmp / "regions16", 16, inserts * 2)
+            results["regions16"] = r16
+            for k, label in (("in_process", "16 regions in-process -> file; ratio to 2 regions"),
+                             ("agents", "16 regions through 2 agents (8 each) -> file; ratio to 2 regions")):
+                rep.add(label, r16[k]["rows_per_s"], base2)
+                if r16[k]["rows"] != r16["rows"] or r16[k]["exit"] != 0 or not r16[k]["ordered"]:
+                    failures.append(f"regions16 {k}: {r16[k]['rows']} of {r16['rows']} rows, exit {r16[k]['exit']}, "
+                                    f"ordered {r16[k]['ordered']}")
         if "agents" in only:
             from agent_transport import measure
 

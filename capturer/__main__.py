@@ -17,7 +17,7 @@ import sys
 import threading
 from pathlib import Path
 
-from .errors import CheckpointError, ConfigError
+from capturer.errors import CheckpointError, ConfigError
 
 
 def setup_logging(level: str = "info") -> None:
@@ -56,7 +56,7 @@ def snapshot_cli(argv: list[str]) -> int:
     token = args.token
     url = args.url
     if url is None or token is None:
-        from .config import load_config
+        from capturer.config import load_config
 
         try:
             cfg = load_config(Path(args.config))
@@ -129,13 +129,13 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.demo:
         setup_logging("info")
-        from .demo import run_baikaldb_demo, run_demo
+        from capturer.demo import run_baikaldb_demo, run_demo
 
         if args.demo == "baikaldb":
             return run_baikaldb_demo(Path(args.demo_dir), once=args.once, stop=_STOP)
         return run_demo(Path(args.demo_dir), once=args.once, stop=_STOP)
 
-    from .config import load_config
+    from capturer.config import load_config
 
     try:
         cfg = load_config(Path(args.config))
@@ -158,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         print("config OK")
         return 0
 
-    from .app import Capturer
+    from capturer.app import Capturer
 
     try:
         cap = Capturer(cfg)

@@ -17,18 +17,18 @@ from typing import Any, Callable
 
 from senders import sender_class
 
-from .bqueue import WeightedQueue
-from .checkpoint import Checkpoint, load_checkpoint, save_checkpoint
-from .errors import CheckpointError, SourceError
-from .config import AppConfig
-from .filter import load_filter
-from .merger import MergeStage
-from .model import Item, Txn, ts_physical_ms
-from .regions import make_region
-from .regions.base import RegionContext
-from .sender_manager import SenderManager
-from .status import StatusServer
-from .tso import LiftJournal
+from capturer.pipeline.bqueue import WeightedQueue
+from capturer.pipeline.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
+from capturer.errors import CheckpointError, SourceError
+from capturer.config import AppConfig
+from capturer.pipeline.filter import load_filter
+from capturer.pipeline.merger import MergeStage
+from capturer.model import Item, Txn, ts_physical_ms
+from capturer.regions import make_region
+from capturer.regions.base import RegionContext
+from capturer.pipeline.fanout import SenderManager
+from capturer.status import StatusServer
+from capturer.tso import LiftJournal
 
 log = logging.getLogger(__name__)
 
@@ -120,8 +120,8 @@ class Capturer:
         """For each of ``tables``: the other MySQL/MariaDB regions, local or served by
         agents, that deliver a table of that name (it exists on their server and the
         filter selects it)."""
-        from .regions.mysql import MySQLRegion
-        from .regions.remote import RemoteRegion
+        from capturer.regions.mysql.region import MySQLRegion
+        from capturer.regions.remote.region import RemoteRegion
 
         out: dict[tuple[str, str], list[str]] = {}
         for r in self.regions:
@@ -241,11 +241,11 @@ class Capturer:
         empty a table other regions also deliver (``truncate``, or a keyless table);
         LookupError if no region has a table; SourceError if a source does not
         answer (nothing started then either)."""
-        from .filter import split_table_name
-        from .regions.mysql import MySQLRegion
-        from .regions.snapshot import truncate_conflict
+        from capturer.pipeline.filter import split_table_name
+        from capturer.regions.mysql.region import MySQLRegion
+        from capturer.regions.mysql.snapshot import truncate_conflict
 
-        from .regions.remote import RemoteRegion
+        from capturer.regions.remote.region import RemoteRegion
 
         names = list(dict.fromkeys(split_table_name(t) for t in tables))
         every = [r for r in self.regions if isinstance(r, MySQLRegion)]

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Union
 
-from .errors import ConfigError
-from .ini import (
+from capturer.errors import ConfigError
+from capturer.ini import (
     IniFile,
     Key,
     p_bool,

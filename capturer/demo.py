@@ -19,11 +19,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .app import Capturer
-from .config import load_config
-from .encode import json_row
-from .local_mariadb import MariaDBInstance
-from .replay import read_changes, rebuild
+from capturer.app import Capturer
+from capturer.config import load_config
+from capturer.encode import json_row
+from capturer.local_mariadb import MariaDBInstance
+from senders.local.replay import read_changes, rebuild
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from .errors import ConfigError
+from capturer.errors import ConfigError
 
 
 @dataclass

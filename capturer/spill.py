@@ -21,8 +21,8 @@ import tempfile
 from itertools import islice
 from typing import IO, Any, Callable, Iterator
 
-from . import failpoints
-from .model import RowChange, TableSchema
+from capturer import failpoints
+from capturer.model import RowChange, TableSchema
 
 DEFAULT_CHUNK_ROWS = 20_000
 

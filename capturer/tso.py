@@ -24,9 +24,9 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from .durable import append_line, rewrite_lines
-from .errors import CheckpointError
-from .model import Position, make_ts
+from capturer.durable import append_line, rewrite_lines
+from capturer.errors import CheckpointError
+from capturer.model import Position, make_ts
 
 log = logging.getLogger(__name__)
 

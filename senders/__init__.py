@@ -12,13 +12,13 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from capturer.ini import Key
 
-    from .base import Sender
+    from senders.base import Sender
 
 _REGISTRY: dict[str, str] = {
-    "local": "senders.local:LocalSender",
-    "mysql": "senders.mysql:MySQLSender",
-    "kafka": "senders.kafka:KafkaSender",
-    "spark": "senders.spark:SparkSender",
+    "local": "senders.local.sender:LocalSender",
+    "mysql": "senders.mysql.sender:MySQLSender",
+    "kafka": "senders.kafka.sender:KafkaSender",
+    "spark": "senders.spark.sender:SparkSender",
 }
 
 

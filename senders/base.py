@@ -24,7 +24,7 @@ import threading
 import time
 from typing import Any, ClassVar
 
-from capturer.bqueue import Closed, WeightedQueue
+from capturer.pipeline.bqueue import Closed, WeightedQueue
 from capturer.errors import SinkError
 from capturer.ini import Key
 from capturer.model import Item, Txn

@@ -227,7 +227,7 @@ def assert_mysql_equals(c: Cluster, target: Any, tables: tuple[int, ...] = (ORDE
 
 
 def assert_file_equals(c: Cluster, out: Path, tables: tuple[int, ...] = (ORDERS, ITEMS, BAL)) -> None:
-    from capturer.replay import read_changes, rebuild
+    from senders.local.replay import read_changes, rebuild
 
     state = rebuild(read_changes(out))
     for tid in tables:

@@ -55,7 +55,7 @@ def write_config(
 
 
 def read_lines(tmp: Path) -> list[dict[str, Any]]:
-    from capturer.replay import output_files
+    from senders.local.replay import output_files
 
     out = []
     for p in output_files(tmp / "out" / "changes.jsonl"):

@@ -14,8 +14,8 @@ import sys
 import threading
 from pathlib import Path
 
-from ..__main__ import setup_logging
-from ..errors import ConfigError
+from capturer.__main__ import setup_logging
+from capturer.errors import ConfigError
 
 _STOP = threading.Event()
 
@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--region", help=argparse.SUPPRESS)
     ap.add_argument("--parent-pid", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    from .config import load_agent_config, p_listen, worker_config
+    from capturer.agent.config import load_agent_config, p_listen, worker_config
 
     try:
         if args.capturer_config:
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         print("config OK")
         return 0
-    from .server import Agent
+    from capturer.agent.server import Agent
 
     agent = Agent(cfg)
     try:

@@ -8,9 +8,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ..config import AnyRegionConfig, _resolve, parse_regions
-from ..errors import ConfigError
-from ..ini import Key, p_choice, p_float, p_int, p_nonempty, p_str, parse_section, read_ini
+from capturer.config import AnyRegionConfig, _resolve, parse_regions
+from capturer.errors import ConfigError
+from capturer.ini import Key, p_choice, p_float, p_int, p_nonempty, p_str, parse_section, read_ini
 
 _LISTEN = re.compile(r"^(unix:.+|[A-Za-z0-9_.\-\[\]:]+:\d{1,5})$")
 
@@ -65,7 +65,7 @@ def worker_config(capturer_config: Path, region: str, listen: str) -> AgentConfi
     """An agent serving one region of a capturer's own config (``process = true``):
     the capturer's queue and spill settings, its state files where the in-process
     region would keep them (next to the checkpoint)."""
-    from ..config import load_config
+    from capturer.config import load_config
 
     cfg = load_config(capturer_config)
     rcfg = next((r for r in cfg.regions if r.name == region), None)

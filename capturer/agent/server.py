@@ -24,15 +24,15 @@ from concurrent import futures
 from pathlib import Path
 from typing import Any, Iterator
 
-from ..bqueue import WeightedQueue
-from ..errors import CheckpointError, ConfigError, SourceError
-from ..filter import Filter, parse_filter_text
-from ..model import Item, Position
-from ..regions import make_region
-from ..regions.base import Region, RegionContext
-from ..tso import LiftJournal
-from . import wire
-from .config import AgentConfig
+from capturer.pipeline.bqueue import WeightedQueue
+from capturer.errors import CheckpointError, ConfigError, SourceError
+from capturer.pipeline.filter import Filter, parse_filter_text
+from capturer.model import Item, Position
+from capturer.regions import make_region
+from capturer.regions.base import Region, RegionContext
+from capturer.tso import LiftJournal
+from capturer.agent import wire
+from capturer.agent.config import AgentConfig
 
 log = logging.getLogger(__name__)
 
@@ -231,7 +231,7 @@ class Agent:
     def start(self) -> None:
         import grpc
 
-        from .. import protogen
+        from capturer import protogen
 
         pb = protogen.load("agent")
         handler = grpc.method_handlers_generic_handler(SERVICE, {

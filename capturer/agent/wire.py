@@ -31,7 +31,7 @@ from typing import Any, Iterator
 
 import msgpack
 
-from ..model import (
+from capturer.model import (
     ColumnInfo,
     Ddl,
     Heartbeat,

@@ -6,35 +6,35 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ..config import AnyRegionConfig
-    from .base import Region, RegionContext
+    from capturer.config import AnyRegionConfig
+    from capturer.regions.base import Region, RegionContext
 
 
 def make_region(cfg: "AnyRegionConfig", ctx: "RegionContext") -> "Region":
     """The region of kind ``cfg.type``; CheckpointError when the checkpoint holds a
     position of another kind for it."""
     if getattr(cfg, "process", False):
-        from .worker import WorkerRegion
+        from capturer.regions.remote.worker import WorkerRegion
 
         return WorkerRegion(cfg, ctx)
     if cfg.type in ("mysql", "mariadb"):
-        from ..errors import CheckpointError
-        from ..model import Position
+        from capturer.errors import CheckpointError
+        from capturer.model import Position
 
         if ctx.start is not None and not isinstance(ctx.start, Position):
             raise CheckpointError(
                 f"checkpoint: regions.{cfg.name} is a {getattr(ctx.start, 'kind', '?')} position, but "
                 f"[region:{cfg.name}] is type={cfg.type}; remove that entry from the checkpoint to start this "
                 "region from its 'start' setting")
-        from .mysql import MySQLRegion
+        from capturer.regions.mysql.region import MySQLRegion
 
         return MySQLRegion(cfg, ctx)  # type: ignore[arg-type]
     if cfg.type == "remote":
-        from .remote import RemoteRegion
+        from capturer.regions.remote.region import RemoteRegion
 
         return RemoteRegion(cfg, ctx)
     if cfg.type == "baikaldb":
-        from .baikaldb.region import BaikalRegion
+        from capturer.regions.baikaldb.region import BaikalRegion
 
         return BaikalRegion(cfg, ctx)
     raise ValueError(f"unknown region type {cfg.type!r}")

@@ -10,10 +10,10 @@ from typing import Any, Callable
 
 import logging
 
-from ..bqueue import Closed, WeightedQueue
-from ..errors import FatalSourceError, SourceError
-from ..model import AnyPosition, Item
-from ..tso import LiftJournal
+from capturer.pipeline.bqueue import Closed, WeightedQueue
+from capturer.errors import FatalSourceError, SourceError
+from capturer.model import AnyPosition, Item
+from capturer.tso import LiftJournal
 
 log = logging.getLogger(__name__)
 

@@ -29,7 +29,7 @@ from typing import Any, Callable
 import pymysql
 
 from capturer.local_mariadb import MariaDBInstance, free_port
-from capturer.replay import read_changes, rebuild
+from senders.local.replay import read_changes, rebuild
 from helpers import ROOT, Broker, start_servers
 from workload import SCHEMA, Workload
 
@@ -752,8 +752,8 @@ def kafka_trail(records: list[Rec], raw: list[dict[str, Any]], table: str, want:
 
 
 def check_lake(run: ChaosRun) -> list[str]:
-    from capturer.lakecli import verify
-    from senders.spark import build_session
+    from senders.spark.lakecli import verify
+    from senders.spark.sender import build_session
 
     spark = build_session({"master": "local[1]"}, run.tmp / "sparkhome")
     problems = []

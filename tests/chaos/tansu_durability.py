@@ -59,7 +59,7 @@ def main() -> int:
     acked: set[int] = set()
     errors: list[str] = []
 
-    from senders.kafka import _Confluent, _KafkaPython
+    from senders.kafka.sender import _Confluent, _KafkaPython
 
     opts = {"linger_ms": 5, "compression": "none"}
     make = _Confluent if a.client == "confluent" else _KafkaPython

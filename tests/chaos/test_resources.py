@@ -18,7 +18,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from capturer.replay import read_changes, rebuild
+from senders.local.replay import read_changes, rebuild
 from helpers import start_servers, wait_for
 from workload import SCHEMA, Workload
 

@@ -22,7 +22,7 @@ from typing import Any, Iterator
 import pytest
 
 from capturer.local_mariadb import MariaDBInstance, free_port
-from capturer.replay import read_changes, rebuild
+from senders.local.replay import read_changes, rebuild
 from chaos.harness import compare, duplicate_identities, source_json
 from helpers import LIVE_PROCESSES, ROOT, CapturerProcess, start_servers, wait_for, write_config
 from workload import SCHEMA, TABLES, Workload, assert_target_equals_sources
@@ -148,11 +148,11 @@ def test_agent_feeds_every_sender_with_an_initial_snapshot(tmp_path: Path, sourc
     before), one local region: file, MySQL, Kafka and Spark equal the sources, and the
     merged stream is in one commit order across the two kinds."""
     pytest.importorskip("pyspark")
-    from capturer.lakecli import verify
+    from senders.spark.lakecli import verify
     from helpers import Broker
     from integration.test_snapshot import rebuild_kafka
     from chaos.harness import consume_fast
-    from senders.spark import build_session
+    from senders.spark.sender import build_session
 
     local, remote = sources
     Workload(remote, 2, seed=70).run(60)  # there before anything reads: only a snapshot can copy these

@@ -371,7 +371,7 @@ def test_baikaldb_and_mariadb_regions_merge_in_one_commit_order(tmp_path: Path, 
                                    for k in ("file", "pos")) >= pos, 60)
         lines = read_lines(tmp_path)
         assert_file_equals(double.cluster, tmp_path / "out" / "changes.jsonl")
-        from capturer.replay import read_changes, rebuild
+        from senders.local.replay import read_changes, rebuild
         from workload import rows_of
 
         state = rebuild(read_changes(tmp_path / "out" / "changes.jsonl"))
@@ -389,9 +389,9 @@ def test_baikaldb_and_mariadb_regions_merge_in_one_commit_order(tmp_path: Path, 
 def test_all_four_senders(tmp_path: Path, double: BaikalDouble, target: MariaDBInstance, capturer_running) -> None:  # type: ignore[no-untyped-def]
     """File, MySQL, Kafka (Tansu) and Spark (local) at once on BaikalDB changes."""
     pytest.importorskip("pyspark")
-    from capturer import lake
+    from senders.spark import lake
     from capturer.encode import json_row
-    from capturer.lakecli import canon
+    from senders.spark.lakecli import canon
     from helpers import Broker, consume_all
     from baikaldb_workload import NAMES, expected
 

@@ -11,7 +11,7 @@ from typing import Any, Iterator
 import pytest
 
 from helpers import Broker, CapturerProcess, checkpoint_covers, consume_all, wait_for, write_config
-from senders.kafka import partition_for
+from senders.kafka.sender import partition_for
 from workload import SCHEMA, Workload
 
 pytestmark = pytest.mark.integration

@@ -13,7 +13,7 @@ from pymysqlreplication import BinLogStreamReader
 from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, WriteRowsEvent
 
 from capturer.local_mariadb import MariaDBInstance
-from capturer.regions.rowdecode import binary_columns, c_decoder_built, fast_rows, normalise_library_row
+from capturer.regions.mysql.rowdecode import binary_columns, c_decoder_built, fast_rows, normalise_library_row
 
 pytestmark = pytest.mark.integration
 

@@ -18,7 +18,7 @@ import requests
 
 from capturer.encode import json_row, quote_ident
 from capturer.local_mariadb import MariaDBInstance
-from capturer.replay import read_changes, rebuild
+from senders.local.replay import read_changes, rebuild
 from helpers import ROOT, Broker, CapturerProcess, checkpoint_covers, consume_all, read_lines, start_servers, wait_for, write_config
 from workload import SCHEMA, TABLES, Workload, assert_target_equals_sources
 
@@ -81,7 +81,7 @@ def assert_file_equals_source(tmp: Path, m: MariaDBInstance) -> None:
 def complete_read_lines(tmp: Path) -> int:
     """Snapshot rows in the file output now (complete lines only: a torn last line
     is cut when the file sender starts again)."""
-    from capturer.replay import output_files
+    from senders.local.replay import output_files
 
     n = 0
     for f in output_files(tmp / "out" / "changes.jsonl"):
@@ -162,7 +162,7 @@ def test_initial_snapshot_with_concurrent_writes_every_sender(tmp_path: Path, ta
     """Tables with history that is no longer in the binlog are copied while writes go
     on; file, MySQL, Kafka and Spark end up equal to the source."""
     pytest.importorskip("pyspark")
-    from capturer.lakecli import verify
+    from senders.spark.lakecli import verify
 
     (m,) = start_servers(tmp_path, 1)
     broker = Broker().start()
@@ -406,7 +406,7 @@ def test_snapshot_values_equal_binlog_values_for_every_type(tmp_path: Path, driv
             if mode == "binlog":
                 (binlog_schema,) = [x for k, x in cap.regions[0]._schemas.items() if k[:2] == ("g", "t")]
             else:
-                from capturer.regions.snapshot import Reader, describe
+                from capturer.regions.mysql.snapshot import Reader, describe
 
                 reader = Reader(cap.regions[0])  # type: ignore[arg-type]
                 assert reader.kind == driver

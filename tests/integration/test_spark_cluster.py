@@ -97,8 +97,8 @@ def test_spark_sender_on_a_standalone_cluster(tmp_path: Path, two_servers, clust
     done = [a for a in cluster.state().get("completedapps", []) if a["name"] == "capturer-cluster-test"]
     assert done, "the application did not run on the cluster"
     # read the lake back (a separate local session) and compare with the sources
-    from capturer.lakecli import verify
-    from senders.spark import build_session
+    from senders.spark.lakecli import verify
+    from senders.spark.sender import build_session
 
     spark = build_session({"master": "local[1]"}, tmp_path / "verify")
     try:

@@ -12,8 +12,8 @@ from typing import Any, Iterator
 
 import pytest
 
-from capturer import lake
-from capturer.lakecli import canon, verify
+from senders.spark import lake
+from senders.spark.lakecli import canon, verify
 from helpers import ROOT, CapturerProcess, checkpoint_covers, wait_for, write_config
 from workload import SCHEMA, Workload
 
@@ -23,7 +23,7 @@ pyspark = pytest.importorskip("pyspark")
 
 @pytest.fixture(scope="module")
 def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    from senders.spark import build_session
+    from senders.spark.sender import build_session
 
     s = build_session({"master": "local[2]"}, tmp_path_factory.mktemp("sparkhome"))
     yield s
@@ -176,12 +176,12 @@ def test_lakecli_verify_and_show(tmp_path: Path, two_servers, capturer_running, 
         wait_for(lambda: checkpoint_covers(tmp_path, two_servers[:1]), 120)
     m1.execute("INSERT INTO d.t VALUES (9, 'late')")  # the capturer is stopped: lake is behind
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    r = subprocess.run([sys.executable, "-m", "capturer.lakecli", "verify", "--config", str(cfg), "--table", "d.t"],
+    r = subprocess.run([sys.executable, "-m", "senders.spark.lakecli", "verify", "--config", str(cfg), "--table", "d.t"],
                        capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
     assert r.returncode == 1, r.stderr[-2000:]
     report = json.loads(r.stdout[r.stdout.index("{"):])
     assert report["missing"] == 1 and report["extra"] == 0 and report["examples"]["missing"] == [["9"]]
-    r = subprocess.run([sys.executable, "-m", "capturer.lakecli", "show", "d.t", "--warehouse", str(wh)],
+    r = subprocess.run([sys.executable, "-m", "senders.spark.lakecli", "show", "d.t", "--warehouse", str(wh)],
                        capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
     import re
 

@@ -11,11 +11,11 @@ import threading
 import pytest
 
 from capturer.agent import wire
-from capturer.bqueue import WeightedQueue
+from capturer.pipeline.bqueue import WeightedQueue
 from capturer.config import RemoteRegionConfig
 from capturer.model import ColumnInfo, Ddl, Heartbeat, Position, RowChange, SnapshotMark, TableSchema, TsPosition, Txn
 from capturer.regions.base import RegionContext
-from capturer.regions.remote import RemoteRegion
+from capturer.regions.remote.region import RemoteRegion
 from capturer.spill import SpillWriter
 from capturer.tso import LiftJournal
 

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from baikaldb_double.cluster import TYPES, Field, Table, encode_field
 from capturer import protogen
-from capturer.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
+from capturer.pipeline.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from capturer.config import BaikalRegionConfig, load_config
 from capturer.errors import ConfigError
 from capturer.model import Position, TsPosition, position_from_json

@@ -33,8 +33,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from capturer import protogen
-from capturer.bqueue import WeightedQueue
-from capturer.merger import Merger
+from capturer.pipeline.bqueue import WeightedQueue
+from capturer.pipeline.merger import Merger
 from capturer.model import TsPosition, Txn
 from capturer.regions.baikaldb.region import BaikalRegion, Epoch
 from capturer.regions.baikaldb.rows import Entry, RowPlan

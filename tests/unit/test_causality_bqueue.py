@@ -1,5 +1,5 @@
-"""Row-conflict detection (capturer/causality.py) and the weighted bounded queue
-(capturer/bqueue.py)."""
+"""Row-conflict detection (senders/mysql/causality.py) and the weighted bounded queue
+(capturer/pipeline/bqueue.py)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from capturer.bqueue import Closed, WeightedQueue
-from capturer.causality import Causality, conflict_keys, stable_hash
+from capturer.pipeline.bqueue import Closed, WeightedQueue
+from senders.mysql.causality import Causality, conflict_keys, stable_hash
 from capturer.model import RowChange, TableSchema
 
 U = TableSchema("d", "u", ("id", "email", "a", "b"), ("id",), (("email",), ("a", "b")))
@@ -63,7 +63,7 @@ def test_causality_groups_and_conflicts() -> None:
 
 def test_stable_hash_is_stable_across_processes() -> None:
     key = conflict_keys(ch(None, {"id": 42, "email": "é", "a": None, "b": None}), "d", "u")[0]
-    out = subprocess.run([sys.executable, "-c", f"from capturer.causality import stable_hash; print(stable_hash({key!r}))"],
+    out = subprocess.run([sys.executable, "-c", f"from senders.mysql.causality import stable_hash; print(stable_hash({key!r}))"],
                          capture_output=True, text=True, env={"PYTHONHASHSEED": "123", "PATH": ""},
                          cwd=str(Path(__file__).resolve().parents[2]))
     assert out.returncode == 0, out.stderr

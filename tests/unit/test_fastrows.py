@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from pymysqlreplication.constants import FIELD_TYPE as T
 
 from capturer import encode
-from capturer.regions import rowdecode
+from capturer.regions.mysql import rowdecode
 
 pytestmark = pytest.mark.skipif(not rowdecode.c_decoder_built(), reason="capturer._fastrows not built")
 
@@ -218,7 +218,7 @@ def test_invalid_date_is_null_on_both_paths() -> None:
 
 def test_c_murmur2_equals_python() -> None:
     from capturer._fastrows import murmur2 as c_murmur2
-    from senders.kafka import murmur2
+    from senders.kafka.sender import murmur2
 
     rng = random.Random(3)
     for _ in range(5000):
@@ -231,7 +231,7 @@ def test_c_sql_literals_equal_pymysql() -> None:
     with and without NO_BACKSLASH_ESCAPES (no server needed: defer_connect)."""
     import pymysql
 
-    from senders.mysql import _NO_BACKSLASH, FastCursor
+    from senders.mysql.sender import _NO_BACKSLASH, FastCursor
 
     conn = pymysql.connect(defer_connect=True, charset="utf8mb4")
     values: list[Any] = [
@@ -279,7 +279,7 @@ def test_file_blocks_equal_lines(changes: list[Any], snapshot: bool, spill: bool
     reference per-line path writes, for every value, name, slice and spill."""
     from capturer.model import Position, RowChange, SnapshotMark, Txn
     from capturer.spill import SpillWriter
-    from senders import local
+    from senders.local import sender as local
 
     rc = tuple(RowChange(s, op, b, a) for s, op, b, a in changes)
     body: Any = rc

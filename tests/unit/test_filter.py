@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from capturer.errors import ConfigError
-from capturer.filter import parse_filter_text
+from capturer.pipeline.filter import parse_filter_text
 from capturer.model import Position, RowChange, TableSchema, Txn
 
 P = Path("conf/filter_rule.txt")

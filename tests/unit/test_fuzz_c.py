@@ -101,7 +101,7 @@ from pymysqlreplication.constants import FIELD_TYPE as T  # noqa: E402
 
 from capturer import encode  # noqa: E402
 from capturer.model import Position, RowChange, SnapshotMark, TableSchema, Txn  # noqa: E402
-from capturer.regions import rowdecode  # noqa: E402
+from capturer.regions.mysql import rowdecode  # noqa: E402
 from capturer.regions.baikaldb import schema as bks  # noqa: E402
 from capturer.regions.baikaldb.rows import RowDecodeError, RowPlan  # noqa: E402
 
@@ -1240,7 +1240,7 @@ def check_json(obj: Any, compact: bool) -> str:
 
 
 def ref_piece(schema: TableSchema) -> tuple[bytes, bytes]:
-    """senders/local.py's _schema_piece on the Python path."""
+    """senders/local/sender.py's _schema_piece on the Python path."""
     a = encode.encode_line({"db": schema.db, "table": schema.table, "op": ""}, use_c=False).encode()
     b = encode.encode_line({"pk": list(schema.pk), "before": None}, use_c=False).encode()
     return a[1:a.rindex(b'""')], b", " + b[1:-5]
@@ -1329,7 +1329,7 @@ def fuzz_json(seed_: int, n: int, trace: Trace) -> dict[str, Any]:
         stats[check_json_lines(prefix, changes, seq0, total)] += 1
         stats["inputs"] += 1
     # the file sender end to end: batch renderer == per-line path
-    from senders import local
+    from senders.local import sender as local
 
     for i in range(n // 20):
         changes = rand_changes(rng, schemas)

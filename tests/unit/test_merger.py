@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from capturer.merger import Merger, OrderError
+from capturer.pipeline.merger import Merger, OrderError
 from capturer.model import Heartbeat, Position, Txn
 
 POS = Position("f", 4)

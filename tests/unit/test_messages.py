@@ -5,9 +5,9 @@ import decimal
 import json
 import random
 
-from capturer.messages import FORMATS, change_events, ddl_message, key_bytes
+from senders.kafka.messages import FORMATS, change_events, ddl_message, key_bytes
 from capturer.model import Ddl, Position, RowChange, TableSchema, Txn
-from senders.kafka import murmur2, partition_for
+from senders.kafka.sender import murmur2, partition_for
 
 S = TableSchema("shop", "orders", ("id", "amount", "at", "raw"), ("id",), (), (3, 246, 18, 252))
 

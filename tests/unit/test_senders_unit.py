@@ -5,11 +5,11 @@ import threading
 import time
 from pathlib import Path
 
-from capturer.checkpoint import Checkpoint
+from capturer.pipeline.checkpoint import Checkpoint
 from capturer.model import Heartbeat, Position, RowChange, TableSchema, Txn
-from capturer.sender_manager import SenderManager
+from capturer.pipeline.fanout import SenderManager
 from senders.base import Sender
-from senders.local import LocalSender
+from senders.local.sender import LocalSender
 
 S = TableSchema("d", "t", ("id", "v"), ("id",))
 
@@ -123,7 +123,7 @@ def test_spark_sender_refuses_a_column_named_like_lake_metadata(tmp_path: Path) 
     import pytest
 
     from capturer.errors import SinkError
-    from senders.spark import SparkSender
+    from senders.spark.sender import SparkSender
 
     s = SparkSender("spark", {"master": "local[1]", "warehouse": str(tmp_path), "database": "cdc",
                               "batch_rows": 10, "batch_interval": 0, "compaction_interval": 0,
@@ -190,7 +190,7 @@ def test_each_region_resumes_its_clock_above_its_own_acknowledged_item(tmp_path:
     """(T, r1) acknowledged, r0's heartbeat at T not yet: the checkpoint's commit_ts
     is T-1, but r1's clock must resume above T, or a transaction it reads again
     would take T, the identity of the one it already delivered."""
-    from capturer.checkpoint import load_checkpoint, save_checkpoint
+    from capturer.pipeline.checkpoint import load_checkpoint, save_checkpoint
     from capturer.model import make_ts
     from capturer.tso import LiftJournal, RegionClock
 

@@ -9,13 +9,13 @@ from typing import Any
 
 import pytest
 
-from capturer.bqueue import WeightedQueue
+from capturer.pipeline.bqueue import WeightedQueue
 from capturer.config import RegionConfig
-from capturer.messages import json_envelope, source_block, truncate_message
+from senders.kafka.messages import json_envelope, source_block, truncate_message
 from capturer.model import Ddl, Position, RowChange, TableProgress, TableSchema, Txn, make_ts
 from capturer.regions.base import RegionContext
-from capturer.regions.mysql import MySQLRegion
-from capturer.regions.snapshot import (
+from capturer.regions.mysql.region import MySQLRegion
+from capturer.regions.mysql.snapshot import (
     Chunk,
     ChunkMark,
     Column,
@@ -25,7 +25,7 @@ from capturer.regions.snapshot import (
     key_matches,
     split_key,
 )
-from capturer.sqlbuild import build
+from senders.sqlbuild import build
 from capturer.tso import LiftJournal, RegionClock
 
 SCHEMA = TableSchema("d", "t", ("id", "v"), ("id",), (), (3, 3))
@@ -332,7 +332,7 @@ class _FakeKafka:
 
 @pytest.mark.parametrize("sql", ["TRUNCATE TABLE `d`.`t`", "/* x */ truncate t"])
 def test_kafka_sends_a_truncate_to_every_partition_of_the_tables_topic(sql: str) -> None:
-    from senders.kafka import KafkaSender
+    from senders.kafka.sender import KafkaSender
 
     s = KafkaSender("kafka", {"servers": "x:1", "topic": "capturer.{db}.{table}", "format": "json",
                               "client": "kafka-python", "tombstones": False, "txn_topic": "",
@@ -352,7 +352,7 @@ def test_kafka_sends_a_truncate_to_every_partition_of_the_tables_topic(sql: str)
 
 def test_pin_start_writes_a_first_start_once_and_keeps_it(tmp_path: Any) -> None:
     from capturer.app import Capturer
-    from capturer.checkpoint import load_checkpoint
+    from capturer.pipeline.checkpoint import load_checkpoint
     from capturer.config import load_config
 
     (tmp_path / "senders.cfg").write_text(f"[global]\ntype=local\n[local]\nfilepath={tmp_path / 'out.jsonl'}\n")

@@ -5,7 +5,7 @@ import decimal
 
 from capturer.encode import T_BIT, json_value, quote_ident, sql_literal
 from capturer.model import RowChange, TableSchema
-from capturer.sqlbuild import build
+from senders.sqlbuild import build
 
 
 def test_quote_ident_doubles_backticks() -> None:

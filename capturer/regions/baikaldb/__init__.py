@@ -13,4 +13,4 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .region import BaikalRegion  # noqa: F401
+    from capturer.regions.baikaldb.region import BaikalRegion  # noqa: F401

@@ -33,9 +33,9 @@ from typing import Any, Callable
 
 import requests
 
-from ...errors import FatalSourceError, SourceError
-from . import brpc_json
-from .tso import describe, unix_ms
+from capturer.errors import FatalSourceError, SourceError
+from capturer.regions.baikaldb import brpc_json
+from capturer.regions.baikaldb.tso import describe, unix_ms
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ def _errcode(d: dict[str, Any]) -> str:
     """The answer's errcode name; "" when it has none (it is a required field)."""
     code = d.get("errcode", "")
     if isinstance(code, int) and not isinstance(code, bool):
-        from ... import protogen
+        from capturer import protogen
 
         ev = protogen.load("baikaldb").ErrCode.DESCRIPTOR.values_by_number.get(code)
         return ev.name if ev is not None else str(code)
@@ -137,7 +137,7 @@ class MetaClient:
         self.where = where
         self.http = Http(connect_timeout, timeout)
         self.lock = threading.Lock()
-        from ... import protogen
+        from capturer import protogen
 
         self.pb = protogen.load("baikaldb")
 
@@ -458,7 +458,7 @@ class StoreClient:
         return out
 
     def _version_old(self, sr: StoreRegionInfo, regions: list[Any], is_merge: bool) -> None:
-        from ... import protogen
+        from capturer import protogen
 
         pb = protogen.load("baikaldb")
         infos = []

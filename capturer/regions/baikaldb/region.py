@@ -47,18 +47,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ... import protogen
-from ...bqueue import Closed, WeightedQueue
-from ...durable import append_line, rewrite_lines
-from ...encode import qualified, quote_ident
-from ...errors import CheckpointError, FatalSourceError, SourceError
-from ...model import Ddl, Heartbeat, RowChange, TsPosition, Txn
-from ...spill import DEFAULT_CHUNK_ROWS, SpillWriter
-from ..base import Region, RegionContext
-from .client import BinlogPurged, MetaClient, PeerFailure, StoreClient, StoreRegionInfo
-from .rows import Entry, RowDecodeError, RowPlan, UnpairedUpdate, mutation_changes, parse_entry
-from .schema import TableDef, alter_table_sql, create_table_sql, linked_binlog_tables
-from .tso import describe, from_unix_ms, to_commit_ts, unix_ms, unix_seconds
+from capturer import protogen
+from capturer.pipeline.bqueue import Closed, WeightedQueue
+from capturer.durable import append_line, rewrite_lines
+from capturer.encode import qualified, quote_ident
+from capturer.errors import CheckpointError, FatalSourceError, SourceError
+from capturer.model import Ddl, Heartbeat, RowChange, TsPosition, Txn
+from capturer.spill import DEFAULT_CHUNK_ROWS, SpillWriter
+from capturer.regions.base import Region, RegionContext
+from capturer.regions.baikaldb.client import BinlogPurged, MetaClient, PeerFailure, StoreClient, StoreRegionInfo
+from capturer.regions.baikaldb.rows import Entry, RowDecodeError, RowPlan, UnpairedUpdate, mutation_changes, parse_entry
+from capturer.regions.baikaldb.schema import TableDef, alter_table_sql, create_table_sql, linked_binlog_tables
+from capturer.regions.baikaldb.tso import describe, from_unix_ms, to_commit_ts, unix_ms, unix_seconds
 
 log = logging.getLogger(__name__)
 

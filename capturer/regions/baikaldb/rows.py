@@ -31,8 +31,8 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
-from ...model import RowChange
-from .schema import (
+from capturer.model import RowChange
+from capturer.regions.baikaldb.schema import (
     K_BOOL,
     K_BYTES,
     K_DATE,

@@ -16,8 +16,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...encode import qualified, quote_ident
-from ...model import ColumnInfo, TableSchema
+from capturer.encode import qualified, quote_ident
+from capturer.model import ColumnInfo, TableSchema
 
 # PrimitiveType (proto/baikaldb.proto)
 NULL_TYPE, BOOL, INT8, INT16, INT32, INT64 = 1, 2, 3, 4, 5, 6

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import datetime as dt
 
-from ...model import LOGICAL_BITS
+from capturer.model import LOGICAL_BITS
 
 BASE_MS = 1577808000000
 OFFSET = BASE_MS << LOGICAL_BITS

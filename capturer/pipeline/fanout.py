@@ -24,9 +24,9 @@ from typing import Any
 
 from senders.base import Sender
 
-from .bqueue import Closed
-from .checkpoint import Checkpoint
-from .model import AnyPosition, Item, Txn
+from capturer.pipeline.bqueue import Closed
+from capturer.pipeline.checkpoint import Checkpoint
+from capturer.model import AnyPosition, Item, Txn
 
 log = logging.getLogger(__name__)
 

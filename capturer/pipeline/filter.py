@@ -37,10 +37,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
-from .errors import ConfigError
-from .ini import read_text_file
-from .model import RowChange, Txn
-from .spill import SpilledChanges
+from capturer.errors import ConfigError
+from capturer.ini import read_text_file
+from capturer.model import RowChange, Txn
+from capturer.spill import SpilledChanges
 
 log = logging.getLogger(__name__)
 

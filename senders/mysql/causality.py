@@ -15,7 +15,7 @@ import unicodedata
 import zlib
 from typing import Any, Iterable
 
-from .model import RowChange
+from capturer.model import RowChange
 
 Key = str
 

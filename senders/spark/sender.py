@@ -1,6 +1,6 @@
 """The Spark sender: a Parquet changelog per source table, appended through
 Arrow, with a merge-on-read current state and periodic compaction
-(layout and SQL in ``capturer.lake``).
+(layout and SQL in ``senders.spark.lake``).
 
 * A batch is grouped by table; each table's rows become one Arrow table that
   Spark appends to ``<warehouse>/<name>/changelog``. On a local filesystem the
@@ -27,12 +27,12 @@ import uuid
 from pathlib import Path
 from typing import Any, ClassVar
 
-from capturer import lake
+from senders.spark import lake
 from capturer.errors import SinkError
 from capturer.ini import Key, p_choice, p_float, p_int, p_nonempty, p_str
 from capturer.model import RowChange, TableSchema, Txn
 
-from .base import Sender
+from senders.base import Sender
 
 log = logging.getLogger(__name__)
 

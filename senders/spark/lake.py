@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .encode import T_BIT, format_timedelta
-from .model import ColumnInfo
+from capturer.encode import T_BIT, format_timedelta
+from capturer.model import ColumnInfo
 
 META_COLS = ["_op", "_commit_ts", "_region", "_seq", "_sub"]
 STATE_FILE = "_state.json"

@@ -1,4 +1,4 @@
-"""Query and verify the Spark lake: ``python -m capturer.lakecli ...``
+"""Query and verify the Spark lake: ``python -m senders.spark.lakecli ...``
 
     tables   --warehouse W                      list lake tables and their state
     sql      --warehouse W "SELECT ..."         run Spark SQL with every lake table registered
@@ -21,8 +21,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from . import lake
-from .encode import format_timedelta
+from senders.spark import lake
+from capturer.encode import format_timedelta
 
 
 def canon(v: Any) -> str:
@@ -60,7 +60,7 @@ def _parse_source(s: str) -> dict[str, Any]:
 def source_rows(src: dict[str, Any], db: str, table: str) -> tuple[list[str], list[tuple[str, ...]]]:
     import pymysql
 
-    from .encode import quote_ident
+    from capturer.encode import quote_ident
 
     conn = pymysql.connect(charset="utf8mb4", **src)
     try:
@@ -116,7 +116,7 @@ def verify(spark: Any, warehouse: Path, database: str, db: str, table: str,
 
 
 def _from_config(path: str) -> tuple[Path, str, dict[str, Any], list[dict[str, Any]]]:
-    from .config import load_config
+    from capturer.config import load_config
 
     cfg = load_config(Path(path))
     spark_cfg = next((s for s in cfg.senders if s.name == "spark"), None)
@@ -128,7 +128,7 @@ def _from_config(path: str) -> tuple[Path, str, dict[str, Any], list[dict[str, A
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m capturer.lakecli", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m senders.spark.lakecli", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("command", choices=["tables", "sql", "show", "compact", "verify"])
     ap.add_argument("arg", nargs="?", help="SQL for 'sql', db.table for 'show'")
@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("give --warehouse or --config")
     database = args.database or database
 
-    from senders.spark import build_session
+    from senders.spark.sender import build_session
 
     spark = build_session(options, warehouse)
     try:

@@ -3,7 +3,7 @@ row-conflict detection, idempotent after a crash.
 
 Per batch of transactions (in stream order):
 
-* every change gets its conflict keys (``capturer.causality``); changes of one
+* every change gets its conflict keys (``senders.mysql.causality``); changes of one
   causal group go to one worker (``stable_hash(group) % threadnum``) in order;
   a change linking two groups first forces a barrier (the workers finish and
   commit what they have), as does every DDL;
@@ -42,13 +42,13 @@ import pymysql
 import pymysql.cursors
 from pymysql.constants import CLIENT, SERVER_STATUS
 
-from capturer.causality import Causality, conflict_keys, stable_hash
+from senders.mysql.causality import Causality, conflict_keys, stable_hash
 from capturer.encode import quote_ident, sql_param
 from capturer.errors import SinkError
 from capturer.ini import Key, p_bool, p_choice, p_float, p_int, p_nonempty, p_str
 from capturer.model import Ddl, RowChange, Txn
 
-from .base import Sender
+from senders.base import Sender
 
 log = logging.getLogger(__name__)
 

@@ -16,9 +16,9 @@ import re
 import time
 from typing import Any, Callable
 
-from .encode import dumps_compact, encode_line_bytes, json_value, type_name
-from .model import Ddl, Position, RowChange, Txn, ts_physical_ms
-from .sqlbuild import build
+from capturer.encode import dumps_compact, encode_line_bytes, json_value, type_name
+from capturer.model import Ddl, Position, RowChange, Txn, ts_physical_ms
+from senders.sqlbuild import build
 
 OP_CODE = {"insert": "c", "update": "u", "delete": "d", "read": "r"}
 CANAL_TYPE = {"insert": "INSERT", "update": "UPDATE", "delete": "DELETE", "read": "INSERT"}
@@ -170,7 +170,7 @@ def fill_position(m: Any, txn: Txn) -> None:
 
 
 def protobuf_message(txn: Txn, seq: int, ch: RowChange, op: str) -> bytes:
-    from . import protogen
+    from capturer import protogen
 
     pb = protogen.load()
     m = pb.RowChange()
@@ -201,7 +201,7 @@ FORMATS: dict[str, Callable[[Txn, int, RowChange, str], bytes]] = {
 
 def ddl_message(txn: Txn, ddl: Ddl, fmt: str) -> bytes:
     if fmt == "protobuf":
-        from . import protogen
+        from capturer import protogen
 
         pb = protogen.load()
         m = pb.RowChange(region=txn.region, commit_ts=txn.commit_ts, db=ddl.db, table=ddl.table,

@@ -33,10 +33,10 @@ from typing import Any, ClassVar
 
 from capturer.errors import SinkError
 from capturer.ini import Key, p_bool, p_choice, p_int, p_nonempty, p_str
-from capturer.messages import FORMATS, change_events, ddl_message, is_truncate, key_bytes, truncate_message
+from senders.kafka.messages import FORMATS, change_events, ddl_message, is_truncate, key_bytes, truncate_message
 from capturer.model import Txn, ts_physical_ms
 
-from .base import Sender
+from senders.base import Sender
 
 log = logging.getLogger(__name__)
 

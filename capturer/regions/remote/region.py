@@ -25,10 +25,10 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
-from ..errors import FatalSourceError, SourceError
-from ..model import Heartbeat, Position, Txn
-from ..spill import DEFAULT_CHUNK_ROWS, SpillWriter
-from .base import Region, RegionContext
+from capturer.errors import FatalSourceError, SourceError
+from capturer.model import Heartbeat, Position, Txn
+from capturer.spill import DEFAULT_CHUNK_ROWS, SpillWriter
+from capturer.regions.base import Region, RegionContext
 
 log = logging.getLogger(__name__)
 
@@ -105,8 +105,8 @@ class RemoteRegion(Region):
     def _connect_and_stream(self) -> None:
         import grpc
 
-        from .. import protogen
-        from ..agent import wire
+        from capturer import protogen
+        from capturer.agent import wire
 
         pb = protogen.load("agent")
         self.address = self.cfg.address[self._addr_index % len(self.cfg.address)]
@@ -140,8 +140,8 @@ class RemoteRegion(Region):
         keyless (asked of the agent; SourceError if no address answers)."""
         import grpc
 
-        from .. import protogen
-        from ..agent import wire
+        from capturer import protogen
+        from capturer.agent import wire
 
         pb = protogen.load("agent")
         errors = []
@@ -324,7 +324,7 @@ class RemoteRegion(Region):
     def _same_position(self, pos: Any) -> Any:
         """The position object this region passed on last when ``pos`` is the same
         point (the checkpoint's floor is the commit_ts of the first item at a position)."""
-        from ..agent.wire import position_json
+        from capturer.agent.wire import position_json
 
         j = position_json(pos)
         if pos is not None and self.position is not None and j == self._pos_json:
@@ -380,8 +380,8 @@ class RemoteRegion(Region):
 
     # --- capturer side ----------------------------------------------------------
     def checkpointed(self, position: Any) -> None:
-        from .. import protogen
-        from ..agent import wire
+        from capturer import protogen
+        from capturer.agent import wire
 
         with self._lock:
             requests = self._requests

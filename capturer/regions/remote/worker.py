@@ -23,13 +23,13 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from ..config import RemoteRegionConfig
-from ..errors import FatalSourceError, SourceError
-from .base import RegionContext
-from .remote import RemoteRegion
+from capturer.config import RemoteRegionConfig
+from capturer.errors import FatalSourceError, SourceError
+from capturer.regions.base import RegionContext
+from capturer.regions.remote.region import RemoteRegion
 
 log = logging.getLogger(__name__)
-PACKAGE_ROOT = Path(__file__).resolve().parents[2]
+PACKAGE_ROOT = Path(__file__).resolve().parents[3]
 
 
 class WorkerRegion(RemoteRegion):

@@ -18,8 +18,8 @@ import logging
 import threading
 from typing import Callable, Iterable
 
-from .bqueue import Closed, WeightedQueue
-from .model import Heartbeat, Item, Txn
+from capturer.pipeline.bqueue import Closed, WeightedQueue
+from capturer.model import Heartbeat, Item, Txn
 
 log = logging.getLogger(__name__)
 

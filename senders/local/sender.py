@@ -24,9 +24,9 @@ from capturer.errors import SinkError
 from capturer.ini import Key, p_bool, p_choice, p_int, p_nonempty
 from capturer.model import Position, RowChange, TableSchema, Txn
 from capturer.spill import SpilledChanges
-from capturer.sqlbuild import build
+from senders.sqlbuild import build
 
-from .base import Sender
+from senders.base import Sender
 
 log = logging.getLogger(__name__)
 

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .encode import quote_ident, sql_literal, sql_param
-from .model import RowChange, TableSchema
+from capturer.encode import quote_ident, sql_literal, sql_param
+from capturer.model import RowChange, TableSchema
 
 
 class _Out:

@@ -58,14 +58,14 @@ import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
-from .. import failpoints
-from ..spill import write_blob
-from ..encode import quote_ident
-from ..errors import FatalSourceError, SourceError
-from ..model import ColumnInfo, Position, SnapshotMark, TableProgress, TableSchema
+from capturer import failpoints
+from capturer.spill import write_blob
+from capturer.encode import quote_ident
+from capturer.errors import FatalSourceError, SourceError
+from capturer.model import ColumnInfo, Position, SnapshotMark, TableProgress, TableSchema
 
 if TYPE_CHECKING:
-    from .mysql import MySQLRegion
+    from capturer.regions.mysql.region import MySQLRegion
 
 log = logging.getLogger(__name__)
 
@@ -1090,8 +1090,8 @@ class Snapshotter:
     def _read_keyless(self, reader: Reader, plan: TablePlan, p: TableProgress, at: Position, names: list[str],
                       norm: list[Callable[[Any], Any] | None]) -> Chunk:
         make = row_maker(names, norm)
-        from ..model import RowChange
-        from ..spill import DEFAULT_CHUNK_ROWS, SpillWriter
+        from capturer.model import RowChange
+        from capturer.spill import DEFAULT_CHUNK_ROWS, SpillWriter
 
         ctx = self.region.ctx
         spill = SpillWriter(ctx.spill_dir or None, min(ctx.spill_rows or DEFAULT_CHUNK_ROWS, DEFAULT_CHUNK_ROWS))

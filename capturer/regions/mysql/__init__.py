@@ -1,0 +1,1 @@
+"""MySQL/MariaDB regions: binlog reading, row decoding, snapshots."""

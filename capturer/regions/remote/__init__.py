@@ -1,0 +1,1 @@
+"""Regions served by region agents (type=remote) and by worker processes (process=true)."""

@@ -1,0 +1,1 @@
+"""The Kafka sender and its message formats."""

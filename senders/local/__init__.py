@@ -1,0 +1,1 @@
+"""The local file sender, and reading its files back (replay)."""

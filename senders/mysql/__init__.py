@@ -1,0 +1,1 @@
+"""The MySQL sender and its row-conflict detection."""
