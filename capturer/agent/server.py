@@ -80,6 +80,7 @@ class Session:
         self.agent = agent
         self.name = rcfg.name
         self.peer = peer
+        self.capturer = sub.capturer
         self.stop = threading.Event()
         self.done = threading.Event()
         self.out: WeightedQueue[Item] = WeightedQueue(agent.cfg.queue_rows)
@@ -339,6 +340,13 @@ class Agent:
         with lock:  # one session per region: a new subscription replaces the old one
             with self._lock:
                 old = self._sessions.get(rcfg.name)
+            if old is not None and old.capturer != sub.capturer and not old.done.is_set():
+                # two capturers on one agent region would push each other off in turn
+                log.warning("region %s: refused %s (%s): it is read by %s (%s)", rcfg.name, sub.capturer, peer,
+                            old.capturer, old.peer)
+                context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                              f"region {rcfg.name} of this agent is being read by another capturer ({old.capturer}, "
+                              f"{old.peer}); an agent region serves one capturer at a time")
             if old is not None:
                 log.info("region %s: %s subscribes again; ending the session of %s", rcfg.name, peer, old.peer)
                 old.stop.set()

@@ -131,6 +131,19 @@ def regions_covered(tmp: Path, servers: dict[str, MariaDBInstance]) -> bool:
     return True
 
 
+def snapshot_finished(cap: Any, tmp: Path, region: str) -> bool:
+    """The agent's region copied every table, and the checkpoint (what every sender
+    acknowledged) has no copy left in progress."""
+    st = cap.snapshot()["regions"][region]["agent"]["region_status"].get("snapshot")
+    if not st or not st["tables"] or not all(t["state"] in ("done", "dropped") for t in st["tables"].values()):
+        return False
+    try:
+        pos = json.loads((tmp / "checkpoint.json").read_text())["regions"][region]
+    except (OSError, ValueError, KeyError):
+        return False
+    return all(t["state"] in ("done", "dropped") for t in pos.get("snapshot", []))
+
+
 def alive(cap: Any) -> bool:
     assert not cap._find_failure(), cap._find_failure()
     return True
@@ -178,8 +191,9 @@ def test_agent_feeds_every_sender_with_an_initial_snapshot(tmp_path: Path, sourc
             for t in threads:
                 t.join()
             assert not any(w.errors for w in loads)
-            wait_for(lambda: alive(cap) and regions_covered(tmp_path, {"r1": local, "shard2": remote}), 240,
-                     "every sender")
+            # covered binlog is not enough: the snapshot's chunks may still be on their way
+            wait_for(lambda: alive(cap) and regions_covered(tmp_path, {"r1": local, "shard2": remote})
+                     and snapshot_finished(cap, tmp_path, "shard2"), 240, "every sender")
             st = http_status(cfg)
             r = st["regions"]["shard2"]
             assert r["agent"]["address"] == f"127.0.0.1:{agent.port}" and r["rows"] > 0 and r["state"] == "streaming"
@@ -300,6 +314,19 @@ def test_refusals_name_region_and_agent(tmp_path: Path, sources: list[MariaDBIns
             log = (d / "capturer.log").read_text()
             assert want in log and f"region {name}" in log, log[-2000:]
             assert "Zq9" not in log, "a token is never printed"
+        # a second capturer on a region another capturer reads is refused (they would push each other off)
+        first, second = tmp_path / "first", tmp_path / "second"
+        first.mkdir()
+        second.mkdir()
+        body = f"address=127.0.0.1:{agent.port}\ntoken=Zq9-right\nagent_region=s1\n"
+        a = CapturerProcess(capturer_config(first, {"one": body}), first / "capturer.log").start()
+        a.wait_ready()
+        wait_for(lambda: http_status(first / "config.cfg")["regions"]["one"]["state"] == "streaming", 60, "streaming")
+        b = CapturerProcess(capturer_config(second, {"two": body}), second / "capturer.log").start()
+        assert b.proc is not None and b.proc.wait(60) == 1
+        assert "is being read by another capturer" in (second / "capturer.log").read_text()
+        assert http_status(first / "config.cfg")["regions"]["one"]["state"] == "streaming"
+        assert a.stop() == 0
     finally:
         agent.stop()
     # a copy through an agent that would empty a table a local region also delivers: refused by the agent's

@@ -96,6 +96,58 @@ def check_server(variables: dict[str, str], where: str) -> None:
         )
 
 
+class TxnAssembler:
+    """The transaction being read: its GTID and row changes, moved to disk in chunks
+    once it grows past ``spill_rows`` (0 = never). ``open`` is true between its first
+    event and its end (a heartbeat then is not at a transaction boundary)."""
+
+    def __init__(self, spill_rows: int, spill_dir: str, where: str):
+        self.spill_rows = spill_rows
+        self.spill_dir = spill_dir or None
+        self.where = where
+        self._reset()
+
+    def _reset(self) -> None:
+        self.gtid = ""
+        self.changes: list[RowChange] = []
+        self.spill: SpillWriter | None = None
+        self.open = False
+
+    @property
+    def rows(self) -> int:
+        return len(self.changes) + (self.spill.rows if self.spill is not None else 0)
+
+    def begin(self, gtid: str) -> None:
+        """A GTID event: a new transaction (anything unfinished before it is dropped)."""
+        self._reset()
+        self.gtid = gtid
+        self.open = True
+
+    def add(self, changes: list[RowChange], at: str) -> None:
+        self.open = True
+        self.changes.extend(changes)
+        limit = self.spill.chunk_rows if self.spill is not None else self.spill_rows
+        if self.spill_rows and len(self.changes) >= limit:
+            if self.spill is None:
+                self.spill = SpillWriter(self.spill_dir, min(self.spill_rows, DEFAULT_CHUNK_ROWS))
+                log.info("%s: transaction at %s has more than %d rows: spilling it to disk", self.where, at,
+                         self.spill_rows)
+            self.spill.add(self.changes)
+            self.changes = []
+
+    def finish(self) -> tuple[str, list[RowChange], None, SpillWriter | None]:
+        """(gtid, changes in memory, no DDL, the spill) of the transaction that ends; then empty."""
+        out = (self.gtid, self.changes, None, self.spill)
+        self._reset()
+        return out
+
+    def finish_empty(self) -> str:
+        """A statement that is a transaction of its own (DDL, GRANT ...): its gtid; the state is emptied."""
+        gtid = self.gtid
+        self._reset()
+        return gtid
+
+
 class MySQLRegion(Region):
     def __init__(self, cfg: RegionConfig, ctx: RegionContext):
         super().__init__(cfg.name, ctx)
@@ -776,17 +828,13 @@ class MySQLRegion(Region):
         # a first heartbeat at the floor tells the merger this region is alive
         with self._lock:
             self._emit(Heartbeat(self.name, self.clock.last_emitted, self.position))
-        changes: list[RowChange] = []
-        spill: SpillWriter | None = None  # the transaction so far, when it grew past spill_rows
-        spill_rows = self.ctx.spill_rows
-        gtid = ""
-        in_txn = False
+        txn = TxnAssembler(self.ctx.spill_rows, self.ctx.spill_dir, self.where)
         try:
             for ev in stream:
                 if self.ctx.stop.is_set():
                     break
                 if isinstance(ev, HeartbeatLogEvent):
-                    if not in_txn:
+                    if not txn.open:
                         # the server has sent everything: the stream position is at a
                         # transaction boundary, past any trailing non-transaction events
                         self._heartbeat(Position(str(stream.log_file), int(stream.log_pos),
@@ -795,51 +843,38 @@ class MySQLRegion(Region):
                 if ev.timestamp:
                     self.last_source_time = float(ev.timestamp)
                 if isinstance(ev, (MariadbGtidEvent, GtidEvent)):
-                    gtid = str(getattr(ev, "gtid", ""))
-                    changes, spill = [], None
-                    in_txn = True
+                    txn.begin(str(getattr(ev, "gtid", "")))
                 elif isinstance(ev, (WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent)):
-                    in_txn = True
-                    schema = self._schema(ev)
-                    changes.extend(self._changes(ev, schema))
-                    if spill_rows and len(changes) >= (spill.chunk_rows if spill else spill_rows):
-                        if spill is None:
-                            spill = SpillWriter(self.ctx.spill_dir or None, min(spill_rows, DEFAULT_CHUNK_ROWS))
-                            log.info("%s: transaction at %s:%s has more than %d rows: spilling it to disk",
-                                     self.where, stream.log_file, stream.log_pos, spill_rows)
-                        spill.add(changes)
-                        changes = []
+                    txn.add(self._changes(ev, self._schema(ev)), f"{stream.log_file}:{stream.log_pos}")
                 elif isinstance(ev, XidEvent):
-                    self._commit(stream, ev.timestamp, gtid, changes, None, spill)
-                    changes, spill, gtid, in_txn = [], None, "", False
+                    self._commit(stream, ev.timestamp, *txn.finish())
                 elif isinstance(ev, QueryEvent):
                     q = ev.query if isinstance(ev.query, str) else ev.query.decode("utf-8", "replace")
                     head = q.strip().upper()
                     if head == "BEGIN":
-                        in_txn = True
+                        txn.open = True
                     elif head in ("COMMIT", "ROLLBACK"):
                         # COMMIT ends a group of non-transactional (e.g. MyISAM) changes;
                         # ROLLBACK here means they were applied anyway and cannot be undone
-                        if head == "ROLLBACK" and changes:
+                        if head == "ROLLBACK" and txn.rows:
                             log.warning("%s: non-transactional changes before ROLLBACK at %s:%s "
                                         "were applied by the source; passing them on",
                                         self.where, stream.log_file, stream.log_pos)
-                        self._commit(stream, ev.timestamp, gtid, changes, None, spill)
-                        changes, spill, gtid, in_txn = [], None, "", False
+                        self._commit(stream, ev.timestamp, *txn.finish())
                     elif is_ignorable(q):
                         continue
                     elif not is_data_ddl(q):
                         # GRANT, CREATE USER, FLUSH ...: nothing to replicate, but the
                         # position moves on (an empty transaction)
                         log.debug("%s: not passing on %r", self.where, q[:80])
+                        gtid = txn.finish_empty()
                         self._commit(stream, ev.timestamp, gtid, [], None)
-                        changes, gtid, in_txn = [], "", False
                     else:
                         schema_db = ev.schema.decode("utf-8", "replace") if isinstance(ev.schema, bytes) else str(ev.schema or "")
                         db, table = ddl_target(q, schema_db)
                         self._forget(db, table, q)
+                        gtid = txn.finish_empty()
                         self._commit(stream, ev.timestamp, gtid, [], Ddl(db, q, table, schema_db))
-                        changes, gtid, in_txn = [], "", False
         finally:
             stream.close()
             if self._meta is not None:

@@ -89,6 +89,11 @@ class RemoteRegion(Region):
         self._requests: queue.Queue[Any] | None = None
         self._call: Any = None
         self._lock = threading.Lock()
+        # who reads: a capturer started again is the same reader; another capturer is not
+        import socket
+
+        where_cp = str(ctx.state_path.resolve()) if ctx.state_path is not None else "?"
+        self.identity = f"{socket.gethostname()}:{where_cp}:{cfg.name}"
         host = cfg.address[0].rsplit(":", 1)[0]
         if cfg.token and not cfg.uses_tls and any(a.rsplit(":", 1)[0] not in ("127.0.0.1", "localhost", "[::1]")
                                                   for a in cfg.address):
@@ -186,7 +191,7 @@ class RemoteRegion(Region):
             position=wire.packb(wire.position_json(self.position)) if self.position is not None else b"",
             floor=self.last_txn_ts, promised=self.promised,
             lifts=wire.packb([list(e) for e in self.ctx.journal.entries(self.name)]),
-            filter_rules=rules, filter_source=source, capturer=f"{self.name}"))
+            filter_rules=rules, filter_source=source, capturer=self.identity))
 
     def _stream(self, channel: Any, pb: Any, wire: Any, where: str) -> None:
         import grpc
