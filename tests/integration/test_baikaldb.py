@@ -591,3 +591,29 @@ def test_kill9_before_the_first_checkpoint_keeps_the_start(tmp_path: Path, doubl
         if proc.proc is not None and proc.proc.poll() is None:
             proc.kill9()
     assert_file_equals(c, tmp_path / "out" / "changes.jsonl")
+
+
+def test_regions_in_worker_processes(tmp_path: Path, double: BaikalDouble, target: MariaDBInstance,  # type: ignore[no-untyped-def]
+                                     capturer_running) -> None:
+    """process=true on BaikalDB regions: each binlog table is read in a worker process
+    (its schema journal where the in-process region keeps it); a worker killed -9
+    mid-load is started again; the file and MySQL equal the double, in one order."""
+    import os
+    import signal
+
+    w = Workload(double.cluster, seed=23)
+    w.run(30)
+    cfg = baikal_config(tmp_path, double, file_and_mysql(tmp_path, target), region_extra="process=true\n")
+    with capturer_running(cfg) as cap:
+        wait_for(lambda: all(r.state == "streaming" for r in cap.regions), 60, "the workers to stream")
+        w.run(100, schema_at={50: 1})
+        os.kill(cap.regions[0].proc.pid, signal.SIGKILL)
+        w.run(100)
+        wait_for(lambda: covered(tmp_path, w), 120, "the checkpoint to pass the last commit")
+        st = status(cap)
+    assert st["regions"]["shop"]["worker"]["starts"] == 2 and st["regions"]["acct"]["worker"]["starts"] == 1
+    assert (tmp_path / "checkpoint.json.baikaldb.shop").exists(), "the schema journal is where the capturer keeps it"
+    assert_file_equals(double.cluster, tmp_path / "out" / "changes.jsonl")
+    assert_mysql_equals(double.cluster, target)
+    tss = [x["commit_ts"] for x in read_lines(tmp_path)]
+    assert tss == sorted(tss)
