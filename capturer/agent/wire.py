@@ -39,7 +39,6 @@ from capturer.model import (
     RowChange,
     SnapshotMark,
     TableSchema,
-    Txn,
     position_from_json,
 )
 
@@ -207,9 +206,8 @@ class Encoder:
 
 
 class Decoder:
-    """msgpack values -> items, for one stream. A big transaction is handed to
-    ``collect`` (a callable that gets the header and row chunks) so the caller
-    can keep it on disk."""
+    """msgpack values -> schemas, row changes, transaction headers and heartbeats,
+    for one stream (the caller puts a transaction together, on disk when big)."""
 
     def __init__(self, region: str) -> None:
         self.region = region
@@ -273,6 +271,3 @@ def unpacker(data: bytes) -> Iterator[Any]:
             raise
         raise WireError(f"bad batch: {exc}") from None
 
-
-def make_txn(fields: dict[str, Any], changes: Any) -> Txn:
-    return Txn(changes=changes, **fields)

@@ -23,6 +23,14 @@ def two_servers(tmp_path: Path) -> Iterator[list[MariaDBInstance]]:
         m.stop()
 
 
+@pytest.fixture
+def target(tmp_path: Path) -> Iterator[MariaDBInstance]:
+    """A MariaDB target (no binlog) for the MySQL sender."""
+    m = MariaDBInstance(tmp_path / "target", server_id=99, binlog=False).start()
+    yield m
+    m.stop()
+
+
 @contextlib.contextmanager
 def running(cfg_path: Path) -> Iterator[Capturer]:
     """The capturer in-process, in a thread, stopped cleanly on exit."""

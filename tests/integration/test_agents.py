@@ -95,13 +95,6 @@ def sources(tmp_path: Path) -> Iterator[list[MariaDBInstance]]:
         m.stop()
 
 
-@pytest.fixture
-def target(tmp_path: Path) -> Iterator[MariaDBInstance]:
-    m = MariaDBInstance(tmp_path / "target", server_id=99, binlog=False).start()
-    yield m
-    m.stop()
-
-
 def file_state_equals(tmp: Path, servers: list[MariaDBInstance], tables: list[str] = TABLES) -> None:
     """The file, replayed with copies collapsed by identity, equals the sources; a
     repeated identity is always the same change."""

@@ -40,13 +40,6 @@ def double() -> Iterator[BaikalDouble]:
     d.stop()
 
 
-@pytest.fixture
-def target(tmp_path: Path) -> Iterator[MariaDBInstance]:
-    m = MariaDBInstance(tmp_path / "target", server_id=99, binlog=False).start()
-    yield m
-    m.stop()
-
-
 def file_sender(tmp: Path) -> str:
     return f"[global]\ntype=local\n[local]\nfilepath={tmp / 'out' / 'changes.jsonl'}\n"
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -14,13 +13,6 @@ from helpers import CapturerProcess, checkpoint_covers, wait_for, write_config
 from workload import SCHEMA, Workload, assert_target_equals_sources, rows_of
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def target(tmp_path: Path) -> Iterator[MariaDBInstance]:
-    m = MariaDBInstance(tmp_path / "target", server_id=99, binlog=False).start()
-    yield m
-    m.stop()
 
 
 def mysql_senders(target: MariaDBInstance, **extra: object) -> str:

@@ -11,7 +11,7 @@ import threading
 import time
 from collections import defaultdict
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 import requests
@@ -148,13 +148,6 @@ def rebuild_kafka(records: list[Any]) -> dict[tuple[str, str], list[str]]:
         rows = list(keyed.values()) + keyless
         out[(db, table)] = sorted(json.dumps(x, sort_keys=True) for x in rows)
     return out
-
-
-@pytest.fixture
-def target(tmp_path: Path) -> Iterator[MariaDBInstance]:
-    m = MariaDBInstance(tmp_path / "target", server_id=99, binlog=False).start()
-    yield m
-    m.stop()
 
 
 def test_initial_snapshot_with_concurrent_writes_every_sender(tmp_path: Path, target: MariaDBInstance,

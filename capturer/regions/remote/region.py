@@ -2,10 +2,10 @@
 (``python -m capturer.agent``) and serves over gRPC (``proto/agent.proto``).
 
 The capturer stays the only keeper of durable state. Each connection subscribes
-with what a restart from the checkpoint would use, taken from what this region
-already passed on: the position of its last item, the commit_ts of the item that
-reached that position (the floor) and its newest heartbeat (nothing may come at or
-below it). The agent starts a fresh region there. Lifts of commit_ts (``tso.py``)
+with what this region already passed on: the position of its last item, the
+commit_ts of its last transaction (the agent's clock goes on above it, so any
+lift is journaled) and its newest heartbeat (nothing may come at or below it); on
+a first connection, the checkpoint's. The agent starts a fresh region there. Lifts of commit_ts (``tso.py``)
 that the agent's region makes are sent ahead of the transaction and journaled here
 before it goes on; a start position the region pins is written to the checkpoint
 here. As the checkpoint moves the agent is told, so it can drop state older than it.
@@ -73,7 +73,6 @@ class RemoteRegion(Region):
         self.where = f"region {cfg.name} (agent {','.join(cfg.address)}, region {cfg.remote_name})"
         self._addr_index = 0
         self.address = cfg.address[0]
-        self.floor = ctx.floor  # commit_ts of the item that reached self.position
         # a reconnect resumes the agent's clock as a local region's goes on: from the last transaction
         # passed on (above it every lift is journaled) and the newest heartbeat (nothing at or below it)
         self.last_txn_ts = ctx.floor
@@ -350,8 +349,6 @@ class RemoteRegion(Region):
         txn = Txn(changes=changes, **fields)
         self._put(txn, txn.weight)
         if txn.position is not None:
-            if txn.position is not self.position:
-                self.floor = txn.commit_ts
             self.position = txn.position
         self.last_commit_ts = txn.commit_ts
         self.last_txn_ts = txn.commit_ts
@@ -374,8 +371,6 @@ class RemoteRegion(Region):
             return  # an agent's region starting again promises less than was passed on: nothing new
         if hb.position is not None:
             pos = self._same_position(hb.position)
-            if pos is not self.position:
-                self.floor = hb.commit_ts
             self.position = pos
             hb = Heartbeat(hb.region, hb.commit_ts, pos)
         self._put(hb, 1)
@@ -413,7 +408,7 @@ class RemoteRegion(Region):
                       "bytes": self.bytes, "status_age_seconds":
                           round(time.time() - self.agent_status_at, 1) if self.agent_status_at else None,
                       "region_status": self.agent_status}
-        for k in ("decoded_fast", "decoded_library", "spilled_txns"):
-            if k in self.agent_status and k != "spilled_txns":
+        for k in ("decoded_fast", "decoded_library"):  # the agent's region decodes
+            if k in self.agent_status:
                 d[k] = self.agent_status[k]
         return d
