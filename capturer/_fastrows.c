@@ -1065,8 +1065,21 @@ static int put_obj(Buf *b, PyObject *o, Enc *e, PyObject *key, int depth, int ro
         if (rc) return rc < 0 ? -1 : 0;
     }
     if (Decimal && Py_IS_TYPE(o, (PyTypeObject *)Decimal)) {
+        /* plain notation, never an exponent (str(Decimal("1E-20")) is "1E-20"): as json_value writes it */
         PyObject *r = PyObject_Str(o);
         if (!r) return -1;
+        const char *s = PyUnicode_AsUTF8(r);
+        if (!s) { Py_DECREF(r); return -1; }
+        const char *ex = strpbrk(s, "Ee");
+        long e10 = ex ? strtol(ex + 1, NULL, 10) : 0;
+        /* (a bounded exponent: "1E+999999999" stays as it is rather than a gigabyte of zeros) */
+        if (ex && !strpbrk(s, "Nn") && e10 >= -20000 && e10 <= 20000) {
+            static PyObject *f = NULL;
+            Py_DECREF(r);
+            if (!f && !(f = PyUnicode_FromString("f"))) return -1;
+            r = PyObject_Format(o, f);
+            if (!r) return -1;
+        }
         int rc = put_str(b, r);
         Py_DECREF(r);
         return rc;

@@ -117,15 +117,12 @@ class Capturer:
                      self.cfg.checkpoint_path)
 
     def tables_elsewhere(self, region: str, tables: list[tuple[str, str]]) -> dict[tuple[str, str], list[str]]:
-        """For each of ``tables``: the other MySQL/MariaDB regions, local or served by
-        agents, that deliver a table of that name (it exists on their server and the
-        filter selects it)."""
-        from capturer.regions.mysql.region import MySQLRegion
-        from capturer.regions.remote.region import RemoteRegion
-
+        """For each of ``tables``: the other regions (MySQL/MariaDB, PostgreSQL, local or
+        served by agents) that deliver a table of that name (it exists on their server
+        and the filter selects it)."""
         out: dict[tuple[str, str], list[str]] = {}
         for r in self.regions:
-            if r.name == region or not isinstance(r, (MySQLRegion, RemoteRegion)):
+            if r.name == region or not hasattr(r, "tables_info"):
                 continue
             for t in r.tables_info(tables):
                 out.setdefault(t, []).append(r.name)

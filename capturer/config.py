@@ -162,6 +162,82 @@ BAIKAL_KEYS = [
 ]
 
 
+_SLOT = re.compile(r"^[a-z0-9_]{1,63}$")
+
+
+def p_slot(v: str) -> str:
+    if not _SLOT.match(v):
+        raise ValueError("a replication slot name is 1-63 of a-z 0-9 _")
+    return v
+
+
+def p_create_publication(v: str) -> str:
+    """no | all | schema.table[,schema.table...]"""
+    low = v.strip().lower()
+    if low in ("no", "all"):
+        return low
+    tables = [t.strip() for t in v.split(",") if t.strip()]
+    if not tables or not all(re.fullmatch(r"[^.\s]+\.[^.\s]+", t) for t in tables):
+        raise ValueError("expected no, all, or schema.table[,schema.table...]")
+    return ",".join(tables)
+
+
+POSTGRES_KEYS = [
+    Key("type", p_choice("postgresql"), "postgresql", doc="region kind: a PostgreSQL logical replication slot"),
+    Key("host", p_nonempty, required=True),
+    Key("port", p_int(1, 65535), 5432),
+    Key("user", p_nonempty, required=True, doc="a role with REPLICATION (and SELECT on the published tables)"),
+    Key("password", p_str, "", secret=True),
+    Key("dbname", p_nonempty, required=True, doc="the database whose changes are read"),
+    Key("slot", p_slot, "", doc="logical replication slot (pgoutput); empty = capturer_<region name>"),
+    Key("create_slot", p_bool, True, doc="create the slot on a first start when it does not exist"),
+    Key("publication", p_nonempty, "", doc="publication whose tables are read; empty = capturer_<region name>"),
+    Key("create_publication", p_create_publication, "no",
+        doc="when the publication does not exist: no (an error), all (FOR ALL TABLES), or schema.table,..."),
+    Key("heartbeat_ms", p_int(50, 60_000), 500, doc="idle heartbeat period"),
+    Key("heartbeat_lag_ms", p_int(0, 600_000), 1000,
+        doc="how far behind the server's clock a heartbeat promises"),
+    Key("status_interval", p_float(0.1, 3600), 10.0, doc="seconds between status updates to the server"),
+    Key("connect_timeout", p_float(0.5, 600), 10.0),
+    Key("sslmode", p_choice("disable", "allow", "prefer", "require", "verify-ca", "verify-full"), "prefer"),
+    Key("ddl", p_bool, True,
+        doc="send MySQL DDL for new and changed tables (CREATE TABLE on first sight, ALTER TABLE, TRUNCATE)"),
+    Key("toast_fill", p_bool, True,
+        doc="read unchanged TOASTed values (absent from the log under REPLICA IDENTITY DEFAULT) from the table"),
+    Key("process", p_bool, False,
+        doc="read and decode this region in a worker process of its own (a local region agent) instead of "
+            "the capturer's process"),
+]
+
+
+@dataclass(frozen=True)
+class PostgresRegionConfig:
+    name: str
+    type: str
+    host: str
+    port: int
+    user: str
+    dbname: str
+    password: str = field(default="", repr=False)
+    slot: str = ""
+    create_slot: bool = True
+    publication: str = ""
+    create_publication: str = "no"
+    heartbeat_ms: int = 500
+    heartbeat_lag_ms: int = 1000
+    status_interval: float = 10.0
+    connect_timeout: float = 10.0
+    sslmode: str = "prefer"
+    ddl: bool = True
+    toast_fill: bool = True
+    process: bool = False
+
+    def masked(self) -> dict[str, Any]:
+        return {"type": self.type, "host": self.host, "port": self.port, "user": self.user,
+                "password": "***" if self.password else "", "dbname": self.dbname, "slot": self.slot,
+                "publication": self.publication, "create_publication": self.create_publication}
+
+
 REMOTE_KEYS = [
     Key("type", p_choice("remote"), "remote", doc="region kind: a region served by a region agent"),
     Key("address", p_peers, required=True,
@@ -263,7 +339,7 @@ class RegionConfig:
         }
 
 
-AnyRegionConfig = Union[RegionConfig, BaikalRegionConfig, RemoteRegionConfig]
+AnyRegionConfig = Union[RegionConfig, BaikalRegionConfig, RemoteRegionConfig, PostgresRegionConfig]
 
 
 @dataclass(frozen=True)
@@ -355,7 +431,7 @@ def load_config(path: Path | str, base_dir: Path | None = None) -> AppConfig:
 def parse_regions(ini: IniFile, path: Path, allow_remote: bool = True) -> list[AnyRegionConfig]:
     """Every ``[region:NAME]`` section, validated by its ``type``; at least one. Two
     regions that read the same source are an error."""
-    regions = []
+    regions: list[AnyRegionConfig] = []
     for name, sec in ini.sections.items():
         if not name.startswith("region:"):
             continue
@@ -375,6 +451,13 @@ def parse_regions(ini: IniFile, path: Path, allow_remote: bool = True) -> list[A
                     raise ConfigError(f"{ini.where(name, k)}: no such file: {v[k]}")
             regions.append(RemoteRegionConfig(name=rname, **{k: v[k] for k in v}))
             continue
+        if kind is not None and kind.value.lower() == "postgresql":
+            v = parse_section(ini, name, POSTGRES_KEYS)
+            default = "capturer_" + re.sub(r"[^a-z0-9_]", "_", rname.lower())[:50]
+            v["slot"] = v["slot"] or default
+            v["publication"] = v["publication"] or default
+            regions.append(PostgresRegionConfig(name=rname, **{k: v[k] for k in v}))
+            continue
         if kind is not None and kind.value.lower() == "baikaldb":
             v = parse_section(ini, name, BAIKAL_KEYS)
             regions.append(BaikalRegionConfig(name=rname, **{k: v[k] for k in v}))
@@ -382,7 +465,7 @@ def parse_regions(ini: IniFile, path: Path, allow_remote: bool = True) -> list[A
             keys = REGION_KEYS
             if kind is not None and kind.value.lower() not in ("mysql", "mariadb"):
                 raise ConfigError(f"{ini.where(name, 'type')}: bad value {kind.value!r}: expected one of "
-                                  "mysql, mariadb, baikaldb" + (", remote" if allow_remote else ""))
+                                  "mysql, mariadb, baikaldb, postgresql" + (", remote" if allow_remote else ""))
             v = parse_section(ini, name, keys)
             regions.append(RegionConfig(name=rname, **{k: v[k] for k in v}))
     if not regions:
@@ -409,6 +492,13 @@ def parse_regions(ini: IniFile, path: Path, allow_remote: bool = True) -> list[A
                         f"{path}: regions [region:{other}] and [region:{r.name}] both read binlog table "
                         f"{r.binlogTableID}{f' region {rid}' if rid else ''} of the same cluster")
                 ids[bkey] = r.name
+            continue
+        if isinstance(r, PostgresRegionConfig):
+            pkey = (r.host, r.port, r.dbname, r.slot)
+            if pkey in ids:
+                raise ConfigError(f"{path}: regions [region:{ids[pkey]}] and [region:{r.name}] read the same "
+                                  f"replication slot {r.slot!r} of {r.host}:{r.port}/{r.dbname}")
+            ids[pkey] = r.name
             continue
         key = (r.host, r.port)
         if key in ids:

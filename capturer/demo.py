@@ -23,6 +23,7 @@ from capturer.app import Capturer
 from capturer.config import load_config
 from capturer.encode import json_row
 from capturer.local_mariadb import MariaDBInstance
+from capturer.model import Position
 from senders.local.replay import read_changes, rebuild
 
 log = logging.getLogger(__name__)
@@ -73,7 +74,7 @@ class Workload:
         r = self.rng.random()
         now = dt.datetime.now().replace(microsecond=self.rng.randrange(1_000_000))
         if r < 0.35 or len(self.customers) < 5:
-            stmts = []
+            stmts: list[tuple[str, tuple[Any, ...]]] = []
             for _ in range(self.rng.randint(1, 4)):
                 cid = self.next_cust = self.next_cust + 1
                 self.customers.append(cid)
@@ -114,7 +115,7 @@ class Workload:
 
     def source_state(self) -> dict[tuple[str, str], list[dict[str, Any]]]:
         c = self.m.connect()
-        out = {}
+        out: dict[tuple[str, str], list[dict[str, Any]]] = {}
         try:
             with c.cursor() as cur:
                 cur.execute("SET time_zone='+00:00'")
@@ -226,7 +227,7 @@ def run_demo(basedir: Path, once: bool = False, steps: int = 400,
             cp = c.checkpoint
             for (file, pos), name in zip(targets, ("shard1", "shard2")):
                 p = cp.regions.get(name)
-                if p is None or (p.file, p.pos) < (file, pos):
+                if not isinstance(p, Position) or (p.file, p.pos) < (file, pos):  # (None: none yet)
                     return now - t0 > 180  # give up: reported below
             return True
 

@@ -16,7 +16,7 @@ import json
 import threading
 import datetime as dt
 import decimal
-from typing import Any
+from typing import Any, overload
 
 from pymysql.converters import escape_string
 
@@ -48,12 +48,21 @@ def format_timedelta(td: dt.timedelta) -> str:
     return out + (f".{us:06d}" if us else "")
 
 
+def decimal_text(v: decimal.Decimal) -> str:
+    """Plain notation, exact: ``0.00000000000000000001``, not ``1E-20`` (a value whose
+    exponent is beyond +-20000, which no source column holds, keeps its exponent)."""
+    t = str(v)
+    if "E" not in t or not v.is_finite() or not -20000 <= int(t.rsplit("E", 1)[1]) <= 20000:
+        return t
+    return format(v, "f")
+
+
 def json_value(v: Any) -> tuple[Any, bool]:
     """(JSON-safe value, whether it was base64-encoded)."""
     if v is None or isinstance(v, (bool, int, float, str)):
         return v, False
     if isinstance(v, decimal.Decimal):
-        return str(v), False
+        return decimal_text(v), False
     if isinstance(v, dt.datetime):
         return v.isoformat(sep=" "), False
     if isinstance(v, dt.date):
@@ -144,7 +153,7 @@ def encode_line(d: dict[str, Any], rows: tuple[str, ...] = ("before", "after"), 
     text = dumps_row_line(d, compact)
     if text is not None:
         return text
-    b64 = set()
+    b64: set[str] = set()
     exact = dict(d)
     for k in rows:
         if k in exact:  # an absent row field stays absent, as on the C path
@@ -154,6 +163,10 @@ def encode_line(d: dict[str, Any], rows: tuple[str, ...] = ("before", "after"), 
     return json.dumps(exact, ensure_ascii=False, separators=(",", ":") if compact else None, default=_fallback)
 
 
+@overload
+def json_row(row: dict[str, Any], b64: set[str]) -> dict[str, Any]: ...
+@overload
+def json_row(row: None, b64: set[str]) -> None: ...
 def json_row(row: dict[str, Any] | None, b64: set[str]) -> dict[str, Any] | None:
     if not isinstance(row, dict):  # None (or not a row image: written as any value)
         return row
@@ -191,7 +204,9 @@ def sql_literal(v: Any, type_code: int | None = None) -> str:
         return "NULL"
     if isinstance(v, bool):
         return "1" if v else "0"
-    if isinstance(v, (int, float, decimal.Decimal)):
+    if isinstance(v, decimal.Decimal):
+        return decimal_text(v)
+    if isinstance(v, (int, float)):
         return str(v)
     if isinstance(v, (bytes, bytearray, memoryview)):
         b = bytes(v)

@@ -189,10 +189,10 @@ def parse_section(ini: IniFile, section: str, keys: list[Key]) -> dict[str, Any]
     values = sec.values if sec else {}
     known = {k.name.lower(): k for k in keys}
     prefixes = [k for k in keys if k.name.endswith(".*")]
-    for low, val in values.items():
+    for low, given in values.items():
         if low not in known and not any(low.startswith(p.name[:-1].lower()) for p in prefixes):
             raise ConfigError(
-                f"{ini.where(section, val.key)}: unknown key {val.key!r}; "
+                f"{ini.where(section, given.key)}: unknown key {given.key!r}; "
                 f"known keys: {', '.join(k.name for k in keys)}"
             )
     out: dict[str, Any] = {}

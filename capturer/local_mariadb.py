@@ -219,7 +219,7 @@ class MariaDBInstance:
             database=db,
             charset="utf8mb4",
             autocommit=True,
-            **kw,  # type: ignore[arg-type]
+            **kw,
         )
 
     def execute(self, *sql: str) -> None:

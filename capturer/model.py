@@ -204,6 +204,10 @@ class Position:
     def __str__(self) -> str:
         return f"{self.file}:{self.pos}" + (f" ({self.gtid})" if self.gtid else "")
 
+    def lift_key(self) -> tuple[str, int]:
+        """Where the lift journal (capturer/tso.py) files a lifted transaction."""
+        return (self.file, self.pos)
+
     kind: ClassVar[str] = "mysql"
 
 
@@ -264,7 +268,56 @@ class TsPosition:
         return f"ts {self.ts}"
 
 
-AnyPosition = Union[Position, TsPosition]
+def format_lsn(lsn: int) -> str:
+    """A PostgreSQL LSN as PostgreSQL writes it: ``16/B374D848``."""
+    return f"{lsn >> 32:X}/{lsn & 0xFFFFFFFF:X}"
+
+
+def parse_lsn(v: Any) -> int:
+    """``16/B374D848`` (or a non-negative integer) as an integer LSN."""
+    if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 64:
+        return v
+    if isinstance(v, str):
+        hi, sep, lo = v.partition("/")
+        try:
+            if sep and hi and lo and len(hi) <= 8 and len(lo) <= 8:
+                return (int(hi, 16) << 32) | int(lo, 16)
+        except ValueError:
+            pass
+    raise ValueError(f"expected a PostgreSQL LSN like 16/B374D848, got {v!r}")
+
+
+@dataclass(frozen=True, order=True)
+class LsnPosition:
+    """A resume point in a PostgreSQL logical replication slot: the end LSN of the
+    last transaction read (its commit record's end), or a WAL position an idle
+    slot reported with nothing in flight. Reading resumes with the first
+    transaction that commits after it."""
+
+    lsn: int
+
+    kind: ClassVar[str] = "postgresql"
+
+    def lift_key(self) -> tuple[str, int]:
+        return ("lsn", self.lsn)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "lsn": format_lsn(self.lsn)}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> "LsnPosition":
+        if not isinstance(d, dict):
+            raise ValueError(f"position must be an object, got {d!r}")
+        try:
+            return cls(parse_lsn(d.get("lsn")))
+        except ValueError as exc:
+            raise ValueError(f"position.lsn: {exc}") from None
+
+    def __str__(self) -> str:
+        return format_lsn(self.lsn)
+
+
+AnyPosition = Union[Position, TsPosition, LsnPosition]
 
 
 def position_from_json(d: Any) -> AnyPosition:
@@ -276,6 +329,8 @@ def position_from_json(d: Any) -> AnyPosition:
         return Position.from_json(d)
     if kind == "baikaldb":
         return TsPosition.from_json(d)
+    if kind == "postgresql":
+        return LsnPosition.from_json(d)
     raise ValueError(f"unknown position kind {kind!r}")
 
 

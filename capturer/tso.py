@@ -26,7 +26,7 @@ from typing import Any
 
 from capturer.durable import append_line, rewrite_lines
 from capturer.errors import CheckpointError
-from capturer.model import Position, make_ts
+from capturer.model import LsnPosition, Position, make_ts
 
 log = logging.getLogger(__name__)
 
@@ -58,11 +58,12 @@ class LiftJournal:
         with self._lock:
             return [(f, p, ts) for (r, f, p), ts in self._entries.items() if r == region]
 
-    def get(self, region: str, pos: Position) -> int:
-        return self._entries.get((region, pos.file, pos.pos), 0)
+    def get(self, region: str, pos: Position | LsnPosition) -> int:
+        return self._entries.get((region, *pos.lift_key()), 0)
 
-    def record(self, region: str, pos: Position, commit_ts: int) -> None:
-        key = (region, pos.file, pos.pos)
+    def record(self, region: str, pos: Position | LsnPosition, commit_ts: int) -> None:
+        file, at = pos.lift_key()
+        key = (region, file, at)
         with self._lock:
             if self._entries.get(key) == commit_ts:
                 return
@@ -70,16 +71,16 @@ class LiftJournal:
             if self.path is None:
                 return
             append_line(self.path, json.dumps(
-                {"region": region, "file": pos.file, "pos": pos.pos, "commit_ts": commit_ts}))
+                {"region": region, "file": file, "pos": at, "commit_ts": commit_ts}))
 
     def prune(self, positions: dict[str, Any]) -> None:
-        """Forget lifts at or before each (MySQL) region's checkpointed position."""
+        """Forget lifts at or before each (MySQL, PostgreSQL) region's checkpointed position."""
         with self._lock:
-            mine = {r: p for r, p in positions.items() if isinstance(p, Position)}
+            mine = {r: p.lift_key() for r, p in positions.items() if isinstance(p, (Position, LsnPosition))}
             keep = {
                 k: v
                 for k, v in self._entries.items()
-                if k[0] not in mine or (k[1], k[2]) > (mine[k[0]].file, mine[k[0]].pos)
+                if k[0] not in mine or (k[1], k[2]) > mine[k[0]]
             }
             if len(keep) == len(self._entries):
                 return
@@ -100,8 +101,11 @@ class RegionClock:
         self.journal = journal
         self.lifts = 0
 
-    def commit(self, source_seconds: int, position: Position) -> int:
-        derived = make_ts(source_seconds * 1000)
+    def commit(self, source_seconds: int, position: Position | LsnPosition, derived: int = 0) -> int:
+        """The commit_ts of the transaction that ends at ``position``: its source time
+        (``derived``, a TSO, when the source gives better than seconds) made strictly
+        increasing, and above every heartbeat already sent (a lift, journaled)."""
+        derived = derived or make_ts(source_seconds * 1000)
         natural = max(derived, self.last_txn + 1)
         ts = max(natural, self.last_emitted + 1, self.journal.get(self.region, position))
         if ts > natural:

@@ -32,7 +32,7 @@ def sender_class(name: str) -> "type[Sender]":
     except KeyError:
         raise KeyError(f"unknown sender {name!r}; known: {', '.join(known_senders())}") from None
     mod, cls = target.split(":")
-    return getattr(importlib.import_module(mod), cls)  # type: ignore[no-any-return]
+    return getattr(importlib.import_module(mod), cls)
 
 
 def sender_keys(name: str) -> "list[Key]":

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from capturer.config import AnyRegionConfig, _resolve, parse_regions
+from capturer.config import AnyRegionConfig, RemoteRegionConfig, _resolve, parse_regions
 from capturer.errors import ConfigError
 from capturer.ini import Key, p_choice, p_float, p_int, p_nonempty, p_str, parse_section, read_ini
 
@@ -69,7 +69,7 @@ def worker_config(capturer_config: Path, region: str, listen: str) -> AgentConfi
 
     cfg = load_config(capturer_config)
     rcfg = next((r for r in cfg.regions if r.name == region), None)
-    if rcfg is None or rcfg.type == "remote":
+    if rcfg is None or isinstance(rcfg, RemoteRegionConfig):  # type=remote
         raise ConfigError(f"{capturer_config}: no local region [region:{region}]")
     return AgentConfig(path=capturer_config, listen=p_listen(listen), state_dir=cfg.checkpoint_path.parent,
                        regions=(replace(rcfg, process=False),), queue_rows=cfg.queue_rows, spill_rows=cfg.spill_rows,
@@ -95,7 +95,9 @@ def load_agent_config(path: Path | str, base_dir: Path | None = None) -> AgentCo
     for k in ("tls_cert", "tls_key", "tls_client_ca"):
         if g[k] and not _resolve(base, g[k]).is_file():
             raise ConfigError(f"{ini.where('agent', k)}: no such file: {_resolve(base, g[k])}")
-    regions = [replace(r, process=False) for r in parse_regions(ini, path, allow_remote=False)]
+    # (no remote regions: allow_remote=False)
+    regions = [replace(r, process=False) for r in parse_regions(ini, path, allow_remote=False)
+               if not isinstance(r, RemoteRegionConfig)]
     return AgentConfig(
         path=path, listen=g["listen"], state_dir=_resolve(base, g["stateDir"]), regions=tuple(regions),
         token=g["token"],

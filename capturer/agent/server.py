@@ -22,12 +22,12 @@ import threading
 import time
 from concurrent import futures
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, NoReturn, Protocol
 
 from capturer.pipeline.bqueue import WeightedQueue
 from capturer.errors import CheckpointError, ConfigError, SourceError
 from capturer.pipeline.filter import Filter, parse_filter_text
-from capturer.model import Item, Position
+from capturer.model import Item, LsnPosition, Position
 from capturer.regions import make_region
 from capturer.regions.base import Region, RegionContext
 from capturer.tso import LiftJournal
@@ -35,6 +35,17 @@ from capturer.agent import wire
 from capturer.agent.config import AgentConfig
 
 log = logging.getLogger(__name__)
+
+
+class _CallContext(Protocol):
+    """What the handlers use of a grpc.ServicerContext (grpc has no type stubs)."""
+
+    def peer(self) -> str: ...
+
+    def abort(self, code: Any, details: str) -> NoReturn:
+        """Ends the call with ``code``: raises, never returns."""
+        ...
+
 
 SERVICE = "capturer.agent.RegionAgent"
 SERVER_OPTIONS = [
@@ -60,12 +71,13 @@ class RelayJournal(LiftJournal):
             self._entries[(region, str(file), int(pos))] = int(ts)
         self.pending: list[list[Any]] = []
 
-    def record(self, region: str, pos: Position, commit_ts: int) -> None:
+    def record(self, region: str, pos: Position | LsnPosition, commit_ts: int) -> None:
         with self._lock:
-            if self._entries.get((region, pos.file, pos.pos)) == commit_ts:
+            file, at = pos.lift_key()
+            if self._entries.get((region, file, at)) == commit_ts:
                 return
-            self._entries[(region, pos.file, pos.pos)] = commit_ts
-            self.pending.append([pos.file, pos.pos, commit_ts])
+            self._entries[(region, file, at)] = commit_ts
+            self.pending.append([file, at, commit_ts])
 
     def take(self) -> list[list[Any]]:
         with self._lock:
@@ -291,7 +303,7 @@ class Agent:
         got = dict(context.invocation_metadata()).get("authorization", "")
         return hmac.compare_digest(got.encode(), f"Bearer {self.cfg.token}".encode())
 
-    def _tables(self, req: Any, context: Any, pb: Any) -> Any:
+    def _tables(self, req: Any, context: _CallContext, pb: Any) -> Any:
         import grpc
 
         if not self._authorized(context):
@@ -318,7 +330,7 @@ class Agent:
             context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
         return pb.TablesReply(tables=wire.packb([[db, t, keyless] for (db, t), keyless in found.items()]))
 
-    def _stream(self, requests: Iterator[Any], context: Any, pb: Any) -> Iterator[Any]:
+    def _stream(self, requests: Iterator[Any], context: _CallContext, pb: Any) -> Iterator[Any]:
         import grpc
 
         peer = context.peer()

@@ -37,13 +37,14 @@ from capturer.model import (
     Heartbeat,
     Item,
     RowChange,
+    Op,
     SnapshotMark,
     TableSchema,
     position_from_json,
 )
 
 PROTOCOL = 1
-OPS = ("insert", "update", "delete", "read")
+OPS: tuple[Op, ...] = ("insert", "update", "delete", "read")
 _OP_CODE = {op: i for i, op in enumerate(OPS)}
 CHUNK_ROWS = 2000  # rows per "t"/"c" value
 BATCH_BYTES = 1 << 20  # a batch is sent once its items pass this size

@@ -214,7 +214,8 @@ class Filter:
             return replace(txn, ddl=None)
         spilled = isinstance(txn.changes, SpilledChanges)
         if not self.table_rules and not self.row_rules:
-            dbs = (s.db for s in txn.changes.schemas) if spilled else (ch.db for ch in txn.changes)
+            dbs = (s.db for s in txn.changes.schemas) if isinstance(txn.changes, SpilledChanges) \
+                else (ch.db for ch in txn.changes)
             if all(db.lower() not in SYSTEM_SCHEMAS for db in dbs):
                 return txn
         if not self.row_rules and not spilled:
@@ -229,8 +230,9 @@ class Filter:
                     last = s
             else:
                 return txn
-        if spilled:  # a big transaction: filtered chunk by chunk, on disk
-            return replace(txn, changes=txn.changes.filter_map(self.apply_change))
+        if isinstance(txn.changes, SpilledChanges):  # a big transaction: filtered chunk by chunk, on disk
+            # Txn.changes is typed as a tuple; a SpilledChanges stands in for one (duck-typed)
+            return replace(txn, changes=txn.changes.filter_map(self.apply_change))  # type: ignore[arg-type]
         kept = []
         changed = False
         for ch in txn.changes:

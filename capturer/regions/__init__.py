@@ -33,6 +33,10 @@ def make_region(cfg: "AnyRegionConfig", ctx: "RegionContext") -> "Region":
         from capturer.regions.remote.region import RemoteRegion
 
         return RemoteRegion(cfg, ctx)
+    if cfg.type == "postgresql":
+        from capturer.regions.postgresql.region import PostgresRegion
+
+        return PostgresRegion(cfg, ctx)
     if cfg.type == "baikaldb":
         from capturer.regions.baikaldb.region import BaikalRegion
 

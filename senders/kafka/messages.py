@@ -17,7 +17,7 @@ import time
 from typing import Any, Callable
 
 from capturer.encode import dumps_compact, encode_line_bytes, json_value, type_name
-from capturer.model import Ddl, Position, RowChange, Txn, ts_physical_ms
+from capturer.model import Ddl, LsnPosition, Position, RowChange, Txn, ts_physical_ms
 from senders.sqlbuild import build
 
 OP_CODE = {"insert": "c", "update": "u", "delete": "d", "read": "r"}
@@ -159,12 +159,14 @@ def _pb_value(pb: Any, v: Any) -> Any:
 
 
 def fill_position(m: Any, txn: Txn) -> None:
-    """``capturer.Position`` of a transaction: file/pos for MySQL, ts for BaikalDB."""
+    """``capturer.Position`` of a transaction: file/pos for MySQL, ts for BaikalDB, lsn for PostgreSQL."""
     p = txn.position
     m.kind = p.kind
     m.gtid = txn.gtid
     if isinstance(p, Position):
         m.file, m.pos = p.file, p.pos
+    elif isinstance(p, LsnPosition):
+        m.lsn = p.lsn
     else:
         m.ts = p.ts
 

@@ -29,7 +29,7 @@ import logging
 import re
 import threading
 import time
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol, cast
 
 from capturer.errors import SinkError
 from capturer.ini import Key, p_bool, p_choice, p_int, p_nonempty, p_str
@@ -84,7 +84,7 @@ def partition_for(key: bytes, partitions: int) -> int:
     return (_murmur2(key) & 0x7FFFFFFF) % partitions
 
 
-class _Client:
+class _Client(Protocol):
     """What the sender needs from a Kafka client library."""
 
     def partitions(self, topic: str) -> int: ...
@@ -205,8 +205,10 @@ class _Confluent(_Client):
             self.pending += 1
         while True:
             try:
+                # only read (its header values may be str or None too: list is invariant)
                 self.producer.produce(topic, value=value, key=key, partition=partition,
-                                      headers=headers, on_delivery=self._done)
+                                      headers=cast("list[tuple[str, str | bytes | None]]", headers),
+                                      on_delivery=self._done)
                 break
             except BufferError:
                 self.producer.poll(0.05)

@@ -22,7 +22,7 @@ from capturer import failpoints
 from capturer.encode import _fallback, _fastrows, encode_line_bytes
 from capturer.errors import SinkError
 from capturer.ini import Key, p_bool, p_choice, p_int, p_nonempty
-from capturer.model import Position, RowChange, TableSchema, Txn
+from capturer.model import LsnPosition, Position, RowChange, TableSchema, Txn
 from capturer.spill import SpilledChanges
 from senders.sqlbuild import build
 
@@ -125,7 +125,7 @@ def txn_lines_sql(txn: Txn) -> Iterator[bytes]:
 
 def _txn_lines_sql(txn: Txn) -> Iterator[str]:
     p = txn.position
-    where = f"{p.file}:{p.pos}" if isinstance(p, Position) else f"ts:{p.ts}"
+    where = f"{p.file}:{p.pos}" if isinstance(p, Position) else f"lsn:{p}" if isinstance(p, LsnPosition) else f"ts:{p.ts}"
     tag = f"-- region={txn.region} commit_ts={txn.commit_ts} position={where}"
     if txn.ddl is not None:
         use = f"USE `{txn.ddl.db.replace('`', '``')}`; " if txn.ddl.db else ""

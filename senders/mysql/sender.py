@@ -126,6 +126,18 @@ def _params(ch: RowChange, row: dict[str, Any], cols: list[str]) -> list[Any]:
     return [sql_param(row[c], s.type_of(c)) if c in conv else row[c] for c in cols]
 
 
+def _overlapping(run: list["Op"]) -> bool:
+    """Whether updates of ``run`` touch one primary key twice (old or new key)."""
+    seen: set[tuple[Any, ...]] = set()
+    for op in run:
+        pk = op.ch.schema.pk
+        keys = {tuple(repr(img.get(c)) for c in pk) for img in (op.ch.before, op.ch.after) if img}
+        if keys & seen:
+            return True
+        seen |= keys
+    return False
+
+
 def _where(ch: RowChange, row: dict[str, Any]) -> tuple[str, list[Any], str]:
     s = ch.schema
     cols = list(s.pk) if s.pk and all(c in row for c in s.pk) else list(row)
@@ -316,6 +328,11 @@ class Worker:
 
     def _update(self, cur: Any, run: list[Op]) -> None:
         head = run[0]
+        if head.keyed and _overlapping(run):
+            # two updates of one row (a source may log an update that changes nothing, then a key
+            # change): an upsert for a row found missing must come before the next one, not after
+            self._update_one_by_one(cur, run)
+            return
         name = f"{_q(head.db)}.{_q(head.table)}"
         stmts, params = [], []
         for op in run:

@@ -106,7 +106,9 @@ def lake_value(v: Any, stype: str) -> Any:
         if isinstance(v, (bytes, bytearray)):
             return bytes(v).decode("utf-8", "replace")
         if isinstance(v, decimal.Decimal):
-            return str(v)
+            from capturer.encode import decimal_text
+
+            return decimal_text(v)
         return str(v)
     if stype == "binary" and isinstance(v, str):
         return v.encode("utf-8")

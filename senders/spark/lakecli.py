@@ -116,14 +116,16 @@ def verify(spark: Any, warehouse: Path, database: str, db: str, table: str,
 
 
 def _from_config(path: str) -> tuple[Path, str, dict[str, Any], list[dict[str, Any]]]:
-    from capturer.config import load_config
+    from capturer.config import RegionConfig, load_config
 
     cfg = load_config(Path(path))
     spark_cfg = next((s for s in cfg.senders if s.name == "spark"), None)
     if spark_cfg is None:
         raise SystemExit(f"{cfg.sender_config_path}: no spark sender configured")
     o = spark_cfg.options
-    sources = [{"host": r.host, "port": r.port, "user": r.user, "password": r.password} for r in cfg.regions]
+    # the MySQL/MariaDB regions (the rows are read back over the MySQL protocol)
+    sources = [{"host": r.host, "port": r.port, "user": r.user, "password": r.password} for r in cfg.regions
+               if isinstance(r, RegionConfig)]
     return Path(o["warehouse"]).resolve(), o["database"], o, sources
 
 
@@ -169,11 +171,11 @@ def main(argv: list[str] | None = None) -> int:
             spark.sql(args.arg).show(args.limit, truncate=False)
         elif args.command == "show":
             db, _, table = (args.arg or "").partition(".")
-            st = next((t for t in tables if (t.db, t.table) == (db, table)), None)
-            if st is None:
+            shown = next((t for t in tables if (t.db, t.table) == (db, table)), None)
+            if shown is None:
                 print(f"no lake table for {args.arg}", file=sys.stderr)
                 return 1
-            spark.sql(f"SELECT * FROM {lake.q(database)}.{lake.q(st.name)}").show(args.limit, truncate=False)
+            spark.sql(f"SELECT * FROM {lake.q(database)}.{lake.q(shown.name)}").show(args.limit, truncate=False)
         elif args.command == "compact":
             for st in tables:
                 new = lake.compact(spark, st, database, warehouse)

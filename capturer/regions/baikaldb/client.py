@@ -433,7 +433,7 @@ class StoreClient:
             nb = len(binlogs) if isinstance(binlogs, list) else "?"
             nt = len(tss) if isinstance(tss, list) else "?"
             raise PeerFailure(f"{peer}: binlogs ({nb}) and commit_ts ({nt}) do not pair up")
-        out = []
+        out: list[tuple[int, bytes]] = []
         prev = binlog_ts
         for b, ts in zip(binlogs, tss):
             if isinstance(ts, str) and ts.isdigit():
@@ -492,7 +492,7 @@ class StoreClient:
             except (PeerFailure, FatalSourceError):
                 continue
             if _errcode(d) == "SUCCESS" and isinstance(d.get("binlog_info"), dict):
-                return d["binlog_info"]  # type: ignore[no-any-return]
+                return d["binlog_info"]
             if _errcode(d) == "NOT_LEADER" and isinstance(d.get("leader"), str) and d["leader"] != NO_LEADER:
                 sr.leader = d["leader"]
         return None

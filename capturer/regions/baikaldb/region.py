@@ -850,9 +850,9 @@ class BaikalRegion(Region):
             out.append((new.db, new.table, f"RENAME TABLE {qualified(old.db, old.table)} TO "
                                            f"{qualified(new.db, new.table)}"))
         for tid in sorted(switches):
-            old, new = switches[tid]
-            if old is not None:
-                sql = alter_table_sql(old, new)
+            was, new = switches[tid]
+            if was is not None:
+                sql = alter_table_sql(was, new)
                 if sql is not None:
                     out.append((new.db, new.table, sql))
         return out

@@ -191,6 +191,7 @@ class RowPlan:
         out: dict[str, Any] = dict.fromkeys(self.names)
         unknown: list[int] = []
         fields, enc, n, i = self.fields, self.encoding, len(data), 0
+        raw: int | bytes  # a field's value as on the wire: varint or bytes
         while i < n:
             tag, i = _varint(data, i)
             fno, wt = tag >> 3, tag & 7

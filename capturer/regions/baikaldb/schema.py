@@ -108,7 +108,7 @@ class TableDef:
         c = self._cache.get("live")
         if c is None:
             c = self._cache["live"] = tuple(f for f in self.fields if not f.deleted)
-        return c  # type: ignore[no-any-return]
+        return c
 
     @property
     def known_ids(self) -> frozenset[int]:
@@ -117,7 +117,7 @@ class TableDef:
         c = self._cache.get("known")
         if c is None:
             c = self._cache["known"] = frozenset(f.field_id for f in self.fields)
-        return c  # type: ignore[no-any-return]
+        return c
 
     @property
     def schema(self) -> TableSchema:
@@ -130,7 +130,7 @@ class TableDef:
                 tuple(ColumnInfo(_MYSQL_CODE.get(f.mysql_type, 252), f.mysql_type in _UNSIGNED, 0, 0,
                                  f.kind == K_BYTES) for f in live),
             )
-        return s  # type: ignore[no-any-return]
+        return s
 
     @property
     def encoding(self) -> str:

@@ -149,6 +149,9 @@ class TxnAssembler:
 
 
 class MySQLRegion(Region):
+    # always a binlog position: make_region refuses a checkpoint's position of another kind
+    position: Position | None
+
     def __init__(self, cfg: RegionConfig, ctx: RegionContext):
         super().__init__(cfg.name, ctx)
         self.cfg = cfg
@@ -158,7 +161,7 @@ class MySQLRegion(Region):
         self.clock.last_emitted = max(self.clock.last_emitted, ctx.promised)
         self._clock_offset_ms = 0.0
         self._schemas: dict[tuple[str, str, tuple[str, ...]], TableSchema] = {}
-        self._ukeys: dict[tuple[str, str], tuple[tuple[str, ...], tuple[str, ...]]] = {}
+        self._ukeys: dict[tuple[str, str], tuple[tuple[str, ...], tuple[tuple[str, ...], ...]]] = {}
         self._meta: pymysql.connections.Connection | None = None
         self.fast_events = 0
         self.library_events = 0
@@ -261,6 +264,7 @@ class MySQLRegion(Region):
                     cur.execute("SHOW MASTER STATUS")
                     row = cur.fetchone()
                     self._start_snapshot(cur, fresh=True, at=Position(str(row[0]), int(row[1])), truncate=purged)
+                    assert self.position is not None  # the snapshot's start, set by _start_snapshot
                     return self.position
                 start = self.cfg.start
                 if start == "earliest":
@@ -286,7 +290,7 @@ class MySQLRegion(Region):
         server's order, as InnoDB itself does (``promote_key``, shared with snapshots)."""
         key = (db, table)
         if key in self._ukeys:
-            return self._ukeys[key]  # type: ignore[return-value]
+            return self._ukeys[key]
         try:
             if self._meta is None:
                 self._meta = self._connect()
@@ -299,7 +303,7 @@ class MySQLRegion(Region):
             rows = []
         pk, uk_list = promote_key(rows)
         res = (pk, uk_list)
-        self._ukeys[key] = res  # type: ignore[assignment]
+        self._ukeys[key] = res
         return res
 
     def _forget(self, db: str, table: str, sql: str) -> None:
@@ -309,9 +313,10 @@ class MySQLRegion(Region):
             self._schemas.clear()
             self._ukeys.clear()
             return
-        for cache in (self._schemas, self._ukeys):
+        caches: tuple[dict[Any, Any], ...] = (self._schemas, self._ukeys)
+        for cache in caches:
             for k in [k for k in cache if k[0] == db and (not table or k[1] == table)]:
-                del cache[k]  # type: ignore[attr-defined]
+                del cache[k]
 
     def _schema(self, ev: Any) -> TableSchema:
         cols = tuple(c.name for c in ev.columns)
@@ -319,6 +324,7 @@ class MySQLRegion(Region):
         s = self._schemas.get(key)
         if s is None:
             pk_raw = ev.primary_key
+            pk: tuple[str, ...]
             if isinstance(pk_raw, str):
                 pk = (pk_raw,) if pk_raw else ()
             else:

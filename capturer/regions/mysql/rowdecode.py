@@ -122,7 +122,7 @@ def _lenstr(prefix: int, enc: str | None) -> Decoder:
     return dec2
 
 
-def _be_signed(b: bytes) -> int:
+def _be_signed(b: bytes | bytearray) -> int:
     return int.from_bytes(b, "big", signed=True)
 
 

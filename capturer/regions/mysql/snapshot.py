@@ -364,7 +364,7 @@ class Reader:
         mariadb: Any = None
         if cfg.snapshot_driver != "pymysql":
             try:
-                import mariadb  # type: ignore[import-not-found,no-redef]
+                import mariadb  # type: ignore[no-redef]
             except ImportError:
                 if cfg.snapshot_driver == "mariadb":
                     raise FatalSourceError(f"{self.where}: snapshot_driver=mariadb, but MariaDB Connector/Python "

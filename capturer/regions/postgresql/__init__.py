@@ -1,0 +1,1 @@
+"""PostgreSQL regions: logical decoding with the built-in pgoutput plugin."""

@@ -1,0 +1,789 @@
+"""A PostgreSQL region: a logical replication slot read with the ``pgoutput`` plugin.
+
+How it reads:
+
+* **Connections.** A replication connection (``replication=database``) speaks
+  the streaming replication protocol through libpq (psycopg 3's low-level
+  ``pq`` API: psycopg 3 has no replication layer, and this keeps every
+  status update under the region's control, which psycopg2's
+  ``ReplicationCursor`` does not: it confirms positions on its own when idle).
+  A second, ordinary connection checks the setup, reads keys from the catalog,
+  and fills unchanged TOASTed values.
+* **Setup checks** (fatal, naming what to change): ``wal_level`` must be
+  ``logical``; the publication must exist (``create_publication`` creates it);
+  the slot must exist (``create_slot`` creates it on a first start) and use
+  ``pgoutput`` in this database; and the slot must not have been confirmed past
+  the checkpoint's LSN (changes in between would be gone).
+* **Whole transactions.** pgoutput sends a transaction when it commits,
+  between BEGIN and COMMIT, so rolled-back work never arrives. A transaction
+  is assembled (spilled to disk past ``spillRows``, like MySQL ones) and sent
+  at COMMIT with ``commit_ts`` from its commit time (microseconds: the
+  millisecond part is the TSO's physical part, the rest its logical part) made
+  strictly increasing by the region clock. Its position is the commit's end
+  LSN: a restart asks the slot for what committed after it.
+* **The slot moves only behind the checkpoint.** The region confirms (status
+  update ``flush``) only LSNs the capturer's checkpoint holds, so the server
+  keeps every change the sinks have not acknowledged.
+* **Heartbeats.** Every ``heartbeat_ms`` out of a transaction, the region reads
+  the server's WAL insert position and clock on the ordinary connection and
+  asks the walsender for a keepalive; once the stream has passed that position
+  everything that committed before that clock minus ``heartbeat_lag_ms`` has
+  arrived, and the heartbeat promises it. An idle slot's position moves with
+  the keepalives (nothing is in flight there), so its WAL is released too.
+* **Schemas.** Relation messages describe each table before its first change
+  in a session and after it changes. The region compares them with what it
+  last sent downstream (journaled in ``<checkpoint>.postgresql.<region>`` with
+  the LSN they apply from) and sends MySQL DDL for the difference: CREATE
+  TABLE on first sight, ALTER TABLE ADD/DROP/MODIFY COLUMN, a rename of one
+  column in place (same position and type) as CHANGE COLUMN, RENAME TABLE.
+  TRUNCATE goes out as TRUNCATE TABLE, in its place in the transaction.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import select
+import struct
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from capturer.durable import append_line, rewrite_lines
+from capturer.encode import qualified, quote_ident
+from capturer.errors import CheckpointError, FatalSourceError, SourceError
+from capturer.model import Ddl, Heartbeat, LsnPosition, RowChange, TableSchema, Txn, format_lsn, make_ts, parse_lsn
+from capturer.regions.base import Region, RegionContext
+from capturer.regions.postgresql import pgoutput as po
+from capturer.regions.postgresql.types import PgType, Unrepresentable, pg_time_to_unix_us, pg_type
+from capturer.spill import SpillWriter
+from capturer.tso import RegionClock
+
+log = logging.getLogger(__name__)
+
+# fixed text forms of values on both connections (types.py parses them)
+SESSION_OPTIONS = "-c DateStyle=ISO -c TimeZone=UTC -c IntervalStyle=iso_8601 -c extra_float_digits=3 " \
+                  "-c bytea_output=hex"
+_FEEDBACK = struct.Struct(">cQQQqB")
+_XLOG_HEADER = struct.Struct(">QQq")
+_KEEPALIVE = struct.Struct(">QqB")
+
+
+def now_pg_us() -> int:
+    return int(time.time() * 1_000_000) - 946_684_800_000_000
+
+
+def commit_tso(pg_commit_time: int) -> int:
+    """A PostgreSQL commit time (µs since 2000) as a TSO: ms in the physical part,
+    the microseconds within it scaled into the logical part (order kept)."""
+    us = pg_time_to_unix_us(pg_commit_time)
+    return make_ts(us // 1000, (us % 1000) << 8)
+
+
+def quote_pg(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+@dataclass(frozen=True)
+class RelDef:
+    """One version of a source table: its relation message plus its keys."""
+
+    relid: int
+    db: str  # the PostgreSQL schema (namespace): the "database" downstream
+    table: str
+    replident: str
+    columns: tuple[po.Column, ...]
+    pk: tuple[str, ...]
+    unique_keys: tuple[tuple[str, ...], ...] = ()
+    _cache: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def types(self) -> list[PgType]:
+        t = self._cache.get("types")
+        if t is None:
+            t = self._cache["types"] = [pg_type(c.type_oid, c.typmod) for c in self.columns]
+        return t
+
+    @property
+    def schema(self) -> TableSchema:
+        s = self._cache.get("schema")
+        if s is None:
+            s = self._cache["schema"] = TableSchema(
+                self.db, self.table, tuple(c.name for c in self.columns), self.pk, self.unique_keys,
+                tuple(t.code for t in self.types), tuple(t.column_info() for t in self.types))
+        return s
+
+    def same_shape(self, other: "RelDef") -> bool:
+        return (self.db, self.table, self.columns, self.pk, self.unique_keys) == \
+            (other.db, other.table, other.columns, other.pk, other.unique_keys)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"relid": self.relid, "db": self.db, "table": self.table, "replident": self.replident,
+                "columns": [[c.name, c.type_oid, c.typmod, c.key] for c in self.columns],
+                "pk": list(self.pk), "unique_keys": [list(u) for u in self.unique_keys]}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> "RelDef":
+        return cls(int(d["relid"]), str(d["db"]), str(d["table"]), str(d.get("replident", "d")),
+                   tuple(po.Column(str(n), int(o), int(m), bool(k)) for n, o, m, k in d["columns"]),
+                   tuple(d.get("pk", ())), tuple(tuple(u) for u in d.get("unique_keys", ())))
+
+
+class RelationJournal:
+    """The table definitions the region sent downstream, each with the LSN from
+    which it applies (the end LSN of the transaction that first used it). JSON
+    lines, fsync'd before the DDL leaves; a restart at LSN L starts from the
+    newest definition of each table at or before L."""
+
+    def __init__(self, path: Path | None):
+        self.path = path
+        self.lock = threading.Lock()
+        self.entries: list[tuple[int, RelDef]] = []
+        if path is None or not path.exists():
+            return
+        lines = path.read_text(encoding="utf-8").splitlines()
+        for n, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                d = json.loads(line)
+                self.entries.append((parse_lsn(d["lsn"]), RelDef.from_json(d["rel"])))
+            except (ValueError, KeyError, TypeError) as exc:
+                if n == len(lines):  # torn by a kill -9: its DDL never left
+                    log.warning("%s:%d: ignoring torn last line", path, n)
+                    continue
+                raise CheckpointError(f"{path}:{n}: corrupt relation journal: {exc}") from None
+
+    def state_at(self, lsn: int) -> dict[int, RelDef]:
+        out: dict[int, RelDef] = {}
+        with self.lock:
+            for at, rel in self.entries:
+                if at <= lsn:
+                    out[rel.relid] = rel
+        return out
+
+    def record(self, lsn: int, rel: RelDef) -> None:
+        with self.lock:
+            if self.path is not None:
+                append_line(self.path, json.dumps({"lsn": format_lsn(lsn), "rel": rel.to_json()}))
+            self.entries.append((lsn, rel))
+
+    def prune(self, lsn: int) -> None:
+        """Keep the newest definition of each table at or before ``lsn`` and everything after it."""
+        with self.lock:
+            base = {}
+            for at, rel in self.entries:
+                if at <= lsn:
+                    base[rel.relid] = (at, rel)
+            keep = sorted(base.values(), key=lambda e: e[0]) + [e for e in self.entries if e[0] > lsn]
+            if len(keep) == len(self.entries):
+                return
+            self.entries = keep
+            if self.path is not None:
+                rewrite_lines(self.path, (json.dumps({"lsn": format_lsn(at), "rel": rel.to_json()})
+                                          for at, rel in keep))
+
+
+def _column_sql(c: po.Column, t: PgType, keys: set[str], pk: tuple[str, ...]) -> str:
+    """A column definition: key columns (primary or unique) get a type MySQL can index."""
+    sql = (t.key_sql or t.sql) if c.name in keys else t.sql
+    return f"{quote_ident(c.name)} {sql}{' NOT NULL' if c.name in pk else ' NULL'}"
+
+
+def _key_set(rel: RelDef) -> set[str]:
+    return set(rel.pk) | {c for uk in rel.unique_keys for c in uk}
+
+
+def create_table_sql(rel: RelDef) -> str:
+    keys = _key_set(rel)
+    parts = [_column_sql(c, t, keys, rel.pk) for c, t in zip(rel.columns, rel.types)]
+    if rel.pk:
+        parts.append("PRIMARY KEY (" + ", ".join(quote_ident(c) for c in rel.pk) + ")")
+    for i, uk in enumerate(rel.unique_keys):
+        parts.append(f"UNIQUE KEY {quote_ident('uk_' + str(i + 1))} (" + ", ".join(quote_ident(c) for c in uk) + ")")
+    return (f"CREATE TABLE IF NOT EXISTS {qualified(rel.db, rel.table)} (\n  " + ",\n  ".join(parts)
+            + "\n) DEFAULT CHARSET=utf8mb4")
+
+
+def ddl_for(old: RelDef | None, new: RelDef, defaults: dict[str, str] | None = None) -> list[tuple[str, str, str]]:
+    """MySQL statements ``(db, sql, table)`` that bring a target from ``old`` to ``new``.
+    ``defaults``: SQL literals of added columns' values in existing rows (PostgreSQL
+    gives rows that were there the column's default without logging a change)."""
+    if old is None:
+        return [(new.db, f"CREATE DATABASE IF NOT EXISTS {quote_ident(new.db)}", ""),
+                (new.db, create_table_sql(new), new.table)]
+    out: list[tuple[str, str, str]] = []
+    if (old.db, old.table) != (new.db, new.table):
+        if old.db != new.db:
+            out.append((new.db, f"CREATE DATABASE IF NOT EXISTS {quote_ident(new.db)}", ""))
+        out.append((new.db, f"RENAME TABLE {qualified(old.db, old.table)} TO {qualified(new.db, new.table)}",
+                    new.table))
+    keys = _key_set(new)
+    before = {c.name: (i, c) for i, c in enumerate(old.columns)}
+    after = {c.name: (i, c) for i, c in enumerate(new.columns)}
+    types = dict(zip((c.name for c in new.columns), new.types))
+    clauses: list[str] = []
+    gone = [n for n in before if n not in after]
+    added = [n for n in after if n not in before]
+    if len(gone) == 1 and len(added) == 1 and len(old.columns) == len(new.columns):
+        (oi, oc), (ni, nc) = before[gone[0]], after[added[0]]
+        if oi == ni and (oc.type_oid, oc.typmod) == (nc.type_oid, nc.typmod):  # a column renamed in place
+            clauses.append(f"CHANGE COLUMN {quote_ident(oc.name)} " + _column_sql(nc, types[nc.name], keys, new.pk))
+            gone, added = [], []
+    clauses += [f"DROP COLUMN {quote_ident(n)}" for n in gone]
+    for n in after:
+        if n in added:
+            d = (defaults or {}).get(n)
+            clauses.append("ADD COLUMN " + _column_sql(after[n][1], types[n], keys, new.pk)
+                           + (f" DEFAULT {d}" if d is not None else ""))
+        elif n in before:
+            oc, nc = before[n][1], after[n][1]
+            if (oc.type_oid, oc.typmod) != (nc.type_oid, nc.typmod):
+                clauses.append("MODIFY COLUMN " + _column_sql(nc, types[n], keys, new.pk))
+    if old.pk != new.pk:
+        if old.pk:
+            clauses.append("DROP PRIMARY KEY")
+        if new.pk:
+            clauses.append("ADD PRIMARY KEY (" + ", ".join(quote_ident(c) for c in new.pk) + ")")
+    if clauses:
+        out.append((new.db, f"ALTER TABLE {qualified(new.db, new.table)} " + ", ".join(clauses), new.table))
+    return out
+
+
+class PostgresRegion(Region):
+    def __init__(self, cfg: Any, ctx: RegionContext):
+        super().__init__(cfg.name, ctx)
+        self.cfg = cfg
+        self.where = f"region {cfg.name} (postgresql {cfg.host}:{cfg.port}/{cfg.dbname}, slot {cfg.slot})"
+        self.clock = RegionClock(cfg.name, ctx.floor, ctx.journal)
+        self.clock.last_emitted = max(self.clock.last_emitted, ctx.promised)
+        jpath = None
+        if ctx.state_path is not None:
+            jpath = ctx.state_path.with_name(f"{ctx.state_path.name}.postgresql.{cfg.name}")
+        self.relations = RelationJournal(jpath)
+        self.confirmed = 0  # the LSN the slot may be confirmed to (the checkpoint's)
+        self.slot_confirmed = ""  # what the server said at connect
+        self.unrepresentable = 0
+        self.toast_filled = 0
+        self.toast_missing = 0
+        self.ddl_sent = 0
+        self._warned: set[tuple[str, str]] = set()
+        self.rels_known: dict[int, RelDef] = {}  # relid -> the definition the targets were given
+        self._side: Any = None
+        self._repl: Any = None
+
+    RETRYABLE = (SourceError, OSError)
+
+    # --- connections ------------------------------------------------------------
+    def _conninfo(self, replication: bool) -> str:
+        from psycopg.conninfo import make_conninfo
+
+        kw: dict[str, Any] = dict(host=self.cfg.host, port=self.cfg.port, user=self.cfg.user,
+                                  dbname=self.cfg.dbname, connect_timeout=max(1, int(self.cfg.connect_timeout)),
+                                  application_name=f"capturer-{self.name}"[:63], options=SESSION_OPTIONS,
+                                  sslmode=self.cfg.sslmode)
+        if self.cfg.password:
+            kw["password"] = self.cfg.password
+        if replication:
+            kw["replication"] = "database"
+        return make_conninfo("", **kw)
+
+    def _query(self, sql: str, params: Any = None) -> list[tuple[Any, ...]]:
+        import psycopg
+
+        try:
+            with self._side.cursor() as cur:
+                cur.execute(sql, params)
+                return list(cur.fetchall()) if cur.description else []
+        except psycopg.OperationalError as exc:
+            raise SourceError(f"{self.where}: {exc}".strip()) from None
+
+    def _connect_side(self) -> None:
+        import psycopg
+
+        try:
+            self._side = psycopg.connect(self._conninfo(False), autocommit=True)
+        except psycopg.OperationalError as exc:
+            raise SourceError(f"{self.where}: cannot connect: {str(exc).strip()}") from None
+
+    def _after_attempt(self) -> None:
+        for c in (self._repl, self._side):
+            try:
+                if c is not None:
+                    c.finish() if hasattr(c, "finish") else c.close()
+            except Exception:  # noqa: BLE001 - closing a broken connection
+                pass
+        self._repl = self._side = None
+
+    # --- setup ------------------------------------------------------------------
+    def _prepare(self) -> int:
+        """Check the server, publication and slot; the LSN to start after."""
+        import psycopg
+
+        (wal_level,), = self._query("SHOW wal_level")
+        if wal_level != "logical":
+            raise FatalSourceError(
+                f"{self.where}: wal_level is {wal_level!r}; logical decoding needs wal_level = logical "
+                "(set it in postgresql.conf, or ALTER SYSTEM SET wal_level = logical, and restart PostgreSQL)")
+        pub = self.cfg.publication
+        if not self._query("SELECT 1 FROM pg_publication WHERE pubname = %s", (pub,)):
+            if self.cfg.create_publication == "no":
+                raise FatalSourceError(
+                    f"{self.where}: publication {pub!r} does not exist in database {self.cfg.dbname!r}; create it "
+                    f"(CREATE PUBLICATION {quote_pg(pub)} FOR ALL TABLES) or set create_publication = all")
+            what = "ALL TABLES" if self.cfg.create_publication == "all" else "TABLE " + ", ".join(
+                ".".join(quote_pg(p) for p in t.split(".", 1)) for t in self.cfg.create_publication.split(","))
+            try:
+                self._query(f"CREATE PUBLICATION {quote_pg(pub)} FOR {what}")
+            except psycopg.Error as exc:
+                raise FatalSourceError(f"{self.where}: cannot create publication {pub!r}: {str(exc).strip()}") from None
+            log.info("%s: created publication %s FOR %s", self.where, pub, what)
+        slot = self.cfg.slot
+        rows = self._query("SELECT plugin, database, confirmed_flush_lsn::text, wal_status FROM pg_replication_slots "
+                           "WHERE slot_name = %s", (slot,))
+        start = self.ctx.start
+        if start is not None and not isinstance(start, LsnPosition):
+            raise CheckpointError(f"checkpoint: regions.{self.name} is a {getattr(start, 'kind', '?')} position, "
+                                  f"but [region:{self.name}] is type=postgresql")
+        if not rows:
+            if start is not None:
+                raise FatalSourceError(
+                    f"{self.where}: replication slot {slot!r} does not exist, but the checkpoint needs the changes "
+                    f"after LSN {start}; they are gone with the slot. Start this region again from scratch "
+                    "(remove it from the checkpoint) and fill the targets again")
+            if not self.cfg.create_slot:
+                raise FatalSourceError(
+                    f"{self.where}: replication slot {slot!r} does not exist; create it "
+                    f"(SELECT pg_create_logical_replication_slot('{slot}', 'pgoutput')) or set create_slot = true")
+            try:
+                (lsn,), = self._query("SELECT lsn::text FROM pg_create_logical_replication_slot(%s, 'pgoutput')",
+                                      (slot,))
+            except psycopg.Error as exc:
+                raise FatalSourceError(f"{self.where}: cannot create replication slot {slot!r}: "
+                                       f"{str(exc).strip()}") from None
+            log.info("%s: created replication slot %s at %s", self.where, slot, lsn)
+            at = parse_lsn(lsn)
+            self.slot_confirmed = lsn
+            self.ctx.pin_start(self.name, LsnPosition(at))
+            return at
+        plugin, database, confirmed, wal_status = rows[0]
+        if plugin != "pgoutput" or database != self.cfg.dbname:
+            raise FatalSourceError(
+                f"{self.where}: replication slot {slot!r} uses plugin {plugin!r} in database {database!r}; "
+                f"this region needs a pgoutput slot in {self.cfg.dbname!r}")
+        if wal_status == "lost":
+            raise FatalSourceError(f"{self.where}: replication slot {slot!r} lost WAL it needed (wal_status lost, "
+                                   "max_slot_wal_keep_size); the changes since are gone")
+        self.slot_confirmed = confirmed or ""
+        slot_at = parse_lsn(confirmed) if confirmed else 0
+        if start is None:
+            self.ctx.pin_start(self.name, LsnPosition(slot_at))
+            return slot_at
+        if slot_at > start.lsn:
+            raise FatalSourceError(
+                f"{self.where}: replication slot {slot!r} was confirmed up to {confirmed}, past the checkpoint's "
+                f"LSN {start}: another consumer read this slot, or the checkpoint is older than the slot; the "
+                "changes in between are gone from it")
+        return start.lsn
+
+    def _keys(self, relid: int, cols: tuple[po.Column, ...], replident: str) -> tuple[tuple[str, ...],
+                                                                                      tuple[tuple[str, ...], ...]]:
+        names = {c.name for c in cols}
+        rows = self._query(
+            "SELECT i.indisprimary, array_agg(a.attname::text ORDER BY k.ord) FROM pg_index i "
+            "CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord) "
+            "JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum "
+            "WHERE i.indrelid = %s AND i.indisunique AND i.indisvalid AND i.indpred IS NULL AND i.indexprs IS NULL "
+            "GROUP BY i.indexrelid, i.indisprimary ORDER BY i.indisprimary DESC, i.indexrelid", (relid,))
+        pk: tuple[str, ...] = ()
+        uks: list[tuple[str, ...]] = []
+        for primary, keycols in rows:
+            kc = tuple(keycols)
+            if not all(c in names for c in kc):
+                continue
+            if primary:
+                pk = kc
+            else:
+                uks.append(kc)
+        flagged = tuple(c.name for c in cols if c.key)
+        if replident in ("d", "i") and flagged:
+            if flagged != pk and pk:
+                uks.insert(0, pk)
+            pk = flagged
+        uks = [u for u in uks if u != pk]
+        return pk, tuple(uks)
+
+    # --- the stream --------------------------------------------------------------
+    def _connect_and_stream(self) -> None:
+        from psycopg import pq
+
+        self.state = "connecting"
+        self._connect_side()
+        start = self._prepare()
+        self.position = LsnPosition(start)
+        self.confirmed = max(self.confirmed, start)
+        conn = pq.PGconn.connect(self._conninfo(True).encode())
+        self._repl = conn
+        if conn.status != pq.ConnStatus.OK:
+            raise SourceError(f"{self.where}: replication connection: "
+                              f"{conn.error_message.decode('utf-8', 'replace').strip()}")
+        pubs = "'" + quote_pg(self.cfg.publication).replace("'", "''") + "'"
+        cmd = (f"START_REPLICATION SLOT {quote_pg(self.cfg.slot)} LOGICAL {format_lsn(start)} "
+               f"(proto_version '1', publication_names {pubs})")
+        res = conn.exec_(cmd.encode())
+        if res.status != pq.ExecStatus.COPY_BOTH:
+            msg = (res.error_message or b"").decode("utf-8", "replace").strip()
+            if "does not exist" in msg and "publication" in msg:
+                raise FatalSourceError(f"{self.where}: {msg}")
+            raise SourceError(f"{self.where}: START_REPLICATION: {msg}")
+        log.info("%s: streaming from %s", self.where, format_lsn(start))
+        self._stream(conn, start)
+
+    def _send_status(self, conn: Any, received: int, reply: bool = False) -> None:
+        flush = self.confirmed
+        msg = _FEEDBACK.pack(b"r", max(received, flush), flush, flush, now_pg_us(), 1 if reply else 0)
+        if conn.put_copy_data(msg) != 1 or conn.flush() != 0:
+            raise SourceError(f"{self.where}: cannot send a status update to the server")
+
+    def _stream(self, conn: Any, start: int) -> None:
+        self.rels_known = self.relations.state_at(start)  # what the targets were given
+        session: dict[int, RelDef] = {}  # relation messages of this connection
+        txn: _TxnBuilder | None = None
+        received = start
+        observed = start  # everything that committed before this LSN has arrived
+        probe: tuple[int, int] | None = None  # (server insert LSN, its clock in Unix ms) awaiting the stream
+        hb_every = self.cfg.heartbeat_ms / 1000.0
+        status_every = self.cfg.status_interval
+        next_hb = 0.0
+        next_status = time.monotonic() + status_every
+        sent_confirmed = self.confirmed
+        sock = conn.socket
+        self.state = "streaming"
+        self._emit(Heartbeat(self.name, self.clock.last_emitted, self.position))
+        while not self.ctx.stop.is_set():
+            nbytes, data = conn.get_copy_data(1)
+            if nbytes == 0:
+                now = time.monotonic()
+                if txn is None and now >= next_hb:
+                    next_hb = now + hb_every
+                    if probe is None:
+                        (lsn, clock_ms), = self._query(
+                            "SELECT pg_current_wal_insert_lsn()::text, "
+                            "(extract(epoch from clock_timestamp()) * 1000)::bigint")
+                        probe = (parse_lsn(lsn), int(clock_ms))
+                        self._send_status(conn, received, reply=True)
+                        next_status = now + status_every
+                if now >= next_status or self.confirmed != sent_confirmed:
+                    sent_confirmed = self.confirmed
+                    self._send_status(conn, received)
+                    next_status = now + status_every
+                if probe is not None and txn is None and observed >= probe[0]:
+                    self._heartbeat(probe[1], observed)
+                    probe = None
+                    continue
+                r, _, _ = select.select([sock], [], [], 0.05 if probe is not None else 0.2)
+                if r:
+                    conn.consume_input()
+                continue
+            if nbytes == -1:
+                res = conn.get_result()
+                msg = (res.error_message or b"").decode("utf-8", "replace").strip() if res is not None else ""
+                raise SourceError(f"{self.where}: the server ended the replication stream {msg}".strip())
+            if nbytes < 0:
+                raise SourceError(f"{self.where}: replication stream: "
+                                  f"{conn.error_message.decode('utf-8', 'replace').strip()}")
+            buf = bytes(data)
+            kind = buf[:1]
+            if kind == b"k":
+                wal_end, send_time, reply = _KEEPALIVE.unpack_from(buf, 1)
+                self.last_source_time = pg_time_to_unix_us(send_time) / 1e6
+                if txn is None:
+                    observed = max(observed, wal_end)
+                    self.caught_up_at = time.time()
+                    if reply:
+                        self._send_status(conn, received)
+                    if probe is not None and observed >= probe[0]:
+                        self._heartbeat(probe[1], observed)
+                        probe = None
+                elif reply:
+                    self._send_status(conn, received)
+                continue
+            if kind != b"w":
+                raise SourceError(f"{self.where}: unexpected replication message {kind!r}")
+            data_start, _wal_end, _send = _XLOG_HEADER.unpack_from(buf, 1)
+            received = max(received, data_start)
+            msg = po.parse(buf[1 + _XLOG_HEADER.size:])
+            if isinstance(msg, po.Begin):
+                txn = _TxnBuilder(self, msg)
+            elif isinstance(msg, po.Commit):
+                if txn is None:
+                    raise po.ProtocolError(f"{self.where}: COMMIT without BEGIN at {format_lsn(msg.end_lsn)}")
+                self._commit(txn, msg)
+                txn = None
+                observed = max(observed, msg.end_lsn)
+                received = max(received, msg.end_lsn)
+            elif isinstance(msg, po.Relation):
+                rel = self._reldef(msg)
+                session[rel.relid] = rel
+                if txn is not None:
+                    txn.relation(rel)
+            elif isinstance(msg, (po.Insert, po.Update, po.Delete)):
+                if txn is None:
+                    raise po.ProtocolError(f"{self.where}: a change outside a transaction")
+                changed = session.get(msg.relid)
+                if changed is None:
+                    raise po.ProtocolError(f"{self.where}: a change of relation {msg.relid} before its description")
+                txn.change(changed, msg)
+            elif isinstance(msg, po.Truncate):
+                if txn is None:
+                    raise po.ProtocolError(f"{self.where}: TRUNCATE outside a transaction")
+                for relid in msg.relids:
+                    emptied = session.get(relid)
+                    if emptied is not None:
+                        txn.truncate(emptied)
+
+    def _reldef(self, m: po.Relation) -> RelDef:
+        pk, uks = self._keys(m.relid, m.columns, m.replident)
+        rel = RelDef(m.relid, m.namespace, m.name, m.replident, m.columns, pk, uks)
+        if uks and m.replident != "f" and (rel.db, rel.table) not in self._warned:
+            self._warned.add((rel.db, rel.table))
+            log.warning("%s: table %s.%s has unique keys besides its primary key but REPLICA IDENTITY %s: old values "
+                        "of those keys are not in the log, so conflicts on them cannot be detected downstream; "
+                        "ALTER TABLE ... REPLICA IDENTITY FULL fixes that", self.where, rel.db, rel.table,
+                        {"d": "DEFAULT", "i": "USING INDEX", "n": "NOTHING"}.get(m.replident, m.replident))
+        return rel
+
+    def _heartbeat(self, clock_ms: int, observed: int) -> None:
+        if self.position is None or observed > self.position.lsn:  # type: ignore[union-attr]
+            self.position = LsnPosition(observed)
+        ts = self.clock.heartbeat(clock_ms - self.cfg.heartbeat_lag_ms)
+        self.last_source_time = max(self.last_source_time, clock_ms / 1000.0)
+        self.caught_up_at = time.time()
+        self._emit(Heartbeat(self.name, ts, self.position))
+
+    def _emit(self, item: Txn | Heartbeat) -> None:
+        weight = item.weight if isinstance(item, Txn) else 1
+        self.ctx.out.put(item, weight, stop=self.ctx.stop)
+
+    def _commit(self, b: "_TxnBuilder", c: po.Commit) -> None:
+        parts = b.finish()
+        end = LsnPosition(c.end_lsn)
+        unix_us = pg_time_to_unix_us(c.commit_time)
+        source_s = unix_us // 1_000_000
+        for lsn_rel in b.new_relations:
+            self.relations.record(c.end_lsn, lsn_rel)
+        if not parts:  # nothing selected: the position moves on, behind a heartbeat
+            self.position = end
+            self._emit(Heartbeat(self.name, self.clock.last_emitted, end))
+        for i, part in enumerate(parts):
+            last = i == len(parts) - 1
+            ts = self.clock.commit(int(source_s), end, commit_tso(c.commit_time)) if i == 0 else self.clock.next()
+            pos = end if last else (self.position or LsnPosition(0))
+            if isinstance(part, Ddl):
+                txn = Txn(self.name, ts, pos, (), part, int(source_s))
+                self.ddl_sent += 1
+            else:
+                txn = Txn(self.name, ts, pos, part, None, int(source_s))
+                self.rows += len(part)
+            self._emit(txn)
+            self.last_commit_ts = ts
+        self.position = end
+        self.txns += 1
+        self.last_source_time = unix_us / 1e6
+
+    # --- values -------------------------------------------------------------------
+    def image(self, rel: RelDef, tup: po.Tuple, old: dict[str, Any] | None = None,
+              only_present: bool = False) -> tuple[dict[str, Any], list[str]]:
+        """A row image from a tuple, and the columns sent as "unchanged TOAST" (taken
+        from ``old`` when it has them)."""
+        out: dict[str, Any] = {}
+        unchanged: list[str] = []
+        for col, t, (kind, text) in zip(rel.columns, rel.types, tup):
+            if kind == po.TEXT:
+                try:
+                    out[col.name] = t.parse(text)  # type: ignore[arg-type]
+                except Unrepresentable:
+                    self.unrepresentable += 1
+                    out[col.name] = None
+                except ValueError as exc:
+                    raise FatalSourceError(f"{self.where}: {rel.db}.{rel.table}.{col.name}: cannot read value "
+                                           f"{str(text)[:80]!r}: {exc}") from None
+            elif kind == po.NULL:
+                if not only_present:
+                    out[col.name] = None
+            elif kind == po.UNCHANGED:
+                if old is not None and col.name in old:
+                    out[col.name] = old[col.name]
+                else:
+                    unchanged.append(col.name)
+            else:  # binary: never asked for
+                raise po.ProtocolError(f"{self.where}: a binary value in {rel.db}.{rel.table}")
+        return out, unchanged
+
+    def fill_toast(self, rel: RelDef, row: dict[str, Any], cols: list[str], tup: po.Tuple) -> None:
+        """Unchanged TOASTed values (not in the log under REPLICA IDENTITY DEFAULT): read
+        from the table by key. The row's current value: the same one unless a later
+        transaction changed it, and then that transaction carries the newer value too.
+        A row gone since keeps the columns out of the image (senders then leave
+        them as they are)."""
+        texts = {c.name: text for c, (kind, text) in zip(rel.columns, tup) if kind == po.TEXT}
+        if not self.cfg.toast_fill or not rel.pk or not all(k in texts for k in rel.pk):
+            self.toast_missing += 1
+            return
+        types = dict(zip((c.name for c in rel.columns), rel.types))
+        # the values in their output form (format('%s', c), as the log writes them; c::text differs for some
+        # types), the key as the log wrote it: a parameter of unknown type, so the server reads it as the key's type
+        sel = ", ".join(f"CASE WHEN {quote_pg(c)} IS NULL THEN NULL ELSE format('%%s', {quote_pg(c)}) END" for c in cols)
+        where = " AND ".join(f"{quote_pg(k)} = %s" for k in rel.pk)
+        keyvals = [texts[k] for k in rel.pk]
+        got = self._query(f"SELECT {sel} FROM {quote_pg(rel.db)}.{quote_pg(rel.table)} WHERE {where} LIMIT 1",
+                          keyvals)
+        if not got:
+            self.toast_missing += 1
+            return
+        for c, v in zip(cols, got[0]):
+            try:
+                row[c] = None if v is None else types[c].parse(v)
+            except Unrepresentable:
+                row[c] = None
+        self.toast_filled += 1
+
+    def added_defaults(self, old: RelDef, new: RelDef) -> dict[str, str]:
+        """For columns ``new`` adds: the value rows already there have (PostgreSQL's
+        "missing value" of a column added with a constant default), as a SQL literal."""
+        from capturer.encode import sql_literal
+
+        have = {c.name for c in old.columns}
+        out: dict[str, str] = {}
+        for c, t in zip(new.columns, new.types):
+            if c.name in have:
+                continue
+            got = self._query("SELECT (attmissingval::text::text[])[1] FROM pg_attribute WHERE attrelid = %s "
+                              "AND attname = %s AND atthasmissing", (new.relid, c.name))
+            if got and got[0][0] is not None:
+                try:
+                    out[c.name] = sql_literal(t.parse(got[0][0]), t.code)
+                except (Unrepresentable, ValueError):
+                    pass
+        return out
+
+    def tables_info(self, tables: list[tuple[str, str]]) -> dict[tuple[str, str], bool]:
+        """Which of ``tables`` (schema, table) this region captures (in its publication and
+        selected by the filter), each with whether it has no primary key."""
+        import psycopg
+
+        tables = [t for t in tables if self.ctx.table_selected(*t)]
+        if not tables:
+            return {}
+        try:
+            with psycopg.connect(self._conninfo(False), autocommit=True) as c:
+                rows = c.execute(
+                    "SELECT t.schemaname::text, t.tablename::text, NOT EXISTS (SELECT 1 FROM pg_index i WHERE "
+                    "i.indrelid = format('%%I.%%I', t.schemaname, t.tablename)::regclass AND i.indisprimary) "
+                    "FROM pg_publication_tables t WHERE t.pubname = %s", (self.cfg.publication,)).fetchall()
+        except psycopg.Error as exc:
+            raise SourceError(f"{self.where}: cannot list tables: {str(exc).strip()}") from None
+        want = set(tables)
+        return {(db, t): bool(keyless) for db, t, keyless in rows if (db, t) in want}
+
+    def checkpointed(self, position: Any) -> None:
+        if isinstance(position, LsnPosition):
+            self.confirmed = max(self.confirmed, position.lsn)
+            self.relations.prune(position.lsn)
+
+    def status(self) -> dict[str, Any]:
+        d = super().status()
+        d.update({
+            "kind": "postgresql",
+            "slot": self.cfg.slot,
+            "publication": self.cfg.publication,
+            "confirmed_lsn": format_lsn(self.confirmed) if self.confirmed else "",
+            "unrepresentable_values": self.unrepresentable,
+            "toast_filled": self.toast_filled,
+            "toast_missing": self.toast_missing,
+            "ddl_sent": self.ddl_sent,
+        })
+        return d
+
+
+class _TxnBuilder:
+    """The transaction being received: its parts in order (row changes, spilled past
+    ``spillRows``, and DDL where a relation changed or a table was truncated), and
+    the relation definitions it introduced (journaled at its commit)."""
+
+    def __init__(self, region: PostgresRegion, begin: po.Begin):
+        self.r = region
+        self.begin = begin
+        self.parts: list[Any] = []
+        self.changes: list[RowChange] = []
+        self.spill: SpillWriter | None = None
+        self.new_relations: list[RelDef] = []
+
+    def _cut(self) -> None:
+        if self.spill is not None:
+            if self.changes:
+                self.spill.add(self.changes)
+            self.parts.append(self.spill.finish())
+            self.r.spilled_txns += 1
+        elif self.changes:
+            self.parts.append(tuple(self.changes))
+        self.changes, self.spill = [], None
+
+    def _ddl(self, stmts: list[tuple[str, str, str]]) -> None:
+        if not stmts:
+            return
+        self._cut()
+        for db, sql, table in stmts:
+            self.parts.append(Ddl(db, sql, table, db))
+
+    def relation(self, rel: RelDef) -> None:
+        known = self.r.rels_known.get(rel.relid)
+        if known is not None and known.same_shape(rel):
+            return
+        self.r.rels_known[rel.relid] = rel
+        self.new_relations.append(rel)
+        if self.r.cfg.ddl and self.r.ctx.table_selected(rel.db, rel.table):
+            defaults = self.r.added_defaults(known, rel) if known is not None else None
+            self._ddl(ddl_for(known, rel, defaults))
+
+    def truncate(self, rel: RelDef) -> None:
+        if self.r.ctx.table_selected(rel.db, rel.table):
+            self._ddl([(rel.db, f"TRUNCATE TABLE {qualified(rel.db, rel.table)}", rel.table)])
+
+    def change(self, rel: RelDef, m: po.Insert | po.Update | po.Delete) -> None:
+        if not self.r.ctx.table_selected(rel.db, rel.table):
+            return
+        r = self.r
+        if isinstance(m, po.Insert):
+            after, _ = r.image(rel, m.new)
+            ch = RowChange(rel.schema, "insert", None, after)
+        elif isinstance(m, po.Delete):
+            before, _ = r.image(rel, m.old, only_present=m.old_kind == "K")
+            ch = RowChange(rel.schema, "delete", before, None)
+        else:
+            old = None
+            if m.old is not None:
+                old, _ = r.image(rel, m.old, only_present=m.old_kind == "K")
+            after, unchanged = r.image(rel, m.new, old if m.old_kind == "O" else None)
+            if unchanged:
+                r.fill_toast(rel, after, unchanged, m.new)
+            before = old if old is not None else {k: after[k] for k in rel.pk if k in after}
+            ch = RowChange(rel.schema, "update", before, after)
+        self.changes.append(ch)
+        rows = len(self.changes)
+        spill_rows = r.ctx.spill_rows
+        if spill_rows and rows >= (self.spill.chunk_rows if self.spill is not None else spill_rows):
+            if self.spill is None:
+                from capturer.spill import DEFAULT_CHUNK_ROWS
+
+                self.spill = SpillWriter(r.ctx.spill_dir or None, min(spill_rows, DEFAULT_CHUNK_ROWS))
+                log.info("%s: transaction %d has more than %d rows: spilling it to disk", r.where, self.begin.xid,
+                         spill_rows)
+            self.spill.add(self.changes)
+            self.changes = []
+
+    def finish(self) -> list[Any]:
+        self._cut()
+        return self.parts
