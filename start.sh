@@ -4,6 +4,7 @@
 #   sh start.sh --foreground     in the foreground (Ctrl-C stops it cleanly)
 #   sh start.sh --demo [--once]  self-contained demo: two private MariaDB regions -> file
 #   sh start.sh --demo baikaldb  the same with BaikalDB binlog tables (the test double's meta and stores)
+#   sh start.sh --demo postgresql  a MariaDB and a PostgreSQL region merged into one file
 #   sh start.sh --config PATH    another config (default conf/config.cfg)
 #   sh start.sh --agent          a region agent instead (config conf/agent.cfg; log/agent.log, log/agent.pid)
 set -u
@@ -17,7 +18,7 @@ while [ $# -gt 0 ]; do
         --demo)
             DEMO=1
             case "${2:-}" in
-                mariadb|baikaldb) DEMO_KIND=$2; shift ;;
+                mariadb|baikaldb|postgresql) DEMO_KIND=$2; shift ;;
             esac ;;
         --demo=*) DEMO=1; DEMO_KIND=${1#--demo=} ;;
         --once) ONCE=1 ;;
@@ -36,7 +37,9 @@ fi
 if [ "$AGENT" = "1" ] && [ "$DEMO" = "1" ]; then echo "start.sh: --agent and --demo exclude each other" >&2; exit 2; fi
 
 NEED_MARIADB=$DEMO
-export NEED_MARIADB
+NEED_POSTGRES=0
+if [ "$DEMO" = "1" ] && [ "$DEMO_KIND" = "postgresql" ]; then NEED_POSTGRES=1; EXTRAS=postgresql; export EXTRAS; fi
+export NEED_MARIADB NEED_POSTGRES
 . "$ROOT/scripts/bootstrap.sh" || { echo "start.sh: set-up failed" >&2; exit 1; }
 PYBIN="$VENV/bin/python"
 

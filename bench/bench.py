@@ -628,7 +628,8 @@ def main() -> int:
     ap.add_argument("--rows", type=int, default=200_000, help="inserts per run (split over regions)")
     ap.add_argument("--smoke", action="store_true", help="assert completeness only (CI)")
     ap.add_argument("--threads", type=int, default=8, help="MySQL sender workers")
-    ap.add_argument("--only", default="file,workers,agents,baikaldb,snapshot,mysql,kafka,spark,all,latency,bigtxn",
+    ap.add_argument("--only", default="file,workers,agents,baikaldb,postgresql,snapshot,mysql,kafka,spark,all,latency,"
+                    "bigtxn",
                     help="parts to run")
     args = ap.parse_args()
     only = set(args.only.split(","))
@@ -733,6 +734,20 @@ def main() -> int:
                     r["rows_per_s"], mysql_file)
             if r["rows"] != info["rows"] or r["exit"] != 0:
                 failures.append(f"baikaldb: {r['rows']} of {info['rows']} rows, exit {r['exit']}")
+        if "postgresql" in only:
+            from pg_bench import measure as pg_measure
+
+            (tmp / "postgresql").mkdir()
+            r = pg_measure(tmp / "postgresql", inserts * 2, run_until_delivered)
+            results["postgresql"] = r
+            raw = r["raw_stream_rows_per_s"]
+            rep.add("PostgreSQL: raw pgoutput stream, framing only (baseline), 1 slot", raw, None)
+            rep.add("PostgreSQL: + pgoutput.parse of every message", r["pgoutput_parse_rows_per_s"], raw)
+            rep.add("PostgreSQL region -> file, end to end; ratio to the raw stream", r["capturer"]["rows_per_s"], raw)
+            rep.add("PostgreSQL region -> file; ratio to MySQL (2 regions) -> file", r["capturer"]["rows_per_s"],
+                    results.get("file", {}).get("rows_per_s"))
+            if r["capturer"]["rows"] != r["rows"] or r["capturer"]["exit"] != 0:
+                failures.append(f"postgresql: {r['capturer']['rows']} of {r['rows']} rows, exit {r['capturer']['exit']}")
         if "mysql" in only:
             target = MariaDBInstance(tmp / "target", server_id=99).start()
             extra.append(target)

@@ -4,7 +4,8 @@ set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT" || exit 1
 NEED_MARIADB=1
+NEED_POSTGRES=1
 EXTRAS=test,spark,confluent
-export NEED_MARIADB EXTRAS
+export NEED_MARIADB NEED_POSTGRES EXTRAS
 . "$ROOT/scripts/bootstrap.sh" || exit 1
 exec "$VENV/bin/python" bench/bench.py "$@"

@@ -112,9 +112,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--check", action="store_true", help="validate the config and exit")
     ap.add_argument("--print-extras", action="store_true",
                     help="print the setup.py extras the configured senders need (for start.sh)")
-    ap.add_argument("--demo", nargs="?", const="mariadb", choices=["mariadb", "baikaldb"],
-                    help="run the self-contained demo: two MariaDB regions (default), or baikaldb: "
-                         "BaikalDB binlog tables served by the test double")
+    ap.add_argument("--demo", nargs="?", const="mariadb", choices=["mariadb", "baikaldb", "postgresql"],
+                    help="run the self-contained demo: two MariaDB regions (default); baikaldb: "
+                         "BaikalDB binlog tables served by the test double; postgresql: a MariaDB and a "
+                         "PostgreSQL region")
     ap.add_argument("--once", action="store_true", help="with --demo: exit when all demo rows arrived")
     ap.add_argument("--demo-dir", help="with --demo: where its servers live (default: data/demo)")
     args = ap.parse_args(argv)
@@ -129,10 +130,12 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.demo:
         setup_logging("info")
-        from capturer.demo import run_baikaldb_demo, run_demo
+        from capturer.demo import run_baikaldb_demo, run_demo, run_postgresql_demo
 
         if args.demo == "baikaldb":
             return run_baikaldb_demo(Path(args.demo_dir), once=args.once, stop=_STOP)
+        if args.demo == "postgresql":
+            return run_postgresql_demo(Path(args.demo_dir), once=args.once, stop=_STOP)
         return run_demo(Path(args.demo_dir), once=args.once, stop=_STOP)
 
     from capturer.config import load_config
@@ -144,6 +147,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.print_extras:
         extras = []
+        if any(r.type == "postgresql" for r in cfg.regions):
+            extras.append("postgresql")
         for s in cfg.senders:
             if s.name == "spark":
                 extras.append("spark")

@@ -375,3 +375,129 @@ def run_baikaldb_demo(basedir: Path, once: bool = False, steps: int = 300,
         if cap is not None:
             cap.shutdown()
         double.stop()
+
+
+def run_postgresql_demo(basedir: Path, once: bool = False, steps: int = 300,
+                        stop: threading.Event | None = None) -> int:
+    """``sh start.sh --demo postgresql``: a MariaDB shard (the shop workload) and a
+    private PostgreSQL (the hostile workload of the checkout's tests/: every common
+    type, key changes, TOAST, rollbacks) merged into one file. ``--once`` compares
+    the file with both sources."""
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    sys.path.insert(0, str(root / "tests"))
+    try:
+        from pg_workload import TABLES as PG_TABLES
+        from pg_workload import Workload as PgWorkload
+        from pg_workload import apply_schema, file_rows, pg_rows
+    except ImportError as exc:
+        print(f"demo: the PostgreSQL workload lives in the source checkout's tests/ ({exc}); run it from a checkout",
+              flush=True)
+        return 2
+    from capturer.local_postgres import PostgresInstance
+    from capturer.model import LsnPosition, parse_lsn
+
+    basedir = basedir.resolve()
+    if basedir.exists():
+        shutil.rmtree(basedir)
+    basedir.mkdir(parents=True)
+    stop = stop if stop is not None else threading.Event()
+    print(f"demo: starting a MariaDB region under {basedir} and a PostgreSQL region ...", flush=True)
+    m = MariaDBInstance(basedir / "region1", server_id=1)
+    pg = PostgresInstance()  # (a temporary directory the postgres user can reach)
+    cap: Capturer | None = None
+    try:
+        m.start()
+        m.create_capture_user()
+        m.execute(*SCHEMA)
+        pg.start()
+        apply_schema(pg)
+        cfg_path = _write_conf(basedir, [m])
+        cfg_path.write_text(cfg_path.read_text() + (
+            f"\n[region:pg]\ntype=postgresql\nhost=127.0.0.1\nport={pg.port}\nuser=postgres\ndbname=postgres\n"
+            "create_publication=all\nheartbeat_ms=200\n"))
+        (basedir / "conf" / "filter_rule.txt").write_text("# the demo shop (MariaDB) and every PostgreSQL table\n")
+        cap = Capturer(load_config(cfg_path))
+        cap.start()
+        assert cap.status_server is not None
+        print(f"demo: PostgreSQL {pg.bindir.parent.name} on 127.0.0.1:{pg.port} (data in {pg.basedir})", flush=True)
+        print(f"demo: capturer running; status at http://127.0.0.1:{cap.status_server.port}/status", flush=True)
+        print(f"demo: changes go to {basedir / 'out' / 'changes.jsonl'}", flush=True)
+        deadline = time.time() + 60
+        while not all(r.state == "streaming" for r in cap.regions) and time.time() < deadline:
+            time.sleep(0.1)
+        shop = Workload(m, 1, seed=42)
+        pgw = PgWorkload(pg, seed=42)
+        t0 = time.time()
+        workload_done = threading.Event()
+
+        def drive() -> None:
+            i = 0
+            with pg.connect(autocommit=False) as conn:
+                while not stop.is_set() and (not once or i < steps):
+                    if i % 2:
+                        shop.step()
+                    else:
+                        pgw.step(conn)
+                    i += 1
+                    if not once:
+                        time.sleep(0.02)
+            workload_done.set()
+
+        threading.Thread(target=drive, name="demo-workload", daemon=True).start()
+        targets: dict[str, Any] = {}
+        last_print = 0.0
+
+        def progress(c: Capturer) -> bool:
+            nonlocal last_print
+            now = time.time()
+            if now - last_print >= 2:
+                last_print = now
+                snap = c.snapshot()
+                print(f"demo: {now - t0:5.1f}s  rows in file={snap['senders']['local']['rows']}  "
+                      f"checkpoint={snap['checkpoint']['commit_time']}", flush=True)
+            if stop.is_set():
+                return True
+            if not once or not workload_done.is_set():
+                return False
+            if not targets:
+                targets["shard1"] = m.master_position()
+                with pg.connect() as conn:
+                    targets["pg"] = parse_lsn(conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])
+            cp = c.checkpoint
+            p1, p2 = cp.regions.get("shard1"), cp.regions.get("pg")
+            if (not isinstance(p1, Position) or (p1.file, p1.pos) < targets["shard1"]
+                    or not isinstance(p2, LsnPosition) or p2.lsn < targets["pg"]):
+                return now - t0 > 180
+            return True
+
+        code = cap.run(until=progress)
+        cap = None
+        if code != 0:
+            print("demo: the capturer stopped on a failure (see the log above)", flush=True)
+            return code
+        if not once or stop.is_set():
+            print("demo: stopped", flush=True)
+            return 0 if not once else 1
+        out = basedir / "out" / "changes.jsonl"
+        problems = _compare([shop.source_state()], out)
+        state = rebuild(read_changes(out))
+        for db, table in PG_TABLES:
+            want, got = pg_rows(pg, db, table), file_rows(state, db, table)
+            if want != got:
+                problems.append(f"{db}.{table}: {len(want)} source rows, {len(got)} rebuilt from the file")
+        print("\n== demo summary ==")
+        print(f"transactions committed: MariaDB {shop.txns}, PostgreSQL {pgw.txns} "
+              f"(plus {pgw.rollbacks} rolled back in PostgreSQL, which must not appear)")
+        print(f"elapsed:                {time.time() - t0:.1f}s")
+        for p in problems:
+            print(f"MISMATCH: {p}")
+        ok = bool(targets) and not problems
+        print("result:                 " + ("OK: file replay equals both sources" if ok else "FAILED"))
+        return 0 if ok else 1
+    finally:
+        if cap is not None:
+            cap.shutdown()
+        m.stop()
+        pg.destroy()

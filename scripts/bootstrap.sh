@@ -1,6 +1,6 @@
 # Sourced by start.sh, tests/run.sh and bench/run.sh (POSIX sh).
 # Makes sure a virtualenv exists in .venv with this project installed, and
-# (when NEED_MARIADB=1) that mariadbd is installed. Idempotent and quick when
+# (when NEED_MARIADB=1) that mariadbd is installed, (when NEED_POSTGRES=1) PostgreSQL. Idempotent and quick when
 # nothing changed.
 
 ROOT=${ROOT:-$(pwd)}
@@ -84,6 +84,18 @@ case ",$EXTRAS," in
             apt_install openjdk-17-jre-headless || exit 1
         fi ;;
 esac
+
+# PostgreSQL regions' tests and benchmarks start private servers (initdb + postgres with wal_level=logical)
+if [ "${NEED_POSTGRES:-0}" = "1" ]; then
+    if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && ! command -v initdb >/dev/null 2>&1; then
+        echo "bootstrap: installing postgresql (initdb not found)" >&2
+        apt_install postgresql || exit 1
+    fi
+    # as root, the private servers run as the postgres user (the package creates it)
+    if [ "$(id -u)" = "0" ] && ! id postgres >/dev/null 2>&1; then
+        as_root useradd --system --home-dir /var/lib/postgresql --shell /bin/sh postgres || exit 1
+    fi
+fi
 
 if [ "${NEED_MARIADB:-0}" = "1" ]; then
     if ! command -v mariadbd >/dev/null 2>&1 && [ ! -x /usr/sbin/mariadbd ]; then

@@ -7,7 +7,8 @@ set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT" || exit 1
 NEED_MARIADB=1
+NEED_POSTGRES=1
 EXTRAS=test,spark,confluent
-export NEED_MARIADB EXTRAS
+export NEED_MARIADB NEED_POSTGRES EXTRAS
 . "$ROOT/scripts/bootstrap.sh" || { echo "tests/run.sh: set-up failed" >&2; exit 1; }
 exec "$VENV/bin/python" -m pytest tests "$@"

@@ -212,3 +212,12 @@ def test_demo_baikaldb_once(tmp_path: Path) -> None:
     assert "OK: file replay equals the double's tables" in r.stdout
     lines = (tmp_path / "demo" / "out" / "changes.jsonl").read_text().splitlines()
     assert any('"op": "ddl"' in x and "ADD COLUMN `extra`" in x for x in lines)
+
+
+def test_demo_postgresql_once(tmp_path: Path) -> None:
+    r = run_cli("--demo", "postgresql", "--once", "--demo-dir", str(tmp_path / "demo"))
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "OK: file replay equals both sources" in r.stdout
+    lines = [json.loads(x) for x in (tmp_path / "demo" / "out" / "changes.jsonl").read_text().splitlines()]
+    assert {"shard1", "pg"} <= {d["region"] for d in lines}
+    assert [d["commit_ts"] for d in lines] == sorted(d["commit_ts"] for d in lines)

@@ -161,21 +161,47 @@ class _Reader:
         return s
 
     def tuple(self) -> Tuple:
-        n = self.i16()
+        """TupleData (the hot path: one tight loop, no method calls per column)."""
+        b, i = self.b, self.i
+        end = len(b)
+        if i + 2 > end:
+            raise ProtocolError(f"pgoutput message cut short ({end} bytes)")
+        n = (b[i] << 8) | b[i + 1]
+        if n & 0x8000:
+            raise ProtocolError(f"negative column count in a pgoutput tuple ({n - 0x10000})")
+        i += 2
         cols: list[tuple[str, str | bytes | None]] = []
+        append = cols.append
         for _ in range(n):
-            kind = self.byte()
-            if kind in (NULL, UNCHANGED):
-                cols.append((kind, None))
-            elif kind == TEXT:
-                ln = self.i32()
-                cols.append((kind, self.take(ln).decode("utf-8", "surrogateescape")))
-            elif kind == BINARY:
-                ln = self.i32()
-                cols.append((kind, self.take(ln)))
+            if i >= end:
+                raise ProtocolError(f"pgoutput message cut short ({end} bytes)")
+            kind = b[i]
+            i += 1
+            if kind == 0x74 or kind == 0x62:  # 't', 'b'
+                if i + 4 > end:
+                    raise ProtocolError(f"pgoutput message cut short ({end} bytes)")
+                ln = int.from_bytes(b[i:i + 4], "big", signed=True)
+                i += 4
+                if ln < 0 or i + ln > end:
+                    raise ProtocolError(f"pgoutput value of {ln} bytes past the message's end ({end} bytes)")
+                raw = b[i:i + ln]
+                i += ln
+                if kind == 0x74:
+                    append((TEXT, raw.decode("utf-8", "surrogateescape")))
+                else:
+                    append((BINARY, raw))
+            elif kind == 0x6E:  # 'n'
+                append(_NULL_COL)
+            elif kind == 0x75:  # 'u'
+                append(_UNCHANGED_COL)
             else:
-                raise ProtocolError(f"unknown tuple column kind {kind!r}")
+                raise ProtocolError(f"unknown tuple column kind {chr(kind)!r}")
+        self.i = i
         return tuple(cols)
+
+
+_NULL_COL: tuple[str, None] = (NULL, None)
+_UNCHANGED_COL: tuple[str, None] = (UNCHANGED, None)
 
 
 def parse(payload: bytes) -> Message:

@@ -1,0 +1,103 @@
+"""PostgreSQL region benchmark: the bench workload (inserts in 100-row
+transactions, updates, deletes) on a private PostgreSQL, read three ways from
+slots created before the load, all in the same run:
+
+* raw: the replication stream itself (libpq COPY framing, no pgoutput parsing):
+  the ceiling of any pgoutput reader in Python;
+* parse: the same plus ``pgoutput.parse`` of every message (no values);
+* capturer: a PostgreSQL region into the file sender, end to end.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+from capturer.local_mariadb import free_port
+from capturer.local_postgres import PostgresInstance
+from capturer.regions.postgresql import pgoutput as po
+
+TABLE = """CREATE TABLE public.t (
+  id int PRIMARY KEY, name varchar(64), city varchar(32), price numeric(12,2), qty numeric(10,3),
+  created timestamp(6), updated timestamp, n int, big bigint, note text)"""
+
+
+def load(pg: PostgresInstance, inserts: int, updates: int, deletes: int, batch: int = 100) -> int:
+    rng = random.Random(1)
+    now = dt.datetime(2026, 1, 1, 12, 0, 0)
+    with pg.connect(autocommit=False) as c:
+        cur = c.cursor()
+        for start in range(0, inserts, batch):
+            rows = [(i, f"name-{i}", rng.choice(["Paris", "Oslo", "Lima", "Pune"]),
+                     decimal.Decimal(rng.randrange(100000)) / 100, decimal.Decimal(rng.randrange(100000)) / 1000,
+                     now + dt.timedelta(microseconds=i), now, i, i * 1000, "x" * 60)
+                    for i in range(start, min(start + batch, inserts))]
+            cur.executemany("INSERT INTO public.t VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)", rows)
+            c.commit()
+        for start in range(0, updates, batch):
+            cur.execute("UPDATE public.t SET n = n + 1, updated = now() WHERE id >= %s AND id < %s",
+                        (start, min(start + batch, updates)))
+            c.commit()
+        top = inserts - deletes
+        for start in range(top, inserts, batch):
+            cur.execute("DELETE FROM public.t WHERE id >= %s AND id < %s", (start, min(start + batch, inserts)))
+            c.commit()
+    return inserts + updates + deletes
+
+
+def read_raw(pg: PostgresInstance, slot: str, rows: int, parse: bool) -> float:
+    """Rows per second of reading the slot's stream until ``rows`` row messages arrived."""
+    from psycopg import pq
+
+    conn = pq.PGconn.connect(f"host=127.0.0.1 port={pg.port} user=postgres dbname=postgres "
+                             "replication=database".encode())
+    assert conn.status == pq.ConnStatus.OK, conn.error_message
+    res = conn.exec_(f"START_REPLICATION SLOT {slot} LOGICAL 0/0 (proto_version '1', publication_names 'b')".encode())
+    assert res.status == pq.ExecStatus.COPY_BOTH, res.error_message
+    got = 0
+    t0 = time.perf_counter()
+    while got < rows:
+        n, data = conn.get_copy_data(0)
+        if n <= 0:
+            raise RuntimeError(f"stream ended after {got} rows")
+        b = bytes(data)
+        if b[:1] != b"w":
+            continue
+        payload = b[25:]
+        if parse:
+            m = po.parse(payload)
+            got += isinstance(m, (po.Insert, po.Update, po.Delete))
+        else:
+            got += payload[:1] in (b"I", b"U", b"D")
+    secs = time.perf_counter() - t0
+    conn.finish()
+    return rows / secs
+
+
+def measure(tmp: Path, inserts: int, run_until_delivered: Any) -> dict[str, Any]:
+    pg = PostgresInstance().start()
+    try:
+        with pg.connect() as c:
+            c.execute(TABLE)
+            c.execute("CREATE PUBLICATION b FOR ALL TABLES")
+            for s in ("raw", "parsed", "capturer_pg"):
+                c.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (s,))
+        t0 = time.perf_counter()
+        total = load(pg, inserts, inserts // 4, inserts // 10)
+        out: dict[str, Any] = {"rows": total, "load_seconds": round(time.perf_counter() - t0, 2)}
+        out["raw_stream_rows_per_s"] = round(read_raw(pg, "raw", total, parse=False))
+        out["pgoutput_parse_rows_per_s"] = round(read_raw(pg, "parsed", total, parse=True))
+        (tmp / "senders.cfg").write_text(f"[global]\ntype=local\n[local]\nfilepath={tmp / 'changes.jsonl'}\n")
+        (tmp / "config.cfg").write_text(
+            f"[global]\nbinlogCheckPointPath={tmp / 'cp.json'}\nsenderConfig={tmp / 'senders.cfg'}\n"
+            f"filterRuleDict=\nhttpPort={free_port()}\ncheckpointInterval=0.5\nlogLevel=warning\n"
+            f"[region:pg]\ntype=postgresql\nhost=127.0.0.1\nport={pg.port}\nuser=postgres\ndbname=postgres\n"
+            "publication=b\nslot=capturer_pg\nddl=false\n")
+        out["capturer"] = run_until_delivered(tmp / "config.cfg", total)
+        return out
+    finally:
+        pg.destroy()

@@ -1,0 +1,201 @@
+"""PostgreSQL regions without a server: pgoutput parsing (messages built by hand
+from the protocol documentation), type mapping, DDL derivation, the relation
+journal, LSN positions and lifts, config."""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import json
+import struct
+from pathlib import Path
+
+import pytest
+
+from capturer.config import load_config
+from capturer.errors import CheckpointError, ConfigError
+from capturer.model import LsnPosition, format_lsn, parse_lsn, position_from_json, ts_logical, ts_physical_ms
+from capturer.regions.postgresql import pgoutput as po
+from capturer.regions.postgresql import types as T
+from capturer.regions.postgresql.region import RelationJournal, RelDef, commit_tso, ddl_for
+from capturer.tso import LiftJournal, RegionClock
+
+
+def s(text: str) -> bytes:
+    return text.encode() + b"\0"
+
+
+def tup(*cols: tuple[str, str | None]) -> bytes:
+    out = struct.pack(">h", len(cols))
+    for kind, text in cols:
+        out += kind.encode()
+        if kind == "t":
+            b = text.encode()  # type: ignore[union-attr]
+            out += struct.pack(">i", len(b)) + b
+    return out
+
+
+def test_begin_commit_relation() -> None:
+    b = po.parse(b"B" + struct.pack(">Qqi", 0x16B374D848, 789, 42))
+    assert b == po.Begin(0x16B374D848, 789, 42)
+    c = po.parse(b"C" + struct.pack(">bQQq", 0, 10, 20, 30))
+    assert c == po.Commit(0, 10, 20, 30)
+    rel = po.parse(b"R" + struct.pack(">I", 16384) + s('we"ird') + s("t é") + b"d" + struct.pack(">h", 2)
+                   + b"\x01" + s("id") + struct.pack(">Ii", 23, -1) + b"\x00" + s("v") + struct.pack(">Ii", 1043, 44))
+    assert rel == po.Relation(16384, 'we"ird', "t é", "d", (po.Column("id", 23, -1, True), po.Column("v", 1043, 44, False)))
+
+
+def test_row_messages_and_tuple_kinds() -> None:
+    ins = po.parse(b"I" + struct.pack(">I", 7) + b"N" + tup(("t", "1"), ("n", None), ("u", None)))
+    assert ins == po.Insert(7, (("t", "1"), ("n", None), ("u", None)))
+    upd = po.parse(b"U" + struct.pack(">I", 7) + b"K" + tup(("t", "1"), ("n", None)) + b"N" + tup(("t", "2"), ("t", "x")))
+    assert upd.old_kind == "K" and upd.old == (("t", "1"), ("n", None)) and upd.new == (("t", "2"), ("t", "x"))
+    plain = po.parse(b"U" + struct.pack(">I", 7) + b"N" + tup(("t", "2")))
+    assert plain.old is None and plain.old_kind == ""
+    full = po.parse(b"U" + struct.pack(">I", 7) + b"O" + tup(("t", "1")) + b"N" + tup(("t", "2")))
+    assert full.old_kind == "O"
+    dele = po.parse(b"D" + struct.pack(">I", 7) + b"O" + tup(("t", "é")))
+    assert dele == po.Delete(7, (("t", "é"),), "O")
+    tr = po.parse(b"T" + struct.pack(">ib", 2, 3) + struct.pack(">II", 5, 6))
+    assert tr == po.Truncate((5, 6), True, True)
+    assert po.parse(b"Y" + struct.pack(">I", 99) + s("public") + s("mood")) == po.TypeMsg(99, "public", "mood")
+    assert po.parse(b"O" + struct.pack(">Q", 1) + s("origin")) == po.Other("O")
+
+
+@pytest.mark.parametrize("raw", [b"", b"B\x00", b"I" + struct.pack(">I", 7) + b"X", b"D" + struct.pack(">I", 1) + b"N",
+                                 b"I" + struct.pack(">I", 7) + b"N" + struct.pack(">h", 1) + b"t" + struct.pack(">i", 9) + b"ab",
+                                 b"I" + struct.pack(">I", 7) + b"N" + struct.pack(">h", 1) + b"z",
+                                 b"R" + struct.pack(">I", 1) + b"no terminator"])
+def test_malformed_messages_are_protocol_errors(raw: bytes) -> None:
+    with pytest.raises(po.ProtocolError):
+        po.parse(raw)
+
+
+def test_type_mapping_and_values() -> None:
+    assert T.pg_type(T.BOOL, -1).parse("t") == 1 and T.pg_type(T.BOOL, -1).parse("f") == 0
+    assert T.pg_type(T.INT8, -1).parse("-9223372036854775808") == -(1 << 63)
+    num = T.pg_type(T.NUMERIC, ((12 << 16) | 2) + 4)
+    assert (num.sql, num.code, num.precision, num.scale) == ("DECIMAL(12,2)", 246, 12, 2)
+    assert num.parse("-0.01") == decimal.Decimal("-0.01")
+    wide = T.pg_type(T.NUMERIC, -1)
+    assert wide.sql == "LONGTEXT" and wide.parse("1" + "0" * 100) == decimal.Decimal("1" + "0" * 100)
+    for bad, t in (("NaN", T.NUMERIC), ("NaN", T.FLOAT8), ("-Infinity", T.FLOAT4), ("infinity", T.DATE),
+                   ("0044-03-15 BC", T.DATE), ("-infinity", T.TIMESTAMPTZ), ("2024-01-01 00:00:00 BC", T.TIMESTAMP)):
+        with pytest.raises(T.Unrepresentable):
+            T.pg_type(t, -1).parse(bad)
+    assert T.pg_type(T.BYTEA, -1).parse("\\x00ff") == b"\x00\xff"
+    assert T.pg_type(T.BYTEA, -1).parse("a\\\\b\\001") == b"a\\b\x01"  # bytea_output = escape
+    assert T.pg_type(T.TIME, -1).parse("24:00:00") == dt.timedelta(hours=24)
+    assert T.pg_type(T.TIME, -1).parse("01:02:03.5") == dt.timedelta(hours=1, minutes=2, seconds=3, microseconds=500000)
+    assert T.pg_type(T.TIMESTAMPTZ, -1).parse("2024-01-02 03:04:05.123456+05:30") == \
+        dt.datetime(2024, 1, 1, 21, 34, 5, 123456)
+    assert T.pg_type(T.TIMESTAMP, -1).parse("2024-01-02 03:04:05") == dt.datetime(2024, 1, 2, 3, 4, 5)
+    assert T.pg_type(T.DATE, -1).parse("2024-02-29") == dt.date(2024, 2, 29)
+    bit = T.pg_type(T.BIT, 8)
+    assert bit.code == 16 and bit.sql == "BIT(8)" and bit.parse("00000101") == "00000101"
+    assert T.pg_type(T.VARCHAR, 44).sql == "VARCHAR(40)"
+    assert T.pg_type(T.BPCHAR, 9).sql == "VARCHAR(5)" and T.pg_type(T.BPCHAR, 9).parse("ab   ") == "ab   "
+    assert T.pg_type(T.JSONB, -1).code == 245 and T.pg_type(T.UUID, -1).sql == "CHAR(36)"
+    arr = T.pg_type(1007, -1)  # int4[]
+    assert arr.sql == "LONGTEXT" and arr.key_sql == "VARCHAR(255)" and arr.parse("{1,2}") == "{1,2}"
+    assert T.pg_type(T.BYTEA, -1).column_info().binary
+
+
+def rel(cols: list[tuple[str, int, int, bool]], pk: tuple[str, ...] = ("id",), name: str = "t", uks=(),
+        relid: int = 1) -> RelDef:
+    return RelDef(relid, "s`x", name, "d", tuple(po.Column(*c) for c in cols), pk, uks)
+
+
+def test_ddl_create_alter_rename() -> None:
+    r1 = rel([("id", T.INT4, -1, True), ("code", T.TEXT, -1, False), ("v", T.TEXT, -1, False)], uks=(("code",),))
+    stmts = ddl_for(None, r1)
+    assert stmts[0] == ("s`x", "CREATE DATABASE IF NOT EXISTS `s``x`", "")
+    create = stmts[1][1]
+    assert "`id` INT NOT NULL" in create and "`code` VARCHAR(255) NULL" in create and "`v` LONGTEXT NULL" in create
+    assert "PRIMARY KEY (`id`)" in create and "UNIQUE KEY `uk_1` (`code`)" in create
+    r2 = rel([("id", T.INT4, -1, True), ("code", T.TEXT, -1, False), ("w", T.TEXT, -1, False)], uks=(("code",),))
+    assert ddl_for(r1, r2) == [("s`x", "ALTER TABLE `s``x`.`t` CHANGE COLUMN `v` `w` LONGTEXT NULL", "t")]
+    r3 = rel([("id", T.INT8, -1, True), ("code", T.TEXT, -1, False), ("n", T.INT4, -1, False)], uks=(("code",),))
+    (_, sql, _), = ddl_for(r2, r3, {"n": "42"})
+    assert sql == ("ALTER TABLE `s``x`.`t` DROP COLUMN `w`, MODIFY COLUMN `id` BIGINT NOT NULL, "
+                   "ADD COLUMN `n` INT NULL DEFAULT 42")
+    r4 = rel([("id", T.INT8, -1, True), ("code", T.TEXT, -1, False), ("n", T.INT4, -1, False)], name="t2",
+             uks=(("code",),))
+    assert ddl_for(r3, r4) == [("s`x", "RENAME TABLE `s``x`.`t` TO `s``x`.`t2`", "t2")]
+    assert ddl_for(r4, r4) == []
+    r5 = rel([("id", T.INT8, -1, True), ("code", T.TEXT, -1, True), ("n", T.INT4, -1, False)], pk=("id", "code"),
+             name="t2")
+    assert ddl_for(r4, r5)[-1][1].endswith("DROP PRIMARY KEY, ADD PRIMARY KEY (`id`, `code`)")
+
+
+def test_relation_journal_state_at_prune_and_torn_line(tmp_path: Path) -> None:
+    p = tmp_path / "j"
+    j = RelationJournal(p)
+    a = rel([("id", T.INT4, -1, True)])
+    b = rel([("id", T.INT4, -1, True), ("x", T.TEXT, -1, False)])
+    j.record(100, a)
+    j.record(200, b)
+    assert RelationJournal(p).state_at(150) == {1: a}
+    assert RelationJournal(p).state_at(200)[1].columns == b.columns
+    assert RelationJournal(p).state_at(99) == {}
+    j.prune(250)
+    assert len(p.read_text().splitlines()) == 1 and RelationJournal(p).state_at(250)[1].columns == b.columns
+    with open(p, "a") as f:
+        f.write('{"lsn": "0/1", "rel": {"relid"')  # torn by kill -9
+    assert RelationJournal(p).state_at(300)[1].columns == b.columns
+    p.write_text('garbage\n{"lsn": "0/1", "rel": {}}\n')
+    with pytest.raises(CheckpointError, match=":1: corrupt relation journal"):
+        RelationJournal(p)
+
+
+def test_lsn_positions_and_lifts(tmp_path: Path) -> None:
+    assert format_lsn(0x16B374D848) == "16/B374D848" and parse_lsn("16/B374D848") == 0x16B374D848
+    for bad in ("", "16", "x/1", "123456789/0", None, -1, True):
+        with pytest.raises(ValueError):
+            parse_lsn(bad)
+    p = LsnPosition(0x16B374D848)
+    assert position_from_json(json.loads(json.dumps(p.to_json()))) == p
+    assert LsnPosition(1) < LsnPosition(2)
+    j = LiftJournal(tmp_path / "lifts")
+    clock = RegionClock("pg", 0, j)
+    promise = clock.heartbeat(2_000_000_000_000)  # a promise in 2033
+    ts = clock.commit(1, LsnPosition(500), commit_tso(0))  # a commit of 2000 arrives after it: lifted, journaled
+    assert ts > promise and clock.lifts == 1
+    again = RegionClock("pg", 0, LiftJournal(tmp_path / "lifts"))
+    assert again.commit(1, LsnPosition(500), commit_tso(0)) == ts  # a replay gives the same commit_ts
+    j.prune({"pg": LsnPosition(500)})
+    assert LiftJournal(tmp_path / "lifts").entries("pg") == []
+
+
+def test_commit_tso_keeps_microsecond_order() -> None:
+    a, b = commit_tso(1_000_000_000_000_001), commit_tso(1_000_000_000_000_002)
+    assert a < b and ts_physical_ms(a) == ts_physical_ms(b)
+    unix_ms = (1_000_000_000_000_001 + 946_684_800_000_000) // 1000
+    assert ts_physical_ms(a) == unix_ms and ts_logical(commit_tso(999)) == 999 << 8
+
+
+def write_cfg(tmp: Path, region: str) -> Path:
+    (tmp / "s.cfg").write_text(f"[global]\ntype=local\n[local]\nfilepath={tmp / 'o.jsonl'}\n")
+    cfg = tmp / "c.cfg"
+    cfg.write_text(f"[global]\nsenderConfig={tmp / 's.cfg'}\nfilterRuleDict=\n{region}")
+    return cfg
+
+
+def test_config_defaults_and_errors(tmp_path: Path) -> None:
+    c = load_config(write_cfg(tmp_path, "[region:Pg-1]\ntype=postgresql\nhost=h\nuser=u\npassword=secret\ndbname=d\n"))
+    r = c.regions[0]
+    assert (r.slot, r.publication, r.port, r.create_slot, r.create_publication) == \
+        ("capturer_pg_1", "capturer_pg_1", 5432, True, "no")
+    assert "secret" not in json.dumps(c.masked())
+    for body, want in (("slot=Bad-Name\n", "slot"), ("create_publication=public\n", "create_publication"),
+                       ("", "dbname")):
+        text = "[region:p]\ntype=postgresql\nhost=h\nuser=u\n" + ("dbname=d\n" if want != "dbname" else "") + body
+        with pytest.raises(ConfigError, match=want):
+            load_config(write_cfg(tmp_path, text))
+    two = ("[region:a]\ntype=postgresql\nhost=h\nuser=u\ndbname=d\nslot=s\n"
+           "[region:b]\ntype=postgresql\nhost=h\nuser=u\ndbname=d\nslot=s\n")
+    with pytest.raises(ConfigError, match="same replication slot 's'"):
+        load_config(write_cfg(tmp_path, two))
+    ok = load_config(write_cfg(tmp_path, "[region:p]\ntype=postgresql\nhost=h\nuser=u\ndbname=d\n"
+                                         "create_publication=public.a, s.b\n"))
+    assert ok.regions[0].create_publication == "public.a,s.b"
