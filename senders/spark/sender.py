@@ -269,16 +269,17 @@ class SparkSender(Sender):
             schema = rows[-1][4].schema
             info = {c: ci for c, ci in zip(schema.columns, schema.column_info)}
             seen: dict[str, str] = {}
-            schemas_seen: set[int] = set()
+            schemas_done: set[int] = set()  # schemas whose every column is in ``seen``
             for *_, ch, img in rows:
                 s = ch.schema
-                if id(s) in schemas_seen and len(img) == len(s.columns):
-                    continue  # this schema's columns are known already
-                schemas_seen.add(id(s))
+                if id(s) in schemas_done:
+                    continue
                 cinfo = {c: ci for c, ci in zip(s.columns, s.column_info)}
                 for c in img:
                     if c not in seen:
                         seen[c] = lake.spark_type(cinfo.get(c) or info.get(c))
+                if len(img) == len(s.columns):  # (an image may hold only the key: a PostgreSQL old key)
+                    schemas_done.add(id(s))
             columns = [[c, t] for c, t in seen.items()]
             st = self._state_for(schema, columns)
             fields = [pa.field("_op", pa.string()), pa.field("_commit_ts", pa.int64()),

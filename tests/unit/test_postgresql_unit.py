@@ -17,7 +17,7 @@ from capturer.errors import CheckpointError, ConfigError
 from capturer.model import LsnPosition, format_lsn, parse_lsn, position_from_json, ts_logical, ts_physical_ms
 from capturer.regions.postgresql import pgoutput as po
 from capturer.regions.postgresql import types as T
-from capturer.regions.postgresql.region import RelationJournal, RelDef, commit_tso, ddl_for
+from capturer.regions.postgresql.region import RelationJournal, RelDef, commit_tso, ddl_for, uk_name
 from capturer.tso import LiftJournal, RegionClock
 
 
@@ -94,6 +94,8 @@ def test_type_mapping_and_values() -> None:
     bit = T.pg_type(T.BIT, 8)
     assert bit.code == 16 and bit.sql == "BIT(8)" and bit.parse("00000101") == "00000101"
     assert T.pg_type(T.VARCHAR, 44).sql == "VARCHAR(40)"
+    assert T.pg_type(T.VARCHAR, 5004).sql == "LONGTEXT" and T.pg_type(T.VARCHAR, 5004).key_sql == "VARCHAR(255)"
+    assert T.pg_type(T.NUMERIC, ((40 << 16) | 35) + 4).sql == "LONGTEXT"  # scale past MySQL's 30
     assert T.pg_type(T.BPCHAR, 9).sql == "VARCHAR(5)" and T.pg_type(T.BPCHAR, 9).parse("ab   ") == "ab   "
     assert T.pg_type(T.JSONB, -1).code == 245 and T.pg_type(T.UUID, -1).sql == "CHAR(36)"
     arr = T.pg_type(1007, -1)  # int4[]
@@ -112,7 +114,7 @@ def test_ddl_create_alter_rename() -> None:
     assert stmts[0] == ("s`x", "CREATE DATABASE IF NOT EXISTS `s``x`", "")
     create = stmts[1][1]
     assert "`id` INT NOT NULL" in create and "`code` VARCHAR(255) NULL" in create and "`v` LONGTEXT NULL" in create
-    assert "PRIMARY KEY (`id`)" in create and "UNIQUE KEY `uk_1` (`code`)" in create
+    assert "PRIMARY KEY (`id`)" in create and f"UNIQUE KEY `{uk_name(('code',))}` (`code`)" in create
     r2 = rel([("id", T.INT4, -1, True), ("code", T.TEXT, -1, False), ("w", T.TEXT, -1, False)], uks=(("code",),))
     assert ddl_for(r1, r2) == [("s`x", "ALTER TABLE `s``x`.`t` CHANGE COLUMN `v` `w` LONGTEXT NULL", "t")]
     r3 = rel([("id", T.INT8, -1, True), ("code", T.TEXT, -1, False), ("n", T.INT4, -1, False)], uks=(("code",),))
@@ -125,7 +127,18 @@ def test_ddl_create_alter_rename() -> None:
     assert ddl_for(r4, r4) == []
     r5 = rel([("id", T.INT8, -1, True), ("code", T.TEXT, -1, True), ("n", T.INT4, -1, False)], pk=("id", "code"),
              name="t2")
-    assert ddl_for(r4, r5)[-1][1].endswith("DROP PRIMARY KEY, ADD PRIMARY KEY (`id`, `code`)")
+    # the unique key goes, the primary key changes; code stays a key column (NOT NULL now)
+    assert ddl_for(r4, r5)[-1][1] == (
+        f"ALTER TABLE `s``x`.`t2` DROP INDEX `{uk_name(('code',))}`, DROP PRIMARY KEY, "
+        "MODIFY COLUMN `code` VARCHAR(255) NOT NULL, ADD PRIMARY KEY (`id`, `code`)")
+    # a text column that becomes a key gets an indexable type; one that leaves every key gets its own back
+    r6 = rel([("id", T.INT8, -1, True), ("code", T.TEXT, -1, False), ("n", T.TEXT, -1, False)], name="t2",
+             uks=(("n",),))
+    r7 = rel([("id", T.INT8, -1, True), ("code", T.TEXT, -1, False), ("n", T.TEXT, -1, False)], name="t2")
+    assert ddl_for(r6, r7)[-1][1] == (f"ALTER TABLE `s``x`.`t2` DROP INDEX `{uk_name(('n',))}`, "
+                                      "MODIFY COLUMN `n` LONGTEXT NULL")
+    assert ddl_for(r7, r6)[-1][1] == ("ALTER TABLE `s``x`.`t2` MODIFY COLUMN `n` VARCHAR(255) NULL, "
+                                      f"ADD UNIQUE KEY `{uk_name(('n',))}` (`n`)")
 
 
 def test_relation_journal_state_at_prune_and_torn_line(tmp_path: Path) -> None:

@@ -47,6 +47,7 @@ import select
 import struct
 import threading
 import time
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -159,7 +160,7 @@ class RelationJournal:
     def state_at(self, lsn: int) -> dict[int, RelDef]:
         out: dict[int, RelDef] = {}
         with self.lock:
-            for at, rel in self.entries:
+            for at, rel in sorted(self.entries, key=lambda e: e[0]):  # (stable: the later line wins a tie)
                 if at <= lsn:
                     out[rel.relid] = rel
         return out
@@ -174,7 +175,7 @@ class RelationJournal:
         """Keep the newest definition of each table at or before ``lsn`` and everything after it."""
         with self.lock:
             base = {}
-            for at, rel in self.entries:
+            for at, rel in sorted(self.entries, key=lambda e: e[0]):
                 if at <= lsn:
                     base[rel.relid] = (at, rel)
             keep = sorted(base.values(), key=lambda e: e[0]) + [e for e in self.entries if e[0] > lsn]
@@ -196,13 +197,22 @@ def _key_set(rel: RelDef) -> set[str]:
     return set(rel.pk) | {c for uk in rel.unique_keys for c in uk}
 
 
+def uk_name(cols: tuple[str, ...]) -> str:
+    """A unique key's index name downstream, from its columns (stable across versions)."""
+    return "uk_%08x" % zlib.crc32("\x1f".join(cols).encode("utf-8", "surrogatepass"))
+
+
+def _cols(cols: tuple[str, ...]) -> str:
+    return "(" + ", ".join(quote_ident(c) for c in cols) + ")"
+
+
 def create_table_sql(rel: RelDef) -> str:
     keys = _key_set(rel)
     parts = [_column_sql(c, t, keys, rel.pk) for c, t in zip(rel.columns, rel.types)]
     if rel.pk:
-        parts.append("PRIMARY KEY (" + ", ".join(quote_ident(c) for c in rel.pk) + ")")
-    for i, uk in enumerate(rel.unique_keys):
-        parts.append(f"UNIQUE KEY {quote_ident('uk_' + str(i + 1))} (" + ", ".join(quote_ident(c) for c in uk) + ")")
+        parts.append("PRIMARY KEY " + _cols(rel.pk))
+    for uk in rel.unique_keys:
+        parts.append(f"UNIQUE KEY {quote_ident(uk_name(uk))} " + _cols(uk))
     return (f"CREATE TABLE IF NOT EXISTS {qualified(rel.db, rel.table)} (\n  " + ",\n  ".join(parts)
             + "\n) DEFAULT CHARSET=utf8mb4")
 
@@ -220,11 +230,15 @@ def ddl_for(old: RelDef | None, new: RelDef, defaults: dict[str, str] | None = N
             out.append((new.db, f"CREATE DATABASE IF NOT EXISTS {quote_ident(new.db)}", ""))
         out.append((new.db, f"RENAME TABLE {qualified(old.db, old.table)} TO {qualified(new.db, new.table)}",
                     new.table))
-    keys = _key_set(new)
+    old_keys, keys = _key_set(old), _key_set(new)
     before = {c.name: (i, c) for i, c in enumerate(old.columns)}
     after = {c.name: (i, c) for i, c in enumerate(new.columns)}
+    old_types = dict(zip((c.name for c in old.columns), old.types))
     types = dict(zip((c.name for c in new.columns), new.types))
-    clauses: list[str] = []
+    # keys first go (an index on a column that changes or goes), then columns, then keys come
+    clauses = [f"DROP INDEX {quote_ident(uk_name(u))}" for u in old.unique_keys if u not in new.unique_keys]
+    if old.pk and old.pk != new.pk:
+        clauses.append("DROP PRIMARY KEY")
     gone = [n for n in before if n not in after]
     added = [n for n in after if n not in before]
     if len(gone) == 1 and len(added) == 1 and len(old.columns) == len(new.columns):
@@ -239,14 +253,14 @@ def ddl_for(old: RelDef | None, new: RelDef, defaults: dict[str, str] | None = N
             clauses.append("ADD COLUMN " + _column_sql(after[n][1], types[n], keys, new.pk)
                            + (f" DEFAULT {d}" if d is not None else ""))
         elif n in before:
-            oc, nc = before[n][1], after[n][1]
-            if (oc.type_oid, oc.typmod) != (nc.type_oid, nc.typmod):
-                clauses.append("MODIFY COLUMN " + _column_sql(nc, types[n], keys, new.pk))
-    if old.pk != new.pk:
-        if old.pk:
-            clauses.append("DROP PRIMARY KEY")
-        if new.pk:
-            clauses.append("ADD PRIMARY KEY (" + ", ".join(quote_ident(c) for c in new.pk) + ")")
+            was = _column_sql(before[n][1], old_types[n], old_keys, old.pk)
+            now = _column_sql(after[n][1], types[n], keys, new.pk)
+            if was != now:  # its type, or its being in a key (an indexable type, NOT NULL), changed
+                clauses.append("MODIFY COLUMN " + now)
+    if new.pk and old.pk != new.pk:
+        clauses.append("ADD PRIMARY KEY " + _cols(new.pk))
+    clauses += [f"ADD UNIQUE KEY {quote_ident(uk_name(u))} " + _cols(u)
+                for u in new.unique_keys if u not in old.unique_keys]
     if clauses:
         out.append((new.db, f"ALTER TABLE {qualified(new.db, new.table)} " + ", ".join(clauses), new.table))
     return out
@@ -273,8 +287,16 @@ class PostgresRegion(Region):
         self.rels_known: dict[int, RelDef] = {}  # relid -> the definition the targets were given
         self._side: Any = None
         self._repl: Any = None
+        self._block, self._segment = 8192, 16 << 20  # WAL page and segment sizes (read at connect)
+        try:
+            import psycopg
+        except ImportError:
+            raise FatalSourceError(f"{self.where}: PostgreSQL regions need psycopg 3: pip install 'psycopg[binary]' "
+                                   "(the project's 'postgresql' extra; start.sh installs it)") from None
+        # a broken connection (a server restart, a network cut) is retried from the last position
+        self.RETRYABLE = (SourceError, OSError, psycopg.OperationalError)
 
-    RETRYABLE = (SourceError, OSError)
+    RETRYABLE: tuple[type[BaseException], ...] = (SourceError, OSError)
 
     # --- connections ------------------------------------------------------------
     def _conninfo(self, replication: bool) -> str:
@@ -283,6 +305,7 @@ class PostgresRegion(Region):
         kw: dict[str, Any] = dict(host=self.cfg.host, port=self.cfg.port, user=self.cfg.user,
                                   dbname=self.cfg.dbname, connect_timeout=max(1, int(self.cfg.connect_timeout)),
                                   application_name=f"capturer-{self.name}"[:63], options=SESSION_OPTIONS,
+                                  client_encoding="UTF8",
                                   sslmode=self.cfg.sslmode)
         if self.cfg.password:
             kw["password"] = self.cfg.password
@@ -322,7 +345,9 @@ class PostgresRegion(Region):
         """Check the server, publication and slot; the LSN to start after."""
         import psycopg
 
-        (wal_level,), = self._query("SHOW wal_level")
+        (wal_level, self._block, self._segment), = self._query(
+            "SELECT current_setting('wal_level'), current_setting('wal_block_size')::int, "
+            "(SELECT setting::bigint FROM pg_settings WHERE name = 'wal_segment_size')")
         if wal_level != "logical":
             raise FatalSourceError(
                 f"{self.where}: wal_level is {wal_level!r}; logical decoding needs wal_level = logical "
@@ -343,7 +368,8 @@ class PostgresRegion(Region):
         slot = self.cfg.slot
         rows = self._query("SELECT plugin, database, confirmed_flush_lsn::text, wal_status FROM pg_replication_slots "
                            "WHERE slot_name = %s", (slot,))
-        start = self.ctx.start
+        # a retry resumes where this process got to (the checkpoint's position only at first)
+        start = self.position if isinstance(self.position, LsnPosition) else self.ctx.start
         if start is not None and not isinstance(start, LsnPosition):
             raise CheckpointError(f"checkpoint: regions.{self.name} is a {getattr(start, 'kind', '?')} position, "
                                   f"but [region:{self.name}] is type=postgresql")
@@ -360,13 +386,16 @@ class PostgresRegion(Region):
             try:
                 (lsn,), = self._query("SELECT lsn::text FROM pg_create_logical_replication_slot(%s, 'pgoutput')",
                                       (slot,))
+            except SourceError:
+                raise
             except psycopg.Error as exc:
                 raise FatalSourceError(f"{self.where}: cannot create replication slot {slot!r}: "
                                        f"{str(exc).strip()}") from None
             log.info("%s: created replication slot %s at %s", self.where, slot, lsn)
             at = parse_lsn(lsn)
             self.slot_confirmed = lsn
-            self.ctx.pin_start(self.name, LsnPosition(at))
+            self.position = LsnPosition(at)
+            self.ctx.pin_start(self.name, self.position)
             return at
         plugin, database, confirmed, wal_status = rows[0]
         if plugin != "pgoutput" or database != self.cfg.dbname:
@@ -379,7 +408,8 @@ class PostgresRegion(Region):
         self.slot_confirmed = confirmed or ""
         slot_at = parse_lsn(confirmed) if confirmed else 0
         if start is None:
-            self.ctx.pin_start(self.name, LsnPosition(slot_at))
+            self.position = LsnPosition(slot_at)
+            self.ctx.pin_start(self.name, self.position)
             return slot_at
         if slot_at > start.lsn:
             raise FatalSourceError(
@@ -408,10 +438,11 @@ class PostgresRegion(Region):
             else:
                 uks.append(kc)
         flagged = tuple(c.name for c in cols if c.key)
-        if replident in ("d", "i") and flagged:
-            if flagged != pk and pk:
+        if replident in ("d", "i") and flagged and set(flagged) != set(pk):
+            # the replica identity is the key the log carries (the catalog's order when the same columns)
+            if pk:
                 uks.insert(0, pk)
-            pk = flagged
+            pk = next((u for u in uks if set(u) == set(flagged)), flagged)
         uks = [u for u in uks if u != pk]
         return pk, tuple(uks)
 
@@ -422,7 +453,8 @@ class PostgresRegion(Region):
         self.state = "connecting"
         self._connect_side()
         start = self._prepare()
-        self.position = LsnPosition(start)
+        if not isinstance(self.position, LsnPosition) or self.position.lsn != start:
+            self.position = LsnPosition(start)
         self.confirmed = max(self.confirmed, start)
         conn = pq.PGconn.connect(self._conninfo(True).encode())
         self._repl = conn
@@ -472,7 +504,7 @@ class PostgresRegion(Region):
                         (lsn, clock_ms), = self._query(
                             "SELECT pg_current_wal_insert_lsn()::text, "
                             "(extract(epoch from clock_timestamp()) * 1000)::bigint")
-                        probe = (parse_lsn(lsn), int(clock_ms))
+                        probe = (self._record_boundary(parse_lsn(lsn)), int(clock_ms))
                         self._send_status(conn, received, reply=True)
                         next_status = now + status_every
                 if now >= next_status or self.confirmed != sent_confirmed:
@@ -498,10 +530,8 @@ class PostgresRegion(Region):
             kind = buf[:1]
             if kind == b"k":
                 wal_end, send_time, reply = _KEEPALIVE.unpack_from(buf, 1)
-                self.last_source_time = pg_time_to_unix_us(send_time) / 1e6
                 if txn is None:
                     observed = max(observed, wal_end)
-                    self.caught_up_at = time.time()
                     if reply:
                         self._send_status(conn, received)
                     if probe is not None and observed >= probe[0]:
@@ -514,6 +544,11 @@ class PostgresRegion(Region):
                 raise SourceError(f"{self.where}: unexpected replication message {kind!r}")
             data_start, _wal_end, _send = _XLOG_HEADER.unpack_from(buf, 1)
             received = max(received, data_start)
+            if self.confirmed != sent_confirmed and time.monotonic() >= next_status - status_every + 1.0:
+                # a stream that never pauses still lets the slot move (at most once a second)
+                sent_confirmed = self.confirmed
+                self._send_status(conn, received)
+                next_status = time.monotonic() + status_every
             msg = po.parse(buf[1 + _XLOG_HEADER.size:])
             if isinstance(msg, po.Begin):
                 txn = _TxnBuilder(self, msg)
@@ -543,6 +578,16 @@ class PostgresRegion(Region):
                     emptied = session.get(relid)
                     if emptied is not None:
                         txn.truncate(emptied)
+
+    def _record_boundary(self, insert_lsn: int) -> int:
+        """The insert position as the end of the last record: at the start of a WAL page
+        the server gives the position after the page's header, which the stream (that
+        reports record ends) never reaches while nothing more is written."""
+        if self._segment and insert_lsn % self._segment == 40:  # a segment's first page: long header
+            return insert_lsn - 40
+        if self._block and insert_lsn % self._block == 24:  # short page header
+            return insert_lsn - 24
+        return insert_lsn
 
     def _reldef(self, m: po.Relation) -> RelDef:
         pk, uks = self._keys(m.relid, m.columns, m.replident)
@@ -638,8 +683,17 @@ class PostgresRegion(Region):
         sel = ", ".join(f"CASE WHEN {quote_pg(c)} IS NULL THEN NULL ELSE format('%%s', {quote_pg(c)}) END" for c in cols)
         where = " AND ".join(f"{quote_pg(k)} = %s" for k in rel.pk)
         keyvals = [texts[k] for k in rel.pk]
-        got = self._query(f"SELECT {sel} FROM {quote_pg(rel.db)}.{quote_pg(rel.table)} WHERE {where} LIMIT 1",
-                          keyvals)
+        import psycopg
+
+        try:
+            got = self._query(f"SELECT {sel} FROM {quote_pg(rel.db)}.{quote_pg(rel.table)} WHERE {where} LIMIT 1",
+                              keyvals)
+        except SourceError:
+            raise
+        except psycopg.Error as exc:  # the table or column was renamed or dropped since
+            log.warning("%s: cannot read unchanged TOASTed values of %s.%s: %s", self.where, rel.db, rel.table,
+                        str(exc).strip())
+            got = []
         if not got:
             self.toast_missing += 1
             return
@@ -648,6 +702,9 @@ class PostgresRegion(Region):
                 row[c] = None if v is None else types[c].parse(v)
             except Unrepresentable:
                 row[c] = None
+            except ValueError:  # the column's type changed since: left as it is downstream
+                self.toast_missing += 1
+                return
         self.toast_filled += 1
 
     def added_defaults(self, old: RelDef, new: RelDef) -> dict[str, str]:
@@ -660,8 +717,13 @@ class PostgresRegion(Region):
         for c, t in zip(new.columns, new.types):
             if c.name in have:
                 continue
-            got = self._query("SELECT (attmissingval::text::text[])[1] FROM pg_attribute WHERE attrelid = %s "
-                              "AND attname = %s AND atthasmissing", (new.relid, c.name))
+            try:
+                got = self._query("SELECT (attmissingval::text::text[])[1] FROM pg_attribute WHERE attrelid = %s "
+                                  "AND attname = %s AND atthasmissing", (new.relid, c.name))
+            except SourceError:
+                raise
+            except Exception:  # noqa: BLE001 - best effort: the column then has no default downstream
+                got = []
             if got and got[0][0] is not None:
                 try:
                     out[c.name] = sql_literal(t.parse(got[0][0]), t.code)
@@ -742,11 +804,18 @@ class _TxnBuilder:
         known = self.r.rels_known.get(rel.relid)
         if known is not None and known.same_shape(rel):
             return
+        # a new table under the name of one the targets have (dropped and created again in PostgreSQL,
+        # which logs neither): the old one goes first
+        replaced = known is None and any((k.db, k.table) == (rel.db, rel.table) and k.relid != rel.relid
+                                         for k in self.r.rels_known.values())
         self.r.rels_known[rel.relid] = rel
         self.new_relations.append(rel)
         if self.r.cfg.ddl and self.r.ctx.table_selected(rel.db, rel.table):
             defaults = self.r.added_defaults(known, rel) if known is not None else None
-            self._ddl(ddl_for(known, rel, defaults))
+            stmts = ddl_for(known, rel, defaults)
+            if replaced:
+                stmts.insert(1, (rel.db, f"DROP TABLE IF EXISTS {qualified(rel.db, rel.table)}", rel.table))
+            self._ddl(stmts)
 
     def truncate(self, rel: RelDef) -> None:
         if self.r.ctx.table_selected(rel.db, rel.table):

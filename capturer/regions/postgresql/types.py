@@ -15,7 +15,7 @@ int2, int4, int8     SMALLINT ...  int
 oid                  INT UNSIGNED  int
 float4, float8       FLOAT/DOUBLE  float (NaN and +-Infinity: NULL, counted)
 numeric(p,s)         DECIMAL(p,s)  Decimal (exact; NaN/Infinity: NULL);
-                                   unconstrained numeric (or p > 65, s > 38):
+                                   unconstrained numeric (or p > 65, s > 30):
                                    LONGTEXT in MySQL, its exact decimal text
 text, varchar, char  LONGTEXT,     str (char(n) keeps PostgreSQL's padding:
                      VARCHAR(n)    VARCHAR(n) in MySQL, not CHAR)
@@ -32,7 +32,9 @@ anything else        LONGTEXT      the text form: arrays ``{1,2}``, enums,
 ==================== ============= ==========================================
 
 A key column of a text-like type becomes ``VARCHAR(255)`` in the MySQL DDL (a
-MySQL key needs a length); a bytea key column ``VARBINARY(255)``.
+MySQL key needs a length); a bytea key column ``VARBINARY(255)``. ``varchar(n)``
+and ``char(n)`` are ``VARCHAR(n)`` up to 255, LONGTEXT beyond (MySQL's row size
+limit).
 """
 
 from __future__ import annotations
@@ -183,15 +185,16 @@ def pg_type(oid: int, typmod: int) -> PgType:
     if oid == NUMERIC:
         if typmod >= 4:
             p, s = ((typmod - 4) >> 16) & 0xFFFF, (typmod - 4) & 0xFFFF
-            if 0 < p <= 65 and 0 <= s <= min(p, 38):
+            if 0 < p <= 65 and 0 <= s <= min(p, 30):  # (MySQL's DECIMAL: 65 digits, scale 30)
                 return PgType(M_NEWDECIMAL, _numeric, f"DECIMAL({p},{s})", precision=p, scale=s)
         # unconstrained (or wider than MySQL's DECIMAL): kept exact as decimal text
         return PgType(M_NEWDECIMAL, _numeric, "LONGTEXT", "VARCHAR(255)")
     if oid in (VARCHAR, BPCHAR) and typmod >= 4:
         n = typmod - 4
-        if n <= 16383:  # char(n) too: a MySQL CHAR would drop the padding PostgreSQL keeps
+        if n <= 255:  # char(n) too: a MySQL CHAR would drop the padding PostgreSQL keeps
             sql = f"VARCHAR({n})"
-            return PgType(M_VARCHAR, _text, sql, sql if n <= 255 else "VARCHAR(255)")
+            return PgType(M_VARCHAR, _text, sql, sql)
+        # wider: LONGTEXT (stored off the row: a few VARCHAR(5000) would pass MySQL's 64 kB row limit)
     if oid == BIT and 0 < typmod <= 64:
         return PgType(M_BIT, _text, f"BIT({typmod})")
     return _TEXT
