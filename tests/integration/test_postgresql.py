@@ -248,6 +248,17 @@ def test_setup_errors_name_the_setting(tmp_path: Path) -> None:
             {"version": 1, "commit_ts": 1 << 40, "regions": {"pg": {"kind": "postgresql", "lsn": "0/1000000"}}}))
         out = run(config(tmp_path, pg_region("pg", p)))
         assert "replication slot 'capturer_pg' does not exist" in out, out[-2000:]
+        # a slot another consumer moved past the checkpoint's LSN
+        with p.connect() as c:
+            start = c.execute("SELECT lsn::text FROM pg_create_logical_replication_slot('capturer_pg', 'pgoutput')"
+                              ).fetchone()[0]
+            c.execute("CREATE TABLE moved (n int)")
+            c.execute("INSERT INTO moved VALUES (1)")
+            c.execute("SELECT pg_replication_slot_advance('capturer_pg', pg_current_wal_lsn())")
+        (tmp_path / "checkpoint.json").write_text(json.dumps(
+            {"version": 1, "commit_ts": 1 << 40, "regions": {"pg": {"kind": "postgresql", "lsn": start}}}))
+        out = run(config(tmp_path, pg_region("pg", p)))
+        assert "replication slot 'capturer_pg' was confirmed up to" in out and f"LSN {start}" in out, out[-2000:]
     finally:
         p.destroy()
 

@@ -212,3 +212,17 @@ def test_config_defaults_and_errors(tmp_path: Path) -> None:
     ok = load_config(write_cfg(tmp_path, "[region:p]\ntype=postgresql\nhost=h\nuser=u\ndbname=d\n"
                                          "create_publication=public.a, s.b\n"))
     assert ok.regions[0].create_publication == "public.a,s.b"
+
+
+def test_probe_at_a_wal_page_start_is_the_previous_record_end() -> None:
+    """pg_current_wal_insert_lsn() at a page start points past the page header; the
+    stream reports record ends, so the probe must be the page boundary itself (else an
+    idle server would never resolve it and heartbeats would stop)."""
+    from capturer.regions.postgresql.region import PostgresRegion
+
+    r = PostgresRegion.__new__(PostgresRegion)
+    r._block, r._segment = 8192, 16 << 20
+    assert r._record_boundary(5 * 8192 + 24) == 5 * 8192
+    assert r._record_boundary(3 * (16 << 20) + 40) == 3 * (16 << 20)
+    assert r._record_boundary(5 * 8192 + 100) == 5 * 8192 + 100
+    assert r._record_boundary(5 * 8192) == 5 * 8192
