@@ -12,7 +12,7 @@ import logging
 
 from capturer.pipeline.bqueue import Closed, WeightedQueue
 from capturer.errors import FatalSourceError, SourceError
-from capturer.model import AnyPosition, Item
+from capturer.model import AnyPosition, Item, Txn
 from capturer.tso import LiftJournal
 
 log = logging.getLogger(__name__)
@@ -111,6 +111,11 @@ class Region:
             finally:
                 self._after_attempt()
         self.state = "stopped"
+
+    def _emit(self, item: Item) -> None:
+        """Hand ``item`` to the merge (blocks while the region's queue is full; Closed when stopping)."""
+        weight = item.weight if isinstance(item, Txn) else 1
+        self.ctx.out.put(item, weight, stop=self.ctx.stop)
 
     def _after_attempt(self) -> None:
         """Release what one attempt held (connections)."""

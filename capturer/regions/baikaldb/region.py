@@ -919,10 +919,6 @@ class BaikalRegion(Region):
         self.txns += 1
         self.rows += len(p.changes)
 
-    def _emit(self, item: Txn | Heartbeat) -> None:
-        weight = item.weight if isinstance(item, Txn) else 1
-        self.ctx.out.put(item, weight, stop=self.ctx.stop)
-
     # --- status -------------------------------------------------------------
     def lag_seconds(self) -> float:
         if not self.watermark:

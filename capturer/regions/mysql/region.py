@@ -358,10 +358,6 @@ class MySQLRegion(Region):
         self.position = start
         self._stream(start)
 
-    def _emit(self, item: Txn | Heartbeat) -> None:
-        weight = item.weight if isinstance(item, Txn) else 1
-        self.ctx.out.put(item, weight, stop=self.ctx.stop)
-
     def _source_now_ms(self) -> int:
         """The source's clock now, minus the heartbeat lag: what a heartbeat promises."""
         return int(time.time() * 1000 + self._clock_offset_ms) - self.cfg.heartbeat_lag_ms

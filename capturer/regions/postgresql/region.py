@@ -608,10 +608,6 @@ class PostgresRegion(Region):
         self.caught_up_at = time.time()
         self._emit(Heartbeat(self.name, ts, self.position))
 
-    def _emit(self, item: Txn | Heartbeat) -> None:
-        weight = item.weight if isinstance(item, Txn) else 1
-        self.ctx.out.put(item, weight, stop=self.ctx.stop)
-
     def _commit(self, b: "_TxnBuilder", c: po.Commit) -> None:
         parts = b.finish()
         end = LsnPosition(c.end_lsn)
