@@ -568,7 +568,13 @@ def test_kill9_before_the_first_checkpoint_keeps_the_start(tmp_path: Path, doubl
     proc = CapturerProcess(cfg, log).start()
     try:
         proc.wait_ready()
-        wait_for(lambda: (tmp_path / "checkpoint.json").exists(), 30, "the pinned start")
+        def pinned_regions() -> set[str]:  # (each region pins its start on its own: one may come a moment later)
+            try:
+                return set(json.loads((tmp_path / "checkpoint.json").read_text())["regions"])
+            except (OSError, ValueError, KeyError):
+                return set()
+
+        wait_for(lambda: pinned_regions() == {"shop", "acct"}, 30, "the pinned starts of both regions")
         pinned = json.loads((tmp_path / "checkpoint.json").read_text())
         assert pinned["commit_ts"] == 0 and set(pinned["regions"]) == {"shop", "acct"}
         w.run(30)
