@@ -1,11 +1,40 @@
-"""Small durable file writes shared by the checkpoint's side files (lift
-journal, BaikalDB schema journal): an fsync'd append, and an atomic rewrite."""
+"""Small durable files shared by the checkpoint's side files (lift journal,
+BaikalDB schema journal, PostgreSQL relation journal): JSON lines read back
+after a crash, an fsync'd append, and an atomic rewrite."""
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 from pathlib import Path
-from typing import Iterable
+from typing import Any, Callable, Iterable, TypeVar
+
+from capturer.errors import CheckpointError
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+def read_journal(path: Path | None, parse: Callable[[Any], T], what: str) -> list[T]:
+    """Each JSON line of ``path`` (none if it does not exist) through ``parse``. A
+    torn last line (kill -9 during an append: nothing refers to it) is skipped with
+    a warning; any other bad line is a CheckpointError naming file, line and ``what``."""
+    if path is None or not path.exists():
+        return []
+    lines = path.read_text(encoding="utf-8").splitlines()
+    out: list[T] = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            out.append(parse(json.loads(line)))
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            if n == len(lines):
+                log.warning("%s:%d: ignoring torn last line", path, n)
+                continue
+            raise CheckpointError(f"{path}:{n}: corrupt {what}: {exc}") from None
+    return out
 
 
 def append_line(path: Path, line: str) -> None:

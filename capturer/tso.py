@@ -24,8 +24,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from capturer.durable import append_line, rewrite_lines
-from capturer.errors import CheckpointError
+from capturer.durable import append_line, read_journal, rewrite_lines
 from capturer.model import LsnPosition, Position, make_ts
 
 log = logging.getLogger(__name__)
@@ -37,21 +36,9 @@ class LiftJournal:
     def __init__(self, path: Path | None):
         self.path = path
         self._lock = threading.Lock()
-        self._entries: dict[tuple[str, str, int], int] = {}
-        if path is not None and path.exists():
-            lines = path.read_text(encoding="utf-8").splitlines()
-            for lineno, line in enumerate(lines, 1):
-                if not line.strip():
-                    continue
-                try:
-                    d = json.loads(line)
-                    self._entries[(d["region"], d["file"], int(d["pos"]))] = int(d["commit_ts"])
-                except (ValueError, KeyError, TypeError) as exc:
-                    # a torn last line after kill -9 is expected; anything else is not
-                    if lineno == len(lines):
-                        log.warning("%s:%d: ignoring torn last line", path, lineno)
-                        continue
-                    raise CheckpointError(f"{path}:{lineno}: corrupt lift journal: {exc}") from exc
+        # (a torn last line after kill -9 is expected and skipped; anything else is an error)
+        self._entries: dict[tuple[str, str, int], int] = dict(read_journal(
+            path, lambda d: ((d["region"], d["file"], int(d["pos"])), int(d["commit_ts"])), "lift journal"))
 
     def entries(self, region: str) -> list[tuple[str, int, int]]:
         """``(file, pos, commit_ts)`` of every lift kept for ``region``."""

@@ -49,7 +49,7 @@ from typing import Any
 
 from capturer import protogen
 from capturer.pipeline.bqueue import Closed, WeightedQueue
-from capturer.durable import append_line, rewrite_lines
+from capturer.durable import append_line, read_journal, rewrite_lines
 from capturer.encode import qualified, quote_ident
 from capturer.errors import CheckpointError, FatalSourceError, SourceError
 from capturer.model import Ddl, Heartbeat, RowChange, TsPosition, Txn
@@ -90,24 +90,15 @@ class SchemaJournal:
     def __init__(self, path: Path | None):
         self.path = path
         self.lock = threading.Lock()  # the region appends while the app's checkpoint prunes
-        self.epochs: dict[int, Epoch] = {}
-        if path is None or not path.exists():
-            return
-        lines = path.read_text(encoding="utf-8").splitlines()
-        for n, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            try:
-                d = json.loads(line)
-                tables = {int(k): TableDef.from_json(v) for k, v in d["tables"].items()}
-                f, a = d.get("from_ts"), d.get("at_ts")
-                self.epochs[int(d["epoch"])] = Epoch(tables, None if f is None else int(f),
-                                                     None if a is None else int(a), bool(d.get("first")))
-            except (ValueError, KeyError, TypeError, AttributeError) as exc:
-                if n == len(lines):  # a torn last line after kill -9: never referenced by a position
-                    log.warning("%s:%d: ignoring torn last line", path, n)
-                    continue
-                raise CheckpointError(f"{path}:{n}: corrupt schema journal: {exc}") from None
+        # (a torn last line after kill -9 is skipped: no position refers to its epoch)
+        self.epochs: dict[int, Epoch] = dict(read_journal(path, self._parse, "schema journal"))
+
+    @staticmethod
+    def _parse(d: Any) -> tuple[int, Epoch]:
+        tables = {int(k): TableDef.from_json(v) for k, v in d["tables"].items()}
+        f, a = d.get("from_ts"), d.get("at_ts")
+        return int(d["epoch"]), Epoch(tables, None if f is None else int(f), None if a is None else int(a),
+                                      bool(d.get("first")))
 
     def next_epoch(self) -> int:
         with self.lock:

@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from capturer.durable import append_line, rewrite_lines
+from capturer.durable import append_line, read_journal, rewrite_lines
 from capturer.encode import qualified, quote_ident
 from capturer.errors import CheckpointError, FatalSourceError, SourceError
 from capturer.model import Ddl, Heartbeat, LsnPosition, RowChange, TableSchema, Txn, format_lsn, make_ts, parse_lsn
@@ -141,21 +141,9 @@ class RelationJournal:
     def __init__(self, path: Path | None):
         self.path = path
         self.lock = threading.Lock()
-        self.entries: list[tuple[int, RelDef]] = []
-        if path is None or not path.exists():
-            return
-        lines = path.read_text(encoding="utf-8").splitlines()
-        for n, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            try:
-                d = json.loads(line)
-                self.entries.append((parse_lsn(d["lsn"]), RelDef.from_json(d["rel"])))
-            except (ValueError, KeyError, TypeError) as exc:
-                if n == len(lines):  # torn by a kill -9: its DDL never left
-                    log.warning("%s:%d: ignoring torn last line", path, n)
-                    continue
-                raise CheckpointError(f"{path}:{n}: corrupt relation journal: {exc}") from None
+        # (a last line torn by kill -9 is skipped: its DDL never left)
+        self.entries: list[tuple[int, RelDef]] = read_journal(
+            path, lambda d: (parse_lsn(d["lsn"]), RelDef.from_json(d["rel"])), "relation journal")
 
     def state_at(self, lsn: int) -> dict[int, RelDef]:
         out: dict[int, RelDef] = {}
