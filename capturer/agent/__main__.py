@@ -12,6 +12,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 
 from capturer.__main__ import setup_logging
@@ -35,10 +36,16 @@ def _follow_parent(pid: int) -> None:
         pass
 
     def watch() -> None:
-        while not _STOP.wait(0.5):
-            if os.getppid() != pid:
-                logging.getLogger("capturer.agent").info("the capturer (pid %d) is gone: stopping", pid)
-                _STOP.set()
+        # (also after a SIGTERM: PR_SET_PDEATHSIG sends one when the capturer dies)
+        while os.getppid() == pid:
+            time.sleep(0.5)
+        logging.getLogger("capturer.agent").info("the capturer (pid %d) is gone: stopping", pid)
+        _STOP.set()
+        # nothing of a worker needs saving (the capturer's checkpoint is the state): a stop that hangs
+        # (a region blocked in a read) must not leave the process behind
+        time.sleep(10)
+        logging.getLogger("capturer.agent").warning("still running 10 s after the capturer died: exiting")
+        os._exit(1)
 
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
