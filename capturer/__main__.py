@@ -1,5 +1,7 @@
-"""Command line: ``python -m capturer [--config conf/config.cfg] [--demo [--once]]``, and
-``python -m capturer snapshot db.table ...`` (copy tables again, on demand).
+"""Command line: ``python -m capturer [--config conf/config.cfg] [--demo [--once]]``,
+``python -m capturer snapshot db.table ...`` (copy tables again, on demand), and the
+operator commands of capturer/opscli.py: ``status [--watch]``, ``pause SENDER``,
+``resume SENDER``, ``reload-filter``, ``stop``.
 
 ``start.sh`` wraps this (virtualenv, background, pid file, log). Exit codes:
 0 clean stop, 1 a stage failed, 2 bad configuration or checkpoint. ``snapshot``:
@@ -39,9 +41,6 @@ def _on_signal(signum: int, _frame: object) -> None:
 def snapshot_cli(argv: list[str]) -> int:
     """``python -m capturer snapshot db.table ...``: ask the running capturer (its
     status port, with the config's controlToken) to copy tables again."""
-    import urllib.error
-    import urllib.request
-
     ap = argparse.ArgumentParser(prog="capturer snapshot",
                                  description="Copy tables again while the capturer streams (on demand).")
     ap.add_argument("tables", nargs="+", help="db.table (backticks quote names with dots: `my.db`.t)")
@@ -53,45 +52,20 @@ def snapshot_cli(argv: list[str]) -> int:
     ap.add_argument("--url", help="the status URL, e.g. http://127.0.0.1:8080 (default: from the config)")
     ap.add_argument("--token", help="the control token (default: controlToken of the config)")
     args = ap.parse_args(argv)
-    token = args.token
-    url = args.url
-    if url is None or token is None:
-        from capturer.config import load_config
+    from capturer.opscli import CliError, request, resolve
 
-        try:
-            cfg = load_config(Path(args.config))
-        except ConfigError as exc:
-            print(f"config error: {exc}", file=sys.stderr)
-            return 2
-        if url is None:
-            if not cfg.http_port:
-                print("the config has httpPort=0 (a free port chosen at start): give --url", file=sys.stderr)
-                return 2
-            host = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "[::1]"}.get(cfg.http_host, cfg.http_host)
-            url = f"http://{host}:{cfg.http_port}"
-        token = token if token is not None else cfg.control_token
-    if not token:
-        print("no control token: set controlToken in [global] of the config (and restart the capturer), "
-              "or give --token", file=sys.stderr)
-        return 2
-    body = json.dumps({"tables": args.tables, "region": args.region, "truncate": args.truncate}).encode()
-    req = urllib.request.Request(url.rstrip("/") + "/snapshot", data=body, method="POST",
-                                 headers={"Content-Type": "application/json", "Authorization": f"Bearer {token}"})
     try:
-        with urllib.request.urlopen(req, timeout=60) as r:
-            out = json.loads(r.read())
-    except urllib.error.HTTPError as exc:
-        try:
-            msg = json.loads(exc.read()).get("error", "")
-        except ValueError:
-            msg = ""
-        print(f"refused: HTTP {exc.code}: {msg}", file=sys.stderr)
+        url, token = resolve(args.config, args.url, args.token, need_token=True)
+        code, out = request(url, "/snapshot", token, {"tables": args.tables, "region": args.region,
+                                                      "truncate": args.truncate})
+    except CliError as exc:
+        print(str(exc), file=sys.stderr)
+        return exc.code
+    if code >= 300:
+        print(f"refused: HTTP {code}: {out.get('error', '')}", file=sys.stderr)
         # a request the capturer refuses (bad name, unknown table, a copy it will not
         # make, no or wrong token) is the caller's to fix: 2, as for a bad config
-        return 2 if 400 <= exc.code < 500 else 1
-    except (urllib.error.URLError, OSError) as exc:
-        print(f"cannot reach the capturer at {url}: {exc}", file=sys.stderr)
-        return 1
+        return 2 if 400 <= code < 500 else 1
     for region, r in out["regions"].items():
         print(f"{region}: snapshot run {r['run']}: {', '.join(r['tables'])}")
     if out.get("missing"):
@@ -107,6 +81,14 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "snapshot":
         return snapshot_cli(argv[1:])
+    if argv and argv[0] == "status":
+        from capturer.opscli import status_cli
+
+        return status_cli(argv[1:])
+    if argv and argv[0] in ("pause", "resume", "reload-filter", "stop"):
+        from capturer.opscli import control_cli
+
+        return control_cli(argv[0], argv[1:])
     ap = argparse.ArgumentParser(prog="capturer", description="Ordered binlog capturer")
     ap.add_argument("--config", default="conf/config.cfg", help="path to config.cfg")
     ap.add_argument("--check", action="store_true", help="validate the config and exit")

@@ -19,7 +19,7 @@ from senders import sender_class
 
 from capturer.pipeline.bqueue import WeightedQueue
 from capturer.pipeline.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
-from capturer.errors import CheckpointError, SourceError
+from capturer.errors import CheckpointError, ConfigError, SourceError
 from capturer.config import AppConfig
 from capturer.pipeline.filter import load_filter
 from capturer.pipeline.merger import MergeStage
@@ -68,7 +68,7 @@ class Capturer:
             make_region(r, RegionContext(self.queues[r.name], cp.regions.get(r.name),
                                          cp.floor(r.name), self.journal, self.stop_event,
                                          cfg.spill_rows, cfg.spill_dir, cfg.checkpoint_path,
-                                         self.filter.table_selected, self.pin_start, self.tables_elsewhere,
+                                         self._table_selected, self.pin_start, self.tables_elsewhere,
                                          filter_path=cfg.filter_path, config_path=cfg.path))
             for r in cfg.regions
         ]
@@ -78,6 +78,11 @@ class Capturer:
         self.status_server: StatusServer | None = None
         self.started_at = time.time()
         self.failure: str = ""
+        self.stop_requested = threading.Event()  # POST /stop
+        self.filter_loaded_at = time.time()
+
+    def _table_selected(self, db: str, table: str) -> bool:
+        return self.filter.table_selected(db, table)  # the current rules, also after a reload
 
     # --- pipeline -----------------------------------------------------------
     def _on_item(self, item: Item) -> None:
@@ -174,6 +179,9 @@ class Capturer:
                     last_cp = now
                 if should_stop is not None and should_stop.is_set():
                     break
+                if self.stop_requested.is_set():
+                    log.info("stopping: asked to (POST /stop)")
+                    break
                 if until is not None and until(self):
                     break
         finally:
@@ -192,7 +200,7 @@ class Capturer:
             self.merge.thread.join(10)
         deadline = time.monotonic() + drain_timeout
         while time.monotonic() < deadline and not self.failure:
-            if all(len(s.queue) == 0 or s.state in ("retrying", "failed") for s in self.senders):
+            if all(len(s.queue) == 0 or s.paused or s.state in ("retrying", "failed") for s in self.senders):
                 break
             time.sleep(0.05)
         self.manager.stop()
@@ -207,28 +215,73 @@ class Capturer:
             self.status_server.stop()
 
     # --- control --------------------------------------------------------------
+    #: POST endpoints (the status server checks the token before calling ``control``)
+    CONTROL_HELP = ("POST /senders/<name>/pause, POST /senders/<name>/resume, POST /filter/reload, "
+                    "POST /snapshot {\"tables\": [...]}, POST /stop")
+
     def control(self, path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-        """``POST /snapshot`` (the token is checked by the status server)."""
+        """The control endpoints: ``CONTROL_HELP``."""
+        parts = path.strip("/").split("/")
+        if len(parts) == 3 and parts[0] == "senders" and parts[2] in ("pause", "resume"):
+            return self._pause_resume(parts[1], parts[2])
+        if path == "/filter/reload":
+            return self.reload_filter()
+        if path == "/stop":
+            self.stop_requested.set()
+            return 202, {"stopping": True, "detail": "regions and the merger stop, the senders drain what is "
+                                                      "queued, then a final checkpoint is written"}
         if path == "/snapshot":
-            tables = body.get("tables")
-            if not isinstance(tables, list) or not tables or not all(isinstance(t, str) for t in tables):
-                return 400, {"error": 'expected {"tables": ["db.table", ...], "region": optional, '
-                                      '"truncate": optional true}'}
-            region = body.get("region")
-            if region is not None and not isinstance(region, str):
-                return 400, {"error": "region must be a string"}
-            truncate = body.get("truncate", False)
-            if not isinstance(truncate, bool):
-                return 400, {"error": "truncate must be true or false"}
-            try:
-                return 202, self.request_snapshot(tables, region, truncate)
-            except ValueError as exc:
-                return 400, {"error": str(exc)}
-            except LookupError as exc:
-                return 404, {"error": str(exc)}
-            except SourceError as exc:  # a source did not answer: nothing was started
-                return 503, {"error": f"nothing started: {exc}"}
-        return 404, {"error": f"unknown control endpoint {path}"}
+            return self._snapshot_endpoint(body)
+        return 404, {"error": f"unknown control endpoint {path}; known: {self.CONTROL_HELP}"}
+
+    def _pause_resume(self, name: str, verb: str) -> tuple[int, dict[str, Any]]:
+        sender = next((s for s in self.senders if s.name == name), None)
+        if sender is None:
+            return 404, {"error": f"no sender {name!r}; senders: {', '.join(s.name for s in self.senders)}"}
+        changed = sender.pause() if verb == "pause" else sender.resume()
+        return 200, {"sender": name, "paused": sender.paused, "changed": changed}
+
+    def reload_filter(self) -> tuple[int, dict[str, Any]]:
+        """Read filterRuleDict again. The new rules apply to every transaction the
+        merger hands out from now on (not to what senders already queued). A file
+        with an error changes nothing: the answer names the file and line."""
+        path = self.cfg.filter_path
+        if path is None:
+            return 409, {"error": f"{self.cfg.path}: no filterRuleDict is configured: nothing to reload"}
+        try:
+            new = load_filter(path)
+        except (ConfigError, OSError) as exc:
+            log.error("filter reload refused, the old rules stay: %s", exc)
+            return 400, {"error": f"the old rules stay: {exc}"}
+        self.filter = new
+        self.filter_loaded_at = time.time()
+        for r in self.regions:  # agents copy (snapshot) only selected tables: they get the rules at their next subscription
+            hook = getattr(r, "filter_reloaded", None)
+            if hook is not None:
+                hook(path)
+        log.info("filter reloaded from %s: %d table rule(s), %d row rule(s)", path,
+                 len(new.table_rules), len(new.row_rules))
+        return 200, {"filter": str(path), "table_rules": len(new.table_rules), "row_rules": len(new.row_rules)}
+
+    def _snapshot_endpoint(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        tables = body.get("tables")
+        if not isinstance(tables, list) or not tables or not all(isinstance(t, str) for t in tables):
+            return 400, {"error": 'expected {"tables": ["db.table", ...], "region": optional, '
+                                  '"truncate": optional true}'}
+        region = body.get("region")
+        if region is not None and not isinstance(region, str):
+            return 400, {"error": "region must be a string"}
+        truncate = body.get("truncate", False)
+        if not isinstance(truncate, bool):
+            return 400, {"error": "truncate must be true or false"}
+        try:
+            return 202, self.request_snapshot(tables, region, truncate)
+        except ValueError as exc:
+            return 400, {"error": str(exc)}
+        except LookupError as exc:
+            return 404, {"error": str(exc)}
+        except SourceError as exc:  # a source did not answer: nothing was started
+            return 503, {"error": f"nothing started: {exc}"}
 
     def request_snapshot(self, tables: list[str], region: str | None = None,
                          truncate: bool = False) -> dict[str, Any]:
@@ -302,22 +355,36 @@ class Capturer:
         for s in self.senders:
             if s.state in ("retrying", "failed"):
                 return False, f"sender {s.name}: {s.state}: {s.last_error}"
+        paused = [s.name for s in self.senders if s.paused]
+        if paused:  # on purpose: healthy, but say so
+            return True, f"ok; paused by an operator: {', '.join(paused)}"
         return True, "ok"
 
     def snapshot(self) -> dict[str, Any]:
         cp = self.checkpoint
         return {
+            "started_at": round(self.started_at, 3),
+            "now": round(time.time(), 3),
             "uptime_seconds": round(time.time() - self.started_at, 1),
+            "config": str(self.cfg.path),
+            "control": {"enabled": bool(self.cfg.control_token), "endpoints": self.CONTROL_HELP},
+            "filter": {"path": str(self.cfg.filter_path or ""), "loaded_at": round(self.filter_loaded_at, 3),
+                       "table_rules": len(self.filter.table_rules), "row_rules": len(self.filter.row_rules)},
+            "stopping": self.stop_event.is_set() or self.stop_requested.is_set(),
             "checkpoint": {
                 **{k: v for k, v in cp.to_json().items() if k != "written_at"},
                 "age_seconds": round(time.time() - self.checkpoint_written_at, 1),
                 "path": str(self.cfg.checkpoint_path),
             },
             "acked_ts": self.manager.acked_ts(),
-            "regions": {r.name: r.status() for r in self.regions},
+            "regions": {r.name: {"kind": rc.type + (" (worker process)" if getattr(rc, "process", False) else ""),
+                                 **r.status()} for r, rc in zip(self.regions, self.cfg.regions)},
             "merger": {
                 "merged_txns": self.merge.merged_txns,
                 "watermark": self.merge.merger.watermark(),
+                "waiting_for": self.merge.waiting_for(),
+                "region_ts": self.merge.merger.region_ts(),
+                "full_senders": [s.name for s in self.senders if s.queue.weight >= s.queue.capacity],
                 "dispatched_ts": self.manager.dispatched_ts,
                 "dispatched_txns": self.manager.dispatched_txns,
                 "dispatched_rows": self.manager.dispatched_rows,

@@ -141,13 +141,26 @@ def _write_conf(d: Path, regions: list[MariaDBInstance]) -> Path:
         f"binlogCheckPointPath={d / 'checkpoint.json'}\n"
         f"senderConfig={conf / 'senderConfig.cfg'}\n"
         f"filterRuleDict={conf / 'filter_rule.txt'}\n"
-        "httpPort=0\ncheckpointInterval=3\n" + region_txt
+        f"httpPort=0\ncontrolToken={_demo_token()}\ncheckpointInterval=3\n" + region_txt
     )
     (conf / "senderConfig.cfg").write_text(
         f"[global]\ntype=local\n[local]\nfilepath={d / 'out' / 'changes.jsonl'}\nformat=json\n"
     )
     (conf / "filter_rule.txt").write_text("# capture the demo shop only\ninclude shop.*\n")
     return conf / "config.cfg"
+
+
+def _demo_token() -> str:
+    """A one-off control token for the demo's page (kept in its config, never printed)."""
+    import secrets
+
+    return secrets.token_urlsafe(18)
+
+
+def _status_line(cap: Capturer, cfg_path: Path) -> str:
+    assert cap.status_server is not None
+    return (f"demo: capturer running; status page http://127.0.0.1:{cap.status_server.port}/ "
+            f"(JSON at /status; the page's control token is controlToken in {cfg_path})")
 
 
 def _compare(states: list[dict[tuple[str, str], list[dict[str, Any]]]], out: Path) -> list[str]:
@@ -186,8 +199,7 @@ def run_demo(basedir: Path, once: bool = False, steps: int = 400,
         cap = Capturer(cfg)
         cap.start()
         assert cap.status_server is not None
-        print(f"demo: capturer running; status at http://127.0.0.1:{cap.status_server.port}/status",
-              flush=True)
+        print(_status_line(cap, cfg_path), flush=True)
         print(f"demo: changes go to {basedir / 'out' / 'changes.jsonl'}", flush=True)
         loads = [Workload(m, i + 1, seed=42 + i) for i, m in enumerate(servers)]
         t0 = time.time()
@@ -298,7 +310,7 @@ def run_baikaldb_demo(basedir: Path, once: bool = False, steps: int = 300,
         (conf / "config.cfg").write_text(
             "# written by the demo: two BaikalDB binlog tables from the test double\n[global]\n"
             f"binlogCheckPointPath={basedir / 'checkpoint.json'}\nsenderConfig={conf / 'senderConfig.cfg'}\n"
-            f"filterRuleDict=\nhttpPort=0\ncheckpointInterval=1\n" + regions)
+            f"filterRuleDict=\nhttpPort=0\ncontrolToken={_demo_token()}\ncheckpointInterval=1\n" + regions)
         (conf / "senderConfig.cfg").write_text(
             f"[global]\ntype=local\n[local]\nfilepath={basedir / 'out' / 'changes.jsonl'}\nformat=json\n")
         print(f"demo: BaikalDB double: meta {double.meta_servers}, stores "
@@ -306,7 +318,7 @@ def run_baikaldb_demo(basedir: Path, once: bool = False, steps: int = 300,
         cap = Capturer(load_config(conf / "config.cfg"))
         cap.start()
         assert cap.status_server is not None
-        print(f"demo: capturer running; status at http://127.0.0.1:{cap.status_server.port}/status", flush=True)
+        print(_status_line(cap, conf / "config.cfg"), flush=True)
         print(f"demo: changes go to {basedir / 'out' / 'changes.jsonl'}", flush=True)
         t0 = time.time()
         done = threading.Event()
@@ -422,7 +434,7 @@ def run_postgresql_demo(basedir: Path, once: bool = False, steps: int = 300,
         cap.start()
         assert cap.status_server is not None
         print(f"demo: PostgreSQL {pg.bindir.parent.name} on 127.0.0.1:{pg.port} (data in {pg.basedir})", flush=True)
-        print(f"demo: capturer running; status at http://127.0.0.1:{cap.status_server.port}/status", flush=True)
+        print(_status_line(cap, cfg_path), flush=True)
         print(f"demo: changes go to {basedir / 'out' / 'changes.jsonl'}", flush=True)
         deadline = time.time() + 60
         while not all(r.state == "streaming" for r in cap.regions) and time.time() < deadline:

@@ -1,10 +1,13 @@
-"""HTTP status: ``GET /status`` (JSON), ``GET /health``, ``GET /metrics`` (Prometheus),
-and the control endpoint ``POST /snapshot``.
+"""HTTP status: ``GET /`` (a live status page, capturer/ui), ``GET /status`` (JSON),
+``GET /health``, ``GET /metrics`` (Prometheus), and the control endpoints
+``POST /senders/<name>/pause|resume``, ``/filter/reload``, ``/snapshot``, ``/stop``.
 
 Binds 127.0.0.1 unless ``httpHost`` says otherwise. The GET endpoints only read a
 snapshot function. A control endpoint acts only with the configured
 ``controlToken`` (``Authorization: Bearer <token>``, compared in constant
 time); with no token configured they are off, and the port stays read-only.
+The page sends the token in that header (never in a cookie), so another site
+cannot make a browser call a control endpoint.
 """
 
 from __future__ import annotations
@@ -14,42 +17,86 @@ import json
 import logging
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+from capturer.model import ts_physical_ms
 
 log = logging.getLogger(__name__)
 
 Snapshot = Callable[[], dict[str, Any]]
 
 
+def _ts_seconds(ts: int) -> float:
+    """A TSO's physical part (ms since the epoch) in seconds; 0 for none."""
+    return ts_physical_ms(ts) / 1000.0 if ts else 0.0
+
+
 class _Collector(Collector):
+    """The status snapshot as Prometheus metrics (prometheus_client names counters
+    ``..._total``; units are in the names: ``_seconds``, ``_rows``)."""
+
     def __init__(self, snapshot: Snapshot):
         self.snapshot = snapshot
 
     def collect(self) -> Iterator[Any]:
         s = self.snapshot()
+        now = time.time()
+        up = GaugeMetricFamily("capturer_start_time_seconds", "when this capturer process started (unix time)")
+        up.add_metric([], s.get("started_at") or 0)
+        yield up
         cp = GaugeMetricFamily("capturer_checkpoint_commit_ts", "checkpoint commit_ts (TSO)")
         cp.add_metric([], s["checkpoint"]["commit_ts"])
         yield cp
         age = GaugeMetricFamily("capturer_checkpoint_age_seconds", "seconds since the checkpoint was written")
         age.add_metric([], s["checkpoint"].get("age_seconds") or 0)
         yield age
-        lag = GaugeMetricFamily("capturer_region_lag_seconds", "region lag", labels=["region"])
+        cplag = GaugeMetricFamily("capturer_checkpoint_lag_seconds",
+                                  "seconds between now and the commit time the checkpoint holds")
+        if s["checkpoint"]["commit_ts"]:
+            cplag.add_metric([], max(0.0, now - _ts_seconds(s["checkpoint"]["commit_ts"])))
+        yield cplag
+        lag = GaugeMetricFamily("capturer_lag_seconds",
+                                "seconds between now and the commit time every sender has acknowledged")
+        if s.get("acked_ts"):
+            lag.add_metric([], max(0.0, now - _ts_seconds(s["acked_ts"])))
+        yield lag
+        rlag = GaugeMetricFamily("capturer_region_lag_seconds", "region lag", labels=["region"])
         rtx = CounterMetricFamily("capturer_region_txns", "transactions read", labels=["region"])
         rrow = CounterMetricFamily("capturer_region_rows", "row changes read", labels=["region"])
         rq = GaugeMetricFamily("capturer_region_queue_rows", "rows queued after a region", labels=["region"])
         rre = CounterMetricFamily("capturer_region_reconnects", "reconnects", labels=["region"])
+        rst = GaugeMetricFamily("capturer_region_state", "1 for the state the region is in",
+                                labels=["region", "kind", "state"])
+        rerr = GaugeMetricFamily("capturer_region_failing", "1 while the region reconnects or has failed",
+                                 labels=["region"])
         for name, r in s["regions"].items():
-            lag.add_metric([name], r["lag_seconds"])
+            rlag.add_metric([name], r["lag_seconds"])
             rtx.add_metric([name], r["txns"])
             rrow.add_metric([name], r["rows"])
             rq.add_metric([name], r["queue_rows"])
             rre.add_metric([name], r["reconnects"])
-        yield from (lag, rtx, rrow, rq, rre)
+            rst.add_metric([name, r.get("kind", ""), r["state"]], 1)
+            rerr.add_metric([name], 1 if r["state"] in ("reconnecting", "failed") else 0)
+        yield from (rlag, rtx, rrow, rq, rre, rst, rerr)
+        merger = s.get("merger") or {}
+        wm = GaugeMetricFamily("capturer_merger_watermark_ts", "the merge's watermark (TSO): the lowest newest "
+                                                               "commit_ts over the regions")
+        if merger.get("watermark"):
+            wm.add_metric([], merger["watermark"])
+        yield wm
+        wait = GaugeMetricFamily("capturer_merger_waiting_for_region", "1 for a region the merge waits for now",
+                                 labels=["region"])
+        waiting = set(merger.get("waiting_for") or ())
+        for name in s["regions"]:
+            wait.add_metric([name], 1 if name in waiting else 0)
+        yield wait
         # BaikalDB regions: each binlog region of the binlog table
         slag = GaugeMetricFamily("capturer_baikaldb_store_region_lag_seconds",
                                  "seconds behind the clock of the newest ts read from a binlog region",
@@ -82,21 +129,67 @@ class _Collector(Collector):
         srow = CounterMetricFamily("capturer_sender_rows", "rows delivered", labels=["sender"])
         stx = CounterMetricFamily("capturer_sender_txns", "transactions delivered", labels=["sender"])
         sack = GaugeMetricFamily("capturer_sender_acked_ts", "acknowledged commit_ts", labels=["sender"])
+        slg = GaugeMetricFamily("capturer_sender_lag_seconds",
+                                "seconds between now and the commit time the sender has acknowledged",
+                                labels=["sender"])
         serr = CounterMetricFamily("capturer_sender_errors", "delivery errors", labels=["sender"])
         sret = CounterMetricFamily("capturer_sender_retries", "delivery retries", labels=["sender"])
         sq = GaugeMetricFamily("capturer_sender_queue_rows", "rows queued for a sender", labels=["sender"])
+        sqc = GaugeMetricFamily("capturer_sender_queue_capacity_rows", "rows a sender's queue holds before "
+                                                                       "the stream waits", labels=["sender"])
+        sp = GaugeMetricFamily("capturer_sender_paused", "1 while an operator has paused the sender",
+                               labels=["sender"])
+        sst = GaugeMetricFamily("capturer_sender_state", "1 for the state the sender is in",
+                                labels=["sender", "state"])
         for name, snd in s["senders"].items():
             srow.add_metric([name], snd["rows"])
             stx.add_metric([name], snd["txns"])
             sack.add_metric([name], snd["acked_ts"])
+            if snd["acked_ts"]:
+                slg.add_metric([name], max(0.0, now - _ts_seconds(snd["acked_ts"])))
             serr.add_metric([name], snd["errors"])
             sret.add_metric([name], snd["retries"])
             sq.add_metric([name], snd["queue_rows"])
-        yield from (srow, stx, sack, serr, sret, sq)
+            sqc.add_metric([name], snd.get("queue_capacity_rows", 0))
+            sp.add_metric([name], 1 if snd.get("paused") else 0)
+            sst.add_metric([name, snd["state"]], 1)
+        yield from (srow, stx, sack, slg, serr, sret, sq, sqc, sp, sst)
 
 
 MAX_BODY = 64 * 1024
-READ_ONLY = ("/status", "/health", "/metrics")
+READ_ONLY = ("/", "/status", "/health", "/metrics")
+UI_DIR = Path(__file__).resolve().parent / "ui"
+#: what GET serves from capturer/ui (read once; nothing else of the disk is reachable)
+UI_FILES = {
+    "/": ("index.html", "text/html; charset=utf-8"),
+    "/ui/app.js": ("app.js", "text/javascript; charset=utf-8"),
+    "/ui/app.css": ("app.css", "text/css; charset=utf-8"),
+    "/ui/uPlot.iife.min.js": ("vendor/uPlot.iife.min.js", "text/javascript; charset=utf-8"),
+    "/ui/uPlot.min.css": ("vendor/uPlot.min.css", "text/css; charset=utf-8"),
+}
+PAGE_HEADERS = (
+    ("Content-Security-Policy", "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'; "
+                                "base-uri 'none'; form-action 'none'"),
+    ("X-Content-Type-Options", "nosniff"),
+    ("Referrer-Policy", "no-referrer"),
+)
+
+
+def is_control_path(path: str) -> bool:
+    parts = path.strip("/").split("/")
+    if len(parts) == 3 and parts[0] == "senders" and parts[2] in ("pause", "resume"):
+        return True
+    return path in ("/snapshot", "/filter/reload", "/stop")
+
+
+def _load_ui() -> dict[str, tuple[bytes, str]]:
+    out = {}
+    for path, (name, ctype) in UI_FILES.items():
+        try:
+            out[path] = ((UI_DIR / name).read_bytes(), ctype)
+        except OSError as exc:  # an install without the page: the JSON endpoints still work
+            log.warning("status page file %s missing (%s): GET %s answers 404", UI_DIR / name, exc, path)
+    return out
 
 
 class _Server(ThreadingHTTPServer):
@@ -116,11 +209,20 @@ Control = Callable[[str, dict[str, Any]], tuple[int, dict[str, Any]]]
 
 
 class StatusServer:
+    """``GET /`` (the live status page), ``GET /status`` ``/health`` ``/metrics``, and
+    the POST control endpoints (see ``is_control_path``), which act only with the
+    token."""
+
     def __init__(self, host: str, port: int, snapshot: Snapshot, healthy: Callable[[], tuple[bool, str]],
                  control: Control | None = None, token: str = ""):
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_Collector(snapshot))
+        try:
+            ProcessCollector(registry=self.registry)  # process_cpu_seconds_total, process_resident_memory_bytes
+        except Exception:  # noqa: BLE001 - not on every platform
+            log.debug("no process metrics here", exc_info=True)
         registry = self.registry
+        ui = _load_ui()
 
         class Handler(BaseHTTPRequestHandler):
             def log_message(self, fmt: str, *args: Any) -> None:  # quiet
@@ -141,16 +243,18 @@ class StatusServer:
             timeout = 30  # a client that sends nothing (or too slowly) is dropped
 
             def _json(self, code: int, d: dict[str, Any]) -> None:
-                self._send(code, json.dumps(d, default=str).encode(), "application/json")
+                self._send(code, json.dumps(d, default=str).encode(), "application/json",
+                           (("Cache-Control", "no-store"),))
 
             def do_POST(self) -> None:  # noqa: N802
                 path = self.path.split("?", 1)[0]
-                if path in READ_ONLY:
+                if path in READ_ONLY or path in UI_FILES:
                     self._send(405, json.dumps({"error": f"{path} is read-only: use GET"}).encode(),
                                "application/json", (("Allow", "GET"),))
                     return
-                if path not in ("/snapshot",) or control is None:
-                    self._json(404, {"error": "not found; control endpoints: POST /snapshot"})
+                if not is_control_path(path) or control is None:
+                    self._json(404, {"error": "not found; control endpoints: POST /senders/<name>/pause, "
+                                              "/senders/<name>/resume, /filter/reload, /snapshot, /stop"})
                     return
                 if not token:
                     self._json(403, {"error": "control endpoints are off: set controlToken in [global] of the "
@@ -159,6 +263,7 @@ class StatusServer:
                 given = self.headers.get("Authorization", "")
                 given = given[7:] if given.startswith("Bearer ") else self.headers.get("X-Capturer-Token", "")
                 if not hmac.compare_digest(given.encode(), token.encode()):
+                    log.warning("http: POST %s from %s refused: missing or wrong token", path, self.client_address[0])
                     self._json(401, {"error": "missing or wrong token (Authorization: Bearer <controlToken>)"})
                     return
                 try:
@@ -183,26 +288,29 @@ class StatusServer:
                 except Exception as exc:  # noqa: BLE001
                     log.exception("http POST %s failed", path)
                     code, out = 500, {"error": str(exc)}
+                log.info("http: POST %s from %s: %d", path, self.client_address[0], code)
                 self._json(code, out)
 
             def do_GET(self) -> None:  # noqa: N802
                 path = self.path.split("?", 1)[0]
                 try:
                     if path == "/status":
-                        body = json.dumps(snapshot(), indent=2, default=str).encode()
-                        self._send(200, body, "application/json")
+                        self._send(200, json.dumps(snapshot(), indent=2, default=str).encode(), "application/json",
+                                   (("Cache-Control", "no-store"),))
                     elif path == "/health":
                         ok, why = healthy()
-                        self._send(200 if ok else 503, json.dumps({"ok": ok, "reason": why}).encode(),
-                                   "application/json")
+                        self._json(200 if ok else 503, {"ok": ok, "reason": why})
                     elif path == "/metrics":
-                        self._send(200, generate_latest(registry), "text/plain; version=0.0.4")
+                        self._send(200, generate_latest(registry), CONTENT_TYPE_LATEST)
+                    elif path in ui:
+                        body, ctype = ui[path]
+                        self._send(200, body, ctype, PAGE_HEADERS + (("Cache-Control", "no-cache"),))
                     else:
-                        self._send(404, b'{"error": "not found; try /status /health /metrics"}',
-                                   "application/json")
+                        self._json(404, {"error": "not found; try / (the status page), /status, /health, "
+                                                  "/metrics"})
                 except Exception as exc:  # noqa: BLE001
                     log.exception("http %s failed", path)
-                    self._send(500, json.dumps({"error": str(exc)}).encode(), "application/json")
+                    self._json(500, {"error": str(exc)})
 
         try:
             self.httpd = _Server((host, port), Handler)

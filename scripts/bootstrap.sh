@@ -1,6 +1,7 @@
 # Sourced by start.sh, tests/run.sh and bench/run.sh (POSIX sh).
 # Makes sure a virtualenv exists in .venv with this project installed, and
-# (when NEED_MARIADB=1) that mariadbd is installed, (when NEED_POSTGRES=1) PostgreSQL. Idempotent and quick when
+# (when NEED_MARIADB=1) that mariadbd is installed, (when NEED_POSTGRES=1) PostgreSQL, (when NEED_CHROMIUM=1)
+# Chromium. Idempotent and quick when
 # nothing changed.
 
 ROOT=${ROOT:-$(pwd)}
@@ -94,6 +95,14 @@ if [ "${NEED_POSTGRES:-0}" = "1" ]; then
     # as root, the private servers run as the postgres user (the package creates it)
     if [ "$(id -u)" = "0" ] && ! id postgres >/dev/null 2>&1; then
         as_root useradd --system --home-dir /var/lib/postgresql --shell /bin/sh postgres || exit 1
+    fi
+fi
+
+# the status page's test opens it in headless Chromium (Debian's chromium package)
+if [ "${NEED_CHROMIUM:-0}" = "1" ]; then
+    if ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/null 2>&1; then
+        echo "bootstrap: installing chromium (headless browser for the status page test)" >&2
+        apt_install chromium || exit 1
     fi
 fi
 

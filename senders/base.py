@@ -15,6 +15,11 @@ bounded queue, and runs in its own thread. Subclasses implement
   ``SinkError(retriable=False)`` for a fatal one (the capturer stops after a
   final checkpoint of what was truly acknowledged).
 
+An operator can ``pause()`` a sender (control endpoint ``POST
+/senders/<name>/pause``): it finishes the batch in hand and takes nothing more
+until ``resume()``; a retry loop waits as well. Nothing is acknowledged while
+paused, so the checkpoint waits for it, and once its queue is full the whole
+stream waits (back-pressure): nothing is dropped.
 """
 
 from __future__ import annotations
@@ -54,7 +59,10 @@ class Sender:
         self.last_error = ""
         self.state = "new"
         self.error: BaseException | None = None
+        self.paused_since: float | None = None  # wall-clock time of pause(), None when running
         self._stop = threading.Event()
+        self._running = threading.Event()  # cleared while paused
+        self._running.set()
         self._thread = threading.Thread(target=self._run, name=f"sender-{name}", daemon=True)
 
     # --- to implement -------------------------------------------------------
@@ -81,14 +89,53 @@ class Sender:
     def join(self, timeout: float | None = None) -> None:
         self._thread.join(timeout)
 
+    @property
+    def paused(self) -> bool:
+        return not self._running.is_set()
+
+    def pause(self) -> bool:
+        """Take nothing more from the queue after the batch in hand. False if it
+        was paused already."""
+        if self.paused:
+            return False
+        self.paused_since = time.time()
+        self._running.clear()
+        log.info("sender %s: paused", self.name)
+        return True
+
+    def resume(self) -> bool:
+        """Go on where it paused. False if it was not paused."""
+        if not self.paused:
+            return False
+        self.paused_since = None
+        self._running.set()
+        log.info("sender %s: resumed", self.name)
+        return True
+
+    def _wait_while_paused(self) -> bool:
+        """Block while paused (state "paused"); False if stopped meanwhile."""
+        if self._running.is_set():
+            return not self._stop.is_set()
+        before = self.state
+        self.state = "paused"
+        while not self._running.wait(0.2):
+            if self._stop.is_set():
+                return False
+        if self.state == "paused":
+            self.state = before if before in ("retrying", "new") else "running"
+        return not self._stop.is_set()
+
     def status(self) -> dict[str, Any]:
         return {
             "state": self.state,
+            "paused": self.paused,
+            "paused_since": self.paused_since,
             "rows": self.rows,
             "txns": self.txns,
             "acked_ts": self.acked_ts,
             "queue_items": len(self.queue),
             "queue_rows": self.queue.weight,
+            "queue_capacity_rows": self.queue.capacity,
             "errors": self.errors,
             "retries": self.retries,
             "last_error": self.last_error,
@@ -112,7 +159,7 @@ class Sender:
                 self.retries += 1
                 self.state = "retrying"
                 log.warning("sender %s: %s failed (%s); retrying in %.1fs", self.name, what, exc, delay)
-                if self._stop.wait(delay):
+                if self._stop.wait(delay) or not self._wait_while_paused():
                     return False
                 delay = min(delay * 2, self.max_backoff)
 
@@ -121,6 +168,8 @@ class Sender:
             if not self._with_retries("open", self.open):
                 return
             while not self._stop.is_set():
+                if not self._wait_while_paused():
+                    break
                 try:
                     pairs = self.queue.get_many(self.batch_rows, timeout=0.2)
                 except Closed:

@@ -1,6 +1,6 @@
 #!/bin/sh
 # The one test command: sets everything up on a fresh machine (virtualenv,
-# Python packages, mariadb-server via apt-get where mariadbd is missing), then
+# Python packages, mariadb-server, postgresql and chromium via apt-get where missing), then
 # runs the unit and integration tests. Extra arguments go to pytest, e.g.
 #   sh tests/run.sh -k merger        sh tests/run.sh --runslow  (every slow case too)
 set -u
@@ -8,7 +8,8 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT" || exit 1
 NEED_MARIADB=1
 NEED_POSTGRES=1
+NEED_CHROMIUM=1
 EXTRAS=test,spark,confluent
-export NEED_MARIADB NEED_POSTGRES EXTRAS
+export NEED_MARIADB NEED_POSTGRES NEED_CHROMIUM EXTRAS
 . "$ROOT/scripts/bootstrap.sh" || { echo "tests/run.sh: set-up failed" >&2; exit 1; }
 exec "$VENV/bin/python" -m pytest tests "$@"

@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Callable, Iterable
 
 from capturer.pipeline.bqueue import Closed, WeightedQueue
-from capturer.model import Heartbeat, Item, Txn
+from capturer.model import Heartbeat, Item, Txn, ts_physical_ms
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,10 @@ class Merger:
         """Regions with no item at their head: the merge cannot go on without them."""
         return [r for r, h in self._heads.items() if h is None]
 
+    def region_ts(self) -> dict[str, int]:
+        """The newest commit_ts each region has offered (-1: nothing yet)."""
+        return dict(self._last)
+
     def offer(self, item: Item) -> None:
         r = item.region
         if r not in self._heads:
@@ -66,10 +71,10 @@ class Merger:
         self._heads[r] = item
 
     def watermark(self) -> int | None:
-        """min over regions of the newest ts each reported; None until all reported."""
-        if any(h is None for h in self._heads.values()):
-            return None
-        return min(h.commit_ts for h in self._heads.values())  # type: ignore[union-attr]
+        """min over regions of the newest ts each offered (nothing below it can come
+        any more); None until every region offered something."""
+        low = min(self._last.values())
+        return None if low < 0 else low
 
     def pop(self) -> Item | None:
         """The next item in merged order, or None if some region must be heard first."""
@@ -102,6 +107,17 @@ class MergeStage:
 
     def start(self) -> None:
         self.thread.start()
+
+    def waiting_for(self, older_than_ms: int = 1000) -> list[str]:
+        """The regions holding the merge back: nothing at their head, nothing queued,
+        and their newest item (transaction or heartbeat) older than ``older_than_ms``;
+        oldest first. Empty when the merge is not waiting on a region (then a full
+        sender queue may be what holds it)."""
+        last = self.merger.region_ts()
+        now_ms = int(time.time() * 1000)
+        idle = [r for r in self.merger.needs() if len(self.queues[r]) == 0
+                and now_ms - ts_physical_ms(max(0, last.get(r, 0))) > older_than_ms]
+        return sorted(idle, key=lambda r: (last.get(r, -1), r))
 
     def _run(self) -> None:
         try:

@@ -140,6 +140,7 @@ class Region:
         return {
             "state": self.state,
             "position": self.position.to_json() if self.position else None,
+            "position_text": str(self.position) if self.position else "",
             "last_commit_ts": self.last_commit_ts,
             "lag_seconds": round(self.lag_seconds(), 3),
             "txns": self.txns,

@@ -22,10 +22,10 @@ from typing import Any, Iterator
 import pytest
 
 from capturer.local_mariadb import MariaDBInstance, free_port
-from senders.local.replay import read_changes, rebuild
-from chaos.harness import compare, duplicate_identities, source_json
+from senders.local.replay import read_changes
+from chaos.harness import compare, source_json
 from helpers import LIVE_PROCESSES, ROOT, CapturerProcess, start_servers, wait_for, write_config
-from workload import SCHEMA, TABLES, Workload, assert_target_equals_sources
+from workload import SCHEMA, Workload, assert_target_equals_sources, file_state_equals
 
 pytestmark = pytest.mark.integration
 
@@ -93,22 +93,6 @@ def sources(tmp_path: Path) -> Iterator[list[MariaDBInstance]]:
     yield servers
     for m in servers:
         m.stop()
-
-
-def file_state_equals(tmp: Path, servers: list[MariaDBInstance], tables: list[str] = TABLES) -> None:
-    """The file, replayed with copies collapsed by identity, equals the sources; a
-    repeated identity is always the same change."""
-    out = tmp / "out" / "changes.jsonl"
-    raw = list(read_changes(out, dedupe=False))
-    items = [((d["region"], d["commit_ts"], d["seq"], d.get("sub", 0)), json.dumps(d, sort_keys=True))
-             for d in raw if d.get("op") != "ddl"]
-    _dups, bad = duplicate_identities(items)
-    assert not bad, bad[:3]
-    state = rebuild(read_changes(out))
-    for t in tables:
-        got = sorted(json.dumps(r, sort_keys=True) for r in state.get(("app", t), {}).values())
-        lost, div, why = compare(f"file app.{t}", source_json(servers, t), got)
-        assert not lost and not div, why
 
 
 def regions_covered(tmp: Path, servers: dict[str, MariaDBInstance]) -> bool:

@@ -612,6 +612,11 @@ HTTP_CASES = [
     ("negative-content-length", b"POST /snapshot HTTP/1.1\r\n" + AUTH + b"Content-Length: -1\r\n\r\n", 400),
     ("non-numeric-content-length", b"POST /snapshot HTTP/1.1\r\n" + AUTH + b"Content-Length: abc\r\n\r\n", 400),
     ("snapshot-body-not-json", b"POST /snapshot HTTP/1.1\r\n" + AUTH + b"Content-Length: 4\r\n\r\n\xff\xfe\x00[", 400),
+    ("pause-without-token", b"POST /senders/local/pause HTTP/1.1\r\nContent-Length: 0\r\n\r\n", 401),
+    ("stop-wrong-token", b"POST /stop HTTP/1.1\r\nAuthorization: Bearer nope\r\nContent-Length: 0\r\n\r\n", 401),
+    ("reload-token-in-query", b"POST /filter/reload?token=" + TOKEN.encode() + b" HTTP/1.1\r\nContent-Length: 0\r\n\r\n", 401),
+    ("page-file-traversal", b"GET /ui/../capturer/status.py HTTP/1.1\r\n\r\n", 404),
+    ("post-to-page", b"POST / HTTP/1.1\r\nContent-Length: 0\r\n\r\n", 405),
     ("client-resets-before-answer", b"GET /metrics HTTP/1.1\r\n\r\n", None),
 ]
 

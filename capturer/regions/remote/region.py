@@ -105,6 +105,14 @@ class RemoteRegion(Region):
             except OSError as exc:
                 raise FatalSourceError(f"{self.where}: cannot read the filter rules {path}: {exc}") from None
 
+    def filter_reloaded(self, path: Path) -> None:
+        """The capturer re-read its filter rules: the agent gets them with its next
+        subscription (it copies only selected tables when it snapshots)."""
+        try:
+            self._filter_rules = (Path(path).read_text(encoding="utf-8"), str(path))
+        except OSError as exc:  # the capturer has just read it: keep the rules it has
+            log.warning("%s: cannot read the reloaded filter rules %s: %s", self.where, path, exc)
+
     # --- one attempt ----------------------------------------------------------
     def _connect_and_stream(self) -> None:
         import grpc

@@ -1,0 +1,239 @@
+"""Operator commands that talk to a running capturer over its status port:
+
+    python -m capturer status [--url URL | --config CFG] [--watch [SECONDS]] [--json]
+    python -m capturer pause SENDER | resume SENDER | reload-filter | stop   [--url] [--token]
+
+``status`` prints the picture of the status page as tables (rows/s from two
+samples). Exit codes: 0 healthy, 3 reachable but unhealthy, 1 not reachable,
+2 bad usage, bad config, or a control call refused (no or wrong token).
+The control commands send the config's ``controlToken`` (or ``--token``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from capturer.errors import ConfigError
+from capturer.model import ts_physical_ms
+
+
+class CliError(Exception):
+    def __init__(self, msg: str, code: int):
+        super().__init__(msg)
+        self.code = code
+
+
+def resolve(config: str, url: str | None, token: str | None, need_token: bool) -> tuple[str, str]:
+    """The status URL and control token: given, or from the config file."""
+    if url is None or (need_token and token is None):
+        from capturer.config import load_config
+
+        try:
+            cfg = load_config(Path(config))
+        except ConfigError as exc:
+            raise CliError(f"config error: {exc} (or give --url{' and --token' if need_token else ''})", 2) from None
+        if url is None:
+            if not cfg.http_port:
+                raise CliError("the config has httpPort=0 (a free port chosen at start): give --url", 2)
+            host = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "[::1]"}.get(cfg.http_host, cfg.http_host)
+            url = f"http://{host}:{cfg.http_port}"
+        if token is None:
+            token = cfg.control_token
+    if need_token and not token:
+        raise CliError("no control token: set controlToken in [global] of the config (and restart the "
+                       "capturer), or give --token", 2)
+    return url.rstrip("/"), token or ""
+
+
+def request(url: str, path: str, token: str = "", body: dict[str, Any] | None = None,
+            timeout: float = 60) -> tuple[int, dict[str, Any]]:
+    """(HTTP status, JSON body). CliError(1) when the capturer cannot be reached."""
+    data = None if body is None else json.dumps(body).encode()
+    headers = {"Content-Type": "application/json"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    req = urllib.request.Request(url + path, data=data, method="GET" if data is None else "POST", headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, json.loads(r.read() or b"{}")
+    except urllib.error.HTTPError as exc:
+        try:
+            out = json.loads(exc.read() or b"{}")
+        except ValueError:
+            out = {}
+        return exc.code, out if isinstance(out, dict) else {}
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        raise CliError(f"cannot reach the capturer at {url}: {getattr(exc, 'reason', exc)}", 1) from None
+
+
+# --- status -------------------------------------------------------------------
+def _when(ts: int) -> str:
+    if not ts:
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ts_physical_ms(ts) / 1000)) + \
+        f".{ts_physical_ms(ts) % 1000:03d}"
+
+
+def _secs(s: float | None) -> str:
+    if s is None:
+        return "-"
+    if s < 1:
+        return f"{s * 1000:.0f}ms"
+    if s < 120:
+        return f"{s:.1f}s"
+    if s < 7200:
+        return f"{s / 60:.1f}min"
+    return f"{s / 3600:.1f}h"
+
+
+def _n(v: Any) -> str:
+    return "-" if v is None else f"{int(v):,}"
+
+
+def _rate(cur: dict[str, Any], old: dict[str, Any] | None, dt: float) -> str:
+    if old is None or dt <= 0 or cur["rows"] < old["rows"]:
+        return "-"
+    r = (cur["rows"] - old["rows"]) / dt
+    return f"{r:,.0f}" if r >= 100 else f"{r:.1f}"
+
+
+def _table(head: list[str], rows: list[list[str]], right: set[int]) -> list[str]:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(head)]
+
+    def line(cells: list[str]) -> str:
+        return "  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+
+    return [line(head)] + [line(r) for r in rows]
+
+
+def render(url: str, d: dict[str, Any], health: dict[str, Any], old: dict[str, Any] | None) -> str:
+    """The status as text: header, checkpoint and merger lines, a region table, a sender table."""
+    dt = d["now"] - old["now"] if old and old.get("started_at") == d.get("started_at") else 0.0
+    if dt <= 0:
+        old = None
+    ok = health.get("ok")
+    out = [f"capturer at {url}   up {_secs(d.get('uptime_seconds'))}   "
+           f"{'healthy' if ok else 'UNHEALTHY'}: {health.get('reason', '')}" + ("   (stopping)" if d.get("stopping") else "")]
+    cp = d["checkpoint"]
+    lag = d.get("lag_ms_behind_sources")
+    out.append(f"checkpoint  {_when(cp['commit_ts'])} UTC, written {_secs(cp.get('age_seconds'))} ago   "
+               f"behind the sources: {_secs(None if lag is None else lag / 1000)}")
+    m = d.get("merger") or {}
+    held = [f"region {r}" for r in m.get("waiting_for") or []] + \
+        [f"sender {s} (queue full)" for s in m.get("full_senders") or []]
+    out.append(f"merger      watermark {_when(m.get('watermark') or 0)} UTC   held back by: "
+               f"{', '.join(held) or 'nothing'}   {_n(m.get('dispatched_rows'))} rows handed out")
+    out.append("")
+    rows = []
+    for name in sorted(d["regions"]):
+        r = d["regions"][name]
+        rows.append([name, str(r.get("kind", "")), r["state"], r.get("position_text") or "-", _secs(r["lag_seconds"]),
+                     _rate(r, (old or {}).get("regions", {}).get(name), dt), _n(r["rows"]), _n(r["reconnects"]),
+                     _n(r["queue_rows"]), (r.get("last_error") or "")[:80]])
+    out += _table(["REGION", "KIND", "STATE", "POSITION", "LAG", "ROWS/S", "ROWS", "RECONNECTS", "QUEUED",
+                   "LAST ERROR"], rows, {4, 5, 6, 7, 8})
+    out.append("")
+    rows = []
+    for name, s in d["senders"].items():
+        state = "paused" if s.get("paused") else s["state"]
+        rows.append([name, state, _rate(s, (old or {}).get("senders", {}).get(name), dt), _n(s["rows"]),
+                     _when(s["acked_ts"]), _n(s["queue_rows"]), _n(s["retries"]), _n(s["errors"]),
+                     (s.get("last_error") or "")[:80]])
+    out += _table(["SENDER", "STATE", "ROWS/S", "ROWS", "ACKED UP TO (UTC)", "QUEUED", "RETRIES", "ERRORS",
+                   "LAST ERROR"], rows, {2, 3, 5, 6, 7})
+    snaps = [[rn, tn, t["state"], _n(t["rows"]), _n(t["estimated_rows"])]
+             for rn, r in sorted(d["regions"].items())
+             for tn, t in sorted(((r.get("snapshot") or {}).get("tables") or {}).items())]
+    if snaps:
+        out.append("")
+        out += _table(["SNAPSHOT REGION", "TABLE", "STATE", "ROWS", "OF ABOUT"], snaps, {3, 4})
+    return "\n".join(out)
+
+
+def status_cli(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="capturer status", description="The running capturer's status as tables.")
+    ap.add_argument("--config", default="conf/config.cfg", help="the running capturer's config (for its port)")
+    ap.add_argument("--url", help="the status URL, e.g. http://127.0.0.1:8080 (default: from the config)")
+    ap.add_argument("--watch", nargs="?", type=float, const=2.0, metavar="SECONDS",
+                    help="refresh every SECONDS (default 2) until Ctrl-C")
+    ap.add_argument("--count", type=int, default=0, help="with --watch: stop after this many refreshes")
+    ap.add_argument("--json", action="store_true", help="print /status as JSON once")
+    args = ap.parse_args(argv)
+    if args.watch is not None and args.watch <= 0:
+        ap.error("--watch: SECONDS must be > 0")
+    try:
+        url, _ = resolve(args.config, args.url, None, need_token=False)
+        code, d = request(url, "/status", timeout=10)
+        if code != 200:
+            raise CliError(f"{url}/status answered HTTP {code}: {d.get('error', '')}", 1)
+        if args.json:
+            print(json.dumps(d, indent=2))
+            return 0
+        old = d
+        if args.watch is None:
+            time.sleep(1.0)  # a second sample, for rows/s
+        n = 0
+        while True:
+            if args.watch is not None:
+                time.sleep(args.watch)
+            try:
+                code, d = request(url, "/status", timeout=10)
+                hcode, health = request(url, "/health", timeout=10)
+            except CliError as exc:
+                if args.watch is None:
+                    raise
+                print(f"{time.strftime('%H:%M:%S')} {exc}; retrying", flush=True)
+                continue
+            text = render(url, d, health, old)
+            if args.watch is not None and sys.stdout.isatty():
+                sys.stdout.write("\033[H\033[2J")
+            print(text + ("\n" if args.watch is not None else ""), flush=True)
+            old = d
+            n += 1
+            if args.watch is None or (args.count and n >= args.count):
+                return 0 if health.get("ok") else 3
+    except CliError as exc:
+        print(str(exc), file=sys.stderr)
+        return exc.code
+    except KeyboardInterrupt:
+        return 0
+
+
+# --- control --------------------------------------------------------------------
+CONTROL = {
+    "pause": "stop sending to SENDER after the batch in hand (the checkpoint waits for it)",
+    "resume": "go on sending to SENDER",
+    "reload-filter": "read filterRuleDict again (a file with an error changes nothing)",
+    "stop": "stop the capturer gracefully (senders drain, a final checkpoint)",
+}
+
+
+def control_cli(verb: str, argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog=f"capturer {verb}", description=CONTROL[verb])
+    if verb in ("pause", "resume"):
+        ap.add_argument("sender", help="the sender's name (a type= of senderConfig: mysql, kafka, local, spark)")
+    ap.add_argument("--config", default="conf/config.cfg", help="the running capturer's config (port, token)")
+    ap.add_argument("--url", help="the status URL (default: from the config)")
+    ap.add_argument("--token", help="the control token (default: controlToken of the config)")
+    args = ap.parse_args(argv)
+    path = {"reload-filter": "/filter/reload", "stop": "/stop"}.get(verb) or \
+        f"/senders/{urllib.parse.quote(args.sender, safe='')}/{verb}"
+    try:
+        url, token = resolve(args.config, args.url, args.token, need_token=True)
+        code, out = request(url, path, token, body={})
+    except CliError as exc:
+        print(str(exc), file=sys.stderr)
+        return exc.code
+    if code >= 300:
+        print(f"refused: HTTP {code}: {out.get('error', '')}", file=sys.stderr)
+        return 2 if 400 <= code < 500 else 1
+    print(json.dumps(out))
+    return 0

@@ -1,0 +1,355 @@
+// The capturer's status page: polls GET /status every second and draws it.
+// Everything from the server is put in the page as text (textContent), never as
+// HTML: table names and error messages come from the sources.
+(function () {
+  "use strict";
+  var POLL_MS = 1000, KEEP = 300, SPARK = 120;  // samples kept for the chart / for a sparkline
+  var LOGICAL = 262144;  // 2^18: a commit_ts (TSO) is ms << 18 | logical
+  var $ = function (id) { return document.getElementById(id); };
+
+  var hist = null;   // {t: [unix s], series: {"sender file": [rows/s]}}
+  var prev = null;   // the previous /status answer
+  var startedAt = null, failures = 0, chart = null, chartKeys = "", lastData = null;
+
+  function el(tag, cls, text) {
+    var e = document.createElement(tag);
+    if (cls) e.className = cls;
+    if (text !== undefined && text !== null) e.textContent = String(text);
+    return e;
+  }
+  function fmtInt(n) { return n === null || n === undefined ? "–" : Math.round(n).toLocaleString("en-US"); }
+  function fmtRate(n) { return n === null || n === undefined ? "–" : (n >= 100 ? fmtInt(n) : n.toFixed(1)); }
+  function fmtSecs(s) {
+    if (s === null || s === undefined) return "–";
+    if (s < 1) return (s * 1000).toFixed(0) + " ms";
+    if (s < 120) return s.toFixed(1) + " s";
+    if (s < 7200) return (s / 60).toFixed(1) + " min";
+    return (s / 3600).toFixed(1) + " h";
+  }
+  function tsMs(ts) { return ts ? Math.floor(ts / LOGICAL) : 0; }
+  function fmtTs(ts) {
+    if (!ts) return "–";
+    var d = new Date(tsMs(ts));
+    return d.toISOString().replace("T", " ").replace("Z", " UTC");
+  }
+  function ago(ts, now) { return ts ? fmtSecs(Math.max(0, now - tsMs(ts) / 1000)) + " ago" : ""; }
+
+  // --- history (rates from counters; reset when the capturer restarts) -------
+  function resetHistory() { hist = {t: [], series: {}}; prev = null; }
+  function rate(cur, old, dt) {
+    if (old === undefined || old === null || dt <= 0 || cur < old) return null;
+    return (cur - old) / dt;
+  }
+  function record(d) {
+    var dt = prev ? d.now - prev.now : 0, rates = {};
+    Object.keys(d.regions).forEach(function (n) {
+      var o = prev && prev.regions[n];
+      rates["region " + n] = o ? rate(d.regions[n].rows, o.rows, dt) : null;
+    });
+    Object.keys(d.senders).forEach(function (n) {
+      var o = prev && prev.senders[n];
+      rates["sender " + n] = o ? rate(d.senders[n].rows, o.rows, dt) : null;
+    });
+    hist.t.push(d.now);
+    Object.keys(rates).forEach(function (k) {
+      if (!hist.series[k]) hist.series[k] = hist.t.slice(0, -1).map(function () { return null; });
+      hist.series[k].push(rates[k]);
+    });
+    if (hist.t.length > KEEP) {
+      hist.t.shift();
+      Object.keys(hist.series).forEach(function (k) { hist.series[k].shift(); });
+    }
+    prev = d;
+    return rates;
+  }
+
+  function sparkline(values) {
+    var ns = "http://www.w3.org/2000/svg", svg = document.createElementNS(ns, "svg");
+    svg.setAttribute("class", "spark");
+    svg.setAttribute("viewBox", "0 0 120 24");
+    svg.setAttribute("preserveAspectRatio", "none");
+    var v = values.slice(-SPARK), max = 0;
+    v.forEach(function (x) { if (x !== null && x > max) max = x; });
+    var pts = [];
+    v.forEach(function (x, i) {
+      var px = v.length > 1 ? (i * 120) / (v.length - 1) : 0;
+      pts.push(px.toFixed(1) + "," + (22 - (max > 0 && x !== null ? (x / max) * 20 : 0)).toFixed(1));
+    });
+    var pl = document.createElementNS(ns, "polyline");
+    pl.setAttribute("points", pts.join(" "));
+    svg.appendChild(pl);
+    var title = document.createElementNS(ns, "title");
+    title.textContent = "max " + fmtRate(max) + " rows/s";
+    svg.appendChild(title);
+    return svg;
+  }
+
+  // --- tables: one row per name, cells updated in place ----------------------
+  function rowFor(tbody, name, ncols) {
+    var rows = tbody.querySelectorAll("tr");
+    for (var i = 0; i < rows.length; i++) if (rows[i].dataset.name === name) return rows[i];
+    var tr = el("tr");
+    tr.dataset.name = name;
+    for (var c = 0; c < ncols; c++) tr.appendChild(el("td"));
+    tbody.appendChild(tr);
+    return tr;
+  }
+  function prune(tbody, names) {
+    Array.prototype.slice.call(tbody.querySelectorAll("tr")).forEach(function (tr) {
+      if (names.indexOf(tr.dataset.name) < 0) tbody.removeChild(tr);
+    });
+  }
+  function cell(tr, i, cls, text) {
+    var td = tr.children[i];
+    td.className = cls || "";
+    td.textContent = text === undefined || text === null ? "" : String(text);
+    return td;
+  }
+  function badge(tr, i, cls, state) {
+    var td = cell(tr, i, cls, "");
+    td.appendChild(el("span", "badge state-" + state, state));
+  }
+
+  function renderRegions(d, rates) {
+    var tbody = $("regions").tBodies[0], names = Object.keys(d.regions).sort();
+    var waiting = (d.merger && d.merger.waiting_for) || [];
+    names.forEach(function (n) {
+      var r = d.regions[n], tr = rowFor(tbody, n, 11);
+      tr.className = (r.state === "reconnecting" || r.state === "failed") ? "failing" : "";
+      cell(tr, 0, "c-name", n);
+      cell(tr, 1, "c-kind muted", r.kind || "");
+      badge(tr, 2, "c-state", r.state);
+      cell(tr, 3, "c-position pos", r.position_text || "–");
+      cell(tr, 4, "c-lag num", fmtSecs(r.lag_seconds));
+      if (waiting.indexOf(n) >= 0) tr.children[4].appendChild(el("div", "muted", "merge waits for it"));
+      cell(tr, 5, "c-rate num", fmtRate(rates["region " + n]));
+      cell(tr, 6, "c-spark", "").appendChild(sparkline(hist.series["region " + n] || []));
+      cell(tr, 7, "c-rows num", fmtInt(r.rows));
+      cell(tr, 8, "c-reconnects num", fmtInt(r.reconnects));
+      cell(tr, 9, "c-queue num", fmtInt(r.queue_rows));
+      cell(tr, 10, "c-error err", r.last_error || "");
+    });
+    prune(tbody, names);
+  }
+
+  function renderSenders(d, rates) {
+    var tbody = $("senders").tBodies[0], names = Object.keys(d.senders);
+    var control = d.control && d.control.enabled;
+    names.forEach(function (n) {
+      var s = d.senders[n], tr = rowFor(tbody, n, 11);
+      var state = s.paused ? "paused" : s.state;
+      tr.className = s.paused ? "paused" : ((s.state === "retrying" || s.state === "failed") ? "failing" : "");
+      cell(tr, 0, "c-name", n);
+      badge(tr, 1, "c-state", state);
+      if (s.paused && s.paused_since) tr.children[1].appendChild(el("div", "muted", "since " + new Date(s.paused_since * 1000).toLocaleTimeString()));
+      cell(tr, 2, "c-rate num", fmtRate(rates["sender " + n]));
+      cell(tr, 3, "c-spark", "").appendChild(sparkline(hist.series["sender " + n] || []));
+      cell(tr, 4, "c-rows num", fmtInt(s.rows));
+      var acked = cell(tr, 5, "c-acked", fmtTs(s.acked_ts));
+      acked.appendChild(el("div", "muted", ago(s.acked_ts, d.now)));
+      var q = cell(tr, 6, "c-queue num", fmtInt(s.queue_rows));
+      if (s.queue_capacity_rows) {
+        var bar = el("div", "bar"), fill = el("div");
+        fill.style.width = Math.min(100, (100 * s.queue_rows) / s.queue_capacity_rows).toFixed(0) + "%";
+        bar.title = fmtInt(s.queue_rows) + " of " + fmtInt(s.queue_capacity_rows) + " rows";
+        bar.appendChild(fill);
+        q.appendChild(bar);
+      }
+      cell(tr, 7, "c-retries num", fmtInt(s.retries));
+      cell(tr, 8, "c-errors num", fmtInt(s.errors));
+      cell(tr, 9, "c-error err", s.last_error || "");
+      var td = cell(tr, 10, "c-action", "");
+      var b = el("button", "pause-resume", s.paused ? "Resume" : "Pause");
+      b.type = "button";
+      b.dataset.sender = n;
+      b.dataset.verb = s.paused ? "resume" : "pause";
+      b.disabled = !control || d.stopping;
+      b.title = control ? (s.paused ? "go on sending" : "stop sending after the batch in hand; the checkpoint waits")
+        : "control endpoints are off: set controlToken in [global] of the config";
+      td.appendChild(b);
+    });
+    prune(tbody, names);
+  }
+
+  function renderSnapshots(d) {
+    var tbody = $("snapshots").tBodies[0], keys = [];
+    Object.keys(d.regions).sort().forEach(function (rn) {
+      var tables = ((d.regions[rn].snapshot || {}).tables) || {};
+      Object.keys(tables).sort().forEach(function (tn) {
+        var t = tables[tn], key = rn + " " + tn, tr = rowFor(tbody, key, 7);
+        keys.push(key);
+        cell(tr, 0, "", rn);
+        cell(tr, 1, "", tn);
+        badge(tr, 2, "", t.state);
+        cell(tr, 3, "num", fmtInt(t.rows));
+        cell(tr, 4, "num", fmtInt(t.estimated_rows));
+        var pct = t.state === "done" ? 100 : (t.estimated_rows ? Math.min(100, (100 * t.rows) / t.estimated_rows) : 0);
+        var bar = el("div", "bar"), fill = el("div");
+        fill.style.width = pct.toFixed(0) + "%";
+        bar.appendChild(fill);
+        cell(tr, 5, "", "").appendChild(bar);
+        cell(tr, 6, "num", fmtRate(t.rows_per_s));
+      });
+    });
+    prune(tbody, keys);
+    $("snapshots-section").hidden = keys.length === 0;
+  }
+
+  function renderChart() {
+    if (typeof uPlot === "undefined") return;
+    var keys = Object.keys(hist.series).sort(function (a, b) {
+      return (a.indexOf("sender") === 0 ? 0 : 1) - (b.indexOf("sender") === 0 ? 0 : 1) || (a < b ? -1 : 1);
+    });
+    var data = [hist.t].concat(keys.map(function (k) { return hist.series[k]; }));
+    var palette = ["#0969da", "#1a7f37", "#cf222e", "#8250df", "#bf8700", "#1b7c83", "#e16f24", "#6e7781"];
+    var box = $("chart"), width = Math.max(300, box.clientWidth - 16);
+    if (!chart || chartKeys !== keys.join("|")) {
+      if (chart) chart.destroy();
+      box.textContent = "";
+      chartKeys = keys.join("|");
+      chart = new uPlot({
+        width: width, height: 220,
+        scales: {x: {time: true}},
+        axes: [{}, {label: "rows/s", size: 60}],
+        series: [{}].concat(keys.map(function (k, i) {
+          return {label: k, stroke: palette[i % palette.length], width: k.indexOf("sender") === 0 ? 2 : 1,
+                  dash: k.indexOf("region") === 0 ? [4, 3] : undefined, spanGaps: false,
+                  value: function (u, v) { return v === null ? "–" : fmtRate(v); }};
+        }))
+      }, data, box);
+    } else {
+      if (Math.abs(chart.width - width) > 20) chart.setSize({width: width, height: 220});
+      chart.setData(data);
+    }
+  }
+
+  function render(d) {
+    if (startedAt !== null && d.started_at !== startedAt) {
+      showBanner("The capturer restarted at " + new Date(d.started_at * 1000).toLocaleTimeString() +
+                 ": rates start again from its counters.", false, 30000);
+      resetHistory();
+      if (chart) { chart.destroy(); chart = null; chartKeys = ""; }
+    }
+    startedAt = d.started_at;
+    var rates = record(d);
+    lastData = d;
+
+    var cp = d.checkpoint || {};
+    $("cp-time").textContent = fmtTs(cp.commit_ts);
+    $("cp-age").textContent = "written " + fmtSecs(cp.age_seconds) + " ago · " + (cp.path || "");
+    $("lag").textContent = d.lag_ms_behind_sources === null || d.lag_ms_behind_sources === undefined
+      ? "–" : fmtSecs(d.lag_ms_behind_sources / 1000);
+    var m = d.merger || {};
+    $("watermark").textContent = m.watermark ? fmtTs(m.watermark) : "not every region has reported yet";
+    var held = (m.waiting_for || []).map(function (r) { return "region " + r; })
+      .concat((m.full_senders || []).map(function (s) { return "sender " + s + " (queue full)"; }));
+    $("held").textContent = held.length ? held.join(", ") : "nothing";
+    $("dispatched").textContent = fmtInt(m.dispatched_rows) + " rows in " + fmtInt(m.dispatched_txns) + " transactions handed out";
+    var f = d.filter || {};
+    $("filter").textContent = f.path ? (f.table_rules + " table rule(s), " + f.row_rules + " row rule(s)") : "no filter file";
+    $("filter-loaded").textContent = f.path ? (f.path + " · loaded " + new Date(f.loaded_at * 1000).toLocaleTimeString()) : "";
+    $("config").textContent = "config " + (d.config || "");
+    $("uptime").textContent = "up " + fmtSecs(d.uptime_seconds) + (d.stopping ? " · stopping" : "");
+
+    renderRegions(d, rates);
+    renderSenders(d, rates);
+    renderSnapshots(d);
+    renderChart();
+
+    var control = d.control && d.control.enabled;
+    ["reload-filter", "stop"].forEach(function (id) {
+      $(id).disabled = !control || d.stopping;
+      $(id).title = control ? "" : "control endpoints are off: set controlToken in [global] of the config";
+    });
+    $("token").disabled = !control;
+  }
+
+  function showBanner(text, bad, ms) {
+    var b = $("banner");
+    b.textContent = text;
+    b.className = "banner" + (bad ? " bad" : "");
+    b.hidden = false;
+    if (ms) setTimeout(function () { if (b.textContent === text) b.hidden = true; }, ms);
+  }
+  function showMessage(text, bad) {
+    var m = $("message");
+    m.textContent = text;
+    m.className = "message" + (bad ? " bad" : "");
+    m.hidden = false;
+    clearTimeout(showMessage.timer);
+    showMessage.timer = setTimeout(function () { m.hidden = true; }, 15000);
+  }
+
+  function setConn(cls, text) {
+    var c = $("conn");
+    c.className = "badge " + cls;
+    c.textContent = text;
+  }
+
+  function fetchJson(path, opts) {
+    var ctl = new AbortController(), t = setTimeout(function () { ctl.abort(); }, 4000);
+    opts = opts || {};
+    opts.signal = ctl.signal;
+    opts.cache = "no-store";
+    return fetch(path, opts).then(function (r) {
+      clearTimeout(t);
+      return r.json().catch(function () { return {}; }).then(function (body) { return {status: r.status, body: body}; });
+    }, function (e) { clearTimeout(t); throw e; });
+  }
+
+  function poll() {
+    fetchJson("/status").then(function (r) {
+      if (r.status !== 200) throw new Error("HTTP " + r.status);
+      failures = 0;
+      document.body.classList.remove("stale");
+      setConn("ok", "live");
+      $("banner").classList.contains("bad") && ($("banner").hidden = true);
+      render(r.body);
+      return fetchJson("/health");
+    }).then(function (h) {
+      var ok = h.body && h.body.ok;
+      $("health").className = "badge " + (ok ? "ok" : "bad");
+      $("health").textContent = ok ? (h.body.reason === "ok" ? "healthy" : h.body.reason) : ("unhealthy: " + (h.body.reason || h.status));
+    }).catch(function (e) {
+      failures += 1;
+      document.body.classList.add("stale");
+      setConn("bad", "unreachable, retrying");
+      showBanner("No answer from the capturer (" + (e && e.message ? e.message : e) + ") since " +
+                 failures + " attempt(s); the values below are the last ones seen.", true);
+    }).then(function () {
+      setTimeout(poll, failures ? Math.min(5000, POLL_MS * (1 + failures)) : POLL_MS);
+    });
+  }
+
+  // --- control ---------------------------------------------------------------
+  function post(path, what) {
+    var token = $("token").value;
+    if (!token) { showMessage(what + ": enter the control token first", true); return; }
+    fetchJson(path, {method: "POST", headers: {"Authorization": "Bearer " + token, "Content-Type": "application/json"}, body: "{}"})
+      .then(function (r) {
+        if (r.status >= 200 && r.status < 300) {
+          showMessage(what + ": done" + (r.body && r.body.filter ? " (" + r.body.table_rules + " table rule(s), " + r.body.row_rules + " row rule(s))" : ""), false);
+        } else {
+          showMessage(what + " refused (HTTP " + r.status + "): " + ((r.body && r.body.error) || ""), true);
+        }
+      }, function (e) { showMessage(what + " failed: " + e, true); });
+  }
+
+  try { $("token").value = sessionStorage.getItem("capturerToken") || ""; } catch (e) { /* storage off */ }
+  $("token").addEventListener("input", function () {
+    try { sessionStorage.setItem("capturerToken", $("token").value); } catch (e) { /* storage off */ }
+  });
+  $("senders").addEventListener("click", function (ev) {
+    var b = ev.target.closest("button.pause-resume");
+    if (!b) return;
+    post("/senders/" + encodeURIComponent(b.dataset.sender) + "/" + b.dataset.verb, b.dataset.verb + " " + b.dataset.sender);
+  });
+  $("reload-filter").addEventListener("click", function () { post("/filter/reload", "reload filter"); });
+  $("stop").addEventListener("click", function () {
+    if (window.confirm("Stop the capturer? Senders drain what is queued and a final checkpoint is written.")) post("/stop", "stop");
+  });
+  window.addEventListener("resize", function () { if (chart && lastData) renderChart(); });
+
+  resetHistory();
+  poll();
+})();
