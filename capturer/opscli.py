@@ -128,7 +128,8 @@ def render(url: str, d: dict[str, Any], health: dict[str, Any], old: dict[str, A
                f"behind the sources: {_secs(None if lag is None else lag / 1000)}")
     m = d.get("merger") or {}
     held = [f"region {r}" for r in m.get("waiting_for") or []] + \
-        [f"sender {s} (queue full)" for s in m.get("full_senders") or []]
+        [f"sender {s} (queue full)" for s in m.get("full_senders") or []] + \
+        [f"sender {n} (paused)" for n, s in d["senders"].items() if s.get("paused")]
     out.append(f"merger      watermark {_when(m.get('watermark') or 0)} UTC   held back by: "
                f"{', '.join(held) or 'nothing'}   {_n(m.get('dispatched_rows'))} rows handed out")
     out.append("")

@@ -192,7 +192,7 @@
       });
     });
     prune(tbody, keys);
-    $("snapshots-section").hidden = keys.length === 0;
+    $("snapshots").hidden = keys.length === 0;
   }
 
   function renderChart() {
@@ -242,7 +242,9 @@
     var m = d.merger || {};
     $("watermark").textContent = m.watermark ? fmtTs(m.watermark) : "not every region has reported yet";
     var held = (m.waiting_for || []).map(function (r) { return "region " + r; })
-      .concat((m.full_senders || []).map(function (s) { return "sender " + s + " (queue full)"; }));
+      .concat((m.full_senders || []).map(function (s) { return "sender " + s + " (queue full)"; }))
+      .concat(Object.keys(d.senders).filter(function (s) { return d.senders[s].paused; })
+        .map(function (s) { return "sender " + s + " (paused: the checkpoint waits)"; }));
     $("held").textContent = held.length ? held.join(", ") : "nothing";
     $("dispatched").textContent = fmtInt(m.dispatched_rows) + " rows in " + fmtInt(m.dispatched_txns) + " transactions handed out";
     var f = d.filter || {};
@@ -257,7 +259,7 @@
     renderChart();
 
     var control = d.control && d.control.enabled;
-    ["reload-filter", "stop"].forEach(function (id) {
+    ["reload-filter", "stop", "snapshot"].forEach(function (id) {
       $(id).disabled = !control || d.stopping;
       $(id).title = control ? "" : "control endpoints are off: set controlToken in [global] of the config";
     });
@@ -322,13 +324,18 @@
   }
 
   // --- control ---------------------------------------------------------------
-  function post(path, what) {
+  function post(path, what, body) {
     var token = $("token").value;
     if (!token) { showMessage(what + ": enter the control token first", true); return; }
-    fetchJson(path, {method: "POST", headers: {"Authorization": "Bearer " + token, "Content-Type": "application/json"}, body: "{}"})
+    fetchJson(path, {method: "POST", headers: {"Authorization": "Bearer " + token, "Content-Type": "application/json"},
+                     body: JSON.stringify(body || {})})
       .then(function (r) {
         if (r.status >= 200 && r.status < 300) {
-          showMessage(what + ": done" + (r.body && r.body.filter ? " (" + r.body.table_rules + " table rule(s), " + r.body.row_rules + " row rule(s))" : ""), false);
+          var b = r.body || {}, more = "";
+          if (b.filter) more = " (" + b.table_rules + " table rule(s), " + b.row_rules + " row rule(s))";
+          if (b.regions) more = " (" + Object.keys(b.regions).map(function (k) { return k + ": " + b.regions[k].tables.join(", "); }).join("; ") +
+                                (b.missing && b.missing.length ? "; not found: " + b.missing.join(", ") : "") + ")";
+          showMessage(what + ": done" + more, false);
         } else {
           showMessage(what + " refused (HTTP " + r.status + "): " + ((r.body && r.body.error) || ""), true);
         }
@@ -345,6 +352,12 @@
     post("/senders/" + encodeURIComponent(b.dataset.sender) + "/" + b.dataset.verb, b.dataset.verb + " " + b.dataset.sender);
   });
   $("reload-filter").addEventListener("click", function () { post("/filter/reload", "reload filter"); });
+  $("snapshot-form").addEventListener("submit", function (ev) {
+    ev.preventDefault();
+    var tables = $("snapshot-tables").value.split(/[\s,]+/).filter(function (t) { return t; });
+    if (!tables.length) { showMessage("snapshot: name at least one db.table", true); return; }
+    post("/snapshot", "snapshot " + tables.join(", "), {tables: tables});
+  });
   $("stop").addEventListener("click", function () {
     if (window.confirm("Stop the capturer? Senders drain what is queued and a final checkpoint is written.")) post("/stop", "stop");
   });

@@ -171,14 +171,24 @@ def test_status_page_live_pause_resume_restart(setup: dict[str, Any], two_server
             b.wait('document.querySelector(\'#senders tr[data-name="local"] .c-state\').textContent === "running"',
                    20, "local shown running")
 
-            # 5. a graceful stop through the endpoint; the page says it lost the capturer
+            # 5. a table snapshot started from the page, its progress shown until done
+            b.type_into("#snapshot-tables", "app.users")
+            b.click("#snapshot")
+            b.wait("document.getElementById('message').textContent.indexOf('snapshot app.users: done') >= 0", 30,
+                   "the snapshot accepted")
+            for region in ("r1", "r2"):
+                b.wait(f"(document.querySelector('#snapshots tr[data-name=\"{region} app.users\"] .badge') || {{}})"
+                       ".textContent === 'done'", 120, f"{region}'s snapshot of app.users shown done")
+            assert not b.js("document.getElementById('snapshots').hidden")
+
+            # 6. a graceful stop through the endpoint; the page says it lost the capturer
             started = status(url)["started_at"]
             assert post(url, "/stop").status_code == 202
             assert cap.proc is not None and cap.proc.wait(90) == 0
             b.wait("document.getElementById('conn').textContent.indexOf('unreachable') >= 0", 30,
                    "the page noticing the capturer is gone")
             assert not b.js("document.getElementById('banner').hidden")
-            # 6. ... and picks it up again after a restart, with counters from zero
+            # 7. ... and picks it up again after a restart, with counters from zero
             cap.start()
             cap.wait_ready()
             b.wait("document.getElementById('conn').textContent === 'live'", 60, "live again")
