@@ -1,4 +1,22 @@
-"""Idempotent SQL from row changes: a replay converges to the same target state.
+"""The one SQL builder: statement text from row changes, for the MySQL sender
+(multi-row statements, values as parameters) and for ``build`` (one statement
+per change: ``format=sql`` files and Kafka messages, values as literals).
+
+``Table(db, table)`` makes the statements on one target table, each as
+``(text, params)``:
+
+* ``insert``: ``INSERT`` (or ``REPLACE``) of the new images of many changes,
+  with ``ON DUPLICATE KEY UPDATE`` of every column if ``upsert``;
+* ``delete``: ``DELETE ... WHERE <key>``; ``delete_keys``: one ``DELETE ...
+  WHERE (pk) IN (...)`` for many changes;
+* ``update``: ``UPDATE ... SET <new image> WHERE <old key>``.
+
+The key is the primary key; without one (or when the row lacks a key column),
+every column of the row, with NULL-safe ``<=>`` and ``LIMIT 1``. Identifiers are
+always quoted. Values are parameters (``%s`` for pymysql; a ``%`` inside an
+identifier is doubled), or literals (``literal=True``).
+
+``build`` makes idempotent SQL: a replay converges to the same target state.
 
 * insert -> ``INSERT ... ON DUPLICATE KEY UPDATE`` (an upsert)
 * update -> in SQL text (``literal``: ``format=sql`` files and Kafka messages):
@@ -11,75 +29,115 @@
   without a key: ``UPDATE ... LIMIT 1`` either way (its snapshot copy is a
   TRUNCATE plus its rows, so the target always holds it).
 * delete -> ``DELETE ... WHERE <key>``
-
-The key is the primary key; without one, every column of the old image, with
-NULL-safe ``<=>`` and ``LIMIT 1``. Identifiers are always quoted. Values are
-parameters (``%s`` for pymysql; a ``%`` inside an identifier is doubled), or
-literals for ``format=sql`` files.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from functools import lru_cache
+from typing import Any, Callable
 
 from capturer.encode import quote_ident, sql_literal, sql_param
 from capturer.model import RowChange, TableSchema
 
+Stmt = tuple[str, list[Any]]  # (text, parameters)
 
-class _Out:
-    def __init__(self, literal: bool):
+_CONVERTED_TYPES = (16, 248)  # BIT (bit string -> int) and SET (set -> "a,b") need sql_param
+
+
+@lru_cache(maxsize=4096)
+def param_ident(name: str) -> str:
+    """A quoted identifier safe inside a pymysql query with parameters."""
+    return quote_ident(name).replace("%", "%%")
+
+
+def row_params(s: TableSchema, row: dict[str, Any], cols: list[str]) -> list[Any]:
+    """The values of ``cols`` as pymysql parameters (``sql_param`` where the type needs it)."""
+    conv = s.__dict__.get("_sql_converted")
+    if conv is None:  # once per schema: the columns whose values need converting
+        if len(s.column_types) == len(s.columns):
+            conv = frozenset(c for c, t in zip(s.columns, s.column_types) if t in _CONVERTED_TYPES)
+        else:
+            conv = frozenset(s.columns) | {None}  # types unknown: convert every value
+        s.__dict__["_sql_converted"] = conv
+    if not conv:
+        return [row[c] for c in cols]
+    if None in conv:
+        return [sql_param(row[c], s.type_of(c)) for c in cols]
+    return [sql_param(row[c], s.type_of(c)) if c in conv else row[c] for c in cols]
+
+
+class Table:
+    """Statements on the table ``db``.``table``; values as ``%s`` parameters, or as
+    SQL literals (``literal``: no parameters, identifiers not ``%``-escaped)."""
+
+    def __init__(self, db: str, table: str, literal: bool = False):
         self.literal = literal
-        self.params: list[Any] = []
+        self.ident: Callable[[str], str] = quote_ident if literal else param_ident
+        self.name = f"{self.ident(db)}.{self.ident(table)}"
 
-    def ident(self, name: str) -> str:
-        q = quote_ident(name)
-        return q if self.literal else q.replace("%", "%%")
-
-    def value(self, v: Any, type_code: int | None) -> str:
+    def _values(self, s: TableSchema, row: dict[str, Any], cols: list[str], params: list[Any]) -> list[str]:
         if self.literal:
-            return sql_literal(v, type_code)
-        self.params.append(sql_param(v, type_code))
-        return "%s"
+            return [sql_literal(row[c], s.type_of(c)) for c in cols]
+        params += row_params(s, row, cols)
+        return ["%s"] * len(cols)
 
+    def _tuples(self, rows: list[tuple[TableSchema, dict[str, Any]]], cols: list[str], params: list[Any]) -> str:
+        """``(v, ...), (v, ...)``: the values of ``cols`` of each row."""
+        if self.literal:
+            return ", ".join("(" + ", ".join(self._values(s, row, cols, params)) + ")" for s, row in rows)
+        for s, row in rows:
+            params += row_params(s, row, cols)
+        return ", ".join(["(" + ", ".join(["%s"] * len(cols)) + ")"] * len(rows))
 
-def key_columns(schema: TableSchema, row: dict[str, Any]) -> list[str]:
-    if schema.pk and all(c in row for c in schema.pk):
-        return list(schema.pk)
-    return list(row)
+    def _where(self, ch: RowChange, params: list[Any]) -> str:
+        """The old image's key (NULL-safe), and ``LIMIT 1`` for a table without a primary key."""
+        s, row = ch.schema, ch.before or {}
+        cols = list(s.pk) if s.pk and all(c in row for c in s.pk) else list(row)
+        vals = self._values(s, row, cols, params)
+        return " AND ".join(f"{self.ident(c)} <=> {v}" for c, v in zip(cols, vals)) + ("" if s.pk else " LIMIT 1")
 
+    def insert(self, chs: list[RowChange], verb: str = "INSERT", upsert: bool = False) -> Stmt:
+        """``verb`` (INSERT or REPLACE) of the new images, which have the first one's columns."""
+        cols = list(chs[0].after or {})
+        params: list[Any] = []
+        rows = self._tuples([(ch.schema, ch.after or {}) for ch in chs], cols, params)
+        sql = f"{verb} INTO {self.name} ({', '.join(map(self.ident, cols))}) VALUES {rows}"
+        if upsert:
+            sql += " ON DUPLICATE KEY UPDATE " + ", ".join(f"{q}=VALUES({q})" for q in map(self.ident, cols))
+        return sql, params
 
-def _where(o: _Out, schema: TableSchema, row: dict[str, Any]) -> str:
-    cols = key_columns(schema, row)
-    return " AND ".join(f"{o.ident(c)} <=> {o.value(row[c], schema.type_of(c))}" for c in cols)
+    def delete(self, ch: RowChange) -> Stmt:
+        params: list[Any] = []
+        return f"DELETE FROM {self.name} WHERE {self._where(ch, params)}", params
 
+    def delete_keys(self, chs: list[RowChange]) -> Stmt:
+        """One statement for many rows, by the first one's primary key (every old image has it)."""
+        pk = list(chs[0].schema.pk)
+        params: list[Any] = []
+        keys = self._tuples([(ch.schema, ch.before or {}) for ch in chs], pk, params)
+        cols = ", ".join(map(self.ident, pk))
+        return f"DELETE FROM {self.name} WHERE {f'({cols})' if len(pk) > 1 else cols} IN ({keys})", params
 
-def build(ch: RowChange, target_db: str | None = None, literal: bool = False) -> tuple[str, list[Any]]:
-    o = _Out(literal)
-    s = ch.schema
-    name = f"{o.ident(target_db or s.db)}.{o.ident(s.table)}"
-    limit = "" if s.pk else " LIMIT 1"
-    if ch.op == "insert" or ch.op == "read":
-        row = ch.after or {}
-        cols = ", ".join(o.ident(c) for c in row)
-        vals = ", ".join(o.value(v, s.type_of(c)) for c, v in row.items())
-        sql = f"INSERT INTO {name} ({cols}) VALUES ({vals})"
-        if s.pk:
-            upd = ", ".join(f"{o.ident(c)}=VALUES({o.ident(c)})" for c in row)
-            sql += f" ON DUPLICATE KEY UPDATE {upd}"
-    elif ch.op == "delete":
-        sql = f"DELETE FROM {name} WHERE {_where(o, s, ch.before or {})}{limit}"
-    elif literal and s.pk and ch.after is not None and all(c in ch.after for c in s.pk):
-        # converges whether or not the target already holds the old row (see above)
-        after = ch.after
-        before = ch.before or {}
-        cols = ", ".join(o.ident(c) for c in after)
-        vals = ", ".join(o.value(v, s.type_of(c)) for c, v in after.items())
-        upd = ", ".join(f"{o.ident(c)}=VALUES({o.ident(c)})" for c in after)
-        sql = f"INSERT INTO {name} ({cols}) VALUES ({vals}) ON DUPLICATE KEY UPDATE {upd}"
-        if before and any(before.get(c) != after.get(c) for c in s.pk):
-            sql = f"DELETE FROM {name} WHERE {_where(o, s, before)}; {sql}"
-    else:
+    def update(self, ch: RowChange) -> Stmt:
         after = ch.after or {}
-        sets = ", ".join(f"{o.ident(c)}={o.value(v, s.type_of(c))}" for c, v in after.items())
-        sql = f"UPDATE {name} SET {sets} WHERE {_where(o, s, ch.before or {})}{limit}"
-    return sql, o.params
+        params: list[Any] = []
+        vals = self._values(ch.schema, after, list(after), params)
+        sets = ", ".join(f"{self.ident(c)}={v}" for c, v in zip(after, vals))
+        return f"UPDATE {self.name} SET {sets} WHERE {self._where(ch, params)}", params
+
+
+def build(ch: RowChange, target_db: str | None = None, literal: bool = False) -> Stmt:
+    s = ch.schema
+    t = Table(target_db or s.db, s.table, literal)
+    if ch.op == "insert" or ch.op == "read":
+        return t.insert([ch], upsert=bool(s.pk))
+    if ch.op == "delete":
+        return t.delete(ch)
+    if literal and s.pk and ch.after is not None and all(c in ch.after for c in s.pk):
+        # converges whether or not the target already holds the old row (see above)
+        sql, _ = t.insert([ch], upsert=True)
+        before, after = ch.before or {}, ch.after
+        if before and any(before.get(c) != after.get(c) for c in s.pk):
+            sql = f"{t.delete(ch)[0]}; {sql}"
+        return sql, []
+    return t.update(ch)

@@ -43,7 +43,8 @@ import pymysql.cursors
 from pymysql.constants import CLIENT, SERVER_STATUS
 
 from senders.mysql.causality import Causality, conflict_keys, stable_hash
-from capturer.encode import quote_ident, sql_param
+from senders.sqlbuild import Stmt, Table, param_ident
+from capturer.encode import quote_ident
 from capturer.errors import SinkError
 from capturer.ini import Key, p_bool, p_choice, p_float, p_int, p_nonempty, p_str
 from capturer.model import Ddl, RowChange, Txn
@@ -102,30 +103,6 @@ class FastCursor(pymysql.cursors.Cursor):
             raise pymysql.err.ProgrammingError(str(exc)) from exc
 
 
-def _q(name: str) -> str:
-    """A quoted identifier safe inside a pymysql query with parameters."""
-    return quote_ident(name).replace("%", "%%")
-
-
-_CONVERTED_TYPES = (16, 248)  # BIT (bit string -> int) and SET (set -> "a,b") need sql_param
-
-
-def _params(ch: RowChange, row: dict[str, Any], cols: list[str]) -> list[Any]:
-    s = ch.schema
-    conv = s.__dict__.get("_sql_converted")
-    if conv is None:  # once per schema: the columns whose values need converting
-        if len(s.column_types) == len(s.columns):
-            conv = frozenset(c for c, t in zip(s.columns, s.column_types) if t in _CONVERTED_TYPES)
-        else:
-            conv = frozenset(s.columns) | {None}  # types unknown: convert every value
-        s.__dict__["_sql_converted"] = conv
-    if not conv:
-        return [row[c] for c in cols]
-    if None in conv:
-        return [sql_param(row[c], s.type_of(c)) for c in cols]
-    return [sql_param(row[c], s.type_of(c)) if c in conv else row[c] for c in cols]
-
-
 def _overlapping(run: list["Op"]) -> bool:
     """Whether updates of ``run`` touch one primary key twice (old or new key)."""
     seen: set[tuple[Any, ...]] = set()
@@ -136,13 +113,6 @@ def _overlapping(run: list["Op"]) -> bool:
             return True
         seen |= keys
     return False
-
-
-def _where(ch: RowChange, row: dict[str, Any]) -> tuple[str, list[Any], str]:
-    s = ch.schema
-    cols = list(s.pk) if s.pk and all(c in row for c in s.pk) else list(row)
-    sql = " AND ".join(f"{_q(c)} <=> %s" for c in cols)
-    return sql, _params(ch, row, cols), "" if s.pk else " LIMIT 1"
 
 
 def _classify(exc: BaseException, what: str) -> SinkError:
@@ -276,7 +246,7 @@ class Worker:
                 i = j
             for tkey, ident in progress.items():
                 cur.execute(
-                    f"INSERT INTO {_q(self.s.meta_db)}.`applied` (tbl, commit_ts, region, seq) "
+                    f"INSERT INTO {param_ident(self.s.meta_db)}.`applied` (tbl, commit_ts, region, seq) "
                     "VALUES (%s, %s, %s, %s) ON DUPLICATE KEY UPDATE commit_ts=VALUES(commit_ts), "
                     "region=VALUES(region), seq=VALUES(seq)",
                     (tkey, ident[0], ident[1], ident[2]),
@@ -287,19 +257,11 @@ class Worker:
 
     def _insert(self, cur: Any, run: list[Op], verb: str = "INSERT") -> None:
         head = run[0]
-        cols = list(head.ch.after or {})
-        name = f"{_q(head.db)}.{_q(head.table)}"
-        row_sql = "(" + ", ".join(["%s"] * len(cols)) + ")"
-        params: list[Any] = []
-        for op in run:
-            params.extend(_params(op.ch, op.ch.after or {}, cols))
-        sql = f"{verb} INTO {name} ({', '.join(_q(c) for c in cols)}) VALUES " + ", ".join([row_sql] * len(run))
-        if verb == "INSERT" and head.keyed:
-            sql += " ON DUPLICATE KEY UPDATE " + ", ".join(f"{_q(c)}=VALUES({_q(c)})" for c in cols)
+        upsert = verb == "INSERT" and head.keyed
         try:
-            cur.execute(sql, params)
+            cur.execute(*Table(head.db, head.table).insert([op.ch for op in run], verb, upsert))
         except pymysql.err.IntegrityError as exc:
-            if exc.args[0] != ER_DUP_ENTRY or verb != "INSERT" or not head.keyed:
+            if exc.args[0] != ER_DUP_ENTRY or not upsert:
                 raise
             # the new row collides with a *different* row on a unique key: only
             # possible when replaying; REPLACE removes the stale row and converges
@@ -308,23 +270,12 @@ class Worker:
 
     def _delete(self, cur: Any, run: list[Op]) -> None:
         head = run[0]
-        name = f"{_q(head.db)}.{_q(head.table)}"
+        t = Table(head.db, head.table)
         pk = head.ch.schema.pk
         if pk and all(c in (op.ch.before or {}) for op in run for c in pk):
-            cols = ", ".join(_q(c) for c in pk)
-            one = "(" + ", ".join(["%s"] * len(pk)) + ")"
-            params: list[Any] = []
-            for op in run:
-                params.extend(_params(op.ch, op.ch.before or {}, list(pk)))
-            lhs = f"({cols})" if len(pk) > 1 else cols
-            cur.execute(f"DELETE FROM {name} WHERE {lhs} IN ({', '.join([one] * len(run))})", params)
-            return
-        stmts, params = [], []
-        for op in run:
-            where, p, limit = _where(op.ch, op.ch.before or {})
-            stmts.append(f"DELETE FROM {name} WHERE {where}{limit}")
-            params.extend(p)
-        self._multi(cur, stmts, params)
+            cur.execute(*t.delete_keys([op.ch for op in run]))
+        else:
+            self._multi(cur, [t.delete(op.ch) for op in run])
 
     def _update(self, cur: Any, run: list[Op]) -> None:
         head = run[0]
@@ -333,16 +284,9 @@ class Worker:
             # change): an upsert for a row found missing must come before the next one, not after
             self._update_one_by_one(cur, run)
             return
-        name = f"{_q(head.db)}.{_q(head.table)}"
-        stmts, params = [], []
-        for op in run:
-            after = op.ch.after or {}
-            cols = list(after)
-            where, wp, limit = _where(op.ch, op.ch.before or {})
-            stmts.append(f"UPDATE {name} SET {', '.join(f'{_q(c)}=%s' for c in cols)} WHERE {where}{limit}")
-            params.extend(_params(op.ch, after, cols) + wp)
+        t = Table(head.db, head.table)
         try:
-            counts = self._multi(cur, stmts, params)
+            counts = self._multi(cur, [t.update(op.ch) for op in run])
         except pymysql.err.IntegrityError as exc:
             if exc.args[0] != ER_DUP_ENTRY or not head.keyed:
                 raise
@@ -359,20 +303,15 @@ class Worker:
 
     def _update_one_by_one(self, cur: Any, run: list[Op]) -> None:
         """Slow path after a unique-key collision: statement by statement."""
-        head = run[0]
-        name = f"{_q(head.db)}.{_q(head.table)}"
+        t = Table(run[0].db, run[0].table)
         for op in run:
-            after = op.ch.after or {}
-            cols = list(after)
-            where, wp, limit = _where(op.ch, op.ch.before or {})
             try:
-                n = cur.execute(f"UPDATE {name} SET {', '.join(f'{_q(c)}=%s' for c in cols)} "
-                                f"WHERE {where}{limit}", _params(op.ch, after, cols) + wp)
+                n = cur.execute(*t.update(op.ch))
             except pymysql.err.IntegrityError as exc:
                 if exc.args[0] != ER_DUP_ENTRY:
                     raise
                 self.s.count("replace_fallbacks", 1)
-                cur.execute(f"DELETE FROM {name} WHERE {where}{limit}", wp)
+                cur.execute(*t.delete(op.ch))
                 self._insert(cur, [op], verb="REPLACE")
                 continue
             if n == 0:
@@ -380,9 +319,9 @@ class Worker:
                 self._insert(cur, [op])
 
     @staticmethod
-    def _multi(cur: Any, stmts: list[str], params: list[Any]) -> list[int]:
+    def _multi(cur: Any, stmts: list[Stmt]) -> list[int]:
         """Several statements in one round trip; the matched-row count of each."""
-        counts = [cur.execute(";\n".join(stmts), params)]
+        counts = [cur.execute(";\n".join(sql for sql, _ in stmts), [p for _, ps in stmts for p in ps])]
         while len(counts) < len(stmts):
             if not cur.nextset():
                 break
@@ -453,9 +392,10 @@ class MySQLSender(Sender):
         if self.meta_db:
             try:
                 with conn.cursor() as cur:
-                    cur.execute(f"CREATE DATABASE IF NOT EXISTS {_q(self.meta_db)}")
+                    # no parameters here: pymysql leaves the text as is, so the name is not %-escaped
+                    cur.execute(f"CREATE DATABASE IF NOT EXISTS {quote_ident(self.meta_db)}")
                     cur.execute(
-                        f"CREATE TABLE IF NOT EXISTS {_q(self.meta_db)}.`applied` ("
+                        f"CREATE TABLE IF NOT EXISTS {quote_ident(self.meta_db)}.`applied` ("
                         "tbl VARCHAR(600) NOT NULL PRIMARY KEY, commit_ts BIGINT UNSIGNED NOT NULL, "
                         "region VARCHAR(64) NOT NULL, seq INT UNSIGNED NOT NULL) "
                         "DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin"
@@ -477,7 +417,7 @@ class MySQLSender(Sender):
             conn = self.workers[0].connect()
             try:
                 with conn.cursor() as cur:
-                    cur.execute(f"SELECT tbl, commit_ts, region, seq FROM {_q(self.meta_db)}.`applied`")
+                    cur.execute(f"SELECT tbl, commit_ts, region, seq FROM {quote_ident(self.meta_db)}.`applied`")
                     for tbl, ts, region, seq in cur.fetchall():
                         self.progress[str(tbl)] = (int(ts), str(region), int(seq))
                 conn.commit()

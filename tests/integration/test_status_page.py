@@ -27,12 +27,13 @@ import requests
 from browser import Browser, chromium_path
 from capturer.local_mariadb import MariaDBInstance
 from helpers import ROOT, CapturerProcess, checkpoint_covers, wait_for, write_config
-from workload import SCHEMA, Workload, assert_target_equals_sources, file_state_equals
+from workload import SCHEMA, Workload, assert_target_equals_sources, file_state_equals, rows_of
 
 pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(chromium_path() is None, reason="chromium missing (tests/run.sh installs it)")]
 
 TOKEN = "s3cret-Token-for-tests"
+META_DB = "_cap%`meta"  # the MySQL sender's progress table for keyless tables, under a hostile name
 ARTIFACTS = ROOT / "tests" / "artifacts"
 
 
@@ -85,7 +86,8 @@ def setup(tmp_path: Path, two_servers: list[MariaDBInstance], target: MariaDBIns
     for m in two_servers:
         m.execute(*SCHEMA)
     senders = (f"[global]\ntype=local,mysql\n[local]\nfilepath={tmp_path / 'out' / 'changes.jsonl'}\n"
-               f"[mysql]\nhost=127.0.0.1\nport={target.port}\nuser=root\npassword=\nthreadnum=4\n")
+               f"[mysql]\nhost=127.0.0.1\nport={target.port}\nuser=root\npassword=\nthreadnum=4\n"
+               f"meta_database={META_DB}\n")
     cfg = write_config(tmp_path, two_servers, senders=senders, filter_text="# nothing filtered\n",
                        extra_global=f"controlToken={TOKEN}\n")
     port = int(re.search(r"httpPort=(\d+)", cfg.read_text()).group(1))  # type: ignore[union-attr]
@@ -207,6 +209,7 @@ def test_status_page_live_pause_resume_restart(setup: dict[str, Any], two_server
             cap.proc.kill()
     # nothing lost while paused, stopped and restarted
     assert_target_equals_sources(two_servers, target)
+    assert rows_of(target, META_DB, "applied"), "no progress of the keyless table in the meta database"
     file_state_equals(tmp, two_servers)
 
 

@@ -1,0 +1,167 @@
+"""The one SQL builder (senders/sqlbuild.py): exact text and parameters of the
+statements the MySQL sender and ``build`` make."""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+import pymysql
+
+from capturer.encode import T_BIT
+from capturer.model import RowChange, TableSchema
+from senders.mysql.sender import Op, Worker
+from senders.sqlbuild import Table, build, param_ident, row_params
+
+KEYED = TableSchema("d", "t", ("id", "v"), ("id",))
+PK2 = TableSchema("d", "t", ("a", "b", "v"), ("a", "b"))
+KEYLESS = TableSchema("d", "k", ("a", "b"), ())
+HOSTILE = TableSchema("d`b%", "t%s`", ("i`d", "v%s"), ("i`d",))
+
+
+def ins(s: TableSchema, row: dict[str, Any]) -> RowChange:
+    return RowChange(s, "insert", None, row)
+
+
+def dele(s: TableSchema, row: dict[str, Any]) -> RowChange:
+    return RowChange(s, "delete", row, None)
+
+
+def upd(s: TableSchema, before: dict[str, Any], after: dict[str, Any]) -> RowChange:
+    return RowChange(s, "update", before, after)
+
+
+def test_multi_row_upsert_and_replace_of_a_keyed_table() -> None:
+    rows = [ins(KEYED, {"id": 1, "v": "a"}), ins(KEYED, {"id": 2, "v": None})]
+    assert Table("d", "t").insert(rows, upsert=True) == (
+        "INSERT INTO `d`.`t` (`id`, `v`) VALUES (%s, %s), (%s, %s) "
+        "ON DUPLICATE KEY UPDATE `id`=VALUES(`id`), `v`=VALUES(`v`)", [1, "a", 2, None])
+    assert Table("x", "t").insert(rows, "REPLACE") == (
+        "REPLACE INTO `x`.`t` (`id`, `v`) VALUES (%s, %s), (%s, %s)", [1, "a", 2, None])
+
+
+def test_delete_by_a_list_of_keys() -> None:
+    one = [dele(KEYED, {"id": 1, "v": "a"}), dele(KEYED, {"id": 2, "v": "b"}), dele(KEYED, {"id": 3, "v": "c"})]
+    assert Table("d", "t").delete_keys(one) == (
+        "DELETE FROM `d`.`t` WHERE `id` IN ((%s), (%s), (%s))", [1, 2, 3])
+    two = [dele(PK2, {"a": 1, "b": "x", "v": 0}), dele(PK2, {"a": 2, "b": "y", "v": 0})]
+    assert Table("d", "t").delete_keys(two) == (
+        "DELETE FROM `d`.`t` WHERE (`a`, `b`) IN ((%s, %s), (%s, %s))", [1, "x", 2, "y"])
+
+
+def test_update_and_delete_by_the_old_key() -> None:
+    t = Table("d", "t")
+    ch = upd(PK2, {"a": 1, "b": "x", "v": 5}, {"a": 1, "b": "z", "v": 6})
+    assert t.update(ch) == ("UPDATE `d`.`t` SET `a`=%s, `b`=%s, `v`=%s WHERE `a` <=> %s AND `b` <=> %s",
+                            [1, "z", 6, 1, "x"])
+    assert t.delete(ch) == ("DELETE FROM `d`.`t` WHERE `a` <=> %s AND `b` <=> %s", [1, "x"])
+    # an old image without the key (a minimal row image): every column it has, still no LIMIT
+    assert t.delete(dele(PK2, {"v": 5})) == ("DELETE FROM `d`.`t` WHERE `v` <=> %s", [5])
+
+
+def test_keyless_table_matches_the_whole_row_null_safely_one_row_only() -> None:
+    t = Table("d", "k")
+    ch = upd(KEYLESS, {"a": 1, "b": None}, {"a": None, "b": 2})
+    assert t.update(ch) == ("UPDATE `d`.`k` SET `a`=%s, `b`=%s WHERE `a` <=> %s AND `b` <=> %s LIMIT 1",
+                            [None, 2, 1, None])
+    assert t.delete(ch) == ("DELETE FROM `d`.`k` WHERE `a` <=> %s AND `b` <=> %s LIMIT 1", [1, None])
+    assert build(ch, literal=True) == ("UPDATE `d`.`k` SET `a`=NULL, `b`=2 WHERE `a` <=> 1 AND `b` <=> NULL LIMIT 1",
+                                       [])
+    # no key, so a plain INSERT (an upsert would need a key to collide on)
+    assert build(ins(KEYLESS, {"a": 1, "b": None})) == ("INSERT INTO `d`.`k` (`a`, `b`) VALUES (%s, %s)", [1, None])
+
+
+def test_hostile_identifiers_are_quoted_and_percent_escaped_only_with_parameters() -> None:
+    assert param_ident("a`b%s") == "`a``b%%s`"
+    ch = upd(HOSTILE, {"i`d": 1, "v%s": "x"}, {"i`d": 2, "v%s": "'); DROP TABLE t; --"})
+    sql, params = build(ch)
+    assert sql == "UPDATE `d``b%%`.`t%%s``` SET `i``d`=%s, `v%%s`=%s WHERE `i``d` <=> %s"
+    assert params == [2, "'); DROP TABLE t; --", 1]
+    assert sql % ("?", "?", "?") == "UPDATE `d``b%`.`t%s``` SET `i``d`=?, `v%s`=? WHERE `i``d` <=> ?"
+    text, none = build(ch, literal=True)
+    assert none == []
+    assert text == ("DELETE FROM `d``b%`.`t%s``` WHERE `i``d` <=> 1; INSERT INTO `d``b%`.`t%s``` (`i``d`, `v%s`) "
+                    "VALUES (2, '\\'); DROP TABLE t; --') ON DUPLICATE KEY UPDATE `i``d`=VALUES(`i``d`), "
+                    "`v%s`=VALUES(`v%s`)")
+    assert Table("d", "t%").delete_keys([dele(HOSTILE, {"i`d": 7, "v%s": 0})]) == (
+        "DELETE FROM `d`.`t%%` WHERE `i``d` IN ((%s))", [7])
+
+
+def test_target_database_override() -> None:
+    sql, params = build(dele(KEYED, {"id": 4, "v": "a"}), target_db="o`ther")
+    assert (sql, params) == ("DELETE FROM `o``ther`.`t` WHERE `id` <=> %s", [4])
+    sql, _ = build(ins(KEYED, {"id": 4, "v": "a"}), target_db="x", literal=True)
+    assert sql == "INSERT INTO `x`.`t` (`id`, `v`) VALUES (4, 'a') ON DUPLICATE KEY UPDATE `id`=VALUES(`id`), `v`=VALUES(`v`)"
+
+
+def test_values_of_bit_and_set_columns_become_parameters_pymysql_takes() -> None:
+    s = TableSchema("d", "t", ("id", "b", "s"), ("id",), (), (3, T_BIT, 248))
+    assert row_params(s, {"id": 1, "b": "101", "s": {"y", "x"}}, ["id", "b", "s"]) == [1, 5, "x,y"]
+    untyped = TableSchema("d", "t", ("id", "s"), ("id",))  # types unknown: every value converted
+    assert row_params(untyped, {"id": 1, "s": frozenset({"b", "a"})}, ["s", "id"]) == ["a,b", 1]
+    assert Table("d", "t").insert([ins(s, {"id": 1, "b": "", "s": set()})]) == (
+        "INSERT INTO `d`.`t` (`id`, `b`, `s`) VALUES (%s, %s, %s)", [1, 0, ""])
+
+
+class _Cursor:
+    """Records statements; an UPDATE matches the rows listed in ``found``."""
+
+    def __init__(self, found: list[int]):
+        self.found = found
+        self.log: list[tuple[str, list[Any]]] = []
+        self.pending: list[int] = []
+        self.rowcount = 0
+
+    def execute(self, sql: str, params: list[Any]) -> int:
+        self.log.append((sql, list(params)))
+        if sql.startswith("INSERT") and "`dup`" in sql:
+            raise pymysql.err.IntegrityError(1062, "Duplicate entry")
+        self.pending = self.found[1:sql.count(";\n") + 1]
+        return self.found[0]
+
+    def nextset(self) -> bool:
+        if not self.pending:
+            return False
+        self.rowcount = self.pending.pop(0)
+        return True
+
+
+class _Sender:
+    def __init__(self) -> None:
+        self.counters: dict[str, int] = {}
+
+    def count(self, what: str, n: int = 1) -> None:
+        self.counters[what] = self.counters.get(what, 0) + n
+
+
+def _worker() -> Worker:
+    w = Worker(cast(Any, _Sender()), 0)
+    w.pool.shutdown()
+    return w
+
+
+def test_mysql_sender_batches_the_builders_statements() -> None:
+    w = _worker()
+    run = [Op((1, "r", i), upd(KEYED, {"id": i, "v": "a"}, {"id": i + 10, "v": "b"}), "tgt", "t") for i in (1, 2)]
+    cur = _Cursor(found=[1, 0])
+    w._update(cur, run)
+    assert cur.log == [
+        ("UPDATE `tgt`.`t` SET `id`=%s, `v`=%s WHERE `id` <=> %s;\n"
+         "UPDATE `tgt`.`t` SET `id`=%s, `v`=%s WHERE `id` <=> %s", [11, "b", 1, 12, "b", 2]),
+        # the second found no row at its old key: its new image is upserted
+        ("INSERT INTO `tgt`.`t` (`id`, `v`) VALUES (%s, %s) ON DUPLICATE KEY UPDATE `id`=VALUES(`id`), "
+         "`v`=VALUES(`v`)", [12, "b"]),
+    ]
+    assert w.s.counters == {"upsert_fallbacks": 1}
+    cur = _Cursor(found=[1])
+    w._delete(cur, [Op((1, "r", i), dele(KEYLESS, {"a": i, "b": None}), "d", "k") for i in (1, 2)])
+    assert cur.log == [("DELETE FROM `d`.`k` WHERE `a` <=> %s AND `b` <=> %s LIMIT 1;\n"
+                        "DELETE FROM `d`.`k` WHERE `a` <=> %s AND `b` <=> %s LIMIT 1", [1, None, 2, None])]
+
+
+def test_mysql_sender_falls_back_to_replace_on_a_unique_key_collision() -> None:
+    w = _worker()
+    cur = _Cursor(found=[1])
+    w._insert(cur, [Op((1, "r", 0), ins(KEYED, {"id": 1, "v": "a"}), "d", "dup")])
+    assert [sql.split(" (")[0] for sql, _ in cur.log] == ["INSERT INTO `d`.`dup`", "REPLACE INTO `d`.`dup`"]
+    assert cur.log[1] == ("REPLACE INTO `d`.`dup` (`id`, `v`) VALUES (%s, %s)", [1, "a"])
+    assert w.s.counters == {"replace_fallbacks": 1}
