@@ -21,6 +21,7 @@ from capturer.pipeline.bqueue import WeightedQueue
 from capturer.pipeline.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from capturer.errors import CheckpointError, ConfigError, SourceError
 from capturer.config import AppConfig
+from capturer.durable import rewrite_lines
 from capturer.pipeline.filter import load_filter
 from capturer.pipeline.merger import MergeStage
 from capturer.model import Item, Txn, ts_physical_ms
@@ -80,6 +81,33 @@ class Capturer:
         self.failure: str = ""
         self.stop_requested = threading.Event()  # POST /stop
         self.filter_loaded_at = time.time()
+        # senders an operator paused stay paused across restarts (as a paused connector does)
+        self.paused_path = cfg.checkpoint_path.with_name(cfg.checkpoint_path.name + ".paused")
+        self._restore_paused()
+
+    def _restore_paused(self) -> None:
+        try:
+            names = self.paused_path.read_text(encoding="utf-8").split()
+        except FileNotFoundError:
+            return
+        except (OSError, UnicodeDecodeError) as exc:
+            raise CheckpointError(f"{self.paused_path}: unreadable list of paused senders: {exc}") from None
+        known = {s.name: s for s in self.senders}
+        for name in names:
+            if name in known:
+                known[name].pause()
+                log.warning("sender %s starts paused: an operator paused it before this start (%s); resume it "
+                            "with POST /senders/%s/resume or python -m capturer resume %s", name,
+                            self.paused_path, name, name)
+            else:
+                log.warning("%s names sender %r, which senderConfig no longer has: ignored", self.paused_path, name)
+
+    def _save_paused(self) -> None:
+        names = [s.name for s in self.senders if s.paused]
+        if names:
+            rewrite_lines(self.paused_path, names)
+        else:
+            self.paused_path.unlink(missing_ok=True)
 
     def _table_selected(self, db: str, table: str) -> bool:
         return self.filter.table_selected(db, table)  # the current rules, also after a reload
@@ -238,7 +266,14 @@ class Capturer:
         sender = next((s for s in self.senders if s.name == name), None)
         if sender is None:
             return 404, {"error": f"no sender {name!r}; senders: {', '.join(s.name for s in self.senders)}"}
-        changed = sender.pause() if verb == "pause" else sender.resume()
+        with self._cp_lock:
+            changed = sender.pause() if verb == "pause" else sender.resume()
+            try:
+                self._save_paused()
+            except OSError as exc:  # the pause holds in this run; say that a restart would lose it
+                log.error("cannot record the paused senders in %s: %s", self.paused_path, exc)
+                return 200, {"sender": name, "paused": sender.paused, "changed": changed,
+                             "warning": f"not recorded in {self.paused_path} ({exc}): a restart forgets it"}
         return 200, {"sender": name, "paused": sender.paused, "changed": changed}
 
     def reload_filter(self) -> tuple[int, dict[str, Any]]:

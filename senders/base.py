@@ -17,9 +17,10 @@ bounded queue, and runs in its own thread. Subclasses implement
 
 An operator can ``pause()`` a sender (control endpoint ``POST
 /senders/<name>/pause``): it finishes the batch in hand and takes nothing more
-until ``resume()``; a retry loop waits as well. Nothing is acknowledged while
-paused, so the checkpoint waits for it, and once its queue is full the whole
-stream waits (back-pressure): nothing is dropped.
+until ``resume()``; a retry loop waits as well, and a sender started paused
+opens its target only once resumed. Nothing is acknowledged while paused, so
+the checkpoint waits for it, and once its queue is full the whole stream waits
+(back-pressure): nothing is dropped.
 """
 
 from __future__ import annotations
@@ -165,7 +166,9 @@ class Sender:
 
     def _run(self) -> None:
         try:
-            if not self._with_retries("open", self.open):
+            # a sender that starts paused (an operator paused it before a restart) opens nothing yet:
+            # its target may be down for maintenance
+            if not self._wait_while_paused() or not self._with_retries("open", self.open):
                 return
             while not self._stop.is_set():
                 if not self._wait_while_paused():

@@ -245,6 +245,28 @@ def test_filter_reload_and_dashboard_metrics(setup: dict[str, Any], two_servers:
         assert bad.returncode == 2 and "401" in bad.stderr, (bad.returncode, bad.stderr)
         assert post(url, "/senders/nosuch/pause").status_code == 404
 
+        # a pause outlives a restart (stopped with the command line, as an operator would)
+        def cli(*args: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run([sys.executable, "-m", "capturer", *args, "--config", str(cfg)], cwd=ROOT,
+                                  capture_output=True, text=True, timeout=60)
+
+        assert cli("pause", "mysql").returncode == 0
+        paused_file = tmp / "checkpoint.json.paused"
+        assert paused_file.read_text().split() == ["mysql"]
+        assert cli("stop").returncode == 0
+        assert cap.proc is not None and cap.proc.wait(90) == 0
+        m1.execute("INSERT INTO app.pairs VALUES (2, 'b', 'while stopped')")
+        cap.start()
+        cap.wait_ready()
+        wait_for(lambda: status(url)["senders"]["mysql"]["state"] == "paused", 30, "mysql paused after the restart")
+        wait_for(lambda: status(url)["senders"]["local"]["rows"] >= 1, 60, "local sending after the restart")
+        time.sleep(1)
+        assert status(url)["senders"]["mysql"]["rows"] == 0
+        assert any(ln.split()[:2] == ["mysql", "paused"] for ln in cli("status").stdout.splitlines())
+        assert cli("resume", "mysql").returncode == 0
+        assert not paused_file.exists()
+        wait_for(lambda: status(url)["senders"]["mysql"]["rows"] >= 1, 60, "mysql sending once resumed")
+
         # the Grafana dashboard asks only for metrics the capturer serves
         metrics = requests.get(url + "/metrics", timeout=10).text
         types = dict(re.findall(r"^# TYPE (\S+) (\S+)$", metrics, re.M))
@@ -268,4 +290,4 @@ def test_filter_reload_and_dashboard_metrics(setup: dict[str, Any], two_servers:
            if d["op"] != "ddl"]
     msgs = [r.get("msg") for t, r in got if t == "log"]
     assert msgs == ["before", "still captured"], got  # 'filtered out' was not delivered
-    assert any(t == "pairs" for t, _ in got)
+    assert [r["val"] for t, r in got if t == "pairs"] == ["after", "while stopped"]

@@ -122,6 +122,11 @@ class Recorder(Sender):
         self.fail = fail
         self.max_backoff = 0.05
 
+    opened = 0
+
+    def open(self) -> None:
+        self.opened += 1
+
     def send(self, batch: list[Txn]) -> None:
         self.attempts += 1
         if self.fail:
@@ -184,6 +189,23 @@ def test_pause_holds_a_retry_loop_and_stop_ends_a_pause() -> None:
         s.stop()
         s.join(5)
     assert time.monotonic() - t < 2 and s.state == "stopped"
+
+
+def test_sender_started_paused_opens_nothing_until_resumed() -> None:
+    s = Recorder()
+    s.pause()
+    s.start(0)
+    try:
+        put(s, 1)
+        wait(lambda: s.state == "paused", "paused from the start")
+        time.sleep(0.3)
+        assert s.opened == 0 and s.sent == []
+        s.resume()
+        wait(lambda: s.acked_seq == 1, "delivered")
+        assert s.opened == 1 and s.state == "running"
+    finally:
+        s.stop()
+        s.join(5)
 
 
 def test_terminal_view() -> None:
