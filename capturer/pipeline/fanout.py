@@ -20,22 +20,39 @@ from __future__ import annotations
 import collections
 import logging
 import threading
-from typing import Any
+from typing import Any, Protocol, Sequence
 
-from senders.base import Sender
-
-from capturer.pipeline.bqueue import Closed
+from capturer.pipeline.bqueue import Closed, WeightedQueue
 from capturer.pipeline.checkpoint import Checkpoint
 from capturer.model import AnyPosition, Item, Txn
 
 log = logging.getLogger(__name__)
 
 
+class Drain(Protocol):
+    """What the manager needs of a sender (``senders.base.Sender`` is one; the
+    pipeline does not import the senders: only app.py names both)."""
+
+    name: str
+    queue: WeightedQueue[tuple[int, Item]]
+    acked_ts: int
+    acked_seq: int
+    error: BaseException | None
+
+    def start(self, acked_ts: int) -> None: ...
+
+    def stop(self) -> None: ...
+
+    def join(self, timeout: float | None = None) -> None: ...
+
+    def status(self) -> dict[str, Any]: ...
+
+
 class SenderManager:
-    def __init__(self, senders: list[Sender], start: Checkpoint, stop: threading.Event):
+    def __init__(self, senders: Sequence[Drain], start: Checkpoint, stop: threading.Event):
         if not senders:
             raise ValueError("at least one sender is needed")
-        self.senders = senders
+        self.senders = list(senders)
         self.stop_event = stop
         self.checkpoint = start
         self._positions: dict[str, AnyPosition] = dict(start.regions)
@@ -116,7 +133,7 @@ class SenderManager:
             self.checkpoint = Checkpoint(cur.commit_ts, {**cur.regions, region: position}, dict(self._region_ts))
             return self.checkpoint
 
-    def failed(self) -> Sender | None:
+    def failed(self) -> Drain | None:
         return next((s for s in self.senders if s.error is not None), None)
 
     def stop(self) -> None:
