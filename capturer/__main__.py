@@ -52,20 +52,12 @@ def snapshot_cli(argv: list[str]) -> int:
     ap.add_argument("--url", help="the status URL, e.g. http://127.0.0.1:8080 (default: from the config)")
     ap.add_argument("--token", help="the control token (default: controlToken of the config)")
     args = ap.parse_args(argv)
-    from capturer.opscli import CliError, request, resolve
+    from capturer.opscli import control_call
 
-    try:
-        url, token = resolve(args.config, args.url, args.token, need_token=True)
-        code, out = request(url, "/snapshot", token, {"tables": args.tables, "region": args.region,
-                                                      "truncate": args.truncate})
-    except CliError as exc:
-        print(str(exc), file=sys.stderr)
-        return exc.code
-    if code >= 300:
-        print(f"refused: HTTP {code}: {out.get('error', '')}", file=sys.stderr)
-        # a request the capturer refuses (bad name, unknown table, a copy it will not
-        # make, no or wrong token) is the caller's to fix: 2, as for a bad config
-        return 2 if 400 <= code < 500 else 1
+    code, out = control_call(args.config, args.url, args.token, "/snapshot",
+                             {"tables": args.tables, "region": args.region, "truncate": args.truncate})
+    if code:
+        return code
     for region, r in out["regions"].items():
         print(f"{region}: snapshot run {r['run']}: {', '.join(r['tables'])}")
     if out.get("missing"):

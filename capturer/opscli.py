@@ -227,14 +227,24 @@ def control_cli(verb: str, argv: list[str]) -> int:
     args = ap.parse_args(argv)
     path = {"reload-filter": "/filter/reload", "stop": "/stop"}.get(verb) or \
         f"/senders/{urllib.parse.quote(args.sender, safe='')}/{verb}"
+    code, out = control_call(args.config, args.url, args.token, path, {})
+    if code == 0:
+        print(json.dumps(out))
+    return code
+
+
+def control_call(config: str, url: str | None, token: str | None, path: str,
+                 body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    """POST a control endpoint: (exit code, answer). Errors are printed: 2 for a
+    refusal (bad request, no or wrong token: the caller's to fix, as a bad config),
+    1 when the capturer cannot be reached or fails."""
     try:
-        url, token = resolve(args.config, args.url, args.token, need_token=True)
-        code, out = request(url, path, token, body={})
+        url, token = resolve(config, url, token, need_token=True)
+        code, out = request(url, path, token, body)
     except CliError as exc:
         print(str(exc), file=sys.stderr)
-        return exc.code
+        return exc.code, {}
     if code >= 300:
         print(f"refused: HTTP {code}: {out.get('error', '')}", file=sys.stderr)
-        return 2 if 400 <= code < 500 else 1
-    print(json.dumps(out))
-    return 0
+        return (2 if 400 <= code < 500 else 1), out
+    return 0, out
