@@ -83,6 +83,8 @@ class Capturer:
         self.filter_loaded_at = time.time()
         # senders an operator paused stay paused across restarts (as a paused connector does)
         self.paused_path = cfg.checkpoint_path.with_name(cfg.checkpoint_path.name + ".paused")
+        # a region silent (not even a heartbeat) for this long holds the merge back
+        self._silence = {r.name: max(3.0, 3 * getattr(r, "heartbeat_ms", 1000) / 1000) for r in cfg.regions}
         self._restore_paused()
 
     def _restore_paused(self) -> None:
@@ -417,7 +419,7 @@ class Capturer:
             "merger": {
                 "merged_txns": self.merge.merged_txns,
                 "watermark": self.merge.merger.watermark(),
-                "waiting_for": self.merge.waiting_for(),
+                "waiting_for": self.merge.waiting_for(self._silence),
                 "region_ts": self.merge.merger.region_ts(),
                 "full_senders": [s.name for s in self.senders if s.queue.weight >= s.queue.capacity],
                 "dispatched_ts": self.manager.dispatched_ts,

@@ -102,7 +102,7 @@ GLOBAL_KEYS = [
         doc="a transaction with more row changes than this is kept on disk, in chunks, not in memory; 0 = never"),
     Key("spillDir", p_str, "", doc="directory for spilled transactions (unlinked files); empty = the system's temp dir"),
     Key("controlToken", p_str, "", secret=True,
-        doc="token that unlocks the control endpoints of the status port (POST /snapshot); empty = they are off"),
+        doc="token that unlocks the control endpoints of the status port (pause/resume a sender, reload the filter, snapshot, stop); empty = they are off"),
 ]
 
 REGION_KEYS = [

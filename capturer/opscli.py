@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 import urllib.error
@@ -33,6 +34,8 @@ class CliError(Exception):
 
 def resolve(config: str, url: str | None, token: str | None, need_token: bool) -> tuple[str, str]:
     """The status URL and control token: given, or from the config file."""
+    if token is None:
+        token = os.environ.get("CAPTURER_CONTROL_TOKEN") or None  # not on the command line, where ps shows it
     if url is None or (need_token and token is None):
         from capturer.config import load_config
 
@@ -43,7 +46,9 @@ def resolve(config: str, url: str | None, token: str | None, need_token: bool) -
         if url is None:
             if not cfg.http_port:
                 raise CliError("the config has httpPort=0 (a free port chosen at start): give --url", 2)
-            host = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "[::1]"}.get(cfg.http_host, cfg.http_host)
+            host = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(cfg.http_host, cfg.http_host)
+            if ":" in host and not host.startswith("["):
+                host = f"[{host}]"  # an IPv6 address in a URL
             url = f"http://{host}:{cfg.http_port}"
         if token is None:
             token = cfg.control_token
@@ -144,7 +149,7 @@ def render(url: str, d: dict[str, Any], health: dict[str, Any], old: dict[str, A
     out.append("")
     rows = []
     for name, s in d["senders"].items():
-        state = "paused" if s.get("paused") else s["state"]
+        state = ("paused" if s["state"] == "paused" else "pausing") if s.get("paused") else s["state"]
         rows.append([name, state, _rate(s, (old or {}).get("senders", {}).get(name), dt), _n(s["rows"]),
                      _when(s["acked_ts"]), _n(s["queue_rows"]), _n(s["retries"]), _n(s["errors"]),
                      (s.get("last_error") or "")[:80]])
@@ -172,40 +177,55 @@ def status_cli(argv: list[str]) -> int:
         ap.error("--watch: SECONDS must be > 0")
     try:
         url, _ = resolve(args.config, args.url, None, need_token=False)
-        code, d = request(url, "/status", timeout=10)
-        if code != 200:
-            raise CliError(f"{url}/status answered HTTP {code}: {d.get('error', '')}", 1)
-        if args.json:
-            print(json.dumps(d, indent=2))
-            return 0
-        old = d
-        if args.watch is None:
-            time.sleep(1.0)  # a second sample, for rows/s
-        n = 0
-        while True:
-            if args.watch is not None:
-                time.sleep(args.watch)
-            try:
-                code, d = request(url, "/status", timeout=10)
-                hcode, health = request(url, "/health", timeout=10)
-            except CliError as exc:
-                if args.watch is None:
-                    raise
-                print(f"{time.strftime('%H:%M:%S')} {exc}; retrying", flush=True)
-                continue
-            text = render(url, d, health, old)
-            if args.watch is not None and sys.stdout.isatty():
-                sys.stdout.write("\033[H\033[2J")
-            print(text + ("\n" if args.watch is not None else ""), flush=True)
-            old = d
-            n += 1
-            if args.watch is None or (args.count and n >= args.count):
-                return 0 if health.get("ok") else 3
     except CliError as exc:
         print(str(exc), file=sys.stderr)
         return exc.code
+    if args.json:
+        try:
+            d = _get_status(url)
+        except CliError as exc:
+            print(str(exc), file=sys.stderr)
+            return exc.code
+        print(json.dumps(d, indent=2))
+        return 0
+    old: dict[str, Any] | None = None
+    n = 0
+    try:
+        while True:
+            try:
+                d = _get_status(url)
+                if old is None and args.watch is None:
+                    old = d
+                    time.sleep(1.0)  # a second sample, for rows/s
+                    d = _get_status(url)
+                _, health = request(url, "/health", timeout=10)
+            except CliError as exc:
+                if args.watch is None:
+                    print(str(exc), file=sys.stderr)
+                    return exc.code
+                print(f"{time.strftime('%H:%M:%S')} {exc}; retrying", flush=True)
+                health = None
+            if health is not None:
+                text = render(url, d, health, old)
+                if args.watch is not None and sys.stdout.isatty():
+                    sys.stdout.write("\033[H\033[2J")
+                print(text + ("\n" if args.watch is not None else ""), flush=True)
+                old = d
+            n += 1
+            if args.watch is None:
+                return 0 if health and health.get("ok") else 3
+            if args.count and n >= args.count:
+                return 0 if health is not None else 1
+            time.sleep(args.watch)
     except KeyboardInterrupt:
         return 0
+
+
+def _get_status(url: str) -> dict[str, Any]:
+    code, d = request(url, "/status", timeout=10)
+    if code != 200 or "checkpoint" not in d:
+        raise CliError(f"{url}/status answered HTTP {code}: {d.get('error', '')}", 1)
+    return d
 
 
 # --- control --------------------------------------------------------------------
@@ -223,7 +243,8 @@ def control_cli(verb: str, argv: list[str]) -> int:
         ap.add_argument("sender", help="the sender's name (a type= of senderConfig: mysql, kafka, local, spark)")
     ap.add_argument("--config", default="conf/config.cfg", help="the running capturer's config (port, token)")
     ap.add_argument("--url", help="the status URL (default: from the config)")
-    ap.add_argument("--token", help="the control token (default: controlToken of the config)")
+    ap.add_argument("--token", help="the control token (default: $CAPTURER_CONTROL_TOKEN, else controlToken of "
+                                    "the config)")
     args = ap.parse_args(argv)
     path = {"reload-filter": "/filter/reload", "stop": "/stop"}.get(verb) or \
         f"/senders/{urllib.parse.quote(args.sender, safe='')}/{verb}"

@@ -13,6 +13,7 @@ cannot make a browser call a control endpoint.
 from __future__ import annotations
 
 import hmac
+import ipaddress
 import json
 import logging
 import sys
@@ -31,6 +32,10 @@ from capturer.model import ts_physical_ms
 log = logging.getLogger(__name__)
 
 Snapshot = Callable[[], dict[str, Any]]
+
+
+REGION_STATES = ("new", "connecting", "streaming", "reconnecting", "failed", "stopped")
+SENDER_STATES = ("new", "running", "retrying", "paused", "failed", "stopped")
 
 
 def _ts_seconds(ts: int) -> float:
@@ -57,6 +62,11 @@ class _Collector(Collector):
         age = GaugeMetricFamily("capturer_checkpoint_age_seconds", "seconds since the checkpoint was written")
         age.add_metric([], s["checkpoint"].get("age_seconds") or 0)
         yield age
+        cpt = GaugeMetricFamily("capturer_checkpoint_timestamp_seconds",
+                                "commit time the checkpoint holds (unix time)")
+        if s["checkpoint"]["commit_ts"]:
+            cpt.add_metric([], _ts_seconds(s["checkpoint"]["commit_ts"]))
+        yield cpt
         cplag = GaugeMetricFamily("capturer_checkpoint_lag_seconds",
                                   "seconds between now and the commit time the checkpoint holds")
         if s["checkpoint"]["commit_ts"]:
@@ -72,7 +82,7 @@ class _Collector(Collector):
         rrow = CounterMetricFamily("capturer_region_rows", "row changes read", labels=["region"])
         rq = GaugeMetricFamily("capturer_region_queue_rows", "rows queued after a region", labels=["region"])
         rre = CounterMetricFamily("capturer_region_reconnects", "reconnects", labels=["region"])
-        rst = GaugeMetricFamily("capturer_region_state", "1 for the state the region is in",
+        rst = GaugeMetricFamily("capturer_region_state", "1 for the state the region is in, 0 for the others",
                                 labels=["region", "kind", "state"])
         rerr = GaugeMetricFamily("capturer_region_failing", "1 while the region reconnects or has failed",
                                  labels=["region"])
@@ -82,15 +92,20 @@ class _Collector(Collector):
             rrow.add_metric([name], r["rows"])
             rq.add_metric([name], r["queue_rows"])
             rre.add_metric([name], r["reconnects"])
-            rst.add_metric([name, r.get("kind", ""), r["state"]], 1)
+            for st in sorted(set(REGION_STATES) | {r["state"]}):
+                rst.add_metric([name, r.get("kind", ""), st], 1 if st == r["state"] else 0)
             rerr.add_metric([name], 1 if r["state"] in ("reconnecting", "failed") else 0)
         yield from (rlag, rtx, rrow, rq, rre, rst, rerr)
         merger = s.get("merger") or {}
         wm = GaugeMetricFamily("capturer_merger_watermark_ts", "the merge's watermark (TSO): the lowest newest "
                                                                "commit_ts over the regions")
+        wmt = GaugeMetricFamily("capturer_merger_watermark_timestamp_seconds",
+                                "the merge's watermark as a commit time (unix time)")
         if merger.get("watermark"):
             wm.add_metric([], merger["watermark"])
+            wmt.add_metric([], _ts_seconds(merger["watermark"]))
         yield wm
+        yield wmt
         wait = GaugeMetricFamily("capturer_merger_waiting_for_region", "1 for a region the merge waits for now",
                                  labels=["region"])
         waiting = set(merger.get("waiting_for") or ())
@@ -129,6 +144,8 @@ class _Collector(Collector):
         srow = CounterMetricFamily("capturer_sender_rows", "rows delivered", labels=["sender"])
         stx = CounterMetricFamily("capturer_sender_txns", "transactions delivered", labels=["sender"])
         sack = GaugeMetricFamily("capturer_sender_acked_ts", "acknowledged commit_ts", labels=["sender"])
+        sackt = GaugeMetricFamily("capturer_sender_acked_timestamp_seconds",
+                                  "commit time the sender has acknowledged (unix time)", labels=["sender"])
         slg = GaugeMetricFamily("capturer_sender_lag_seconds",
                                 "seconds between now and the commit time the sender has acknowledged",
                                 labels=["sender"])
@@ -139,21 +156,23 @@ class _Collector(Collector):
                                                                        "the stream waits", labels=["sender"])
         sp = GaugeMetricFamily("capturer_sender_paused", "1 while an operator has paused the sender",
                                labels=["sender"])
-        sst = GaugeMetricFamily("capturer_sender_state", "1 for the state the sender is in",
+        sst = GaugeMetricFamily("capturer_sender_state", "1 for the state the sender is in, 0 for the others",
                                 labels=["sender", "state"])
         for name, snd in s["senders"].items():
             srow.add_metric([name], snd["rows"])
             stx.add_metric([name], snd["txns"])
             sack.add_metric([name], snd["acked_ts"])
             if snd["acked_ts"]:
+                sackt.add_metric([name], _ts_seconds(snd["acked_ts"]))
                 slg.add_metric([name], max(0.0, now - _ts_seconds(snd["acked_ts"])))
             serr.add_metric([name], snd["errors"])
             sret.add_metric([name], snd["retries"])
             sq.add_metric([name], snd["queue_rows"])
             sqc.add_metric([name], snd.get("queue_capacity_rows", 0))
             sp.add_metric([name], 1 if snd.get("paused") else 0)
-            sst.add_metric([name, snd["state"]], 1)
-        yield from (srow, stx, sack, slg, serr, sret, sq, sqc, sp, sst)
+            for st in sorted(set(SENDER_STATES) | {snd["state"]}):
+                sst.add_metric([name, st], 1 if st == snd["state"] else 0)
+        yield from (srow, stx, sack, sackt, slg, serr, sret, sq, sqc, sp, sst)
 
 
 MAX_BODY = 64 * 1024
@@ -173,6 +192,29 @@ PAGE_HEADERS = (
     ("X-Content-Type-Options", "nosniff"),
     ("Referrer-Policy", "no-referrer"),
 )
+
+
+LOOPBACK_NAMES = {"127.0.0.1", "localhost", "::1"}
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def host_allowed(header: str | None) -> bool:
+    """For a port bound to loopback: the Host a browser sent names loopback (a page
+    of another site whose name was rebound to 127.0.0.1 sends its own name)."""
+    if not header:
+        return True  # not a browser (HTTP/1.0 clients, scripts): nothing to rebind
+    name = header.strip().lower()
+    if name.startswith("["):
+        name = name[1:name.find("]")] if "]" in name else name[1:]
+    elif name.count(":") == 1:
+        name = name.split(":", 1)[0]
+    return name in LOOPBACK_NAMES or _is_loopback(name)
 
 
 def is_control_path(path: str) -> bool:
@@ -223,6 +265,11 @@ class StatusServer:
             log.debug("no process metrics here", exc_info=True)
         registry = self.registry
         ui = _load_ui()
+        check_host = _is_loopback(host)
+        if not check_host:
+            log.warning("the status port is bound to %s (httpHost): /status and /metrics are readable from the "
+                        "network%s; keep 127.0.0.1 and reach it through an SSH tunnel or a TLS proxy", host,
+                        ", and the control token travels in clear text" if token else "")
 
         class Handler(BaseHTTPRequestHandler):
             def log_message(self, fmt: str, *args: Any) -> None:  # quiet
@@ -246,8 +293,17 @@ class StatusServer:
                 self._send(code, json.dumps(d, default=str).encode(), "application/json",
                            (("Cache-Control", "no-store"),))
 
+            def _refuse_host(self) -> bool:
+                if check_host and not host_allowed(self.headers.get("Host")):
+                    self._json(403, {"error": "this status port answers only to 127.0.0.1, localhost or [::1] "
+                                              "(a Host of another name is refused: DNS rebinding)"})
+                    return True
+                return False
+
             def do_POST(self) -> None:  # noqa: N802
                 path = self.path.split("?", 1)[0]
+                if self._refuse_host():
+                    return
                 if path in READ_ONLY or path in UI_FILES:
                     self._send(405, json.dumps({"error": f"{path} is read-only: use GET"}).encode(),
                                "application/json", (("Allow", "GET"),))
@@ -293,6 +349,8 @@ class StatusServer:
 
             def do_GET(self) -> None:  # noqa: N802
                 path = self.path.split("?", 1)[0]
+                if self._refuse_host():
+                    return
                 try:
                     if path == "/status":
                         self._send(200, json.dumps(snapshot(), indent=2, default=str).encode(), "application/json",

@@ -182,13 +182,17 @@ class Sender:
                 if self.linger > 0:
                     deadline = time.monotonic() + self.linger
                     rows = sum(len(it.changes) for _, it in pairs if isinstance(it, Txn))
-                    while rows < self.batch_rows and time.monotonic() < deadline and not self._stop.is_set():
+                    while rows < self.batch_rows and time.monotonic() < deadline and not self._stop.is_set() \
+                            and self._running.is_set():
                         try:
                             more = self.queue.get_many(self.batch_rows - rows, timeout=0.05)
                         except Closed:
                             break
                         pairs.extend(more)
                         rows += sum(len(it.changes) for _, it in more if isinstance(it, Txn))
+                # paused while this batch was taken: hold it, write nothing until resumed
+                if not self._wait_while_paused():
+                    break
                 batch = [it for _, it in pairs if isinstance(it, Txn)]
                 if batch:
                     if not self._with_retries("send", self.send, batch):

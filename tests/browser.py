@@ -64,9 +64,15 @@ class Browser:
         self.ws = websocket.create_connection(pages[0]["webSocketDebuggerUrl"], timeout=30,
                                               suppress_origin=True)
         self._id = 0
-        self.console: list[str] = []
+        self.console: list[str] = []  # JavaScript exceptions, console errors, CSP violations
+        self.network: list[str] = []  # failed loads
         self.call("Runtime.enable")
         self.call("Page.enable")
+        self.call("Log.enable")  # the browser's own complaints (CSP violations, failed loads)
+        # a Content-Security-Policy refusal also as a console error, with what was blocked
+        self.call("Page.addScriptToEvaluateOnNewDocument", source=(
+            "document.addEventListener('securitypolicyviolation', function (e) {"
+            " console.error('CSP violation: ' + e.violatedDirective + ' blocked ' + e.blockedURI); });"))
         self.call("Emulation.setDeviceMetricsOverride", width=width, height=height, deviceScaleFactor=1,
                   mobile=False)
         self.goto(url)
@@ -84,6 +90,10 @@ class Browser:
             if msg.get("method") == "Runtime.exceptionThrown":
                 d = msg["params"]["exceptionDetails"]
                 self.console.append(f"exception: {d.get('exception', {}).get('description') or d.get('text')}")
+            elif msg.get("method") == "Log.entryAdded" and msg["params"]["entry"].get("level") == "error":
+                e = msg["params"]["entry"]
+                line = f"log ({e.get('source')}): {e.get('text')} {e.get('url', '')}"
+                (self.network if e.get("source") == "network" else self.console).append(line)
             elif msg.get("method") == "Runtime.consoleAPICalled" and msg["params"].get("type") == "error":
                 self.console.append("console.error: " + " ".join(str(a.get("value", a.get("description")))
                                                                  for a in msg["params"].get("args", [])))
@@ -115,11 +125,19 @@ class Browser:
     def text(self, selector: str) -> str:
         return str(self.js(f"(document.querySelector({json.dumps(selector)}) || {{}}).textContent || ''"))
 
-    def click(self, selector: str) -> None:
-        ok = self.js(f"(function(){{var e=document.querySelector({json.dumps(selector)}); if(!e||e.disabled) return false; "
-                     "e.click(); return true;})()")
-        if not ok:
+    def click(self, selector: str, hold: float = 0.3) -> None:
+        """A real mouse click at the element's centre: press, ``hold`` seconds, release
+        (a page that redraws the element in between loses the click, as for a person)."""
+        box = self.js(f"(function(){{var e=document.querySelector({json.dumps(selector)}); if(!e||e.disabled) return null; "
+                      "e.scrollIntoView({block: 'center'}); var r=e.getBoundingClientRect(); "
+                      "return [r.left + r.width / 2, r.top + r.height / 2];})()")
+        if not box:
             raise AssertionError(f"page: no enabled {selector} to click")
+        x, y = box
+        self.call("Input.dispatchMouseEvent", type="mouseMoved", x=x, y=y)
+        self.call("Input.dispatchMouseEvent", type="mousePressed", x=x, y=y, button="left", clickCount=1)
+        time.sleep(hold)
+        self.call("Input.dispatchMouseEvent", type="mouseReleased", x=x, y=y, button="left", clickCount=1)
 
     def type_into(self, selector: str, text: str) -> None:
         """Focus the element and type ``text`` as key presses (input events fire as for a person)."""

@@ -20,7 +20,7 @@ import time
 from typing import Callable, Iterable
 
 from capturer.pipeline.bqueue import Closed, WeightedQueue
-from capturer.model import Heartbeat, Item, Txn, ts_physical_ms
+from capturer.model import Heartbeat, Item, Txn
 
 log = logging.getLogger(__name__)
 
@@ -104,20 +104,23 @@ class MergeStage:
         self.thread = threading.Thread(target=self._run, name="merger", daemon=True)
         self.error: BaseException | None = None
         self.merged_txns = 0
+        self.started_at = time.monotonic()
+        self.received_at: dict[str, float] = {}  # region -> when its last item arrived (monotonic)
 
     def start(self) -> None:
         self.thread.start()
 
-    def waiting_for(self, older_than_ms: int = 1000) -> list[str]:
+    def waiting_for(self, silent_for: dict[str, float] | None = None) -> list[str]:
         """The regions holding the merge back: nothing at their head, nothing queued,
-        and their newest item (transaction or heartbeat) older than ``older_than_ms``;
-        oldest first. Empty when the merge is not waiting on a region (then a full
-        sender queue may be what holds it)."""
-        last = self.merger.region_ts()
-        now_ms = int(time.time() * 1000)
-        idle = [r for r in self.merger.needs() if len(self.queues[r]) == 0
-                and now_ms - ts_physical_ms(max(0, last.get(r, 0))) > older_than_ms]
-        return sorted(idle, key=lambda r: (last.get(r, -1), r))
+        and nothing (no transaction, no heartbeat) received for ``silent_for[region]``
+        seconds (default 3); the one silent longest first. Empty when the merge is not waiting
+        on a region (then a full sender queue may be what holds it). An idle but
+        healthy region sends heartbeats, so it is not listed."""
+        now = time.monotonic()
+        idle = [r for r in self.merger.needs()
+                if len(self.queues[r]) == 0
+                and now - self.received_at.get(r, self.started_at) > (silent_for or {}).get(r, 3.0)]
+        return sorted(idle, key=lambda r: (self.received_at.get(r, self.started_at), r))
 
     def _run(self) -> None:
         try:
@@ -126,6 +129,7 @@ class MergeStage:
                 for r in self.merger.needs():
                     item = self.queues[r].get(timeout=0.1)
                     if item is not None:
+                        self.received_at[r] = time.monotonic()
                         self.merger.offer(item)
                         progressed = True
                 while True:

@@ -137,7 +137,8 @@
     var control = d.control && d.control.enabled;
     names.forEach(function (n) {
       var s = d.senders[n], tr = rowFor(tbody, n, 11);
-      var state = s.paused ? "paused" : s.state;
+      // "pausing": asked to pause, still finishing the batch in hand (the target may still be written)
+      var state = s.paused ? (s.state === "paused" ? "paused" : "pausing") : s.state;
       tr.className = s.paused ? "paused" : ((s.state === "retrying" || s.state === "failed") ? "failing" : "");
       cell(tr, 0, "c-name", n);
       badge(tr, 1, "c-state", state);
@@ -158,15 +159,21 @@
       cell(tr, 7, "c-retries num", fmtInt(s.retries));
       cell(tr, 8, "c-errors num", fmtInt(s.errors));
       cell(tr, 9, "c-error err", s.last_error || "");
-      var td = cell(tr, 10, "c-action", "");
-      var b = el("button", "pause-resume", s.paused ? "Resume" : "Pause");
-      b.type = "button";
-      b.dataset.sender = n;
+      // the button is made once and updated in place: a click is never lost to a redraw
+      var td = tr.children[10], b = td.querySelector("button");
+      if (!b) {
+        td.className = "c-action";
+        b = el("button", "pause-resume");
+        b.type = "button";
+        b.dataset.sender = n;
+        td.appendChild(b);
+      }
+      var label = s.paused ? "Resume" : "Pause";
+      if (b.textContent !== label) b.textContent = label;
       b.dataset.verb = s.paused ? "resume" : "pause";
       b.disabled = !control || d.stopping;
       b.title = control ? (s.paused ? "go on sending" : "stop sending after the batch in hand; the checkpoint waits")
         : "control endpoints are off: set controlToken in [global] of the config";
-      td.appendChild(b);
     });
     prune(tbody, names);
   }
@@ -306,7 +313,12 @@
       document.body.classList.remove("stale");
       setConn("ok", "live");
       $("banner").classList.contains("bad") && ($("banner").hidden = true);
-      render(r.body);
+      try {
+        render(r.body);
+      } catch (e) {  // a bug of this page, not an unreachable capturer
+        showBanner("The page could not show this answer: " + e + " (raw JSON at /status)", true);
+        if (window.console) console.error(e);
+      }
       return fetchJson("/health");
     }).then(function (h) {
       var ok = h.body && h.body.ok;

@@ -141,14 +141,17 @@ def test_status_page_live_pause_resume_restart(setup: dict[str, Any], two_server
                    20, "local shown paused")
             assert b.text('#senders tr[data-name="local"] button.pause-resume') == "Resume"
             wait_for(lambda: status(url)["senders"]["local"]["state"] == "paused", 20, "local paused")
+            time.sleep(1.5)  # the checkpoint of the last batch acknowledged before the pause is written
             s1 = status(url)
             time.sleep(3)
             s2 = status(url)
             assert s2["senders"]["local"]["rows"] == s1["senders"]["local"]["rows"], "a paused sender sent rows"
             assert s2["senders"]["mysql"]["rows"] > s1["senders"]["mysql"]["rows"], "the other sender stopped too"
-            # the checkpoint waits for the paused sender
-            assert s2["checkpoint"]["commit_ts"] <= s2["senders"]["local"]["acked_ts"]
+            # the checkpoint waits for the paused sender while the other one goes on
+            assert s2["checkpoint"]["commit_ts"] == s1["checkpoint"]["commit_ts"], "the checkpoint passed a paused sender"
+            assert s2["senders"]["mysql"]["acked_ts"] > s2["checkpoint"]["commit_ts"]
             assert s2["senders"]["local"]["queue_rows"] > 0
+            assert b.text("#held").find("sender local (paused") >= 0
             health = requests.get(url + "/health", timeout=10).json()
             assert health["ok"] and "paused" in health["reason"] and "local" in health["reason"]
             metrics = requests.get(url + "/metrics", timeout=10).text
@@ -199,7 +202,10 @@ def test_status_page_live_pause_resume_restart(setup: dict[str, Any], two_server
                    "the restart banner")
             b.wait("parseFloat(document.querySelector('#senders tr[data-name=\"local\"] .c-rate')"
                    ".textContent.replace(/,/g, '')) > 0", 60, "rows/s after the restart")
-            assert not b.console, b.console  # no JavaScript errors all along
+            assert not b.console, b.console  # no JavaScript error or CSP violation all along
+            # and no failed load but the polls while the capturer was stopped
+            assert all("ERR_CONNECTION_REFUSED" in n and re.search(r"/(status|health) *$", n) for n in b.network), \
+                b.network
         load.finish()
         wait_for(lambda: checkpoint_covers(tmp, two_servers), 120, "both senders to catch up")
         assert cap.stop() == 0
@@ -291,3 +297,35 @@ def test_filter_reload_and_dashboard_metrics(setup: dict[str, Any], two_servers:
     msgs = [r.get("msg") for t, r in got if t == "log"]
     assert msgs == ["before", "still captured"], got  # 'filtered out' was not delivered
     assert [r["val"] for t, r in got if t == "pairs"] == ["after", "while stopped"]
+
+
+def test_filter_reload_resubscribes_worker_regions(tmp_path: Path, two_servers: list[MariaDBInstance]) -> None:
+    """A region decoded in a worker process (the agent code) got the rules with its
+    subscription: a reload subscribes it again, and nothing is lost or repeated."""
+    for m in two_servers:
+        m.execute(*SCHEMA)
+    cfg = write_config(tmp_path, two_servers, filter_text="", region_extra="process=true\n",
+                       extra_global=f"controlToken={TOKEN}\n")
+    port = re.search(r"httpPort=(\d+)", cfg.read_text()).group(1)  # type: ignore[union-attr]
+    url = f"http://127.0.0.1:{port}"
+    cap = CapturerProcess(cfg, tmp_path / "capturer.log").start()
+    cap.wait_ready()
+    load = SteadyLoad(two_servers)
+    try:
+        wait_for(lambda: all(r["state"] == "streaming" for r in status(url)["regions"].values()), 120, "streaming")
+        (tmp_path / "filter_rule.txt").write_text("exclude other.*\n")
+        r = post(url, "/filter/reload")
+        assert r.status_code == 200 and r.json()["table_rules"] == 1, r.text
+        wait_for(lambda: all("reloaded filter rules" in x["last_error"] and x["reconnects"] >= 1
+                             for x in status(url)["regions"].values()), 60, "both regions subscribing again")
+        wait_for(lambda: all(x["state"] == "streaming" for x in status(url)["regions"].values()), 60, "streaming again")
+        rows = status(url)["senders"]["local"]["rows"]
+        wait_for(lambda: status(url)["senders"]["local"]["rows"] > rows + 50, 60, "rows after the resubscription")
+        load.finish()
+        wait_for(lambda: checkpoint_covers(tmp_path, two_servers), 120, "caught up")
+        assert cap.stop() == 0
+    finally:
+        load.stop.set()
+        if cap.proc is not None and cap.proc.poll() is None:
+            cap.proc.kill()
+    file_state_equals(tmp_path, two_servers)

@@ -34,7 +34,7 @@ def snapshot() -> dict[str, Any]:
                              "txns": 5, "rows": 10, "queue_rows": 0, "reconnects": 1, "last_error": "<b>x</b>"}},
         "merger": {"watermark": ts, "waiting_for": ["r<1>"], "full_senders": [], "dispatched_rows": 10,
                    "dispatched_txns": 5},
-        "senders": {"local": {"state": "running", "paused": True, "rows": 10, "txns": 5, "acked_ts": ts,
+        "senders": {"local": {"state": "paused", "paused": True, "rows": 10, "txns": 5, "acked_ts": ts,
                               "queue_rows": 3, "queue_capacity_rows": 100, "errors": 0, "retries": 2,
                               "last_error": ""}},
     }
@@ -71,7 +71,7 @@ def test_page_and_its_files_are_served_with_a_strict_policy(server: StatusServer
     csp = r.headers["Content-Security-Policy"]
     assert "default-src 'self'" in csp and "unsafe-inline" not in csp and "frame-ancestors 'none'" in csp
     # everything the page loads is served here (no CDN), and nothing is inline script
-    srcs = re.findall(r'(?:src|href)="([^"]+)"', r.text)
+    srcs = [u for u in re.findall(r'(?:src|href)="([^"]+)"', r.text) if u != "data:,"]  # data:, = no favicon
     assert "<script>" not in r.text
     for src in srcs:
         assert src.startswith("/"), src
@@ -101,6 +101,20 @@ def test_control_routing_and_token(server: StatusServer) -> None:
     for path in ("/senders/pause", "/senders/a/b/pause", "/senders/local/kill", "/stop/now"):
         assert requests.post(base + path, headers=ok, timeout=5).status_code == 404, path
     assert [c[0] for c in calls] == ["/senders/local/pause", "/filter/reload", "/stop", "/senders/local/pause"]
+
+
+def test_other_host_names_are_refused_on_loopback(server: StatusServer) -> None:
+    """DNS rebinding: a page of another site whose name now points to 127.0.0.1
+    sends its own Host; the loopback-bound port answers only to loopback names."""
+    base = f"http://127.0.0.1:{server.port}"
+    for host in ("evil.example", f"evil.example:{server.port}", "127.0.0.1.evil.example", "[::2]:80"):
+        r = requests.get(base + "/status", headers={"Host": host}, timeout=5)
+        assert r.status_code == 403 and "DNS rebinding" in r.json()["error"], host
+        assert requests.post(base + "/stop", headers={"Host": host, "Authorization": f"Bearer {TOKEN}"},
+                             timeout=5).status_code == 403
+    for host in (f"127.0.0.1:{server.port}", "localhost", f"LOCALHOST:{server.port}", "[::1]:80", "127.0.0.2"):
+        assert requests.get(base + "/health", headers={"Host": host}, timeout=5).status_code == 200, host
+    assert server.calls == []  # type: ignore[attr-defined]
 
 
 def test_control_is_off_without_a_token() -> None:

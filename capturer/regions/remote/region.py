@@ -98,6 +98,7 @@ class RemoteRegion(Region):
                                                   for a in cfg.address):
             log.warning("%s: the token goes to %s in clear text (no TLS): set tls_ca (or tls=true)", self.where, host)
         self._filter_rules = ("", "")
+        self._resubscribe = threading.Event()  # set by a filter reload: the watchdog ends the stream
         path = ctx.filter_path
         if path is not None:  # the rules travel as text: the agent's region copies only selected tables
             try:
@@ -106,12 +107,15 @@ class RemoteRegion(Region):
                 raise FatalSourceError(f"{self.where}: cannot read the filter rules {path}: {exc}") from None
 
     def filter_reloaded(self, path: Path) -> None:
-        """The capturer re-read its filter rules: the agent gets them with its next
-        subscription (it copies only selected tables when it snapshots)."""
+        """The capturer re-read its filter rules: subscribe again with them (the agent's
+        region selects tables with them: what it snapshots, and a PostgreSQL region the
+        tables it reads). The new stream resumes at this region's position."""
         try:
             self._filter_rules = (Path(path).read_text(encoding="utf-8"), str(path))
         except OSError as exc:  # the capturer has just read it: keep the rules it has
             log.warning("%s: cannot read the reloaded filter rules %s: %s", self.where, path, exc)
+            return
+        self._resubscribe.set()
 
     # --- one attempt ----------------------------------------------------------
     def _connect_and_stream(self) -> None:
@@ -220,10 +224,16 @@ class RemoteRegion(Region):
         self._last_recv = time.monotonic()
         done = threading.Event()
         idle = [False]
+        resubscribe = [False]
 
         def watchdog() -> None:
             while not done.wait(0.2):
                 if self.ctx.stop.is_set():
+                    call.cancel()
+                    return
+                if self._resubscribe.is_set():
+                    self._resubscribe.clear()
+                    resubscribe[0] = True
                     call.cancel()
                     return
                 # waiting for room in the queue (slow senders) is not the agent being silent
@@ -276,6 +286,8 @@ class RemoteRegion(Region):
             code = exc.code() if hasattr(exc, "code") else None
             name = getattr(code, "name", str(code))
             detail = exc.details() if hasattr(exc, "details") else str(exc)
+            if resubscribe[0]:
+                raise SourceError(f"{where}: subscribing again with the reloaded filter rules") from None
             if name in _FATAL_CODES:
                 raise FatalSourceError(f"{where}: the agent refused: {name}: {detail}") from None
             self._addr_index += 1
