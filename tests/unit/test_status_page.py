@@ -4,6 +4,7 @@ the terminal view. (The page in a real browser: tests/integration/test_status_pa
 from __future__ import annotations
 
 import hashlib
+import threading
 import re
 import time
 from pathlib import Path
@@ -251,3 +252,22 @@ def test_status_cli_exit_codes(server: StatusServer) -> None:
     dead = subprocess.run([sys.executable, "-m", "capturer", "status", "--url", "http://127.0.0.1:1"], cwd=root,
                           capture_output=True, text=True, timeout=60)
     assert dead.returncode == 1 and "cannot reach the capturer" in dead.stderr
+
+
+def test_merge_waits_only_for_silent_regions() -> None:
+    """An idle region that sends heartbeats does not hold the merge back; one that
+    sent nothing for its silence period does (and not while items are queued)."""
+    from capturer.model import Heartbeat
+    from capturer.pipeline.bqueue import WeightedQueue
+    from capturer.pipeline.merger import MergeStage
+
+    queues: dict[str, WeightedQueue[Any]] = {"a": WeightedQueue(10), "b": WeightedQueue(10)}
+    stage = MergeStage(queues, lambda item: None, threading.Event())
+    now = time.monotonic()
+    stage.received_at = {"a": now - 10, "b": now - 0.5}
+    assert stage.waiting_for() == ["a"]
+    assert stage.waiting_for({"a": 20.0}) == []
+    stage.received_at["b"] = now - 12
+    assert stage.waiting_for() == ["b", "a"]  # silent longest first
+    queues["a"].put(Heartbeat("a", 5), 1)
+    assert stage.waiting_for() == ["b"]
