@@ -122,7 +122,7 @@ class Capturer:
 
     def start(self) -> None:
         self.status_server = StatusServer(self.cfg.http_host, self.cfg.http_port, self.snapshot, self.health,
-                                          self.control, self.cfg.control_token)
+                                          self.control, self.cfg.control_token, self.cfg.http_allowed_hosts)
         self.status_server.start()
         log.info("status on http://%s:%d/status", self.status_server.host, self.status_server.port)
         self.manager.start()

@@ -94,6 +94,9 @@ GLOBAL_KEYS = [
         doc="filter rule file; empty value = no filter"),
     Key("httpPort", p_int(0, 65535), 8080, doc="status port; 0 = pick a free port, see the log"),
     Key("httpHost", p_nonempty, "127.0.0.1", doc="status bind address"),
+    Key("httpAllowedHosts", p_list, [],
+        doc="Host names, besides 127.0.0.1/localhost/[::1], that a loopback-bound status port answers to "
+            "(e.g. a TLS proxy that passes its own Host)"),
     Key("checkpointInterval", p_float(0.1, 3600), 3.0, doc="seconds between checkpoints"),
     Key("queueRows", p_int(1, 10_000_000), 100_000,
         doc="bound on buffered rows per region queue and per sender queue"),
@@ -365,6 +368,7 @@ class AppConfig:
     spill_rows: int = 50_000
     spill_dir: str = ""
     control_token: str = field(default="", repr=False)
+    http_allowed_hosts: tuple[str, ...] = ()
 
     def masked(self) -> dict[str, Any]:
         return {
@@ -423,6 +427,7 @@ def load_config(path: Path | str, base_dir: Path | None = None) -> AppConfig:
         spill_rows=g["spillRows"],
         spill_dir=str(_resolve(base, g["spillDir"])) if g["spillDir"] else "",
         control_token=g["controlToken"],
+        http_allowed_hosts=tuple(h.lower() for h in g["httpAllowedHosts"]),
         regions=tuple(regions),
         senders=senders,
     )

@@ -204,9 +204,10 @@ def _is_loopback(host: str) -> bool:
         return host == "localhost"
 
 
-def host_allowed(header: str | None) -> bool:
-    """For a port bound to loopback: the Host a browser sent names loopback (a page
-    of another site whose name was rebound to 127.0.0.1 sends its own name)."""
+def host_allowed(header: str | None, extra: tuple[str, ...] = ()) -> bool:
+    """For a port bound to loopback: the Host a browser sent names loopback, or one
+    of ``extra`` (httpAllowedHosts); a page of another site whose name was rebound
+    to 127.0.0.1 sends its own name."""
     if not header:
         return True  # not a browser (HTTP/1.0 clients, scripts): nothing to rebind
     name = header.strip().lower()
@@ -214,7 +215,7 @@ def host_allowed(header: str | None) -> bool:
         name = name[1:name.find("]")] if "]" in name else name[1:]
     elif name.count(":") == 1:
         name = name.split(":", 1)[0]
-    return name in LOOPBACK_NAMES or _is_loopback(name)
+    return name in LOOPBACK_NAMES or _is_loopback(name) or name in extra
 
 
 def is_control_path(path: str) -> bool:
@@ -256,7 +257,7 @@ class StatusServer:
     token."""
 
     def __init__(self, host: str, port: int, snapshot: Snapshot, healthy: Callable[[], tuple[bool, str]],
-                 control: Control | None = None, token: str = ""):
+                 control: Control | None = None, token: str = "", allowed_hosts: tuple[str, ...] = ()):
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_Collector(snapshot))
         try:
@@ -294,9 +295,10 @@ class StatusServer:
                            (("Cache-Control", "no-store"),))
 
             def _refuse_host(self) -> bool:
-                if check_host and not host_allowed(self.headers.get("Host")):
-                    self._json(403, {"error": "this status port answers only to 127.0.0.1, localhost or [::1] "
-                                              "(a Host of another name is refused: DNS rebinding)"})
+                if check_host and not host_allowed(self.headers.get("Host"), allowed_hosts):
+                    self._json(403, {"error": "this status port answers only to 127.0.0.1, localhost, [::1] and "
+                                              "the names in httpAllowedHosts (a Host of another name is refused: "
+                                              "DNS rebinding)"})
                     return True
                 return False
 

@@ -219,7 +219,7 @@ class StatusHammer(threading.Thread):
             s.settimeout(5)
             if kind < 0.7:
                 path = self.rng.choice(["/status", "/metrics", "/health", "/", "/nope", "/status?x=1"])
-                s.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+                s.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n".encode())
             elif kind < 0.8:
                 s.sendall(bytes(self.rng.randrange(256) for _ in range(self.rng.randrange(1, 4096))))
                 self.junk += 1

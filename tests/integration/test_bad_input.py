@@ -577,7 +577,7 @@ def status_code(resp: bytes) -> int | None:
 
 def get_status(port: int, timeout: float = 5) -> tuple[int | None, float]:
     t = time.monotonic()
-    resp = exchange(port, b"GET /status HTTP/1.0\r\nHost: x\r\n\r\n", timeout=timeout)
+    resp = exchange(port, b"GET /status HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n", timeout=timeout)
     code = status_code(resp)
     if code == 200:
         json.loads(resp.split(b"\r\n\r\n", 1)[1])

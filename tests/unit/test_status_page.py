@@ -116,6 +116,15 @@ def test_other_host_names_are_refused_on_loopback(server: StatusServer) -> None:
     for host in (f"127.0.0.1:{server.port}", "localhost", f"LOCALHOST:{server.port}", "[::1]:80", "127.0.0.2"):
         assert requests.get(base + "/health", headers={"Host": host}, timeout=5).status_code == 200, host
     assert server.calls == []  # type: ignore[attr-defined]
+    proxied = StatusServer("127.0.0.1", 0, snapshot, lambda: (True, "ok"), None, "", ("status.example",))
+    proxied.start()
+    try:
+        url = f"http://127.0.0.1:{proxied.port}/health"
+        assert requests.get(url, headers={"Host": "Status.Example:443"}, timeout=5).status_code == 200
+        r = requests.get(url, headers={"Host": "other.example"}, timeout=5)
+        assert r.status_code == 403 and "httpAllowedHosts" in r.json()["error"]
+    finally:
+        proxied.stop()
 
 
 def test_control_is_off_without_a_token() -> None:
