@@ -10,6 +10,7 @@ MySQL). The screenshot is saved as a test artifact (tests/artifacts/status-page.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -63,6 +64,24 @@ class SteadyLoad:
             assert not w.errors, w.errors
 
 
+@contextlib.contextmanager
+def capturer_under_load(cfg: Path, tmp: Path, servers: list[MariaDBInstance]) -> Iterator[CapturerProcess]:
+    """The capturer as a process with a steady load on every server; on a clean exit
+    of the block the load stops, the senders catch up, and the capturer stops with 0."""
+    cap = CapturerProcess(cfg, tmp / "capturer.log").start()
+    cap.wait_ready()
+    load = SteadyLoad(servers)
+    try:
+        yield cap
+        load.finish()
+        wait_for(lambda: checkpoint_covers(tmp, servers), 120, "the senders to catch up")
+        assert cap.stop() == 0
+    finally:
+        load.stop.set()
+        if cap.proc is not None and cap.proc.poll() is None:
+            cap.proc.kill()
+
+
 def status(url: str) -> dict[str, Any]:
     return requests.get(url + "/status", timeout=10).json()
 
@@ -97,10 +116,7 @@ def setup(tmp_path: Path, two_servers: list[MariaDBInstance], target: MariaDBIns
 def test_status_page_live_pause_resume_restart(setup: dict[str, Any], two_servers: list[MariaDBInstance],
                                                target: MariaDBInstance) -> None:
     cfg, url, tmp = setup["cfg"], setup["url"], setup["tmp"]
-    cap = CapturerProcess(cfg, tmp / "capturer.log").start()
-    cap.wait_ready()
-    load = SteadyLoad(two_servers)
-    try:
+    with capturer_under_load(cfg, tmp, two_servers) as cap:
         with Browser(url + "/") as b:
             # 1. live values: both regions and both senders, numbers that move
             for table, name in (("regions", "r1"), ("regions", "r2"), ("senders", "local"), ("senders", "mysql")):
@@ -206,13 +222,6 @@ def test_status_page_live_pause_resume_restart(setup: dict[str, Any], two_server
             # and no failed load but the polls while the capturer was stopped
             assert all("ERR_CONNECTION_REFUSED" in n and re.search(r"/(status|health) *$", n) for n in b.network), \
                 b.network
-        load.finish()
-        wait_for(lambda: checkpoint_covers(tmp, two_servers), 120, "both senders to catch up")
-        assert cap.stop() == 0
-    finally:
-        load.stop.set()
-        if cap.proc is not None and cap.proc.poll() is None:
-            cap.proc.kill()
     # nothing lost while paused, stopped and restarted
     assert_target_equals_sources(two_servers, target)
     assert rows_of(target, META_DB, "applied"), "no progress of the keyless table in the meta database"
@@ -308,10 +317,7 @@ def test_filter_reload_resubscribes_worker_regions(tmp_path: Path, two_servers: 
                        extra_global=f"controlToken={TOKEN}\n")
     port = re.search(r"httpPort=(\d+)", cfg.read_text()).group(1)  # type: ignore[union-attr]
     url = f"http://127.0.0.1:{port}"
-    cap = CapturerProcess(cfg, tmp_path / "capturer.log").start()
-    cap.wait_ready()
-    load = SteadyLoad(two_servers)
-    try:
+    with capturer_under_load(cfg, tmp_path, two_servers):
         wait_for(lambda: all(r["state"] == "streaming" for r in status(url)["regions"].values()), 120, "streaming")
         (tmp_path / "filter_rule.txt").write_text("exclude other.*\n")
         r = post(url, "/filter/reload")
@@ -321,11 +327,4 @@ def test_filter_reload_resubscribes_worker_regions(tmp_path: Path, two_servers: 
         wait_for(lambda: all(x["state"] == "streaming" for x in status(url)["regions"].values()), 60, "streaming again")
         rows = status(url)["senders"]["local"]["rows"]
         wait_for(lambda: status(url)["senders"]["local"]["rows"] > rows + 50, 60, "rows after the resubscription")
-        load.finish()
-        wait_for(lambda: checkpoint_covers(tmp_path, two_servers), 120, "caught up")
-        assert cap.stop() == 0
-    finally:
-        load.stop.set()
-        if cap.proc is not None and cap.proc.poll() is None:
-            cap.proc.kill()
     file_state_equals(tmp_path, two_servers)
