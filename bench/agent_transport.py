@@ -61,7 +61,7 @@ def serve(port_file: str, rows: int) -> None:
 def measure(rows: int) -> dict[str, Any]:
     import tempfile
 
-    from capturer.pipeline.bqueue import WeightedQueue
+    from capturer.util.bqueue import WeightedQueue
     from capturer.config import RemoteRegionConfig
     from capturer.model import Txn
     from capturer.regions.base import RegionContext

@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
             return run_postgresql_demo(Path(args.demo_dir), once=args.once, stop=_STOP)
         return run_demo(Path(args.demo_dir), once=args.once, stop=_STOP)
 
-    from capturer.config import load_config
+    from capturer.app import Capturer, load_config
 
     try:
         cfg = load_config(Path(args.config))
@@ -136,8 +136,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         print("config OK")
         return 0
-
-    from capturer.app import Capturer
 
     try:
         cap = Capturer(cfg)

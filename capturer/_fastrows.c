@@ -774,7 +774,7 @@ PyTypeObject BPlanType = {
 
 /* ------------------------------------------------------------------------ */
 /* JSON text, as json.dumps(obj, ensure_ascii=False, default=json_value)      */
-/* gives it for the values a row holds; see capturer/encode.py.              */
+/* gives it for the values a row holds; see capturer/model/encode.py.              */
 
 typedef struct {
     char *p;
@@ -953,7 +953,7 @@ static int put_temporal(Buf *b, PyObject *o, char q) {
 }
 
 typedef struct {
-    PyObject *fallback;  /* v -> a JSON-able value (capturer.encode.json_value(v)[0]) */
+    PyObject *fallback;  /* v -> a JSON-able value (capturer.model.encode.json_value(v)[0]) */
     PyObject *b64;       /* set: columns whose value was base64-encoded, or NULL */
     const char *isep, *ksep;
     int isep_n, ksep_n;

@@ -13,13 +13,15 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from pathlib import Path
 from typing import Any, Callable
 
-from senders import sender_class
+from senders import CATALOG, sender_class
 
-from capturer.pipeline.bqueue import WeightedQueue
+from capturer.util.bqueue import WeightedQueue
 from capturer.pipeline.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from capturer.errors import CheckpointError, ConfigError, SourceError
+from capturer import config
 from capturer.config import AppConfig
 from capturer.durable import rewrite_lines
 from capturer.pipeline.filter import load_filter
@@ -34,8 +36,17 @@ from capturer.tso import LiftJournal
 log = logging.getLogger(__name__)
 
 
+def load_config(path: Path | str, base_dir: Path | None = None) -> AppConfig:
+    """The capturer's config with senderConfig validated against the sender registry
+    (this module is the one place that knows both the capture side and the senders)."""
+    return config.load_config(path, base_dir, senders=CATALOG)
+
+
 class Capturer:
     def __init__(self, cfg: AppConfig):
+        if not cfg.senders:
+            raise ConfigError(f"{cfg.sender_config_path}: no sender loaded: the config was read without the sender "
+                              "catalog (use capturer.app.load_config)")
         self.cfg = cfg
         self.stop_event = threading.Event()
         self.filter = load_filter(cfg.filter_path)

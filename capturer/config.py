@@ -10,10 +10,10 @@ import logging
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Union
+from typing import Any, Protocol, Sequence, Union
 
 from capturer.errors import ConfigError
-from capturer.ini import (
+from capturer.util.ini import (
     IniFile,
     Key,
     p_bool,
@@ -350,6 +350,17 @@ class SenderConfig:
     name: str
     options: dict[str, Any]
     path: Path
+    secret: frozenset[str] = frozenset()  # option names whose values are never shown
+
+
+class SenderCatalog(Protocol):
+    """What the config loader needs to know of the senders: their names and the
+    keys each one takes. The composition root (``capturer.app``) passes the sender
+    registry; this module never imports a sender."""
+
+    def names(self) -> Sequence[str]: ...
+
+    def keys(self, name: str) -> Sequence[Key]: ...
 
 
 @dataclass(frozen=True)
@@ -379,15 +390,9 @@ class AppConfig:
             "http": f"{self.http_host}:{self.http_port}",
             "controlToken": "***" if self.control_token else "",
             "regions": {r.name: r.masked() for r in self.regions},
-            "senders": {s.name: _mask_opts(s) for s in self.senders},
+            "senders": {s.name: {k: ("***" if k in s.secret and v else v) for k, v in s.options.items()}
+                        for s in self.senders},
         }
-
-
-def _mask_opts(s: SenderConfig) -> dict[str, Any]:
-    from senders import sender_keys
-
-    secret = {k.name for k in sender_keys(s.name) if k.secret}
-    return {k: ("***" if k in secret and v else v) for k, v in s.options.items()}
 
 
 def _resolve(base: Path, value: str) -> Path:
@@ -395,9 +400,15 @@ def _resolve(base: Path, value: str) -> Path:
     return p if p.is_absolute() else (base / p)
 
 
-def load_config(path: Path | str, base_dir: Path | None = None) -> AppConfig:
+def load_config(path: Path | str, base_dir: Path | None = None, senders: SenderCatalog | None = None) -> AppConfig:
     """Parse and validate both config files. Relative paths are taken from
-    ``base_dir`` (default: the current directory, as the seed did)."""
+    ``base_dir`` (default: the current directory, as the seed did).
+
+    ``senders`` is the sender catalog senderConfig is validated against; the
+    capturer loads its config through ``capturer.app.load_config``, which passes
+    the registry. Without a catalog (tools that need only the global and region
+    settings: the CLI, the agent) the sender file is not read and ``senders`` of
+    the result is empty, which the capturer refuses to start with."""
     path = Path(path)
     base = base_dir or Path.cwd()
     ini = read_ini(path)
@@ -412,7 +423,7 @@ def load_config(path: Path | str, base_dir: Path | None = None) -> AppConfig:
     regions = parse_regions(ini, path)
 
     sender_path = _resolve(base, g["senderConfig"])
-    senders = load_sender_config(sender_path)
+    sender_cfgs = load_sender_config(sender_path, senders) if senders is not None else ()
     filter_path = _resolve(base, g["filterRuleDict"]) if g["filterRuleDict"] else None
     return AppConfig(
         path=path,
@@ -429,7 +440,7 @@ def load_config(path: Path | str, base_dir: Path | None = None) -> AppConfig:
         control_token=g["controlToken"],
         http_allowed_hosts=tuple(h.lower() for h in g["httpAllowedHosts"]),
         regions=tuple(regions),
-        senders=senders,
+        senders=sender_cfgs,
     )
 
 
@@ -516,9 +527,7 @@ def parse_regions(ini: IniFile, path: Path, allow_remote: bool = True) -> list[A
     return regions
 
 
-def load_sender_config(path: Path) -> tuple[SenderConfig, ...]:
-    from senders import known_senders, sender_keys
-
+def load_sender_config(path: Path, catalog: SenderCatalog) -> tuple[SenderConfig, ...]:
     ini: IniFile = read_ini(path)
     if "global" not in ini.sections:
         raise ConfigError(f"{path}: missing section [global] with type=...")
@@ -526,7 +535,7 @@ def load_sender_config(path: Path) -> tuple[SenderConfig, ...]:
     names: list[str] = g["type"]
     if not names:
         raise ConfigError(f"{ini.where('global', 'type')}: type lists no sender")
-    known = known_senders()
+    known = sorted(catalog.names())
     for n in names:
         if n not in known:
             raise ConfigError(
@@ -541,10 +550,11 @@ def load_sender_config(path: Path) -> tuple[SenderConfig, ...]:
             )
     out = []
     for n in names:
-        opts = parse_section(ini, n, sender_keys(n))
-        out.append(SenderConfig(n, opts, path))
+        keys = list(catalog.keys(n))
+        opts = parse_section(ini, n, keys)
+        out.append(SenderConfig(n, opts, path, frozenset(k.name for k in keys if k.secret)))
     # sections of senders not in type= are validated too, so a typo is found now
     for name in ini.sections:
         if name != "global" and name not in names:
-            parse_section(ini, name, sender_keys(name))
+            parse_section(ini, name, list(catalog.keys(name)))
     return tuple(out)

@@ -19,9 +19,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from capturer.app import Capturer
-from capturer.config import load_config
-from capturer.encode import json_row
+from capturer.app import Capturer, load_config
+from capturer.model.encode import json_row
 from capturer.local_mariadb import MariaDBInstance
 from capturer.model import Position
 from senders.local.replay import read_changes, rebuild

@@ -55,7 +55,7 @@ if [ "$(cat "$STAMP" 2>/dev/null)" != "$SUM" ]; then
     echo "bootstrap: installing the project into $VENV" >&2
     "$VENV/bin/python" -m pip install -q -e "$ROOT" || exit 1
     # generated protobuf code is made here, by the build, never committed
-    "$VENV/bin/python" -m capturer.protogen >/dev/null || exit 1
+    "$VENV/bin/python" -m capturer.model.protogen >/dev/null || exit 1
     rm -f "$VENV"/.capturer-extra-*
     echo "$SUM" > "$STAMP"
 fi

@@ -10,7 +10,7 @@ import importlib
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from capturer.ini import Key
+    from capturer.util.ini import Key
 
     from senders.base import Sender
 
@@ -37,3 +37,17 @@ def sender_class(name: str) -> "type[Sender]":
 
 def sender_keys(name: str) -> "list[Key]":
     return list(sender_class(name).KEYS)
+
+
+class Catalog:
+    """The registry as the config loader sees it (``capturer.config.SenderCatalog``):
+    names, and the keys each sender takes."""
+
+    def names(self) -> list[str]:
+        return known_senders()
+
+    def keys(self, name: str) -> "list[Key]":
+        return sender_keys(name)
+
+
+CATALOG = Catalog()

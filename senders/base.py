@@ -30,9 +30,9 @@ import threading
 import time
 from typing import Any, ClassVar
 
-from capturer.pipeline.bqueue import Closed, WeightedQueue
+from capturer.util.bqueue import Closed, WeightedQueue
 from capturer.errors import SinkError
-from capturer.ini import Key
+from capturer.util.ini import Key
 from capturer.model import Item, Txn
 
 log = logging.getLogger(__name__)

@@ -36,7 +36,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any, Callable
 
-from capturer.encode import quote_ident, sql_literal, sql_param
+from capturer.model.encode import quote_ident, sql_literal, sql_param
 from capturer.model import RowChange, TableSchema
 
 Stmt = tuple[str, list[Any]]  # (text, parameters)

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from baikaldb_double import BaikalDouble, Cluster
-from capturer.encode import json_value, quote_ident
+from capturer.model.encode import json_value, quote_ident
 
 ORDERS, ITEMS, BAL = 10, 11, 12
 NAMES = {ORDERS: ("shop", "orders"), ITEMS: ("shop", "order items"), BAL: ("acct", "balances")}

@@ -17,7 +17,7 @@ from typing import Any
 import psycopg
 import pymysql
 
-from capturer.encode import json_row
+from capturer.model.encode import json_row
 from capturer.local_mariadb import MariaDBInstance
 from capturer.local_postgres import PostgresInstance
 from capturer.regions.postgresql.types import Unrepresentable, pg_type

@@ -12,7 +12,7 @@ from typing import Any
 
 import pymysql
 
-from capturer.encode import quote_ident
+from capturer.model.encode import quote_ident
 from capturer.local_mariadb import MariaDBInstance
 
 SCHEMA = [

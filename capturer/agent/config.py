@@ -10,7 +10,7 @@ from typing import Any
 
 from capturer.config import AnyRegionConfig, RemoteRegionConfig, _resolve, parse_regions
 from capturer.errors import ConfigError
-from capturer.ini import Key, p_choice, p_float, p_int, p_nonempty, p_str, parse_section, read_ini
+from capturer.util.ini import Key, p_choice, p_float, p_int, p_nonempty, p_str, parse_section, read_ini
 
 _LISTEN = re.compile(r"^(unix:.+|[A-Za-z0-9_.\-\[\]:]+:\d{1,5})$")
 

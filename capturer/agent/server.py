@@ -24,7 +24,7 @@ from concurrent import futures
 from pathlib import Path
 from typing import Any, Iterator, NoReturn, Protocol
 
-from capturer.pipeline.bqueue import WeightedQueue
+from capturer.util.bqueue import WeightedQueue
 from capturer.errors import CheckpointError, ConfigError, SourceError
 from capturer.pipeline.filter import Filter, parse_filter_text
 from capturer.model import Item, LsnPosition, Position
@@ -244,7 +244,7 @@ class Agent:
     def start(self) -> None:
         import grpc
 
-        from capturer import protogen
+        from capturer.model import protogen
 
         pb = protogen.load("agent")
         handler = grpc.method_handlers_generic_handler(SERVICE, {

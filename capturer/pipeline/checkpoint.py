@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from capturer import failpoints
+from capturer.util import failpoints
 from capturer.errors import CheckpointError
 from capturer.model import AnyPosition, position_from_json, ts_physical_ms
 

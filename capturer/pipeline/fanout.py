@@ -22,7 +22,7 @@ import logging
 import threading
 from typing import Any, Protocol, Sequence
 
-from capturer.pipeline.bqueue import Closed, WeightedQueue
+from capturer.util.bqueue import Closed, WeightedQueue
 from capturer.pipeline.checkpoint import Checkpoint
 from capturer.model import AnyPosition, Item, Txn
 

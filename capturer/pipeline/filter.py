@@ -38,9 +38,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from capturer.errors import ConfigError
-from capturer.ini import read_text_file
+from capturer.util.ini import read_text_file
 from capturer.model import RowChange, Txn
-from capturer.spill import SpilledChanges
+from capturer.model.spill import SpilledChanges
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ import threading
 import time
 from typing import Callable, Iterable
 
-from capturer.pipeline.bqueue import Closed, WeightedQueue
+from capturer.util.bqueue import Closed, WeightedQueue
 from capturer.model import Heartbeat, Item, Txn
 
 log = logging.getLogger(__name__)

@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 import logging
 
-from capturer.pipeline.bqueue import Closed, WeightedQueue
+from capturer.util.bqueue import Closed, WeightedQueue
 from capturer.errors import FatalSourceError, SourceError
 from capturer.model import AnyPosition, Item, Txn
 from capturer.tso import LiftJournal
@@ -25,7 +25,7 @@ class RegionContext:
     floor: int  # every emitted commit_ts is above this (the checkpoint's commit_ts)
     journal: LiftJournal
     stop: threading.Event
-    spill_rows: int = 50_000  # a bigger transaction goes to disk (capturer/spill.py); 0 = never
+    spill_rows: int = 50_000  # a bigger transaction goes to disk (capturer/model/spill.py); 0 = never
     spill_dir: str = ""
     state_path: Path | None = None  # the checkpoint file: a region keeps its own state files next to it
     table_selected: Callable[[str, str], bool] = lambda db, table: True  # the filter's table rules

@@ -16,7 +16,7 @@ import re
 import time
 from typing import Any, Callable
 
-from capturer.encode import dumps_compact, encode_line_bytes, json_value, type_name
+from capturer.model.encode import dumps_compact, encode_line_bytes, json_value, type_name
 from capturer.model import Ddl, LsnPosition, Position, RowChange, Txn, ts_physical_ms
 from senders.sqlbuild import build
 
@@ -172,7 +172,7 @@ def fill_position(m: Any, txn: Txn) -> None:
 
 
 def protobuf_message(txn: Txn, seq: int, ch: RowChange, op: str) -> bytes:
-    from capturer import protogen
+    from capturer.model import protogen
 
     pb = protogen.load()
     m = pb.RowChange()
@@ -203,7 +203,7 @@ FORMATS: dict[str, Callable[[Txn, int, RowChange, str], bytes]] = {
 
 def ddl_message(txn: Txn, ddl: Ddl, fmt: str) -> bytes:
     if fmt == "protobuf":
-        from capturer import protogen
+        from capturer.model import protogen
 
         pb = protogen.load()
         m = pb.RowChange(region=txn.region, commit_ts=txn.commit_ts, db=ddl.db, table=ddl.table,

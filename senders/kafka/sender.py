@@ -32,9 +32,10 @@ import time
 from typing import Any, ClassVar, Protocol, cast
 
 from capturer.errors import SinkError
-from capturer.ini import Key, p_bool, p_choice, p_int, p_nonempty, p_str
+from capturer.util.ini import Key, p_bool, p_choice, p_int, p_nonempty, p_str
 from senders.kafka.messages import FORMATS, change_events, ddl_message, is_truncate, key_bytes, truncate_message
 from capturer.model import Txn, ts_physical_ms
+from capturer.model.encode import _fastrows
 
 from senders.base import Sender
 
@@ -71,10 +72,9 @@ def murmur2(data: bytes) -> int:
     return h
 
 
-try:  # the C build (capturer/_fastrows.c); the Python function above is its specification
-    from capturer._fastrows import murmur2 as _murmur2
-except ImportError:  # pragma: no cover - depends on the build
-    _murmur2 = murmur2
+# the C build (capturer/_fastrows.c, reached through the model's encode module) where
+# it was built; the Python function above is its specification
+_murmur2 = getattr(_fastrows, "murmur2", murmur2)
 
 
 _OP_BYTES = {"c": b"c", "u": b"u", "d": b"d"}

@@ -18,12 +18,12 @@ import re
 from pathlib import Path
 from typing import IO, Any, ClassVar, Iterator
 
-from capturer import failpoints
-from capturer.encode import _fallback, _fastrows, encode_line_bytes
+from capturer.util import failpoints
+from capturer.model.encode import _fallback, _fastrows, encode_line_bytes
 from capturer.errors import SinkError
-from capturer.ini import Key, p_bool, p_choice, p_int, p_nonempty
+from capturer.util.ini import Key, p_bool, p_choice, p_int, p_nonempty
 from capturer.model import LsnPosition, Position, RowChange, TableSchema, Txn
-from capturer.spill import SpilledChanges
+from capturer.model.spill import SpilledChanges
 from senders.sqlbuild import build
 
 from senders.base import Sender

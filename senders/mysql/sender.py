@@ -44,9 +44,9 @@ from pymysql.constants import CLIENT, SERVER_STATUS
 
 from senders.mysql.causality import Causality, conflict_keys, stable_hash
 from senders.sqlbuild import Stmt, Table, param_ident
-from capturer.encode import quote_ident
+from capturer.model.encode import _fastrows, quote_ident
 from capturer.errors import SinkError
-from capturer.ini import Key, p_bool, p_choice, p_float, p_int, p_nonempty, p_str
+from capturer.util.ini import Key, p_bool, p_choice, p_float, p_int, p_nonempty, p_str
 from capturer.model import Ddl, RowChange, Txn
 
 from senders.base import Sender
@@ -79,10 +79,8 @@ class Op:
         return bool(self.ch.schema.pk or self.ch.schema.unique_keys)
 
 
-try:  # the C build of pymysql's escaping (capturer/_fastrows.c)
-    from capturer._fastrows import sql_literals as _sql_literals
-except ImportError:  # pragma: no cover - depends on the build
-    _sql_literals = None
+# the C build of pymysql's escaping (capturer/_fastrows.c) where it was built
+_sql_literals = getattr(_fastrows, "sql_literals", None)
 
 _NO_BACKSLASH = SERVER_STATUS.SERVER_STATUS_NO_BACKSLASH_ESCAPES
 

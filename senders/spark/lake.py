@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from capturer.encode import T_BIT, format_timedelta
+from capturer.model.encode import T_BIT, format_timedelta
 from capturer.model import ColumnInfo
 
 META_COLS = ["_op", "_commit_ts", "_region", "_seq", "_sub"]
@@ -106,7 +106,7 @@ def lake_value(v: Any, stype: str) -> Any:
         if isinstance(v, (bytes, bytearray)):
             return bytes(v).decode("utf-8", "replace")
         if isinstance(v, decimal.Decimal):
-            from capturer.encode import decimal_text
+            from capturer.model.encode import decimal_text
 
             return decimal_text(v)
         return str(v)

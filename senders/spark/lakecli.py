@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from senders.spark import lake
-from capturer.encode import format_timedelta
+from capturer.model.encode import format_timedelta
 
 
 def canon(v: Any) -> str:
@@ -60,7 +60,7 @@ def _parse_source(s: str) -> dict[str, Any]:
 def source_rows(src: dict[str, Any], db: str, table: str) -> tuple[list[str], list[tuple[str, ...]]]:
     import pymysql
 
-    from capturer.encode import quote_ident
+    from capturer.model.encode import quote_ident
 
     conn = pymysql.connect(charset="utf8mb4", **src)
     try:
@@ -118,7 +118,9 @@ def verify(spark: Any, warehouse: Path, database: str, db: str, table: str,
 def _from_config(path: str) -> tuple[Path, str, dict[str, Any], list[dict[str, Any]]]:
     from capturer.config import RegionConfig, load_config
 
-    cfg = load_config(Path(path))
+    from senders import CATALOG
+
+    cfg = load_config(Path(path), senders=CATALOG)
     spark_cfg = next((s for s in cfg.senders if s.name == "spark"), None)
     if spark_cfg is None:
         raise SystemExit(f"{cfg.sender_config_path}: no spark sender configured")

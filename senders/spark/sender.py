@@ -29,7 +29,7 @@ from typing import Any, ClassVar
 
 from senders.spark import lake
 from capturer.errors import SinkError
-from capturer.ini import Key, p_choice, p_float, p_int, p_nonempty, p_str
+from capturer.util.ini import Key, p_choice, p_float, p_int, p_nonempty, p_str
 from capturer.model import RowChange, TableSchema, Txn
 
 from senders.base import Sender

@@ -21,7 +21,7 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from capturer import protogen
+from capturer.model import protogen
 
 BASE_MS = 1577808000000
 TYPES = {

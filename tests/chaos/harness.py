@@ -578,7 +578,7 @@ class ChaosRun:
 
 
 def source_json(sources: list[MariaDBInstance], table: str) -> list[str]:
-    from capturer.encode import json_row
+    from capturer.model.encode import json_row
 
     out: list[str] = []
     for m in sources:

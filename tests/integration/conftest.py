@@ -7,8 +7,7 @@ from typing import Iterator
 
 import pytest
 
-from capturer.app import Capturer
-from capturer.config import load_config
+from capturer.app import Capturer, load_config
 from capturer.local_mariadb import MariaDBInstance
 from helpers import start_servers
 

@@ -25,7 +25,7 @@ from baikaldb_workload import (
     covered,
 )
 from capturer.app import Capturer
-from capturer.config import load_config
+from capturer.app import load_config
 from capturer.local_mariadb import MariaDBInstance
 from helpers import CapturerProcess, read_lines, wait_for
 
@@ -383,7 +383,7 @@ def test_all_four_senders(tmp_path: Path, double: BaikalDouble, target: MariaDBI
     """File, MySQL, Kafka (Tansu) and Spark (local) at once on BaikalDB changes."""
     pytest.importorskip("pyspark")
     from senders.spark import lake
-    from capturer.encode import json_row
+    from capturer.model.encode import json_row
     from senders.spark.lakecli import canon
     from helpers import Broker, consume_all
     from baikaldb_workload import NAMES, expected

@@ -64,7 +64,7 @@ def rebuild_from_kafka(records: list[Any]) -> dict[str, dict[str, dict[str, Any]
 
 
 def source_json_rows(servers: list[Any], table: str) -> list[str]:
-    from capturer.encode import json_row
+    from capturer.model.encode import json_row
 
     c_rows = []
     for m in servers:
@@ -221,7 +221,7 @@ def test_other_formats(tmp_path: Path, two_servers, broker, capturer_running, fm
         sqls = [r.value.decode() for r in recs]
         assert sqls[0].startswith("INSERT INTO `d`.`t`") and sqls[2].startswith("DELETE FROM `d`.`t`")
     else:
-        from capturer import protogen
+        from capturer.model import protogen
 
         pb = protogen.load()
         ops = []

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import requests
 
-from capturer.encode import json_row, quote_ident
+from capturer.model.encode import json_row, quote_ident
 from capturer.local_mariadb import MariaDBInstance
 from senders.local.replay import read_changes, rebuild
 from helpers import ROOT, Broker, CapturerProcess, checkpoint_covers, consume_all, read_lines, start_servers, wait_for, write_config
@@ -357,7 +357,7 @@ def test_snapshot_values_equal_binlog_values_for_every_type(tmp_path: Path, driv
     import random
 
     from capturer.app import Capturer
-    from capturer.config import load_config
+    from capturer.app import load_config
     from integration.test_rowdecode import COLS, GOLDEN, rand_row
 
     (m,) = start_servers(tmp_path, 1)
@@ -551,7 +551,7 @@ class Pause:
     not yet delivered."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch, name: str, nth: int = 1):
-        import capturer.failpoints as fp
+        import capturer.util.failpoints as fp
 
         self.reached = threading.Event()
         self._go = threading.Event()
@@ -713,7 +713,7 @@ def test_copies_that_would_empty_other_regions_rows_are_refused(tmp_path: Path, 
     initially (the capturer stops at start naming them); a copy without truncate of
     a keyed table is fine."""
     from capturer.app import Capturer
-    from capturer.config import load_config
+    from capturer.app import load_config
 
     servers = start_servers(tmp_path, 2)
     try:
@@ -932,7 +932,7 @@ def test_create_tables_first_even_when_show_create_failed_once(tmp_path: Path, t
     """SHOW CREATE TABLE fails part-way through the up-front CREATEs of an initial
     snapshot: the retry still sends every table's CREATE before anything else, so a
     change to a table whose copy has not started finds it on the (new) target."""
-    import capturer.failpoints as fp
+    import capturer.util.failpoints as fp
 
     (m,) = start_servers(tmp_path, 1)
     try:

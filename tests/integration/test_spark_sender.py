@@ -125,7 +125,7 @@ def test_add_column_and_types_and_truncate(tmp_path: Path, two_servers, spark, c
 
 def test_incompatible_type_change_is_a_clear_error(tmp_path: Path, two_servers, spark) -> None:  # type: ignore[no-untyped-def]
     from capturer.app import Capturer
-    from capturer.config import load_config
+    from capturer.app import load_config
 
     m1 = two_servers[0]
     m1.execute("CREATE DATABASE d", "CREATE TABLE d.t (id INT PRIMARY KEY, v INT)", "INSERT INTO d.t VALUES (1, 1)",

@@ -11,12 +11,12 @@ import threading
 import pytest
 
 from capturer.agent import wire
-from capturer.pipeline.bqueue import WeightedQueue
+from capturer.util.bqueue import WeightedQueue
 from capturer.config import RemoteRegionConfig
 from capturer.model import ColumnInfo, Ddl, Heartbeat, Position, RowChange, SnapshotMark, TableSchema, TsPosition, Txn
 from capturer.regions.base import RegionContext
 from capturer.regions.remote.region import RemoteRegion
-from capturer.spill import SpillWriter
+from capturer.model.spill import SpillWriter
 from capturer.tso import LiftJournal
 
 S = TableSchema("d`b", "t.1", ("id", "v", "w"), ("id",), (("v",),), (3, 15, 246),

@@ -14,9 +14,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from baikaldb_double.cluster import TYPES, Field, Table, encode_field
-from capturer import protogen
+from capturer.model import protogen
 from capturer.pipeline.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
-from capturer.config import BaikalRegionConfig, load_config
+from capturer.app import load_config
+from capturer.config import BaikalRegionConfig
 from capturer.errors import ConfigError
 from capturer.model import Position, TsPosition, position_from_json
 from capturer.regions.baikaldb import brpc_json

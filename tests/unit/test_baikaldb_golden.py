@@ -15,7 +15,7 @@ import datetime as dt
 
 import pytest
 
-from capturer import protogen
+from capturer.model import protogen
 from capturer.regions.baikaldb.client import StoreClient, StoreRegionInfo
 from capturer.regions.baikaldb.rows import RowPlan, mutation_changes, parse_entry
 from capturer.regions.baikaldb.schema import INT64, STRING, FieldDef, TableDef

@@ -32,8 +32,8 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from capturer import protogen
-from capturer.pipeline.bqueue import WeightedQueue
+from capturer.model import protogen
+from capturer.util.bqueue import WeightedQueue
 from capturer.pipeline.merger import Merger
 from capturer.model import TsPosition, Txn
 from capturer.regions.baikaldb.region import BaikalRegion, Epoch

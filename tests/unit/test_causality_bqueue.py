@@ -1,5 +1,5 @@
 """Row-conflict detection (senders/mysql/causality.py) and the weighted bounded queue
-(capturer/pipeline/bqueue.py)."""
+(capturer/util/bqueue.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from capturer.pipeline.bqueue import Closed, WeightedQueue
+from capturer.util.bqueue import Closed, WeightedQueue
 from senders.mysql.causality import Causality, conflict_keys, stable_hash
 from capturer.model import RowChange, TableSchema
 

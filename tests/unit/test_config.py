@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from capturer.config import load_config
+from capturer.app import load_config
 from capturer.errors import ConfigError
 
 GOOD_SENDERS = "[global]\ntype=local\n[local]\nfilepath=./x.jsonl\n"
@@ -83,3 +83,28 @@ def test_bad_sender_config(tmp_path: Path, senders: str, needle: str) -> None:
     with pytest.raises(ConfigError) as ei:
         load_config(p, base_dir=tmp_path)
     assert "senderConfig.cfg" in str(ei.value) and needle in str(ei.value)
+
+
+def test_senders_are_validated_by_the_composition_root_only(tmp_path: Path) -> None:
+    """capturer.config never imports a sender: the capturer's loader (capturer.app)
+    passes the registry; without it the sender file is not read, and a Capturer
+    refuses such a config rather than starting with no sender."""
+    from capturer import config
+    from capturer.app import Capturer
+
+    bad_senders = "[global]\ntype=local\n[local]\nfilepath=./x.jsonl\nbogus=1\n"
+    p = write(tmp_path, BASE, senders=bad_senders)
+    with pytest.raises(ConfigError, match=r"senderConfig.cfg:5.*bogus"):
+        load_config(p, base_dir=tmp_path)
+    bare = config.load_config(p, base_dir=tmp_path)  # the CLI and the agent read only global + regions
+    assert bare.senders == () and bare.regions[0].name == "a"
+    with pytest.raises(ConfigError, match="no sender loaded"):
+        Capturer(bare)
+
+
+def test_secret_sender_options_are_masked(tmp_path: Path) -> None:
+    mysql = ("[global]\ntype=mysql\n[mysql]\nhost=127.0.0.1\nport=3306\nuser=u\npassword=s3cr%t\n")
+    cfg = load_config(write(tmp_path, BASE, senders=mysql), base_dir=tmp_path)
+    masked = cfg.masked()["senders"]["mysql"]
+    assert masked["password"] == "***" and masked["user"] == "u"
+    assert "s3cr%t" not in str(cfg.masked())

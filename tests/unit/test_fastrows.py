@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pymysqlreplication.constants import FIELD_TYPE as T
 
-from capturer import encode
+from capturer.model import encode
 from capturer.regions.mysql import rowdecode
 
 pytestmark = pytest.mark.skipif(not rowdecode.c_decoder_built(), reason="capturer._fastrows not built")
@@ -278,7 +278,7 @@ def test_file_blocks_equal_lines(changes: list[Any], snapshot: bool, spill: bool
     """The C batch renderer of the file sender writes byte for byte what the
     reference per-line path writes, for every value, name, slice and spill."""
     from capturer.model import Position, RowChange, SnapshotMark, Txn
-    from capturer.spill import SpillWriter
+    from capturer.model.spill import SpillWriter
     from senders.local import sender as local
 
     rc = tuple(RowChange(s, op, b, a) for s, op, b, a in changes)

@@ -99,7 +99,7 @@ from hypothesis import HealthCheck, given, seed, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from pymysqlreplication.constants import FIELD_TYPE as T  # noqa: E402
 
-from capturer import encode  # noqa: E402
+from capturer.model import encode  # noqa: E402
 from capturer.model import Position, RowChange, SnapshotMark, TableSchema, Txn  # noqa: E402
 from capturer.regions.mysql import rowdecode  # noqa: E402
 from capturer.regions.baikaldb import schema as bks  # noqa: E402

@@ -1,15 +1,17 @@
-"""The import rules between the capture side and the senders, checked on the source
-(an import added in the wrong direction fails here, not in a review).
+"""The import rules between the layers, checked on the source (an import added in
+the wrong direction fails here, not in a review).
 
-* ``capturer`` names ``senders`` only in the composition root (``app.py``), in
-  ``config.py`` (it validates senderConfig against the sender registry) and in
-  the demo (tooling that checks the file it wrote).
-* ``senders`` use of the capture side only what a sender needs: the model, the
-  errors, value encodings (``encode``, its C twin ``_fastrows``, the generated
-  protobuf messages), config-key declarations, spilled changes, the bounded
-  queue and failpoints; never the pipeline, the regions, the app, the status
-  server or the config loader (except the lake's command-line tool, which reads
-  the config to find the lake).
+    capturer.errors, capturer.model (+ encode, spill, protogen), capturer.util
+        the shared layer: what the capture side hands the senders, and helpers
+        that know nothing of the pipeline; imports nothing above it
+    capturer.pipeline, capturer.regions, capturer.agent, status, config ...
+        the capture side; never names a sender
+    senders
+        use only the shared layer (the lake's command-line tool also reads the
+        capturer's config, to find the lake)
+    capturer.app
+        the composition root: the one module of the capture side that names
+        senders (and the demo, which checks the file it wrote)
 """
 
 from __future__ import annotations
@@ -19,10 +21,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 
-CAPTURER_MAY_NAME_SENDERS = {"capturer/app.py", "capturer/config.py", "capturer/demo.py"}
-SENDERS_MAY_USE = {"capturer", "capturer.model", "capturer.errors", "capturer.encode", "capturer._fastrows",
-                   "capturer.protogen", "capturer.ini", "capturer.spill", "capturer.failpoints",
-                   "capturer.pipeline.bqueue"}
+CAPTURER_MAY_NAME_SENDERS = {"capturer/app.py", "capturer/demo.py"}
 # a sender's command-line tool reads the capturer's config to find its target
 TOOLS_MAY_READ_CONFIG = {"senders/spark/lakecli.py": {"capturer.config"}}
 
@@ -34,27 +33,58 @@ def imports(path: Path) -> list[tuple[int, str]]:
             out += [(node.lineno, a.name) for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             out.append((node.lineno, node.module))
-            if node.module == "capturer":  # from capturer import failpoints
-                out += [(node.lineno, f"capturer.{a.name}") for a in node.names]
+            if node.module in ("capturer", "capturer.model", "capturer.util"):  # from capturer import app
+                out += [(node.lineno, f"{node.module}.{a.name}") for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level:
+            out.append((node.lineno, "." * node.level + (node.module or "")))
     return out
 
 
+def _in(mod: str, *packages: str) -> bool:
+    return any(mod == p or mod.startswith(p + ".") for p in packages)
+
+
+def shared(mod: str) -> bool:
+    return _in(mod, "capturer.model", "capturer.util", "capturer.errors", "capturer._fastrows")
+
+
+def _files(top: str) -> list[tuple[str, Path]]:
+    return [(p.relative_to(ROOT).as_posix(), p) for p in sorted((ROOT / top).rglob("*.py"))]
+
+
 def test_capturer_names_senders_only_in_the_composition_root() -> None:
-    bad = []
-    for p in sorted((ROOT / "capturer").rglob("*.py")):
-        rel = p.relative_to(ROOT).as_posix()
-        for line, mod in imports(p):
-            if (mod == "senders" or mod.startswith("senders.")) and rel not in CAPTURER_MAY_NAME_SENDERS:
-                bad.append(f"{rel}:{line}: imports {mod}")
+    bad = [f"{rel}:{line}: imports {mod}" for rel, p in _files("capturer") for line, mod in imports(p)
+           if _in(mod, "senders") and rel not in CAPTURER_MAY_NAME_SENDERS]
     assert not bad, "\n".join(bad)
 
 
-def test_senders_use_only_the_sender_side_of_the_capturer() -> None:
-    bad = []
-    for p in sorted((ROOT / "senders").rglob("*.py")):
-        rel = p.relative_to(ROOT).as_posix()
-        for line, mod in imports(p):
-            if (mod == "capturer" or mod.startswith("capturer.")) and mod not in SENDERS_MAY_USE \
-                    and mod not in TOOLS_MAY_READ_CONFIG.get(rel, ()):
-                bad.append(f"{rel}:{line}: imports {mod}")
+def test_senders_use_only_the_shared_layer() -> None:
+    bad = [f"{rel}:{line}: imports {mod}" for rel, p in _files("senders") for line, mod in imports(p)
+           if (_in(mod, "capturer") and not shared(mod) and mod not in TOOLS_MAY_READ_CONFIG.get(rel, ()))
+           or mod.startswith(".")]
     assert not bad, "\n".join(bad)
+
+
+def test_the_shared_layer_imports_nothing_above_it() -> None:
+    bad = []
+    for rel, p in _files("capturer"):
+        if not shared(rel[:-3].replace("/", ".").removesuffix(".__init__")):
+            continue
+        bad += [f"{rel}:{line}: imports {mod}" for line, mod in imports(p)
+                if (_in(mod, "capturer") and not shared(mod) and mod != "capturer")
+                or _in(mod, "senders") or mod.startswith(".")]
+    assert not bad, "\n".join(bad)
+
+
+def test_the_pipeline_knows_no_region_agent_app_or_config() -> None:
+    bad = [f"{rel}:{line}: imports {mod}" for rel, p in _files("capturer/pipeline") for line, mod in imports(p)
+           if _in(mod, "capturer.regions", "capturer.agent", "capturer.app", "capturer.status", "capturer.config")]
+    assert not bad, "\n".join(bad)
+
+
+def test_the_rules_see_imports() -> None:
+    """The checks above would pass on nothing: make sure they read real imports."""
+    sender = dict((m, line) for line, m in imports(ROOT / "senders/base.py"))
+    assert "capturer.model" in sender and "capturer.util.bqueue" in sender
+    assert any(_in(m, "senders") for _, m in imports(ROOT / "capturer/app.py"))
+    assert shared("capturer.model.encode") and not shared("capturer.pipeline.merger")

@@ -62,7 +62,7 @@ def test_sql_and_protobuf_and_ddl() -> None:
     ch = RowChange(S, "update", {"id": 1, "amount": 1, "at": None, "raw": None},
                    {"id": 2, "amount": 1, "at": None, "raw": None})
     assert FORMATS["sql"](txn(ch), 0, ch, "d").decode().startswith("DELETE FROM `shop`.`orders` WHERE `id` <=> 1")
-    from capturer import protogen
+    from capturer.model import protogen
 
     pb = protogen.load()
     m = pb.RowChange()

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from capturer.config import load_config
+from capturer.app import load_config
 from capturer.errors import CheckpointError, ConfigError
 from capturer.model import LsnPosition, format_lsn, parse_lsn, position_from_json, ts_logical, ts_physical_ms
 from capturer.regions.postgresql import pgoutput as po

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from capturer.pipeline.bqueue import WeightedQueue
+from capturer.util.bqueue import WeightedQueue
 from capturer.config import RegionConfig
 from senders.kafka.messages import json_envelope, source_block, truncate_message
 from capturer.model import Ddl, Position, RowChange, TableProgress, TableSchema, Txn, make_ts
@@ -223,7 +223,7 @@ def test_keyless_copy_spills_recorded_changes_and_corrects_the_rows(tmp_path: An
     plan.described_at = Position("f.000001", 100)
     r.add_snapshot_progress((TableProgress("d", "k", "run1", "running"),), wait=True)
     tok = r.chunk_begin(plan)
-    from capturer.spill import SpillWriter
+    from capturer.model.spill import SpillWriter
 
     w = SpillWriter(str(tmp_path), 3)
     w.add([RowChange(schema, "read", None, {"m": "a", "n": i % 3}) for i in range(9)])  # the rows at P
@@ -353,7 +353,7 @@ def test_kafka_sends_a_truncate_to_every_partition_of_the_tables_topic(sql: str)
 def test_pin_start_writes_a_first_start_once_and_keeps_it(tmp_path: Any) -> None:
     from capturer.app import Capturer
     from capturer.pipeline.checkpoint import load_checkpoint
-    from capturer.config import load_config
+    from capturer.app import load_config
 
     (tmp_path / "senders.cfg").write_text(f"[global]\ntype=local\n[local]\nfilepath={tmp_path / 'out.jsonl'}\n")
     (tmp_path / "config.cfg").write_text(

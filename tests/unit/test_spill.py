@@ -1,4 +1,4 @@
-"""Big transactions on disk (capturer/spill.py)."""
+"""Big transactions on disk (capturer/model/spill.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from capturer.model import Position, RowChange, TableSchema, Txn
-from capturer.spill import SpilledChanges, SpillWriter
+from capturer.model.spill import SpilledChanges, SpillWriter
 
 A = TableSchema("d", "a", ("id", "v"), ("id",), (), (3, 15))
 B = TableSchema("d", "b", ("k", "w"), ("k",), (), (3, 246))

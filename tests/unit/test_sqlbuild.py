@@ -7,7 +7,7 @@ from typing import Any, cast
 
 import pymysql
 
-from capturer.encode import T_BIT
+from capturer.model.encode import T_BIT
 from capturer.model import RowChange, TableSchema
 from senders.mysql.sender import Op, Worker
 from senders.sqlbuild import Table, build, param_ident, row_params

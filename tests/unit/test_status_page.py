@@ -267,7 +267,7 @@ def test_merge_waits_only_for_silent_regions() -> None:
     """An idle region that sends heartbeats does not hold the merge back; one that
     sent nothing for its silence period does (and not while items are queued)."""
     from capturer.model import Heartbeat
-    from capturer.pipeline.bqueue import WeightedQueue
+    from capturer.util.bqueue import WeightedQueue
     from capturer.pipeline.merger import MergeStage
 
     queues: dict[str, WeightedQueue[Any]] = {"a": WeightedQueue(10), "b": WeightedQueue(10)}

@@ -70,7 +70,7 @@ def _errcode(d: dict[str, Any]) -> str:
     """The answer's errcode name; "" when it has none (it is a required field)."""
     code = d.get("errcode", "")
     if isinstance(code, int) and not isinstance(code, bool):
-        from capturer import protogen
+        from capturer.model import protogen
 
         ev = protogen.load("baikaldb").ErrCode.DESCRIPTOR.values_by_number.get(code)
         return ev.name if ev is not None else str(code)
@@ -137,7 +137,7 @@ class MetaClient:
         self.where = where
         self.http = Http(connect_timeout, timeout)
         self.lock = threading.Lock()
-        from capturer import protogen
+        from capturer.model import protogen
 
         self.pb = protogen.load("baikaldb")
 
@@ -458,7 +458,7 @@ class StoreClient:
         return out
 
     def _version_old(self, sr: StoreRegionInfo, regions: list[Any], is_merge: bool) -> None:
-        from capturer import protogen
+        from capturer.model import protogen
 
         pb = protogen.load("baikaldb")
         infos = []

@@ -47,13 +47,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from capturer import protogen
-from capturer.pipeline.bqueue import Closed, WeightedQueue
+from capturer.model import protogen
+from capturer.util.bqueue import Closed, WeightedQueue
 from capturer.durable import append_line, read_journal, rewrite_lines
-from capturer.encode import qualified, quote_ident
+from capturer.model.encode import qualified, quote_ident
 from capturer.errors import CheckpointError, FatalSourceError, SourceError
 from capturer.model import Ddl, Heartbeat, RowChange, TsPosition, Txn
-from capturer.spill import DEFAULT_CHUNK_ROWS, SpillWriter
+from capturer.model.spill import DEFAULT_CHUNK_ROWS, SpillWriter
 from capturer.regions.base import Region, RegionContext
 from capturer.regions.baikaldb.client import BinlogPurged, MetaClient, PeerFailure, StoreClient, StoreRegionInfo
 from capturer.regions.baikaldb.rows import Entry, RowDecodeError, RowPlan, UnpairedUpdate, mutation_changes, parse_entry

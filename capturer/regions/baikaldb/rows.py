@@ -49,10 +49,8 @@ from capturer.regions.baikaldb.schema import (
     TableDef,
 )
 
-try:  # the C build (setup.py builds it where a compiler is present)
-    from capturer import _fastrows
-except ImportError:  # pragma: no cover - depends on the build
-    _fastrows = None
+# the C build (setup.py builds it where a compiler is present); None without it
+from capturer.model.encode import _fastrows
 
 _F = struct.Struct("<f").unpack_from
 _D = struct.Struct("<d").unpack_from

@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from capturer.encode import qualified, quote_ident
+from capturer.model.encode import qualified, quote_ident
 from capturer.model import ColumnInfo, TableSchema
 
 # PrimitiveType (proto/baikaldb.proto)
@@ -50,7 +50,7 @@ WIRE = {
     K_TEXT: 2, K_BYTES: 2, K_DATETIME: 1, K_DATE: 5, K_TIME: 5, K_TIMESTAMP: 5,
 }
 
-# MySQL column type codes the pipeline knows (capturer/encode.py, lake.py)
+# MySQL column type codes the pipeline knows (capturer/model/encode.py, lake.py)
 _MYSQL_CODE = {
     INT8: 1, UINT8: 1, BOOL: 1, NULL_TYPE: 1, INT16: 2, UINT16: 2, INT32: 3, UINT32: 3,
     INT64: 8, UINT64: 8, FLOAT: 4, DOUBLE: 5, STRING: 15, DATETIME: 18, TIMESTAMP: 17,

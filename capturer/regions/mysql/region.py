@@ -34,15 +34,15 @@ from pymysqlreplication.event import (
 )
 from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, WriteRowsEvent
 
-from capturer import failpoints
+from capturer.util import failpoints
 from capturer.config import RegionConfig
 from capturer.errors import FatalSourceError, SourceError
-from capturer.encode import qualified, quote_ident
+from capturer.model.encode import qualified, quote_ident
 from capturer.model import ColumnInfo, Ddl, Heartbeat, Position, RowChange, TableProgress, TableSchema, Txn, ts_physical_ms
 from capturer.tso import RegionClock
 from capturer.regions.base import Region, RegionContext
 from capturer.regions.ddl import ddl_target, is_data_ddl, is_ignorable
-from capturer.spill import DEFAULT_CHUNK_ROWS, SpillWriter
+from capturer.model.spill import DEFAULT_CHUNK_ROWS, SpillWriter
 from capturer.regions.mysql.rowdecode import fast_rows, normalise_library_row
 from capturer.regions.mysql.snapshot import (
     Chunk,
@@ -773,7 +773,7 @@ class MySQLRegion(Region):
         rows inserted stream from disk to disk."""
         from collections import Counter
 
-        from capturer.spill import SpillWriter
+        from capturer.model.spill import SpillWriter
 
         cols = tuple(c.name for c in chunk.plan.columns)
         remove: Counter[tuple[Any, ...]] = Counter()

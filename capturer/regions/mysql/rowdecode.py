@@ -32,10 +32,8 @@ from typing import Any, Callable
 from pymysql.charset import charset_by_name
 from pymysqlreplication.constants import FIELD_TYPE as T
 
-try:  # the C build of this decoder (setup.py builds it where a compiler is present)
-    from capturer import _fastrows
-except ImportError:  # pragma: no cover - depends on the build
-    _fastrows = None
+# the C build of this decoder (capturer/_fastrows.c, where setup.py could build it); None without it
+from capturer.model.encode import _fastrows
 
 Decoder = Callable[[bytes, int], tuple[Any, int]]
 

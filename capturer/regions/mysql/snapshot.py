@@ -58,9 +58,9 @@ import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
-from capturer import failpoints
-from capturer.spill import write_blob
-from capturer.encode import quote_ident
+from capturer.util import failpoints
+from capturer.model.spill import write_blob
+from capturer.model.encode import quote_ident
 from capturer.errors import FatalSourceError, SourceError
 from capturer.model import ColumnInfo, Position, SnapshotMark, TableProgress, TableSchema
 
@@ -1091,7 +1091,7 @@ class Snapshotter:
                       norm: list[Callable[[Any], Any] | None]) -> Chunk:
         make = row_maker(names, norm)
         from capturer.model import RowChange
-        from capturer.spill import DEFAULT_CHUNK_ROWS, SpillWriter
+        from capturer.model.spill import DEFAULT_CHUNK_ROWS, SpillWriter
 
         ctx = self.region.ctx
         spill = SpillWriter(ctx.spill_dir or None, min(ctx.spill_rows or DEFAULT_CHUNK_ROWS, DEFAULT_CHUNK_ROWS))

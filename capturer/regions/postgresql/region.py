@@ -53,13 +53,13 @@ from pathlib import Path
 from typing import Any
 
 from capturer.durable import append_line, read_journal, rewrite_lines
-from capturer.encode import qualified, quote_ident
+from capturer.model.encode import qualified, quote_ident
 from capturer.errors import CheckpointError, FatalSourceError, SourceError
 from capturer.model import Ddl, Heartbeat, LsnPosition, RowChange, TableSchema, Txn, format_lsn, make_ts, parse_lsn
 from capturer.regions.base import Region, RegionContext
 from capturer.regions.postgresql import pgoutput as po
 from capturer.regions.postgresql.types import PgType, Unrepresentable, pg_time_to_unix_us, pg_type
-from capturer.spill import SpillWriter
+from capturer.model.spill import SpillWriter
 from capturer.tso import RegionClock
 
 log = logging.getLogger(__name__)
@@ -694,7 +694,7 @@ class PostgresRegion(Region):
     def added_defaults(self, old: RelDef, new: RelDef) -> dict[str, str]:
         """For columns ``new`` adds: the value rows already there have (PostgreSQL's
         "missing value" of a column added with a constant default), as a SQL literal."""
-        from capturer.encode import sql_literal
+        from capturer.model.encode import sql_literal
 
         have = {c.name for c in old.columns}
         out: dict[str, str] = {}
@@ -829,7 +829,7 @@ class _TxnBuilder:
         spill_rows = r.ctx.spill_rows
         if spill_rows and rows >= (self.spill.chunk_rows if self.spill is not None else spill_rows):
             if self.spill is None:
-                from capturer.spill import DEFAULT_CHUNK_ROWS
+                from capturer.model.spill import DEFAULT_CHUNK_ROWS
 
                 self.spill = SpillWriter(r.ctx.spill_dir or None, min(spill_rows, DEFAULT_CHUNK_ROWS))
                 log.info("%s: transaction %d has more than %d rows: spilling it to disk", r.where, self.begin.xid,

@@ -27,7 +27,7 @@ from typing import Any, Iterator
 
 from capturer.errors import FatalSourceError, SourceError
 from capturer.model import Heartbeat, Position, Txn
-from capturer.spill import DEFAULT_CHUNK_ROWS, SpillWriter
+from capturer.model.spill import DEFAULT_CHUNK_ROWS, SpillWriter
 from capturer.regions.base import Region, RegionContext
 
 log = logging.getLogger(__name__)
@@ -121,7 +121,7 @@ class RemoteRegion(Region):
     def _connect_and_stream(self) -> None:
         import grpc
 
-        from capturer import protogen
+        from capturer.model import protogen
         from capturer.agent import wire
 
         pb = protogen.load("agent")
@@ -156,7 +156,7 @@ class RemoteRegion(Region):
         keyless (asked of the agent; SourceError if no address answers)."""
         import grpc
 
-        from capturer import protogen
+        from capturer.model import protogen
         from capturer.agent import wire
 
         pb = protogen.load("agent")
@@ -400,7 +400,7 @@ class RemoteRegion(Region):
 
     # --- capturer side ----------------------------------------------------------
     def checkpointed(self, position: Any) -> None:
-        from capturer import protogen
+        from capturer.model import protogen
         from capturer.agent import wire
 
         with self._lock:

@@ -21,7 +21,7 @@ import tempfile
 from itertools import islice
 from typing import IO, Any, Callable, Iterator
 
-from capturer import failpoints
+from capturer.util import failpoints
 from capturer.model import RowChange, TableSchema
 
 DEFAULT_CHUNK_ROWS = 20_000

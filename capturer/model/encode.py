@@ -12,6 +12,7 @@ JSON (file lines, Kafka messages):
 from __future__ import annotations
 
 import base64
+import importlib
 import json
 import threading
 import datetime as dt
@@ -94,8 +95,9 @@ def _default(v: Any) -> Any:
 _ENCODER = json.JSONEncoder(ensure_ascii=False, default=_default)
 _ENCODER_COMPACT = json.JSONEncoder(ensure_ascii=False, default=_default, separators=(",", ":"))
 
-try:  # the C encoder (setup.py builds it where a compiler is present)
-    from capturer import _fastrows
+try:  # the C extension (capturer/_fastrows.c: encoder, row decoders, SQL escaping, murmur2),
+    # built by setup.py where a compiler is present; everything that uses it takes it from here
+    _fastrows: Any = importlib.import_module("capturer._fastrows")
 except ImportError:  # pragma: no cover - depends on the build
     _fastrows = None
 

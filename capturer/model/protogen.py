@@ -1,6 +1,6 @@
 """Generated protobuf code for ``proto/*.proto``, made by the build.
 
-``bootstrap.sh`` runs ``python -m capturer.protogen`` after installing; if a
+``bootstrap.sh`` runs ``python -m capturer.model.protogen`` after installing; if a
 generated module is missing or older than its .proto (a source checkout used
 directly), ``load()`` generates it on first use. Generated files are never
 committed or edited by hand.
@@ -20,7 +20,7 @@ import threading
 from pathlib import Path
 from types import ModuleType
 
-PROTO_DIR = Path(__file__).resolve().parent.parent / "proto"
+PROTO_DIR = Path(__file__).resolve().parents[2] / "proto"
 PROTO = PROTO_DIR / "capturer.proto"
 NAMES = ("capturer", "baikaldb", "agent")
 OUT = Path(__file__).resolve().parent / "_generated"

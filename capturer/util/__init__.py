@@ -1,0 +1,1 @@
+"""Helpers that know nothing of the pipeline: config-key declarations, bounded queues, failpoints."""
