@@ -239,8 +239,8 @@ def run_until_delivered(config: Path, expect_rows: int) -> dict[str, Any]:
 
     def until(c: Capturer) -> bool:
         now, rows = time.perf_counter(), min(s.rows for s in c.senders)
-        for pct in (10, 90):
-            if pct not in marks and rows * 100 >= expect_rows * pct:
+        for pct in (0, 10, 90):
+            if pct not in marks and rows * 100 >= max(expect_rows * pct, 1):
                 marks[pct] = (now, rows)
         if rows >= expect_rows:
             done_at.append(now)
@@ -257,6 +257,9 @@ def run_until_delivered(config: Path, expect_rows: int) -> dict[str, Any]:
         (ta, ra), (tb, rb) = marks[10], marks[90]
         out["steady_rows_per_s"] = round((rb - ra) / (tb - ta))
         out["steady_seconds"] = round(tb - ta, 2)
+        # where the rest of the time went: until the first row was delivered, and the last 10 %
+        out["first_row_seconds"] = round(marks[0][0] - t0, 2)
+        out["last_10pct_seconds"] = round(elapsed - (tb - t0), 2)
     return out
 
 
@@ -570,12 +573,21 @@ def latency_run(tmp: Path, servers: list[MariaDBInstance], rate: int = 5000, sec
             "p50_ms": pct(0.50), "p99_ms": pct(0.99), "max_ms": pct(1.0)}
 
 
-def big_txn_rss(tmp: Path, rows: int = 1_000_000) -> dict[str, Any]:
+def _children(pid: int) -> set[int]:
+    try:
+        return {int(c) for c in open(f"/proc/{pid}/task/{pid}/children").read().split()}
+    except OSError:
+        return set()
+
+
+def big_txn_rss(tmp: Path, rows: int = 1_000_000, region_extra: str = "", name: str = "bigtxn") -> dict[str, Any]:
     """One transaction of ``rows`` rows through the capturer (file sender) in its own
-    process; its peak RSS (VmHWM) and time."""
+    process; its peak RSS (VmHWM) and time. With ``region_extra="process=true"`` the
+    region runs in a worker process (the agent's code on a Unix socket): the peak of
+    each process is reported."""
     import subprocess
 
-    m = MariaDBInstance(tmp / "bigtxn-src", server_id=31).start()
+    m = MariaDBInstance(tmp / f"{name}-src", server_id=31).start()
     try:
         m.execute("CREATE DATABASE bench", TABLE)
         c = m.connect()
@@ -588,26 +600,27 @@ def big_txn_rss(tmp: Path, rows: int = 1_000_000) -> dict[str, Any]:
                                   now, i, i, "x" * 60) for i in range(start, min(start + 5000, rows))])
         c.commit()  # one transaction
         c.close()
-        d = tmp / "bigtxn"
+        d = tmp / name
         d.mkdir()
         (d / "senders.cfg").write_text(f"[global]\ntype=local\n[local]\nfilepath={d / 'out.jsonl'}\nrotate_mb=100000\n")
         (d / "config.cfg").write_text(
             f"[global]\nbinlogCheckPointPath={d / 'cp.json'}\nsenderConfig={d / 'senders.cfg'}\nfilterRuleDict=\n"
             f"httpPort={free_port()}\ncheckpointInterval=0.5\nlogLevel=warning\n"
-            f"[region:r1]\nhost=127.0.0.1\nport={m.port}\nuser=root\npassword=\nserver_id=777\n")
+            f"[region:r1]\nhost=127.0.0.1\nport={m.port}\nuser=root\npassword=\nserver_id=777\n{region_extra}")
         t0 = time.perf_counter()
         p = subprocess.Popen([sys.executable, "-m", "capturer", "--config", str(d / "config.cfg")], cwd=ROOT,
                              env=dict(os.environ, PYTHONPATH=str(ROOT)), stdout=subprocess.DEVNULL,
                              stderr=open(d / "log", "wb"))
-        peak = 0
+        peaks: dict[int, int] = {}  # pid -> VmHWM (kB): the capturer and its worker processes
         done = False
         while time.perf_counter() - t0 < 1200 and p.poll() is None:
-            try:
-                for line in open(f"/proc/{p.pid}/status"):
-                    if line.startswith("VmHWM:"):
-                        peak = max(peak, int(line.split()[1]))
-            except OSError:
-                break
+            for pid in {p.pid} | _children(p.pid):
+                try:
+                    for line in open(f"/proc/{pid}/status"):
+                        if line.startswith("VmHWM:"):
+                            peaks[pid] = max(peaks.get(pid, 0), int(line.split()[1]))
+                except OSError:
+                    pass
             if (d / "cp.json").exists() and json.loads((d / "cp.json").read_text())["commit_ts"] > 0:
                 lines = sum(1 for _ in open(d / "out.jsonl")) if (d / "out.jsonl").exists() else 0
                 if lines >= rows:
@@ -617,7 +630,12 @@ def big_txn_rss(tmp: Path, rows: int = 1_000_000) -> dict[str, Any]:
         secs = time.perf_counter() - t0
         p.terminate()
         p.wait(60)
-        return {"rows": rows, "delivered": done, "seconds": round(secs, 1), "peak_rss_mb": round(peak / 1024)}
+        out = {"rows": rows, "delivered": done, "seconds": round(secs, 1),
+               "peak_rss_mb": round(peaks.get(p.pid, 0) / 1024)}
+        workers = [v for k, v in peaks.items() if k != p.pid]
+        if region_extra:
+            out["worker_peak_rss_mb"] = round(max(workers, default=0) / 1024)
+        return out
     finally:
         m.stop()
 
@@ -854,6 +872,10 @@ def main() -> int:
                                                              region_extra="process=true\n")
         if "bigtxn" in only and not args.smoke:
             results["big_txn"] = big_txn_rss(tmp)
+            if "workers" in only:
+                results["big_txn_workers"] = big_txn_rss(tmp, region_extra="process=true\n", name="bigtxn-workers")
+            failures += [f"{k}: the transaction was not delivered" for k in ("big_txn", "big_txn_workers")
+                         if k in results and not results[k]["delivered"]]
     finally:
         for m in servers + extra:
             m.stop()
@@ -871,6 +893,10 @@ def main() -> int:
         b = results["big_txn"]
         print(f"one {b['rows']:,}-row transaction -> file: delivered={b['delivered']} in {b['seconds']} s, "
               f"capturer peak RSS {b['peak_rss_mb']} MB")
+    if "big_txn_workers" in results:
+        b = results["big_txn_workers"]
+        print(f"the same, region in a worker process: delivered={b['delivered']} in {b['seconds']} s, "
+              f"peak RSS: capturer {b['peak_rss_mb']} MB, region worker {b['worker_peak_rss_mb']} MB")
     if "snapshot_rss" in results:
         b = results["snapshot_rss"]
         print(f"snapshot of a {b['rows']:,}-row table -> file: done={b['done']} in {b['seconds']} s "

@@ -161,24 +161,28 @@ class _Confluent(_Client):
         import confluent_kafka
         from confluent_kafka.admin import AdminClient
 
-        conf = {"bootstrap.servers": servers, "acks": "all", "enable.idempotence": True,
-                "linger.ms": opts["linger_ms"], "message.timeout.ms": 60000,
-                "compression.type": opts["compression"], "queue.buffering.max.messages": 1_000_000}
-        self.producer = confluent_kafka.Producer(conf)
-        self.admin = AdminClient({"bootstrap.servers": servers})
         self.errors: list[str] = []
-        self.pending = 0
         self._since_poll = 0
         self._lock = threading.Lock()
+        self.producer = confluent_kafka.Producer(self.conf(servers, opts))
+        self.admin = AdminClient({"bootstrap.servers": servers})
         # fail fast when no broker answers, like kafka-python's constructor does
         md = self.producer.list_topics(timeout=10)
         if not md.brokers:
             raise SinkError(f"no broker reachable at {servers}")
 
+    def conf(self, servers: str, opts: dict[str, Any], timeout_ms: int = 60_000) -> dict[str, Any]:
+        # Delivery reports only for failures: a success costs no Python call. flush()
+        # returns only when every message is delivered or failed (and its report served),
+        # so "nothing left and no error reported" means every message was acknowledged.
+        return {"bootstrap.servers": servers, "acks": "all", "enable.idempotence": True,
+                "linger.ms": opts["linger_ms"], "message.timeout.ms": timeout_ms,
+                "compression.type": opts["compression"], "queue.buffering.max.messages": 1_000_000,
+                "delivery.report.only.error": True, "on_delivery": self._done}
+
     def _done(self, err: Any, _msg: Any) -> None:
-        with self._lock:
-            self.pending -= 1
-            if err is not None:
+        if err is not None:
+            with self._lock:
                 self.errors.append(str(err))
 
     def partitions(self, topic: str) -> int:
@@ -201,14 +205,11 @@ class _Confluent(_Client):
 
     def produce(self, topic: str, partition: int, key: bytes | None, value: bytes | None,
                 headers: list[tuple[str, bytes]]) -> None:
-        with self._lock:
-            self.pending += 1
         while True:
             try:
                 # only read (its header values may be str or None too: list is invariant)
-                self.producer.produce(topic, value=value, key=key, partition=partition,
-                                      headers=cast("list[tuple[str, str | bytes | None]]", headers),
-                                      on_delivery=self._done)
+                self.producer.produce(topic, value, key, partition,
+                                      headers=cast("list[tuple[str, str | bytes | None]]", headers))
                 break
             except BufferError:
                 self.producer.poll(0.05)
@@ -221,9 +222,8 @@ class _Confluent(_Client):
         left = self.producer.flush(timeout)
         with self._lock:
             errors, self.errors = self.errors, []
-            if left or self.pending:
-                errors.append(f"{max(left, self.pending)} messages not acknowledged in time")
-            self.pending = 0
+        if left:
+            errors.append(f"{left} messages not acknowledged in time")
         return errors
 
     def close(self) -> None:
@@ -387,13 +387,15 @@ class KafkaSender(Sender):
             self._partitions(txn_topic)
             client.produce(txn_topic, 0, txn_id, self._txn_record(txn, "BEGIN"), self._headers(txn, 0, "begin"))
             n += 1
+        base = [("region", txn.region.encode()), ("commit_ts", str(txn.commit_ts).encode())]  # every message's
         for seq, ch in enumerate(txn.changes):
             topic = self.topic_for(ch.db, ch.table, txn.region)
             parts = self._partitions(topic)
+            seq_b = str(seq).encode()
             for op, image in change_events(ch):
                 key = key_bytes(ch, image)
                 part = partition_for(key if key is not None else f"{ch.db}.{ch.table}".encode(), parts)
-                headers = self._headers(txn, seq, op)
+                headers = base + [("seq", seq_b), ("op", _OP_BYTES.get(op) or op.encode())]
                 client.produce(topic, part, key, self.encode(txn, seq, ch, op), headers)
                 n += 1
                 if op == "d" and self.options["tombstones"] and key is not None:

@@ -76,3 +76,30 @@ def test_sql_and_protobuf_and_ddl() -> None:
     t = Txn("r", 5, Position("f", 4), ddl=Ddl("shop", "ALTER TABLE orders ADD x INT", "orders", "shop"))
     d = json.loads(ddl_message(t, t.ddl, "json"))  # type: ignore[arg-type]
     assert d["ddl"].startswith("ALTER") and d["source"]["table"] == "orders"
+
+
+def test_confluent_reports_undelivered_messages_without_success_reports() -> None:
+    """The confluent client asks for delivery reports of failures only (a success costs
+    no Python call); a message that is never acknowledged must still come back as an
+    error from flush(), so the batch is retried and the checkpoint does not pass it.
+    No broker here: a closed port, and a short message timeout."""
+    import socket
+    import threading
+
+    import confluent_kafka
+
+    from senders.kafka.sender import _Confluent
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nobody listens there
+    c = _Confluent.__new__(_Confluent)  # without __init__'s "is a broker there" probe
+    c.errors, c._since_poll, c._lock = [], 0, threading.Lock()
+    conf = c.conf(f"127.0.0.1:{port}", {"linger_ms": 5, "compression": "none"}, timeout_ms=1500)
+    assert conf["delivery.report.only.error"] is True
+    c.producer = confluent_kafka.Producer(conf)
+    for i in range(3):
+        c.produce("t", 0, b"k%d" % i, b"v", [("seq", b"0")])
+    errors = c.flush(20)
+    assert len(errors) == 3 and all("timed out" in e.lower() or "timeout" in e.lower() for e in errors), errors
+    assert c.flush(5) == []  # reported once; nothing left
