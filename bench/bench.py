@@ -15,6 +15,7 @@ import datetime as dt
 import decimal
 import json
 import os
+import re
 import random
 import sys
 import tempfile
@@ -574,10 +575,29 @@ def latency_run(tmp: Path, servers: list[MariaDBInstance], rate: int = 5000, sec
 
 
 def _children(pid: int) -> set[int]:
-    try:
-        return {int(c) for c in open(f"/proc/{pid}/task/{pid}/children").read().split()}
-    except OSError:
-        return set()
+    """Processes whose parent is ``pid`` (from /proc/*/stat: /proc/PID/task/PID/children
+    is not in every kernel)."""
+    out = set()
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                stat = open(f"/proc/{d}/stat").read()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                out.add(int(d))
+    return out
+
+
+def reset_target(target: MariaDBInstance) -> None:
+    """Empty the target for another run: its tables and the MySQL sender's applied marks
+    (without dropping those, the next run would skip every row as applied before)."""
+    target.execute("DROP DATABASE IF EXISTS bench", "DROP DATABASE IF EXISTS _capturer")
+
+
+def with_procs(senders_cfg: str) -> str:
+    """The same senders, each in a process of its own (process=true)."""
+    return re.sub(r"^\[(local|mysql|kafka|spark)\]\n", "[\\1]\nprocess=true\n", senders_cfg, flags=re.M)
 
 
 def big_txn_rss(tmp: Path, rows: int = 1_000_000, region_extra: str = "", name: str = "bigtxn") -> dict[str, Any]:
@@ -659,7 +679,7 @@ def main() -> int:
     ap.add_argument("--smoke", action="store_true", help="assert completeness only (CI)")
     ap.add_argument("--threads", type=int, default=8, help="MySQL sender workers")
     ap.add_argument("--only", default="file,workers,agents,baikaldb,postgresql,snapshot,mysql,kafka,spark,all,latency,"
-                    "bigtxn",
+                    "bigtxn,senderprocs",
                     help="parts to run")
     args = ap.parse_args()
     only = set(args.only.split(","))
@@ -715,6 +735,10 @@ def main() -> int:
         if "file" in only:
             e2e("file", f"[global]\ntype=local\n[local]\nfilepath={tmp / 'file' / 'changes.jsonl'}\n",
                 total, decode, "capturer -> file (2 regions)")
+            if "senderprocs" in only:
+                e2e("file-proc", f"[global]\ntype=local\n[local]\nfilepath={tmp / 'file-proc' / 'changes.jsonl'}\n"
+                    "process=true\n", total, results["file"]["rows_per_s"],
+                    "capturer -> file, sender in its own process; ratio to in-process")
         if "workers" in only:
             e2e("file-workers", f"[global]\ntype=local\n[local]\nfilepath={tmp / 'file-workers' / 'changes.jsonl'}\n",
                 total, results.get("file", {}).get("rows_per_s"),
@@ -788,8 +812,13 @@ def main() -> int:
             ups = baseline_upsert(target, total)
             results["baseline_upsert_rows_per_s"] = round(ups)
             rep.add("baseline: raw multi-row upsert into the target (1 conn, 1000-row batches)", ups, None)
-            e2e("mysql", f"[global]\ntype=mysql\n[mysql]\nhost=127.0.0.1\nport={target.port}\nuser=root\n"
-                f"threadnum={args.threads}\n", total, ups, f"capturer -> mysql ({args.threads} workers)")
+            mysql_cfg = (f"[global]\ntype=mysql\n[mysql]\nhost=127.0.0.1\nport={target.port}\nuser=root\n"
+                         f"threadnum={args.threads}\n")
+            e2e("mysql", mysql_cfg, total, ups, f"capturer -> mysql ({args.threads} workers)")
+            if "senderprocs" in only:
+                reset_target(target)
+                e2e("mysql-proc", with_procs(mysql_cfg), total, results["mysql"]["rows_per_s"],
+                    "capturer -> mysql, sender in its own process; ratio to in-process")
         if "kafka" in only:
             from helpers import Broker
 
@@ -799,15 +828,26 @@ def main() -> int:
                 raw = baseline_producer(broker.servers, client, total)
                 results[f"baseline_producer_{client}_msgs_per_s"] = round(raw)
                 rep.add(f"baseline: raw producer, {client}", raw, None)
-                e2e(f"kafka-{client}", f"[global]\ntype=kafka\n[kafka]\nservers={broker.servers}\nclient={client}\n",
-                    total, raw, f"capturer -> kafka ({client})")
+                kcfg = f"[global]\ntype=kafka\n[kafka]\nservers={broker.servers}\nclient={client}\n"
+                e2e(f"kafka-{client}", kcfg, total, raw, f"capturer -> kafka ({client})")
                 broker.kill()
+                if "senderprocs" in only and client == "confluent":
+                    broker = Broker().start()
+                    extra.append(broker)
+                    kcfg = f"[global]\ntype=kafka\n[kafka]\nservers={broker.servers}\nclient={client}\n"
+                    e2e("kafka-confluent-proc", with_procs(kcfg), total, results["kafka-confluent"]["rows_per_s"],
+                        "capturer -> kafka (confluent), sender in its own process; ratio to in-process")
+                    broker.kill()
         if "spark" in only:
             raw = baseline_arrow_append(tmp, total)
             results["baseline_arrow_append_rows_per_s"] = round(raw)
             rep.add("baseline: raw Spark Arrow append (50k-row batches)", raw, None)
             e2e("spark", f"[global]\ntype=spark\n[spark]\nwarehouse={tmp / 'spark' / 'wh'}\n"
                 "compaction_interval=0\nbatch_interval=1\n", total, raw, "capturer -> spark")
+            if "senderprocs" in only:
+                e2e("spark-proc", f"[global]\ntype=spark\n[spark]\nwarehouse={tmp / 'spark-proc' / 'wh'}\n"
+                    "compaction_interval=0\nbatch_interval=1\nprocess=true\n", total, results["spark"]["rows_per_s"],
+                    "capturer -> spark, sender in its own process; ratio to in-process")
             if not args.smoke:
                 results["compaction_1M_seconds"] = round(compaction_seconds(tmp), 1)
         if "all" in only and "mysql" in only and "kafka" in only:
@@ -815,7 +855,7 @@ def main() -> int:
 
             broker = Broker().start()
             extra.append(broker)
-            target.execute("DROP DATABASE IF EXISTS bench")
+            reset_target(target)
             e2e("all", "[global]\ntype=local,mysql,kafka,spark\n"
                 f"[local]\nfilepath={tmp / 'all' / 'changes.jsonl'}\n"
                 f"[mysql]\nhost=127.0.0.1\nport={target.port}\nuser=root\nthreadnum={args.threads}\n"
@@ -823,10 +863,22 @@ def main() -> int:
                 f"[spark]\nwarehouse={tmp / 'all' / 'wh'}\ncompaction_interval=0\nbatch_interval=1\n",
                 total, decode, "capturer -> all four at once (file, mysql, kafka/confluent, spark)")
             broker.kill()
+            if "senderprocs" in only:
+                broker = Broker().start()
+                extra.append(broker)
+                reset_target(target)
+                e2e("all-proc", with_procs("[global]\ntype=local,mysql,kafka,spark\n"
+                    f"[local]\nfilepath={tmp / 'all-proc' / 'changes.jsonl'}\n"
+                    f"[mysql]\nhost=127.0.0.1\nport={target.port}\nuser=root\nthreadnum={args.threads}\n"
+                    f"[kafka]\nservers={broker.servers}\nclient=confluent\n"
+                    f"[spark]\nwarehouse={tmp / 'all-proc' / 'wh'}\ncompaction_interval=0\nbatch_interval=1\n"),
+                    total, results["all"]["rows_per_s"],
+                    "capturer -> all four, each sender in its own process; ratio to all four in-process")
+                broker.kill()
             if "workers" in only:
                 broker = Broker().start()
                 extra.append(broker)
-                target.execute("DROP DATABASE IF EXISTS bench")
+                reset_target(target)
                 e2e("all-workers", "[global]\ntype=local,mysql,kafka,spark\n"
                     f"[local]\nfilepath={tmp / 'all-workers' / 'changes.jsonl'}\n"
                     f"[mysql]\nhost=127.0.0.1\nport={target.port}\nuser=root\nthreadnum={args.threads}\n"

@@ -30,6 +30,7 @@ from capturer.model import Item, Txn, ts_physical_ms
 from capturer.regions import make_region
 from capturer.regions.base import RegionContext
 from capturer.pipeline.fanout import SenderManager
+from capturer.senderproc import ProcessSender
 from capturer.status import StatusServer
 from capturer.tso import LiftJournal
 
@@ -84,7 +85,9 @@ class Capturer:
                                          filter_path=cfg.filter_path, config_path=cfg.path))
             for r in cfg.regions
         ]
-        self.senders = [sender_class(s.name)(s.name, s.options, cfg.queue_rows) for s in cfg.senders]
+        self.senders = [ProcessSender(s.name, s.options, cfg.queue_rows, cfg.log_level, cfg.spill_rows, cfg.spill_dir)
+                        if s.options.get("process") else sender_class(s.name)(s.name, s.options, cfg.queue_rows)
+                        for s in cfg.senders]
         self.manager = SenderManager(self.senders, cp, self.stop_event)
         self.merge = MergeStage(self.queues, self._on_item, self.stop_event)
         self.status_server: StatusServer | None = None

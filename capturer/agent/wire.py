@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
-from typing import Any, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import msgpack
 
@@ -42,6 +42,7 @@ from capturer.model import (
     TableSchema,
     position_from_json,
 )
+from capturer.model.spill import DEFAULT_CHUNK_ROWS, SpillWriter
 
 PROTOCOL = 1
 OPS: tuple[Op, ...] = ("insert", "update", "delete", "read")
@@ -256,6 +257,78 @@ class Decoder:
             return Heartbeat(self.region, int(ts), read_position(pos))
         except (TypeError, ValueError) as exc:
             raise WireError(f"bad heartbeat {v!r}: {exc}") from None
+
+
+class TxnReader:
+    """Puts transactions together from a stream's values (``"s"``, ``"t"``, ``"c"``,
+    ``"h"``, in order, across as many ``feed`` calls as they come in): each whole one
+    goes to ``on_txn(fields, changes, spilled)``, its rows on disk once it has more
+    than ``spill_rows`` (0 = never), each heartbeat to ``on_heartbeat``."""
+
+    def __init__(self, decoder: Decoder, spill_rows: int, spill_dir: str,
+                 on_txn: Callable[[dict[str, Any], Any, bool], None],
+                 on_heartbeat: Callable[[Heartbeat], None] | None = None):
+        self.decoder = decoder
+        self.spill_rows = spill_rows
+        self.spill_dir = spill_dir or None
+        self.on_txn = on_txn
+        self.on_heartbeat = on_heartbeat
+        # the transaction being read: its fields, rows in all, rows in memory, its spill, rows so far
+        self._fields: dict[str, Any] | None = None
+        self._total = self._count = 0
+        self._rows: list[RowChange] = []
+        self._spill: SpillWriter | None = None
+
+    @property
+    def inside(self) -> bool:
+        """A transaction was started and not finished."""
+        return self._fields is not None
+
+    def feed(self, values: Iterable[list[Any]]) -> None:
+        decoder = self.decoder
+        for v in values:
+            tag = v[0]
+            if tag == "c":
+                if self._fields is None:
+                    raise WireError("rows of a transaction that was not started")
+                self._more(decoder.rows(v[1]))
+            elif tag == "t":
+                if self._fields is not None:
+                    raise WireError("a transaction started before the previous one ended")
+                fields, total, rows = decoder.header(v)
+                self._fields, self._total, self._count, self._rows, self._spill = fields, total, 0, [], None
+                self._more(rows)
+            elif tag == "h":
+                if self._fields is not None:
+                    raise WireError("a heartbeat inside a transaction")
+                if self.on_heartbeat is None:
+                    raise WireError("a heartbeat where none is expected")
+                self.on_heartbeat(decoder.heartbeat(v))
+            elif tag == "s":
+                decoder.schema(v)
+            else:
+                raise WireError(f"unknown item {tag!r}")
+            if self._fields is not None and self._count >= self._total:
+                fields, rows, w = self._fields, self._rows, self._spill
+                self._fields, self._rows, self._spill = None, [], None
+                self.on_txn(fields, w.finish() if w is not None else tuple(rows), w is not None)
+
+    def _more(self, rows: list[RowChange]) -> None:
+        self._count += len(rows)
+        if self._count > self._total:
+            raise WireError(f"a transaction has more rows than its header said ({self._total})")
+        self._rows.extend(rows)
+        if self._spill is None and self.spill_rows and self._count > self.spill_rows:
+            self._spill = SpillWriter(self.spill_dir, min(self.spill_rows, DEFAULT_CHUNK_ROWS))
+        w = self._spill
+        if w is not None and (len(self._rows) >= w.chunk_rows or self._count == self._total):
+            w.add(self._rows)
+            self._rows = []
+
+    def discard(self) -> None:
+        """Forget a transaction read in part (the stream broke off; its spill file,
+        a temporary file, goes with it)."""
+        self._fields, self._rows, self._spill = None, [], None
 
 
 def unpacker(data: bytes) -> Iterator[Any]:

@@ -418,3 +418,67 @@ def test_regions_in_worker_processes(tmp_path: Path, sources: list[MariaDBInstan
     assert "the worker exited with code -9; starting it again" in (tmp_path / "capturer.log").read_text()
     assert_target_equals_sources(sources, target)
     file_state_equals(tmp_path, sources)
+
+
+def test_senders_in_their_own_processes(tmp_path: Path, sources: list[MariaDBInstance],
+                                        target: MariaDBInstance) -> None:
+    """process=true on the senders: the file, MySQL and Kafka (confluent) senders each
+    run in a child process. Under load: kill -9 of the MySQL sender's process and of
+    the Kafka sender's (new ones start, the batch is sent again), then kill -9 of the
+    capturer (the sender processes exit by themselves) and a restart. The target, the
+    file and the tables rebuilt from Kafka equal the sources."""
+    from helpers import Broker, consume_all
+    from integration.test_kafka_sender import rebuild_from_kafka, source_json_rows
+
+    broker = Broker().start()
+    senders = (f"[global]\ntype=local,mysql,kafka\n"
+               f"[local]\nfilepath={tmp_path / 'out' / 'changes.jsonl'}\nprocess=true\n"
+               f"[mysql]\nhost=127.0.0.1\nport={target.port}\nuser=root\npassword=\nthreadnum=4\nprocess=true\n"
+               f"[kafka]\nservers={broker.servers}\nclient=confluent\nprocess=true\n")
+    cfg = write_config(tmp_path, sources, senders=senders)
+    cap = CapturerProcess(cfg, tmp_path / "capturer.log").start()
+    loads, stop, threads = _load(sources, 90)
+    names = {"r1": sources[0], "r2": sources[1]}
+
+    def pids() -> dict[str, int]:
+        return {n: s["process"]["pid"] for n, s in http_status(cfg)["senders"].items()}
+
+    try:
+        cap.wait_ready()
+        wait_for(lambda: all(pids().values()) and all(s["rows"] > 0 for s in http_status(cfg)["senders"].values()),
+                 90, "every sender's process to send")
+        first = pids()
+        assert len(set(first.values()) | {cap.proc.pid}) == 4  # type: ignore[union-attr]
+        os.kill(first["mysql"], signal.SIGKILL)
+        os.kill(first["kafka"], signal.SIGKILL)
+        wait_for(lambda: all(http_status(cfg)["senders"][n]["process"]["restarts"] >= 1 for n in ("mysql", "kafka"))
+                 and all(pids().values()), 90, "new sender processes")
+        assert pids()["local"] == first["local"]
+        time.sleep(2)
+        children = list(pids().values())
+        cap.kill9()
+        wait_for(lambda: not any(_pid_alive(p) for p in children), 30, "the sender processes to exit with the capturer")
+        cap = CapturerProcess(cfg, tmp_path / "capturer.log").start()
+        cap.wait_ready()
+        time.sleep(2)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(30)
+    try:
+        assert not any(w.errors for w in loads)
+        assert sum(w.rows for w in loads) > 300
+        wait_for(lambda: regions_covered(tmp_path, names), 180, "the capturer to catch up")
+        children = list(pids().values())
+        assert cap.stop() == 0
+        assert not any(_pid_alive(p) for p in children), "a clean stop ends the sender processes"
+        records = consume_all(broker.servers)
+    finally:
+        broker.kill()
+    assert "the sender's process exited (code -9)" in (tmp_path / "capturer.log").read_text()
+    assert_target_equals_sources(sources, target)
+    file_state_equals(tmp_path, sources)
+    state = rebuild_from_kafka([r for r in records if r.topic.startswith("capturer.app.")])
+    for table in ("users", "pairs", "log"):
+        got = sorted(json.dumps(v, sort_keys=True) for v in state[f"capturer.app.{table}"].values())
+        assert got == source_json_rows(sources, table), f"{table} rebuilt from Kafka differs"

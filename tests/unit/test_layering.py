@@ -11,7 +11,8 @@ the wrong direction fails here, not in a review).
         capturer's config, to find the lake)
     capturer.app
         the composition root: the one module of the capture side that names
-        senders (and the demo, which checks the file it wrote)
+        senders (with capturer.senderproc, the composition root of a sender's
+        own process, and the demo, which checks the file it wrote)
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 
-CAPTURER_MAY_NAME_SENDERS = {"capturer/app.py", "capturer/demo.py"}
+CAPTURER_MAY_NAME_SENDERS = {"capturer/app.py", "capturer/senderproc.py", "capturer/demo.py"}
 # a sender's command-line tool reads the capturer's config to find its target
 TOOLS_MAY_READ_CONFIG = {"senders/spark/lakecli.py": {"capturer.config"}}
 

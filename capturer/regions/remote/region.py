@@ -27,7 +27,6 @@ from typing import Any, Iterator
 
 from capturer.errors import FatalSourceError, SourceError
 from capturer.model import Heartbeat, Position, Txn
-from capturer.model.spill import DEFAULT_CHUNK_ROWS, SpillWriter
 from capturer.regions.base import Region, RegionContext
 
 log = logging.getLogger(__name__)
@@ -246,8 +245,8 @@ class RemoteRegion(Region):
             self._requests, self._call = requests, call
         dog = threading.Thread(target=watchdog, name=f"region-{self.name}-watchdog", daemon=True)
         dog.start()
-        decoder = wire.Decoder(self.name)
-        partial: list[Any] | None = None  # [fields, total, rows so far (list), SpillWriter | None, count]
+        reader = wire.TxnReader(wire.Decoder(self.name), self.ctx.spill_rows, self.ctx.spill_dir, self._txn,
+                                self._heartbeat)
         try:
             for batch in call:
                 self._last_recv = time.monotonic()
@@ -273,7 +272,7 @@ class RemoteRegion(Region):
                     threading.Thread(target=self._answer, args=(pb, wire, batch.ask, requests),
                                      name=f"region-{self.name}-answer", daemon=True).start()
                 if batch.items:
-                    partial = self._items(decoder, wire.unpacker(batch.items), partial, wire)
+                    reader.feed(wire.unpacker(batch.items))
                 if batch.fatal:
                     raise FatalSourceError(f"{where}: the agent's region {self.cfg.remote_name} failed: "
                                            f"{batch.fatal}")
@@ -305,46 +304,6 @@ class RemoteRegion(Region):
             with self._lock:
                 self._requests = self._call = None
 
-    def _items(self, decoder: Any, values: Iterator[list[Any]], partial: list[Any] | None,
-               wire: Any) -> list[Any] | None:
-        for v in values:
-            tag = v[0]
-            if tag == "c":
-                if partial is None:
-                    raise wire.WireError("rows of a transaction that was not started")
-                self._more(partial, decoder.rows(v[1]))
-            elif tag == "t":
-                if partial is not None:
-                    raise wire.WireError("a transaction started before the previous one ended")
-                fields, total, rows = decoder.header(v)
-                partial = [fields, total, [], None, 0]
-                self._more(partial, rows)
-            elif tag == "h":
-                if partial is not None:
-                    raise wire.WireError("a heartbeat inside a transaction")
-                self._heartbeat(decoder.heartbeat(v))
-            elif tag == "s":
-                decoder.schema(v)
-            else:
-                raise wire.WireError(f"unknown item {tag!r}")
-            if partial is not None and partial[4] >= partial[1]:
-                self._txn(partial)
-                partial = None
-        return partial
-
-    def _more(self, partial: list[Any], rows: list[Any]) -> None:
-        partial[4] += len(rows)
-        if partial[4] > partial[1]:
-            raise SourceError(f"{self.where}: a transaction has more rows than its header said ({partial[1]})")
-        partial[2].extend(rows)
-        spill_rows = self.ctx.spill_rows
-        if partial[3] is None and spill_rows and partial[4] > spill_rows:
-            partial[3] = SpillWriter(self.ctx.spill_dir or None, min(spill_rows, DEFAULT_CHUNK_ROWS))
-        w = partial[3]
-        if w is not None and (len(partial[2]) >= w.chunk_rows or partial[4] == partial[1]):
-            w.add(partial[2])
-            partial[2] = []
-
     def _same_position(self, pos: Any) -> Any:
         """The position object this region passed on last when ``pos`` is the same
         point (the checkpoint's floor is the commit_ts of the first item at a position)."""
@@ -356,13 +315,9 @@ class RemoteRegion(Region):
         self._pos_json = j
         return pos
 
-    def _txn(self, partial: list[Any]) -> None:
-        fields, _total, rows, w, _n = partial
-        if w is not None:
-            changes: Any = w.finish()
+    def _txn(self, fields: dict[str, Any], changes: Any, spilled: bool) -> None:
+        if spilled:
             self.spilled_txns += 1
-        else:
-            changes = tuple(rows)
         pos = fields["position"]
         if pos is not None:
             fields["position"] = self._same_position(pos)

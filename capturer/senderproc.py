@@ -1,0 +1,259 @@
+"""Senders in processes of their own: ``process = true`` in a sender's section.
+
+The sender's thread in the capturer keeps everything a sender has there: its
+queue, batching, retries, pause, acknowledgements and status. Only ``send``
+moves. The batch goes down a pipe, in the agents' wire format
+(``capturer/agent/wire.py``), to a child process that runs the real sender and
+answers once the batch is durable at the target; the capturer acknowledges the
+batch then, exactly as in-process. The child's CPU work (messages, SQL, Arrow)
+then runs on another core than the capture side's decoding and merging, and
+does not take the capturer's GIL.
+
+Failures: a child that dies (kill -9, out of memory) fails the batch in hand as
+a retriable error; the next attempt starts a new child, which opens the target
+again and gets the same batch (every sender takes a batch sent twice, as after
+any crash). A capturer that dies closes the pipe and the child exits. What the
+child's sender raises comes back as the same ``SinkError`` (retriable or not).
+
+The pipe carries msgpack values. Capturer -> child: ``["open", sender, options,
+log level, spillRows, spillDir]``, then per batch ``["r", region]`` before the
+transactions of each region, the transactions' wire values, and ``["end"]``;
+``["close"]`` at the end. Child -> capturer, one answer per open and per batch:
+``["ok", status extras]`` or ``["err", retriable, message]``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import time
+from typing import Any
+
+import msgpack
+
+from senders import sender_class
+from senders.base import Sender
+
+from capturer.agent import wire
+from capturer.errors import SinkError
+from capturer.model import Txn
+
+log = logging.getLogger(__name__)
+
+_WRITE_BYTES = 1 << 20  # the pipe is written in pieces of about this size
+# what Sender.status() holds; the rest of a child's sender status is passed on
+_BASE_STATUS = frozenset(("state", "paused", "paused_since", "rows", "txns", "acked_ts", "queue_items", "queue_rows",
+                          "queue_capacity_rows", "errors", "retries", "last_error"))
+
+
+class _FdReader:
+    """``read(n)`` that returns what the pipe has (msgpack's Unpacker asks for more than one value)."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+
+    def read(self, n: int) -> bytes:
+        return os.read(self.fd, n)
+
+
+def _unpacker(fd: int) -> Any:
+    return msgpack.Unpacker(_FdReader(fd), ext_hook=wire._ext_hook, unicode_errors="surrogatepass", raw=False,
+                            strict_map_key=False, max_buffer_size=1 << 31)
+
+
+class ProcessSender(Sender):
+    """The capturer's side: a Sender whose ``send`` is done by a child process."""
+
+    def __init__(self, name: str, options: dict[str, Any], queue_rows: int = 100_000, log_level: str = "info",
+                 spill_rows: int = 50_000, spill_dir: str = ""):
+        super().__init__(name, options, queue_rows)
+        real = sender_class(name)
+        self.batch_rows, self.linger, self.max_backoff = real.batch_rows, real.linger, real.max_backoff
+        self.log_level = log_level
+        self.spill_rows, self.spill_dir = spill_rows, spill_dir
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.extras: dict[str, Any] = {}
+        self.restarts = 0
+        self._encoder = wire.Encoder()
+        self._answers: Any = None
+
+    def status(self) -> dict[str, Any]:
+        st = dict(self.extras)
+        st.update(super().status())
+        st["process"] = {"pid": self.proc.pid if self.proc is not None and self.proc.poll() is None else None,
+                         "restarts": self.restarts}
+        return st
+
+    # --- the child ------------------------------------------------------------
+    def _spawn(self) -> None:
+        env = dict(os.environ)
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        self.proc = subprocess.Popen([sys.executable, "-m", "capturer.senderproc"], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, env=env, close_fds=True)
+        assert self.proc.stdout is not None
+        self._answers = _unpacker(self.proc.stdout.fileno())
+        self._encoder = wire.Encoder()  # a new child knows no schema yet
+        log.info("sender %s: runs in process %d", self.name, self.proc.pid)
+
+    def _gone(self) -> SinkError:
+        code = None
+        if self.proc is not None:
+            try:
+                code = self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                code = self.proc.wait()
+        self.proc = None
+        self.restarts += 1
+        return SinkError(f"the sender's process exited (code {code}); starting a new one")
+
+    def _write(self, pieces: list[bytes]) -> None:
+        assert self.proc is not None and self.proc.stdin is not None
+        try:
+            self.proc.stdin.write(b"".join(pieces))
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            raise self._gone() from None
+
+    def _answer(self) -> None:
+        try:
+            v = next(self._answers)
+        except (StopIteration, OSError, ValueError, msgpack.UnpackException):
+            raise self._gone() from None
+        if not isinstance(v, list) or not v or v[0] not in ("ok", "err"):
+            self.close()
+            raise SinkError(f"the sender's process answered {v!r:.80}")
+        if v[0] == "err":
+            raise SinkError(str(v[2]), retriable=bool(v[1]))
+        if len(v) > 1 and isinstance(v[1], dict):
+            self.extras = v[1]
+
+    # --- Sender ---------------------------------------------------------------
+    def open(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            self._spawn()
+        opts = {k: v for k, v in self.options.items() if k != "process"}
+        self._write([wire.packb(["open", self.name, opts, self.log_level, self.spill_rows, self.spill_dir])])
+        self._answer()
+
+    def send(self, batch: list[Txn]) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            if self.proc is not None:
+                self._gone()
+            self.open()
+        pieces: list[bytes] = []
+        size = 0
+        region = None
+        for txn in batch:
+            if txn.region != region:
+                region = txn.region
+                pieces.append(wire.packb(["r", region]))
+            for data, _rows in self._encoder.item(txn):
+                pieces.append(data)
+                size += len(data)
+                if size >= _WRITE_BYTES:
+                    self._write(pieces)
+                    pieces, size = [], 0
+        pieces.append(wire.packb(["end"]))
+        self._write(pieces)
+        self._answer()
+
+    def close(self) -> None:
+        p, self.proc = self.proc, None
+        if p is None:
+            return
+        try:
+            assert p.stdin is not None
+            p.stdin.write(wire.packb(["close"]))
+            p.stdin.close()
+        except OSError:
+            pass
+        try:
+            p.wait(30)
+        except subprocess.TimeoutExpired:
+            log.warning("sender %s: its process %d did not stop in 30 s: killed", self.name, p.pid)
+            p.kill()
+            p.wait()
+
+
+# --- the child process ----------------------------------------------------------
+def _err(exc: BaseException) -> list[Any]:
+    if isinstance(exc, SinkError):
+        return ["err", exc.retriable, str(exc)]
+    return ["err", False, f"{type(exc).__name__}: {exc}"]
+
+
+def child_main() -> int:
+    """Serve one sender on stdin/stdout until ``close`` or the capturer goes away."""
+    out = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # a print() in a library must not break the pipe
+    values = _unpacker(sys.stdin.fileno())
+
+    def answer(v: list[Any]) -> None:
+        out.write(wire.packb(v))
+        out.flush()
+
+    sender: Sender | None = None
+    try:
+        first = next(values, None)
+        if not (isinstance(first, list) and len(first) == 6 and first[0] == "open"):
+            print(f"capturer.senderproc: expected an open message, got {first!r:.80}", file=sys.stderr)
+            return 2
+        _, name, options, level, spill_rows, spill_dir = first
+        logging.basicConfig(level=getattr(logging, str(level).upper(), logging.INFO), stream=sys.stderr,
+                            format=f"%(asctime)s %(levelname)s [sender {name} pid {os.getpid()}] %(name)s: %(message)s")
+        sender = sender_class(name)(name, options, 1)
+        try:
+            sender.open()
+            answer(["ok", {}])
+        except Exception as exc:  # noqa: BLE001 - goes back to the capturer
+            answer(_err(exc))
+            return 1
+        batch: list[Txn] = []
+        reader = wire.TxnReader(wire.Decoder(""), int(spill_rows), str(spill_dir),
+                                lambda fields, changes, _spilled: batch.append(Txn(changes=changes, **fields)))
+        broken: str | None = None  # a value of this batch could not be read: the batch is refused at its end
+        for v in values:
+            tag = v[0] if isinstance(v, list) and v else None
+            if tag == "end":
+                try:
+                    if broken is None and reader.inside:
+                        broken = "the batch ended inside a transaction"
+                    if broken is not None:
+                        raise SinkError(f"sender process: unreadable batch: {broken}", retriable=False)
+                    sender.send(batch)
+                    st = sender.status()
+                    answer(["ok", {k: x for k, x in st.items() if k not in _BASE_STATUS}])
+                except Exception as exc:  # noqa: BLE001 - goes back to the capturer
+                    answer(_err(exc))
+                batch, broken = [], None
+            elif tag == "close":
+                break
+            elif broken is not None:
+                continue
+            elif tag == "r" and len(v) == 2:
+                reader.decoder.region = str(v[1])
+            else:
+                try:
+                    reader.feed([v])
+                except (wire.WireError, TypeError, ValueError, IndexError, KeyError) as exc:
+                    broken = str(exc) or repr(exc)
+                    reader.discard()
+        return 0
+    except (BrokenPipeError, KeyboardInterrupt):
+        return 0
+    finally:
+        if sender is not None:
+            t0 = time.monotonic()
+            try:
+                sender.close()
+            except Exception:  # noqa: BLE001
+                logging.getLogger(__name__).exception("sender close failed")
+            logging.getLogger(__name__).debug("closed in %.2fs", time.monotonic() - t0)
+
+
+if __name__ == "__main__":
+    sys.exit(child_main())

@@ -1,0 +1,120 @@
+"""Senders in processes of their own (``process = true``, capturer/senderproc.py),
+with the real local sender in a real child process: what it writes must be what
+the same sender writes in-process, for every kind of transaction; a child killed
+with -9 makes a retriable error and the next send starts a new child; a child's
+refusal comes back as the same SinkError."""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from capturer import config
+from capturer.errors import SinkError
+from capturer.model import ColumnInfo, Ddl, Position, RowChange, SnapshotMark, TableSchema, TsPosition, Txn
+from capturer.model.spill import SpillWriter
+from capturer.senderproc import ProcessSender
+from senders import CATALOG
+from senders.local.sender import LocalSender
+
+S = TableSchema("d", "t", ("id", "amount", "at", "raw", "note"), ("id",), (), (3, 246, 12, 252, 15),
+                (ColumnInfo(3), ColumnInfo(246, precision=10, scale=2), ColumnInfo(12), ColumnInfo(252, binary=True),
+                 ColumnInfo(15)))
+
+
+def row(i: int) -> dict[str, object]:
+    return {"id": i, "amount": decimal.Decimal(f"{i}.25"), "at": dt.datetime(2026, 1, 2, 3, 4, 5, i % 1000),
+            "raw": bytes([i % 256, 0, 255]), "note": "\u00e9\U0001f600\x00'\"\\" + "x" * (i % 7)}
+
+
+def txns() -> list[Txn]:
+    out = [Txn("a", 100 << 18, Position("bin.000001", 10), tuple(RowChange(S, "insert", None, row(i))
+                                                                 for i in range(5)), gtid="0-1-1"),
+           Txn("b", 101 << 18, TsPosition(101 << 18), (RowChange(S, "update", row(1), {**row(1), "note": None}),
+                                                       RowChange(S, "delete", row(2), None))),
+           Txn("a", 102 << 18, Position("bin.000001", 20), ddl=Ddl("d", "ALTER TABLE t ADD c INT", "t", "d", 0)),
+           Txn("b", 103 << 18, TsPosition(103 << 18), (RowChange(S, "read", None, row(7)),),
+               snapshot=SnapshotMark("run1", 3, True))]
+    w = SpillWriter(None, 1000)  # a transaction on disk, as the regions hand over big ones
+    w.add([RowChange(S, "insert", None, row(i)) for i in range(100, 5100)])
+    out.append(Txn("a", 104 << 18, Position("bin.000001", 30), w.finish()))
+    return out
+
+
+def options(tmp: Path, name: str) -> dict[str, object]:
+    p = tmp / f"{name}.cfg"
+    p.write_text(f"[global]\ntype=local\n[local]\nfilepath={tmp / name / 'out.jsonl'}\nprocess=true\n")
+    (sc,) = config.load_sender_config(p, CATALOG)
+    return sc.options
+
+
+def test_a_sender_in_its_own_process_writes_what_it_writes_in_process(tmp_path: Path) -> None:
+    ps = ProcessSender("local", options(tmp_path, "proc"), spill_rows=2000, spill_dir=str(tmp_path / "spill"))
+    here = LocalSender("local", {k: v for k, v in options(tmp_path, "here").items() if k != "process"})
+    batch = txns()
+    try:
+        ps.open()
+        child = ps.proc
+        assert child is not None and child.pid != os.getpid()
+        ps.send(batch[:2])
+        ps.send(batch[2:])
+        assert ps.proc is child  # one child for the whole run
+    finally:
+        ps.close()
+    assert child.returncode == 0  # closed, not killed
+    here.open()
+    here.send(batch[:2])
+    here.send(batch[2:])
+    here.close()
+    got = (tmp_path / "proc" / "out.jsonl").read_bytes()
+    want = (tmp_path / "here" / "out.jsonl").read_bytes()
+    assert got.count(b"\n") == 5 + 2 + 1 + 1 + 5000
+    assert got == want
+
+
+def test_a_child_that_dies_is_a_retriable_error_and_the_next_send_starts_another(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the child kills itself (SIGKILL) at its second write to the file: in the middle of a send
+    monkeypatch.setenv("CAPTURER_FAILPOINTS", "local.write=kill@2")
+    ps = ProcessSender("local", options(tmp_path, "proc"))
+    batch = txns()
+    try:
+        ps.open()
+        first = ps.proc
+        assert first is not None
+        ps.send(batch[:1])
+        with pytest.raises(SinkError) as err:
+            ps.send(batch[1:2])
+        assert err.value.retriable and "process exited (code -9)" in str(err.value)
+        ps.send(batch[1:2])  # the base class retries the same batch: a new child
+        assert ps.proc is not None and ps.proc.pid != first.pid and ps.restarts == 1
+        assert ps.status()["process"] == {"pid": ps.proc.pid, "restarts": 1}
+        # a child found dead between batches is replaced before the batch is sent: no error
+        second = ps.proc
+        os.kill(second.pid, signal.SIGKILL)
+        second.wait()
+        ps.send(batch[2:3])
+        assert ps.proc is not None and ps.proc.pid not in (first.pid, second.pid) and ps.restarts == 2
+    finally:
+        ps.close()
+    lines = (tmp_path / "proc" / "out.jsonl").read_bytes().splitlines()
+    assert len(lines) == 5 + 2 + 1  # every batch once: the killed child wrote nothing of the second
+
+
+def test_the_childs_refusal_comes_back_with_its_reason(tmp_path: Path) -> None:
+    opts = options(tmp_path, "proc")
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    opts["filepath"] = str(blocker / "out.jsonl")  # its directory is a file: open() fails in the child
+    ps = ProcessSender("local", opts)
+    try:
+        with pytest.raises(SinkError) as err:
+            ps.open()
+        assert "not-a-dir" in str(err.value)
+    finally:
+        ps.close()
