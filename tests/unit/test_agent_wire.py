@@ -29,14 +29,20 @@ VALUES = [None, True, 0, -1, (1 << 64) - 1, -(1 << 63), 1 << 70, -(1 << 70), 1.5
           [1, [2.5]]]
 
 
+def reader_of(r: RemoteRegion) -> wire.TxnReader:
+    """The remote region's reading of a stream: transactions to its queue, spilled past its spillRows."""
+    return wire.TxnReader(wire.Decoder("r"), r.ctx.spill_rows, r.ctx.spill_dir, r._txn, r._heartbeat)
+
+
 def roundtrip(items: list) -> list:  # type: ignore[type-arg]
     enc = wire.Encoder()
     data = b"".join(p for it in items for p, _ in enc.item(it))
     r = RemoteRegion(RemoteRegionConfig("r", "remote", ("127.0.0.1:1",)),
                      RegionContext(WeightedQueue(10_000_000), None, 0, LiftJournal(None), threading.Event(),
                                    spill_rows=0))
-    rest = r._items(wire.Decoder("r"), wire.unpacker(data), None, wire)
-    assert rest is None
+    reader = reader_of(r)
+    reader.feed(wire.unpacker(data))
+    assert not reader.inside
     out = []
     while len(r.ctx.out):
         out.append(r.ctx.out.get(0))
@@ -85,11 +91,11 @@ def test_big_transaction_in_chunks_and_spilled_on_arrival() -> None:
     r = RemoteRegion(RemoteRegionConfig("r", "remote", ("127.0.0.1:1",)),
                      RegionContext(WeightedQueue(10_000_000), None, 0, LiftJournal(None), threading.Event(),
                                    spill_rows=500))
-    dec = wire.Decoder("r")
-    partial = None
-    for p, _ in pieces:  # one piece per batch: a transaction spans batches
-        partial = r._items(dec, wire.unpacker(p), partial, wire)
-    assert partial is None
+    reader = reader_of(r)
+    for i, (p, _) in enumerate(pieces):  # one piece per batch: a transaction spans batches
+        reader.feed(wire.unpacker(p))
+        assert reader.inside == (0 < i < len(pieces) - 1)  # piece 0 is the schema
+    assert not reader.inside
     (txn,) = [r.ctx.out.get(0)]
     assert r.spilled_txns == 1 and hasattr(txn.changes, "chunks") and len(txn.changes) == n
     assert [c.after["id"] for c in txn.changes] == list(range(n))
@@ -109,7 +115,7 @@ def test_malformed_batches_are_wire_errors(data: bytes) -> None:
     r = RemoteRegion(RemoteRegionConfig("r", "remote", ("127.0.0.1:1",)),
                      RegionContext(WeightedQueue(100), None, 0, LiftJournal(None), threading.Event()))
     with pytest.raises(wire.WireError):
-        r._items(wire.Decoder("r"), wire.unpacker(data), None, wire)
+        reader_of(r).feed(wire.unpacker(data))
 
 
 def test_position_identity_is_kept_for_the_checkpoint_floor() -> None:
