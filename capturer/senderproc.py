@@ -12,8 +12,12 @@ does not take the capturer's GIL.
 Failures: a child that dies (kill -9, out of memory) fails the batch in hand as
 a retriable error; the next attempt starts a new child, which opens the target
 again and gets the same batch (every sender takes a batch sent twice, as after
-any crash). A capturer that dies closes the pipe and the child exits. What the
-child's sender raises comes back as the same ``SinkError`` (retriable or not).
+any crash). A child dies at once with the capturer, even in the middle of a batch
+(``PR_SET_PDEATHSIG`` and a watch on its parent): a batch of a dead capturer
+must not land after its successor replayed it and what came next. It runs in a
+session of its own, so a Ctrl-C in the terminal reaches the capturer only,
+which then stops its senders in order. What the child's sender raises comes
+back as the same ``SinkError`` (retriable or not).
 
 The pipe carries msgpack values. Capturer -> child: ``["open", sender, options,
 log level, spillRows, spillDir]``, then per batch ``["r", region]`` before the
@@ -26,8 +30,10 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 from typing import Any
 
@@ -69,8 +75,10 @@ class ProcessSender(Sender):
     def __init__(self, name: str, options: dict[str, Any], queue_rows: int = 100_000, log_level: str = "info",
                  spill_rows: int = 50_000, spill_dir: str = ""):
         super().__init__(name, options, queue_rows)
-        real = sender_class(name)
-        self.batch_rows, self.linger, self.max_backoff = real.batch_rows, real.linger, real.max_backoff
+        # batching as the real sender would batch (some set it from their options); making one opens nothing
+        probe = sender_class(name)(name, {k: v for k, v in options.items() if k != "process"}, queue_rows)
+        self.batch_rows, self.linger, self.max_backoff = probe.batch_rows, probe.linger, probe.max_backoff
+        self.queue = type(self.queue)(probe.queue.capacity)
         self.log_level = log_level
         self.spill_rows, self.spill_dir = spill_rows, spill_dir
         self.proc: subprocess.Popen[bytes] | None = None
@@ -82,7 +90,8 @@ class ProcessSender(Sender):
     def status(self) -> dict[str, Any]:
         st = dict(self.extras)
         st.update(super().status())
-        st["process"] = {"pid": self.proc.pid if self.proc is not None and self.proc.poll() is None else None,
+        proc = self.proc  # the sender's thread may replace it meanwhile
+        st["process"] = {"pid": proc.pid if proc is not None and proc.poll() is None else None,
                          "restarts": self.restarts}
         return st
 
@@ -91,22 +100,33 @@ class ProcessSender(Sender):
         env = dict(os.environ)
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        self.proc = subprocess.Popen([sys.executable, "-m", "capturer.senderproc"], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, env=env, close_fds=True)
+        self.proc = subprocess.Popen([sys.executable, "-m", "capturer.senderproc", "--parent", str(os.getpid())],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, close_fds=True,
+                                     start_new_session=True)
         assert self.proc.stdout is not None
         self._answers = _unpacker(self.proc.stdout.fileno())
         self._encoder = wire.Encoder()  # a new child knows no schema yet
         log.info("sender %s: runs in process %d", self.name, self.proc.pid)
 
-    def _gone(self) -> SinkError:
-        code = None
-        if self.proc is not None:
+    def _reap(self) -> int | None:
+        p, self.proc = self.proc, None
+        if p is None:
+            return None
+        try:
+            code = p.wait(5)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            code = p.wait()
+        for f in (p.stdin, p.stdout):
             try:
-                code = self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                code = self.proc.wait()
-        self.proc = None
+                if f is not None:
+                    f.close()
+            except OSError:
+                pass
+        return code
+
+    def _gone(self) -> SinkError:
+        code = self._reap()
         self.restarts += 1
         return SinkError(f"the sender's process exited (code {code}); starting a new one")
 
@@ -133,16 +153,21 @@ class ProcessSender(Sender):
 
     # --- Sender ---------------------------------------------------------------
     def open(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            self._spawn()
+        if self.proc is not None:
+            self._reap()
+        self._spawn()
         opts = {k: v for k, v in self.options.items() if k != "process"}
         self._write([wire.packb(["open", self.name, opts, self.log_level, self.spill_rows, self.spill_dir])])
-        self._answer()
+        try:
+            self._answer()
+        except SinkError:
+            self._reap()  # a child whose sender could not open exits; the next attempt starts another
+            raise
 
     def send(self, batch: list[Txn]) -> None:
         if self.proc is None or self.proc.poll() is not None:
             if self.proc is not None:
-                self._gone()
+                log.warning("sender %s: %s", self.name, self._gone())
             self.open()
         pieces: list[bytes] = []
         size = 0
@@ -186,8 +211,30 @@ def _err(exc: BaseException) -> list[Any]:
     return ["err", False, f"{type(exc).__name__}: {exc}"]
 
 
-def child_main() -> int:
+def _die_with(parent: int) -> None:
+    """Go at once when the capturer is gone, even in the middle of a batch."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG (Linux)
+    except (OSError, AttributeError):
+        pass
+
+    def watch() -> None:  # where prctl is missing, and for a parent gone before it was set
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(1)
+
+    if os.getppid() != parent:
+        os._exit(1)
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+def child_main(argv: list[str] | None = None) -> int:
     """Serve one sender on stdin/stdout until ``close`` or the capturer goes away."""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) == 2 and args[0] == "--parent" and args[1].isdigit():
+        _die_with(int(args[1]))
     out = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # a print() in a library must not break the pipe
     values = _unpacker(sys.stdin.fileno())
@@ -200,7 +247,8 @@ def child_main() -> int:
     try:
         first = next(values, None)
         if not (isinstance(first, list) and len(first) == 6 and first[0] == "open"):
-            print(f"capturer.senderproc: expected an open message, got {first!r:.80}", file=sys.stderr)
+            # not the message itself: it holds the sender's options (passwords)
+            print(f"capturer.senderproc: expected an open message, got a {type(first).__name__}", file=sys.stderr)
             return 2
         _, name, options, level, spill_rows, spill_dir = first
         logging.basicConfig(level=getattr(logging, str(level).upper(), logging.INFO), stream=sys.stderr,
@@ -215,33 +263,43 @@ def child_main() -> int:
         batch: list[Txn] = []
         reader = wire.TxnReader(wire.Decoder(""), int(spill_rows), str(spill_dir),
                                 lambda fields, changes, _spilled: batch.append(Txn(changes=changes, **fields)))
-        broken: str | None = None  # a value of this batch could not be read: the batch is refused at its end
-        for v in values:
-            tag = v[0] if isinstance(v, list) and v else None
-            if tag == "end":
-                try:
-                    if broken is None and reader.inside:
-                        broken = "the batch ended inside a transaction"
-                    if broken is not None:
-                        raise SinkError(f"sender process: unreadable batch: {broken}", retriable=False)
-                    sender.send(batch)
-                    st = sender.status()
-                    answer(["ok", {k: x for k, x in st.items() if k not in _BASE_STATUS}])
-                except Exception as exc:  # noqa: BLE001 - goes back to the capturer
-                    answer(_err(exc))
-                batch, broken = [], None
-            elif tag == "close":
-                break
-            elif broken is not None:
-                continue
-            elif tag == "r" and len(v) == 2:
-                reader.decoder.region = str(v[1])
-            else:
-                try:
-                    reader.feed([v])
-                except (wire.WireError, TypeError, ValueError, IndexError, KeyError) as exc:
-                    broken = str(exc) or repr(exc)
+        # a value of this batch could not be read or kept: the batch is refused at its end (the rest of it
+        # is still read, so that the pipe stays in step), retriable or not
+        broken: tuple[str, bool] | None = None
+        try:
+            for v in values:
+                tag = v[0] if isinstance(v, list) and v else None
+                if tag == "end":
+                    try:
+                        if broken is None and reader.inside:
+                            broken = ("the batch ended inside a transaction", False)
+                        if broken is not None:
+                            raise SinkError(f"sender process: batch refused: {broken[0]}", retriable=broken[1])
+                        sender.send(batch)
+                        st = sender.status()
+                        answer(["ok", {k: x for k, x in st.items() if k not in _BASE_STATUS}])
+                    except Exception as exc:  # noqa: BLE001 - goes back to the capturer
+                        answer(_err(exc))
+                    batch, broken = [], None
                     reader.discard()
+                elif tag == "close":
+                    break
+                elif tag == "r" and len(v) == 2:
+                    reader.decoder.region = str(v[1])
+                elif broken is None or tag == "s":  # schemas are read even then: the capturer's encoder sent them
+                    try:
+                        reader.feed([v])
+                    except (wire.WireError, TypeError, ValueError, IndexError, KeyError) as exc:
+                        broken = (str(exc) or repr(exc), False)
+                        reader.discard()
+                    except OSError as exc:  # spilling a big transaction: a full or unwritable spillDir
+                        broken = (str(exc), True)
+                        reader.discard()
+        except BrokenPipeError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the capturer hears why (a full spill disk, a broken stream)
+            answer(_err(exc))
+            return 1
         return 0
     except (BrokenPipeError, KeyboardInterrupt):
         return 0

@@ -118,3 +118,71 @@ def test_the_childs_refusal_comes_back_with_its_reason(tmp_path: Path) -> None:
         assert "not-a-dir" in str(err.value)
     finally:
         ps.close()
+
+
+def test_the_child_dies_with_the_capturer(tmp_path: Path) -> None:
+    """kill -9 of the capturer: its sender process goes at once, even in the middle of
+    a batch (a batch of a dead capturer must not land after its successor replayed it)."""
+    import subprocess
+    import sys
+    import time
+
+    import socket
+
+    # a "MySQL server" that accepts connections and never greets: the child's sender blocks in open()
+    # (connect_timeout 120 s), not reading its pipe, so only the parent-death signal can end it now
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)
+    p = tmp_path / "m.cfg"
+    p.write_text(f"[global]\ntype=mysql\n[mysql]\nhost=127.0.0.1\nport={silent.getsockname()[1]}\nuser=u\n"
+                 "password=secret\nconnect_timeout=120\nprocess=true\n")
+    (sc,) = config.load_sender_config(p, CATALOG)
+    opts = sc.options
+    script = tmp_path / "capturer.py"
+    script.write_text(
+        "import sys, threading, time\n"
+        f"sys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r})\n"
+        "from capturer.senderproc import ProcessSender\n"
+        f"ps = ProcessSender('mysql', {opts!r})\n"
+        "threading.Thread(target=ps.open, daemon=True).start()\n"
+        "while ps.proc is None:\n"
+        "    time.sleep(0.01)\n"
+        "time.sleep(1)\n"
+        "print(ps.proc.pid, flush=True)\n"
+        "time.sleep(600)\n")
+    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        child = int(parent.stdout.readline())  # type: ignore[union-attr]
+        os.kill(child, 0)  # alive
+        parent.kill()
+        parent.wait()
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            try:
+                os.kill(child, 0)
+            except ProcessLookupError:
+                break
+            if Path(f"/proc/{child}/stat").read_text().split()[2] == "Z":
+                break
+            time.sleep(0.05)
+        else:
+            os.kill(child, signal.SIGKILL)
+            raise AssertionError("the sender's process outlived its capturer")
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+        silent.close()
+
+
+def test_batching_is_the_real_senders(tmp_path: Path) -> None:
+    """A sender that sets its batching from its options (Spark: batch_rows,
+    batch_interval) batches the same in its own process."""
+    p = tmp_path / "s.cfg"
+    p.write_text(f"[global]\ntype=spark\n[spark]\nwarehouse={tmp_path / 'wh'}\nbatch_rows=70000\n"
+                 "batch_interval=3.5\nprocess=true\n")
+    (sc,) = config.load_sender_config(p, CATALOG)
+    ps = ProcessSender("spark", sc.options, queue_rows=1000)
+    assert (ps.batch_rows, ps.linger) == (70_000, 3.5)
+    assert ps.queue.capacity == 140_000  # room for two batches, as the Spark sender asks
+    assert ps.proc is None  # nothing started before open()
