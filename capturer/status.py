@@ -158,7 +158,11 @@ class _Collector(Collector):
                                labels=["sender"])
         sst = GaugeMetricFamily("capturer_sender_state", "1 for the state the sender is in, 0 for the others",
                                 labels=["sender", "state"])
+        sprs = CounterMetricFamily("capturer_sender_process_restarts", "times a sender's own process "
+                                   "(process=true) was started again after it died", labels=["sender"])
         for name, snd in s["senders"].items():
+            if isinstance(snd.get("process"), dict):
+                sprs.add_metric([name], snd["process"].get("restarts", 0))
             srow.add_metric([name], snd["rows"])
             stx.add_metric([name], snd["txns"])
             sack.add_metric([name], snd["acked_ts"])
@@ -172,7 +176,7 @@ class _Collector(Collector):
             sp.add_metric([name], 1 if snd.get("paused") else 0)
             for st in sorted(set(SENDER_STATES) | {snd["state"]}):
                 sst.add_metric([name, st], 1 if st == snd["state"] else 0)
-        yield from (srow, stx, sack, sackt, slg, serr, sret, sq, sqc, sp, sst)
+        yield from (srow, stx, sack, sackt, slg, serr, sret, sq, sqc, sp, sst, sprs)
 
 
 MAX_BODY = 64 * 1024

@@ -454,6 +454,10 @@ def test_senders_in_their_own_processes(tmp_path: Path, sources: list[MariaDBIns
         wait_for(lambda: all(http_status(cfg)["senders"][n]["process"]["restarts"] >= 1 for n in ("mysql", "kafka"))
                  and all(pids().values()), 90, "new sender processes")
         assert pids()["local"] == first["local"]
+        port = next(int(x.split("=", 1)[1]) for x in cfg.read_text().splitlines() if x.startswith("httpPort="))
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+            metrics = r.read().decode()
+        assert 'capturer_sender_process_restarts_total{sender="kafka"} 1.0' in metrics, metrics[-2000:]
         time.sleep(2)
         children = list(pids().values())
         cap.kill9()
