@@ -380,6 +380,24 @@ def _pid_alive(pid: int) -> bool:
         return False
 
 
+def _kill9_and_restart(cap: CapturerProcess, cfg: Path, tmp: Path, children: list[int],
+                       what: str) -> CapturerProcess:
+    """kill -9 of the capturer: ``children`` (its worker or sender processes) must exit
+    by themselves; then a new capturer, ready."""
+    cap.kill9()
+    wait_for(lambda: not any(_pid_alive(p) for p in children), 30, f"{what} to exit with the capturer")
+    cap = CapturerProcess(cfg, tmp / "capturer.log").start()
+    cap.wait_ready()
+    time.sleep(2)
+    return cap
+
+
+def _stop_load(stop: threading.Event, threads: list[threading.Thread]) -> None:
+    stop.set()
+    for t in threads:
+        t.join(30)
+
+
 def test_regions_in_worker_processes(tmp_path: Path, sources: list[MariaDBInstance], target: MariaDBInstance) -> None:
     """process=true: each region decodes in a worker process. Under load: kill -9
     of a worker (started again, the region resumes), then kill -9 of the capturer
@@ -401,15 +419,9 @@ def test_regions_in_worker_processes(tmp_path: Path, sources: list[MariaDBInstan
         wait_for(lambda: http_status(cfg)["regions"]["r1"]["worker"]["starts"] == 2, 60, "the worker to start again")
         time.sleep(2)
         workers = [r["worker"]["pid"] for r in http_status(cfg)["regions"].values()]
-        cap.kill9()
-        wait_for(lambda: not any(_pid_alive(p) for p in workers), 30, "the workers to exit with the capturer")
-        cap = CapturerProcess(cfg, tmp_path / "capturer.log").start()
-        cap.wait_ready()
-        time.sleep(2)
+        cap = _kill9_and_restart(cap, cfg, tmp_path, workers, "the workers")
     finally:
-        stop.set()
-        for t in threads:
-            t.join(30)
+        _stop_load(stop, threads)
     assert not any(w.errors for w in loads)
     wait_for(lambda: regions_covered(tmp_path, names), 180, "the capturer to catch up")
     workers = [r["worker"]["pid"] for r in http_status(cfg)["regions"].values()]
@@ -459,16 +471,9 @@ def test_senders_in_their_own_processes(tmp_path: Path, sources: list[MariaDBIns
             metrics = r.read().decode()
         assert 'capturer_sender_process_restarts_total{sender="kafka"} 1.0' in metrics, metrics[-2000:]
         time.sleep(2)
-        children = list(pids().values())
-        cap.kill9()
-        wait_for(lambda: not any(_pid_alive(p) for p in children), 30, "the sender processes to exit with the capturer")
-        cap = CapturerProcess(cfg, tmp_path / "capturer.log").start()
-        cap.wait_ready()
-        time.sleep(2)
+        cap = _kill9_and_restart(cap, cfg, tmp_path, list(pids().values()), "the sender processes")
     finally:
-        stop.set()
-        for t in threads:
-            t.join(30)
+        _stop_load(stop, threads)
     try:
         assert not any(w.errors for w in loads)
         assert sum(w.rows for w in loads) > 300
