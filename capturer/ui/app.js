@@ -143,6 +143,9 @@
       cell(tr, 0, "c-name", n);
       badge(tr, 1, "c-state", state);
       if (s.paused && s.paused_since) tr.children[1].appendChild(el("div", "muted", "since " + new Date(s.paused_since * 1000).toLocaleTimeString()));
+      // process=true: the sender's own process, and how often it was started again after it died
+      if (s.process) tr.children[1].appendChild(el("div", "muted", "process " + (s.process.pid || "starting") +
+        (s.process.restarts ? ", restarted " + s.process.restarts + "\u00d7" : "")));
       cell(tr, 2, "c-rate num", fmtRate(rates["sender " + n]));
       cell(tr, 3, "c-spark", "").appendChild(sparkline(hist.series["sender " + n] || []));
       cell(tr, 4, "c-rows num", fmtInt(s.rows));

@@ -106,7 +106,7 @@ def setup(tmp_path: Path, two_servers: list[MariaDBInstance], target: MariaDBIns
         m.execute(*SCHEMA)
     senders = (f"[global]\ntype=local,mysql\n[local]\nfilepath={tmp_path / 'out' / 'changes.jsonl'}\n"
                f"[mysql]\nhost=127.0.0.1\nport={target.port}\nuser=root\npassword=\nthreadnum=4\n"
-               f"meta_database={META_DB}\n")
+               f"meta_database={META_DB}\nprocess=true\n")  # MySQL's work in a process of its own
     cfg = write_config(tmp_path, two_servers, senders=senders, filter_text="# nothing filtered\n",
                        extra_global=f"controlToken={TOKEN}\n")
     port = int(re.search(r"httpPort=(\d+)", cfg.read_text()).group(1))  # type: ignore[union-attr]
@@ -135,6 +135,8 @@ def test_status_page_live_pause_resume_restart(setup: dict[str, Any], two_server
             assert b.text("#cp-time") != cp0, "the checkpoint shown does not move"
             assert b.js("document.querySelectorAll('#chart canvas').length") >= 1, "no throughput chart"
             assert b.js("document.querySelectorAll('#senders svg.spark polyline').length") == 2
+            pid = status(url)["senders"]["mysql"]["process"]["pid"]
+            assert pid and f"process {pid}" in cell(b, "senders", "mysql", "c-state"), "the sender's process not shown"
             assert "healthy" in b.text("#health")
             if os.environ.get("UPDATE_SCREENSHOT") == "1":
                 time.sleep(40)  # a chart with some history for the README
@@ -277,10 +279,12 @@ def test_filter_reload_and_dashboard_metrics(setup: dict[str, Any], two_servers:
         wait_for(lambda: status(url)["senders"]["local"]["rows"] >= 1, 60, "local sending after the restart")
         time.sleep(1)
         assert status(url)["senders"]["mysql"]["rows"] == 0
+        assert status(url)["senders"]["mysql"]["process"]["pid"] is None  # started paused: no process, no target
         assert any(ln.split()[:2] == ["mysql", "paused"] for ln in cli("status").stdout.splitlines())
         assert cli("resume", "mysql").returncode == 0
         assert not paused_file.exists()
         wait_for(lambda: status(url)["senders"]["mysql"]["rows"] >= 1, 60, "mysql sending once resumed")
+        assert status(url)["senders"]["mysql"]["process"]["pid"]
 
         # the Grafana dashboard asks only for metrics the capturer serves
         metrics = requests.get(url + "/metrics", timeout=10).text
