@@ -109,20 +109,22 @@ class ProcessSender(Sender):
         log.info("sender %s: runs in process %d", self.name, self.proc.pid)
 
     def _reap(self) -> int | None:
+        """Forget the child: end of input (a live one closes its sender and exits), at most
+        5 s, then SIGKILL; its exit code."""
         p, self.proc = self.proc, None
         if p is None:
             return None
+        for f in (p.stdin, p.stdout):
+            try:
+                if f is not None:
+                    f.close()
+            except OSError:  # a dead child's pipe: what was buffered for it is gone with it
+                pass
         try:
             code = p.wait(5)
         except subprocess.TimeoutExpired:
             p.kill()
             code = p.wait()
-        for f in (p.stdin, p.stdout):
-            try:
-                if f is not None:
-                    f.close()
-            except OSError:
-                pass
         return code
 
     def _gone(self) -> SinkError:
