@@ -65,8 +65,7 @@ class _FdReader:
 
 
 def _unpacker(fd: int) -> Any:
-    return msgpack.Unpacker(_FdReader(fd), ext_hook=wire._ext_hook, unicode_errors="surrogatepass", raw=False,
-                            strict_map_key=False, max_buffer_size=1 << 31)
+    return wire.new_unpacker(_FdReader(fd), max_buffer_size=1 << 31)
 
 
 class ProcessSender(Sender):
@@ -307,12 +306,10 @@ def child_main(argv: list[str] | None = None) -> int:
         return 0
     finally:
         if sender is not None:
-            t0 = time.monotonic()
             try:
                 sender.close()
             except Exception:  # noqa: BLE001
-                logging.getLogger(__name__).exception("sender close failed")
-            logging.getLogger(__name__).debug("closed in %.2fs", time.monotonic() - t0)
+                log.exception("sender close failed")
 
 
 if __name__ == "__main__":

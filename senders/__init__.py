@@ -39,12 +39,9 @@ def sender_keys(name: str) -> "list[Key]":
     """The keys of a sender's section: its own, and ``process`` that every sender takes."""
     from capturer.util.ini import Key, p_bool
 
-    own = list(sender_class(name).KEYS)
-    if any(k.name == "process" for k in own):
-        return own
-    return own + [Key("process", p_bool, False,
-                      doc="true: the sender's work (messages, SQL, files) runs in a process of its own, "
-                          "off the capturer's GIL (capturer/senderproc.py)")]
+    process = Key("process", p_bool, False, doc="true: the sender's work (messages, SQL, files) runs in a "
+                  "process of its own, off the capturer's GIL (capturer/senderproc.py)")
+    return list(sender_class(name).KEYS) + [process]
 
 
 class Catalog:

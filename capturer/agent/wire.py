@@ -331,9 +331,15 @@ class TxnReader:
         self._fields, self._rows, self._spill = None, [], None
 
 
+def new_unpacker(file_like: Any = None, max_buffer_size: int = 1 << 20) -> Any:
+    """A msgpack Unpacker that reads this format (its extension types, lone surrogates),
+    fed by hand or reading ``file_like``."""
+    return msgpack.Unpacker(file_like, ext_hook=_ext_hook, unicode_errors="surrogatepass", raw=False,
+                            strict_map_key=False, max_buffer_size=max_buffer_size)
+
+
 def unpacker(data: bytes) -> Iterator[Any]:
-    u = msgpack.Unpacker(ext_hook=_ext_hook, unicode_errors="surrogatepass", raw=False, strict_map_key=False,
-                         max_buffer_size=max(len(data), 1 << 20))
+    u = new_unpacker(max_buffer_size=max(len(data), 1 << 20))
     u.feed(data)
     try:
         for v in u:
