@@ -680,7 +680,10 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=8, help="MySQL sender workers")
     ap.add_argument("--only", default="file,workers,agents,baikaldb,postgresql,snapshot,mysql,kafka,spark,all,latency,"
                     "bigtxn,senderprocs",
-                    help="parts to run")
+                    help="parts to run; 'ab' adds, to mysql and kafka, a run without this release's sender speed-ups "
+                    "(Kafka: the Python message encoder instead of C; MySQL: updates as UPDATE statements instead of "
+                    "upserts)")
+    ap.add_argument("--kafka-clients", default="kafka-python,confluent", help="Kafka clients to run")
     args = ap.parse_args()
     only = set(args.only.split(","))
     inserts = args.rows // 2
@@ -815,6 +818,19 @@ def main() -> int:
             mysql_cfg = (f"[global]\ntype=mysql\n[mysql]\nhost=127.0.0.1\nport={target.port}\nuser=root\n"
                          f"threadnum={args.threads}\n")
             e2e("mysql", mysql_cfg, total, ups, f"capturer -> mysql ({args.threads} workers)")
+            if "ab" in only:
+                from senders.mysql import sender as msender
+
+                def as_before(ch: Any) -> str:  # every update as UPDATE ... WHERE <old key>
+                    return {"insert": "upsert", "read": "upsert", "delete": "delete"}.get(ch.op, "update")
+
+                reset_target(target)
+                real_kind, msender._kind = msender._kind, as_before
+                try:
+                    e2e("mysql-updates", mysql_cfg, total, results["mysql"]["rows_per_s"],
+                        "capturer -> mysql, updates as UPDATE statements; ratio to upserts")
+                finally:
+                    msender._kind = real_kind
             if "senderprocs" in only:
                 reset_target(target)
                 e2e("mysql-proc", with_procs(mysql_cfg), total, results["mysql"]["rows_per_s"],
@@ -822,7 +838,7 @@ def main() -> int:
         if "kafka" in only:
             from helpers import Broker
 
-            for client in ("kafka-python", "confluent"):
+            for client in args.kafka_clients.split(","):
                 broker = Broker().start()  # a fresh broker each: memory storage grows
                 extra.append(broker)
                 raw = baseline_producer(broker.servers, client, total)
@@ -831,6 +847,19 @@ def main() -> int:
                 kcfg = f"[global]\ntype=kafka\n[kafka]\nservers={broker.servers}\nclient={client}\n"
                 e2e(f"kafka-{client}", kcfg, total, raw, f"capturer -> kafka ({client})")
                 broker.kill()
+                if "ab" in only:
+                    from senders.kafka import sender as ksender
+
+                    broker = Broker().start()
+                    extra.append(broker)
+                    kcfg = f"[global]\ntype=kafka\n[kafka]\nservers={broker.servers}\nclient={client}\n"
+                    real_c, ksender._kafka_json = ksender._kafka_json, None
+                    try:
+                        e2e(f"kafka-{client}-pyenc", kcfg, total, results[f"kafka-{client}"]["rows_per_s"],
+                            f"capturer -> kafka ({client}), messages encoded in Python; ratio to the C encoder")
+                    finally:
+                        ksender._kafka_json = real_c
+                    broker.kill()
                 if "senderprocs" in only and client == "confluent":
                     broker = Broker().start()
                     extra.append(broker)

@@ -80,17 +80,43 @@ def truncate_message(txn: Txn, ddl: Ddl, fmt: str) -> bytes:
     return ddl_message(txn, ddl, fmt)  # sql: the statement; protobuf: op DDL with it
 
 
-def json_envelope(txn: Txn, seq: int, ch: RowChange, op: str) -> bytes:
+def json_envelope(txn: Txn, seq: int, ch: RowChange, op: str, now_ms: int | None = None) -> bytes:
     d: dict[str, Any] = {
         "before": ch.before if op in ("u", "d") else None,
         "after": ch.after if op in ("c", "u", "r") else None,
         "op": op,
-        "ts_ms": int(time.time() * 1000),
+        "ts_ms": int(time.time() * 1000) if now_ms is None else now_ms,
         "source": source_block(txn, ch.db, ch.table, seq),
         "transaction": {"id": f"{txn.region}:{txn.commit_ts}", "total_order": seq + 1,
                         "rows": len(txn.changes)},
     }
     return encode_line_bytes(d, compact=True)
+
+
+def _j(v: Any) -> bytes:
+    return dumps_compact(v).encode()
+
+
+def json_txn_pieces(txn: Txn, now_ms: int) -> tuple[bytes, bytes, bytes, bytes, bytes]:
+    """The parts of a transaction's ``json_envelope`` messages that do not depend on
+    the row, for the C encoder: what comes after ``"op"`` up to the table, after the
+    table up to the seq, after the seq up to total_order (another one for the last
+    row, which a snapshot's last chunk marks), and after total_order."""
+    n = len(txn.changes)
+
+    def tail(seq: int) -> bytes:
+        return b"," + _j(snapshot_fields(txn, seq))[1:-1] + b'},"transaction":{"id":' + \
+            _j(f"{txn.region}:{txn.commit_ts}") + b',"total_order":'
+
+    head = b',"ts_ms":' + _j(now_ms) + b',"source":{"region":' + _j(txn.region) + b","
+    mid = (b'"commit_ts":' + _j(txn.commit_ts) + b',"ts_ms":' + _j(ts_physical_ms(txn.commit_ts)) + b',"position":'
+           + _j(txn.position.to_json()) + b',"gtid":' + _j(txn.gtid) + b',"seq":')
+    return head, mid, tail(0), tail(n - 1), b',"rows":' + _j(n) + b"}"
+
+
+def json_table_piece(db: str, table: str) -> bytes:
+    """``"db":...,"table":...,`` of a table's json_envelope messages."""
+    return b'"db":' + _j(db) + b',"table":' + _j(table) + b","
 
 
 def _canal_str(v: Any) -> Any:

@@ -29,13 +29,15 @@ import logging
 import re
 import threading
 import time
-from typing import Any, ClassVar, Protocol, cast
+from typing import Any, ClassVar, Iterator, Protocol, Sequence, cast
 
 from capturer.errors import SinkError
 from capturer.util.ini import Key, p_bool, p_choice, p_int, p_nonempty, p_str
-from senders.kafka.messages import FORMATS, change_events, ddl_message, is_truncate, key_bytes, truncate_message
-from capturer.model import Txn, ts_physical_ms
-from capturer.model.encode import _fastrows
+from senders.kafka.messages import (FORMATS, change_events, ddl_message, is_truncate, json_envelope, json_table_piece,
+                                    json_txn_pieces, key_bytes, truncate_message)
+from capturer.model import RowChange, TableSchema, Txn, ts_physical_ms
+from capturer.model.encode import _fallback, _fastrows
+from capturer.model.spill import SpilledChanges
 
 from senders.base import Sender
 
@@ -79,6 +81,20 @@ _murmur2 = getattr(_fastrows, "murmur2", murmur2)
 
 _OP_BYTES = {"c": b"c", "u": b"u", "d": b"d"}
 
+# one message to produce: (topic, partition, key, value, headers)
+Message = tuple[str, int, "bytes | None", "bytes | None", list[tuple[str, bytes]]]
+_kafka_json = getattr(_fastrows, "kafka_json", None)
+SLICE_ROWS = 2_000  # rows the C encoder renders in one call
+FLUSH_ROWS = 50_000  # a big transaction: flush at least this often, to bound what the client buffers
+
+
+def _slices(changes: Sequence[RowChange], rows: int) -> Iterator[Sequence[RowChange]]:
+    """A transaction's changes in slices of at most ``rows`` (a spilled one loaded a chunk at a time)."""
+    chunks = changes.chunks() if isinstance(changes, SpilledChanges) else iter((changes,))
+    for chunk in chunks:
+        for i in range(0, len(chunk), rows):
+            yield chunk[i:i + rows]
+
 
 def partition_for(key: bytes, partitions: int) -> int:
     return (_murmur2(key) & 0x7FFFFFFF) % partitions
@@ -91,6 +107,10 @@ class _Client(Protocol):
     def create_topic(self, topic: str, partitions: int, replication: int) -> None: ...
     def produce(self, topic: str, partition: int, key: bytes | None, value: bytes | None,
                 headers: list[tuple[str, bytes]]) -> None: ...
+    def produce_all(self, messages: list[Message]) -> None:
+        for topic, part, key, value, headers in messages:
+            self.produce(topic, part, key, value, headers)
+
     def flush(self, timeout: float) -> list[str]: ...
     def close(self) -> None: ...
 
@@ -215,6 +235,20 @@ class _Confluent(_Client):
                 self.producer.poll(0.05)
         self._since_poll += 1
         if self._since_poll >= 256:  # serve delivery callbacks now and then, not per message
+            self._since_poll = 0
+            self.producer.poll(0)
+
+    def produce_all(self, messages: list[Message]) -> None:
+        produce = self.producer.produce
+        for topic, part, key, value, headers in messages:
+            try:
+                produce(topic, value, key, part, headers=cast("list[tuple[str, str | bytes | None]]", headers))
+            except BufferError:
+                self.produce(topic, part, key, value, headers)  # waits for room
+        # failure reports are served now and then (and by flush): poll() lets go of the
+        # GIL, and getting it back from the decoding threads costs up to a switch interval
+        self._since_poll += len(messages)
+        if self._since_poll >= 8192:
             self._since_poll = 0
             self.producer.poll(0)
 
@@ -387,6 +421,17 @@ class KafkaSender(Sender):
             self._partitions(txn_topic)
             client.produce(txn_topic, 0, txn_id, self._txn_record(txn, "BEGIN"), self._headers(txn, 0, "begin"))
             n += 1
+        if self.fmt == "json" and _kafka_json is not None:
+            n += self._send_json_rows(txn, client)
+        else:
+            n += self._send_rows(txn, client)
+        if txn_topic:
+            client.produce(txn_topic, 0, txn_id, self._txn_record(txn, "END"), self._headers(txn, 0, "end"))
+            n += 1
+        return n
+
+    def _send_rows(self, txn: Txn, client: _Client) -> int:
+        n = 0
         base = [("region", txn.region.encode()), ("commit_ts", str(txn.commit_ts).encode())]  # every message's
         for seq, ch in enumerate(txn.changes):
             topic = self.topic_for(ch.db, ch.table, txn.region)
@@ -401,12 +446,61 @@ class KafkaSender(Sender):
                 if op == "d" and self.options["tombstones"] and key is not None:
                     client.produce(topic, part, key, None, headers)
                     n += 1
-            if seq % 50_000 == 49_999:  # a big transaction: bound what the client buffers
+            if seq % FLUSH_ROWS == FLUSH_ROWS - 1:  # a big transaction: bound what the client buffers
                 self._flush_or_raise(client)
-        if txn_topic:
-            client.produce(txn_topic, 0, txn_id, self._txn_record(txn, "END"), self._headers(txn, 0, "end"))
-            n += 1
         return n
+
+    def _send_json_rows(self, txn: Txn, client: _Client) -> int:
+        """The rows of a transaction in the json format, rendered by the C encoder a
+        slice at a time (``json_messages`` is what it renders, and the path taken
+        for a slice it refuses, e.g. a lone surrogate in a value)."""
+        assert _kafka_json is not None
+        total = len(txn.changes)
+        now_ms = int(time.time() * 1000)  # Debezium's ts_ms (when the capturer sent it): one per transaction
+        pieces = json_txn_pieces(txn, now_ms)
+        hbase = (("region", txn.region.encode()), ("commit_ts", str(txn.commit_ts).encode()))
+        tombstones = bool(self.options["tombstones"])
+
+        def table(schema: TableSchema) -> tuple[str, int, bytes, tuple[str, ...], bytes]:
+            return self.json_table(txn.region, schema)
+
+        n = seq0 = unflushed = 0
+        for part in _slices(txn.changes, SLICE_ROWS):
+            try:
+                msgs = _kafka_json(part, seq0, total, pieces, table, _fallback, hbase, tombstones)
+            except (TypeError, ValueError, UnicodeError):
+                msgs = self.json_messages(txn, part, seq0, now_ms)
+            client.produce_all(msgs)
+            n += len(msgs)
+            seq0 += len(part)
+            unflushed += len(part)
+            if unflushed >= FLUSH_ROWS:
+                self._flush_or_raise(client)
+                unflushed = 0
+        return n
+
+    def json_table(self, region: str, schema: TableSchema) -> tuple[str, int, bytes, tuple[str, ...], bytes]:
+        """What the C encoder needs of a table: its topic, the topic's partitions, its
+        part of the envelope, its key columns and the key bytes of a keyless row."""
+        topic = self.topic_for(schema.db, schema.table, region)
+        return (topic, self._partitions(topic), json_table_piece(schema.db, schema.table), tuple(schema.pk),
+                f"{schema.db}.{schema.table}".encode())
+
+    def json_messages(self, txn: Txn, part: Sequence[RowChange], seq0: int, now_ms: int) -> list[Message]:
+        """The messages of a slice of a transaction's rows in the json format, in Python."""
+        out: list[Message] = []
+        base = [("region", txn.region.encode()), ("commit_ts", str(txn.commit_ts).encode())]
+        for seq, ch in enumerate(part, seq0):
+            topic = self.topic_for(ch.db, ch.table, txn.region)
+            parts = self._partitions(topic)
+            for op, image in change_events(ch):
+                key = key_bytes(ch, image)
+                p = partition_for(key if key is not None else f"{ch.db}.{ch.table}".encode(), parts)
+                headers = base + [("seq", str(seq).encode()), ("op", op.encode())]
+                out.append((topic, p, key, json_envelope(txn, seq, ch, op, now_ms), headers))
+                if op == "d" and self.options["tombstones"] and key is not None:
+                    out.append((topic, p, key, None, headers))
+        return out
 
     def _txn_record(self, txn: Txn, status: str) -> bytes:
         import json

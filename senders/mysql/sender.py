@@ -46,6 +46,7 @@ from senders.mysql.causality import Causality, conflict_keys, stable_hash
 from senders.sqlbuild import Stmt, Table, param_ident
 from capturer.model.encode import _fastrows, quote_ident
 from capturer.errors import SinkError
+from capturer.util import mysqlconn
 from capturer.util.ini import Key, p_bool, p_choice, p_float, p_int, p_nonempty, p_str
 from capturer.model import Ddl, RowChange, Txn
 
@@ -113,6 +114,29 @@ def _overlapping(run: list["Op"]) -> bool:
     return False
 
 
+def _kind(ch: RowChange) -> str:
+    """How a change is applied: ``upsert`` (a multi-row ``INSERT ... ON DUPLICATE KEY
+    UPDATE``), ``delete`` or ``update`` (``UPDATE ... WHERE <old key>``).
+
+    An update that keeps its primary key and carries the whole new row (a full row
+    image) is an upsert too: where the row is there it sets the same columns to the
+    same values as the ``UPDATE``; where it is not (a replay, a target that lost it)
+    it inserts the new image, which is what ``_update`` falls back to when its
+    ``UPDATE`` matched nothing. A collision on another unique key takes the insert's
+    REPLACE path. Key changes, tables without a primary key and partial images
+    (``binlog_row_image=MINIMAL``) keep the ``UPDATE``."""
+    op = ch.op
+    if op == "insert" or op == "read":
+        return "upsert"
+    if op == "delete":
+        return "delete"
+    s, before, after = ch.schema, ch.before, ch.after
+    if (s.pk and before is not None and after is not None and len(after) == len(s.columns)
+            and all(c in after and c in before and before[c] == after[c] for c in s.pk)):
+        return "upsert"
+    return "update"
+
+
 def _classify(exc: BaseException, what: str) -> SinkError:
     if isinstance(exc, SinkError):
         return exc
@@ -135,7 +159,7 @@ class Worker:
         if self.conn is None:
             o = self.s.options
             try:
-                conn = pymysql.connect(
+                conn = mysqlconn.connect(
                     host=o["host"], port=o["port"], user=o["user"], password=o["password"],
                     charset="utf8mb4", autocommit=False, connect_timeout=o["connect_timeout"],
                     read_timeout=o["timeout"], write_timeout=o["timeout"],
@@ -221,21 +245,21 @@ class Worker:
                 progress[tkey] = op.ident
             todo.append(op)
         i = 0
+        kinds = [_kind(op.ch) for op in todo]
         with conn.cursor() as cur:
             while i < len(todo):
                 j = i + 1
                 head = todo[i]
-                sig = (head.db, head.table, head.ch.op, head.keyed, tuple(head.ch.image))
+                sig = (head.db, head.table, kinds[i], head.keyed, tuple(head.ch.image))
                 while (j < len(todo) and j - i < self.s.stmt_rows
-                       and (todo[j].db, todo[j].table, todo[j].ch.op, todo[j].keyed,
-                            tuple(todo[j].ch.image)) == sig):
+                       and (todo[j].db, todo[j].table, kinds[j], todo[j].keyed, tuple(todo[j].ch.image)) == sig):
                     j += 1
                 run = todo[i:j]
                 what = f"{head.ch.op} into {quote_ident(head.db)}.{quote_ident(head.table)}"
                 try:
-                    if head.ch.op == "insert" or head.ch.op == "read":
+                    if kinds[i] == "upsert":
                         self._insert(cur, run)
-                    elif head.ch.op == "delete":
+                    elif kinds[i] == "delete":
                         self._delete(cur, run)
                     else:
                         self._update(cur, run)

@@ -40,6 +40,12 @@ What is fuzzed, each from VALID inputs that are then mutated:
   reference, and with mutated arguments (negative/huge/non-int seq numbers,
   wrong types for every argument, callbacks that raise, return junk or mutate
   the sequence being rendered): a clean exception, never a crash.
+* ``kafka_json`` (the Kafka sender's json messages) against the sender's Python
+  path (``json_messages``), slice by slice on random and wild rows (keys that
+  move, vanish or repeat, keyless tables, snapshot marks, tombstones), and whole
+  batches through the sender with and without it (slices, spilled
+  transactions, flushes, DDL, transaction records); mutated arguments and
+  callbacks that mutate the list.
 * the minimal input of every bug this fuzzing found (``regressions``).
 
 Per run: about 21k MySQL bodies, 4k plan specs (18k decodes), 12.7k BaikalDB
@@ -84,6 +90,7 @@ import subprocess
 import sys
 import tempfile
 import uuid
+import zlib
 from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
@@ -100,7 +107,8 @@ from hypothesis import strategies as st  # noqa: E402
 from pymysqlreplication.constants import FIELD_TYPE as T  # noqa: E402
 
 from capturer.model import encode  # noqa: E402
-from capturer.model import Position, RowChange, SnapshotMark, TableSchema, Txn  # noqa: E402
+from capturer.model import Ddl, Position, RowChange, SnapshotMark, TableSchema, Txn  # noqa: E402
+from capturer.model.spill import SpillWriter  # noqa: E402
 from capturer.regions.mysql import rowdecode  # noqa: E402
 from capturer.regions.baikaldb import schema as bks  # noqa: E402
 from capturer.regions.baikaldb.rows import RowDecodeError, RowPlan  # noqa: E402
@@ -1418,6 +1426,202 @@ def fuzz_json(seed_: int, n: int, trace: Trace) -> dict[str, Any]:
     return dict(stats)
 
 
+class RecordingKafka:
+    """A Kafka client that records what the sender produces (the section compares
+    encoders; the broker's side is tests/integration's). Partitions per topic are
+    fixed by the topic's name."""
+
+    def __init__(self) -> None:
+        self.sent: list[Any] = []
+
+    def partitions(self, topic: str) -> int:
+        return 1 + zlib.crc32(topic.encode()) % 7
+
+    def create_topic(self, topic: str, partitions: int, replication: int) -> None:
+        raise AssertionError("every topic exists")
+
+    def produce(self, topic: str, partition: int, key: Any, value: Any, headers: Any) -> None:
+        self.sent.append((topic, partition, key, value, headers))
+
+    def produce_all(self, messages: list[Any]) -> None:
+        self.sent.extend(messages)
+
+    def flush(self, timeout: float) -> list[str]:
+        self.sent.append("flush")
+        return []
+
+    def close(self) -> None:
+        pass
+
+
+def kafka_sender(**opts: Any) -> Any:
+    from senders.kafka.sender import KafkaSender
+
+    options = {k.name: k.default for k in KafkaSender.KEYS}
+    options.update(servers="127.0.0.1:9", process=False, **opts)
+    sender = KafkaSender("k", options)
+    sender.client = RecordingKafka()
+    return sender
+
+
+def rand_kafka_changes(rng: random.Random, schemas: list[TableSchema], n: int, wild: bool = True) -> list[RowChange]:
+    """Row changes with keys that move, keep, vanish (None images) and repeat; ``wild``:
+    with rand_changes' too (any value, not a row image, not an op)."""
+    out = rand_changes(rng, schemas) if wild else []
+    for _ in range(n):
+        s = rng.choice(schemas)
+        key = {c: rng.choice([1, 2, "k", None, b"\x00", decimal.Decimal("1.0"), 1.0]) for c in s.pk}
+        key2 = {c: rng.choice([1, 2, "k", None]) for c in s.pk} if rng.random() < 0.5 else dict(key)
+        row = {c: rand_scalar(rng) if wild else rng.choice([None, 1, "x\u00e9\n", b"\x00\xff", 2.5,
+                                                            decimal.Decimal("-1.20"), dt.date(2024, 2, 29)])
+               for c in s.columns if c not in s.pk}
+        op = rng.choice(["insert", "update", "update", "delete", "read"])
+        before = {**key, **row} if op in ("update", "delete") and rng.random() < 0.95 else None
+        after = {**key2, **row, "extra": rand_scalar(rng) if wild else "x"} if op != "delete" else None
+        out.insert(rng.randrange(len(out) + 1), RowChange(s, op, before, after))
+    return out
+
+
+def check_kafka_json(sender: Any, txn: Txn, seq0: int, part: Any, tomb: bool, now_ms: int) -> str:
+    from senders.kafka import messages
+
+    pieces = messages.json_txn_pieces(txn, now_ms)
+    hbase = (("region", txn.region.encode()), ("commit_ts", str(txn.commit_ts).encode()))
+    c = outcome(lambda: _fastrows.kafka_json(part, seq0, len(txn.changes), pieces,
+                                             lambda s: sender.json_table(txn.region, s), encode._fallback, hbase,
+                                             tomb))
+    r = outcome(lambda: sender.json_messages(txn, part, seq0, now_ms))
+    ctx = f"kafka_json(seq0={seq0}, tombstones={tomb}) of {short(txn, 3000)}"
+    if c[0] == "ok":
+        if r != c:
+            got, want = c[1], r[1] if r[0] == "ok" else []
+            j = next((j for j, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+            raise Finding(f"kafka_json's message {j} of {len(got)} is {short(got[j:j + 1], 2000)}\n reference "
+                          f"{short(want[j:j + 1], 2000) if r[0] == 'ok' else describe(r)}\n {ctx}")
+        return "same messages"
+    if not isinstance(c[1], FALLBACK_ERRORS) and not (r[0] == "err" and type(r[1]) is type(c[1])):
+        raise Finding(f"kafka_json raised {type(c[1]).__name__}: {c[1]} (the sender has no fallback for it, and "
+                      f"the reference {describe(r)}): {ctx}")
+    if r[0] == "ok":
+        why = refusal([[ch.op, ch.before, ch.after] for ch in part])
+        if not why and any(not isinstance(ch.op, str) or any(i is not None and type(i) is not dict
+                                                             for i in (ch.before, ch.after)) for ch in part):
+            why = "not a row image or op"
+        if not why:
+            raise Finding(f"kafka_json raised {type(c[1]).__name__}: {c[1]} where the reference writes (no "
+                          f"documented reason): {ctx}")
+        return f"C refuses ({why})"
+    return "both raise"
+
+
+def fuzz_kafka(seed_: int, n: int, trace: Trace) -> dict[str, Any]:
+    """The Kafka sender's json messages: the C encoder (``kafka_json``) against the
+    Python path (``json_messages``: json_envelope, change_events, key_bytes,
+    partition_for), slice by slice; then whole batches through the sender with the C
+    encoder and without it (its per-row loop); then mutated arguments."""
+    import time as time_mod
+
+    from senders.kafka import sender as ks
+
+    rng = random.Random(seed_)
+    stats: Counter[str] = Counter()
+    schemas = [rand_schema(rng) for _ in range(5)] + [
+        TableSchema("d`b", "t.x", ("id", "v"), ("id",)), TableSchema("d", "keyless", ("a",), ()),
+        TableSchema("d", "two", ("a", "b", "v"), ("a", "b"))]
+    for i in range(n):
+        changes = rand_kafka_changes(rng, schemas, rng.choice([0, 1, 3, 8]))
+        mark = SnapshotMark("run", 3, rng.random() < 0.5) if rng.random() < 0.2 else None
+        txn = Txn(rand_text(rng, 4) or "r", rng.getrandbits(rng.choice([8, 63])), Position("bin.000001", 4),
+                  tuple(changes), gtid=rng.choice(["", "0-1-2"]), snapshot=mark)
+        tomb = rng.random() < 0.3
+        sender = kafka_sender(topic=rng.choice(["capturer.{db}.{table}", "one", "{region}-{table}"]), tombstones=tomb)
+        seq0 = rng.randrange(len(changes) + 1)
+        trace(f"kafka_json #{i}: seq0={seq0} tomb={tomb} {short(txn, 5000)}")
+        stats[check_kafka_json(sender, txn, seq0, changes[seq0:], tomb, rng.getrandbits(41))] += 1
+        stats["inputs"] += 1
+    # whole batches through the sender: the C encoder's messages == the per-row loop's, flushes included
+    real_time = time_mod.time
+    time_mod.time = lambda: 1_700_000_000.25  # type: ignore[assignment]  # (the envelope's ts_ms)
+    try:
+        for i in range(max(n // 40, 3)):
+            batch = []
+            for t in range(rng.randrange(1, 5)):
+                rows = rng.choice([1, 5, ks.SLICE_ROWS + 3, 2 * ks.SLICE_ROWS]) if t == 0 else rng.randrange(6)
+                changes = rand_kafka_changes(rng, schemas[5:], rows, wild=rng.random() < 0.2)
+                batch.append(Txn("r1", 1000 + t, Position("bin.000001", t), tuple(changes), gtid="0-1-2"))
+                if rng.random() < 0.2:
+                    batch.append(Txn("r1", 1000 + t, Position("bin.000001", t),
+                                     ddl=Ddl("d", "TRUNCATE TABLE keyless", "keyless")))
+            if rng.random() < 0.3:  # a spilled transaction: the encoder reads it a chunk at a time
+                w = SpillWriter(chunk_rows=rng.choice([7, 1000]))
+                w.add(rand_kafka_changes(rng, schemas[5:], 2500, wild=False))
+                batch.append(Txn("r2", 2000, Position("bin.000002", 4), w.finish()))
+            opts = {"tombstones": rng.random() < 0.5, "txn_topic": rng.choice(["", "txns"])}
+            trace(f"kafka batch #{i}: {opts} {short(batch, 3000)}")
+            fast, slow = kafka_sender(**opts), kafka_sender(**opts)
+            fast_client, slow_client = fast.client, slow.client  # (send() drops its client when it fails)
+            a = outcome(lambda: fast.send(batch))
+            real_c, ks._kafka_json = ks._kafka_json, None
+            try:
+                b = outcome(lambda: slow.send(batch))
+            finally:
+                ks._kafka_json = real_c
+            if a[0] != b[0] or (a[0] == "err" and str(a[1]) != str(b[1])):
+                raise Finding(f"with the C encoder send() {describe(a)}, without it {describe(b)}: {short(batch, 3000)}")
+            if a[0] == "err":
+                stats["batches refused both ways"] += 1
+                continue
+            if fast_client.sent != slow_client.sent:
+                diff = next(j for j, (x, y) in enumerate(zip(fast_client.sent, slow_client.sent)) if x != y) \
+                    if len(fast_client.sent) == len(slow_client.sent) else "length"
+                raise Finding(f"the sender's messages differ with the C encoder (first at {diff}): {short(batch, 3000)}")
+            stats["batches sent both ways"] += 1
+            stats["messages compared"] += len(fast_client.sent)
+    finally:
+        time_mod.time = real_time  # type: ignore[assignment]
+    # mutated arguments: a clean exception or a list, never a crash
+    from senders.kafka import messages
+
+    good = TableSchema("d", "t", ("id",), ("id",))
+    txn = Txn("r", 5, Position("f", 4), (RowChange(good, "insert", None, {"id": 1}),))
+    pieces = messages.json_txn_pieces(txn, 7)
+    sender = kafka_sender()
+    table = lambda s: sender.json_table("r", s)  # noqa: E731
+    argsets: dict[str, list[Any]] = {
+        "changes": [None, 5, "str", (), [5], [None], [SimpleNamespace(schema=good)], iter([]),
+                    [SimpleNamespace(schema=good, op=5, before=None, after={"id": 1})],
+                    [RowChange(good, "update", {"id": 1}, {"id": 2})] * 3],
+        "seq": [0, 1, -1, 2**63 - 1, 2**63, 1.5, "3", None, True],
+        "pieces": [pieces, pieces[:4], (b"",) * 5, ("a",) * 5, None, [b""] * 5],
+        "table": [table, None, lambda s: 1 / 0, lambda s: ("t", 0, b"", (), b""), lambda s: ("t", 3, b"", ("id",)),
+                  lambda s: ("t", 3, b"", (5,), b""), lambda s: ("t", 2**70, b"", (), b""),
+                  lambda s: ("t", 3, "", (), b""), lambda s: ("t", -1, b"", (), b"")],
+        "fallback": [encode._fallback, None, lambda v: v, lambda v: 1 / 0],
+        "hbase": [(("region", b"r"), ("commit_ts", b"5")), (), None, ((1, 2), (3, 4)), ("a", "b")],
+        "tomb": [True, False, 0, "x", None],
+    }
+    for i in range(n // 2):
+        args = [rng.choice(v) if rng.random() < 0.25 else v[0] for v in argsets.values()]
+        args.insert(2, rng.choice(argsets["seq"]))
+        trace(f"kafka_json mutated args #{i}: {short(args, 5000)}")
+        got = outcome(lambda: _fastrows.kafka_json(*args))
+        if got[0] == "err" and isinstance(got[1], (SystemError, MemoryError)):
+            raise Finding(f"kafka_json raised {type(got[1]).__name__}: {got[1]} on {short(args, 3000)}")
+        if got[0] == "ok" and not isinstance(got[1], list):
+            raise Finding(f"kafka_json returned {type(got[1]).__name__} on {short(args, 3000)}")
+        stats["kafka_json mutated-argument calls"] += 1
+    for how in ("clear", "grow", "raise"):
+        victim: list[Any] = []
+        victim += [Evil(victim, good, how) for _ in range(5)] + [RowChange(good, "insert", None, {"id": 1})] * 5
+        trace(f"kafka_json with changes whose .schema does {how!r} to the list")
+        got = outcome(lambda: _fastrows.kafka_json(victim, 0, 10, pieces, table, encode._fallback,
+                                                   (("region", b"r"), ("commit_ts", b"5")), False))
+        if got[0] == "err" and isinstance(got[1], (SystemError, MemoryError)):
+            raise Finding(f"kafka_json with a mutating change ({how}) raised {type(got[1]).__name__}")
+        stats["hostile callbacks survived"] += 1
+    return dict(stats)
+
+
 # =============================================================================================
 # hypothesis-driven variants (shrinking to a minimal input), also run in the child process
 # =============================================================================================
@@ -1578,7 +1782,7 @@ def regressions(seed_: int, n: int, trace: Trace) -> dict[str, Any]:
 
 SECTIONS: dict[str, Callable[[int, int, Trace], dict[str, Any]]] = {
     "mysql": fuzz_mysql, "mysql_specs": fuzz_mysql_specs, "baikal": fuzz_baikal, "baikal_specs": fuzz_baikal_specs,
-    "json": fuzz_json, "hyp_json": hyp_json, "hyp_rows": hyp_rows, "regressions": regressions,
+    "json": fuzz_json, "kafka": fuzz_kafka, "hyp_json": hyp_json, "hyp_rows": hyp_rows, "regressions": regressions,
 }
 
 
@@ -1659,6 +1863,13 @@ def test_json_c_equals_python_on_random_values_and_json_lines_arguments() -> Non
     assert stats["hostile callbacks survived"] == 11, stats
 
 
+def test_kafka_json_c_equals_python() -> None:
+    stats = run_child("kafka", 77, 1500)
+    assert stats["same messages"] >= 700 and stats["batches sent both ways"] >= 15, stats
+    assert stats["messages compared"] >= 20_000 and stats["hostile callbacks survived"] == 3, stats
+    assert any(k.startswith("C refuses") for k in stats), stats
+
+
 def test_hypothesis_json() -> None:
     stats = run_child("hyp_json", 5, 400)
     assert stats["inputs"] >= 300, stats
@@ -1681,7 +1892,7 @@ def test_mysql_json_columns_take_the_library_path() -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(3600)
 @pytest.mark.parametrize("section,n", [("mysql", 300000), ("mysql_specs", 60000), ("baikal", 200000),
-                                       ("baikal_specs", 50000), ("json", 20000), ("hyp_json", 3000),
+                                       ("baikal_specs", 50000), ("json", 20000), ("kafka", 20000), ("hyp_json", 3000),
                                        ("hyp_rows", 4000)])
 def test_extended_fuzz(section: str, n: int) -> None:
     for s in (1, 2):

@@ -165,3 +165,39 @@ def test_mysql_sender_falls_back_to_replace_on_a_unique_key_collision() -> None:
     assert [sql.split(" (")[0] for sql, _ in cur.log] == ["INSERT INTO `d`.`dup`", "REPLACE INTO `d`.`dup`"]
     assert cur.log[1] == ("REPLACE INTO `d`.`dup` (`id`, `v`) VALUES (%s, %s)", [1, "a"])
     assert w.s.counters == {"replace_fallbacks": 1}
+
+
+class _Conn:
+    def __init__(self, cur: _Cursor):
+        self.cur = cur
+
+    def cursor(self) -> Any:
+        import contextlib
+
+        return contextlib.nullcontext(self.cur)
+
+
+def test_updates_that_keep_their_key_are_upserted_with_the_inserts() -> None:
+    """A full-image update that keeps its primary key joins the multi-row upsert; a
+    key change, a partial image (binlog_row_image=MINIMAL) and a keyless table keep
+    ``UPDATE ... WHERE <old key>``, in stream order."""
+    w = _worker()
+    sender = cast(Any, w.s)
+    sender.stmt_rows, sender.meta_db, sender.progress = 1000, "", {}
+    changes = [
+        ins(KEYED, {"id": 1, "v": "a"}),
+        upd(KEYED, {"id": 2, "v": "x"}, {"id": 2, "v": "b"}),  # keeps its key: upserted with the insert
+        upd(KEYED, {"id": 2, "v": "b"}, {"id": 2, "v": "c"}),  # the same row again: later in the statement
+        upd(KEYED, {"id": 3, "v": "x"}, {"id": 4, "v": "x"}),  # a key change
+        upd(KEYED, {"id": 5, "v": "x"}, {"id": 5}),  # a partial image
+        upd(KEYLESS, {"a": 1, "b": 2}, {"a": 1, "b": 3}),
+    ]
+    cur = _Cursor(found=[1, 1])
+    w._apply_ops(cast(Any, _Conn(cur)), [Op((1, "r", i), ch, "d", ch.schema.table) for i, ch in enumerate(changes)])
+    assert cur.log == [
+        ("INSERT INTO `d`.`t` (`id`, `v`) VALUES (%s, %s), (%s, %s), (%s, %s) ON DUPLICATE KEY UPDATE "
+         "`id`=VALUES(`id`), `v`=VALUES(`v`)", [1, "a", 2, "b", 2, "c"]),
+        ("UPDATE `d`.`t` SET `id`=%s, `v`=%s WHERE `id` <=> %s", [4, "x", 3]),
+        ("UPDATE `d`.`t` SET `id`=%s WHERE `id` <=> %s", [5, 5]),
+        ("UPDATE `d`.`k` SET `a`=%s, `b`=%s WHERE `a` <=> %s AND `b` <=> %s LIMIT 1", [1, 3, 1, 2]),
+    ]

@@ -34,7 +34,7 @@ from pymysqlreplication.event import (
 )
 from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, WriteRowsEvent
 
-from capturer.util import failpoints
+from capturer.util import failpoints, mysqlconn
 from capturer.config import RegionConfig
 from capturer.errors import FatalSourceError, SourceError
 from capturer.model.encode import qualified, quote_ident
@@ -199,7 +199,7 @@ class MySQLRegion(Region):
 
     def _connect(self) -> pymysql.connections.Connection:
         try:
-            return pymysql.connect(
+            return mysqlconn.connect(
                 host=self.cfg.host, port=self.cfg.port, user=self.cfg.user,
                 password=self.cfg.password, charset="utf8mb4", autocommit=True,
                 connect_timeout=self.cfg.connect_timeout, read_timeout=30,
@@ -824,6 +824,7 @@ class MySQLRegion(Region):
             slave_heartbeat=self.cfg.heartbeat_ms / 1000,
             is_mariadb=False,
             enable_logging=False,
+            pymysql_wrapper=mysqlconn.connect,
         )
         self.state = "streaming"
         log.info("%s: reading from %s", self.where, start)

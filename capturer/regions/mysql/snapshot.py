@@ -380,10 +380,12 @@ class Reader:
         else:
             import pymysql
 
+            from capturer.util import mysqlconn
+
             self.kind, self.ph = "pymysql", "%s"
             self._errors = (pymysql.err.MySQLError,)
             try:
-                self.conn = pymysql.connect(host=cfg.host, port=cfg.port, user=cfg.user, password=cfg.password,
+                self.conn = mysqlconn.connect(host=cfg.host, port=cfg.port, user=cfg.user, password=cfg.password,
                                             charset="utf8mb4", autocommit=True, connect_timeout=cfg.connect_timeout)
             except pymysql.err.MySQLError as exc:
                 raise SourceError(f"{self.where}: snapshot connection failed: {exc}") from None
