@@ -847,6 +847,14 @@ def main() -> int:
                 kcfg = f"[global]\ntype=kafka\n[kafka]\nservers={broker.servers}\nclient={client}\n"
                 e2e(f"kafka-{client}", kcfg, total, raw, f"capturer -> kafka ({client})")
                 broker.kill()
+                if "workers" in only:
+                    broker = Broker().start()
+                    extra.append(broker)
+                    kcfg = f"[global]\ntype=kafka\n[kafka]\nservers={broker.servers}\nclient={client}\n"
+                    e2e(f"kafka-{client}-workers", kcfg, total, results[f"kafka-{client}"]["rows_per_s"],
+                        f"capturer -> kafka ({client}), regions in worker processes; ratio to in-process",
+                        region_extra="process=true\n")
+                    broker.kill()
                 if "ab" in only:
                     from senders.kafka import sender as ksender
 

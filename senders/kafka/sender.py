@@ -176,14 +176,34 @@ class _KafkaPython(_Client):
             self.admin.close()
 
 
+class _Reports:
+    """The producer's delivery callback: collects failures. An object of its own, not
+    a method of the client: a producer whose callback held its client would be in a
+    reference cycle with it, and a cycle through the C producer is never collected, so
+    every closed client (one per retry) would leave a producer retrying a broker forever."""
+
+    def __init__(self) -> None:
+        self.errors: list[str] = []
+        self.lock = threading.Lock()
+
+    def __call__(self, err: Any, _msg: Any) -> None:
+        if err is not None:
+            with self.lock:
+                self.errors.append(str(err))
+
+    def take(self) -> list[str]:
+        with self.lock:
+            errors, self.errors = self.errors, []
+        return errors
+
+
 class _Confluent(_Client):
     def __init__(self, servers: str, opts: dict[str, Any]):
         import confluent_kafka
         from confluent_kafka.admin import AdminClient
 
-        self.errors: list[str] = []
+        self.reports = _Reports()
         self._since_poll = 0
-        self._lock = threading.Lock()
         self.producer = confluent_kafka.Producer(self.conf(servers, opts))
         self.admin = AdminClient({"bootstrap.servers": servers})
         # fail fast when no broker answers, like kafka-python's constructor does
@@ -198,12 +218,7 @@ class _Confluent(_Client):
         return {"bootstrap.servers": servers, "acks": "all", "enable.idempotence": True,
                 "linger.ms": opts["linger_ms"], "message.timeout.ms": timeout_ms,
                 "compression.type": opts["compression"], "queue.buffering.max.messages": 1_000_000,
-                "delivery.report.only.error": True, "on_delivery": self._done}
-
-    def _done(self, err: Any, _msg: Any) -> None:
-        if err is not None:
-            with self._lock:
-                self.errors.append(str(err))
+                "delivery.report.only.error": True, "on_delivery": self.reports}
 
     def partitions(self, topic: str) -> int:
         md = self.admin.list_topics(timeout=10)  # all topics: never auto-creates one
@@ -254,8 +269,7 @@ class _Confluent(_Client):
 
     def flush(self, timeout: float) -> list[str]:
         left = self.producer.flush(timeout)
-        with self._lock:
-            errors, self.errors = self.errors, []
+        errors = self.reports.take()
         if left:
             errors.append(f"{left} messages not acknowledged in time")
         return errors

@@ -83,18 +83,23 @@ def test_confluent_reports_undelivered_messages_without_success_reports() -> Non
     no Python call); a message that is never acknowledged must still come back as an
     error from flush(), so the batch is retried and the checkpoint does not pass it.
     No broker here: a closed port, and a short message timeout."""
+    import os
     import socket
-    import threading
+    import time
 
     import confluent_kafka
 
-    from senders.kafka.sender import _Confluent
+    from senders.kafka.sender import _Confluent, _Reports
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # closed again: nobody listens there
+    def threads() -> int:  # the process's OS threads (librdkafka's are not Python threads)
+        return len(os.listdir("/proc/self/task"))
+
+    before = threads()
     c = _Confluent.__new__(_Confluent)  # without __init__'s "is a broker there" probe
-    c.errors, c._since_poll, c._lock = [], 0, threading.Lock()
+    c.reports, c._since_poll = _Reports(), 0
     conf = c.conf(f"127.0.0.1:{port}", {"linger_ms": 5, "compression": "none"}, timeout_ms=1500)
     assert conf["delivery.report.only.error"] is True
     c.producer = confluent_kafka.Producer(conf)
@@ -103,3 +108,12 @@ def test_confluent_reports_undelivered_messages_without_success_reports() -> Non
     errors = c.flush(20)
     assert len(errors) == 3 and all("timed out" in e.lower() or "timeout" in e.lower() for e in errors), errors
     assert c.flush(5) == []  # reported once; nothing left
+    # a client let go of takes its producer with it (no reference cycle through the
+    # callback keeps a producer alive, retrying the broker forever): its threads end
+    assert threads() > before
+    c.close()
+    del c, conf
+    deadline = time.monotonic() + 10
+    while threads() > before and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert threads() <= before
