@@ -1452,14 +1452,18 @@ static PyObject *kafka_json(PyObject *self, PyObject *args) {
             PyErr_SetString(PyExc_TypeError, "kafka_json: the transaction's pieces must be bytes");
             return NULL;
         }
-    if (!s_schema) {
-        if (!(s_schema = PyUnicode_InternFromString("schema")) || !(s_op = PyUnicode_InternFromString("op"))
-            || !(s_before = PyUnicode_InternFromString("before")) || !(s_after = PyUnicode_InternFromString("after"))
-            || !(s_insert = PyUnicode_InternFromString("insert")) || !(s_read = PyUnicode_InternFromString("read"))
-            || !(s_delete = PyUnicode_InternFromString("delete")) || !(h_seq = PyUnicode_InternFromString("seq")))
+    if (!h_op[3]) { /* (each made once; a failure part-way is completed by the next call) */
+        if ((!s_schema && !(s_schema = PyUnicode_InternFromString("schema")))
+            || (!s_op && !(s_op = PyUnicode_InternFromString("op")))
+            || (!s_before && !(s_before = PyUnicode_InternFromString("before")))
+            || (!s_after && !(s_after = PyUnicode_InternFromString("after")))
+            || (!s_insert && !(s_insert = PyUnicode_InternFromString("insert")))
+            || (!s_read && !(s_read = PyUnicode_InternFromString("read")))
+            || (!s_delete && !(s_delete = PyUnicode_InternFromString("delete")))
+            || (!h_seq && !(h_seq = PyUnicode_InternFromString("seq"))))
             return NULL;
         for (int i = 0; i < 4; i++)
-            if (!(h_op[i] = Py_BuildValue("(sy#)", "op", &opc[i], (Py_ssize_t)1))) return NULL;
+            if (!h_op[i] && !(h_op[i] = Py_BuildValue("(sy#)", "op", &opc[i], (Py_ssize_t)1))) return NULL;
     }
     PyObject *head = PyTuple_GET_ITEM(txnp, 0), *mid = PyTuple_GET_ITEM(txnp, 1), *tail = PyTuple_GET_ITEM(txnp, 2),
              *tail_last = PyTuple_GET_ITEM(txnp, 3), *end = PyTuple_GET_ITEM(txnp, 4);
@@ -1482,7 +1486,7 @@ static PyObject *kafka_json(PyObject *self, PyObject *args) {
             goto row_done;
         /* (a dict subclass may answer get() its own way: the Python path writes it) */
         if ((before != Py_None && !PyDict_CheckExact(before)) || (after != Py_None && !PyDict_CheckExact(after))
-            || !PyUnicode_Check(op)) {
+            || !PyUnicode_CheckExact(op)) {
             PyErr_SetString(PyExc_TypeError, "kafka_json: row images must be dicts and the op a str");
             goto row_done;
         }

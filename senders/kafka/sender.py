@@ -446,6 +446,8 @@ class KafkaSender(Sender):
 
     def _send_rows(self, txn: Txn, client: _Client) -> int:
         n = 0
+        now_ms = int(time.time() * 1000)  # json's ts_ms: one per transaction, as on the C path
+        encode = (lambda t, seq, ch, op: json_envelope(t, seq, ch, op, now_ms)) if self.fmt == "json" else self.encode
         base = [("region", txn.region.encode()), ("commit_ts", str(txn.commit_ts).encode())]  # every message's
         for seq, ch in enumerate(txn.changes):
             topic = self.topic_for(ch.db, ch.table, txn.region)
@@ -455,7 +457,7 @@ class KafkaSender(Sender):
                 key = key_bytes(ch, image)
                 part = partition_for(key if key is not None else f"{ch.db}.{ch.table}".encode(), parts)
                 headers = base + [("seq", seq_b), ("op", _OP_BYTES.get(op) or op.encode())]
-                client.produce(topic, part, key, self.encode(txn, seq, ch, op), headers)
+                client.produce(topic, part, key, encode(txn, seq, ch, op), headers)
                 n += 1
                 if op == "d" and self.options["tombstones"] and key is not None:
                     client.produce(topic, part, key, None, headers)

@@ -285,9 +285,15 @@ class Worker:
         except pymysql.err.IntegrityError as exc:
             if exc.args[0] != ER_DUP_ENTRY or not upsert:
                 raise
+            if len(run) > 1:
+                # (the failed statement was rolled back whole) one row at a time: only
+                # a row that collides is replaced, the others stay upserts
+                for op in run:
+                    self._insert(cur, [op])
+                return
             # the new row collides with a *different* row on a unique key: only
             # possible when replaying; REPLACE removes the stale row and converges
-            self.s.count("replace_fallbacks", len(run))
+            self.s.count("replace_fallbacks", 1)
             self._insert(cur, run, verb="REPLACE")
 
     def _delete(self, cur: Any, run: list[Op]) -> None:

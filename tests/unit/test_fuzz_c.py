@@ -1504,7 +1504,7 @@ def check_kafka_json(sender: Any, txn: Txn, seq0: int, part: Any, tomb: bool, no
                       f"the reference {describe(r)}): {ctx}")
     if r[0] == "ok":
         why = refusal([[ch.op, ch.before, ch.after] for ch in part])
-        if not why and any(not isinstance(ch.op, str) or any(i is not None and type(i) is not dict
+        if not why and any(type(ch.op) is not str or any(i is not None and type(i) is not dict
                                                              for i in (ch.before, ch.after)) for ch in part):
             why = "not a row image or op"
         if not why:

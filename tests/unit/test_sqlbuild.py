@@ -201,3 +201,27 @@ def test_updates_that_keep_their_key_are_upserted_with_the_inserts() -> None:
         ("UPDATE `d`.`t` SET `id`=%s WHERE `id` <=> %s", [5, 5]),
         ("UPDATE `d`.`k` SET `a`=%s, `b`=%s WHERE `a` <=> %s AND `b` <=> %s LIMIT 1", [1, 3, 1, 2]),
     ]
+
+
+def test_a_unique_key_collision_in_a_multi_row_upsert_replaces_only_that_row() -> None:
+    class Clash(_Cursor):
+        def execute(self, sql: str, params: list[Any]) -> int:
+            self.log.append((sql, list(params)))
+            if sql.startswith("INSERT") and "clash" in params:
+                raise pymysql.err.IntegrityError(1062, "Duplicate entry 'clash' for key 'v'")
+            return 1
+
+    w = _worker()
+    run = [Op((1, "r", 0), ins(KEYED, {"id": 1, "v": "a"}), "d", "t"),
+           Op((1, "r", 1), upd(KEYED, {"id": 2, "v": "x"}, {"id": 2, "v": "clash"}), "d", "t"),
+           Op((1, "r", 2), upd(KEYED, {"id": 3, "v": "x"}, {"id": 3, "v": "c"}), "d", "t")]
+    cur = Clash(found=[])
+    w._insert(cur, run)
+    assert [(sql.split(" (")[0], p) for sql, p in cur.log] == [
+        ("INSERT INTO `d`.`t`", [1, "a", 2, "clash", 3, "c"]),  # rolled back whole by the server
+        ("INSERT INTO `d`.`t`", [1, "a"]),
+        ("INSERT INTO `d`.`t`", [2, "clash"]),
+        ("REPLACE INTO `d`.`t`", [2, "clash"]),  # only the row that collides is replaced
+        ("INSERT INTO `d`.`t`", [3, "c"]),
+    ]
+    assert w.s.counters == {"replace_fallbacks": 1}
