@@ -1120,13 +1120,70 @@ static PyObject *json_dumps(PyObject *self, PyObject *args) {
     return out;
 }
 
+/* sep + the sorted columns in b64 as a JSON list, if any; b64 is emptied */
+static int put_b64_keys(Buf *b, PyObject *b64, Enc *e, const char *sep, Py_ssize_t sep_n) {
+    if (PySet_GET_SIZE(b64) == 0) return 0;
+    PyObject *keys = PySequence_List(b64);
+    if (!keys) return -1;
+    int bad = PyList_Sort(keys) < 0 || buf_put(b, sep, sep_n) < 0 || put_obj(b, keys, e, NULL, 0, 0) < 0;
+    Py_DECREF(keys);
+    return bad || PySet_Clear(b64) < 0 ? -1 : 0;
+}
+
+/* A row change's schema, op, before and after (new references), as the senders' batch renderers read them. */
+static int change_fields(PyObject *ch, PyObject **schema, PyObject **op, PyObject **before, PyObject **after) {
+    static PyObject *s_schema, *s_op, *s_before, *s_after;
+    if ((!s_schema && !(s_schema = PyUnicode_InternFromString("schema")))
+        || (!s_op && !(s_op = PyUnicode_InternFromString("op")))
+        || (!s_before && !(s_before = PyUnicode_InternFromString("before")))
+        || (!s_after && !(s_after = PyUnicode_InternFromString("after"))))
+        return -1;
+    if (!(*schema = PyObject_GetAttr(ch, s_schema)) || !(*op = PyObject_GetAttr(ch, s_op))
+        || !(*before = PyObject_GetAttr(ch, s_before)) || !(*after = PyObject_GetAttr(ch, s_after)))
+        return -1;
+    return 0;
+}
+
+/* piece(schema) once per schema object of one call: cache maps the schema's address to (made, schema)
+   (holding the schema, so its address is not reused during the call). valid(made) checks the result
+   (0 = refused, with the exception set). Returns made, borrowed from the cache, or NULL. */
+static PyObject *schema_piece(PyObject *cache, PyObject *schema, PyObject *piece, int (*valid)(PyObject *)) {
+    PyObject *key = PyLong_FromVoidPtr(schema);
+    if (!key) return NULL;
+    PyObject *entry = PyDict_GetItemWithError(cache, key); /* borrowed */
+    if (!entry) {
+        PyObject *made = PyErr_Occurred() ? NULL : PyObject_CallOneArg(piece, schema);
+        if (!made || !valid(made) || !(entry = PyTuple_Pack(2, made, schema))) {
+            Py_XDECREF(made);
+            Py_DECREF(key);
+            return NULL;
+        }
+        Py_DECREF(made);
+        int rc = PyDict_SetItem(cache, key, entry);
+        Py_DECREF(entry); /* (the cache holds it) */
+        if (rc < 0) {
+            Py_DECREF(key);
+            return NULL;
+        }
+    }
+    Py_DECREF(key);
+    return PyTuple_GET_ITEM(entry, 0);
+}
+
+static int lines_piece_valid(PyObject *made) {
+    if (PyTuple_Check(made) && PyTuple_GET_SIZE(made) == 2 && PyBytes_Check(PyTuple_GET_ITEM(made, 0))
+        && PyBytes_Check(PyTuple_GET_ITEM(made, 1)))
+        return 1;
+    PyErr_SetString(PyExc_RuntimeError, "piece(schema) must return (bytes, bytes)");
+    return 0;
+}
+
 /* The file sender's JSON lines of one slice of a transaction, joined, each ending in "\n":
  * prefix + "seq": i, <db/table/"op": > op <, "pk": [...], "before": > before, "after": after,
  * "txn_rows": total, "last": bool [, "b64": [sorted keys]]}
  * exactly as senders/local.py's per-line path writes them. piece(schema) -> (bytes, bytes)
  * gives the parts that depend only on the table (called once per schema object). */
 static PyObject *json_lines(PyObject *self, PyObject *args) {
-    static PyObject *s_schema = NULL, *s_op = NULL, *s_before = NULL, *s_after = NULL;
     PyObject *prefix, *changes, *piece, *fallback;
     Py_ssize_t seq0, total;
     if (!PyArg_ParseTuple(args, "SOOOnn", &prefix, &changes, &piece, &fallback, &seq0, &total)) return NULL;
@@ -1134,10 +1191,6 @@ static PyObject *json_lines(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "seq0 and txn_rows must be >= 0");
         return NULL;
     }
-    if (!s_schema && !(s_schema = PyUnicode_InternFromString("schema"))) return NULL;
-    if (!s_op && !(s_op = PyUnicode_InternFromString("op"))) return NULL;
-    if (!s_before && !(s_before = PyUnicode_InternFromString("before"))) return NULL;
-    if (!s_after && !(s_after = PyUnicode_InternFromString("after"))) return NULL;
     PyObject *seq = PySequence_Fast(changes, "changes must be a sequence");
     if (!seq) return NULL;
     PyObject *cache = PyDict_New(), *b64 = PySet_New(NULL), *out = NULL;
@@ -1151,31 +1204,11 @@ static PyObject *json_lines(PyObject *self, PyObject *args) {
     for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(seq); i++) {
         PyObject *ch = PySequence_Fast_GET_ITEM(seq, i);
         Py_INCREF(ch);
-        PyObject *schema = NULL, *op = NULL, *before = NULL, *after = NULL, *key = NULL, *pieces;
+        PyObject *schema = NULL, *op = NULL, *before = NULL, *after = NULL, *pieces;
         int rc = -1;
-        if (!(schema = PyObject_GetAttr(ch, s_schema)) || !(op = PyObject_GetAttr(ch, s_op))
-            || !(before = PyObject_GetAttr(ch, s_before)) || !(after = PyObject_GetAttr(ch, s_after))
-            || !(key = PyLong_FromVoidPtr(schema)))
+        if (change_fields(ch, &schema, &op, &before, &after) < 0
+            || !(pieces = schema_piece(cache, schema, piece, lines_piece_valid)))
             goto row_done;
-        pieces = PyDict_GetItemWithError(cache, key);  /* borrowed */
-        if (!pieces) {
-            if (PyErr_Occurred()) goto row_done;
-            PyObject *made = PyObject_CallOneArg(piece, schema);
-            if (!made) goto row_done;
-            if (!PyTuple_Check(made) || PyTuple_GET_SIZE(made) != 2 || !PyBytes_Check(PyTuple_GET_ITEM(made, 0))
-                || !PyBytes_Check(PyTuple_GET_ITEM(made, 1))) {
-                Py_DECREF(made);
-                PyErr_SetString(PyExc_RuntimeError, "piece(schema) must return (bytes, bytes)");
-                goto row_done;
-            }
-            /* the cache keeps the schema alive too, so its address is not reused during the call */
-            PyObject *entry = PyTuple_Pack(3, PyTuple_GET_ITEM(made, 0), PyTuple_GET_ITEM(made, 1), schema);
-            Py_DECREF(made);
-            if (!entry) goto row_done;
-            if (PyDict_SetItem(cache, key, entry) < 0) { Py_DECREF(entry); goto row_done; }
-            Py_DECREF(entry);
-            pieces = entry;
-        }
         PyObject *pa = PyTuple_GET_ITEM(pieces, 0), *pb = PyTuple_GET_ITEM(pieces, 1);
         char *np = num;
         memcpy(np, "\"seq\": ", 7);
@@ -1197,14 +1230,7 @@ static PyObject *json_lines(PyObject *self, PyObject *args) {
             memcpy(np, ", \"last\": false", 15);
             np += 15;
         }
-        if (buf_put(&b, num, np - num) < 0) goto row_done;
-        if (PySet_GET_SIZE(b64) > 0) {
-            PyObject *keys = PySequence_List(b64);
-            if (!keys) goto row_done;
-            int bad = PyList_Sort(keys) < 0 || buf_put(&b, ", \"b64\": ", 9) < 0 || put_obj(&b, keys, &e, NULL, 0, 0) < 0;
-            Py_DECREF(keys);
-            if (bad || PySet_Clear(b64) < 0) goto row_done;
-        }
+        if (buf_put(&b, num, np - num) < 0 || put_b64_keys(&b, b64, &e, ", \"b64\": ", 9) < 0) goto row_done;
         rc = buf_put(&b, "}\n", 2);
     row_done:
         Py_DECREF(ch);
@@ -1212,7 +1238,6 @@ static PyObject *json_lines(PyObject *self, PyObject *args) {
         Py_XDECREF(op);
         Py_XDECREF(before);
         Py_XDECREF(after);
-        Py_XDECREF(key);
         if (rc < 0) goto done;
     }
     out = PyBytes_FromStringAndSize(b.p ? b.p : "", b.n);
@@ -1429,13 +1454,35 @@ static int kj_pk_changed(PyObject *pk, PyObject *before, PyObject *after) {
     return 0;
 }
 
+/* piece(schema) of kafka_json: (topic, partitions >= 1, bytes, tuple of str, bytes) */
+static int kafka_piece_valid(PyObject *made) {
+    if (!PyTuple_Check(made) || PyTuple_GET_SIZE(made) != 5 || !PyUnicode_Check(PyTuple_GET_ITEM(made, 0))
+        || !PyLong_Check(PyTuple_GET_ITEM(made, 1)) || !PyBytes_Check(PyTuple_GET_ITEM(made, 2))
+        || !PyTuple_Check(PyTuple_GET_ITEM(made, 3)) || !PyBytes_Check(PyTuple_GET_ITEM(made, 4))) {
+        PyErr_SetString(PyExc_RuntimeError, "piece(schema) must return (str, int, bytes, tuple, bytes)");
+        return 0;
+    }
+    PyObject *pk = PyTuple_GET_ITEM(made, 3);
+    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(pk); k++)
+        if (!PyUnicode_Check(PyTuple_GET_ITEM(pk, k))) {
+            PyErr_SetString(PyExc_TypeError, "kafka_json: key columns must be str");
+            return 0;
+        }
+    long parts = PyLong_AsLong(PyTuple_GET_ITEM(made, 1));
+    if (parts < 1) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "kafka_json: partitions must be >= 1");
+        return 0;
+    }
+    return 1;
+}
+
 /* kafka_json(changes, seq0, txn_rows, (head, mid, tail, tail_last, end), piece, fallback, (h_region, h_commit_ts),
  *            tombstones) -> [(topic, partition, key, value, headers), ...]
  * exactly what senders/kafka/messages.py's json_envelope, change_events and key_bytes and the sender's
  * partitioning give, message by message (a unit test compares them). piece(schema) -> (topic, partitions,
  * b'"db":..,"table":..,', pk names tuple, key bytes of a keyless table), called once per schema object. */
 static PyObject *kafka_json(PyObject *self, PyObject *args) {
-    static PyObject *s_schema, *s_op, *s_before, *s_after, *s_insert, *s_read, *s_delete, *h_seq, *h_op[4];
+    static PyObject *s_insert, *s_read, *s_delete, *h_seq, *h_op[4];
     static const char opc[4] = {'c', 'u', 'd', 'r'};
     PyObject *changes, *txnp, *piece, *fallback, *hbase;
     Py_ssize_t seq0, total;
@@ -1453,11 +1500,7 @@ static PyObject *kafka_json(PyObject *self, PyObject *args) {
             return NULL;
         }
     if (!h_op[3]) { /* (each made once; a failure part-way is completed by the next call) */
-        if ((!s_schema && !(s_schema = PyUnicode_InternFromString("schema")))
-            || (!s_op && !(s_op = PyUnicode_InternFromString("op")))
-            || (!s_before && !(s_before = PyUnicode_InternFromString("before")))
-            || (!s_after && !(s_after = PyUnicode_InternFromString("after")))
-            || (!s_insert && !(s_insert = PyUnicode_InternFromString("insert")))
+        if ((!s_insert && !(s_insert = PyUnicode_InternFromString("insert")))
             || (!s_read && !(s_read = PyUnicode_InternFromString("read")))
             || (!s_delete && !(s_delete = PyUnicode_InternFromString("delete")))
             || (!h_seq && !(h_seq = PyUnicode_InternFromString("seq"))))
@@ -1478,52 +1521,16 @@ static PyObject *kafka_json(PyObject *self, PyObject *args) {
     for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(seq); i++) {
         PyObject *ch = PySequence_Fast_GET_ITEM(seq, i);
         Py_INCREF(ch);
-        PyObject *schema = NULL, *op = NULL, *before = NULL, *after = NULL, *ckey = NULL, *pieces, *seq_h = NULL;
+        PyObject *schema = NULL, *op = NULL, *before = NULL, *after = NULL, *pieces, *seq_h = NULL;
         int rc = -1;
-        if (!(schema = PyObject_GetAttr(ch, s_schema)) || !(op = PyObject_GetAttr(ch, s_op))
-            || !(before = PyObject_GetAttr(ch, s_before)) || !(after = PyObject_GetAttr(ch, s_after))
-            || !(ckey = PyLong_FromVoidPtr(schema)))
-            goto row_done;
+        if (change_fields(ch, &schema, &op, &before, &after) < 0) goto row_done;
         /* (a dict subclass may answer get() its own way: the Python path writes it) */
         if ((before != Py_None && !PyDict_CheckExact(before)) || (after != Py_None && !PyDict_CheckExact(after))
             || !PyUnicode_CheckExact(op)) {
             PyErr_SetString(PyExc_TypeError, "kafka_json: row images must be dicts and the op a str");
             goto row_done;
         }
-        pieces = PyDict_GetItemWithError(cache, ckey); /* borrowed */
-        if (!pieces) {
-            if (PyErr_Occurred()) goto row_done;
-            PyObject *made = PyObject_CallOneArg(piece, schema);
-            if (!made) goto row_done;
-            if (!PyTuple_Check(made) || PyTuple_GET_SIZE(made) != 5 || !PyUnicode_Check(PyTuple_GET_ITEM(made, 0))
-                || !PyLong_Check(PyTuple_GET_ITEM(made, 1)) || !PyBytes_Check(PyTuple_GET_ITEM(made, 2))
-                || !PyTuple_Check(PyTuple_GET_ITEM(made, 3)) || !PyBytes_Check(PyTuple_GET_ITEM(made, 4))) {
-                Py_DECREF(made);
-                PyErr_SetString(PyExc_RuntimeError, "piece(schema) must return (str, int, bytes, tuple, bytes)");
-                goto row_done;
-            }
-            PyObject *pk = PyTuple_GET_ITEM(made, 3);
-            for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(pk); k++)
-                if (!PyUnicode_Check(PyTuple_GET_ITEM(pk, k))) {
-                    Py_DECREF(made);
-                    PyErr_SetString(PyExc_TypeError, "kafka_json: key columns must be str");
-                    goto row_done;
-                }
-            long parts = PyLong_AsLong(PyTuple_GET_ITEM(made, 1));
-            if (parts < 1) {
-                Py_DECREF(made);
-                if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "kafka_json: partitions must be >= 1");
-                goto row_done;
-            }
-            /* (the entry keeps the schema alive, so its address is not reused during the call) */
-            PyObject *entry = PyTuple_Pack(6, PyTuple_GET_ITEM(made, 0), PyTuple_GET_ITEM(made, 1),
-                                           PyTuple_GET_ITEM(made, 2), pk, PyTuple_GET_ITEM(made, 4), schema);
-            Py_DECREF(made);
-            if (!entry) goto row_done;
-            if (PyDict_SetItem(cache, ckey, entry) < 0) { Py_DECREF(entry); goto row_done; }
-            Py_DECREF(entry);
-            pieces = entry;
-        }
+        if (!(pieces = schema_piece(cache, schema, piece, kafka_piece_valid))) goto row_done;
         PyObject *topic = PyTuple_GET_ITEM(pieces, 0), *dbtable = PyTuple_GET_ITEM(pieces, 2),
                  *pk = PyTuple_GET_ITEM(pieces, 3), *keyless = PyTuple_GET_ITEM(pieces, 4);
         long parts = PyLong_AsLong(PyTuple_GET_ITEM(pieces, 1));
@@ -1571,14 +1578,9 @@ static PyObject *kafka_json(PyObject *self, PyObject *args) {
                 || put_bytes_obj(&b, sq + 1 == (unsigned long long)total ? tail_last : tail) < 0)
                 goto ev_done;
             char *tp = fmt_uint(num + 32, sq + 1, 1);
-            if (buf_put(&b, num + 32, tp - (num + 32)) < 0 || put_bytes_obj(&b, end) < 0) goto ev_done;
-            if (PySet_GET_SIZE(b64) > 0) {
-                PyObject *cols = PySequence_List(b64);
-                if (!cols) goto ev_done;
-                int bad = PyList_Sort(cols) < 0 || buf_put(&b, ",\"b64\":", 7) < 0 || put_obj(&b, cols, &e, NULL, 0, 0) < 0;
-                Py_DECREF(cols);
-                if (bad || PySet_Clear(b64) < 0) goto ev_done;
-            }
+            if (buf_put(&b, num + 32, tp - (num + 32)) < 0 || put_bytes_obj(&b, end) < 0
+                || put_b64_keys(&b, b64, &e, ",\"b64\":", 7) < 0)
+                goto ev_done;
             if (buf_put(&b, "}", 1) < 0 || !(value = PyBytes_FromStringAndSize(b.p, b.n))) goto ev_done;
             if (!(headers = PyList_New(4))) goto ev_done;
             for (int j = 0; j < 2; j++) PyList_SET_ITEM(headers, j, Py_NewRef(PyTuple_GET_ITEM(hbase, j)));
@@ -1606,7 +1608,6 @@ static PyObject *kafka_json(PyObject *self, PyObject *args) {
         Py_XDECREF(op);
         Py_XDECREF(before);
         Py_XDECREF(after);
-        Py_XDECREF(ckey);
         Py_XDECREF(seq_h);
         if (rc < 0) goto fail;
     }

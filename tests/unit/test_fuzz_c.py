@@ -1298,6 +1298,15 @@ def check_json_lines(prefix: bytes, changes: list[RowChange], seq0: int, total: 
     return "both raise"
 
 
+def clean_call(name: str, args: list[Any], returns: type) -> None:
+    """A C function on mutated arguments: a clean exception or a result of its type, never a crash."""
+    got = outcome(lambda: getattr(_fastrows, name)(*args))
+    if got[0] == "err" and isinstance(got[1], (SystemError, MemoryError)):
+        raise Finding(f"{name} raised {type(got[1]).__name__}: {got[1]} on {short(args, 3000)}")
+    if got[0] == "ok" and not isinstance(got[1], returns):
+        raise Finding(f"{name} returned {type(got[1]).__name__} on {short(args, 3000)}")
+
+
 class Evil:
     """A change whose attributes run code: mutates the list being rendered, etc."""
 
@@ -1372,11 +1381,7 @@ def fuzz_json(seed_: int, n: int, trace: Trace) -> dict[str, Any]:
                 rng.choice(argsets["fallback"]) if rng.random() < 0.3 else encode._fallback,
                 rng.choice(argsets["seq"]), rng.choice(argsets["seq"])]
         trace(f"json_lines mutated args #{i}: {short(args, 5000)}")
-        got = outcome(lambda: _fastrows.json_lines(*args))
-        if got[0] == "err" and isinstance(got[1], (SystemError, MemoryError)):
-            raise Finding(f"json_lines raised {type(got[1]).__name__}: {got[1]} on {short(args, 3000)}")
-        if got[0] == "ok" and not isinstance(got[1], bytes):
-            raise Finding(f"json_lines returned {type(got[1]).__name__} on {short(args, 3000)}")
+        clean_call("json_lines", args, bytes)
         stats["json_lines mutated-argument calls"] += 1
         stats["inputs"] += 1
         dargs = [rand_json(rng), rng.choice(argsets["fallback"]),
@@ -1604,11 +1609,7 @@ def fuzz_kafka(seed_: int, n: int, trace: Trace) -> dict[str, Any]:
         args = [rng.choice(v) if rng.random() < 0.25 else v[0] for v in argsets.values()]
         args.insert(2, rng.choice(argsets["seq"]))
         trace(f"kafka_json mutated args #{i}: {short(args, 5000)}")
-        got = outcome(lambda: _fastrows.kafka_json(*args))
-        if got[0] == "err" and isinstance(got[1], (SystemError, MemoryError)):
-            raise Finding(f"kafka_json raised {type(got[1]).__name__}: {got[1]} on {short(args, 3000)}")
-        if got[0] == "ok" and not isinstance(got[1], list):
-            raise Finding(f"kafka_json returned {type(got[1]).__name__} on {short(args, 3000)}")
+        clean_call("kafka_json", args, list)
         stats["kafka_json mutated-argument calls"] += 1
     for how in ("clear", "grow", "raise"):
         victim: list[Any] = []
