@@ -2,15 +2,19 @@
 (regions of ``type = remote``): every sender, kill -9 of an agent, of the
 capturer and of both, an agent restarted at another address, refusals, TLS.
 
-Agents and capturers run as real child processes on their own loopback ports
-(as on separate hosts; this machine cannot give them separate network namespaces
-in CI, so "another machine" is another process and port here)."""
+Agents and capturers run as real child processes on their own loopback ports;
+one test puts an agent and its source in a network namespace of their own,
+reached over a veth pair, as on another host (it needs root and iproute2, and
+says so when it skips)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -33,16 +37,17 @@ pytestmark = pytest.mark.integration
 class AgentProcess:
     """``python -m capturer.agent`` as a child process."""
 
-    def __init__(self, cfg: Path, log: Path):
+    def __init__(self, cfg: Path, log: Path, prefix: tuple[str, ...] = ()):
         self.cfg = cfg
         self.log = log
+        self.prefix = prefix  # e.g. ("ip", "netns", "exec", NAME): it execs, so the pid is the agent's
         self.proc: subprocess.Popen[bytes] | None = None
         self.port = 0
 
     def start(self, listen: str | None = None) -> "AgentProcess":
         pf = self.cfg.with_suffix(".port")
         pf.unlink(missing_ok=True)
-        argv = [sys.executable, "-m", "capturer.agent", "--config", str(self.cfg), "--port-file", str(pf)]
+        argv = [*self.prefix, sys.executable, "-m", "capturer.agent", "--config", str(self.cfg), "--port-file", str(pf)]
         if listen:
             argv += ["--listen", listen]
         with open(self.log, "ab") as out:
@@ -67,11 +72,11 @@ class AgentProcess:
 
 
 def agent_config(tmp: Path, name: str, regions: dict[str, MariaDBInstance], port: int = 0, extra: str = "",
-                 region_extra: str = "") -> Path:
+                 region_extra: str = "", source_host: str = "127.0.0.1") -> Path:
     cfg = tmp / f"{name}.cfg"
     text = f"[agent]\nlisten=127.0.0.1:{port}\nstateDir={tmp / (name + '-state')}\nstatusInterval=0.5\n{extra}"
     for i, (rname, m) in enumerate(regions.items()):
-        text += (f"\n[region:{rname}]\ntype=mariadb\nhost=127.0.0.1\nport={m.port}\nuser=capturer\n"
+        text += (f"\n[region:{rname}]\ntype=mariadb\nhost={source_host}\nport={m.port}\nuser=capturer\n"
                  f"password=capturer\nserver_id={900 + i}\nheartbeat_ms=200\n{region_extra}")
     cfg.write_text(text)
     return cfg
@@ -270,6 +275,78 @@ def test_kill9_agent_restarted_at_another_address_then_capturer_then_both(
     assert "not reachable" in log or "UNAVAILABLE" in log, "the capturer saw the agent go"
     assert_target_equals_sources(sources, target)
     file_state_equals(tmp_path, sources)
+
+
+@contextlib.contextmanager
+def network_namespace() -> Iterator[tuple[str, str, str]]:
+    """A network namespace joined to this one by a veth pair: (name, this side's
+    address, the namespace's address). Skips, saying why, where it cannot be made."""
+    if os.geteuid() != 0 or not shutil.which("ip"):
+        pytest.skip("a network namespace needs root and iproute2 (ip)")
+    n = os.getpid() % 200 + 20
+    ns, here, there = f"capt{os.getpid()}", f"cvh{os.getpid()}", f"cva{os.getpid()}"
+    host_ip, ns_ip = f"10.231.{n}.1", f"10.231.{n}.2"
+    steps = [["ip", "netns", "add", ns], ["ip", "link", "add", here, "type", "veth", "peer", "name", there],
+             ["ip", "link", "set", there, "netns", ns], ["ip", "addr", "add", f"{host_ip}/30", "dev", here],
+             ["ip", "link", "set", here, "up"],
+             ["ip", "netns", "exec", ns, "ip", "addr", "add", f"{ns_ip}/30", "dev", there],
+             ["ip", "netns", "exec", ns, "ip", "link", "set", there, "up"],
+             ["ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up"]]
+    try:
+        for step in steps:
+            r = subprocess.run(step, capture_output=True, text=True)
+            if r.returncode != 0:
+                pytest.skip(f"cannot make a network namespace here: {' '.join(step)}: {r.stderr.strip()}")
+        yield ns, host_ip, ns_ip
+    finally:
+        subprocess.run(["ip", "link", "del", here], capture_output=True)
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+def test_agent_in_another_network_namespace(tmp_path: Path) -> None:
+    """An agent in a network namespace of its own (as on another host: its own
+    loopback, reached only over a veth pair) reads its source over that link and
+    serves the capturer across it. Under load, kill -9 of the agent and a new one in
+    the namespace: the file equals the source."""
+    with network_namespace() as (ns, host_ip, ns_ip):
+        m = MariaDBInstance(tmp_path / "src", server_id=41, extra={"bind-address": f"127.0.0.1,{host_ip}"}).start()
+        try:
+            m.execute(*SCHEMA, f"CREATE USER 'capturer'@'{ns_ip}' IDENTIFIED BY 'capturer'",
+                      f"GRANT REPLICATION SLAVE, BINLOG MONITOR, SELECT, RELOAD ON *.* TO 'capturer'@'{ns_ip}'")
+            inside = ("ip", "netns", "exec", ns)
+            acfg = agent_config(tmp_path, "agent", {"far": m}, source_host=host_ip)
+            agent = AgentProcess(acfg, tmp_path / "agent.log", prefix=inside).start(f"{ns_ip}:0")
+            with socket.socket() as probe:  # not on this side's loopback: only across the link
+                assert probe.connect_ex(("127.0.0.1", agent.port)) != 0
+            cfg = capturer_config(tmp_path, {"far": f"address={ns_ip}:{agent.port}\nconnect_timeout=1\n"},
+                                  senders=f"[global]\ntype=local\n[local]\nfilepath={tmp_path / 'out' / 'changes.jsonl'}\n")
+            cap = CapturerProcess(cfg, tmp_path / "capturer.log").start()
+            loads, stop, threads = _load([m], 90)
+            try:
+                cap.wait_ready()
+                wait_for(lambda: http_status(cfg)["regions"]["far"]["rows"] > 300, 60, "rows through the first agent")
+                agent.kill9()
+                agent = AgentProcess(acfg, tmp_path / "agent2.log", prefix=inside).start(f"{ns_ip}:{agent.port}")
+                before = sum(w.txns for w in loads)
+                wait_for(lambda: sum(w.txns for w in loads) > before + 100, 60, "load to go on")
+            finally:
+                stop.set()
+                for t in threads:
+                    t.join(30)
+            assert not any(w.errors for w in loads), [w.errors for w in loads]
+            try:
+                wait_for(lambda: regions_covered(tmp_path, {"far": m}), 120, "the capturer to catch up")
+                st = http_status(cfg)
+                assert st["regions"]["far"]["agent"]["address"] == f"{ns_ip}:{agent.port}", st["regions"]["far"]
+                assert cap.stop() == 0
+            finally:
+                agent.stop()
+            log = (tmp_path / "capturer.log").read_text()
+            assert "UNAVAILABLE" in log or "not reachable" in log, "the capturer saw the agent go"
+            assert sum(w.rows for w in loads) > 500
+            file_state_equals(tmp_path, [m])
+        finally:
+            m.stop()
 
 
 def test_refusals_name_region_and_agent(tmp_path: Path, sources: list[MariaDBInstance]) -> None:
