@@ -1,7 +1,7 @@
 # Sourced by start.sh, tests/run.sh and bench/run.sh (POSIX sh).
 # Makes sure a virtualenv exists in .venv with this project installed, and
 # (when NEED_MARIADB=1) that mariadbd is installed, (when NEED_POSTGRES=1) PostgreSQL, (when NEED_CHROMIUM=1)
-# Chromium. Idempotent and quick when
+# Chromium, (when NEED_IPROUTE=1, as root) iproute2. Idempotent and quick when
 # nothing changed.
 
 ROOT=${ROOT:-$(pwd)}
@@ -111,4 +111,11 @@ if [ "${NEED_MARIADB:-0}" = "1" ]; then
         echo "bootstrap: installing mariadb-server (mariadbd not found)" >&2
         apt_install mariadb-server || exit 1
     fi
+fi
+
+# the test of an agent in a network namespace of its own uses ip (iproute2); as root only
+if [ "${NEED_IPROUTE:-0}" = "1" ] && [ "$(id -u)" = "0" ] && ! command -v ip >/dev/null 2>&1 \
+        && [ ! -x /usr/sbin/ip ] && [ ! -x /sbin/ip ]; then
+    echo "bootstrap: installing iproute2 (network namespaces for the agent test)" >&2
+    apt_install iproute2 || exit 1
 fi
