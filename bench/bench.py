@@ -682,7 +682,7 @@ def main() -> int:
                     "bigtxn,senderprocs",
                     help="parts to run; 'ab' adds, to mysql and kafka, a run without this release's sender speed-ups "
                     "(Kafka: the Python message encoder instead of C; MySQL: updates as UPDATE statements instead of "
-                    "upserts)")
+                    "upserts; file: the binlog read through an 8 KiB buffer instead of 256 KiB)")
     ap.add_argument("--kafka-clients", default="kafka-python,confluent", help="Kafka clients to run")
     args = ap.parse_args()
     only = set(args.only.split(","))
@@ -738,6 +738,16 @@ def main() -> int:
         if "file" in only:
             e2e("file", f"[global]\ntype=local\n[local]\nfilepath={tmp / 'file' / 'changes.jsonl'}\n",
                 total, decode, "capturer -> file (2 regions)")
+            if "ab" in only:
+                from capturer.util import mysqlconn
+
+                real_buf, mysqlconn.READ_BUFFER = mysqlconn.READ_BUFFER, 8192
+                try:
+                    e2e("file-8k-reads", f"[global]\ntype=local\n[local]\nfilepath={tmp / 'file-8k' / 'changes.jsonl'}\n",
+                        total, results["file"]["rows_per_s"],
+                        "capturer -> file, binlog read through pymysql's 8 KiB buffer; ratio to 256 KiB")
+                finally:
+                    mysqlconn.READ_BUFFER = real_buf
             if "senderprocs" in only:
                 e2e("file-proc", f"[global]\ntype=local\n[local]\nfilepath={tmp / 'file-proc' / 'changes.jsonl'}\n"
                     "process=true\n", total, results["file"]["rows_per_s"],
