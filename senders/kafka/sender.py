@@ -29,7 +29,7 @@ import logging
 import re
 import threading
 import time
-from typing import Any, ClassVar, Iterator, Protocol, Sequence, cast
+from typing import Any, Callable, ClassVar, Iterator, Protocol, Sequence, cast
 
 from capturer.errors import SinkError
 from capturer.util.ini import Key, p_bool, p_choice, p_int, p_nonempty, p_str
@@ -435,65 +435,52 @@ class KafkaSender(Sender):
             self._partitions(txn_topic)
             client.produce(txn_topic, 0, txn_id, self._txn_record(txn, "BEGIN"), self._headers(txn, 0, "begin"))
             n += 1
-        if self.fmt == "json" and _kafka_json is not None:
-            n += self._send_json_rows(txn, client)
-        else:
-            n += self._send_rows(txn, client)
+        n += self._send_rows(txn, client)
         if txn_topic:
             client.produce(txn_topic, 0, txn_id, self._txn_record(txn, "END"), self._headers(txn, 0, "end"))
             n += 1
         return n
 
     def _send_rows(self, txn: Txn, client: _Client) -> int:
-        n = 0
-        now_ms = int(time.time() * 1000)  # json's ts_ms: one per transaction, as on the C path
-        encode = (lambda t, seq, ch, op: json_envelope(t, seq, ch, op, now_ms)) if self.fmt == "json" else self.encode
-        base = [("region", txn.region.encode()), ("commit_ts", str(txn.commit_ts).encode())]  # every message's
-        for seq, ch in enumerate(txn.changes):
-            topic = self.topic_for(ch.db, ch.table, txn.region)
-            parts = self._partitions(topic)
-            seq_b = str(seq).encode()
-            for op, image in change_events(ch):
-                key = key_bytes(ch, image)
-                part = partition_for(key if key is not None else f"{ch.db}.{ch.table}".encode(), parts)
-                headers = base + [("seq", seq_b), ("op", _OP_BYTES.get(op) or op.encode())]
-                client.produce(topic, part, key, encode(txn, seq, ch, op), headers)
-                n += 1
-                if op == "d" and self.options["tombstones"] and key is not None:
-                    client.produce(topic, part, key, None, headers)
-                    n += 1
-            if seq % FLUSH_ROWS == FLUSH_ROWS - 1:  # a big transaction: bound what the client buffers
-                self._flush_or_raise(client)
-        return n
-
-    def _send_json_rows(self, txn: Txn, client: _Client) -> int:
-        """The rows of a transaction in the json format, rendered by the C encoder a
-        slice at a time (``json_messages`` is what it renders, and the path taken
-        for a slice it refuses, e.g. a lone surrogate in a value)."""
-        assert _kafka_json is not None
+        """The rows of a transaction, a slice at a time: in the json format rendered by
+        the C encoder where it was built (``row_messages`` is what it renders, and the path
+        taken for a slice it refuses, e.g. a lone surrogate in a value)."""
         total = len(txn.changes)
-        now_ms = int(time.time() * 1000)  # Debezium's ts_ms (when the capturer sent it): one per transaction
-        pieces = json_txn_pieces(txn, now_ms)
-        hbase = (("region", txn.region.encode()), ("commit_ts", str(txn.commit_ts).encode()))
-        tombstones = bool(self.options["tombstones"])
+        now_ms = int(time.time() * 1000)  # json's ts_ms (when the capturer sent it): one per transaction
+        encode = self.encoder(now_ms)
+        fast = _kafka_json if self.fmt == "json" else None
+        if fast is not None:
+            pieces = json_txn_pieces(txn, now_ms)
+            hbase = (("region", txn.region.encode()), ("commit_ts", str(txn.commit_ts).encode()))
+            tombstones = bool(self.options["tombstones"])
 
-        def table(schema: TableSchema) -> tuple[str, int, bytes, tuple[str, ...], bytes]:
-            return self.json_table(txn.region, schema)
+            def table(schema: TableSchema) -> tuple[str, int, bytes, tuple[str, ...], bytes]:
+                return self.json_table(txn.region, schema)
 
         n = seq0 = unflushed = 0
         for part in _slices(txn.changes, SLICE_ROWS):
-            try:
-                msgs = _kafka_json(part, seq0, total, pieces, table, _fallback, hbase, tombstones)
-            except (TypeError, ValueError, UnicodeError):
-                msgs = self.json_messages(txn, part, seq0, now_ms)
+            msgs = None
+            if fast is not None:
+                try:
+                    msgs = fast(part, seq0, total, pieces, table, _fallback, hbase, tombstones)
+                except (TypeError, ValueError, UnicodeError):
+                    pass
+            if msgs is None:
+                msgs = self.row_messages(txn, part, seq0, encode)
             client.produce_all(msgs)
             n += len(msgs)
             seq0 += len(part)
             unflushed += len(part)
-            if unflushed >= FLUSH_ROWS:
+            if unflushed >= FLUSH_ROWS:  # a big transaction: bound what the client buffers
                 self._flush_or_raise(client)
                 unflushed = 0
         return n
+
+    def encoder(self, now_ms: int) -> Callable[[Txn, int, RowChange, str], bytes]:
+        """The message body of one event in the sender's format (json with ``now_ms`` as its ts_ms)."""
+        if self.fmt == "json":
+            return lambda txn, seq, ch, op: json_envelope(txn, seq, ch, op, now_ms)
+        return self.encode
 
     def json_table(self, region: str, schema: TableSchema) -> tuple[str, int, bytes, tuple[str, ...], bytes]:
         """What the C encoder needs of a table: its topic, the topic's partitions, its
@@ -502,18 +489,21 @@ class KafkaSender(Sender):
         return (topic, self._partitions(topic), json_table_piece(schema.db, schema.table), tuple(schema.pk),
                 f"{schema.db}.{schema.table}".encode())
 
-    def json_messages(self, txn: Txn, part: Sequence[RowChange], seq0: int, now_ms: int) -> list[Message]:
-        """The messages of a slice of a transaction's rows in the json format, in Python."""
+    def row_messages(self, txn: Txn, part: Sequence[RowChange], seq0: int,
+                 encode: Callable[[Txn, int, RowChange, str], bytes]) -> list[Message]:
+        """The messages of a slice of a transaction's rows (``part``, its first row
+        being the transaction's ``seq0``), in Python."""
         out: list[Message] = []
-        base = [("region", txn.region.encode()), ("commit_ts", str(txn.commit_ts).encode())]
+        base = [("region", txn.region.encode()), ("commit_ts", str(txn.commit_ts).encode())]  # every message's
         for seq, ch in enumerate(part, seq0):
             topic = self.topic_for(ch.db, ch.table, txn.region)
             parts = self._partitions(topic)
+            seq_b = str(seq).encode()
             for op, image in change_events(ch):
                 key = key_bytes(ch, image)
                 p = partition_for(key if key is not None else f"{ch.db}.{ch.table}".encode(), parts)
-                headers = base + [("seq", str(seq).encode()), ("op", op.encode())]
-                out.append((topic, p, key, json_envelope(txn, seq, ch, op, now_ms), headers))
+                headers = base + [("seq", seq_b), ("op", _OP_BYTES.get(op) or op.encode())]
+                out.append((topic, p, key, encode(txn, seq, ch, op), headers))
                 if op == "d" and self.options["tombstones"] and key is not None:
                     out.append((topic, p, key, None, headers))
         return out

@@ -41,7 +41,7 @@ What is fuzzed, each from VALID inputs that are then mutated:
   wrong types for every argument, callbacks that raise, return junk or mutate
   the sequence being rendered): a clean exception, never a crash.
 * ``kafka_json`` (the Kafka sender's json messages) against the sender's Python
-  path (``json_messages``), slice by slice on random and wild rows (keys that
+  path (``row_messages``), slice by slice on random and wild rows (keys that
   move, vanish or repeat, keyless tables, snapshot marks, tombstones), and whole
   batches through the sender with and without it (slices, spilled
   transactions, flushes, DDL, transaction records); mutated arguments and
@@ -1495,7 +1495,7 @@ def check_kafka_json(sender: Any, txn: Txn, seq0: int, part: Any, tomb: bool, no
     c = outcome(lambda: _fastrows.kafka_json(part, seq0, len(txn.changes), pieces,
                                              lambda s: sender.json_table(txn.region, s), encode._fallback, hbase,
                                              tomb))
-    r = outcome(lambda: sender.json_messages(txn, part, seq0, now_ms))
+    r = outcome(lambda: sender.row_messages(txn, part, seq0, sender.encoder(now_ms)))
     ctx = f"kafka_json(seq0={seq0}, tombstones={tomb}) of {short(txn, 3000)}"
     if c[0] == "ok":
         if r != c:
@@ -1521,7 +1521,7 @@ def check_kafka_json(sender: Any, txn: Txn, seq0: int, part: Any, tomb: bool, no
 
 def fuzz_kafka(seed_: int, n: int, trace: Trace) -> dict[str, Any]:
     """The Kafka sender's json messages: the C encoder (``kafka_json``) against the
-    Python path (``json_messages``: json_envelope, change_events, key_bytes,
+    Python path (``row_messages``: json_envelope, change_events, key_bytes,
     partition_for), slice by slice; then whole batches through the sender with the C
     encoder and without it (its per-row loop); then mutated arguments."""
     import time as time_mod
