@@ -685,6 +685,10 @@ def main() -> int:
                     "upserts; file: the binlog read through an 8 KiB buffer instead of 256 KiB)")
     ap.add_argument("--kafka-clients", default="kafka-python,confluent", help="Kafka clients to run")
     args = ap.parse_args()
+    # the capturer runs in this process: malloc as ``python -m capturer`` sets it (CAPTURER_MALLOC=default: glibc's own)
+    from capturer.util.memory import tune_malloc
+
+    results_malloc = "fixed mmap threshold" if tune_malloc() else "glibc default"
     only = set(args.only.split(","))
     inserts = args.rows // 2
     updates, deletes = inserts // 4, inserts // 10
@@ -694,7 +698,7 @@ def main() -> int:
     rep = Report()
     results: dict[str, Any] = {"date": dt.datetime.now().isoformat(timespec="seconds"),
                                "workload": {"inserts": inserts * 2, "updates": updates * 2, "deletes": deletes * 2,
-                                            "regions": 2}, "cpu": os.cpu_count()}
+                                            "regions": 2}, "cpu": os.cpu_count(), "malloc": results_malloc}
     failures = []
 
     def e2e(name: str, senders_cfg: str, total: int, baseline: float | None, label: str,

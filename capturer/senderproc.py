@@ -45,6 +45,7 @@ from senders.base import Sender
 from capturer.agent import wire
 from capturer.errors import SinkError
 from capturer.model import Txn
+from capturer.util.memory import tune_malloc
 
 log = logging.getLogger(__name__)
 
@@ -233,6 +234,7 @@ def _die_with(parent: int) -> None:
 
 def child_main(argv: list[str] | None = None) -> int:
     """Serve one sender on stdin/stdout until ``close`` or the capturer goes away."""
+    tune_malloc()
     args = sys.argv[1:] if argv is None else argv
     if len(args) == 2 and args[0] == "--parent" and args[1].isdigit():
         _die_with(int(args[1]))

@@ -318,7 +318,8 @@ class TxnReader:
         if self._count > self._total:
             raise WireError(f"a transaction has more rows than its header said ({self._total})")
         self._rows.extend(rows)
-        if self._spill is None and self.spill_rows and self._count > self.spill_rows:
+        # the header gave the size: a transaction that will be spilled is, from its first rows
+        if self._spill is None and self.spill_rows and self._total > self.spill_rows:
             self._spill = SpillWriter(self.spill_dir, min(self.spill_rows, DEFAULT_CHUNK_ROWS))
         w = self._spill
         if w is not None and (len(self._rows) >= w.chunk_rows or self._count == self._total):

@@ -16,7 +16,7 @@ from capturer.config import RemoteRegionConfig
 from capturer.model import ColumnInfo, Ddl, Heartbeat, Position, RowChange, SnapshotMark, TableSchema, TsPosition, Txn
 from capturer.regions.base import RegionContext
 from capturer.regions.remote.region import RemoteRegion
-from capturer.model.spill import SpillWriter
+from capturer.model.spill import DEFAULT_CHUNK_ROWS, SpillWriter
 from capturer.tso import LiftJournal
 
 S = TableSchema("d`b", "t.1", ("id", "v", "w"), ("id",), (("v",),), (3, 15, 246),
@@ -100,6 +100,25 @@ def test_big_transaction_in_chunks_and_spilled_on_arrival() -> None:
     assert r.spilled_txns == 1 and hasattr(txn.changes, "chunks") and len(txn.changes) == n
     assert [c.after["id"] for c in txn.changes] == list(range(n))
     assert txn.weight < n  # held on disk, not in memory
+
+
+def test_a_transaction_known_to_be_big_is_spilled_from_its_first_rows() -> None:
+    # the header gives the row count: past spillRows, no more than a spill chunk is ever held
+    # in memory (not spillRows rows first, as when the size is learnt on the way)
+    n, spill_rows = 60_017, 25_000
+    changes = [RowChange(S, "insert", None, {"id": i, "v": None, "w": None}) for i in range(n)]
+    pieces = list(wire.Encoder().item(Txn("a", 11, Position("b.000001", 9), tuple(changes))))
+    r = RemoteRegion(RemoteRegionConfig("r", "remote", ("127.0.0.1:1",)),
+                     RegionContext(WeightedQueue(10_000_000), None, 0, LiftJournal(None), threading.Event(),
+                                   spill_rows=spill_rows))
+    reader = reader_of(r)
+    held = []
+    for p, _ in pieces:
+        reader.feed(wire.unpacker(p))
+        held.append(len(reader._rows))
+    assert max(held) < DEFAULT_CHUNK_ROWS < spill_rows
+    (txn,) = [r.ctx.out.get(0)]
+    assert r.spilled_txns == 1 and [c.after["id"] for c in txn.changes] == list(range(n))
 
 
 @pytest.mark.parametrize("data", [
