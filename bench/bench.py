@@ -682,7 +682,8 @@ def main() -> int:
                     "bigtxn,senderprocs",
                     help="parts to run; 'ab' adds, to mysql and kafka, a run without this release's sender speed-ups "
                     "(Kafka: the Python message encoder instead of C; MySQL: updates as UPDATE statements instead of "
-                    "upserts; file: the binlog read through an 8 KiB buffer instead of 256 KiB)")
+                    "upserts; file: the binlog read through an 8 KiB buffer instead of 256 KiB, and every table map "
+                    "parsed by the library instead of once per definition)")
     ap.add_argument("--kafka-clients", default="kafka-python,confluent", help="Kafka clients to run")
     args = ap.parse_args()
     # the capturer runs in this process: malloc as ``python -m capturer`` sets it (CAPTURER_MALLOC=default: glibc's own)
@@ -752,6 +753,16 @@ def main() -> int:
                         "capturer -> file, binlog read through pymysql's 8 KiB buffer; ratio to 256 KiB")
                 finally:
                     mysqlconn.READ_BUFFER = real_buf
+                from capturer.regions.mysql import tablemap
+
+                real_connect, tablemap.connect = tablemap.connect, mysqlconn.connect
+                try:
+                    e2e("file-no-tablemap-cache",
+                        f"[global]\ntype=local\n[local]\nfilepath={tmp / 'file-ntm' / 'changes.jsonl'}\n",
+                        total, results["file"]["rows_per_s"],
+                        "capturer -> file, every table map parsed by the library; ratio to parsed once per definition")
+                finally:
+                    tablemap.connect = real_connect
             if "senderprocs" in only:
                 e2e("file-proc", f"[global]\ntype=local\n[local]\nfilepath={tmp / 'file-proc' / 'changes.jsonl'}\n"
                     "process=true\n", total, results["file"]["rows_per_s"],

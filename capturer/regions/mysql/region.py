@@ -43,6 +43,7 @@ from capturer.tso import RegionClock
 from capturer.regions.base import Region, RegionContext
 from capturer.regions.ddl import ddl_target, is_data_ddl, is_ignorable
 from capturer.model.spill import DEFAULT_CHUNK_ROWS, SpillWriter
+from capturer.regions.mysql import tablemap
 from capturer.regions.mysql.rowdecode import fast_rows, normalise_library_row
 from capturer.regions.mysql.snapshot import (
     Chunk,
@@ -824,7 +825,8 @@ class MySQLRegion(Region):
             slave_heartbeat=self.cfg.heartbeat_ms / 1000,
             is_mariadb=False,
             enable_logging=False,
-            pymysql_wrapper=mysqlconn.connect,
+            # decoder=fast: table maps parsed once per definition too; library: the library's own, unchanged
+            pymysql_wrapper=tablemap.connect if self.cfg.decoder == "fast" else mysqlconn.connect,
         )
         self.state = "streaming"
         log.info("%s: reading from %s", self.where, start)
