@@ -15,9 +15,9 @@ process, against 121 MB and 145 MB with the threshold fixed at its start value
 ``munmap`` per such block: tens of microseconds against the milliseconds of
 work that fill a block that big.
 
-Set ``CAPTURER_MALLOC=default`` to leave glibc as it is (and anything set
-through glibc's own ``MALLOC_MMAP_THRESHOLD_`` is kept). Not glibc (musl,
-macOS): nothing is done.
+Set ``CAPTURER_MALLOC=default`` to leave glibc as it is (and a threshold set
+through glibc's own ``MALLOC_MMAP_THRESHOLD_`` or ``GLIBC_TUNABLES`` is kept).
+Not glibc (musl, macOS): nothing is done.
 """
 
 from __future__ import annotations
@@ -33,14 +33,15 @@ def tune_malloc(threshold: int = THRESHOLD) -> bool:
     """Fix glibc's mmap threshold at ``threshold``; True when it was set."""
     if os.environ.get("CAPTURER_MALLOC", "").strip().lower() == "default":
         return False
-    if "MALLOC_MMAP_THRESHOLD_" in os.environ:  # the operator chose one
+    # the operator chose one (glibc's variable or tunable)
+    if "MALLOC_MMAP_THRESHOLD_" in os.environ or "mmap_threshold" in os.environ.get("GLIBC_TUNABLES", ""):
         return False
     try:
         libc = ctypes.CDLL(None)
         mallopt = libc.mallopt
         # glibc only: musl's mallopt is a stub that returns 0
         libc.gnu_get_libc_version  # noqa: B018
-    except (OSError, AttributeError):
+    except (OSError, AttributeError, TypeError):  # TypeError: CDLL(None) where there is no such thing
         return False
     mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
     mallopt.restype = ctypes.c_int

@@ -22,12 +22,13 @@ COLUMN_NAME = 4  # optional metadata field: the column names
 class Ctl:
     charset = "utf8"
 
-    def __init__(self, cache: bool):
+    def __init__(self, cache: bool, dbms: str = "mysql"):
+        self.dbms = dbms
         if cache:
-            setattr(self, tablemap.CACHE_ATTR, {})
+            setattr(self, tablemap.CACHE_ATTR, tablemap.TableMapCache())
 
     def _get_dbms(self) -> str:
-        return "mysql"
+        return self.dbms
 
 
 def body(table_id: int, names: list[str], with_names: bool = True) -> bytes:
@@ -42,13 +43,14 @@ def body(table_id: int, names: list[str], with_names: bool = True) -> bytes:
     return b
 
 
-def parse(raw: bytes, ctl: Ctl, table_map: dict[int, Any]) -> tuple[Any, BinLogPacketWrapper]:
+def parse(raw: bytes, ctl: Ctl, table_map: dict[int, Any], freeze: bool = False, verify: bool = False,
+          meta: bool = True, post: bytes | None = None) -> tuple[Any, BinLogPacketWrapper]:
     tablemap.install()
     checksum = b"\0\0\0\0"
     header = struct.pack("<cIBIIIH", b"\0", 0, constants.TABLE_MAP_EVENT, 1, 19 + len(raw) + 4, 4, 0)
     w = BinLogPacketWrapper(MysqlPacket(header + raw + checksum, 0), table_map, ctl, (8, 0, 0), True,
-                            frozenset([TableMapEvent]), None, None, None, None, False, False, False,
-                            True, False, False, None)
+                            frozenset([TableMapEvent]), None, None, None, None, freeze, False, verify,
+                            meta, False, False, post)
     return w.event, w
 
 
@@ -97,3 +99,41 @@ def test_bounded_the_oldest_definition_goes(monkeypatch: Any) -> None:
     assert len(cache) == 2 and [k[-1][:6] for k in cache] == [(2).to_bytes(6, "little"), (3).to_bytes(6, "little")]
     again, _ = parse(body(1, ["a"]), ctl, tm)  # parsed anew, correctly
     assert again.get_table() is not first.get_table() and [c.name for c in again.get_table().columns] == ["a"]
+
+
+def test_only_with_the_regions_settings_and_keyed_by_what_the_parse_depends_on(monkeypatch: Any) -> None:
+    raw = body(9, ["id", "v"])
+    # a checksum check, no metadata switch, a frozen schema: the library's parse every time, nothing kept
+    monkeypatch.setattr(row_event, "fetch_column_names", lambda *a, **k: ["id", "v"])
+    for kw in ({"verify": True}, {"meta": False}, {"freeze": True}):
+        ctl = Ctl(cache=True)
+        e1, _ = parse(raw, ctl, {}, **kw)
+        e2, _ = parse(raw, ctl, {}, **kw)
+        assert e1.get_table() is not e2.get_table() and len(getattr(ctl, tablemap.CACHE_ATTR)) == 0, kw
+    # the same bytes from a server of another kind, or after another format description: a parse of their own
+    mysql, mariadb = Ctl(cache=True), Ctl(cache=True, dbms="mariadb")
+    shared = getattr(mysql, tablemap.CACHE_ATTR)
+    setattr(mariadb, tablemap.CACHE_ATTR, shared)
+    post = bytearray(41)
+    post[constants.TABLE_MAP_EVENT - 1] = 8
+    tables = [parse(raw, c, {}, post=p)[0].get_table() for c in (mysql, mariadb) for p in (None, bytes(post))]
+    assert len({id(t) for t in tables}) == 4 and len(shared) == 4
+    # a mock connection (any attribute exists) is not a cache
+    class Loose(Ctl):
+        def __getattr__(self, name: str) -> Any:
+            return {}
+    e1, _ = parse(raw, Loose(cache=False), {})
+    assert [c.name for c in e1.get_table().columns] == ["id", "v"]
+
+
+def test_least_recently_used_goes_first_and_columns_are_bounded(monkeypatch: Any) -> None:
+    monkeypatch.setattr(tablemap, "MAX_COLUMNS", 5)
+    ctl = Ctl(cache=True)
+    a, _ = parse(body(1, ["a", "b"]), ctl, {})
+    parse(body(2, ["a", "b"]), ctl, {})
+    assert parse(body(1, ["a", "b"]), ctl, {})[0].get_table() is a.get_table()  # 1 is now the most recent
+    parse(body(3, ["a", "b"]), ctl, {})  # 6 columns > 5: the least recently used (2) goes
+    cache = getattr(ctl, tablemap.CACHE_ATTR)
+    assert [k[-1][:6] for k in cache] == [(1).to_bytes(6, "little"), (3).to_bytes(6, "little")] and cache.columns == 4
+    parse(body(4, ["a", "b", "c", "d", "e", "f"]), ctl, {})  # wider than the bound alone: kept, alone
+    assert len(cache) == 1 and cache.columns == 6

@@ -35,7 +35,10 @@ from pymysqlreplication.row_event import TableMapEvent
 from capturer.util import mysqlconn
 
 CACHE_ATTR = "_capturer_table_maps"
-MAX_ENTRIES = 4096  # definitions kept per stream (a table of 10 columns: about 10 kB)
+# kept per stream, the least recently used going first: definitions, and their columns
+# in all (a parsed column is about 1 kB)
+MAX_ENTRIES = 4096
+MAX_COLUMNS = 20_000
 # set per event (or per stream) by BinLogEvent.__init__; the rest comes from the first parse
 _PER_EVENT = ("packet", "table_map", "event_type", "timestamp", "event_size", "_ctl_connection")
 
@@ -44,8 +47,11 @@ _parse = TableMapEvent.__init__
 
 def _cached_init(self: Any, from_packet: Any, event_size: int, table_map: dict[int, Any], ctl_connection: Any,
                  **kwargs: Any) -> None:
-    cache: dict[tuple[Any, ...], dict[str, Any]] | None = getattr(ctl_connection, CACHE_ATTR, None)
-    if cache is None or not kwargs.get("optional_meta_data") or kwargs.get("verify_checksum"):
+    cache = getattr(ctl_connection, CACHE_ATTR, None)
+    # only the settings the region streams with: names in the bytes (binlog_row_metadata=FULL),
+    # no checksum check (a hit would copy the first one's verdict), no frozen schema
+    if (not isinstance(cache, TableMapCache) or not kwargs.get("optional_meta_data")
+            or kwargs.get("verify_checksum") or kwargs.get("freeze_schema")):
         _parse(self, from_packet, event_size, table_map, ctl_connection, **kwargs)
         return
     raw = _peek(from_packet, event_size)
@@ -56,6 +62,7 @@ def _cached_init(self: Any, from_packet: Any, event_size: int, table_map: dict[i
     key = (ctl_connection._get_dbms(), kwargs.get("mysql_version"), bytes(post) if post else None, raw)
     hit = cache.get(key)
     if hit is not None:
+        cache.touch(key)
         self.__dict__.update(hit)
         self.packet = from_packet
         self.table_map = table_map
@@ -70,9 +77,32 @@ def _cached_init(self: Any, from_packet: Any, event_size: int, table_map: dict[i
     meta = getattr(self, "optional_metadata", None)
     # not when the names came from the server instead of the bytes (no names in the metadata)
     if self._processed and getattr(self, "table_obj", None) is not None and getattr(meta, "column_name_list", None):
-        if len(cache) >= MAX_ENTRIES:  # the oldest definition goes (a dict keeps insertion order)
-            del cache[next(iter(cache))]
-        cache[key] = {k: v for k, v in self.__dict__.items() if k not in _PER_EVENT}
+        cache.put(key, {k: v for k, v in self.__dict__.items() if k not in _PER_EVENT}, len(self.columns))
+
+
+class TableMapCache(dict[Any, dict[str, Any]]):
+    """Parsed table maps by key, least recently used first, bounded in entries
+    and in columns."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.columns = 0
+        self._sizes: dict[Any, int] = {}
+
+    def touch(self, key: Any) -> None:
+        self[key] = self.pop(key)  # to the end: most recently used
+
+    def put(self, key: Any, value: dict[str, Any], columns: int) -> None:
+        if key in self:
+            self.columns -= self._sizes.pop(key)
+            del self[key]
+        while self and (len(self) >= MAX_ENTRIES or self.columns + columns > MAX_COLUMNS):
+            old = next(iter(self))
+            del self[old]
+            self.columns -= self._sizes.pop(old)
+        self[key] = value
+        self._sizes[key] = columns
+        self.columns += columns
 
 
 def _peek(from_packet: Any, size: int) -> bytes | None:
@@ -96,5 +126,5 @@ def connect(*args: Any, **kwargs: Any) -> Any:
     cache on each (the stream's control connection is the one the parse sees)."""
     install()
     conn = mysqlconn.connect(*args, **kwargs)
-    setattr(conn, CACHE_ATTR, {})
+    setattr(conn, CACHE_ATTR, TableMapCache())
     return conn
