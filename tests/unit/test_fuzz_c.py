@@ -1445,6 +1445,9 @@ class RecordingKafka:
     def create_topic(self, topic: str, partitions: int, replication: int) -> None:
         raise AssertionError("every topic exists")
 
+    def learn(self, topic: str) -> None:
+        pass
+
     def produce(self, topic: str, partition: int, key: Any, value: Any, headers: Any) -> None:
         self.sent.append((topic, partition, key, value, headers))
 

@@ -319,9 +319,15 @@ def test_debezium_snapshot_field_and_truncate_event() -> None:
 class _FakeKafka:
     def __init__(self) -> None:
         self.sent: list[tuple[str, int, Any, Any, dict[str, bytes]]] = []
+        self.learned: list[str] = []
 
     def partitions(self, topic: str) -> int:
         return 3
+
+    def learn(self, topic: str) -> None:
+        # the producer learns a topic before its first message goes to it
+        assert not any(x[0] == topic for x in self.sent), topic
+        self.learned.append(topic)
 
     def produce(self, topic: str, partition: int, key: Any, value: Any, headers: list[tuple[str, bytes]]) -> None:
         self.sent.append((topic, partition, key, value, dict(headers)))
@@ -348,6 +354,7 @@ def test_kafka_sends_a_truncate_to_every_partition_of_the_tables_topic(sql: str)
     fake.sent.clear()
     s._send_txn(Txn("r1", 8 << 18, Position("f.000001", 160), (), Ddl("d", "ALTER TABLE t ADD c INT", "t", "d")))
     assert [x[0] for x in fake.sent] == ["capturer.schema_changes"]
+    assert fake.learned == ["capturer.schema_changes", "capturer.d.t"]  # once each
 
 
 def test_pin_start_writes_a_first_start_once_and_keeps_it(tmp_path: Any) -> None:
