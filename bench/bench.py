@@ -682,7 +682,7 @@ def main() -> int:
                     "bigtxn,senderprocs",
                     help="parts to run; 'ab' adds, to mysql and kafka, a run without this release's sender speed-ups "
                     "(Kafka: the Python message encoder instead of C; MySQL: updates as UPDATE statements instead of "
-                    "upserts; file: the binlog read through an 8 KiB buffer instead of 256 KiB, and every table map "
+                    "upserts, and values as parameters with one phase per batch; file: the binlog read through an 8 KiB buffer instead of 256 KiB, and every table map "
                     "parsed by the library instead of once per definition)")
     ap.add_argument("--kafka-clients", default="kafka-python,confluent", help="Kafka clients to run")
     args = ap.parse_args()
@@ -856,6 +856,14 @@ def main() -> int:
                         "capturer -> mysql, updates as UPDATE statements; ratio to upserts")
                 finally:
                     msender._kind = real_kind
+                reset_target(target)
+                real_tuples, real_phase = msender._sql_tuples, msender.MySQLSender.phase_rows
+                msender._sql_tuples, msender.MySQLSender.phase_rows = None, 10**9  # one phase per batch
+                try:
+                    e2e("mysql-params-one-phase", mysql_cfg, total, results["mysql"]["rows_per_s"],
+                        "capturer -> mysql, values as parameters and no placing during apply; ratio to this release")
+                finally:
+                    msender._sql_tuples, msender.MySQLSender.phase_rows = real_tuples, real_phase
             if "senderprocs" in only:
                 reset_target(target)
                 e2e("mysql-proc", with_procs(mysql_cfg), total, results["mysql"]["rows_per_s"],

@@ -1370,6 +1370,67 @@ fail:
     return NULL;
 }
 
+/* one literal as pymysql writes it: lit_one, else fallback(value) (a str) */
+static int lit_or_fallback(Buf *b, PyObject *v, int no_backslash, PyObject *fallback) {
+    int rc = lit_one(b, v, no_backslash);
+    if (rc != 0) return rc < 0 ? -1 : 0;
+    PyObject *lit = PyObject_CallOneArg(fallback, v);
+    if (!lit) return -1;
+    if (!PyUnicode_Check(lit)) {
+        PyErr_Format(PyExc_TypeError, "fallback returned %.100s, not str", Py_TYPE(lit)->tp_name);
+        Py_DECREF(lit);
+        return -1;
+    }
+    Py_ssize_t n;
+    const char *s = PyUnicode_AsUTF8AndSize(lit, &n);
+    rc = s ? buf_put(b, s, n) : -1;
+    Py_DECREF(lit);
+    return rc;
+}
+
+/* "(v, ...), (v, ...)": the values of cols of every row (dicts), as pymysql's
+   Cursor.mogrify writes the same text with %s placeholders and the values as parameters */
+static PyObject *sql_tuples(PyObject *self, PyObject *args) {
+    PyObject *rows, *cols, *fallback;
+    int no_backslash;
+    if (!PyArg_ParseTuple(args, "OOpO", &rows, &cols, &no_backslash, &fallback)) return NULL;
+    PyObject *rseq = PySequence_Fast(rows, "rows must be a sequence");
+    if (!rseq) return NULL;
+    PyObject *cseq = PySequence_Fast(cols, "cols must be a sequence");
+    if (!cseq) { Py_DECREF(rseq); return NULL; }
+    Py_ssize_t nr = PySequence_Fast_GET_SIZE(rseq), nc = PySequence_Fast_GET_SIZE(cseq);
+    Buf b = {NULL, 0, 0};
+    PyObject *out = NULL;
+    for (Py_ssize_t r = 0; r < nr; r++) {
+        PyObject *row = PySequence_Fast_GET_ITEM(rseq, r);
+        if (!PyDict_Check(row)) {
+            PyErr_Format(PyExc_TypeError, "row %zd is %.100s, not a dict", r, Py_TYPE(row)->tp_name);
+            goto done;
+        }
+        if (buf_put(&b, r ? ", (" : "(", r ? 3 : 1) < 0) goto done;
+        for (Py_ssize_t c = 0; c < nc; c++) {
+            PyObject *key = PySequence_Fast_GET_ITEM(cseq, c);
+            PyObject *v = PyDict_GetItemWithError(row, key);
+            if (!v) {
+                if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, key);
+                goto done;
+            }
+            if (c && buf_put(&b, ", ", 2) < 0) goto done;
+            Py_INCREF(v);  /* the fallback may run Python code */
+            int rc = lit_or_fallback(&b, v, no_backslash, fallback);
+            Py_DECREF(v);
+            if (rc < 0) goto done;
+        }
+        if (buf_put(&b, ")", 1) < 0) goto done;
+    }
+    out = PyUnicode_DecodeUTF8(b.p ? b.p : "", b.n, NULL);
+done:
+    PyMem_Free(b.p);
+    Py_DECREF(cseq);
+    Py_DECREF(rseq);
+    return out;
+}
+
 /* Kafka's murmur2 (the Java client's default partitioner), as senders/kafka/sender.py's Python murmur2 */
 static uint32_t murmur2_raw(const unsigned char *d, Py_ssize_t len) {
     const uint32_t m = 0x5BD1E995;
@@ -1629,6 +1690,9 @@ static PyMethodDef module_methods[] = {
     {"sql_literals", (PyCFunction)sql_literals, METH_VARARGS,
      "sql_literals(values, no_backslash_escapes, fallback) -> tuple of SQL literals as pymysql writes them;\n"
      "fallback(value) (pymysql's Connection.escape) for any other type"},
+    {"sql_tuples", (PyCFunction)sql_tuples, METH_VARARGS,
+     "sql_tuples(rows, cols, no_backslash_escapes, fallback) -> str: '(v, ...), (v, ...)', the values of cols\n"
+     "of each row (a dict) as pymysql writes them; fallback(value) (Connection.escape) for any other type"},
     {"murmur2", (PyCFunction)murmur2, METH_O, "murmur2(data: bytes) -> int (Kafka's partitioner hash)"},
     {"baikal_plan", (PyCFunction)baikal_plan, METH_VARARGS,
      "baikal_plan(((field_id, name, kind), ...), known_field_ids, encoding) -> a BaikalDB row decoder"},

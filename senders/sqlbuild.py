@@ -50,20 +50,31 @@ def param_ident(name: str) -> str:
     return quote_ident(name).replace("%", "%%")
 
 
-def row_params(s: TableSchema, row: dict[str, Any], cols: list[str]) -> list[Any]:
-    """The values of ``cols`` as pymysql parameters (``sql_param`` where the type needs it)."""
+def converted(s: TableSchema) -> frozenset[str | None]:
+    """The columns whose values ``sql_param`` converts (``None`` in it: types unknown,
+    every column); made once per schema."""
     conv = s.__dict__.get("_sql_converted")
-    if conv is None:  # once per schema: the columns whose values need converting
+    if conv is None:
         if len(s.column_types) == len(s.columns):
             conv = frozenset(c for c, t in zip(s.columns, s.column_types) if t in _CONVERTED_TYPES)
         else:
-            conv = frozenset(s.columns) | {None}  # types unknown: convert every value
-        s.__dict__["_sql_converted"] = conv
+            conv = frozenset(s.columns) | {None}
+        s.__dict__["_sql_converted"] = conv  # a frozen dataclass: set through __dict__
+    return conv
+
+
+def row_params(s: TableSchema, row: dict[str, Any], cols: list[str]) -> list[Any]:
+    """The values of ``cols`` as pymysql parameters (``sql_param`` where the type needs it)."""
+    conv = converted(s)
     if not conv:
         return [row[c] for c in cols]
     if None in conv:
         return [sql_param(row[c], s.type_of(c)) for c in cols]
     return [sql_param(row[c], s.type_of(c)) if c in conv else row[c] for c in cols]
+
+
+#: renders ``(v, ...), (v, ...)`` from rows and columns (values that need no ``sql_param``)
+Render = Callable[[list[dict[str, Any]], list[str]], str]
 
 
 class Table:
@@ -96,11 +107,17 @@ class Table:
         vals = self._values(s, row, cols, params)
         return " AND ".join(f"{self.ident(c)} <=> {v}" for c, v in zip(cols, vals)) + ("" if s.pk else " LIMIT 1")
 
-    def insert(self, chs: list[RowChange], verb: str = "INSERT", upsert: bool = False) -> Stmt:
-        """``verb`` (INSERT or REPLACE) of the new images, which have the first one's columns."""
+    def insert(self, chs: list[RowChange], verb: str = "INSERT", upsert: bool = False,
+               render: Render | None = None) -> Stmt:
+        """``verb`` (INSERT or REPLACE) of the new images, which have the first one's columns.
+        ``render`` (a literal Table only): the values as SQL text from it, no parameters."""
         cols = list(chs[0].after or {})
         params: list[Any] = []
-        rows = self._tuples([(ch.schema, ch.after or {}) for ch in chs], cols, params)
+        if render is not None:
+            assert self.literal
+            rows = render([ch.after or {} for ch in chs], cols)
+        else:
+            rows = self._tuples([(ch.schema, ch.after or {}) for ch in chs], cols, params)
         sql = f"{verb} INTO {self.name} ({', '.join(map(self.ident, cols))}) VALUES {rows}"
         if upsert:
             sql += " ON DUPLICATE KEY UPDATE " + ", ".join(f"{q}=VALUES({q})" for q in map(self.ident, cols))
@@ -110,11 +127,16 @@ class Table:
         params: list[Any] = []
         return f"DELETE FROM {self.name} WHERE {self._where(ch, params)}", params
 
-    def delete_keys(self, chs: list[RowChange]) -> Stmt:
-        """One statement for many rows, by the first one's primary key (every old image has it)."""
+    def delete_keys(self, chs: list[RowChange], render: Render | None = None) -> Stmt:
+        """One statement for many rows, by the first one's primary key (every old image has it);
+        ``render`` as for ``insert``."""
         pk = list(chs[0].schema.pk)
         params: list[Any] = []
-        keys = self._tuples([(ch.schema, ch.before or {}) for ch in chs], pk, params)
+        if render is not None:
+            assert self.literal
+            keys = render([ch.before or {} for ch in chs], pk)
+        else:
+            keys = self._tuples([(ch.schema, ch.before or {}) for ch in chs], pk, params)
         cols = ", ".join(map(self.ident, pk))
         return f"DELETE FROM {self.name} WHERE {f'({cols})' if len(pk) > 1 else cols} IN ({keys})", params
 

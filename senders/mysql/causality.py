@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import unicodedata
 import zlib
-from typing import Any, Iterable
+from typing import Any
 
 from capturer.model import RowChange
 
@@ -83,16 +83,23 @@ class Causality:
     def __init__(self) -> None:
         self.relations: dict[Key, Key] = {}
 
-    def detect_conflict(self, keys: Iterable[Key]) -> bool:
-        groups = {self.relations[k] for k in keys if k in self.relations}
-        return len(groups) > 1
-
-    def add(self, keys: list[Key]) -> Key:
-        """Place keys in one group and return the group; call only when
-        ``detect_conflict`` is false."""
-        group = next((self.relations[k] for k in keys if k in self.relations), keys[0])
+    def place(self, keys: list[Key]) -> Key | None:
+        """Place ``keys`` in one group and return it: the group one of them is in
+        already, else a new one; None (nothing placed) when they fall into two
+        groups (the caller flushes, resets and places them again)."""
+        rel = self.relations
+        if len(keys) == 1:  # most changes: one primary key
+            k = keys[0]
+            group = rel.get(k)
+            if group is None:
+                rel[k] = group = k
+            return group
+        groups = {rel[k] for k in keys if k in rel}
+        if len(groups) > 1:
+            return None
+        group = groups.pop() if groups else keys[0]
         for k in keys:
-            self.relations[k] = group
+            rel[k] = group
         return group
 
     def reset(self) -> None:

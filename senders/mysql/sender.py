@@ -43,7 +43,7 @@ import pymysql.cursors
 from pymysql.constants import CLIENT, SERVER_STATUS
 
 from senders.mysql.causality import Causality, conflict_keys, stable_hash
-from senders.sqlbuild import Stmt, Table, param_ident
+from senders.sqlbuild import Render, Stmt, Table, converted, param_ident
 from capturer.model.encode import _fastrows, quote_ident
 from capturer.errors import SinkError
 from capturer.util import mysqlconn
@@ -82,6 +82,7 @@ class Op:
 
 # the C build of pymysql's escaping (capturer/_fastrows.c) where it was built
 _sql_literals = getattr(_fastrows, "sql_literals", None)
+_sql_tuples = getattr(_fastrows, "sql_tuples", None)
 
 _NO_BACKSLASH = SERVER_STATUS.SERVER_STATUS_NO_BACKSLASH_ESCAPES
 
@@ -244,15 +245,20 @@ class Worker:
                     continue  # applied before a crash: replaying would duplicate it
                 progress[tkey] = op.ident
             todo.append(op)
-        i = 0
+        i, n = 0, len(todo)
         kinds = [_kind(op.ch) for op in todo]
         with conn.cursor() as cur:
-            while i < len(todo):
-                j = i + 1
+            while i < n:
+                # a run: consecutive changes of one table and kind whose images have the same columns
                 head = todo[i]
-                sig = (head.db, head.table, kinds[i], head.keyed, tuple(head.ch.image))
-                while (j < len(todo) and j - i < self.s.stmt_rows
-                       and (todo[j].db, todo[j].table, kinds[j], todo[j].keyed, tuple(todo[j].ch.image)) == sig):
+                kind, schema, cols = kinds[i], head.ch.schema, head.ch.image.keys()
+                j, end = i + 1, min(n, i + self.s.stmt_rows)
+                while j < end:
+                    op = todo[j]
+                    if (kinds[j] != kind or op.table != head.table or op.db != head.db
+                            or (op.ch.schema is not schema and op.keyed != head.keyed)
+                            or op.ch.image.keys() != cols):
+                        break
                     j += 1
                 run = todo[i:j]
                 what = f"{head.ch.op} into {quote_ident(head.db)}.{quote_ident(head.table)}"
@@ -277,11 +283,28 @@ class Worker:
             self.s.progress_after_commit[tkey] = ident
         return len(todo)
 
+    @staticmethod
+    def _render(cur: Any, run: list[Op]) -> Render | None:
+        """The values of ``run`` as SQL text in one C call (pymysql's escaping: the same
+        text as with parameters), where built and no value needs ``sql_param``."""
+        if _sql_tuples is None or any(converted(op.ch.schema) for op in run):
+            return None
+        conn = cur.connection
+        no_backslash, escape = bool(conn.server_status & _NO_BACKSLASH), conn.escape
+        return lambda rows, cols: _sql_tuples(rows, cols, no_backslash, escape)
+
+    @staticmethod
+    def _execute(cur: Any, t: Table, stmt: Stmt) -> int:
+        # a literal statement has no parameters: pymysql sends it as it is (no % expansion)
+        return int(cur.execute(stmt[0], None if t.literal else stmt[1]))
+
     def _insert(self, cur: Any, run: list[Op], verb: str = "INSERT") -> None:
         head = run[0]
         upsert = verb == "INSERT" and head.keyed
+        render = self._render(cur, run)
+        t = Table(head.db, head.table, literal=render is not None)
         try:
-            cur.execute(*Table(head.db, head.table).insert([op.ch for op in run], verb, upsert))
+            self._execute(cur, t, t.insert([op.ch for op in run], verb, upsert, render))
         except pymysql.err.IntegrityError as exc:
             if exc.args[0] != ER_DUP_ENTRY or not upsert:
                 raise
@@ -298,12 +321,14 @@ class Worker:
 
     def _delete(self, cur: Any, run: list[Op]) -> None:
         head = run[0]
-        t = Table(head.db, head.table)
         pk = head.ch.schema.pk
         if pk and all(c in (op.ch.before or {}) for op in run for c in pk):
-            cur.execute(*t.delete_keys([op.ch for op in run]))
-        else:
-            self._multi(cur, [t.delete(op.ch) for op in run])
+            render = self._render(cur, run)
+            tk = Table(head.db, head.table, literal=render is not None)
+            self._execute(cur, tk, tk.delete_keys([op.ch for op in run], render))
+            return
+        t = Table(head.db, head.table)
+        self._multi(cur, [t.delete(op.ch) for op in run])
 
     def _update(self, cur: Any, run: list[Op]) -> None:
         head = run[0]
@@ -475,48 +500,81 @@ class MySQLSender(Sender):
             self.progress_after_commit = {}
 
     def _send(self, batch: list[Txn]) -> None:
+        """Place the batch's changes phase by phase. A phase is applied by the workers
+        while the next one is placed (conflict keys, groups: computing only, nothing
+        sent); it is handed to them only after the one before has committed, so
+        phases never overlap at the target. Barriers (a change linking two groups,
+        a DDL) end a phase early."""
         causality = Causality()
         lanes: dict[int, list[list[Op]]] = {}
         placed = [0]
+        in_flight: list[list[Future[int]]] = []
+
+        def wait() -> None:
+            if in_flight:
+                self._wait_phase(in_flight.pop())
 
         def flush() -> None:
             if lanes:
-                self._run_phase(lanes)
+                wait()
+                in_flight.append(self._start_phase(dict(lanes)))
                 lanes.clear()
             causality.reset()
             placed[0] = 0
 
         def place(keys: list[str], unit: list[Op]) -> None:
-            if causality.detect_conflict(keys):
+            group = causality.place(keys)
+            if group is None:  # the keys link two groups
                 self.count("barriers")
                 flush()
-            group = causality.add(keys)
+                group = causality.place(keys)
+                assert group is not None
             lanes.setdefault(stable_hash(group) % self.n, []).append(unit)
 
-        for txn in batch:
-            if txn.ddl is not None:
-                flush()
-                self._apply_ddl(txn.ddl)
-                continue
-            if self.atomic:  # one target transaction: the whole source transaction at once
-                ops = [Op((txn.commit_ts, txn.region, i), ch, *self._target(ch))
-                       for i, ch in enumerate(txn.changes)]
-                if ops:
-                    keys = [k for op in ops for k in conflict_keys(op.ch, op.db, op.table)]
-                    place(keys, ops)
-                continue
-            for i, ch in enumerate(txn.changes):  # a spilled transaction is read chunk by chunk
-                op = Op((txn.commit_ts, txn.region, i), ch, *self._target(ch))
-                place(conflict_keys(ch, op.db, op.table), [op])
-                placed[0] += 1
-                if placed[0] >= self.phase_rows:  # bounded memory on big batches and transactions
+        try:
+            for txn in batch:
+                if txn.ddl is not None:
                     flush()
-        flush()
+                    wait()
+                    self._apply_ddl(txn.ddl)
+                    continue
+                if self.atomic:  # one target transaction: the whole source transaction at once
+                    ops = [Op((txn.commit_ts, txn.region, i), ch, *self._target(ch))
+                           for i, ch in enumerate(txn.changes)]
+                    if ops:
+                        keys = [k for op in ops for k in conflict_keys(op.ch, op.db, op.table)]
+                        place(keys, ops)
+                        placed[0] += len(ops)
+                        if placed[0] >= self.phase_rows:
+                            flush()
+                    continue
+                ts, region, tdb = txn.commit_ts, txn.region, self.target_db
+                for i, ch in enumerate(txn.changes):  # a spilled transaction is read chunk by chunk
+                    s = ch.schema
+                    op = Op((ts, region, i), ch, tdb or s.db, s.table)
+                    place(conflict_keys(ch, op.db, op.table), [op])
+                    placed[0] += 1
+                    if placed[0] >= self.phase_rows:  # bounded memory; the next phase is placed meanwhile
+                        flush()
+            flush()
+            wait()
+        finally:
+            # an error while placing or applying: let a phase in flight finish before
+            # the batch is retried (its workers are the ones the retry uses)
+            for futures in in_flight:
+                for f in futures:
+                    try:
+                        f.result()
+                    except BaseException:  # noqa: BLE001
+                        pass
 
-    phase_rows = 50_000
+    #: rows per phase: the workers apply one while the sender places the next
+    phase_rows = 10_000
 
-    def _run_phase(self, lanes: dict[int, list[list[Op]]]) -> None:
-        futures = [self.workers[w].submit(units, self.atomic) for w, units in lanes.items()]
+    def _start_phase(self, lanes: dict[int, list[list[Op]]]) -> "list[Future[int]]":
+        return [self.workers[w].submit(units, self.atomic) for w, units in lanes.items()]
+
+    def _wait_phase(self, futures: "list[Future[int]]") -> None:
         errors = []
         for f in futures:
             try:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import random
 import subprocess
 import sys
 import threading
@@ -51,14 +52,43 @@ def test_keyless_tables_are_one_key() -> None:
 
 def test_causality_groups_and_conflicts() -> None:
     c = Causality()
-    g1 = c.add(["k1", "k2"])
-    g2 = c.add(["k3"])
-    assert g1 != g2
-    assert c.add(["k2", "k4"]) == g1  # joins the group it touches
-    assert not c.detect_conflict(["k1", "k4", "k9"])
-    assert c.detect_conflict(["k4", "k3"])  # links two groups: a barrier is needed first
+    g1 = c.place(["k1", "k2"])
+    g2 = c.place(["k3"])
+    assert g1 is not None and g2 is not None and g1 != g2
+    assert c.place(["k2", "k4"]) == g1  # joins the group it touches
+    assert c.place(["k1", "k4", "k9"]) == g1
+    assert c.place(["k4"]) == g1 and c.place(["k5"]) == "k5"  # one key: its group, or a new one
+    n = len(c)
+    assert c.place(["k4", "k3"]) is None  # links two groups: a barrier is needed first
+    assert len(c) == n  # and nothing was placed
     c.reset()
-    assert len(c) == 0 and not c.detect_conflict(["k4", "k3"])
+    assert len(c) == 0 and c.place(["k4", "k3"]) is not None
+
+
+def test_causality_place_matches_a_union_model() -> None:
+    """Random key sets against a plain model: a set of keys gets the group one of
+    them is in (or a new one), is refused exactly when they touch two groups, and
+    keys placed together stay together until a reset."""
+    rng = random.Random(5)
+    for _ in range(200):
+        c, model = Causality(), {}  # model: key -> group number
+        for _ in range(60):
+            keys = [f"k{rng.randrange(12)}" for _ in range(rng.choice([1, 1, 2, 3]))]
+            touched = {model[k] for k in keys if k in model}
+            got = c.place(keys)
+            if len(touched) > 1:
+                assert got is None
+                c.reset()
+                model.clear()
+                got = c.place(keys)
+                touched = set()
+            assert got is not None
+            gid = touched.pop() if touched else len(model) + 1000 + rng.randrange(10**9)
+            for k in keys:
+                model[k] = gid
+            for a in model:  # same model group <=> same causality group
+                for b in model:
+                    assert (model[a] == model[b]) == (c.relations[a] == c.relations[b])
 
 
 def test_stable_hash_is_stable_across_processes() -> None:

@@ -298,3 +298,37 @@ def test_file_blocks_equal_lines(changes: list[Any], snapshot: bool, spill: bool
         local.SLICE_ROWS = old
     assert got == expect
     assert got.count(b"\n") == len(rc)
+
+
+def test_c_sql_tuples_equal_pymysql() -> None:
+    """The MySQL sender's multi-row VALUES text in one C call is what pymysql's
+    mogrify writes for the same rows as parameters (every type, both escaping
+    modes, the fallback for a type it does not know), and a missing column is a
+    KeyError as with ``row[c]``."""
+    import pymysql
+
+    from capturer._fastrows import sql_tuples
+    from senders.mysql.sender import _NO_BACKSLASH
+
+    conn = pymysql.connect(defer_connect=True, charset="utf8mb4")
+    pool: list[Any] = [
+        None, True, 0, -(2**63), 10**30, 1.5, -0.0, "", "it's \"q\" \\ \n \r \x00 \x1a %s %% é😀", b"\x00'\\\xff",
+        bytearray(b"ab"), decimal.Decimal("-12345678901234567890.123456789"), decimal.Decimal("1E+5"),
+        dt.datetime(2024, 2, 29, 23, 59, 59, 999999), dt.date(9999, 12, 31), -dt.timedelta(microseconds=1),
+        dt.time(1, 2, 3, 4), frozenset({"a", "b'"}), ("x", 1),  # the last two: pymysql's escape (the fallback)
+    ]
+    rng = random.Random(11)
+    cols = ["a", "b c", "`d`", "%s"]
+    for status in (0, _NO_BACKSLASH):
+        conn.server_status = status
+        plain = pymysql.cursors.Cursor(conn)
+        for nrows in (0, 1, 2, 7, 50):
+            rows = [{c: rng.choice(pool) for c in reversed(cols)} for _ in range(nrows)]
+            for use in (cols, cols[:1], cols[2:]):
+                want = plain._mogrify(", ".join(["(" + ", ".join(["%s"] * len(use)) + ")"] * nrows),
+                                      [r[c] for r in rows for c in use])
+                assert sql_tuples(rows, use, bool(status), conn.escape) == want
+    with pytest.raises(KeyError):
+        sql_tuples([{"a": 1}, {"b": 2}], ["a"], False, conn.escape)
+    with pytest.raises(TypeError):
+        sql_tuples([{"a": object()}], ["a"], False, lambda v: 5)  # a fallback must give str
