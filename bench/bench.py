@@ -230,9 +230,72 @@ def many_regions(tmp: Path, n: int, total_inserts: int, agents: int = 2) -> dict
     return out
 
 
+def _role(pid: int, cmd: list[str]) -> str:
+    """What a process of this bench is, from its command line."""
+    if pid == os.getpid():
+        return "capturer"  # the bench process: the capturer runs in it
+    exe = Path(cmd[0]).name if cmd else ""
+    if exe == "mariadbd":
+        cnf = next((a for a in cmd if a.startswith("--defaults-file=")), "")
+        return "sources" if re.fullmatch(r"r\d+", Path(cnf.split("=", 1)[-1]).parent.name) else "target"
+    if exe in ("postgres", "postmaster"):
+        return "sources"
+    if exe == "tansu":
+        return "broker"
+    if exe == "java":
+        return "spark jvm"
+    if any("senderproc" in a for a in cmd):
+        return "sender processes"
+    if any("capturer.agent" in a or "regionproc" in a for a in cmd):
+        return "region workers"
+    return "other"
+
+
+def cpu_by_role() -> dict[str, float]:
+    """CPU seconds used so far by this process and each of its descendants (the
+    servers it started, Spark's JVM, sender and region processes), by role; and
+    ``machine``: every process's busy time, from /proc/stat. Linux only ({}
+    elsewhere). A process that ended between two samples loses its share."""
+    try:
+        tck = os.sysconf("SC_CLK_TCK")
+        procs: dict[int, tuple[int, float, list[str]]] = {}
+        for d in os.listdir("/proc"):
+            if not d.isdigit():
+                continue
+            try:
+                rest = open(f"/proc/{d}/stat").read().rsplit(")", 1)[1].split()
+                cmd = open(f"/proc/{d}/cmdline", "rb").read().decode("utf-8", "replace").split("\0")
+            except (OSError, IndexError):
+                continue
+            procs[int(d)] = (int(rest[1]), (int(rest[11]) + int(rest[12])) / tck, cmd)
+        family, grew = {os.getpid()}, True
+        while grew:
+            more = {pid for pid, (ppid, _, _) in procs.items() if ppid in family} - family
+            family |= more
+            grew = bool(more)
+        out: dict[str, float] = {}
+        for pid in family:
+            if pid in procs:
+                role = _role(pid, procs[pid][2])
+                out[role] = out.get(role, 0.0) + procs[pid][1]
+        cpu = open("/proc/stat").readline().split()[1:]
+        out["machine"] = (sum(int(x) for x in cpu) - int(cpu[3]) - int(cpu[4])) / tck  # all but idle, iowait
+        return out
+    except OSError:
+        return {}
+
+
+def cpu_split(before: dict[str, float], after: dict[str, float], seconds: float) -> dict[str, float]:
+    """Cores used on average by each role between two ``cpu_by_role`` samples."""
+    return {k: round((v - before.get(k, 0.0)) / seconds, 2) for k, v in sorted(after.items())
+            if seconds > 0 and v - before.get(k, 0.0) > 0}
+
+
 def run_until_delivered(config: Path, expect_rows: int) -> dict[str, Any]:
     """Run the capturer in-process until every sender has ``expect_rows`` rows."""
     cap = Capturer(load_config(config))
+    cpu0 = cpu_by_role()
+    cpu1: dict[str, float] = {}
     t0 = time.perf_counter()
     cap.start()
     done_at: list[float] = []
@@ -245,6 +308,7 @@ def run_until_delivered(config: Path, expect_rows: int) -> dict[str, Any]:
                 marks[pct] = (now, rows)
         if rows >= expect_rows:
             done_at.append(now)
+            cpu1.update(cpu_by_role())  # before the capturer stops its workers and senders
             return True
         return now - t0 > 1800
 
@@ -252,6 +316,8 @@ def run_until_delivered(config: Path, expect_rows: int) -> dict[str, Any]:
     elapsed = (done_at[0] if done_at else time.perf_counter()) - t0
     rows = min(s.rows for s in cap.senders)
     out = {"exit": code, "seconds": round(elapsed, 2), "rows": rows, "rows_per_s": round(rows / elapsed)}
+    # cores used by each part until every row was delivered (the machine has 2)
+    out["cpu_cores"] = cpu_split(cpu0, cpu1 or cpu_by_role(), elapsed)
     if 10 in marks and 90 in marks and marks[90][0] > marks[10][0]:
         # steady state: the rate between 10 % and 90 % of the rows delivered (no connecting at
         # the start, no waiting for every region's last heartbeat at the end); sampled every 0.1 s
@@ -701,6 +767,7 @@ def main() -> int:
                                "workload": {"inserts": inserts * 2, "updates": updates * 2, "deletes": deletes * 2,
                                             "regions": 2}, "cpu": os.cpu_count(), "malloc": results_malloc}
     failures = []
+    cpu_lines: list[str] = []
 
     def e2e(name: str, senders_cfg: str, total: int, baseline: float | None, label: str,
             region_extra: str = "") -> None:
@@ -708,6 +775,8 @@ def main() -> int:
         r = run_capturer(tmp / name, servers, senders_cfg, total, region_extra)
         results[name] = r
         rep.add(label, r["rows_per_s"], baseline)
+        if r.get("cpu_cores"):
+            cpu_lines.append(f"{name}: " + ", ".join(f"{k} {v:.2f}" for k, v in r["cpu_cores"].items()))
         if r["rows"] != total or r["exit"] != 0:
             failures.append(f"{name}: {r['rows']} of {total} rows, exit {r['exit']}")
 
@@ -1005,6 +1074,9 @@ def main() -> int:
     print(json.dumps(results, indent=2))
     print()
     print(rep.markdown())
+    if cpu_lines:
+        print(f"\ncores used during each run ({os.cpu_count()} here; 'machine' is every process on it):")
+        print("\n".join(cpu_lines))
     for key in ("latency", "latency_20k", "latency_20k_workers"):
         if key in results:
             lat = results[key]
