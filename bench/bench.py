@@ -263,8 +263,8 @@ def cpu_by_role() -> dict[str, float]:
             if not d.isdigit():
                 continue
             try:
-                rest = open(f"/proc/{d}/stat").read().rsplit(")", 1)[1].split()
-                cmd = open(f"/proc/{d}/cmdline", "rb").read().decode("utf-8", "replace").split("\0")
+                rest = Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[1].split()
+                cmd = Path(f"/proc/{d}/cmdline").read_bytes().decode("utf-8", "replace").split("\0")
             except (OSError, IndexError):
                 continue
             procs[int(d)] = (int(rest[1]), (int(rest[11]) + int(rest[12])) / tck, cmd)
@@ -278,7 +278,7 @@ def cpu_by_role() -> dict[str, float]:
             if pid in procs:
                 role = _role(pid, procs[pid][2])
                 out[role] = out.get(role, 0.0) + procs[pid][1]
-        cpu = open("/proc/stat").readline().split()[1:]
+        cpu = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
         out["machine"] = (sum(int(x) for x in cpu) - int(cpu[3]) - int(cpu[4])) / tck  # all but idle, iowait
         return out
     except OSError:

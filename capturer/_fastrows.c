@@ -1394,22 +1394,23 @@ static PyObject *sql_tuples(PyObject *self, PyObject *args) {
     PyObject *rows, *cols, *fallback;
     int no_backslash;
     if (!PyArg_ParseTuple(args, "OOpO", &rows, &cols, &no_backslash, &fallback)) return NULL;
-    PyObject *rseq = PySequence_Fast(rows, "rows must be a sequence");
+    /* tuples of our own: the fallback (Python code) may change the caller's lists */
+    PyObject *rseq = PySequence_Tuple(rows);
     if (!rseq) return NULL;
-    PyObject *cseq = PySequence_Fast(cols, "cols must be a sequence");
+    PyObject *cseq = PySequence_Tuple(cols);
     if (!cseq) { Py_DECREF(rseq); return NULL; }
-    Py_ssize_t nr = PySequence_Fast_GET_SIZE(rseq), nc = PySequence_Fast_GET_SIZE(cseq);
+    Py_ssize_t nr = PyTuple_GET_SIZE(rseq), nc = PyTuple_GET_SIZE(cseq);
     Buf b = {NULL, 0, 0};
     PyObject *out = NULL;
     for (Py_ssize_t r = 0; r < nr; r++) {
-        PyObject *row = PySequence_Fast_GET_ITEM(rseq, r);
+        PyObject *row = PyTuple_GET_ITEM(rseq, r);
         if (!PyDict_Check(row)) {
             PyErr_Format(PyExc_TypeError, "row %zd is %.100s, not a dict", r, Py_TYPE(row)->tp_name);
             goto done;
         }
         if (buf_put(&b, r ? ", (" : "(", r ? 3 : 1) < 0) goto done;
         for (Py_ssize_t c = 0; c < nc; c++) {
-            PyObject *key = PySequence_Fast_GET_ITEM(cseq, c);
+            PyObject *key = PyTuple_GET_ITEM(cseq, c);
             PyObject *v = PyDict_GetItemWithError(row, key);
             if (!v) {
                 if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, key);

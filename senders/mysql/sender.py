@@ -10,8 +10,10 @@ Per batch of transactions (in stream order):
 * each worker groups consecutive changes of the same table and kind into
   multi-row statements: ``INSERT ... ON DUPLICATE KEY UPDATE`` (an upsert),
   ``DELETE ... WHERE (pk) IN (...)``, and ``UPDATE ... WHERE <old key>`` sent
-  together in one round trip. Values are always parameters (pymysql ``%s``,
-  escaped by the driver); identifiers are always quoted;
+  together in one round trip. Values are parameters (pymysql ``%s``, escaped
+  by the driver), or, for multi-row upserts and key deletes, written into the
+  text by the C build of the driver's own escaping (the same text); identifiers
+  are always quoted;
 * the batch is acknowledged only when every worker has committed its part.
 
 Replays after a crash converge: an upsert that collides with another row on a
@@ -193,11 +195,20 @@ class Worker:
         return self.pool.submit(self.apply, units, atomic)
 
     def apply(self, units: list[list[Op]], atomic: bool) -> int:
-        """Apply and commit; a deadlock or lock timeout is retried here, at once,
-        since each attempt is rolled back whole."""
+        """Apply and commit, in chunks (a unit each with ``atomic``, else ``commit_rows``
+        rows); a deadlock or lock timeout is retried here, at once: the chunk that failed
+        was rolled back, and the chunks committed before it are not applied again (a
+        table without keys would get their rows twice)."""
+        if atomic:
+            chunks = units
+        else:
+            ops = [op for unit in units for op in unit]
+            chunks = [ops[i : i + self.s.commit_rows] for i in range(0, len(ops), self.s.commit_rows)]
+        committed = [0, 0]  # chunks, rows
         for attempt in range(1, 9):
             try:
-                return self._apply(units, atomic)
+                self._apply(chunks, committed)
+                return committed[1]
             except SinkError as exc:
                 cause = exc.__cause__
                 code = cause.args[0] if cause is not None and cause.args else 0
@@ -207,19 +218,16 @@ class Worker:
                 time.sleep(random.uniform(0.005, 0.05) * attempt)
         raise AssertionError("unreachable")
 
-    def _apply(self, units: list[list[Op]], atomic: bool) -> int:
+    def _apply(self, chunks: list[list[Op]], committed: list[int]) -> None:
+        """Apply ``chunks`` from ``committed[0]`` on, each in its own target
+        transaction; ``committed`` counts the chunks and rows committed."""
         conn = self.connect()
-        done = 0
         try:
-            if atomic:
-                for unit in units:
-                    done += self._apply_ops(conn, unit)
-                    conn.commit()
-            else:
-                ops = [op for unit in units for op in unit]
-                for i in range(0, len(ops), self.s.commit_rows):
-                    done += self._apply_ops(conn, ops[i : i + self.s.commit_rows])
-                    conn.commit()
+            while committed[0] < len(chunks):
+                done = self._apply_ops(conn, chunks[committed[0]])
+                conn.commit()
+                committed[0] += 1
+                committed[1] += done
         except BaseException as exc:
             err = _classify(exc, f"worker {self.index}")
             try:
@@ -231,7 +239,6 @@ class Worker:
             if err.retriable and code not in (1213, 1205):
                 self.drop()
             raise err from inner
-        return done
 
     def _apply_ops(self, conn: pymysql.connections.Connection, ops: list[Op]) -> int:
         progress: dict[str, Ident] = {}
@@ -424,7 +431,7 @@ class MySQLSender(Sender):
         self.progress: dict[str, Ident] = {}
         self.progress_after_commit: dict[str, Ident] = {}
         self._progress_loaded = False
-        self.counters: dict[str, int] = {"barriers": 0, "ddl_applied": 0, "ddl_skipped": 0,
+        self.counters: dict[str, int] = {"phases": 0, "barriers": 0, "ddl_applied": 0, "ddl_skipped": 0,
                                          "replace_fallbacks": 0, "upsert_fallbacks": 0,
                                          "replayed_skips": 0, "deadlock_retries": 0}
         self._clock = threading.Lock()
@@ -512,12 +519,17 @@ class MySQLSender(Sender):
 
         def wait() -> None:
             if in_flight:
-                self._wait_phase(in_flight.pop())
+                self._wait_phase(in_flight[-1])  # still listed while waited for: see finally
+                in_flight.pop()
 
         def flush() -> None:
             if lanes:
                 wait()
-                in_flight.append(self._start_phase(dict(lanes)))
+                futures: list[Future[int]] = []
+                in_flight.append(futures)
+                self.count("phases")
+                for w, units in lanes.items():  # each listed as soon as it is submitted
+                    futures.append(self.workers[w].submit(units, self.atomic))
                 lanes.clear()
             causality.reset()
             placed[0] = 0
@@ -570,9 +582,6 @@ class MySQLSender(Sender):
 
     #: rows per phase: the workers apply one while the sender places the next
     phase_rows = 10_000
-
-    def _start_phase(self, lanes: dict[int, list[list[Op]]]) -> "list[Future[int]]":
-        return [self.workers[w].submit(units, self.atomic) for w, units in lanes.items()]
 
     def _wait_phase(self, futures: "list[Future[int]]") -> None:
         errors = []

@@ -332,3 +332,12 @@ def test_c_sql_tuples_equal_pymysql() -> None:
         sql_tuples([{"a": 1}, {"b": 2}], ["a"], False, conn.escape)
     with pytest.raises(TypeError):
         sql_tuples([{"a": object()}], ["a"], False, lambda v: 5)  # a fallback must give str
+    # a fallback that empties the caller's lists: the rows and columns taken at the call are used
+    rows2, cols2 = [{"a": frozenset(), "b": 1}, {"a": 2, "b": 3}], ["a", "b"]
+
+    def clear(v: Any) -> str:
+        rows2.clear()
+        cols2.clear()
+        return "X"
+
+    assert sql_tuples(rows2, cols2, False, clear) == "(X, 1), (2, 3)"

@@ -32,7 +32,7 @@ class FakeWorker:
 
     def submit(self, units: list[list[Op]], atomic: bool) -> "Future[int]":
         self.busy = True
-        return self.pool.submit(self.apply, units, self.s.phase_no)
+        return self.pool.submit(self.apply, units, self.s.counters["phases"])
 
     def apply(self, units: list[list[Op]], phase: int) -> int:
         ids = [op.ch.after["id"] for unit in units for op in unit]
@@ -58,17 +58,10 @@ def sender(n: int = 3, phase_rows: int = 10, fail_on: int | None = None, delay: 
     opts = {k.name: k.default for k in MySQLSender.KEYS}
     opts.update(host="h", user="u", threadnum=n, meta_database="")
     s = MySQLSender("m", opts)
-    s.log, s.phase_no = [], 0
+    s.log = []
     s.workers = [FakeWorker(s, i, fail_on, delay) for i in range(n)]
     s.phase_rows = phase_rows
     s._progress_loaded = True
-    real = s._start_phase
-
-    def start(lanes: Any) -> Any:
-        s.phase_no += 1
-        return real(lanes)
-
-    s._start_phase = start
     return s
 
 
@@ -137,3 +130,110 @@ def test_a_ddl_waits_for_the_phase_in_flight(monkeypatch: pytest.MonkeyPatch) ->
     s.send(batch)
     assert seen == [15]  # every row before the DDL was applied when it ran
     assert sum(len(w.applied) for w in s.workers) == 20
+
+
+# --- a worker's statements and commits (a recording connection instead of a server) ----------------
+
+class RecConn:
+    """Records the statements of each target transaction; ``fail_at``: the statement
+    numbers that raise a deadlock (1213) once."""
+
+    server_status = 0
+
+    def __init__(self, fail_at: set[int] = frozenset()):  # type: ignore[assignment]
+        self.fail_at, self.n = set(fail_at), 0
+        self.pending: list[tuple[str, Any]] = []
+        self.committed: list[list[tuple[str, Any]]] = []
+
+    def escape(self, v: Any) -> str:
+        import pymysql
+
+        return pymysql.connect(defer_connect=True, charset="utf8mb4").escape(v)
+
+    def cursor(self) -> "RecConn":
+        return self
+
+    def __enter__(self) -> "RecConn":
+        return self
+
+    def __exit__(self, *a: Any) -> None:
+        return None
+
+    @property
+    def connection(self) -> "RecConn":
+        return self
+
+    def execute(self, sql: str, params: Any = None) -> int:
+        import pymysql
+
+        self.n += 1
+        if self.n in self.fail_at:
+            self.fail_at.discard(self.n)
+            raise pymysql.err.OperationalError(1213, "Deadlock found")
+        self.pending.append((sql, params))
+        return 1
+
+    def commit(self) -> None:
+        self.committed.append(self.pending)
+        self.pending = []
+
+    def rollback(self) -> None:
+        self.pending = []
+
+
+def real_worker(conn: RecConn, commit_rows: int = 5000) -> Any:
+    from senders.mysql.sender import Worker
+
+    s = sender(n=1)
+    s.commit_rows = commit_rows
+    w = Worker(s, 0)
+    w.conn = conn
+    return w
+
+
+KEYLESS = TableSchema("d", "log", ("msg", "n"), (), (), (15, 3))
+
+
+def test_a_deadlock_retry_does_not_apply_committed_chunks_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A keyless table's rows in 3 commits; the second one deadlocks once: its rows
+    and the third's are applied once each, the first's are not applied again."""
+    import senders.mysql.sender as ms
+
+    monkeypatch.setattr(ms.time, "sleep", lambda s: None)
+    conn = RecConn(fail_at={2})
+    w = real_worker(conn, commit_rows=4)
+    w.s.meta_db = ""
+    units = [[Op((1, "r", i), RowChange(KEYLESS, "insert", None, {"msg": f"m{i}", "n": i}), "d", "log")]
+             for i in range(12)]
+    assert w.apply(units, atomic=False) == 12
+    inserted = [sql for tx in conn.committed for sql, _ in tx]
+    for i in range(12):
+        assert sum(f"'m{i}'" in sql for sql in inserted) == 1, i
+    assert w.s.counters["deadlock_retries"] == 1
+
+
+def test_runs_group_by_table_kind_and_columns_and_pick_the_literal_path_only_without_conversions() -> None:
+    from capturer.model.encode import T_BIT
+
+    conn = RecConn()
+    w = real_worker(conn)
+    bits = TableSchema("d", "t", ("id", "v"), ("id",), (), (3, T_BIT))
+    plain = TableSchema("d", "t", ("id", "v"), ("id",), (), (3, 3))
+    ops = [
+        Op((1, "r", 0), RowChange(plain, "insert", None, {"id": 1, "v": 1}), "d", "t"),
+        Op((1, "r", 1), RowChange(plain, "insert", None, {"v": 2, "id": 2}), "d", "t"),  # other order: same run
+        Op((1, "r", 2), RowChange(plain, "delete", {"id": 1, "v": 1}, None), "d", "t"),  # another kind
+        Op((1, "r", 3), RowChange(plain, "insert", None, {"id": 3, "v": 3}), "d", "t2"),  # another table
+        Op((1, "r", 4), RowChange(plain, "insert", None, {"id": 4, "v": 4}), "d", "t2"),
+        Op((1, "r", 5), RowChange(bits, "insert", None, {"id": 5, "v": "101"}), "d", "t2"),  # BIT: converted
+        Op((1, "r", 6), RowChange(S, "insert", None, {"id": 6}), "d", "t2"),  # other columns, no types
+    ]
+    w._apply_ops(conn, ops)
+    stmts = conn.pending
+    assert len(stmts) == 4
+    (s1, p1), (s2, p2), (s3, p3), (s4, p4) = stmts
+    assert "`d`.`t` " in s1 and "(1, 1), (2, 2)" in s1 and p1 is None  # literal: values in the text
+    assert s2 == "DELETE FROM `d`.`t` WHERE `id` IN ((1))" and p2 is None  # the same text as with parameters
+    # one value needs sql_param (BIT '101' -> 5): the whole run goes with parameters
+    assert "`d`.`t2` " in s3 and p3 == [3, 3, 4, 4, 5, 5]
+    assert "(`id`) VALUES (%s)" in s4 and p4 == [6]  # other columns; types unknown: parameters
