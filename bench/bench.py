@@ -749,13 +749,15 @@ def main() -> int:
                     help="parts to run; 'ab' adds, to mysql and kafka, a run without this release's sender speed-ups "
                     "(Kafka: the Python message encoder instead of C; MySQL: updates as UPDATE statements instead of "
                     "upserts, and values as parameters with one phase per batch; file: the binlog read through an 8 KiB buffer instead of 256 KiB, and every table map "
-                    "parsed by the library instead of once per definition)")
+                    "parsed by the library instead of once per definition; all four: Python's default GC thresholds)")
     ap.add_argument("--kafka-clients", default="kafka-python,confluent", help="Kafka clients to run")
     args = ap.parse_args()
     # the capturer runs in this process: malloc as ``python -m capturer`` sets it (CAPTURER_MALLOC=default: glibc's own)
-    from capturer.util.memory import tune_malloc
+    from capturer.util.memory import GC_THRESHOLDS, tune_gc, tune_malloc
 
     results_malloc = "fixed mmap threshold" if tune_malloc() else "glibc default"
+    # and the collector as ``python -m capturer`` sets it (CAPTURER_GC=default: Python's own)
+    results_gc = f"thresholds {GC_THRESHOLDS}" if tune_gc() else "Python default"
     only = set(args.only.split(","))
     inserts = args.rows // 2
     updates, deletes = inserts // 4, inserts // 10
@@ -765,7 +767,8 @@ def main() -> int:
     rep = Report()
     results: dict[str, Any] = {"date": dt.datetime.now().isoformat(timespec="seconds"),
                                "workload": {"inserts": inserts * 2, "updates": updates * 2, "deletes": deletes * 2,
-                                            "regions": 2}, "cpu": os.cpu_count(), "malloc": results_malloc}
+                                            "regions": 2}, "cpu": os.cpu_count(), "malloc": results_malloc,
+                               "gc": results_gc}
     failures = []
     cpu_lines: list[str] = []
 
@@ -1002,6 +1005,25 @@ def main() -> int:
                 f"[spark]\nwarehouse={tmp / 'all' / 'wh'}\ncompaction_interval=0\nbatch_interval=1\n",
                 total, decode, "capturer -> all four at once (file, mysql, kafka/confluent, spark)")
             broker.kill()
+            if "ab" in only:
+                import gc
+
+                broker = Broker().start()
+                extra.append(broker)
+                reset_target(target)
+                tuned = gc.get_threshold()
+                gc.set_threshold(700, 10, 10)  # Python's defaults
+                try:
+                    e2e("all-gc-default", "[global]\ntype=local,mysql,kafka,spark\n"
+                        f"[local]\nfilepath={tmp / 'all-gcd' / 'changes.jsonl'}\n"
+                        f"[mysql]\nhost=127.0.0.1\nport={target.port}\nuser=root\nthreadnum={args.threads}\n"
+                        f"[kafka]\nservers={broker.servers}\nclient=confluent\n"
+                        f"[spark]\nwarehouse={tmp / 'all-gcd' / 'wh'}\ncompaction_interval=0\nbatch_interval=1\n",
+                        total, results["all"]["rows_per_s"],
+                        "capturer -> all four, Python's default GC thresholds; ratio to the capturer's")
+                finally:
+                    gc.set_threshold(*tuned)
+                broker.kill()
             if "senderprocs" in only:
                 broker = Broker().start()
                 extra.append(broker)

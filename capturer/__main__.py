@@ -20,7 +20,7 @@ import threading
 from pathlib import Path
 
 from capturer.errors import CheckpointError, ConfigError
-from capturer.util.memory import tune_malloc
+from capturer.util.memory import tune
 
 
 def setup_logging(level: str = "info") -> None:
@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     # first thing: a SIGTERM during start-up must still mean "stop cleanly"
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
-    tune_malloc()
+    tune()
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "snapshot":
         return snapshot_cli(argv[1:])

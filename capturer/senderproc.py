@@ -22,7 +22,9 @@ back as the same ``SinkError`` (retriable or not).
 The pipe carries msgpack values. Capturer -> child: ``["open", sender, options,
 log level, spillRows, spillDir]``, then per batch ``["r", region]`` before the
 transactions of each region, the transactions' wire values, and ``["end"]``;
-``["close"]`` at the end. Child -> capturer, one answer per open and per batch:
+between batches, at most once a second, ``["hk"]`` for a sender that has
+housekeeping of its own (the Spark sender's compaction); ``["close"]`` at the
+end. Child -> capturer, one answer per open, per batch and per ``hk``:
 ``["ok", status extras]`` or ``["err", retriable, message]``.
 """
 
@@ -45,7 +47,7 @@ from senders.base import Sender
 from capturer.agent import wire
 from capturer.errors import SinkError
 from capturer.model import Txn
-from capturer.util.memory import tune_malloc
+from capturer.util.memory import tune
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +88,9 @@ class ProcessSender(Sender):
         self.restarts = 0
         self._encoder = wire.Encoder()
         self._answers: Any = None
+        # the child runs the sender's housekeeping (a compaction coming due) once a second between batches
+        self._housekeeps = type(probe).housekeeping is not Sender.housekeeping
+        self._last_housekeeping = 0.0
 
     def status(self) -> dict[str, Any]:
         st = dict(self.extras)
@@ -188,6 +193,15 @@ class ProcessSender(Sender):
         self._write(pieces)
         self._answer()
 
+    def housekeeping(self) -> None:
+        if not self._housekeeps or self.proc is None or time.monotonic() - self._last_housekeeping < 1.0:
+            return
+        self._last_housekeeping = time.monotonic()
+        if self.proc.poll() is not None:
+            return  # the next batch starts another
+        self._write([wire.packb(["hk"])])
+        self._answer()
+
     def close(self) -> None:
         p, self.proc = self.proc, None
         if p is None:
@@ -234,7 +248,7 @@ def _die_with(parent: int) -> None:
 
 def child_main(argv: list[str] | None = None) -> int:
     """Serve one sender on stdin/stdout until ``close`` or the capturer goes away."""
-    tune_malloc()
+    tune()
     args = sys.argv[1:] if argv is None else argv
     if len(args) == 2 and args[0] == "--parent" and args[1].isdigit():
         _die_with(int(args[1]))
@@ -285,6 +299,13 @@ def child_main(argv: list[str] | None = None) -> int:
                         answer(_err(exc))
                     batch, broken = [], None
                     reader.discard()
+                elif tag == "hk":  # between batches: the sender's own work
+                    try:
+                        sender.housekeeping()
+                        st = sender.status()
+                        answer(["ok", {k: x for k, x in st.items() if k not in _BASE_STATUS}])
+                    except Exception as exc:  # noqa: BLE001 - goes back to the capturer
+                        answer(_err(exc))
                 elif tag == "close":
                     break
                 elif tag == "r" and len(v) == 2:

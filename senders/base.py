@@ -73,6 +73,10 @@ class Sender:
     def send(self, batch: list[Txn]) -> None:
         raise NotImplementedError
 
+    def housekeeping(self) -> None:
+        """Work of the sender's own between batches (the loop runs it before every
+        batch, and every 0.2 s while none comes), e.g. a compaction coming due."""
+
     def close(self) -> None:
         """Release resources. Called once, from the sender's thread."""
 
@@ -171,7 +175,7 @@ class Sender:
             if not self._wait_while_paused() or not self._with_retries("open", self.open):
                 return
             while not self._stop.is_set():
-                if not self._wait_while_paused():
+                if not self._wait_while_paused() or not self._with_retries("housekeeping", self.housekeeping):
                     break
                 try:
                     pairs = self.queue.get_many(self.batch_rows, timeout=0.2)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from capturer.__main__ import setup_logging
 from capturer.errors import ConfigError
-from capturer.util.memory import tune_malloc
+from capturer.util.memory import tune
 
 _STOP = threading.Event()
 
@@ -54,7 +54,7 @@ def _follow_parent(pid: int) -> None:
 def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
-    tune_malloc()
+    tune()
     ap = argparse.ArgumentParser(prog="capturer.agent",
                                  description="Region agent: serves regions to capturers over gRPC")
     ap.add_argument("--config", default="conf/agent.cfg", help="path to agent.cfg")

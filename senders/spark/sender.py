@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
+import importlib.util
 import logging
 import os
 import re
@@ -88,7 +89,11 @@ class SparkSender(Sender):
         self.spark: Any = None
         self._opened = False
         self._session_thread: threading.Thread | None = None
-        self._session_error: BaseException | None = None
+        self._session_lock = threading.Lock()
+        self._session_error: BaseException | None = None  # of the last start, kept until the next one
+        self._closed = False
+        self._views_retry_at = 0.0  # a persistent catalog's session that failed: tried again then
+        self.housekeeping_error = ""  # the last compaction (or view session) that could not run, "" once one ran
         self.tables: dict[tuple[str, str], lake.TableState] = {}
         self._synced: set[str] = set()
         self._swept: set[str] = set()
@@ -102,37 +107,51 @@ class SparkSender(Sender):
         st.update({"appends": self.appends, "compactions": self.compactions,
                    "last_compaction_seconds": round(self.last_compaction_seconds, 2),
                    "tables": len(self.tables), "warehouse": str(self.warehouse),
-                   "writer": self.options["writer"],
+                   "writer": self.options["writer"], "housekeeping_error": self.housekeeping_error,
                    "session": ("ready" if self.spark is not None else
                                "starting" if self._session_thread is not None and self._session_thread.is_alive()
-                               else "failed" if self._session_error is not None else "not started")})
+                               else "failed" if self._session_error is not None
+                               else "not started" if self._session_at_open() or not self._opened
+                               else "on demand")})
         return st
 
     # --- lifecycle ----------------------------------------------------------
-    # With writer=arrow, changelog files are written without Spark: the session
-    # (JVM start-up takes seconds) starts in the background and is needed only to
-    # register the tables' views and to compact. With writer=spark it is needed
-    # for every append, so open() waits for it.
+    # With writer=arrow, changelog files are written without Spark. The session
+    # (a JVM: seconds of start-up and ~15 CPU-seconds, taken from the capture
+    # when it starts with it) is then started only when something needs it: a
+    # compaction coming due, or a caller of session(). Views are registered in it
+    # once it runs. It starts with the sender when the views are of use to other
+    # sessions (a persistent catalog: conf.spark.sql.catalogImplementation=hive)
+    # and with writer=spark, which needs it for every append (open() waits).
+    def _session_at_open(self) -> bool:
+        conf = self.options.get("conf.*") or {}
+        return (self.options["writer"] == "spark"
+                or str(conf.get("spark.sql.catalogImplementation", "in-memory")).strip().lower() != "in-memory")
+
     def open(self) -> None:
         if self._opened:
             return
         try:
             import pyarrow  # noqa: F401
-            import pyspark  # noqa: F401
+
+            if importlib.util.find_spec("pyspark") is None:  # (not imported before its session is needed)
+                raise ImportError("No module named 'pyspark'")
         except ImportError as exc:
             raise SinkError(f"the spark sender needs pyspark and pyarrow: {exc}; sh start.sh installs them "
                             "(or: .venv/bin/pip install -e '.[spark]')", retriable=False) from exc
+        if (self._session_at_open() or float(self.options["compaction_interval"])) and not _java_found():
+            # found now rather than when the first compaction comes due
+            raise SinkError("the spark sender needs Java (17) for its Spark session: none on PATH and no "
+                            "JAVA_HOME; sh start.sh installs it (apt-get install openjdk-17-jre-headless)",
+                            retriable=False)
         self.warehouse.mkdir(parents=True, exist_ok=True)
         for st in lake.list_tables(self.warehouse):
             self.tables[(st.db, st.table)] = st
             st._dirty = True  # type: ignore[attr-defined]
-        self._session_error = None
-        self._session_thread = threading.Thread(target=self._start_session, name=f"{self.name}-spark-start",
-                                                daemon=True)
-        self._session_thread.start()
+        self._closed = False
+        if self._session_at_open():
+            self._session(wait=self.options["writer"] == "spark")  # (its failure: open is tried again)
         self._opened = True
-        if self.options["writer"] == "spark":
-            self._session()
 
     def _start_session(self) -> None:
         try:
@@ -143,27 +162,48 @@ class SparkSender(Sender):
             self._own_session = SparkContext._active_spark_context is None
             self.spark = build_session(self.options, self.warehouse)
         except BaseException as exc:  # noqa: BLE001 - JVM start-up problems, reported by _session
-            self._session_error = exc
+            self._session_error = threading.current_thread().error = exc  # type: ignore[attr-defined]
 
     def _session(self, wait: bool = True) -> Any:
-        """The Spark session; None if it is still starting and ``wait`` is false."""
-        t = self._session_thread
+        """The Spark session, started if none runs or is starting (after a failed
+        start, this is the next attempt); None if it is still starting and ``wait``
+        is false. A failed start raises SinkError in every caller that waited for it."""
+        with self._session_lock:  # (the sender's thread and a session() caller)
+            t = self._session_thread
+            if t is None and self.spark is None:
+                if self._closed:
+                    raise SinkError("the spark sender is closed: no session is started")
+                self._session_error = None
+                t = self._session_thread = threading.Thread(target=self._start_session,
+                                                            name=f"{self.name}-spark-start", daemon=True)
+                t.start()
         if t is not None and t.is_alive():
             if not wait:
                 return None
             t.join()
-        if self._session_error is not None:
-            exc, self._session_error = self._session_error, None
-            self._opened = False  # the next attempt starts it again
+        with self._session_lock:
+            if self._session_thread is t:
+                self._session_thread = None
+        exc = getattr(t, "error", None)  # (this start's, whatever a later one did meanwhile)
+        if exc is not None:
             raise SinkError(f"cannot start Spark ({self.options['master']}): {exc}") from exc
         return self.spark
 
+    def session(self) -> Any:
+        """The sender's Spark session (started now if it was not), for a caller in the
+        same process (a notebook, a test). The lake tables are registered in it at the
+        sender's next batch, or by ``lake.register_tables``."""
+        return self._session()
+
     def _register_dirty(self, wait: bool) -> None:
-        """Register (or refresh) the views of tables whose manifest changed."""
+        """Register (or refresh) the views of tables whose manifest changed: in the
+        session, waited for (writer=spark needs it anyway), or else only if it runs
+        (starting it, or its failure, is housekeeping's business: an append never
+        fails for a view)."""
         dirty = [st for st in self.tables.values() if getattr(st, "_dirty", True)]
         if not dirty:
             return
-        spark = self._session(wait)
+        spark = self._session() if wait else self.spark
         if spark is None:
             return
         for st in dirty:
@@ -171,11 +211,14 @@ class SparkSender(Sender):
             st._dirty = False  # type: ignore[attr-defined]
 
     def close(self) -> None:
-        t = self._session_thread
+        with self._session_lock:
+            self._closed = True  # session() no longer starts one
+            t = self._session_thread
         if t is not None and t.is_alive():
             t.join()  # a session still starting is stopped once it is up
         self._session_thread = None
         self._opened = False
+        self._session_error = None
         if self.spark is not None:
             if getattr(self, "_own_session", True):
                 try:
@@ -222,9 +265,35 @@ class SparkSender(Sender):
                 else:
                     rows.append((txn, seq, 0, "u", ch, ch.after or {}))
         self._flush(by_table)
+
+    def housekeeping(self) -> None:
+        """A compaction when one is due: its session is started then, in the
+        background, and the compaction runs between the batches once it is up (the
+        stream is not held up by the JVM's start). A persistent catalog's session
+        that failed to start is started again a minute later. Neither ever holds up
+        the appends: a failure is logged, shown (status ``housekeeping_error``) and
+        tried again one ``compaction_interval`` later."""
+        now = time.monotonic()
         interval = float(self.options["compaction_interval"])
-        if interval and time.monotonic() - self._last_compaction >= interval:
-            self.compact_all()
+        due = bool(interval) and now - self._last_compaction >= interval
+        views = (self.spark is None and self.options["writer"] == "arrow" and self._session_at_open()
+                 and now >= self._views_retry_at)
+        if not (due or views):
+            return
+        try:
+            if self._session(wait=False) is None:
+                return  # starting
+            self._register_dirty(wait=False)
+            if due:
+                self.compact_all()
+            self.housekeeping_error = ""
+        except Exception as exc:  # noqa: BLE001 - SinkError, or py4j's from a view
+            self.housekeeping_error = str(exc)
+            if due:
+                self._last_compaction = now
+            self._views_retry_at = now + 60
+            log.warning("sender %s: %s; the appends go on, tried again in %.0f s", self.name, exc,
+                        interval if due else 60)
 
     def _state_for(self, schema: TableSchema, columns: list[list[str]]) -> lake.TableState:
         key = (schema.db, schema.table)
@@ -396,6 +465,16 @@ class SparkSender(Sender):
         self.compactions += 1
         self.last_compaction_seconds = time.monotonic() - t0
         self._last_compaction = time.monotonic()
+
+
+def _java_found() -> bool:
+    """Whether Spark's launcher can find a Java (JAVA_HOME or java on PATH)."""
+    import shutil
+
+    home = os.environ.get("JAVA_HOME")
+    if home:  # Spark's launcher then uses it, not PATH
+        return os.path.exists(os.path.join(home, "bin", "java"))
+    return shutil.which("java") is not None
 
 
 def build_session(options: dict[str, Any], warehouse: Path) -> Any:

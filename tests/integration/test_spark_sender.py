@@ -187,3 +187,30 @@ def test_lakecli_verify_and_show(tmp_path: Path, two_servers, capturer_running, 
 
     assert r.returncode == 0 and re.search(r"\|1\s*\|a\s*\|", r.stdout), r.stdout + r.stderr[-2000:]
     assert not re.search(r"\|2\s*\|", r.stdout)
+
+
+def test_compaction_in_a_sender_process_starts_its_session_on_demand(tmp_path: Path, two_servers, spark,  # type: ignore[no-untyped-def]
+                                                                     capturer_running) -> None:
+    """process=true: the child writes with pyarrow and has no Spark session until a
+    compaction comes due; then it starts one (its own JVM) between batches, and the
+    capturer's housekeeping messages let it compact while no batch comes."""
+    for m in two_servers:
+        m.execute(*SCHEMA)
+    wh = tmp_path / "wh"
+    cfg = write_config(tmp_path, two_servers, senders=spark_senders(wh, process="true", compaction_interval=3))
+    with capturer_running(cfg) as cap:
+        sender = cap.senders[0]
+        loads = [Workload(m, i + 1, 70 + i) for i, m in enumerate(two_servers)]
+        for t in [w.thread(150) for w in loads]:
+            t.join()
+        wait_for(lambda: checkpoint_covers(tmp_path, two_servers), 180, "Spark to catch up")
+        st = sender.status()
+        assert st["process"]["pid"] and st["writer"] == "arrow"
+        # the stream is idle now: only housekeeping reaches the child
+        wait_for(lambda: sender.status().get("compactions", 0) >= 1, 180, "a compaction in the sender's process")
+        assert sender.status()["session"] == "ready"
+    state = lake.TableState.load(wh / "app__users")
+    assert state is not None and state.generation >= 1
+    for table in ("users", "pairs", "log"):
+        r = verify(spark, wh, "cdc", "app", table, sources(two_servers))
+        assert r["equal"], r

@@ -5,6 +5,7 @@ import threading
 import time
 from pathlib import Path
 
+from capturer.errors import SinkError
 from capturer.pipeline.checkpoint import Checkpoint
 from capturer.model import Heartbeat, Position, RowChange, TableSchema, Txn
 from capturer.pipeline.fanout import SenderManager
@@ -210,3 +211,36 @@ def test_each_region_resumes_its_clock_above_its_own_acknowledged_item(tmp_path:
     clock = RegionClock("r1", back.floor("r1"), LiftJournal(None))
     # r1's next transaction, in the same second: it had t + 1 the first time
     assert clock.commit(1_700_000_000, Position("bin.000001", 300)) == t + 1
+
+
+class Housekeeper(Sender):
+    """Counts its housekeeping calls; the second one fails (retriable)."""
+
+    def __init__(self) -> None:
+        super().__init__("hk", {})
+        self.calls: list[float] = []
+        self.got: list[int] = []
+
+    def housekeeping(self) -> None:
+        self.calls.append(time.monotonic())
+        if len(self.calls) == 2:
+            raise SinkError("compaction failed once")
+
+    def send(self, batch: list[Txn]) -> None:
+        self.got.extend(t.commit_ts for t in batch)
+
+
+def test_the_sender_loop_runs_housekeeping_between_batches_and_while_idle() -> None:
+    s = Housekeeper()
+    m = SenderManager([s], Checkpoint(), threading.Event())
+    m.start()
+    deadline = time.time() + 5
+    while len(s.calls) < 4 and time.time() < deadline:  # idle: every 0.2 s (and the retry after the failure)
+        time.sleep(0.01)
+    assert len(s.calls) >= 4 and s.errors == 1 and s.retries == 1 and "compaction failed once" in s.last_error
+    m.dispatch(txn(4, "a", pos=400))
+    while not s.got and time.time() < deadline:
+        time.sleep(0.01)
+    assert s.got == [4] and s.state == "running"
+    m.stop()
+    m.join()
