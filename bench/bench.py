@@ -751,6 +751,8 @@ def main() -> int:
                     "upserts, and values as parameters with one phase per batch; file: the binlog read through an 8 KiB buffer instead of 256 KiB, and every table map "
                     "parsed by the library instead of once per definition; all four: Python's default GC thresholds)")
     ap.add_argument("--kafka-clients", default="kafka-python,confluent", help="Kafka clients to run")
+    ap.add_argument("--keep", action="store_true", help="keep the temporary directory (servers' data, outputs, "
+                    "logs); removed at the end otherwise")
     args = ap.parse_args()
     # the capturer runs in this process: malloc as ``python -m capturer`` sets it (CAPTURER_MALLOC=default: glibc's own)
     from capturer.util.memory import GC_THRESHOLDS, tune_gc, tune_malloc
@@ -1092,6 +1094,12 @@ def main() -> int:
     finally:
         for m in servers + extra:
             m.stop()
+        if args.keep:
+            print(f"servers' data, outputs and logs kept in {tmp}", file=sys.stderr)
+        else:  # (gigabytes: the servers' data dirs and every run's output)
+            import shutil
+
+            shutil.rmtree(tmp, ignore_errors=True)
     results["table"] = rep.rows
     print(json.dumps(results, indent=2))
     print()
