@@ -260,6 +260,9 @@ def child_main(argv: list[str] | None = None) -> int:
         out.write(wire.packb(v))
         out.flush()
 
+    def answer_ok(sender: Sender) -> None:  # with the sender's own status fields
+        answer(["ok", {k: x for k, x in sender.status().items() if k not in _BASE_STATUS}])
+
     sender: Sender | None = None
     try:
         first = next(values, None)
@@ -293,8 +296,7 @@ def child_main(argv: list[str] | None = None) -> int:
                         if broken is not None:
                             raise SinkError(f"sender process: batch refused: {broken[0]}", retriable=broken[1])
                         sender.send(batch)
-                        st = sender.status()
-                        answer(["ok", {k: x for k, x in st.items() if k not in _BASE_STATUS}])
+                        answer_ok(sender)
                     except Exception as exc:  # noqa: BLE001 - goes back to the capturer
                         answer(_err(exc))
                     batch, broken = [], None
@@ -302,8 +304,7 @@ def child_main(argv: list[str] | None = None) -> int:
                 elif tag == "hk":  # between batches: the sender's own work
                     try:
                         sender.housekeeping()
-                        st = sender.status()
-                        answer(["ok", {k: x for k, x in st.items() if k not in _BASE_STATUS}])
+                        answer_ok(sender)
                     except Exception as exc:  # noqa: BLE001 - goes back to the capturer
                         answer(_err(exc))
                 elif tag == "close":
