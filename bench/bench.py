@@ -15,8 +15,8 @@ import datetime as dt
 import decimal
 import json
 import os
-import re
 import random
+import re
 import sys
 import tempfile
 import threading
@@ -26,11 +26,13 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))  # the Tansu broker helper
 
-from capturer.app import Capturer  # noqa: E402
-from capturer.app import load_config  # noqa: E402
-from capturer.local_mariadb import MariaDBInstance, free_port  # noqa: E402
+
+from capturer.app import (
+    Capturer,
+    load_config,
+)
+from devtools.local_mariadb import MariaDBInstance, free_port
 
 TABLE = """CREATE TABLE bench.t (
   id INT PRIMARY KEY, name VARCHAR(64), city VARCHAR(32), price DECIMAL(12,2), qty DECIMAL(10,3),
@@ -244,7 +246,7 @@ def _role(pid: int, cmd: list[str]) -> str:
         return "broker"
     if exe == "java":
         return "spark jvm"
-    if any("senderproc" in a for a in cmd):
+    if any("senders.process" in a for a in cmd):
         return "sender processes"
     if any("capturer.agent" in a or "regionproc" in a for a in cmd):
         return "region workers"
@@ -334,12 +336,11 @@ def baikal_decode(rows: int) -> dict[str, float]:
     """BaikalDB payload decoding over the bench workload's prewrite payloads (made by
     the test double's writer): protobuf parse alone (the ceiling), the capturer's
     decoder in Python, and in C; rows per second of each."""
-    from baikaldb_double.__main__ import bench_load
-    from baikaldb_double.cluster import Cluster
-
     from capturer.model import protogen
     from capturer.regions.baikaldb.rows import RowPlan, mutation_changes, parse_entry
     from capturer.regions.baikaldb.schema import TableDef
+    from devtools.baikaldb_double.__main__ import bench_load
+    from devtools.baikaldb_double.cluster import Cluster
 
     P = protogen.load("baikaldb")
     c = Cluster()
@@ -391,8 +392,8 @@ def baikal_double_process(tmp: Path, rows: int) -> tuple[Any, dict[str, Any]]:
     import subprocess
 
     ready = tmp / "double-ready.json"
-    p = subprocess.Popen([sys.executable, "-m", "baikaldb_double", "--bench-rows", str(rows), "--ready", str(ready)],
-                         cwd=ROOT / "tests", env=dict(os.environ, PYTHONPATH=f"{ROOT}:{ROOT / 'tests'}"),
+    p = subprocess.Popen([sys.executable, "-m", "devtools.baikaldb_double", "--bench-rows", str(rows), "--ready", str(ready)],
+                         cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)),
                          stdout=subprocess.DEVNULL, stderr=open(tmp / "double.log", "wb"))
     deadline = time.time() + 600
     while not ready.exists():
@@ -537,7 +538,7 @@ def compaction_seconds(tmp: Path, changes: int = 1_000_000, keys: int = 200_000)
     spark = build_session({"master": "local[*]"}, wh)
     try:
         spark.range(changes).selectExpr(
-            "CASE WHEN id % 20 = 19 THEN 'd' WHEN id < {k} THEN 'i' ELSE 'u' END AS _op".format(k=keys),
+            f"CASE WHEN id % 20 = 19 THEN 'd' WHEN id < {keys} THEN 'i' ELSE 'u' END AS _op",
             "id AS _commit_ts", "'r1' AS _region", "CAST(0 AS INT) AS _seq", "CAST(0 AS INT) AS _sub",
             f"id % {keys} AS id", "concat('name-', id) AS name", "CAST(id AS DOUBLE) AS price",
         ).write.parquet(str(wh / "t__t" / "changelog"))
@@ -943,7 +944,7 @@ def main() -> int:
                 e2e("mysql-proc", with_procs(mysql_cfg), total, results["mysql"]["rows_per_s"],
                     "capturer -> mysql, sender in its own process; ratio to in-process")
         if "kafka" in only:
-            from helpers import Broker
+            from devtools.local_kafka import Broker
 
             for client in args.kafka_clients.split(","):
                 broker = Broker().start()  # a fresh broker each: memory storage grows
@@ -995,7 +996,7 @@ def main() -> int:
             if not args.smoke:
                 results["compaction_1M_seconds"] = round(compaction_seconds(tmp), 1)
         if "all" in only and "mysql" in only and "kafka" in only:
-            from helpers import Broker
+            from devtools.local_kafka import Broker
 
             broker = Broker().start()
             extra.append(broker)

@@ -17,9 +17,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from capturer.local_mariadb import free_port
-from capturer.local_postgres import PostgresInstance
 from capturer.regions.postgresql import pgoutput as po
+from devtools.local_mariadb import free_port
+from devtools.local_postgres import PostgresInstance
 
 TABLE = """CREATE TABLE public.t (
   id int PRIMARY KEY, name varchar(64), city varchar(32), price numeric(12,2), qty numeric(10,3),

@@ -53,7 +53,7 @@ def snapshot_cli(argv: list[str]) -> int:
     ap.add_argument("--url", help="the status URL, e.g. http://127.0.0.1:8080 (default: from the config)")
     ap.add_argument("--token", help="the control token (default: controlToken of the config)")
     args = ap.parse_args(argv)
-    from capturer.opscli import control_call
+    from capturer.ops.cli import control_call
 
     code, out = control_call(args.config, args.url, args.token, "/snapshot",
                              {"tables": args.tables, "region": args.region, "truncate": args.truncate})
@@ -76,11 +76,11 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] == "snapshot":
         return snapshot_cli(argv[1:])
     if argv and argv[0] == "status":
-        from capturer.opscli import status_cli
+        from capturer.ops.cli import status_cli
 
         return status_cli(argv[1:])
     if argv and argv[0] in ("pause", "resume", "reload-filter", "stop"):
-        from capturer.opscli import control_cli
+        from capturer.ops.cli import control_cli
 
         return control_cli(argv[0], argv[1:])
     ap = argparse.ArgumentParser(prog="capturer", description="Ordered binlog capturer")
@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.demo:
         setup_logging("info")
-        from capturer.demo import run_baikaldb_demo, run_demo, run_postgresql_demo
+        from devtools.demo import run_baikaldb_demo, run_demo, run_postgresql_demo
 
         if args.demo == "baikaldb":
             return run_baikaldb_demo(Path(args.demo_dir), once=args.once, stop=_STOP)

@@ -13,26 +13,26 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from senders import CATALOG, sender_class
-
-from capturer.util.bqueue import WeightedQueue
-from capturer.pipeline.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
-from capturer.errors import CheckpointError, ConfigError, SourceError
 from capturer import config
 from capturer.config import AppConfig
-from capturer.durable import rewrite_lines
+from capturer.errors import CheckpointError, ConfigError, SourceError
+from capturer.model import Item, Txn, ts_physical_ms
+from capturer.ops.status import StatusServer
+from capturer.pipeline.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
+from capturer.pipeline.fanout import SenderManager
 from capturer.pipeline.filter import load_filter
 from capturer.pipeline.merger import MergeStage
-from capturer.model import Item, Txn, ts_physical_ms
 from capturer.regions import make_region
 from capturer.regions.base import RegionContext
-from capturer.pipeline.fanout import SenderManager
-from capturer.senderproc import ProcessSender
-from capturer.status import StatusServer
-from capturer.tso import LiftJournal
+from capturer.regions.clock import LiftJournal
+from capturer.util.bqueue import WeightedQueue
+from capturer.util.durable import rewrite_lines
+from senders import CATALOG, sender_class
+from senders.process import ProcessSender
 
 log = logging.getLogger(__name__)
 
@@ -179,10 +179,10 @@ class Capturer:
 
     def _write_checkpoint(self) -> None:
         cp = self.manager.advance()
-        if cp is self.checkpoint and cp.commit_ts and self.checkpoint_written_at:
-            # unchanged; rewrite now and then so its age shows it is alive
-            if time.time() - self.checkpoint_written_at < 60:
-                return
+        # unchanged: rewritten now and then only, so that its age shows it is alive
+        if cp is self.checkpoint and cp.commit_ts and self.checkpoint_written_at \
+                and time.time() - self.checkpoint_written_at < 60:
+            return
         save_checkpoint(self.cfg.checkpoint_path, cp)
         self.journal.prune(cp.regions)
         for r in self.regions:
@@ -202,7 +202,7 @@ class Capturer:
             return f"sender {s.name}: {s.error}"
         return ""
 
-    def run(self, until: Callable[["Capturer"], bool] | None = None,
+    def run(self, until: Callable[[Capturer], bool] | None = None,
             should_stop: threading.Event | None = None) -> int:
         """Run until ``should_stop`` is set, ``until(self)`` is true, or a stage fails.
         Returns the exit code (0 clean, 1 failure)."""
@@ -345,7 +345,6 @@ class Capturer:
         from capturer.pipeline.filter import split_table_name
         from capturer.regions.mysql.region import MySQLRegion
         from capturer.regions.mysql.snapshot import truncate_conflict
-
         from capturer.regions.remote.region import RemoteRegion
 
         names = list(dict.fromkeys(split_table_name(t) for t in tables))

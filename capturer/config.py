@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, Sequence, Union
+from typing import Any, Protocol
 
 from capturer.errors import ConfigError
 from capturer.util.ini import (
@@ -342,7 +343,7 @@ class RegionConfig:
         }
 
 
-AnyRegionConfig = Union[RegionConfig, BaikalRegionConfig, RemoteRegionConfig, PostgresRegionConfig]
+AnyRegionConfig = RegionConfig | BaikalRegionConfig | RemoteRegionConfig | PostgresRegionConfig
 
 
 @dataclass(frozen=True)
@@ -374,7 +375,7 @@ class AppConfig:
     checkpoint_interval: float
     queue_rows: int
     log_level: str
-    regions: tuple["AnyRegionConfig", ...]
+    regions: tuple[AnyRegionConfig, ...]
     senders: tuple[SenderConfig, ...]
     spill_rows: int = 50_000
     spill_dir: str = ""

@@ -40,6 +40,14 @@ if [ ! -x "$VENV/bin/python" ]; then
     "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null 2>&1 || true
 fi
 
+# lint only (tests/run.sh's first step): ruff in the virtualenv, nothing else
+if [ "${BOOTSTRAP_LINT_ONLY:-0}" = "1" ]; then
+    if [ ! -x "$VENV/bin/ruff" ]; then
+        "$VENV/bin/python" -m pip install -q "ruff==0.17.6" || return 1  # the version setup.py pins (test extra)
+    fi
+    return 0
+fi
+
 # the C parts (capturer/_fastrows.c: row decoder, JSON, SQL escaping) need a C
 # compiler and Python's headers; without them the install still works, slower
 if ! command -v cc >/dev/null 2>&1 && ! command -v gcc >/dev/null 2>&1; then

@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from capturer.util.ini import Key
-
     from senders.base import Sender
 
 _REGISTRY: dict[str, str] = {
@@ -26,7 +25,7 @@ def known_senders() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def sender_class(name: str) -> "type[Sender]":
+def sender_class(name: str) -> type[Sender]:
     try:
         target = _REGISTRY[name]
     except KeyError:
@@ -35,12 +34,12 @@ def sender_class(name: str) -> "type[Sender]":
     return getattr(importlib.import_module(mod), cls)
 
 
-def sender_keys(name: str) -> "list[Key]":
+def sender_keys(name: str) -> list[Key]:
     """The keys of a sender's section: its own, and ``process`` that every sender takes."""
     from capturer.util.ini import Key, p_bool
 
     process = Key("process", p_bool, False, doc="true: the sender's work (messages, SQL, files) runs in a "
-                  "process of its own, off the capturer's GIL (capturer/senderproc.py)")
+                  "process of its own, off the capturer's GIL (senders/process.py)")
     return list(sender_class(name).KEYS) + [process]
 
 
@@ -51,7 +50,7 @@ class Catalog:
     def names(self) -> list[str]:
         return known_senders()
 
-    def keys(self, name: str) -> "list[Key]":
+    def keys(self, name: str) -> list[Key]:
         return sender_keys(name)
 
 

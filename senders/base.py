@@ -30,10 +30,10 @@ import threading
 import time
 from typing import Any, ClassVar
 
-from capturer.util.bqueue import Closed, WeightedQueue
 from capturer.errors import SinkError
-from capturer.util.ini import Key
 from capturer.model import Item, Txn
+from capturer.util.bqueue import Closed, WeightedQueue
+from capturer.util.ini import Key
 
 log = logging.getLogger(__name__)
 
@@ -205,7 +205,7 @@ class Sender:
                     self.rows += sum(len(t.changes) for t in batch)
                 self.acked_ts = max(self.acked_ts, pairs[-1][1].commit_ts)
                 self.acked_seq = pairs[-1][0]
-        except BaseException as exc:  # noqa: BLE001 - reported to the app
+        except BaseException as exc:
             self.error = exc
             self.state = "failed"
             self.last_error = str(exc)
@@ -213,7 +213,7 @@ class Sender:
         finally:
             try:
                 self.close()
-            except Exception:  # noqa: BLE001
+            except Exception:
                 log.exception("sender %s: close failed", self.name)
             if self.state != "failed":
                 self.state = "stopped"

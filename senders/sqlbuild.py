@@ -33,11 +33,12 @@ identifier is doubled), or literals (``literal=True``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import lru_cache
-from typing import Any, Callable
+from typing import Any
 
-from capturer.model.encode import quote_ident, sql_literal, sql_param
 from capturer.model import RowChange, TableSchema
+from capturer.model.encode import quote_ident, sql_literal, sql_param
 
 Stmt = tuple[str, list[Any]]  # (text, parameters)
 

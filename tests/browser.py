@@ -46,7 +46,7 @@ class Browser:
                 f"--window-size={width},{height}", "about:blank"]
         if os.geteuid() == 0:
             args.insert(1, "--no-sandbox")  # Chromium refuses to run as root with its sandbox
-        self.log = open(Path(self.profile) / "chromium.log", "wb")  # noqa: SIM115
+        self.log = open(Path(self.profile) / "chromium.log", "wb")
         self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT)
         port_file = Path(self.profile) / "DevToolsActivePort"
         deadline = time.monotonic() + 60
@@ -155,7 +155,7 @@ class Browser:
         if ws is not None:
             try:
                 ws.close()
-            except Exception:  # noqa: BLE001
+            except Exception:
                 pass
         if self.proc.poll() is None:
             self.proc.terminate()
@@ -167,7 +167,7 @@ class Browser:
         self.log.close()
         shutil.rmtree(self.profile, ignore_errors=True)
 
-    def __enter__(self) -> "Browser":
+    def __enter__(self) -> Browser:
         return self
 
     def __exit__(self, *exc: object) -> None:

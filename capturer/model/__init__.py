@@ -11,7 +11,7 @@ import base64
 import datetime as dt
 import decimal
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal, Union
+from typing import Any, ClassVar, Literal
 
 LOGICAL_BITS = 18
 LOGICAL_MASK = (1 << LOGICAL_BITS) - 1
@@ -134,7 +134,7 @@ class TableProgress:
         return d
 
     @classmethod
-    def from_json(cls, d: Any) -> "TableProgress":
+    def from_json(cls, d: Any) -> TableProgress:
         if not isinstance(d, dict):
             raise ValueError(f"snapshot entry must be an object, got {d!r}")
         try:
@@ -186,7 +186,7 @@ class Position:
         return d
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> "Position":
+    def from_json(cls, d: dict[str, Any]) -> Position:
         if not isinstance(d, dict):
             raise ValueError(f"position must be an object, got {d!r}")
         file, pos, gtid = d.get("file"), d.get("pos"), d.get("gtid", "")
@@ -247,7 +247,7 @@ class TsPosition:
                 "regions": {str(r): max(t, self.ts) for r, t in self.regions}}
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> "TsPosition":
+    def from_json(cls, d: dict[str, Any]) -> TsPosition:
         if not isinstance(d, dict):
             raise ValueError(f"position must be an object, got {d!r}")
         ts, epoch, regions = d.get("ts"), d.get("epoch", 0), d.get("regions", {})
@@ -305,7 +305,7 @@ class LsnPosition:
         return {"kind": self.kind, "lsn": format_lsn(self.lsn)}
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> "LsnPosition":
+    def from_json(cls, d: dict[str, Any]) -> LsnPosition:
         if not isinstance(d, dict):
             raise ValueError(f"position must be an object, got {d!r}")
         try:
@@ -317,7 +317,7 @@ class LsnPosition:
         return format_lsn(self.lsn)
 
 
-AnyPosition = Union[Position, TsPosition, LsnPosition]
+AnyPosition = Position | TsPosition | LsnPosition
 
 
 def position_from_json(d: Any) -> AnyPosition:
@@ -431,7 +431,7 @@ class Txn:
 
     region: str
     commit_ts: int
-    position: "AnyPosition"
+    position: AnyPosition
     changes: tuple[RowChange, ...] = ()
     ddl: Ddl | None = None
     source_ts: int = 0  # seconds, as the source wrote it in the binlog event header
@@ -459,7 +459,7 @@ class Heartbeat:
 
     region: str
     commit_ts: int
-    position: "AnyPosition | None" = None
+    position: AnyPosition | None = None
 
 
-Item = Union[Txn, Heartbeat]
+Item = Txn | Heartbeat

@@ -12,11 +12,11 @@ JSON (file lines, Kafka messages):
 from __future__ import annotations
 
 import base64
+import datetime as dt
+import decimal
 import importlib
 import json
 import threading
-import datetime as dt
-import decimal
 from typing import Any, overload
 
 from pymysql.converters import escape_string

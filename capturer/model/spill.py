@@ -18,11 +18,12 @@ from __future__ import annotations
 import os
 import pickle
 import tempfile
+from collections.abc import Callable, Iterator
 from itertools import islice
-from typing import IO, Any, Callable, Iterator
+from typing import IO, Any
 
-from capturer.util import failpoints
 from capturer.model import RowChange, TableSchema
+from capturer.util import failpoints
 
 DEFAULT_CHUNK_ROWS = 20_000
 

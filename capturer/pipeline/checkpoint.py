@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from capturer.util import failpoints
 from capturer.errors import CheckpointError
 from capturer.model import AnyPosition, position_from_json, ts_physical_ms
+from capturer.util import failpoints
 
 VERSION = 1
 

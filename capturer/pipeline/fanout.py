@@ -20,11 +20,12 @@ from __future__ import annotations
 import collections
 import logging
 import threading
-from typing import Any, Protocol, Sequence
+from collections.abc import Sequence
+from typing import Any, Protocol
 
-from capturer.util.bqueue import Closed, WeightedQueue
-from capturer.pipeline.checkpoint import Checkpoint
 from capturer.model import AnyPosition, Item, Txn
+from capturer.pipeline.checkpoint import Checkpoint
+from capturer.util.bqueue import Closed, WeightedQueue
 
 log = logging.getLogger(__name__)
 

@@ -33,14 +33,15 @@ import fnmatch
 import logging
 import operator
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from capturer.errors import ConfigError
-from capturer.util.ini import read_text_file
 from capturer.model import RowChange, Txn
 from capturer.model.spill import SpilledChanges
+from capturer.util.ini import read_text_file
 
 log = logging.getLogger(__name__)
 
@@ -149,7 +150,7 @@ class Filter:
         self._row_cache: dict[tuple[str, str], list[RowRule]] = {}
 
     @classmethod
-    def empty(cls) -> "Filter":
+    def empty(cls) -> Filter:
         return cls([], [])
 
     def table_selected(self, db: str, table: str) -> bool:
@@ -346,9 +347,7 @@ def _parse_row_rule(raw: str, path: Path, lineno: int) -> RowRule:
         raise ConfigError(f"{path}:{lineno}: '{op_norm}' needs a list, e.g. [1, 2, 3]")
     if isinstance(value, list):
         value = tuple(value)
-    if "." in target and not target.startswith("`"):
-        db, table = _split_name(target, path, lineno)
-    elif target.startswith("`"):
+    if "." in target and not target.startswith("`") or target.startswith("`"):
         db, table = _split_name(target, path, lineno)
     else:
         db, table = target, "*"

@@ -17,10 +17,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
-from capturer.util.bqueue import Closed, WeightedQueue
 from capturer.model import Heartbeat, Item, Txn
+from capturer.util.bqueue import Closed, WeightedQueue
 
 log = logging.getLogger(__name__)
 
@@ -40,8 +40,8 @@ class Merger:
         self.regions = list(regions)
         if len(set(self.regions)) != len(self.regions) or not self.regions:
             raise ValueError("regions must be a non-empty list of distinct names")
-        self._heads: dict[str, Item | None] = {r: None for r in self.regions}
-        self._last: dict[str, int] = {r: -1 for r in self.regions}
+        self._heads: dict[str, Item | None] = dict.fromkeys(self.regions)
+        self._last: dict[str, int] = dict.fromkeys(self.regions, -1)
         # the region's last item was a DDL prelude: the next transaction may share its commit_ts
         self._prelude: dict[str, bool] = dict.fromkeys(self.regions, False)
         self.last_emitted: tuple[int, int, str] | None = None
@@ -144,6 +144,6 @@ class MergeStage:
                     continue
         except Closed:
             log.info("merger: a region queue closed; stopping")
-        except BaseException as exc:  # noqa: BLE001 - reported to the app
+        except BaseException as exc:
             self.error = exc
             log.exception("merger failed")

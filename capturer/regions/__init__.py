@@ -10,7 +10,7 @@ if TYPE_CHECKING:
     from capturer.regions.base import Region, RegionContext
 
 
-def make_region(cfg: "AnyRegionConfig", ctx: "RegionContext") -> "Region":
+def make_region(cfg: AnyRegionConfig, ctx: RegionContext) -> Region:
     """The region of kind ``cfg.type``; CheckpointError when the checkpoint holds a
     position of another kind for it."""
     if getattr(cfg, "process", False):

@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-import logging
-
-from capturer.util.bqueue import Closed, WeightedQueue
 from capturer.errors import FatalSourceError, SourceError
 from capturer.model import AnyPosition, Item, Txn
-from capturer.tso import LiftJournal
+from capturer.regions.clock import LiftJournal
+from capturer.util.bqueue import Closed, WeightedQueue
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +104,7 @@ class Region:
                 if self.ctx.stop.wait(delay):
                     break
                 delay = min(delay * 2, 30.0)
-            except BaseException as exc:  # noqa: BLE001 - reported to the app
+            except BaseException as exc:
                 self._fail(exc, f"{type(exc).__name__}: {exc}")
                 log.exception("%s: failed", self.where or self.name)
                 return

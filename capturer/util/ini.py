@@ -9,9 +9,10 @@ Keys are matched case-insensitively (``binlogCheckPointPath`` or
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from capturer.errors import ConfigError
 

@@ -14,10 +14,11 @@ from __future__ import annotations
 import json
 import re
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
-from capturer.model.encode import dumps_compact, encode_line_bytes, json_value, type_name
 from capturer.model import Ddl, LsnPosition, Position, RowChange, Txn, ts_physical_ms
+from capturer.model.encode import dumps_compact, encode_line_bytes, json_value, type_name
 from senders.sqlbuild import build
 
 OP_CODE = {"insert": "c", "update": "u", "delete": "d", "read": "r"}

@@ -29,17 +29,26 @@ import logging
 import re
 import threading
 import time
-from typing import Any, Callable, ClassVar, Iterator, Protocol, Sequence, cast
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, ClassVar, Protocol, cast
 
 from capturer.errors import SinkError
-from capturer.util.ini import Key, p_bool, p_choice, p_int, p_nonempty, p_str
-from senders.kafka.messages import (FORMATS, change_events, ddl_message, is_truncate, json_envelope, json_table_piece,
-                                    json_txn_pieces, key_bytes, truncate_message)
 from capturer.model import RowChange, TableSchema, Txn, ts_physical_ms
 from capturer.model.encode import _fallback, _fastrows
 from capturer.model.spill import SpilledChanges
-
+from capturer.util.ini import Key, p_bool, p_choice, p_int, p_nonempty, p_str
 from senders.base import Sender
+from senders.kafka.messages import (
+    FORMATS,
+    change_events,
+    ddl_message,
+    is_truncate,
+    json_envelope,
+    json_table_piece,
+    json_txn_pieces,
+    key_bytes,
+    truncate_message,
+)
 
 log = logging.getLogger(__name__)
 
@@ -339,7 +348,7 @@ class KafkaSender(Sender):
                 self.client = _KafkaPython(servers, self.options)
         except SinkError:
             raise
-        except Exception as exc:  # noqa: BLE001 - client libraries raise many kinds
+        except Exception as exc:
             raise SinkError(f"cannot reach Kafka at {servers}: {exc}") from exc
         self._parts = {}
 
@@ -347,7 +356,7 @@ class KafkaSender(Sender):
         if self.client is not None:
             try:
                 self.client.close()
-            except Exception:  # noqa: BLE001
+            except Exception:
                 pass
             self.client = None
 
@@ -393,7 +402,7 @@ class KafkaSender(Sender):
         except SinkError:
             self.close()  # a fresh producer for the retry
             raise
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             self.close()
             raise SinkError(f"produce failed: {exc}") from exc
         self.messages += sent

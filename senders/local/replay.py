@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 RowKey = tuple[Any, ...]
 
@@ -92,7 +93,7 @@ def _apply_ddl(state: dict[tuple[str, str], dict[RowKey, dict[str, Any]]], d: di
         return
     sql = re.sub(r"/\*.*?\*/", " ", d.get("sql") or "", flags=re.S).strip()
     head = sql.upper()
-    if head.startswith("TRUNCATE") or head.startswith("DROP TABLE"):
+    if head.startswith(("TRUNCATE", "DROP TABLE")):
         t.clear()
         return
     if not head.startswith("ALTER"):

@@ -15,18 +15,18 @@ import json
 import logging
 import os
 import re
+from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any, ClassVar, Iterator
+from typing import IO, Any, ClassVar
 
-from capturer.util import failpoints
-from capturer.model.encode import _fallback, _fastrows, encode_line_bytes
 from capturer.errors import SinkError
-from capturer.util.ini import Key, p_bool, p_choice, p_int, p_nonempty
 from capturer.model import LsnPosition, Position, RowChange, TableSchema, Txn
+from capturer.model.encode import _fallback, _fastrows, encode_line_bytes
 from capturer.model.spill import SpilledChanges
-from senders.sqlbuild import build
-
+from capturer.util import failpoints
+from capturer.util.ini import Key, p_bool, p_choice, p_int, p_nonempty
 from senders.base import Sender
+from senders.sqlbuild import build
 
 log = logging.getLogger(__name__)
 

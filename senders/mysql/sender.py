@@ -44,15 +44,14 @@ import pymysql
 import pymysql.cursors
 from pymysql.constants import CLIENT, SERVER_STATUS
 
-from senders.mysql.causality import Causality, conflict_keys, stable_hash
-from senders.sqlbuild import Render, Stmt, Table, converted, param_ident
-from capturer.model.encode import _fastrows, quote_ident
 from capturer.errors import SinkError
+from capturer.model import Ddl, RowChange, Txn
+from capturer.model.encode import _fastrows, quote_ident
 from capturer.util import mysqlconn
 from capturer.util.ini import Key, p_bool, p_choice, p_float, p_int, p_nonempty, p_str
-from capturer.model import Ddl, RowChange, Txn
-
 from senders.base import Sender
+from senders.mysql.causality import Causality, conflict_keys, stable_hash
+from senders.sqlbuild import Render, Stmt, Table, converted, param_ident
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +104,7 @@ class FastCursor(pymysql.cursors.Cursor):
             raise pymysql.err.ProgrammingError(str(exc)) from exc
 
 
-def _overlapping(run: list["Op"]) -> bool:
+def _overlapping(run: list[Op]) -> bool:
     """Whether updates of ``run`` touch one primary key twice (old or new key)."""
     seen: set[tuple[Any, ...]] = set()
     for op in run:
@@ -151,7 +150,7 @@ def _classify(exc: BaseException, what: str) -> SinkError:
 class Worker:
     """One target connection, used only from its own thread."""
 
-    def __init__(self, sender: "MySQLSender", index: int):
+    def __init__(self, sender: MySQLSender, index: int):
         self.s = sender
         self.index = index
         self.conn: pymysql.connections.Connection | None = None
@@ -186,12 +185,12 @@ class Worker:
         if self.conn is not None:
             try:
                 self.conn.close()
-            except Exception:  # noqa: BLE001
+            except Exception:
                 pass
             self.conn = None
 
     # --- applying -----------------------------------------------------------
-    def submit(self, units: list[list[Op]], atomic: bool) -> "Future[int]":
+    def submit(self, units: list[list[Op]], atomic: bool) -> Future[int]:
         return self.pool.submit(self.apply, units, atomic)
 
     def apply(self, units: list[list[Op]], atomic: bool) -> int:
@@ -232,7 +231,7 @@ class Worker:
             err = _classify(exc, f"worker {self.index}")
             try:
                 conn.rollback()
-            except Exception:  # noqa: BLE001
+            except Exception:
                 pass
             inner = exc.__cause__ if isinstance(exc, SinkError) else exc
             code = inner.args[0] if inner is not None and getattr(inner, "args", None) else 0
@@ -577,18 +576,18 @@ class MySQLSender(Sender):
                 for f in futures:
                     try:
                         f.result()
-                    except BaseException:  # noqa: BLE001
+                    except BaseException:
                         pass
 
     #: rows per phase: the workers apply one while the sender places the next
     phase_rows = 10_000
 
-    def _wait_phase(self, futures: "list[Future[int]]") -> None:
+    def _wait_phase(self, futures: list[Future[int]]) -> None:
         errors = []
         for f in futures:
             try:
                 f.result()
-            except BaseException as exc:  # noqa: BLE001
+            except BaseException as exc:
                 errors.append(exc)
         if errors:
             # a fatal error wins over a retriable one: retrying would not help it

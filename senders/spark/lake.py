@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from capturer.model.encode import T_BIT, format_timedelta
 from capturer.model import ColumnInfo
+from capturer.model.encode import T_BIT, format_timedelta
 
 META_COLS = ["_op", "_commit_ts", "_region", "_seq", "_sub"]
 STATE_FILE = "_state.json"
@@ -134,7 +134,7 @@ class TableState:
         return {k: v for k, v in self.__dict__.items() if not k.startswith("_")}
 
     @classmethod
-    def load(cls, tdir: Path) -> "TableState | None":
+    def load(cls, tdir: Path) -> TableState | None:
         p = tdir / STATE_FILE
         if not p.exists():
             return None

@@ -21,8 +21,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from senders.spark import lake
 from capturer.model.encode import format_timedelta
+from senders.spark import lake
 
 
 def canon(v: Any) -> str:
@@ -117,7 +117,6 @@ def verify(spark: Any, warehouse: Path, database: str, db: str, table: str,
 
 def _from_config(path: str) -> tuple[Path, str, dict[str, Any], list[dict[str, Any]]]:
     from capturer.config import RegionConfig, load_config
-
     from senders import CATALOG
 
     cfg = load_config(Path(path), senders=CATALOG)

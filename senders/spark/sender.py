@@ -28,12 +28,11 @@ import uuid
 from pathlib import Path
 from typing import Any, ClassVar
 
-from senders.spark import lake
 from capturer.errors import SinkError
-from capturer.util.ini import Key, p_choice, p_float, p_int, p_nonempty, p_str
 from capturer.model import RowChange, TableSchema, Txn
-
+from capturer.util.ini import Key, p_choice, p_float, p_int, p_nonempty, p_str
 from senders.base import Sender
+from senders.spark import lake
 
 log = logging.getLogger(__name__)
 
@@ -161,7 +160,7 @@ class SparkSender(Sender):
             # is shared, and left running on close
             self._own_session = SparkContext._active_spark_context is None
             self.spark = build_session(self.options, self.warehouse)
-        except BaseException as exc:  # noqa: BLE001 - JVM start-up problems, reported by _session
+        except BaseException as exc:
             self._session_error = threading.current_thread().error = exc  # type: ignore[attr-defined]
 
     def _session(self, wait: bool = True) -> Any:
@@ -223,7 +222,7 @@ class SparkSender(Sender):
             if getattr(self, "_own_session", True):
                 try:
                     self.spark.stop()
-                except Exception:  # noqa: BLE001
+                except Exception:
                     pass
             self.spark = None
 
@@ -287,7 +286,7 @@ class SparkSender(Sender):
             if due:
                 self.compact_all()
             self.housekeeping_error = ""
-        except Exception as exc:  # noqa: BLE001 - SinkError, or py4j's from a view
+        except Exception as exc:
             self.housekeeping_error = str(exc)
             if due:
                 self._last_compaction = now
@@ -309,7 +308,7 @@ class SparkSender(Sender):
                 f"{schema.db}.{schema.table}: column {clash[0]!r} has the name of a lake metadata column "
                 f"({', '.join(lake.META_COLS)}); rename it on the source or exclude the table "
                 "(filter_rule.txt) to use the spark sender", retriable=False)
-        known = {c: t for c, t in st.columns}
+        known = dict(st.columns)
         changed = False
         for c, t in columns:
             if c not in known:
@@ -336,14 +335,14 @@ class SparkSender(Sender):
                 continue
             # the columns of this batch, in source order, as the newest schema has them
             schema = rows[-1][4].schema
-            info = {c: ci for c, ci in zip(schema.columns, schema.column_info)}
+            info = dict(zip(schema.columns, schema.column_info))
             seen: dict[str, str] = {}
             schemas_done: set[int] = set()  # schemas whose every column is in ``seen``
             for *_, ch, img in rows:
                 s = ch.schema
                 if id(s) in schemas_done:
                     continue
-                cinfo = {c: ci for c, ci in zip(s.columns, s.column_info)}
+                cinfo = dict(zip(s.columns, s.column_info))
                 for c in img:
                     if c not in seen:
                         seen[c] = lake.spark_type(cinfo.get(c) or info.get(c))
@@ -373,7 +372,7 @@ class SparkSender(Sender):
                 try:
                     df = self._session().createDataFrame(table)
                     df.coalesce(1).write.mode("append").parquet(str(path))
-                except Exception as exc:  # noqa: BLE001 - py4j / JVM errors
+                except Exception as exc:
                     raise SinkError(f"append to {path} failed: {exc}") from exc
                 if str(path).startswith("/"):
                     lake.fsync_tree(path, self._synced)
@@ -415,7 +414,7 @@ class SparkSender(Sender):
         if ddl.table and head.startswith("ALTER"):
             self._add_columns(txn)
             return
-        if not ddl.table or not (head.startswith("TRUNCATE") or head.startswith("DROP")):
+        if not ddl.table or not (head.startswith(("TRUNCATE", "DROP"))):
             return
         st = self.tables.get((ddl.db, ddl.table))
         if st is None:
@@ -460,7 +459,7 @@ class SparkSender(Sender):
                 new = lake.compact(spark, st, self.database, self.warehouse)
                 new._dirty = getattr(st, "_dirty", True) and new is st  # type: ignore[attr-defined]
                 self.tables[key] = new
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 raise SinkError(f"compaction of {st.name} failed: {exc}") from exc
         self.compactions += 1
         self.last_compaction_seconds = time.monotonic() - t0

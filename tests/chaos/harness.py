@@ -22,16 +22,17 @@ import sys
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pymysql
-
-from capturer.local_mariadb import MariaDBInstance, free_port
-from senders.local.replay import read_changes, rebuild
 from helpers import ROOT, Broker, start_servers
 from workload import SCHEMA, Workload
+
+from devtools.local_mariadb import MariaDBInstance, free_port
+from senders.local.replay import read_changes, rebuild
 
 TABLES = ["users", "pairs", "log", "bulk"]
 CHAOS_SCHEMA = SCHEMA + [
@@ -59,7 +60,7 @@ class S3Store:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self) -> "S3Store":
+    def start(self) -> S3Store:
         import logging
 
         import boto3
@@ -191,7 +192,7 @@ class ChaosWorkload(Workload):
                 self.step()
                 if pace:
                     time.sleep(pace)
-        except BaseException as exc:  # noqa: BLE001 (reported by ChaosRun.run)
+        except BaseException as exc:
             self.errors.append(exc)
         finally:
             self.idle.set()
@@ -268,7 +269,7 @@ class Capturer:
     def cwd() -> str:
         return str(ROOT)
 
-    def start(self, failpoints: str = "") -> "Capturer":
+    def start(self, failpoints: str = "") -> Capturer:
         with open(self.log, "ab") as out:
             out.write(f"\n===== start {time.strftime('%H:%M:%S')} failpoints={failpoints or '-'}\n".encode())
             self.proc = subprocess.Popen(self.argv(), stdout=out, stderr=subprocess.STDOUT,
@@ -400,7 +401,7 @@ class ChaosRun:
         self.cap: Capturer | None = None
 
     # -- set-up / tear-down
-    def __enter__(self) -> "ChaosRun":
+    def __enter__(self) -> ChaosRun:
         try:
             self.sources = start_servers(self.tmp, 2)
             for m in self.sources:

@@ -35,7 +35,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent))
 
-from chaos.harness import PersistentBroker, S3Store  # noqa: E402
+from chaos.harness import PersistentBroker, S3Store
 
 
 def main() -> int:
@@ -98,11 +98,11 @@ def main() -> int:
                     acked.update(batch)
                     return
                 errors.append(f"a batch up to {batch[-1]} was not acknowledged; sent again")
-            except Exception as exc:  # noqa: BLE001 (the sender retries any failure)
+            except Exception as exc:
                 errors.append(f"{type(exc).__name__}: {exc}"[:200])
             try:
                 client[0].close()  # type: ignore[union-attr]
-            except Exception:  # noqa: BLE001
+            except Exception:
                 pass
             client[0] = None
             time.sleep(0.2)

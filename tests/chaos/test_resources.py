@@ -13,14 +13,15 @@ import json
 import os
 import subprocess
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
-
-from senders.local.replay import read_changes, rebuild
 from helpers import start_servers, wait_for
 from workload import SCHEMA, Workload
+
+from senders.local.replay import read_changes, rebuild
 
 from .harness import Capturer, covers, source_json
 
@@ -46,7 +47,7 @@ def grow(path: Path, size: str) -> None:
 
 def config(tmp: Path, servers: list[Any], out: Path, spill_dir: Path, spill_rows: int = 0,
            http_port: int = 0) -> Path:
-    from capturer.local_mariadb import free_port
+    from devtools.local_mariadb import free_port
 
     (tmp / "senderConfig.cfg").write_text(f"[global]\ntype=local\n[local]\nfilepath={out}\n")
     (tmp / "filter_rule.txt").write_text("")

@@ -2,14 +2,14 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
+from helpers import start_servers
 
 from capturer.app import Capturer, load_config
-from capturer.local_mariadb import MariaDBInstance
-from helpers import start_servers
+from devtools.local_mariadb import MariaDBInstance
 
 pytestmark = pytest.mark.integration
 

@@ -20,16 +20,17 @@ import sys
 import threading
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
-
-from capturer.local_mariadb import MariaDBInstance, free_port
-from senders.local.replay import read_changes
 from chaos.harness import compare, source_json
 from helpers import LIVE_PROCESSES, ROOT, CapturerProcess, start_servers, wait_for, write_config
 from workload import SCHEMA, Workload, assert_target_equals_sources, file_state_equals
+
+from devtools.local_mariadb import MariaDBInstance, free_port
+from senders.local.replay import read_changes
 
 pytestmark = pytest.mark.integration
 
@@ -44,7 +45,7 @@ class AgentProcess:
         self.proc: subprocess.Popen[bytes] | None = None
         self.port = 0
 
-    def start(self, listen: str | None = None) -> "AgentProcess":
+    def start(self, listen: str | None = None) -> AgentProcess:
         pf = self.cfg.with_suffix(".port")
         pf.unlink(missing_ok=True)
         argv = [*self.prefix, sys.executable, "-m", "capturer.agent", "--config", str(self.cfg), "--port-file", str(pf)]
@@ -143,10 +144,11 @@ def test_agent_feeds_every_sender_with_an_initial_snapshot(tmp_path: Path, sourc
     before), one local region: file, MySQL, Kafka and Spark equal the sources, and the
     merged stream is in one commit order across the two kinds."""
     pytest.importorskip("pyspark")
-    from senders.spark.lakecli import verify
-    from helpers import Broker
-    from integration.test_snapshot import rebuild_kafka
     from chaos.harness import consume_fast
+    from helpers import Broker
+
+    from integration.test_snapshot import rebuild_kafka
+    from senders.spark.lakecli import verify
     from senders.spark.sender import build_session
 
     local, remote = sources
@@ -183,7 +185,7 @@ def test_agent_feeds_every_sender_with_an_initial_snapshot(tmp_path: Path, sourc
             assert all(s["errors"] == 0 for s in st["senders"].values()), st["senders"]
         assert_target_equals_sources(sources, target, tables)
         file_state_equals(tmp_path, sources, tables)
-        lines = [d for d in read_changes(tmp_path / "out" / "changes.jsonl", dedupe=False)]
+        lines = list(read_changes(tmp_path / "out" / "changes.jsonl", dedupe=False))
         tss = [d["commit_ts"] for d in lines]
         assert tss == sorted(tss), "one commit order across a local and a remote region"
         regions = [d["region"] for d in lines if d["op"] != "ddl"]
@@ -239,7 +241,7 @@ def test_kill9_agent_restarted_at_another_address_then_capturer_then_both(
     loads, stop, threads = _load(sources, 80)
     try:
         cap.wait_ready()
-        wait_for(lambda: regions_covered(tmp_path, {n: m for n, m in names.items()}) or
+        wait_for(lambda: regions_covered(tmp_path, dict(names.items())) or
                  sum(w.txns for w in loads) > 150, 60, "load to start")
         time.sleep(2)
         agent.kill9()  # 1. the agent; a new one at the second address
@@ -517,6 +519,7 @@ def test_senders_in_their_own_processes(tmp_path: Path, sources: list[MariaDBIns
     capturer (the sender processes exit by themselves) and a restart. The target, the
     file and the tables rebuilt from Kafka equal the sources."""
     from helpers import Broker, consume_all
+
     from integration.test_kafka_sender import rebuild_from_kafka, source_json_rows
 
     broker = Broker().start()

@@ -7,14 +7,17 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 import requests
+from helpers import CapturerProcess, read_lines, wait_for
 
-from baikaldb_double import BaikalDouble
-from baikaldb_workload import (
+from capturer.app import Capturer, load_config
+from devtools.baikaldb_double import BaikalDouble
+from devtools.baikaldb_workload import (
     BAL,
     ORDERS,
     Workload,
@@ -24,10 +27,7 @@ from baikaldb_workload import (
     build,
     covered,
 )
-from capturer.app import Capturer
-from capturer.app import load_config
-from capturer.local_mariadb import MariaDBInstance
-from helpers import CapturerProcess, read_lines, wait_for
+from devtools.local_mariadb import MariaDBInstance
 
 pytestmark = pytest.mark.integration
 
@@ -364,8 +364,9 @@ def test_baikaldb_and_mariadb_regions_merge_in_one_commit_order(tmp_path: Path, 
                                    for k in ("file", "pos")) >= pos, 60)
         lines = read_lines(tmp_path)
         assert_file_equals(double.cluster, tmp_path / "out" / "changes.jsonl")
-        from senders.local.replay import read_changes, rebuild
         from workload import rows_of
+
+        from senders.local.replay import read_changes, rebuild
 
         state = rebuild(read_changes(tmp_path / "out" / "changes.jsonl"))
         users = sorted(tuple(r.values()) for r in state[("app", "users")].values())
@@ -382,11 +383,12 @@ def test_baikaldb_and_mariadb_regions_merge_in_one_commit_order(tmp_path: Path, 
 def test_all_four_senders(tmp_path: Path, double: BaikalDouble, target: MariaDBInstance, capturer_running) -> None:  # type: ignore[no-untyped-def]
     """File, MySQL, Kafka (Tansu) and Spark (local) at once on BaikalDB changes."""
     pytest.importorskip("pyspark")
-    from senders.spark import lake
-    from capturer.model.encode import json_row
-    from senders.spark.lakecli import canon
     from helpers import Broker, consume_all
-    from baikaldb_workload import NAMES, expected
+
+    from capturer.model.encode import json_row
+    from devtools.baikaldb_workload import NAMES, expected
+    from senders.spark import lake
+    from senders.spark.lakecli import canon
 
     broker = Broker().start()
     wh = tmp_path / "wh"

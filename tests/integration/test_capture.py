@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 import requests
-
-from capturer.local_mariadb import MariaDBInstance
 from helpers import checkpoint_covers, read_lines, wait_for, write_config
+
+from devtools.local_mariadb import MariaDBInstance
 
 pytestmark = pytest.mark.integration
 

@@ -12,9 +12,9 @@ import time
 from pathlib import Path
 
 import pytest
-
-from capturer.local_mariadb import MariaDBInstance
 from helpers import ROOT, CapturerProcess, checkpoint_covers, read_lines, wait_for, write_config
+
+from devtools.local_mariadb import MariaDBInstance
 
 pytestmark = pytest.mark.integration
 

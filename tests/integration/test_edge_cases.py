@@ -6,7 +6,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from helpers import checkpoint_covers, read_lines, wait_for, write_config
 
 pytestmark = pytest.mark.integration
@@ -53,7 +52,7 @@ def test_ddl_mid_stream_and_keys(tmp_path: Path, two_servers, capturer_running) 
         wait_for(lambda: checkpoint_covers(tmp_path, two_servers), 60)
         # the region knows the unique keys (for conflict detection by senders)
         region = cap.regions[0]
-        schemas = {(s.db, s.table): s for s in region._schemas.values()}  # noqa: SLF001
+        schemas = {(s.db, s.table): s for s in region._schemas.values()}
         assert schemas[("d", "t")].pk == ("a", "b")
         assert schemas[("d", "t")].unique_keys == (("c",),)
     lines = read_lines(tmp_path)

@@ -5,14 +5,15 @@ from __future__ import annotations
 import json
 import time
 from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
-
 from helpers import Broker, CapturerProcess, checkpoint_covers, consume_all, wait_for, write_config
-from senders.kafka.sender import partition_for
 from workload import SCHEMA, Workload
+
+from senders.kafka.sender import partition_for
 
 pytestmark = pytest.mark.integration
 

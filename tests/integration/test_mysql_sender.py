@@ -7,10 +7,10 @@ import time
 from pathlib import Path
 
 import pytest
-
-from capturer.local_mariadb import MariaDBInstance
 from helpers import CapturerProcess, checkpoint_covers, wait_for, write_config
 from workload import SCHEMA, Workload, assert_target_equals_sources, rows_of
+
+from devtools.local_mariadb import MariaDBInstance
 
 pytestmark = pytest.mark.integration
 

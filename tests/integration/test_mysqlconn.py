@@ -9,8 +9,8 @@ from typing import Any
 import pymysql
 import pytest
 
-from capturer.local_mariadb import MariaDBInstance
 from capturer.util import mysqlconn
+from devtools.local_mariadb import MariaDBInstance
 
 pytestmark = pytest.mark.integration
 

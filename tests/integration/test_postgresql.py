@@ -5,17 +5,28 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
-
-from capturer.local_mariadb import MariaDBInstance, free_port
-from capturer.local_postgres import PostgresInstance
-from capturer.model import parse_lsn
 from helpers import CapturerProcess, start_servers, wait_for
-from pg_workload import (HOSTILE, HOSTILE_SCHEMA, HOSTILE_TABLE, ROLLBACK_MARKER, TABLES, Workload, apply_schema,
-                         file_rows, mysql_rows, pg_rows)
+
+from capturer.model import parse_lsn
+from devtools.local_mariadb import MariaDBInstance, free_port
+from devtools.local_postgres import PostgresInstance
+from devtools.pg_workload import (
+    HOSTILE,
+    HOSTILE_SCHEMA,
+    HOSTILE_TABLE,
+    ROLLBACK_MARKER,
+    TABLES,
+    Workload,
+    apply_schema,
+    file_rows,
+    mysql_rows,
+    pg_rows,
+)
 from senders.local.replay import read_changes, rebuild
 
 pytestmark = pytest.mark.integration
@@ -120,7 +131,7 @@ def test_hostile_workload_to_file_and_mysql(tmp_path: Path, pg: PostgresInstance
             with pg.connect(autocommit=False) as c:
                 try:
                     w.step(c)
-                except Exception:  # noqa: BLE001 - statements naming the dropped/renamed columns
+                except Exception:
                     c.rollback()
                     c.execute(f"UPDATE {HOSTILE} SET added = added + 1 WHERE id % 2 = 0")
                     c.execute("INSERT INTO public.multi VALUES (99, 'after', 'note é') ON CONFLICT DO NOTHING")
@@ -270,9 +281,9 @@ def test_every_sender_with_the_region_in_a_worker_process(tmp_path: Path, pg: Po
     mid-stream (the lake's schema evolution), and the status port shows the region."""
     pytest.importorskip("pyspark")
     import requests
-
     from chaos.harness import consume_fast
     from helpers import Broker
+
     from integration.test_snapshot import rebuild_kafka
     from senders.spark.lakecli import verify
     from senders.spark.sender import build_session
@@ -374,7 +385,7 @@ def test_server_restarts_and_lost_connections_resume_without_duplicates(tmp_path
                 try:
                     write(15)
                     break
-                except Exception:  # noqa: BLE001
+                except Exception:
                     time.sleep(0.5)
             wait_for(lambda: len(inserts()) >= n, 90, f"the rows written after the {fault}")
         assert cap.regions[0].state == "streaming" and cap.regions[0].reconnects >= 3, cap.regions[0].status()

@@ -12,8 +12,8 @@ import pytest
 from pymysqlreplication import BinLogStreamReader
 from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, WriteRowsEvent
 
-from capturer.local_mariadb import MariaDBInstance
 from capturer.regions.mysql.rowdecode import binary_columns, c_decoder_built, fast_rows, normalise_library_row
+from devtools.local_mariadb import MariaDBInstance
 
 pytestmark = pytest.mark.integration
 
@@ -63,7 +63,7 @@ def rand_row(rng: random.Random, i: int) -> list[Any]:
         n(rng.choice(["café", "naïve", ""])), n("text " * rng.randrange(100)), n("😀" * rng.randrange(3000)),
         n(bytes(rng.randrange(256) for _ in range(rng.randrange(50)))), n(b"\x00\xff" * rng.randrange(5000)),
         n(bytes(rng.randrange(256) for _ in range(4))), n(bytes(rng.randrange(256) for _ in range(rng.randrange(300)))),
-        n('{"k": [%d, "x"]}' % i), n(rng.choice(["a", "b", "c"])), n(rng.choice(["", "x", "x,z", "x,y,z"])),
+        n(f'{{"k": [{i}, "x"]}}'), n(rng.choice(["a", "b", "c"])), n(rng.choice(["", "x", "x,z", "x,y,z"])),
         n(rng.randrange(2)), n(rng.randrange(2**9)), n(rng.randrange(2**64)),
     ]
 

@@ -15,12 +15,22 @@ from typing import Any
 
 import pytest
 import requests
+from helpers import (
+    ROOT,
+    Broker,
+    CapturerProcess,
+    checkpoint_covers,
+    consume_all,
+    read_lines,
+    start_servers,
+    wait_for,
+    write_config,
+)
+from workload import SCHEMA, TABLES, Workload, assert_target_equals_sources
 
 from capturer.model.encode import json_row, quote_ident
-from capturer.local_mariadb import MariaDBInstance
+from devtools.local_mariadb import MariaDBInstance
 from senders.local.replay import read_changes, rebuild
-from helpers import ROOT, Broker, CapturerProcess, checkpoint_covers, consume_all, read_lines, start_servers, wait_for, write_config
-from workload import SCHEMA, TABLES, Workload, assert_target_equals_sources
 
 pytestmark = pytest.mark.integration
 
@@ -356,8 +366,7 @@ def test_snapshot_values_equal_binlog_values_for_every_type(tmp_path: Path, driv
     binlog decoder gives for the same row (so sinks cannot tell them apart)."""
     import random
 
-    from capturer.app import Capturer
-    from capturer.app import load_config
+    from capturer.app import Capturer, load_config
     from integration.test_rowdecode import COLS, GOLDEN, rand_row
 
     (m,) = start_servers(tmp_path, 1)
@@ -712,8 +721,7 @@ def test_copies_that_would_empty_other_regions_rows_are_refused(tmp_path: Path, 
     naming the table and the regions); a keyless table in both cannot be copied
     initially (the capturer stops at start naming them); a copy without truncate of
     a keyed table is fine."""
-    from capturer.app import Capturer
-    from capturer.app import load_config
+    from capturer.app import Capturer, load_config
 
     servers = start_servers(tmp_path, 2)
     try:
@@ -789,8 +797,7 @@ def test_float_and_char_keys_sql_mode_and_named_system_tables(tmp_path: Path, dr
             wait_for(lambda: snapshot_done(cap), 60, "the snapshot")
             wait_for(lambda: checkpoint_covers(tmp_path, [m]), 60)
             snap = cap.snapshot()["regions"]["r1"]["snapshot"]["tables"]
-        assert {t: s["state"] for t, s in snap.items()} == {t: "done" for t in
-                                                           ("d.f", "d.c", "d.e", "mysql.capt_snap")}
+        assert {t: s["state"] for t, s in snap.items()} == dict.fromkeys(("d.f", "d.c", "d.e", "mysql.capt_snap"), "done")
         c = m.connect()
         want = {}
         with c.cursor() as cur:

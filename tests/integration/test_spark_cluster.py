@@ -8,14 +8,15 @@ import os
 import subprocess
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
-
-from capturer.local_mariadb import free_port
 from helpers import CapturerProcess, checkpoint_covers, wait_for, write_config
 from workload import SCHEMA, Workload
+
+from devtools.local_mariadb import free_port
 
 pytestmark = pytest.mark.integration
 pyspark = pytest.importorskip("pyspark")
@@ -43,7 +44,7 @@ class Cluster:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.ui}/json/", timeout=5) as r:
             return json.loads(r.read())
 
-    def start(self) -> "Cluster":
+    def start(self) -> Cluster:
         self._run("org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(self.port),
                   "--webui-port", str(self.ui), log="master.log")
         wait_for(lambda: self._alive(), 90, "spark master")

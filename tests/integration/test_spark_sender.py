@@ -7,15 +7,16 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
+from helpers import ROOT, CapturerProcess, checkpoint_covers, wait_for, write_config
+from workload import SCHEMA, Workload
 
 from senders.spark import lake
 from senders.spark.lakecli import canon, verify
-from helpers import ROOT, CapturerProcess, checkpoint_covers, wait_for, write_config
-from workload import SCHEMA, Workload
 
 pytestmark = pytest.mark.integration
 pyspark = pytest.importorskip("pyspark")
@@ -124,8 +125,7 @@ def test_add_column_and_types_and_truncate(tmp_path: Path, two_servers, spark, c
 
 
 def test_incompatible_type_change_is_a_clear_error(tmp_path: Path, two_servers, spark) -> None:  # type: ignore[no-untyped-def]
-    from capturer.app import Capturer
-    from capturer.app import load_config
+    from capturer.app import Capturer, load_config
 
     m1 = two_servers[0]
     m1.execute("CREATE DATABASE d", "CREATE TABLE d.t (id INT PRIMARY KEY, v INT)", "INSERT INTO d.t VALUES (1, 1)",

@@ -19,16 +19,17 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 import requests
-
 from browser import Browser, chromium_path
-from capturer.local_mariadb import MariaDBInstance
 from helpers import ROOT, CapturerProcess, checkpoint_covers, wait_for, write_config
 from workload import SCHEMA, Workload, assert_target_equals_sources, file_state_equals, rows_of
+
+from devtools.local_mariadb import MariaDBInstance
 
 pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(chromium_path() is None, reason="chromium missing (tests/run.sh installs it)")]
@@ -53,7 +54,7 @@ class SteadyLoad:
             while not self.stop.is_set():
                 w.step()
                 time.sleep(0.01)
-        except BaseException as exc:  # noqa: BLE001
+        except BaseException as exc:
             w.errors.append(exc)
 
     def finish(self) -> None:
@@ -116,113 +117,112 @@ def setup(tmp_path: Path, two_servers: list[MariaDBInstance], target: MariaDBIns
 def test_status_page_live_pause_resume_restart(setup: dict[str, Any], two_servers: list[MariaDBInstance],
                                                target: MariaDBInstance) -> None:
     cfg, url, tmp = setup["cfg"], setup["url"], setup["tmp"]
-    with capturer_under_load(cfg, tmp, two_servers) as cap:
-        with Browser(url + "/") as b:
-            # 1. live values: both regions and both senders, numbers that move
-            for table, name in (("regions", "r1"), ("regions", "r2"), ("senders", "local"), ("senders", "mysql")):
-                b.wait(f'!!document.querySelector(\'#{table} tr[data-name="{name}"]\')', 30, f"{table} row {name}")
-            b.wait("document.getElementById('conn').textContent === 'live'", 20, "the live badge")
-            b.wait('document.querySelector(\'#regions tr[data-name="r1"] .c-state\').textContent === "streaming"',
-                   60, "r1 streaming")
-            for name in ("local", "mysql"):
-                b.wait(f"parseFloat(document.querySelector('#senders tr[data-name=\"{name}\"] .c-rate')"
-                       ".textContent.replace(/,/g, '')) > 0", 60, f"a rows/s for sender {name}")
-            rows0 = number(cell(b, "senders", "local", "c-rows"))
-            cp0 = b.text("#cp-time")
-            time.sleep(4)
-            assert number(cell(b, "senders", "local", "c-rows")) > rows0 >= 0
-            assert number(cell(b, "regions", "r2", "c-rows")) > 0
-            assert b.text("#cp-time") != cp0, "the checkpoint shown does not move"
-            assert b.js("document.querySelectorAll('#chart canvas').length") >= 1, "no throughput chart"
-            assert b.js("document.querySelectorAll('#senders svg.spark polyline').length") == 2
-            pid = status(url)["senders"]["mysql"]["process"]["pid"]
-            assert pid and f"process {pid}" in cell(b, "senders", "mysql", "c-state"), "the sender's process not shown"
-            assert "healthy" in b.text("#health")
-            if os.environ.get("UPDATE_SCREENSHOT") == "1":
-                time.sleep(40)  # a chart with some history for the README
-            shot = b.screenshot(ARTIFACTS / "status-page.png")
-            print(f"screenshot: {shot}")
-            if os.environ.get("UPDATE_SCREENSHOT") == "1":
-                shutil.copy(shot, ROOT / "docs" / "status-page.png")
+    with capturer_under_load(cfg, tmp, two_servers) as cap, Browser(url + "/") as b:
+        # 1. live values: both regions and both senders, numbers that move
+        for table, name in (("regions", "r1"), ("regions", "r2"), ("senders", "local"), ("senders", "mysql")):
+            b.wait(f'!!document.querySelector(\'#{table} tr[data-name="{name}"]\')', 30, f"{table} row {name}")
+        b.wait("document.getElementById('conn').textContent === 'live'", 20, "the live badge")
+        b.wait('document.querySelector(\'#regions tr[data-name="r1"] .c-state\').textContent === "streaming"',
+               60, "r1 streaming")
+        for name in ("local", "mysql"):
+            b.wait(f"parseFloat(document.querySelector('#senders tr[data-name=\"{name}\"] .c-rate')"
+                   ".textContent.replace(/,/g, '')) > 0", 60, f"a rows/s for sender {name}")
+        rows0 = number(cell(b, "senders", "local", "c-rows"))
+        cp0 = b.text("#cp-time")
+        time.sleep(4)
+        assert number(cell(b, "senders", "local", "c-rows")) > rows0 >= 0
+        assert number(cell(b, "regions", "r2", "c-rows")) > 0
+        assert b.text("#cp-time") != cp0, "the checkpoint shown does not move"
+        assert b.js("document.querySelectorAll('#chart canvas').length") >= 1, "no throughput chart"
+        assert b.js("document.querySelectorAll('#senders svg.spark polyline').length") == 2
+        pid = status(url)["senders"]["mysql"]["process"]["pid"]
+        assert pid and f"process {pid}" in cell(b, "senders", "mysql", "c-state"), "the sender's process not shown"
+        assert "healthy" in b.text("#health")
+        if os.environ.get("UPDATE_SCREENSHOT") == "1":
+            time.sleep(40)  # a chart with some history for the README
+        shot = b.screenshot(ARTIFACTS / "status-page.png")
+        print(f"screenshot: {shot}")
+        if os.environ.get("UPDATE_SCREENSHOT") == "1":
+            shutil.copy(shot, ROOT / "docs" / "status-page.png")
 
-            # 2. control calls without the token (or with a wrong one) are refused and change nothing
-            for tok in (None, "wrong", TOKEN + "x", ""):
-                r = post(url, "/senders/local/pause", tok)
-                assert r.status_code == 401, (tok, r.status_code, r.text)
-            assert post(url, "/stop", None).status_code == 401
-            assert status(url)["senders"]["local"]["paused"] is False
+        # 2. control calls without the token (or with a wrong one) are refused and change nothing
+        for tok in (None, "wrong", TOKEN + "x", ""):
+            r = post(url, "/senders/local/pause", tok)
+            assert r.status_code == 401, (tok, r.status_code, r.text)
+        assert post(url, "/stop", None).status_code == 401
+        assert status(url)["senders"]["local"]["paused"] is False
 
-            # 3. pause through the page: type the token, click the sender's Pause button
-            b.type_into("#token", TOKEN)
-            b.click('#senders tr[data-name="local"] button.pause-resume')
-            b.wait('document.querySelector(\'#senders tr[data-name="local"] .c-state\').textContent.startsWith("paused")',
-                   20, "local shown paused")
-            assert b.text('#senders tr[data-name="local"] button.pause-resume') == "Resume"
-            wait_for(lambda: status(url)["senders"]["local"]["state"] == "paused", 20, "local paused")
-            time.sleep(1.5)  # the checkpoint of the last batch acknowledged before the pause is written
-            s1 = status(url)
-            time.sleep(3)
-            s2 = status(url)
-            assert s2["senders"]["local"]["rows"] == s1["senders"]["local"]["rows"], "a paused sender sent rows"
-            assert s2["senders"]["mysql"]["rows"] > s1["senders"]["mysql"]["rows"], "the other sender stopped too"
-            # the checkpoint waits for the paused sender while the other one goes on
-            assert s2["checkpoint"]["commit_ts"] == s1["checkpoint"]["commit_ts"], "the checkpoint passed a paused sender"
-            assert s2["senders"]["mysql"]["acked_ts"] > s2["checkpoint"]["commit_ts"]
-            assert s2["senders"]["local"]["queue_rows"] > 0
-            assert b.text("#held").find("sender local (paused") >= 0
-            health = requests.get(url + "/health", timeout=10).json()
-            assert health["ok"] and "paused" in health["reason"] and "local" in health["reason"]
-            metrics = requests.get(url + "/metrics", timeout=10).text
-            assert 'capturer_sender_paused{sender="local"} 1.0' in metrics
-            assert 'capturer_sender_paused{sender="mysql"} 0.0' in metrics
-            # the terminal view says the same
-            out = subprocess.run([sys.executable, "-m", "capturer", "status", "--url", url], cwd=ROOT,
-                                 capture_output=True, text=True, timeout=60)
-            assert out.returncode == 0, out.stderr
-            lines = out.stdout.splitlines()
-            assert any(ln.split()[:2] == ["local", "paused"] for ln in lines), out.stdout
-            assert any(ln.split()[:2] == ["mysql", "running"] for ln in lines), out.stdout
-            assert any(ln.split()[:3] == ["r1", "mysql", "streaming"] for ln in lines), out.stdout
-            assert any(ln.split()[:1] == ["r2"] for ln in lines), out.stdout
-            b.screenshot(ARTIFACTS / "status-page-paused.png")
+        # 3. pause through the page: type the token, click the sender's Pause button
+        b.type_into("#token", TOKEN)
+        b.click('#senders tr[data-name="local"] button.pause-resume')
+        b.wait('document.querySelector(\'#senders tr[data-name="local"] .c-state\').textContent.startsWith("paused")',
+               20, "local shown paused")
+        assert b.text('#senders tr[data-name="local"] button.pause-resume') == "Resume"
+        wait_for(lambda: status(url)["senders"]["local"]["state"] == "paused", 20, "local paused")
+        time.sleep(1.5)  # the checkpoint of the last batch acknowledged before the pause is written
+        s1 = status(url)
+        time.sleep(3)
+        s2 = status(url)
+        assert s2["senders"]["local"]["rows"] == s1["senders"]["local"]["rows"], "a paused sender sent rows"
+        assert s2["senders"]["mysql"]["rows"] > s1["senders"]["mysql"]["rows"], "the other sender stopped too"
+        # the checkpoint waits for the paused sender while the other one goes on
+        assert s2["checkpoint"]["commit_ts"] == s1["checkpoint"]["commit_ts"], "the checkpoint passed a paused sender"
+        assert s2["senders"]["mysql"]["acked_ts"] > s2["checkpoint"]["commit_ts"]
+        assert s2["senders"]["local"]["queue_rows"] > 0
+        assert b.text("#held").find("sender local (paused") >= 0
+        health = requests.get(url + "/health", timeout=10).json()
+        assert health["ok"] and "paused" in health["reason"] and "local" in health["reason"]
+        metrics = requests.get(url + "/metrics", timeout=10).text
+        assert 'capturer_sender_paused{sender="local"} 1.0' in metrics
+        assert 'capturer_sender_paused{sender="mysql"} 0.0' in metrics
+        # the terminal view says the same
+        out = subprocess.run([sys.executable, "-m", "capturer", "status", "--url", url], cwd=ROOT,
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        lines = out.stdout.splitlines()
+        assert any(ln.split()[:2] == ["local", "paused"] for ln in lines), out.stdout
+        assert any(ln.split()[:2] == ["mysql", "running"] for ln in lines), out.stdout
+        assert any(ln.split()[:3] == ["r1", "mysql", "streaming"] for ln in lines), out.stdout
+        assert any(ln.split()[:1] == ["r2"] for ln in lines), out.stdout
+        b.screenshot(ARTIFACTS / "status-page-paused.png")
 
-            # 4. resume through the page
-            b.click('#senders tr[data-name="local"] button.pause-resume')
-            wait_for(lambda: not status(url)["senders"]["local"]["paused"], 20, "local resumed")
-            wait_for(lambda: status(url)["senders"]["local"]["rows"] > s2["senders"]["local"]["rows"], 30,
-                     "local sending again")
-            b.wait('document.querySelector(\'#senders tr[data-name="local"] .c-state\').textContent === "running"',
-                   20, "local shown running")
+        # 4. resume through the page
+        b.click('#senders tr[data-name="local"] button.pause-resume')
+        wait_for(lambda: not status(url)["senders"]["local"]["paused"], 20, "local resumed")
+        wait_for(lambda: status(url)["senders"]["local"]["rows"] > s2["senders"]["local"]["rows"], 30,
+                 "local sending again")
+        b.wait('document.querySelector(\'#senders tr[data-name="local"] .c-state\').textContent === "running"',
+               20, "local shown running")
 
-            # 5. a table snapshot started from the page, its progress shown until done
-            b.type_into("#snapshot-tables", "app.users")
-            b.click("#snapshot")
-            b.wait("document.getElementById('message').textContent.indexOf('snapshot app.users: done') >= 0", 30,
-                   "the snapshot accepted")
-            for region in ("r1", "r2"):
-                b.wait(f"(document.querySelector('#snapshots tr[data-name=\"{region} app.users\"] .badge') || {{}})"
-                       ".textContent === 'done'", 120, f"{region}'s snapshot of app.users shown done")
-            assert not b.js("document.getElementById('snapshots').hidden")
+        # 5. a table snapshot started from the page, its progress shown until done
+        b.type_into("#snapshot-tables", "app.users")
+        b.click("#snapshot")
+        b.wait("document.getElementById('message').textContent.indexOf('snapshot app.users: done') >= 0", 30,
+               "the snapshot accepted")
+        for region in ("r1", "r2"):
+            b.wait(f"(document.querySelector('#snapshots tr[data-name=\"{region} app.users\"] .badge') || {{}})"
+                   ".textContent === 'done'", 120, f"{region}'s snapshot of app.users shown done")
+        assert not b.js("document.getElementById('snapshots').hidden")
 
-            # 6. a graceful stop through the endpoint; the page says it lost the capturer
-            started = status(url)["started_at"]
-            assert post(url, "/stop").status_code == 202
-            assert cap.proc is not None and cap.proc.wait(90) == 0
-            b.wait("document.getElementById('conn').textContent.indexOf('unreachable') >= 0", 30,
-                   "the page noticing the capturer is gone")
-            assert not b.js("document.getElementById('banner').hidden")
-            # 7. ... and picks it up again after a restart, with counters from zero
-            cap.start()
-            cap.wait_ready()
-            b.wait("document.getElementById('conn').textContent === 'live'", 60, "live again")
-            wait_for(lambda: status(url)["started_at"] != started, 30, "a new process")
-            b.wait("document.getElementById('banner').textContent.indexOf('restarted') >= 0", 30,
-                   "the restart banner")
-            b.wait("parseFloat(document.querySelector('#senders tr[data-name=\"local\"] .c-rate')"
-                   ".textContent.replace(/,/g, '')) > 0", 60, "rows/s after the restart")
-            assert not b.console, b.console  # no JavaScript error or CSP violation all along
-            # and no failed load but the polls while the capturer was stopped
-            assert all("ERR_CONNECTION_REFUSED" in n and re.search(r"/(status|health) *$", n) for n in b.network), \
+        # 6. a graceful stop through the endpoint; the page says it lost the capturer
+        started = status(url)["started_at"]
+        assert post(url, "/stop").status_code == 202
+        assert cap.proc is not None and cap.proc.wait(90) == 0
+        b.wait("document.getElementById('conn').textContent.indexOf('unreachable') >= 0", 30,
+               "the page noticing the capturer is gone")
+        assert not b.js("document.getElementById('banner').hidden")
+        # 7. ... and picks it up again after a restart, with counters from zero
+        cap.start()
+        cap.wait_ready()
+        b.wait("document.getElementById('conn').textContent === 'live'", 60, "live again")
+        wait_for(lambda: status(url)["started_at"] != started, 30, "a new process")
+        b.wait("document.getElementById('banner').textContent.indexOf('restarted') >= 0", 30,
+               "the restart banner")
+        b.wait("parseFloat(document.querySelector('#senders tr[data-name=\"local\"] .c-rate')"
+               ".textContent.replace(/,/g, '')) > 0", 60, "rows/s after the restart")
+        assert not b.console, b.console  # no JavaScript error or CSP violation all along
+        # and no failed load but the polls while the capturer was stopped
+        assert all("ERR_CONNECTION_REFUSED" in n and re.search(r"/(status|health) *$", n) for n in b.network), \
                 b.network
     # nothing lost while paused, stopped and restarted
     assert_target_equals_sources(two_servers, target)

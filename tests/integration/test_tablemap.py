@@ -4,16 +4,17 @@ table map gives, and a DDL (a new column, a renamed one) is a new definition."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 from pymysqlreplication import BinLogStreamReader
 from pymysqlreplication.row_event import UpdateRowsEvent, WriteRowsEvent
 
-from capturer.local_mariadb import MariaDBInstance
 from capturer.regions.mysql import tablemap
 from capturer.util import mysqlconn
+from devtools.local_mariadb import MariaDBInstance
 
 pytestmark = pytest.mark.integration
 

@@ -10,14 +10,24 @@ import threading
 
 import pytest
 
-from capturer.agent import wire
-from capturer.util.bqueue import WeightedQueue
 from capturer.config import RemoteRegionConfig
-from capturer.model import ColumnInfo, Ddl, Heartbeat, Position, RowChange, SnapshotMark, TableSchema, TsPosition, Txn
-from capturer.regions.base import RegionContext
-from capturer.regions.remote.region import RemoteRegion
+from capturer.model import (
+    ColumnInfo,
+    Ddl,
+    Heartbeat,
+    Position,
+    RowChange,
+    SnapshotMark,
+    TableSchema,
+    TsPosition,
+    Txn,
+    wire,
+)
 from capturer.model.spill import DEFAULT_CHUNK_ROWS, SpillWriter
-from capturer.tso import LiftJournal
+from capturer.regions.base import RegionContext
+from capturer.regions.clock import LiftJournal
+from capturer.regions.remote.region import RemoteRegion
+from capturer.util.bqueue import WeightedQueue
 
 S = TableSchema("d`b", "t.1", ("id", "v", "w"), ("id",), (("v",),), (3, 15, 246),
                 (ColumnInfo(3), ColumnInfo(15, binary=True), ColumnInfo(246, precision=10, scale=2)))

@@ -13,13 +13,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from baikaldb_double.cluster import TYPES, Field, Table, encode_field
-from capturer.model import protogen
-from capturer.pipeline.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from capturer.app import load_config
 from capturer.config import BaikalRegionConfig
 from capturer.errors import ConfigError
-from capturer.model import Position, TsPosition, position_from_json
+from capturer.model import Position, TsPosition, position_from_json, protogen
+from capturer.pipeline.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from capturer.regions.baikaldb import brpc_json
 from capturer.regions.baikaldb.rows import (
     RowDecodeError,
@@ -39,6 +37,7 @@ from capturer.regions.baikaldb.schema import (
     transition_def,
 )
 from capturer.regions.baikaldb.tso import BASE_MS, from_unix_ms, to_commit_ts, unix_ms
+from devtools.baikaldb_double.cluster import TYPES, Field, Table, encode_field
 
 
 def pb():  # type: ignore[no-untyped-def]

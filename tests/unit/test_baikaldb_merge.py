@@ -32,15 +32,14 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from capturer.model import protogen
-from capturer.util.bqueue import WeightedQueue
+from capturer.model import TsPosition, Txn, protogen
 from capturer.pipeline.merger import Merger
-from capturer.model import TsPosition, Txn
 from capturer.regions.baikaldb.region import BaikalRegion, Epoch
 from capturer.regions.baikaldb.rows import Entry, RowPlan
 from capturer.regions.baikaldb.schema import FieldDef, TableDef
 from capturer.regions.baikaldb.tso import from_commit_ts
 from capturer.regions.base import RegionContext
+from capturer.util.bqueue import WeightedQueue
 
 P = protogen.load("baikaldb")
 V1 = TableDef(10, "n", "d", "t", 1, (FieldDef(1, "id", 6), FieldDef(2, "v", 13)), ("id",))
@@ -147,7 +146,7 @@ def check(items: list[Any], data: dict[int, Entry], parts: dict[int, set[int]], 
         try:
             m.offer(it)
             m.pop()
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             problems.append(f"{label}: the merger refuses {type(it).__name__} at {from_commit_ts(it.commit_ts)}: {exc}")
             break
         t = from_commit_ts(it.commit_ts)

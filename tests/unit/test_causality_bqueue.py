@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from capturer.model import RowChange, TableSchema
 from capturer.util.bqueue import Closed, WeightedQueue
 from senders.mysql.causality import Causality, conflict_keys, stable_hash
-from capturer.model import RowChange, TableSchema
 
 U = TableSchema("d", "u", ("id", "email", "a", "b"), ("id",), (("email",), ("a", "b")))
 KEYLESS = TableSchema("d", "log", ("msg",), ())

@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 
 from capturer.errors import ConfigError
-from capturer.pipeline.filter import parse_filter_text
 from capturer.model import Position, RowChange, TableSchema, Txn
+from capturer.pipeline.filter import parse_filter_text
 
 P = Path("conf/filter_rule.txt")
 

@@ -92,26 +92,34 @@ import tempfile
 import uuid
 import zlib
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Callable
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 for _p in (str(ROOT), str(ROOT / "tests")):
     if _p not in sys.path:  # the child process runs this file as a script
         sys.path.insert(0, _p)
 
-import pytest  # noqa: E402
-from hypothesis import HealthCheck, given, seed, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-from pymysqlreplication.constants import FIELD_TYPE as T  # noqa: E402
+import pytest
+from hypothesis import HealthCheck, given, seed, settings
+from hypothesis import strategies as st
+from pymysqlreplication.constants import FIELD_TYPE as T
 
-from capturer.model import encode  # noqa: E402
-from capturer.model import Ddl, Position, RowChange, SnapshotMark, TableSchema, Txn  # noqa: E402
-from capturer.model.spill import SpillWriter  # noqa: E402
-from capturer.regions.mysql import rowdecode  # noqa: E402
-from capturer.regions.baikaldb import schema as bks  # noqa: E402
-from capturer.regions.baikaldb.rows import RowDecodeError, RowPlan  # noqa: E402
+from capturer.model import (
+    Ddl,
+    Position,
+    RowChange,
+    SnapshotMark,
+    TableSchema,
+    Txn,
+    encode,
+)
+from capturer.model.spill import SpillWriter
+from capturer.regions.baikaldb import schema as bks
+from capturer.regions.baikaldb.rows import RowDecodeError, RowPlan
+from capturer.regions.mysql import rowdecode
 
 try:
     from capturer import _fastrows
@@ -139,14 +147,14 @@ class Trace:
 def outcome(fn: Callable[[], Any]) -> tuple[str, Any]:
     try:
         return "ok", fn()
-    except Exception as exc:  # noqa: BLE001 - the caller judges the exception
+    except Exception as exc:
         return "err", exc
 
 
 def short(x: Any, n: int = 600) -> str:
     try:
         s = repr(x)
-    except Exception as exc:  # noqa: BLE001 - e.g. an int too long for repr
+    except Exception as exc:
         s = f"<{type(x).__name__}: repr raised {type(exc).__name__}>"
     return s if len(s) <= n else s[:n] + f"...({len(s)} chars)"
 
@@ -160,8 +168,8 @@ def describe(o: tuple[str, Any]) -> str:
 # =============================================================================================
 
 def col(t: int, **kw: Any) -> SimpleNamespace:
-    base = dict(type=t, unsigned=False, name="c", character_set_name="utf8mb4", max_length=20, length_size=2,
-                precision=10, decimals=2, fsp=0, size=1, enum_values=None, set_values=None, bits=8, bytes=1)
+    base = {"type": t, "unsigned": False, "name": "c", "character_set_name": "utf8mb4", "max_length": 20, "length_size": 2,
+                "precision": 10, "decimals": 2, "fsp": 0, "size": 1, "enum_values": None, "set_values": None, "bits": 8, "bytes": 1}
     base.update(kw)
     return SimpleNamespace(**base)
 
@@ -645,7 +653,7 @@ def fuzz_mysql_specs(seed_: int, n: int, trace: Trace) -> dict[str, Any]:
     rng = random.Random(seed_)
     stats: Counter[str] = Counter()
     blobs = [bytes(rng.getrandbits(8) for _ in range(rng.choice([0, 1, 3, 9, 40, 200]))) for _ in range(50)]
-    for i in range(n):
+    for _i in range(n):
         k = rng.choice([0, 1, 1, 2, 3, 6])
         names: Any = tuple(f"c{j}" for j in range(k))
         specs: Any = tuple(rand_spec(rng) for _ in range(k))
@@ -954,7 +962,7 @@ def fuzz_baikal_specs(seed_: int, n: int, trace: Trace) -> dict[str, Any]:
     kinds = list(range(-1, 15)) + [2**40, None, "7"]
     encs = ["utf-8", "utf8", "gbk", "latin-1", "nonexistent-codec", "hex", "utf-16"]
     blobs = [bytes(rng.getrandbits(8) for _ in range(rng.choice([0, 1, 4, 12, 60]))) for _ in range(40)]
-    for i in range(n):
+    for _i in range(n):
         spec: Any = tuple(
             (rng.choice(ids) if rng.random() < 0.3 else rng.randrange(1, 40),
              rng.choice(["a", "b", "c", 5, None]) if rng.random() < 0.1 else f"f{j}",
@@ -1191,7 +1199,7 @@ def refusal(o: Any, depth: int = 0) -> str | None:
         return None
     try:
         r = encode._fallback(o)
-    except Exception:  # noqa: BLE001 - Python raises too
+    except Exception:
         return None
     return refusal(r, depth + 1)
 

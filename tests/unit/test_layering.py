@@ -1,18 +1,27 @@
 """The import rules between the layers, checked on the source (an import added in
 the wrong direction fails here, not in a review).
 
-    capturer.errors, capturer.model (+ encode, spill, protogen), capturer.util
+    capturer.errors, capturer.model (+ encode, spill, protogen, wire), capturer.util
         the shared layer: what the capture side hands the senders, and helpers
         that know nothing of the pipeline; imports nothing above it
-    capturer.pipeline, capturer.regions, capturer.agent, status, config ...
+    capturer.pipeline
+        merger, filter, fanout, backlog, checkpoint: no region, agent, ops, app or config
+    capturer.regions.<kind>
+        a region kind imports the shared layer, the regions' base, clock and ddl, its config, and its
+        own folder: never another kind, except the remote kind, which runs any kind in a worker
+    capturer.regions, capturer.agent, capturer.ops, capturer.config ...
         the capture side; never names a sender
     senders
         use only the shared layer (the lake's command-line tool also reads the
-        capturer's config, to find the lake)
+        capturer's config, to find the lake); senders/process.py is the root of a
+        sender's own process
     capturer.app
-        the composition root: the one module of the capture side that names
-        senders (with capturer.senderproc, the composition root of a sender's
-        own process, and the demo, which checks the file it wrote)
+        the composition root: the one module of the capture side that names senders
+    devtools
+        the demo, private servers, the BaikalDB double and workloads: nothing under
+        capturer/ or senders/ imports it, except the command line for --demo;
+        nothing at all imports tests/
+No two modules import each other (a small Protocol for what one needs of the other).
 """
 
 from __future__ import annotations
@@ -21,10 +30,16 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+TOPS = ("capturer", "senders", "devtools", "bench")
 
-CAPTURER_MAY_NAME_SENDERS = {"capturer/app.py", "capturer/senderproc.py", "capturer/demo.py"}
+CAPTURER_MAY_NAME_SENDERS = {"capturer/app.py"}
 # a sender's command-line tool reads the capturer's config to find its target
 TOOLS_MAY_READ_CONFIG = {"senders/spark/lakecli.py": {"capturer.config"}}
+# the command line starts the demo (python -m capturer --demo)
+MAY_IMPORT_DEVTOOLS = {"capturer/__main__.py"}
+# what every region kind may use besides the shared layer and its own folder
+REGION_COMMON = ("capturer.regions.base", "capturer.regions.clock", "capturer.regions.ddl", "capturer.regions",
+                 "capturer.config")  # its section of the config
 
 
 def imports(path: Path) -> list[tuple[int, str]]:
@@ -34,8 +49,10 @@ def imports(path: Path) -> list[tuple[int, str]]:
             out += [(node.lineno, a.name) for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             out.append((node.lineno, node.module))
-            if node.module in ("capturer", "capturer.model", "capturer.util"):  # from capturer import app
-                out += [(node.lineno, f"{node.module}.{a.name}") for a in node.names]
+            # from capturer import app / from capturer.model import wire: the submodule counts
+            out += [(node.lineno, f"{node.module}.{a.name}") for a in node.names
+                    if (ROOT / node.module.replace(".", "/") / f"{a.name}.py").exists()
+                    or (ROOT / node.module.replace(".", "/") / a.name / "__init__.py").exists()]
         elif isinstance(node, ast.ImportFrom) and node.level:
             out.append((node.lineno, "." * node.level + (node.module or "")))
     return out
@@ -50,7 +67,12 @@ def shared(mod: str) -> bool:
 
 
 def _files(top: str) -> list[tuple[str, Path]]:
-    return [(p.relative_to(ROOT).as_posix(), p) for p in sorted((ROOT / top).rglob("*.py"))]
+    return [(p.relative_to(ROOT).as_posix(), p) for p in sorted((ROOT / top).rglob("*.py"))
+            if "_generated" not in p.parts]
+
+
+def _module(rel: str) -> str:
+    return rel[:-3].replace("/", ".").removesuffix(".__init__")
 
 
 def test_capturer_names_senders_only_in_the_composition_root() -> None:
@@ -62,30 +84,74 @@ def test_capturer_names_senders_only_in_the_composition_root() -> None:
 def test_senders_use_only_the_shared_layer() -> None:
     bad = [f"{rel}:{line}: imports {mod}" for rel, p in _files("senders") for line, mod in imports(p)
            if (_in(mod, "capturer") and not shared(mod) and mod not in TOOLS_MAY_READ_CONFIG.get(rel, ()))
-           or mod.startswith(".")]
+           or mod.startswith(".") or _in(mod, "devtools")]
     assert not bad, "\n".join(bad)
 
 
 def test_the_shared_layer_imports_nothing_above_it() -> None:
     bad = []
     for rel, p in _files("capturer"):
-        if not shared(rel[:-3].replace("/", ".").removesuffix(".__init__")):
+        if not shared(_module(rel)):
             continue
         bad += [f"{rel}:{line}: imports {mod}" for line, mod in imports(p)
                 if (_in(mod, "capturer") and not shared(mod) and mod != "capturer")
-                or _in(mod, "senders") or mod.startswith(".")]
+                or _in(mod, "senders", "devtools") or mod.startswith(".")]
     assert not bad, "\n".join(bad)
 
 
-def test_the_pipeline_knows_no_region_agent_app_or_config() -> None:
+def test_the_pipeline_knows_no_region_agent_ops_app_or_config() -> None:
     bad = [f"{rel}:{line}: imports {mod}" for rel, p in _files("capturer/pipeline") for line, mod in imports(p)
-           if _in(mod, "capturer.regions", "capturer.agent", "capturer.app", "capturer.status", "capturer.config")]
+           if _in(mod, "capturer.regions", "capturer.agent", "capturer.app", "capturer.ops", "capturer.config")]
     assert not bad, "\n".join(bad)
+
+
+def test_a_region_kind_imports_only_the_shared_layer_the_region_base_and_itself() -> None:
+    bad = []
+    for kind_dir in sorted((ROOT / "capturer/regions").iterdir()):
+        if not kind_dir.is_dir() or kind_dir.name.startswith("_"):
+            continue
+        own = f"capturer.regions.{kind_dir.name}"
+        for rel, p in _files(f"capturer/regions/{kind_dir.name}"):
+            for line, mod in imports(p):
+                if not _in(mod, "capturer") or shared(mod) or _in(mod, own) or mod in REGION_COMMON:
+                    continue
+                if kind_dir.name == "remote" and _in(mod, "capturer.regions", "capturer.config", "capturer.agent"):
+                    continue  # the remote kind runs any region kind (in a worker process or an agent)
+                bad.append(f"{rel}:{line}: imports {mod}")
+    assert not bad, "\n".join(bad)
+
+
+def test_only_the_command_line_imports_devtools_and_nothing_imports_tests() -> None:
+    bad = []
+    for top in ("capturer", "senders", "devtools", "bench"):
+        for rel, p in _files(top):
+            for line, mod in imports(p):
+                if _in(mod, "devtools") and top in ("capturer", "senders") and rel not in MAY_IMPORT_DEVTOOLS:
+                    bad.append(f"{rel}:{line}: imports {mod}")
+                if _in(mod, "tests", "helpers", "workload", "conftest"):
+                    bad.append(f"{rel}:{line}: imports {mod} (tests/ is not importable by the product)")
+            if "sys.path" in p.read_text(encoding="utf-8") and "tests" in p.read_text(encoding="utf-8") \
+                    and top != "bench":
+                bad.append(f"{rel}: edits sys.path (no module reaches into tests/)")
+    assert not bad, "\n".join(bad)
+
+
+def test_no_two_modules_import_each_other() -> None:
+    graph: dict[str, set[str]] = {}
+    for top in ("capturer", "senders", "devtools"):
+        for rel, p in _files(top):
+            me = _module(rel)
+            graph[me] = {m for _, m in imports(p) if _in(m, "capturer", "senders", "devtools")}
+    pairs = sorted({tuple(sorted((a, b))) for a, deps in graph.items() for b in deps
+                    if b != a and a in graph.get(b, set()) and not a.startswith(b + ".") and not b.startswith(a + ".")})
+    assert not pairs, "\n".join(f"{a} <-> {b}" for a, b in pairs)
 
 
 def test_the_rules_see_imports() -> None:
     """The checks above would pass on nothing: make sure they read real imports."""
-    sender = dict((m, line) for line, m in imports(ROOT / "senders/base.py"))
+    sender = {m: line for line, m in imports(ROOT / "senders/base.py")}
     assert "capturer.model" in sender and "capturer.util.bqueue" in sender
     assert any(_in(m, "senders") for _, m in imports(ROOT / "capturer/app.py"))
-    assert shared("capturer.model.encode") and not shared("capturer.pipeline.merger")
+    assert shared("capturer.model.encode") and shared("capturer.model.wire") and not shared("capturer.pipeline.merger")
+    assert any(_in(m, "devtools") for _, m in imports(ROOT / "capturer/__main__.py"))
+    assert "capturer.regions.clock" in {m for _, m in imports(ROOT / "capturer/regions/mysql/region.py")}

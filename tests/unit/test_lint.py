@@ -16,6 +16,6 @@ def test_ruff_is_clean() -> None:
     ruff = shutil.which("ruff", path=str(Path(sys.executable).parent)) or shutil.which("ruff")
     if ruff is None:
         pytest.skip("ruff is not installed (it is in the 'test' extra: sh tests/run.sh installs it)")
-    r = subprocess.run([ruff, "check", "capturer", "senders", "tests", "bench"], cwd=ROOT, capture_output=True,
+    r = subprocess.run([ruff, "check", "capturer", "senders", "devtools", "tests", "bench"], cwd=ROOT, capture_output=True,
                        text=True)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from capturer.pipeline.merger import Merger, OrderError
 from capturer.model import Heartbeat, Position, Txn
+from capturer.pipeline.merger import Merger, OrderError
 
 POS = Position("f", 4)
 
@@ -50,7 +50,7 @@ def scenario(draw: st.DrawFn) -> tuple[dict[str, list[Txn | Heartbeat]], list[st
 def test_merge_sorted_and_complete(sc: tuple[dict[str, list[Txn | Heartbeat]], list[str]]) -> None:
     streams, order = sc
     m = Merger(streams)
-    cursors = {r: 0 for r in streams}
+    cursors = dict.fromkeys(streams, 0)
     waiting: dict[str, list[Txn | Heartbeat]] = {r: [] for r in streams}
     out: list[Txn | Heartbeat] = []
     for r in order:

@@ -5,8 +5,8 @@ import decimal
 import json
 import random
 
-from senders.kafka.messages import FORMATS, change_events, ddl_message, key_bytes
 from capturer.model import Ddl, Position, RowChange, TableSchema, Txn
+from senders.kafka.messages import FORMATS, change_events, ddl_message, key_bytes
 from senders.kafka.sender import murmur2, partition_for
 
 S = TableSchema("shop", "orders", ("id", "amount", "at", "raw"), ("id",), (), (3, 246, 18, 252))
@@ -20,7 +20,7 @@ def test_murmur2_matches_kafka_python() -> None:
     from kafka.partitioner.default import murmur2 as reference
 
     rng = random.Random(5)
-    for n in range(0, 40):
+    for n in range(40):
         data = bytes(rng.randrange(256) for _ in range(n))
         assert murmur2(data) & 0x7FFFFFFF == reference(data) & 0x7FFFFFFF
     assert partition_for(b'{"id":1}', 3) == (reference(b'{"id":1}') & 0x7FFFFFFF) % 3

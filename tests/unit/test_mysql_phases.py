@@ -30,7 +30,7 @@ class FakeWorker:
         self.applied: list[int] = []  # ids, in the order applied
         self.busy = False
 
-    def submit(self, units: list[list[Op]], atomic: bool) -> "Future[int]":
+    def submit(self, units: list[list[Op]], atomic: bool) -> Future[int]:
         self.busy = True
         return self.pool.submit(self.apply, units, self.s.counters["phases"])
 
@@ -150,17 +150,17 @@ class RecConn:
 
         return pymysql.connect(defer_connect=True, charset="utf8mb4").escape(v)
 
-    def cursor(self) -> "RecConn":
+    def cursor(self) -> RecConn:
         return self
 
-    def __enter__(self) -> "RecConn":
+    def __enter__(self) -> RecConn:
         return self
 
     def __exit__(self, *a: Any) -> None:
         return None
 
     @property
-    def connection(self) -> "RecConn":
+    def connection(self) -> RecConn:
         return self
 
     def execute(self, sql: str, params: Any = None) -> int:

@@ -15,10 +15,10 @@ import pytest
 from capturer.app import load_config
 from capturer.errors import CheckpointError, ConfigError
 from capturer.model import LsnPosition, format_lsn, parse_lsn, position_from_json, ts_logical, ts_physical_ms
+from capturer.regions.clock import LiftJournal, RegionClock
 from capturer.regions.postgresql import pgoutput as po
 from capturer.regions.postgresql import types as T
 from capturer.regions.postgresql.region import RelationJournal, RelDef, commit_tso, ddl_for, uk_name
-from capturer.tso import LiftJournal, RegionClock
 
 
 def s(text: str) -> bytes:

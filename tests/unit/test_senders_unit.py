@@ -6,8 +6,8 @@ import time
 from pathlib import Path
 
 from capturer.errors import SinkError
-from capturer.pipeline.checkpoint import Checkpoint
 from capturer.model import Heartbeat, Position, RowChange, TableSchema, Txn
+from capturer.pipeline.checkpoint import Checkpoint
 from capturer.pipeline.fanout import SenderManager
 from senders.base import Sender
 from senders.local.sender import LocalSender
@@ -131,12 +131,12 @@ def test_spark_sender_refuses_a_column_named_like_lake_metadata(tmp_path: Path) 
                               "app_name": "", "conf.*": {}})
     schema = TableSchema("d", "t", ("id", "_op"), ("id",))
     with pytest.raises(SinkError) as ei:
-        s._state_for(schema, [["id", "bigint"], ["_op", "string"]])  # noqa: SLF001
+        s._state_for(schema, [["id", "bigint"], ["_op", "string"]])
     assert "'_op'" in str(ei.value) and "d.t" in str(ei.value) and not ei.value.retriable
     # a type change of a known column is refused with the way out
-    s._state_for(TableSchema("d", "u", ("id", "v"), ("id",)), [["id", "bigint"], ["v", "bigint"]])  # noqa: SLF001
+    s._state_for(TableSchema("d", "u", ("id", "v"), ("id",)), [["id", "bigint"], ["v", "bigint"]])
     with pytest.raises(SinkError) as ei:
-        s._state_for(TableSchema("d", "u", ("id", "v"), ("id",)), [["id", "bigint"], ["v", "string"]])  # noqa: SLF001
+        s._state_for(TableSchema("d", "u", ("id", "v"), ("id",)), [["id", "bigint"], ["v", "string"]])
     assert "changed type from bigint to string" in str(ei.value) and "Way out" in str(ei.value)
 
 
@@ -191,9 +191,9 @@ def test_each_region_resumes_its_clock_above_its_own_acknowledged_item(tmp_path:
     """(T, r1) acknowledged, r0's heartbeat at T not yet: the checkpoint's commit_ts
     is T-1, but r1's clock must resume above T, or a transaction it reads again
     would take T, the identity of the one it already delivered."""
-    from capturer.pipeline.checkpoint import load_checkpoint, save_checkpoint
     from capturer.model import make_ts
-    from capturer.tso import LiftJournal, RegionClock
+    from capturer.pipeline.checkpoint import load_checkpoint, save_checkpoint
+    from capturer.regions.clock import LiftJournal, RegionClock
 
     t = make_ts(1_700_000_000_000) + 46
     s = OneAtATime(hold=0)  # (its thread is not started: the test says what it acknowledged)

@@ -9,11 +9,10 @@ from typing import Any
 
 import pytest
 
-from capturer.util.bqueue import WeightedQueue
 from capturer.config import RegionConfig
-from senders.kafka.messages import json_envelope, source_block, truncate_message
 from capturer.model import Ddl, Position, RowChange, TableProgress, TableSchema, Txn, make_ts
 from capturer.regions.base import RegionContext
+from capturer.regions.clock import LiftJournal, RegionClock
 from capturer.regions.mysql.region import MySQLRegion
 from capturer.regions.mysql.snapshot import (
     Chunk,
@@ -25,8 +24,9 @@ from capturer.regions.mysql.snapshot import (
     key_matches,
     split_key,
 )
+from capturer.util.bqueue import WeightedQueue
+from senders.kafka.messages import json_envelope, source_block, truncate_message
 from senders.sqlbuild import build
-from capturer.tso import LiftJournal, RegionClock
 
 SCHEMA = TableSchema("d", "t", ("id", "v"), ("id",), (), (3, 3))
 
@@ -39,7 +39,10 @@ def make_region(**ctx_kw: Any) -> tuple[MySQLRegion, WeightedQueue[Any]]:
     return r, q
 
 
-def plan_of(schema: TableSchema = SCHEMA, at: Position = Position("f.000001", 100)) -> TablePlan:
+AT = Position("f.000001", 100)
+
+
+def plan_of(schema: TableSchema = SCHEMA, at: Position = AT) -> TablePlan:
     cols = [Column(c, "int", "int(11)", 10, 0, False, c not in schema.pk) for c in schema.columns]
     p = TablePlan(schema.db, schema.table, cols, schema.pk, schema)
     p.described_at = at
@@ -358,9 +361,8 @@ def test_kafka_sends_a_truncate_to_every_partition_of_the_tables_topic(sql: str)
 
 
 def test_pin_start_writes_a_first_start_once_and_keeps_it(tmp_path: Any) -> None:
-    from capturer.app import Capturer
+    from capturer.app import Capturer, load_config
     from capturer.pipeline.checkpoint import load_checkpoint
-    from capturer.app import load_config
 
     (tmp_path / "senders.cfg").write_text(f"[global]\ntype=local\n[local]\nfilepath={tmp_path / 'out.jsonl'}\n")
     (tmp_path / "config.cfg").write_text(

@@ -21,12 +21,12 @@ import pytest
 pytest.importorskip("pyarrow")
 pytest.importorskip("pyspark")
 
-from capturer import config  # noqa: E402
-from capturer.errors import SinkError  # noqa: E402
-from capturer.model import Position, RowChange, TableSchema, Txn  # noqa: E402
-from senders import CATALOG  # noqa: E402
-from senders.spark import sender as spark_sender  # noqa: E402
-from senders.spark.sender import SparkSender  # noqa: E402
+from capturer import config
+from capturer.errors import SinkError
+from capturer.model import Position, RowChange, TableSchema, Txn
+from senders import CATALOG
+from senders.spark import sender as spark_sender
+from senders.spark.sender import SparkSender
 
 S = TableSchema("d", "t", ("id", "v"), ("id",), (), (3, 15))
 

@@ -3,8 +3,8 @@ from __future__ import annotations
 import datetime as dt
 import decimal
 
-from capturer.model.encode import T_BIT, json_value, quote_ident, sql_literal
 from capturer.model import RowChange, TableSchema
+from capturer.model.encode import T_BIT, json_value, quote_ident, sql_literal
 from senders.sqlbuild import build
 
 

@@ -7,8 +7,8 @@ from typing import Any, cast
 
 import pymysql
 
-from capturer.model.encode import T_BIT
 from capturer.model import RowChange, TableSchema
+from capturer.model.encode import T_BIT
 from senders.mysql.sender import Op, Worker
 from senders.sqlbuild import Table, build, param_ident, row_params
 

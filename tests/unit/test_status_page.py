@@ -4,8 +4,8 @@ the terminal view. (The page in a real browser: tests/integration/test_status_pa
 from __future__ import annotations
 
 import hashlib
-import threading
 import re
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -15,8 +15,8 @@ import requests
 
 from capturer.errors import SinkError
 from capturer.model import ColumnInfo, Position, RowChange, TableSchema, Txn
-from capturer.opscli import render
-from capturer.status import UI_DIR, StatusServer
+from capturer.ops.cli import render
+from capturer.ops.status import UI_DIR, StatusServer
 from senders.base import Sender
 
 TOKEN = "tok-123"
@@ -267,8 +267,8 @@ def test_merge_waits_only_for_silent_regions() -> None:
     """An idle region that sends heartbeats does not hold the merge back; one that
     sent nothing for its silence period does (and not while items are queued)."""
     from capturer.model import Heartbeat
-    from capturer.util.bqueue import WeightedQueue
     from capturer.pipeline.merger import MergeStage
+    from capturer.util.bqueue import WeightedQueue
 
     queues: dict[str, WeightedQueue[Any]] = {"a": WeightedQueue(10), "b": WeightedQueue(10)}
     stage = MergeStage(queues, lambda item: None, threading.Event())

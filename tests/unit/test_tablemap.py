@@ -8,8 +8,8 @@ from __future__ import annotations
 import struct
 from typing import Any
 
-from pymysql.protocol import MysqlPacket
 import pymysqlreplication.row_event as row_event
+from pymysql.protocol import MysqlPacket
 from pymysqlreplication import constants
 from pymysqlreplication.packet import BinLogPacketWrapper
 from pymysqlreplication.row_event import TableMapEvent

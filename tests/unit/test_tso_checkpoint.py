@@ -5,10 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from capturer.pipeline.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from capturer.errors import CheckpointError
 from capturer.model import Position, make_ts, ts_logical, ts_physical_ms
-from capturer.tso import LiftJournal, RegionClock
+from capturer.pipeline.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
+from capturer.regions.clock import LiftJournal, RegionClock
 
 
 def test_ts_shape() -> None:

@@ -28,8 +28,9 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import requests
 
@@ -270,7 +271,7 @@ class StoreRegionInfo:
     dead_until: dict[str, float] = field(default_factory=dict)
 
     @classmethod
-    def from_pb(cls, r: Any) -> "StoreRegionInfo":
+    def from_pb(cls, r: Any) -> StoreRegionInfo:
         return cls(int(r.region_id), int(r.partition_id), int(r.version), list(r.peers), r.leader or "")
 
     def update_from_pb(self, r: Any, trust_leader: bool = True) -> None:

@@ -47,18 +47,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from capturer.model import protogen
-from capturer.util.bqueue import Closed, WeightedQueue
-from capturer.durable import append_line, read_journal, rewrite_lines
-from capturer.model.encode import qualified, quote_ident
 from capturer.errors import CheckpointError, FatalSourceError, SourceError
-from capturer.model import Ddl, Heartbeat, RowChange, TsPosition, Txn
+from capturer.model import Ddl, Heartbeat, RowChange, TsPosition, Txn, protogen
+from capturer.model.encode import qualified, quote_ident
 from capturer.model.spill import DEFAULT_CHUNK_ROWS, SpillWriter
-from capturer.regions.base import Region, RegionContext
 from capturer.regions.baikaldb.client import BinlogPurged, MetaClient, PeerFailure, StoreClient, StoreRegionInfo
 from capturer.regions.baikaldb.rows import Entry, RowDecodeError, RowPlan, UnpairedUpdate, mutation_changes, parse_entry
 from capturer.regions.baikaldb.schema import TableDef, alter_table_sql, create_table_sql, linked_binlog_tables
 from capturer.regions.baikaldb.tso import describe, from_unix_ms, to_commit_ts, unix_ms, unix_seconds
+from capturer.regions.base import Region, RegionContext
+from capturer.util.bqueue import Closed, WeightedQueue
+from capturer.util.durable import append_line, read_journal, rewrite_lines
 
 log = logging.getLogger(__name__)
 
@@ -523,7 +522,7 @@ class BaikalRegion(Region):
             # with what it knows, and the next refresh tries again
             self.counters["refresh_failures"] += 1
             log.warning("%s: schema/region refresh failed: %s", self.where, exc)
-        except Exception:  # noqa: BLE001
+        except Exception:
             self.counters["refresh_failures"] += 1
             log.exception("%s: schema/region refresh failed", self.where)
         finally:
@@ -603,7 +602,7 @@ class BaikalRegion(Region):
                         "[region:...] section.)")
                 self._fatal = exc
                 wake.set()
-        except BaseException as exc:  # noqa: BLE001
+        except BaseException as exc:
             if not stop.is_set():
                 sr.state = "failed"
                 sr.last_error = f"{type(exc).__name__}: {exc}"
@@ -927,6 +926,6 @@ class BaikalRegion(Region):
             "tables": {d.name: {"table_id": tid, "version": d.version} for tid, d in sorted(self.tables.items())},
             "pending_schema_changes": {d.name: d.version for d, _ in self.pending.values()},
             "counters": dict(self.counters),
-            "store_regions": {str(rid): sr.status() for rid, sr in sorted(list(self.stores.items()))},
+            "store_regions": {str(rid): sr.status() for rid, sr in sorted(self.stores.items())},
         })
         return d

@@ -32,6 +32,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from capturer.model import RowChange
+
+# the C build (setup.py builds it where a compiler is present); None without it
+from capturer.model.encode import _fastrows
 from capturer.regions.baikaldb.schema import (
     K_BOOL,
     K_BYTES,
@@ -48,9 +51,6 @@ from capturer.regions.baikaldb.schema import (
     WIRE,
     TableDef,
 )
-
-# the C build (setup.py builds it where a compiler is present); None without it
-from capturer.model.encode import _fastrows
 
 _F = struct.Struct("<f").unpack_from
 _D = struct.Struct("<d").unpack_from
@@ -115,7 +115,7 @@ def unpack_timestamp(v: int) -> dt.datetime | None:
 
 
 def _convert(kind: int, raw: Any, encoding: str) -> Any:
-    if kind == K_SINT64 or kind == K_SINT32:
+    if kind in (K_SINT64, K_SINT32):
         return (raw >> 1) ^ -(raw & 1)
     if kind == K_UINT:
         return raw
@@ -248,7 +248,7 @@ def parse_entry(pb: Any, payload: bytes, ts: int, region_id: int) -> Entry:
     req = pb.StoreReq()
     try:
         req.ParseFromString(payload)
-    except Exception as exc:  # noqa: BLE001 - protobuf raises its own DecodeError
+    except Exception as exc:
         raise RowDecodeError(f"binlog payload at commit_ts {ts} is not a StoreReq: {exc}") from None
     b = req.binlog
     if b.type == 4 or req.op_type == 64:  # FAKE

@@ -16,8 +16,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from capturer.model.encode import qualified, quote_ident
 from capturer.model import ColumnInfo, TableSchema
+from capturer.model.encode import qualified, quote_ident
 
 # PrimitiveType (proto/baikaldb.proto)
 NULL_TYPE, BOOL, INT8, INT16, INT32, INT64 = 1, 2, 3, 4, 5, 6
@@ -83,7 +83,7 @@ class FieldDef:
         return d
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> "FieldDef":
+    def from_json(cls, d: dict[str, Any]) -> FieldDef:
         default = d.get("default")
         return cls(int(d["id"]), str(d["name"]), int(d["type"]), bool(d.get("null", True)),
                    bool(d.get("deleted", False)), base64.b64decode(default) if default is not None else None)
@@ -148,13 +148,13 @@ class TableDef:
                 "fields": [f.to_json() for f in self.fields]}
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> "TableDef":
+    def from_json(cls, d: dict[str, Any]) -> TableDef:
         return cls(int(d["table_id"]), str(d["namespace"]), str(d["db"]), str(d["table"]), int(d["version"]),
                    tuple(FieldDef.from_json(f) for f in d["fields"]), tuple(d.get("pk", ())),
                    tuple(tuple(u) for u in d.get("unique_keys", ())), int(d.get("charset", 0)))
 
     @classmethod
-    def from_schema_info(cls, si: Any) -> "TableDef":
+    def from_schema_info(cls, si: Any) -> TableDef:
         """From a ``SchemaInfo`` message (proto/baikaldb.proto)."""
         fields = []
         for f in si.fields:

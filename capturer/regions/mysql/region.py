@@ -34,15 +34,24 @@ from pymysqlreplication.event import (
 )
 from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, WriteRowsEvent
 
-from capturer.util import failpoints, mysqlconn
 from capturer.config import RegionConfig
 from capturer.errors import FatalSourceError, SourceError
+from capturer.model import (
+    ColumnInfo,
+    Ddl,
+    Heartbeat,
+    Position,
+    RowChange,
+    TableProgress,
+    TableSchema,
+    Txn,
+    ts_physical_ms,
+)
 from capturer.model.encode import qualified, quote_ident
-from capturer.model import ColumnInfo, Ddl, Heartbeat, Position, RowChange, TableProgress, TableSchema, Txn, ts_physical_ms
-from capturer.tso import RegionClock
-from capturer.regions.base import Region, RegionContext
-from capturer.regions.ddl import ddl_target, is_data_ddl, is_ignorable
 from capturer.model.spill import DEFAULT_CHUNK_ROWS, SpillWriter
+from capturer.regions.base import Region, RegionContext
+from capturer.regions.clock import RegionClock
+from capturer.regions.ddl import ddl_target, is_data_ddl, is_ignorable
 from capturer.regions.mysql import tablemap
 from capturer.regions.mysql.rowdecode import fast_rows, normalise_library_row
 from capturer.regions.mysql.snapshot import (
@@ -59,6 +68,7 @@ from capturer.regions.mysql.snapshot import (
     row_key,
     truncate_conflict,
 )
+from capturer.util import failpoints, mysqlconn
 
 log = logging.getLogger(__name__)
 
@@ -238,7 +248,7 @@ class MySQLRegion(Region):
                 if not logs:
                     raise FatalSourceError(f"{self.where}: the server lists no binary logs")
                 if self.position is not None:
-                    names = {n: size for n, size in logs}
+                    names = dict(logs)
                     if self.position.file in names:
                         self._start_snapshot(cur, fresh=False)
                         return self.position
@@ -885,7 +895,7 @@ class MySQLRegion(Region):
             if self._meta is not None:
                 try:
                     self._meta.close()
-                except Exception:  # noqa: BLE001
+                except Exception:
                     pass
                 self._meta = None
 

@@ -27,7 +27,8 @@ import codecs
 import datetime as dt
 import decimal
 import struct
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from pymysql.charset import charset_by_name
 from pymysqlreplication.constants import FIELD_TYPE as T

@@ -55,19 +55,53 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Protocol
 
-from capturer.util import failpoints
-from capturer.model.spill import write_blob
-from capturer.model.encode import quote_ident
 from capturer.errors import FatalSourceError, SourceError
 from capturer.model import ColumnInfo, Position, SnapshotMark, TableProgress, TableSchema
+from capturer.model.encode import quote_ident
+from capturer.model.spill import write_blob
+from capturer.util import failpoints
 
 if TYPE_CHECKING:
-    from capturer.regions.mysql.region import MySQLRegion
+    from capturer.config import RegionConfig
+    from capturer.regions.base import RegionContext
 
 log = logging.getLogger(__name__)
+
+
+class SnapshotHost(Protocol):
+    """What a snapshot needs of its region (``MySQLRegion`` is the one): the stream's
+    side of the copy. The region imports this module; this module only knows the
+    protocol, so the two never import each other."""
+
+    name: str
+    where: str
+    cfg: RegionConfig
+    ctx: RegionContext
+
+    def add_snapshot_progress(self, progress: tuple[TableProgress, ...], wait: bool = False) -> None: ...
+
+    def update_snapshot_progress(self, p: TableProgress) -> None: ...
+
+    def snapshot_failed(self, exc: BaseException) -> None: ...
+
+    def check_truncate(self, db: str, table: str, why: str) -> None: ...
+
+    def chunk_begin(self, plan: TablePlan) -> int: ...
+
+    def chunk_end(self, plan: TablePlan, token: int) -> None: ...
+
+    def emit_chunk(self, chunk: Chunk) -> TableProgress | str: ...
+
+    def emit_begin(self, plan: TablePlan, run: str, at: Position, create_sql: str,
+                   truncate: bool) -> TableProgress | str: ...
+
+    def position_now(self) -> Position | None: ...
+
+    def snapshot_generation(self) -> int: ...
 
 MODES = ("never", "initial", "when_needed")
 SYSTEM_SCHEMAS = ("mysql", "information_schema", "performance_schema", "sys")
@@ -358,7 +392,7 @@ class Reader:
     """One connection for reading chunks: MariaDB Connector/Python where it is
     installed (a C client, several times faster), else pymysql."""
 
-    def __init__(self, region: "MySQLRegion"):
+    def __init__(self, region: SnapshotHost):
         cfg = region.cfg
         self.where = region.where
         mariadb: Any = None
@@ -479,7 +513,7 @@ class Reader:
     def close(self) -> None:
         try:
             self.conn.close()
-        except Exception:  # noqa: BLE001
+        except Exception:
             pass
 
 
@@ -536,7 +570,7 @@ def describe(reader: Reader, db: str, table: str) -> TablePlan:
                               str(nullable).upper() == "YES", str(coll or "")))
     try:
         idx = reader.execute(f"SHOW INDEX FROM {reader.table(db, table)}")
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         if reader.is_error(exc) and reader.errno(exc) == 1146:
             raise TableGone(f"{db}.{table}") from None
         raise
@@ -743,7 +777,7 @@ class TableTask:
 class Snapshotter:
     """The snapshot workers of one MySQL/MariaDB region."""
 
-    def __init__(self, region: "MySQLRegion", workers: int, chunk_rows: int):
+    def __init__(self, region: SnapshotHost, workers: int, chunk_rows: int):
         self.region = region
         self.workers = max(1, workers)
         self.chunk_rows = max(1, chunk_rows)
@@ -874,7 +908,7 @@ class Snapshotter:
                             raise
                         except (SourceError, OSError) as exc:
                             self._retry(task, exc, delay)
-                        except Exception as exc:  # noqa: BLE001 - driver errors
+                        except Exception as exc:
                             if reader is None or not reader.is_error(exc):
                                 raise
                             if reader.errno(exc) in (1142, 1143, 1227):
@@ -890,7 +924,7 @@ class Snapshotter:
                 finally:
                     with self.lock:
                         self.busy.discard(key)
-        except BaseException as exc:  # noqa: BLE001 - the region reports it
+        except BaseException as exc:
             self.region.snapshot_failed(exc)
         finally:
             if reader is not None:
@@ -1066,7 +1100,7 @@ class Snapshotter:
                     raw = reader.execute(sql, params)
                     rows = [make(r) for r in raw]
                     last_key = (sig, *raw[-1][-nk:]) if raw else p.last_key
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 if reader.is_error(exc) and reader.errno(exc) == 1146:
                     raise TableGone(plan.name) from None
                 if reader.is_error(exc) and reader.errno(exc) == 1054:  # a column went since it was described
@@ -1083,7 +1117,7 @@ class Snapshotter:
             return ""
         try:
             rows = reader.execute(f"SHOW CREATE TABLE {reader.table(plan.db, plan.table)}")
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             if reader.is_error(exc) and reader.errno(exc) == 1146:
                 raise TableGone(plan.name) from None
             raise
@@ -1101,7 +1135,7 @@ class Snapshotter:
         try:
             for batch in reader.stream(sql, (), 5000):
                 spill.add([RowChange(plan.schema, "read", None, make(r)) for r in batch])
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             if reader.is_error(exc) and reader.errno(exc) == 1146:
                 raise TableGone(plan.name) from None
             if reader.is_error(exc) and reader.errno(exc) == 1054:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import Union
 
 from capturer.errors import SourceError
 
@@ -69,7 +68,7 @@ class TypeMsg:
 
 
 # one column of a tuple: (kind, text); text is None for n and u
-Tuple = tuple[tuple[str, Union[str, bytes, None]], ...]
+Tuple = tuple[tuple[str, str | bytes | None], ...]
 
 
 @dataclass(frozen=True)
@@ -107,7 +106,7 @@ class Other:
     tag: str
 
 
-Message = Union[Begin, Commit, Relation, TypeMsg, Insert, Update, Delete, Truncate, Other]
+Message = Begin | Commit | Relation | TypeMsg | Insert | Update | Delete | Truncate | Other
 
 
 class _Reader:

@@ -52,15 +52,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from capturer.durable import append_line, read_journal, rewrite_lines
-from capturer.model.encode import qualified, quote_ident
 from capturer.errors import CheckpointError, FatalSourceError, SourceError
 from capturer.model import Ddl, Heartbeat, LsnPosition, RowChange, TableSchema, Txn, format_lsn, make_ts, parse_lsn
+from capturer.model.encode import qualified, quote_ident
+from capturer.model.spill import SpillWriter
 from capturer.regions.base import Region, RegionContext
+from capturer.regions.clock import RegionClock
 from capturer.regions.postgresql import pgoutput as po
 from capturer.regions.postgresql.types import PgType, Unrepresentable, pg_time_to_unix_us, pg_type
-from capturer.model.spill import SpillWriter
-from capturer.tso import RegionClock
+from capturer.util.durable import append_line, read_journal, rewrite_lines
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +116,7 @@ class RelDef:
                 tuple(t.code for t in self.types), tuple(t.column_info() for t in self.types))
         return s
 
-    def same_shape(self, other: "RelDef") -> bool:
+    def same_shape(self, other: RelDef) -> bool:
         return (self.db, self.table, self.columns, self.pk, self.unique_keys) == \
             (other.db, other.table, other.columns, other.pk, other.unique_keys)
 
@@ -126,7 +126,7 @@ class RelDef:
                 "pk": list(self.pk), "unique_keys": [list(u) for u in self.unique_keys]}
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> "RelDef":
+    def from_json(cls, d: dict[str, Any]) -> RelDef:
         return cls(int(d["relid"]), str(d["db"]), str(d["table"]), str(d.get("replident", "d")),
                    tuple(po.Column(str(n), int(o), int(m), bool(k)) for n, o, m, k in d["columns"]),
                    tuple(d.get("pk", ())), tuple(tuple(u) for u in d.get("unique_keys", ())))
@@ -187,7 +187,7 @@ def _key_set(rel: RelDef) -> set[str]:
 
 def uk_name(cols: tuple[str, ...]) -> str:
     """A unique key's index name downstream, from its columns (stable across versions)."""
-    return "uk_%08x" % zlib.crc32("\x1f".join(cols).encode("utf-8", "surrogatepass"))
+    return "uk_{:08x}".format(zlib.crc32("\x1f".join(cols).encode("utf-8", "surrogatepass")))
 
 
 def _cols(cols: tuple[str, ...]) -> str:
@@ -290,11 +290,11 @@ class PostgresRegion(Region):
     def _conninfo(self, replication: bool) -> str:
         from psycopg.conninfo import make_conninfo
 
-        kw: dict[str, Any] = dict(host=self.cfg.host, port=self.cfg.port, user=self.cfg.user,
-                                  dbname=self.cfg.dbname, connect_timeout=max(1, int(self.cfg.connect_timeout)),
-                                  application_name=f"capturer-{self.name}"[:63], options=SESSION_OPTIONS,
-                                  client_encoding="UTF8",
-                                  sslmode=self.cfg.sslmode)
+        kw: dict[str, Any] = {"host": self.cfg.host, "port": self.cfg.port, "user": self.cfg.user,
+                                  "dbname": self.cfg.dbname, "connect_timeout": max(1, int(self.cfg.connect_timeout)),
+                                  "application_name": f"capturer-{self.name}"[:63], "options": SESSION_OPTIONS,
+                                  "client_encoding": "UTF8",
+                                  "sslmode": self.cfg.sslmode}
         if self.cfg.password:
             kw["password"] = self.cfg.password
         if replication:
@@ -324,7 +324,7 @@ class PostgresRegion(Region):
             try:
                 if c is not None:
                     c.finish() if hasattr(c, "finish") else c.close()
-            except Exception:  # noqa: BLE001 - closing a broken connection
+            except Exception:
                 pass
         self._repl = self._side = None
 
@@ -596,7 +596,7 @@ class PostgresRegion(Region):
         self.caught_up_at = time.time()
         self._emit(Heartbeat(self.name, ts, self.position))
 
-    def _commit(self, b: "_TxnBuilder", c: po.Commit) -> None:
+    def _commit(self, b: _TxnBuilder, c: po.Commit) -> None:
         parts = b.finish()
         end = LsnPosition(c.end_lsn)
         unix_us = pg_time_to_unix_us(c.commit_time)
@@ -706,7 +706,7 @@ class PostgresRegion(Region):
                                   "AND attname = %s AND atthasmissing", (new.relid, c.name))
             except SourceError:
                 raise
-            except Exception:  # noqa: BLE001 - best effort: the column then has no default downstream
+            except Exception:
                 got = []
             if got and got[0][0] is not None:
                 try:

@@ -42,8 +42,9 @@ from __future__ import annotations
 import datetime as dt
 import decimal
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from capturer.model import ColumnInfo
 

@@ -22,8 +22,9 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from capturer.errors import FatalSourceError, SourceError
 from capturer.model import Heartbeat, Position, Txn
@@ -120,8 +121,7 @@ class RemoteRegion(Region):
     def _connect_and_stream(self) -> None:
         import grpc
 
-        from capturer.model import protogen
-        from capturer.agent import wire
+        from capturer.model import protogen, wire
 
         pb = protogen.load("agent")
         self.address = self.cfg.address[self._addr_index % len(self.cfg.address)]
@@ -155,8 +155,7 @@ class RemoteRegion(Region):
         keyless (asked of the agent; SourceError if no address answers)."""
         import grpc
 
-        from capturer.model import protogen
-        from capturer.agent import wire
+        from capturer.model import protogen, wire
 
         pb = protogen.load("agent")
         errors = []
@@ -179,7 +178,7 @@ class RemoteRegion(Region):
                 channel.close()
         raise SourceError(f"region {self.name}: no agent could list its tables ({'; '.join(errors)})")
 
-    def _answer(self, pb: Any, wire: Any, ask: bytes, requests: "queue.Queue[Any]") -> None:
+    def _answer(self, pb: Any, wire: Any, ask: bytes, requests: queue.Queue[Any]) -> None:
         """The agent's region asks which other regions deliver some tables (before a copy empties them)."""
         try:
             ask_id, tables = wire.unpackb(ask)
@@ -190,7 +189,7 @@ class RemoteRegion(Region):
             found = self.ctx.tables_elsewhere(self.name, [(str(db), str(t)) for db, t in tables])
             answer = pb.Answer(id=int(ask_id), tables=wire.packb([[db, t, regions]
                                                                    for (db, t), regions in found.items()]))
-        except Exception as exc:  # noqa: BLE001 - the agent's region is told, and retries
+        except Exception as exc:
             answer = pb.Answer(id=int(ask_id), error=f"{type(exc).__name__}: {exc}")
         requests.put(pb.Request(answer=answer))
 
@@ -307,7 +306,7 @@ class RemoteRegion(Region):
     def _same_position(self, pos: Any) -> Any:
         """The position object this region passed on last when ``pos`` is the same
         point (the checkpoint's floor is the commit_ts of the first item at a position)."""
-        from capturer.agent.wire import position_json
+        from capturer.model.wire import position_json
 
         j = position_json(pos)
         if pos is not None and self.position is not None and j == self._pos_json:
@@ -355,8 +354,7 @@ class RemoteRegion(Region):
 
     # --- capturer side ----------------------------------------------------------
     def checkpointed(self, position: Any) -> None:
-        from capturer.model import protogen
-        from capturer.agent import wire
+        from capturer.model import protogen, wire
 
         with self._lock:
             requests = self._requests

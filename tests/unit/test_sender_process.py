@@ -1,4 +1,4 @@
-"""Senders in processes of their own (``process = true``, capturer/senderproc.py),
+"""Senders in processes of their own (``process = true``, senders/process.py),
 with the real local sender in a real child process: what it writes must be what
 the same sender writes in-process, for every kind of transaction; a child killed
 with -9 makes a retriable error and the next send starts a new child; a child's
@@ -18,9 +18,9 @@ from capturer import config
 from capturer.errors import SinkError
 from capturer.model import ColumnInfo, Ddl, Position, RowChange, SnapshotMark, TableSchema, TsPosition, Txn
 from capturer.model.spill import SpillWriter
-from capturer.senderproc import ProcessSender
 from senders import CATALOG
 from senders.local.sender import LocalSender
+from senders.process import ProcessSender
 
 S = TableSchema("d", "t", ("id", "amount", "at", "raw", "note"), ("id",), (), (3, 246, 12, 252, 15),
                 (ColumnInfo(3), ColumnInfo(246, precision=10, scale=2), ColumnInfo(12), ColumnInfo(252, binary=True),
@@ -123,11 +123,10 @@ def test_the_childs_refusal_comes_back_with_its_reason(tmp_path: Path) -> None:
 def test_the_child_dies_with_the_capturer(tmp_path: Path) -> None:
     """kill -9 of the capturer: its sender process goes at once, even in the middle of
     a batch (a batch of a dead capturer must not land after its successor replayed it)."""
+    import socket
     import subprocess
     import sys
     import time
-
-    import socket
 
     # a "MySQL server" that accepts connections and never greets: the child's sender blocks in open()
     # (connect_timeout 120 s), not reading its pipe, so only the parent-death signal can end it now
@@ -143,7 +142,7 @@ def test_the_child_dies_with_the_capturer(tmp_path: Path) -> None:
     script.write_text(
         "import sys, threading, time\n"
         f"sys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r})\n"
-        "from capturer.senderproc import ProcessSender\n"
+        "from senders.process import ProcessSender\n"
         f"ps = ProcessSender('mysql', {opts!r})\n"
         "threading.Thread(target=ps.open, daemon=True).start()\n"
         "while ps.proc is None:\n"

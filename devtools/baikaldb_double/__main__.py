@@ -1,7 +1,7 @@
 """Run the BaikalDB double as its own process (for benchmarks: the store serves
 from another process, as a real cluster would).
 
-    python -m baikaldb_double --bench-rows 200000 --ready /tmp/ready.json
+    python -m devtools.baikaldb_double --bench-rows 200000 --ready /tmp/ready.json
 
 loads the bench workload (200k inserts in 100-row transactions, 50k updates,
 20k deletes on a 10-column table, binlog table 20 with 1 partition x 2 regions),
@@ -51,7 +51,7 @@ def bench_load(c: Cluster, rows: int, regions: int = 2, batch: int = 100) -> tup
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(prog="baikaldb_double")
+    ap = argparse.ArgumentParser(prog="devtools.baikaldb_double")
     ap.add_argument("--bench-rows", type=int, default=0)
     ap.add_argument("--regions", type=int, default=2)
     ap.add_argument("--ready", required=True)

@@ -19,9 +19,10 @@ import logging
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -266,7 +267,7 @@ class StatusServer:
         self.registry.register(_Collector(snapshot))
         try:
             ProcessCollector(registry=self.registry)  # process_cpu_seconds_total, process_resident_memory_bytes
-        except Exception:  # noqa: BLE001 - not on every platform
+        except Exception:
             log.debug("no process metrics here", exc_info=True)
         registry = self.registry
         ui = _load_ui()
@@ -306,7 +307,7 @@ class StatusServer:
                     return True
                 return False
 
-            def do_POST(self) -> None:  # noqa: N802
+            def do_POST(self) -> None:
                 path = self.path.split("?", 1)[0]
                 if self._refuse_host():
                     return
@@ -347,13 +348,13 @@ class StatusServer:
                     return
                 try:
                     code, out = control(path, body)
-                except Exception as exc:  # noqa: BLE001
+                except Exception as exc:
                     log.exception("http POST %s failed", path)
                     code, out = 500, {"error": str(exc)}
                 log.info("http: POST %s from %s: %d", path, self.client_address[0], code)
                 self._json(code, out)
 
-            def do_GET(self) -> None:  # noqa: N802
+            def do_GET(self) -> None:
                 path = self.path.split("?", 1)[0]
                 if self._refuse_host():
                     return
@@ -372,7 +373,7 @@ class StatusServer:
                     else:
                         self._json(404, {"error": "not found; try / (the status page), /status, /health, "
                                                   "/metrics"})
-                except Exception as exc:  # noqa: BLE001
+                except Exception as exc:
                     log.exception("http %s failed", path)
                     self._json(500, {"error": str(exc)})
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from capturer.local_mariadb import free_port
+from devtools.local_mariadb import free_port
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ class PostgresInstance:
             pw = pwd.getpwnam("postgres")
             os.chown(path, pw.pw_uid, pw.pw_gid)
 
-    def start(self, timeout: float = 60.0) -> "PostgresInstance":
+    def start(self, timeout: float = 60.0) -> PostgresInstance:
         assert self.basedir is not None
         self.basedir.mkdir(parents=True, exist_ok=True)
         os.chmod(self.basedir, 0o755)

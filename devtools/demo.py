@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from capturer.app import Capturer, load_config
-from capturer.model.encode import json_row
-from capturer.local_mariadb import MariaDBInstance
 from capturer.model import Position
+from capturer.model.encode import json_row
+from devtools.local_mariadb import MariaDBInstance
 from senders.local.replay import read_changes, rebuild
 
 log = logging.getLogger(__name__)
@@ -279,19 +279,11 @@ def run_baikaldb_demo(basedir: Path, once: bool = False, steps: int = 300,
     """``sh start.sh --demo baikaldb``: the capturer reading two BaikalDB binlog
     tables (1 partition x 3 regions, 3 partitions x 1 region) from the BaikalDB
     test double (meta and stores as real HTTP servers on 127.0.0.1, from the
-    checkout's tests/), with a live workload and a schema change, into a file."""
-    import sys
+    devtools/baikaldb_double), with a live workload and a schema change, into a file."""
+    from devtools.baikaldb_double import BaikalDouble
+    from devtools.baikaldb_workload import Workload as BaikalWorkload
+    from devtools.baikaldb_workload import assert_file_equals, build
 
-    root = Path(__file__).resolve().parent.parent
-    sys.path.insert(0, str(root / "tests"))
-    try:
-        from baikaldb_double import BaikalDouble
-        from baikaldb_workload import Workload as BaikalWorkload
-        from baikaldb_workload import assert_file_equals, build
-    except ImportError as exc:
-        print(f"demo: the BaikalDB double lives in the source checkout's tests/ ({exc}); run it from a checkout",
-              flush=True)
-        return 2
     basedir = basedir.resolve()
     if basedir.exists():
         shutil.rmtree(basedir)
@@ -391,23 +383,14 @@ def run_baikaldb_demo(basedir: Path, once: bool = False, steps: int = 300,
 def run_postgresql_demo(basedir: Path, once: bool = False, steps: int = 300,
                         stop: threading.Event | None = None) -> int:
     """``sh start.sh --demo postgresql``: a MariaDB shard (the shop workload) and a
-    private PostgreSQL (the hostile workload of the checkout's tests/: every common
+    private PostgreSQL (the hostile workload of devtools/pg_workload.py: every common
     type, key changes, TOAST, rollbacks) merged into one file. ``--once`` compares
     the file with both sources."""
-    import sys
-
-    root = Path(__file__).resolve().parent.parent
-    sys.path.insert(0, str(root / "tests"))
-    try:
-        from pg_workload import TABLES as PG_TABLES
-        from pg_workload import Workload as PgWorkload
-        from pg_workload import apply_schema, file_rows, pg_rows
-    except ImportError as exc:
-        print(f"demo: the PostgreSQL workload lives in the source checkout's tests/ ({exc}); run it from a checkout",
-              flush=True)
-        return 2
-    from capturer.local_postgres import PostgresInstance
     from capturer.model import LsnPosition, parse_lsn
+    from devtools.local_postgres import PostgresInstance
+    from devtools.pg_workload import TABLES as PG_TABLES
+    from devtools.pg_workload import Workload as PgWorkload
+    from devtools.pg_workload import apply_schema, file_rows, pg_rows
 
     basedir = basedir.resolve()
     if basedir.exists():

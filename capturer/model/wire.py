@@ -27,7 +27,8 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
-from typing import Any, Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 import msgpack
 
@@ -36,8 +37,8 @@ from capturer.model import (
     Ddl,
     Heartbeat,
     Item,
-    RowChange,
     Op,
+    RowChange,
     SnapshotMark,
     TableSchema,
     position_from_json,

@@ -17,8 +17,8 @@ import struct
 from pathlib import Path
 from typing import Any
 
-from baikaldb_double import BaikalDouble, Cluster
 from capturer.model.encode import json_value, quote_ident
+from devtools.baikaldb_double import BaikalDouble, Cluster
 
 ORDERS, ITEMS, BAL = 10, 11, 12
 NAMES = {ORDERS: ("shop", "orders"), ITEMS: ("shop", "order items"), BAL: ("acct", "balances")}
@@ -245,7 +245,7 @@ def assert_file_equals(c: Cluster, out: Path, tables: tuple[int, ...] = (ORDERS,
 
 def baikal_config(tmp: Path, d: BaikalDouble, senders: str, extra_regions: str = "", region_extra: str = "",
                   extra_global: str = "", http_port: int = 0) -> Path:
-    from helpers import free_port
+    from devtools.local_mariadb import free_port
 
     (tmp / "senderConfig.cfg").write_text(senders)
     (tmp / "filter_rule.txt").write_text("")

@@ -18,8 +18,9 @@ import struct
 import threading
 import time
 import zlib
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 from capturer.model import protogen
 
@@ -364,7 +365,7 @@ class Cluster:
                 r.pop(name, None)
 
     # --- writing -------------------------------------------------------------------------
-    def begin(self) -> "Txn":
+    def begin(self) -> Txn:
         return Txn(self)
 
     def partition_of(self, t: Table, row: dict[str, Any]) -> int:
@@ -424,7 +425,7 @@ class Txn:
     def _full(self, t: Table, row: dict[str, Any]) -> dict[str, Any]:
         return {f.name: row.get(f.name, f.default) for f in t.live}
 
-    def insert(self, table_id: int, *rows: dict[str, Any]) -> "Txn":
+    def insert(self, table_id: int, *rows: dict[str, Any]) -> Txn:
         t = self.c.tables[table_id]
         new = [self._full(t, r) for r in rows]
         if t.pk:
@@ -436,7 +437,7 @@ class Txn:
         self.stmts.append(_Stmt(t, 0, [], new, f"insert into {t.name}"))
         return self
 
-    def update(self, table_id: int, changes: list[tuple[tuple[Any, ...], dict[str, Any]]]) -> "Txn":
+    def update(self, table_id: int, changes: list[tuple[tuple[Any, ...], dict[str, Any]]]) -> Txn:
         """``changes``: (old primary key, {column: new value}); the key may change."""
         t = self.c.tables[table_id]
         view = self._rows(t)
@@ -453,7 +454,7 @@ class Txn:
         self.stmts.append(_Stmt(t, 1, old, new, f"update {t.name}"))
         return self
 
-    def delete(self, table_id: int, *keys: tuple[Any, ...]) -> "Txn":
+    def delete(self, table_id: int, *keys: tuple[Any, ...]) -> Txn:
         t = self.c.tables[table_id]
         if not t.pk:
             raise ValueError("use delete_keyless")
@@ -462,14 +463,14 @@ class Txn:
         self.stmts.append(_Stmt(t, 2, old, [], f"delete from {t.name}"))
         return self
 
-    def raw(self, table_id: int, kind: int, old: list[dict[str, Any]], new: list[dict[str, Any]]) -> "Txn":
+    def raw(self, table_id: int, kind: int, old: list[dict[str, Any]], new: list[dict[str, Any]]) -> Txn:
         """A mutation exactly as given (e.g. an UPDATE with unequal counts); no row state change."""
         t = self.c.tables[table_id]
         self.stmts.append(_Stmt(t, kind, [self._full(t, r) for r in old], [self._full(t, r) for r in new], "raw"))
         return self
 
     # --- 2PC -----------------------------------------------------------------------------
-    def prewrite(self) -> "Txn":
+    def prewrite(self) -> Txn:
         """Write one prewrite per binlog partition touched (random region of it).
         Until commit/rollback they hold each region's check point back."""
         c = self.c
@@ -497,8 +498,8 @@ class Txn:
                         by_part.setdefault(p, ([], []))
                         by_part[p][0].extend(extra_old)
                         by_part[p][1].extend(extra_new)
-                for p, (o, n) in by_part.items():
-                    parts.setdefault((bt_id, p), []).append(_Stmt(s.table, s.kind, o, n, s.sql))
+                for p, (olds, news) in by_part.items():
+                    parts.setdefault((bt_id, p), []).append(_Stmt(s.table, s.kind, olds, news, s.sql))
             if not parts:
                 return self
             c.next_txn += 1

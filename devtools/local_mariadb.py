@@ -131,7 +131,7 @@ class MariaDBInstance:
         self.cnf.write_text("\n".join(lines) + "\n")
         (self.basedir / "binlog").mkdir(exist_ok=True)
 
-    def start(self, timeout: float = 60.0) -> "MariaDBInstance":
+    def start(self, timeout: float = 60.0) -> MariaDBInstance:
         """Start the server; with no fixed port, retry on a new one if the chosen port was taken."""
         fixed = bool(self.port)
         for attempt in range(5):
@@ -145,7 +145,7 @@ class MariaDBInstance:
                 log.info("port %d was taken before mariadbd bound it; retrying on another", self.port)
         raise AssertionError("unreachable")
 
-    def _start_once(self, timeout: float) -> "MariaDBInstance":
+    def _start_once(self, timeout: float) -> MariaDBInstance:
         mariadbd = find_mariadbd()
         self._write_cnf()
         datadir = self.basedir / "data"

@@ -18,9 +18,9 @@ import psycopg
 import pymysql
 
 from capturer.model.encode import json_row
-from capturer.local_mariadb import MariaDBInstance
-from capturer.local_postgres import PostgresInstance
 from capturer.regions.postgresql.types import Unrepresentable, pg_type
+from devtools.local_mariadb import MariaDBInstance
+from devtools.local_postgres import PostgresInstance
 
 HOSTILE_SCHEMA = 'we"ird `sch'
 HOSTILE_TABLE = "tab`le é \"x\""
@@ -120,7 +120,7 @@ def hostile_row(rng: random.Random, i: int) -> tuple[str, list[Any]]:
 
 def apply_schema(pg: PostgresInstance) -> None:
     with pg.connect() as c:
-        c.execute(SCHEMA_SQL)  # type: ignore[arg-type]
+        c.execute(SCHEMA_SQL)
 
 
 class Workload:
@@ -137,7 +137,7 @@ class Workload:
         self.big_txn_rows = big_txn_rows
         self._t = threading.Thread(target=self._run, daemon=True)
 
-    def start(self) -> "Workload":
+    def start(self) -> Workload:
         self._t.start()
         return self
 
@@ -152,7 +152,7 @@ class Workload:
             with self.pg.connect(autocommit=False) as c:
                 while not self.done.is_set():
                     self.step(c)
-        except BaseException as exc:  # noqa: BLE001 - re-raised by stop()
+        except BaseException as exc:
             self.error = exc
 
     def step(self, c: Any) -> None:
@@ -236,7 +236,7 @@ def pg_rows(pg: PostgresInstance, db: str, table: str) -> list[str]:
         # format('%s', c): the type's output function, as pgoutput writes values (c::text differs for char, inet)
         sel = ", ".join(f"CASE WHEN {qpg(n)} IS NULL THEN NULL ELSE format('%s', {qpg(n)}) END" for n, _, _ in cols)
         out = []
-        for r in c.execute(f"SELECT {sel} FROM {qpg(db)}.{qpg(table)}").fetchall():  # type: ignore[arg-type]
+        for r in c.execute(f"SELECT {sel} FROM {qpg(db)}.{qpg(table)}").fetchall():
             row = {}
             for (name, oid, mod), v in zip(cols, r):
                 t = pg_type(oid, mod)
@@ -245,7 +245,7 @@ def pg_rows(pg: PostgresInstance, db: str, table: str) -> list[str]:
                 except Unrepresentable:
                     row[name] = None
                 if t.code == 16 and row[name] is not None:
-                    row[name] = int(row[name], 2)
+                    row[name] = int(str(row[name]), 2)
             out.append(json.dumps(json_row(row, set()), sort_keys=True))
     return sorted(out)
 

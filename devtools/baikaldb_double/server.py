@@ -11,8 +11,9 @@ import json
 import socket
 import threading
 import time
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable
+from typing import Any
 
 from capturer.regions.baikaldb import brpc_json
 
@@ -22,7 +23,7 @@ NO_LEADER = "0.0.0.0:0"
 FOLLOWER_OK = {"OP_READ_BINLOG", "OP_QUERY_BINLOG", "OP_RECOVER_BINLOG", "OP_QUERY_OFFLINE_BINLOG"}
 
 
-from capturer.local_mariadb import free_port  # noqa: E402  (below the ephemeral range)
+from devtools.local_mariadb import free_port
 
 
 class _QuietServer(ThreadingHTTPServer):
@@ -46,7 +47,7 @@ class _Server:
         self.delay = 0.0
         self.requests = 0
 
-    def start(self) -> "_Server":
+    def start(self) -> _Server:
         srv = self
 
         class H(BaseHTTPRequestHandler):
@@ -77,7 +78,7 @@ class _Server:
                 self.end_headers()
                 self.wfile.write(body)
 
-            def do_POST(self) -> None:  # noqa: N802
+            def do_POST(self) -> None:
                 srv.requests += 1
                 n = int(self.headers.get("Content-Length") or 0)
                 raw = self.rfile.read(n)
@@ -87,7 +88,7 @@ class _Server:
                     return
                 service = parts[0].rsplit(".", 1)[-1]  # /baikaldb.pb.StoreService/... resolves too
                 ctype = self.headers.get("Content-Type", "")
-                if ctype.startswith("application/proto") or ctype.startswith("application/x-protobuf"):
+                if ctype.startswith(("application/proto", "application/x-protobuf")):
                     self._reply(400, b"the double speaks brpc JSON only", "text/plain", 1003)
                     return
                 try:
@@ -105,7 +106,7 @@ class _Server:
                 except brpc_json.JsonPbError as exc:
                     self._reply(400, str(exc).encode(), "text/plain", 1003)
                     return
-                except Exception as exc:  # noqa: BLE001 - brpc answers 500 for anything else
+                except Exception as exc:
                     self._reply(500, f"{type(exc).__name__}: {exc}".encode(), "text/plain", 2001)
                     return
                 if srv.malformed > 0:
@@ -170,7 +171,7 @@ class BaikalDouble:
     def meta_servers(self) -> str:
         return ",".join(m.addr for m in self.metas)
 
-    def start(self) -> "BaikalDouble":
+    def start(self) -> BaikalDouble:
         for s in self.stores + self.metas:
             s.start()
         if self.fake_ms:

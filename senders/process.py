@@ -41,13 +41,11 @@ from typing import Any
 
 import msgpack
 
+from capturer.errors import SinkError
+from capturer.model import Txn, wire
+from capturer.util.memory import tune
 from senders import sender_class
 from senders.base import Sender
-
-from capturer.agent import wire
-from capturer.errors import SinkError
-from capturer.model import Txn
-from capturer.util.memory import tune
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +103,7 @@ class ProcessSender(Sender):
         env = dict(os.environ)
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        self.proc = subprocess.Popen([sys.executable, "-m", "capturer.senderproc", "--parent", str(os.getpid())],
+        self.proc = subprocess.Popen([sys.executable, "-m", "senders.process", "--parent", str(os.getpid())],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, close_fds=True,
                                      start_new_session=True)
         assert self.proc.stdout is not None
@@ -268,7 +266,7 @@ def child_main(argv: list[str] | None = None) -> int:
         first = next(values, None)
         if not (isinstance(first, list) and len(first) == 6 and first[0] == "open"):
             # not the message itself: it holds the sender's options (passwords)
-            print(f"capturer.senderproc: expected an open message, got a {type(first).__name__}", file=sys.stderr)
+            print(f"senders.process: expected an open message, got a {type(first).__name__}", file=sys.stderr)
             return 2
         _, name, options, level, spill_rows, spill_dir = first
         logging.basicConfig(level=getattr(logging, str(level).upper(), logging.INFO), stream=sys.stderr,
@@ -277,7 +275,7 @@ def child_main(argv: list[str] | None = None) -> int:
         try:
             sender.open()
             answer(["ok", {}])
-        except Exception as exc:  # noqa: BLE001 - goes back to the capturer
+        except Exception as exc:
             answer(_err(exc))
             return 1
         batch: list[Txn] = []
@@ -297,7 +295,7 @@ def child_main(argv: list[str] | None = None) -> int:
                             raise SinkError(f"sender process: batch refused: {broken[0]}", retriable=broken[1])
                         sender.send(batch)
                         answer_ok(sender)
-                    except Exception as exc:  # noqa: BLE001 - goes back to the capturer
+                    except Exception as exc:
                         answer(_err(exc))
                     batch, broken = [], None
                     reader.discard()
@@ -305,7 +303,7 @@ def child_main(argv: list[str] | None = None) -> int:
                     try:
                         sender.housekeeping()
                         answer_ok(sender)
-                    except Exception as exc:  # noqa: BLE001 - goes back to the capturer
+                    except Exception as exc:
                         answer(_err(exc))
                 elif tag == "close":
                     break
@@ -322,7 +320,7 @@ def child_main(argv: list[str] | None = None) -> int:
                         reader.discard()
         except BrokenPipeError:
             raise
-        except Exception as exc:  # noqa: BLE001 - the capturer hears why (a full spill disk, a broken stream)
+        except Exception as exc:
             answer(_err(exc))
             return 1
         return 0
@@ -332,7 +330,7 @@ def child_main(argv: list[str] | None = None) -> int:
         if sender is not None:
             try:
                 sender.close()
-            except Exception:  # noqa: BLE001
+            except Exception:
                 log.exception("sender close failed")
 
 

@@ -24,8 +24,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from capturer.durable import append_line, read_journal, rewrite_lines
 from capturer.model import LsnPosition, Position, make_ts
+from capturer.util.durable import append_line, read_journal, rewrite_lines
 
 log = logging.getLogger(__name__)
 

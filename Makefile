@@ -1,0 +1,19 @@
+# Shortcuts for the common developer commands (each is one line of the README's; the scripts set themselves up).
+.PHONY: test test-all lint typecheck demo demo-full check bench
+
+test:          ## the tests CI runs (sets up everything)
+	sh tests/run.sh
+test-all:      ## every test, the slow ones too (the chaos suite's full run)
+	sh tests/run.sh --runslow
+lint:          ## ruff
+	.venv/bin/ruff check capturer senders devtools tests bench
+typecheck:     ## mypy
+	.venv/bin/mypy
+demo:          ## the demo, once, checked
+	sh start.sh --demo --once
+demo-full:     ## the demo with all four senders, once, checked
+	sh start.sh --demo full --once
+check:         ## validate conf/config.cfg as a start would
+	.venv/bin/python -m capturer --config conf/config.cfg --check
+bench:         ## the benchmarks (see docs/benchmarks.md)
+	sh bench/run.sh
