@@ -10,6 +10,7 @@ A fatal error in any stage stops everything the same way and exits non-zero.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -20,9 +21,10 @@ from typing import Any
 from capturer import config
 from capturer.config import AppConfig
 from capturer.errors import CheckpointError, ConfigError, SourceError
-from capturer.model import Item, Txn, ts_physical_ms
+from capturer.model import Item, Txn, stream_key, ts_physical_ms
 from capturer.ops.status import StatusServer
-from capturer.pipeline.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
+from capturer.pipeline.backlog import Backlog, BacklogMark, Cut, StreamLog
+from capturer.pipeline.checkpoint import Checkpoint, CheckpointKeeper, load_checkpoint
 from capturer.pipeline.fanout import SenderManager
 from capturer.pipeline.filter import load_filter
 from capturer.pipeline.merger import MergeStage
@@ -44,7 +46,7 @@ def load_config(path: Path | str, base_dir: Path | None = None) -> AppConfig:
 
 
 class Capturer:
-    def __init__(self, cfg: AppConfig):
+    def __init__(self, cfg: AppConfig, rebuild_backlog: bool = False):
         if not cfg.senders:
             raise ConfigError(f"{cfg.sender_config_path}: no sender loaded: the config was read without the sender "
                               "catalog (use capturer.app.load_config)")
@@ -67,15 +69,18 @@ class Capturer:
                 f"configure (configured: {', '.join(sorted(names)) or 'none'}). If a region was renamed, use its "
                 "old name again; if it was removed on purpose, delete its entry under \"regions\" in the "
                 "checkpoint (plain JSON) while the capturer is stopped")
-        cp = Checkpoint(cp.commit_ts, {r: p for r, p in cp.regions.items() if r in names},
-                        {r: t for r, t in cp.region_ts.items() if r in names})
-        self.checkpoint = cp
-        self.checkpoint_written_at = time.time()
+        if rebuild_backlog:
+            cp = self._rebuild_backlog(cp)
+        cp = dataclasses.replace(
+            cp, regions={r: p for r, p in cp.regions.items() if r in names},
+            region_ts={r: t for r, t in cp.region_ts.items() if r in names},
+            senders={n: dataclasses.replace(sp, regions={r: p for r, p in sp.regions.items() if r in names},
+                                            region_ts={r: t for r, t in sp.region_ts.items() if r in names})
+                     for n, sp in cp.senders.items()})
         self.journal = LiftJournal(cfg.checkpoint_path.with_name(cfg.checkpoint_path.name + ".lifts"))
         self.queues: dict[str, WeightedQueue[Item]] = {
             r.name: WeightedQueue(cfg.queue_rows) for r in cfg.regions
         }
-        self._cp_lock = threading.RLock()  # checkpoint writes: the run loop's and pin_start's
         self._floors = {r.name: cp.floor(r.name) for r in cfg.regions}  # where each region's clock starts
         self.regions = [
             make_region(r, RegionContext(self.queues[r.name], cp.regions.get(r.name),
@@ -88,7 +93,10 @@ class Capturer:
         self.senders = [ProcessSender(s.name, s.options, cfg.queue_rows, cfg.log_level, cfg.spill_rows, cfg.spill_dir)
                         if s.options.get("process") else sender_class(s.name)(s.name, s.options, cfg.queue_rows)
                         for s in cfg.senders]
-        self.manager = SenderManager(self.senders, cp, self.stop_event)
+        self.stream = self._open_stream(cp)
+        self.manager = SenderManager(self.senders, cp, self.stop_event, self.stream)
+        self.keeper = CheckpointKeeper(cfg.checkpoint_path, cfg.checkpoint_interval, cp, self.manager.advance,
+                                       self._checkpoint_written)
         self.merge = MergeStage(self.queues, self._on_item, self.stop_event)
         self.status_server: StatusServer | None = None
         self.started_at = time.time()
@@ -100,6 +108,61 @@ class Capturer:
         # a region silent (not even a heartbeat) for this long holds the merge back
         self._silence = {r.name: max(3.0, 3 * getattr(r, "heartbeat_ms", 1000) / 1000) for r in cfg.regions}
         self._restore_paused()
+
+    @property
+    def checkpoint(self) -> Checkpoint:
+        """The checkpoint as last written."""
+        return self.keeper.current
+
+    @property
+    def checkpoint_written_at(self) -> float:
+        return self.keeper.written_at
+
+    def _open_stream(self, cp: Checkpoint) -> StreamLog:
+        """The stream's memory window and its backlog on disk, as the checkpoint left them."""
+        cfg = self.cfg
+        window = max([cfg.queue_rows] + [s.queue.capacity for s in self.senders])
+        mark = cp.backlog
+        nxt = mark.next if mark is not None else 1  # offsets start at 1
+        names = {s.name for s in self.senders}
+        behind = [sp.offset + 1 for n, sp in cp.senders.items()
+                  if n in names and not sp.detached and sp.offset + 1 < nxt]
+        backlog = None
+        if cfg.backlog_max_mb > 0:
+            backlog = Backlog(cfg.backlog_path, cfg.backlog_max_mb << 20)
+            try:
+                nxt = backlog.open(mark, min(behind) if behind else None)
+            except OSError as exc:
+                raise CheckpointError(f"backlog {cfg.backlog_path}: {exc}") from None
+        elif behind:
+            raise CheckpointError(
+                f"{cfg.checkpoint_path}: sender(s) were behind and read the backlog ({cfg.backlog_path}), but "
+                "backlogMaxMB is 0 now: set it back, or start once with --rebuild-backlog (the sources are read "
+                "again from the position of the sender furthest behind)")
+        return StreamLog(window, backlog, nxt, Cut(dict(cp.regions), dict(cp.region_ts)), cfg.backlog_full,
+                         cfg.spill_rows, cfg.spill_dir, mark.rows if mark is not None else 0)
+
+    def _rebuild_backlog(self, cp: Checkpoint) -> Checkpoint:
+        """--rebuild-backlog: forget the backlog on disk (moved aside), read the sources
+        again from the sender furthest behind; every sender skips what it has by key."""
+        cfg = self.cfg
+        live = [sp for sp in cp.senders.values() if not sp.detached]
+        nxt = cp.backlog.next if cp.backlog is not None else 1
+        if cfg.backlog_path.exists():
+            aside = cfg.backlog_path.with_name(f"{cfg.backlog_path.name}.broken-{time.strftime('%Y%m%d-%H%M%S')}")
+            cfg.backlog_path.rename(aside)
+            log.warning("--rebuild-backlog: the backlog was moved aside to %s (delete it once the senders "
+                        "caught up)", aside)
+        if not live:
+            return dataclasses.replace(cp, backlog=BacklogMark(nxt, rows=cp.backlog.rows if cp.backlog else 0))
+        slow = min(live, key=lambda sp: sp.offset)
+        log.warning("--rebuild-backlog: the sources are read again from the position of the sender furthest "
+                    "behind (commit_ts %d: %s)", slow.commit_ts, {r: str(p) for r, p in slow.regions.items()})
+        regions = {**cp.regions, **slow.regions}
+        region_ts = {**cp.region_ts, **slow.region_ts}
+        senders = {n: dataclasses.replace(sp, offset=max(sp.offset, nxt - 1)) for n, sp in cp.senders.items()}
+        return dataclasses.replace(cp, regions=regions, region_ts=region_ts, senders=senders,
+                                   backlog=BacklogMark(nxt, rows=cp.backlog.rows if cp.backlog else 0))
 
     def _restore_paused(self) -> None:
         try:
@@ -130,9 +193,10 @@ class Capturer:
 
     # --- pipeline -----------------------------------------------------------
     def _on_item(self, item: Item) -> None:
+        key = stream_key(item)  # as the region made it (a filter may strip a DDL prelude)
         if isinstance(item, Txn):
             item = self.filter.apply(item)
-        self.manager.dispatch(item)
+        self.manager.dispatch(item, key)
 
     def start(self) -> None:
         self.status_server = StatusServer(self.cfg.http_host, self.cfg.http_port, self.snapshot, self.health,
@@ -145,8 +209,7 @@ class Capturer:
             r.start()
 
     def write_checkpoint(self) -> None:
-        with self._cp_lock:
-            self._write_checkpoint()
+        self.keeper.write()
 
     def pin_start(self, region: str, position: Any) -> None:
         """A region's first start, made durable before it emits anything: the
@@ -155,15 +218,12 @@ class Capturer:
         regular checkpoint would start the region again from a new start (its
         ``start=latest``, or a new snapshot run), and what changed in between would
         never be delivered. Any region kind (a position of its kind)."""
-        with self._cp_lock:
-            cp = self.manager.pin(region, position, self._floors[region])
-            if cp is None:
+        with self.keeper.lock:
+            if not self.manager.pin(region, position, self._floors[region]):
                 return
-            save_checkpoint(self.cfg.checkpoint_path, cp)
-            self.checkpoint = cp
-            self.checkpoint_written_at = time.time()
-            log.info("region %s: start position %s written to %s before anything is sent", region, position,
-                     self.cfg.checkpoint_path)
+            self.keeper.write(force=True)
+        log.info("region %s: start position %s written to %s before anything is sent", region, position,
+                 self.cfg.checkpoint_path)
 
     def tables_elsewhere(self, region: str, tables: list[tuple[str, str]]) -> dict[tuple[str, str], list[str]]:
         """For each of ``tables``: the other regions (MySQL/MariaDB, PostgreSQL, local or
@@ -177,19 +237,13 @@ class Capturer:
                 out.setdefault(t, []).append(r.name)
         return out
 
-    def _write_checkpoint(self) -> None:
-        cp = self.manager.advance()
-        # unchanged: rewritten now and then only, so that its age shows it is alive
-        if cp is self.checkpoint and cp.commit_ts and self.checkpoint_written_at \
-                and time.time() - self.checkpoint_written_at < 60:
-            return
-        save_checkpoint(self.cfg.checkpoint_path, cp)
-        self.journal.prune(cp.regions)
+    def _checkpoint_written(self, cp: Checkpoint) -> None:
+        """A checkpoint is on disk: lifts older than the rebuild point go, regions learn
+        where their sources now resume (a PostgreSQL slot confirms it)."""
+        self.journal.prune(self.manager.rebuild_cut().positions)
         for r in self.regions:
             if r.name in cp.regions:
                 r.checkpointed(cp.regions[r.name])
-        self.checkpoint = cp
-        self.checkpoint_written_at = time.time()
 
     def _find_failure(self) -> str:
         for r in self.regions:
@@ -206,7 +260,6 @@ class Capturer:
             should_stop: threading.Event | None = None) -> int:
         """Run until ``should_stop`` is set, ``until(self)`` is true, or a stage fails.
         Returns the exit code (0 clean, 1 failure)."""
-        last_cp = time.monotonic()
         try:
             while True:
                 time.sleep(0.1)
@@ -214,13 +267,11 @@ class Capturer:
                 if self.failure:
                     log.error("stopping: %s", self.failure)
                     break
-                now = time.monotonic()
-                ddl_due = self.manager.ddl_pending_ts and self.manager.acked_ts() >= self.manager.ddl_pending_ts
-                if now - last_cp >= self.cfg.checkpoint_interval or ddl_due:
-                    if ddl_due:
-                        self.manager.ddl_pending_ts = 0
-                    self.write_checkpoint()
-                    last_cp = now
+                ddl_due = bool(self.manager.ddl_pending_ts) and \
+                    self.manager.acked_ts() >= self.manager.ddl_pending_ts
+                if ddl_due:
+                    self.manager.ddl_pending_ts = 0
+                self.keeper.tick(ddl_due)
                 if should_stop is not None and should_stop.is_set():
                     break
                 if self.stop_requested.is_set():
@@ -250,24 +301,31 @@ class Capturer:
         self.manager.stop()
         self.manager.join(30)
         try:
-            self.write_checkpoint()
+            self.keeper.write(force=True)
             log.info("final checkpoint: commit_ts=%d %s", self.checkpoint.commit_ts,
                      {r: str(p) for r, p in self.checkpoint.regions.items()})
         except OSError as exc:
             log.error("final checkpoint could not be written: %s", exc)
+        if self.stream.backlog is not None:
+            try:
+                self.stream.backlog.close()
+            except OSError as exc:
+                log.error("backlog %s: %s", self.stream.backlog.dir, exc)
         if self.status_server is not None:
             self.status_server.stop()
 
     # --- control --------------------------------------------------------------
     #: POST endpoints (the status server checks the token before calling ``control``)
-    CONTROL_HELP = ("POST /senders/<name>/pause, POST /senders/<name>/resume, POST /filter/reload, "
-                    "POST /snapshot {\"tables\": [...]}, POST /stop")
+    CONTROL_HELP = ("POST /senders/<name>/pause, POST /senders/<name>/resume, POST /senders/<name>/attach, "
+                    "POST /filter/reload, POST /snapshot {\"tables\": [...]}, POST /stop")
 
     def control(self, path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         """The control endpoints: ``CONTROL_HELP``."""
         parts = path.strip("/").split("/")
         if len(parts) == 3 and parts[0] == "senders" and parts[2] in ("pause", "resume"):
             return self._pause_resume(parts[1], parts[2])
+        if len(parts) == 3 and parts[0] == "senders" and parts[2] == "attach":
+            return self._attach(parts[1])
         if path == "/filter/reload":
             return self.reload_filter()
         if path == "/stop":
@@ -282,7 +340,7 @@ class Capturer:
         sender = next((s for s in self.senders if s.name == name), None)
         if sender is None:
             return 404, {"error": f"no sender {name!r}; senders: {', '.join(s.name for s in self.senders)}"}
-        with self._cp_lock:
+        with self.keeper.lock:
             changed = sender.pause() if verb == "pause" else sender.resume()
             try:
                 self._save_paused()
@@ -291,6 +349,16 @@ class Capturer:
                 return 200, {"sender": name, "paused": sender.paused, "changed": changed,
                              "warning": f"not recorded in {self.paused_path} ({exc}): a restart forgets it"}
         return 200, {"sender": name, "paused": sender.paused, "changed": changed}
+
+    def _attach(self, name: str) -> tuple[int, dict[str, Any]]:
+        if name not in self.manager.cursors:
+            return 404, {"error": f"no sender {name!r}; senders: {', '.join(s.name for s in self.senders)}"}
+        changed = self.manager.attach(name)
+        if changed:
+            self.keeper.write(force=True)
+        return 200, {"sender": name, "attached": True, "changed": changed,
+                     "detail": "it goes on from the stream's head; what it missed while detached is not sent to it: "
+                               "copy its tables again with an on-demand snapshot" if changed else "it was attached"}
 
     def reload_filter(self) -> tuple[int, dict[str, Any]]:
         """Read filterRuleDict again. The new rules apply to every transaction the
@@ -405,6 +473,10 @@ class Capturer:
         for s in self.senders:
             if s.state in ("retrying", "failed"):
                 return False, f"sender {s.name}: {s.state}: {s.last_error}"
+        detached = [n for n, c in self.manager.cursors.items() if c.detached]
+        if detached:
+            return False, (f"sender(s) {', '.join(detached)} detached: the backlog reached backlogMaxMB while they "
+                           "were behind; attach again with POST /senders/<name>/attach, then copy their tables")
         paused = [s.name for s in self.senders if s.paused]
         if paused:  # on purpose: healthy, but say so
             return True, f"ok; paused by an operator: {', '.join(paused)}"
@@ -434,12 +506,14 @@ class Capturer:
                 "watermark": self.merge.merger.watermark(),
                 "waiting_for": self.merge.waiting_for(self._silence),
                 "region_ts": self.merge.merger.region_ts(),
-                "full_senders": [s.name for s in self.senders if s.queue.weight >= s.queue.capacity],
+                # the senders the stream waits for (memory full, and no room in the backlog)
+                "full_senders": self.stream.holding(),
                 "dispatched_ts": self.manager.dispatched_ts,
                 "dispatched_txns": self.manager.dispatched_txns,
                 "dispatched_rows": self.manager.dispatched_rows,
             },
             "senders": self.manager.status(),
+            "stream": self.stream.status(),
             "lag_ms_behind_sources": max(
                 0, int(time.time() * 1000) - ts_physical_ms(self.manager.acked_ts())
             ) if self.manager.acked_ts() else None,

@@ -100,7 +100,18 @@ GLOBAL_KEYS = [
             "(e.g. a TLS proxy that passes its own Host)"),
     Key("checkpointInterval", p_float(0.1, 3600), 3.0, doc="seconds between checkpoints"),
     Key("queueRows", p_int(1, 10_000_000), 100_000,
-        doc="bound on buffered rows per region queue and per sender queue"),
+        doc="bound on buffered rows per region queue, and on the rows of the merged stream kept in memory for "
+            "the senders (a sender further behind reads the backlog on disk)"),
+    Key("backlogDir", p_str, "",
+        doc="directory of the backlog: the merged stream kept on disk for senders that fall behind; "
+            "empty = <binlogCheckPointPath>.backlog next to the checkpoint"),
+    Key("backlogMaxMB", p_int(0, 10_000_000), 4096,
+        doc="bound on the backlog's size on disk; 0 = no backlog (a sender that falls behind holds the stream "
+            "once queueRows are waiting for it)"),
+    Key("backlogFull", p_choice("block", "detach"), "block",
+        doc="when the backlog reaches backlogMaxMB: block = the stream waits for the sender furthest behind "
+            "(nothing lost); detach = that sender is detached (shown, alerting, its position kept) and "
+            "the others go on; it is attached again by an operator"),
     Key("logLevel", p_choice("debug", "info", "warning", "error"), "info", doc="log level"),
     Key("spillRows", p_int(0, 100_000_000), 50_000,
         doc="a transaction with more row changes than this is kept on disk, in chunks, not in memory; 0 = never"),
@@ -381,6 +392,13 @@ class AppConfig:
     spill_dir: str = ""
     control_token: str = field(default="", repr=False)
     http_allowed_hosts: tuple[str, ...] = ()
+    backlog_dir: Path | None = None  # None: <checkpoint>.backlog
+    backlog_max_mb: int = 4096
+    backlog_full: str = "block"
+
+    @property
+    def backlog_path(self) -> Path:
+        return self.backlog_dir or self.checkpoint_path.with_name(self.checkpoint_path.name + ".backlog")
 
     def masked(self) -> dict[str, Any]:
         return {
@@ -390,6 +408,7 @@ class AppConfig:
             "filterRuleDict": str(self.filter_path or ""),
             "http": f"{self.http_host}:{self.http_port}",
             "controlToken": "***" if self.control_token else "",
+            "backlog": {"dir": str(self.backlog_path), "maxMB": self.backlog_max_mb, "full": self.backlog_full},
             "regions": {r.name: r.masked() for r in self.regions},
             "senders": {s.name: {k: ("***" if k in s.secret and v else v) for k, v in s.options.items()}
                         for s in self.senders},
@@ -440,6 +459,9 @@ def load_config(path: Path | str, base_dir: Path | None = None, senders: SenderC
         spill_dir=str(_resolve(base, g["spillDir"])) if g["spillDir"] else "",
         control_token=g["controlToken"],
         http_allowed_hosts=tuple(h.lower() for h in g["httpAllowedHosts"]),
+        backlog_dir=_resolve(base, g["backlogDir"]) if g["backlogDir"] else None,
+        backlog_max_mb=g["backlogMaxMB"],
+        backlog_full=g["backlogFull"],
         regions=tuple(regions),
         senders=sender_cfgs,
     )

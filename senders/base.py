@@ -15,12 +15,22 @@ bounded queue, and runs in its own thread. Subclasses implement
   ``SinkError(retriable=False)`` for a fatal one (the capturer stops after a
   final checkpoint of what was truly acknowledged).
 
+Positions: the SenderManager replaces ``queue`` with a cursor into the merged
+stream (capturer/pipeline/backlog.py) that hands out ``(offset, item)`` pairs;
+the sender acknowledges offsets, and each sender's position (the key of the last
+transaction it acknowledged) goes into the checkpoint. After ``open()`` the loop
+asks ``resume_key()``: a sender that can read its own position back from its
+destination (a file's last whole transaction, a position row in a MySQL target,
+a lake's high-water mark) says so, and the cursor hands it nothing at or below
+it: what reached the destination after the last checkpoint is not sent again.
+``resume_state`` is what the checkpoint kept of the sender's own
+``position_state`` (set by ``send``, kept with each acknowledgement).
+
 An operator can ``pause()`` a sender (control endpoint ``POST
 /senders/<name>/pause``): it finishes the batch in hand and takes nothing more
 until ``resume()``; a retry loop waits as well, and a sender started paused
-opens its target only once resumed. Nothing is acknowledged while paused, so
-the checkpoint waits for it, and once its queue is full the whole stream waits
-(back-pressure): nothing is dropped.
+opens its target only once resumed. Nothing is acknowledged while paused; the
+others go on (what it has not read waits for it in the backlog).
 """
 
 from __future__ import annotations
@@ -31,7 +41,7 @@ import time
 from typing import Any, ClassVar
 
 from capturer.errors import SinkError
-from capturer.model import Item, Txn
+from capturer.model import Item, StreamKey, Txn, stream_key
 from capturer.util.bqueue import Closed, WeightedQueue
 from capturer.util.ini import Key
 
@@ -61,6 +71,12 @@ class Sender:
         self.state = "new"
         self.error: BaseException | None = None
         self.paused_since: float | None = None  # wall-clock time of pause(), None when running
+        # the checkpoint's copy of this sender's own state (None on a first start); set before start()
+        self.resume_state: dict[str, Any] | None = None
+        # the sender's own state after the batch in hand (send() sets it); kept with each acknowledgement
+        self.position_state: dict[str, Any] | None = None
+        self._acked_state: dict[str, Any] | None = None
+        self.resumed_at: Any = None  # the key resume_key() gave (shown in the status)
         self._stop = threading.Event()
         self._running = threading.Event()  # cleared while paused
         self._running.set()
@@ -72,6 +88,17 @@ class Sender:
 
     def send(self, batch: list[Txn]) -> None:
         raise NotImplementedError
+
+    def resume_key(self) -> StreamKey | None:
+        """After ``open()``: the key ``(commit_ts, region, sub)`` of the last transaction
+        the destination holds whole, read from the destination itself, or None if it
+        cannot tell (then the checkpoint's key is all there is). Every transaction at
+        or below it is acknowledged without being sent again."""
+        return None
+
+    def ack_state(self) -> dict[str, Any] | None:
+        """``position_state`` as of the last acknowledged batch (for the checkpoint)."""
+        return self._acked_state
 
     def housekeeping(self) -> None:
         """Work of the sender's own between batches (the loop runs it before every
@@ -168,11 +195,36 @@ class Sender:
                     return False
                 delay = min(delay * 2, self.max_backoff)
 
+    def _send_once_more(self, batch: list[Txn], first: list[bool]) -> None:
+        """One attempt at a batch. A retry sends only what the destination does not
+        hold yet (by ``resume_key()``): a batch that failed half way is not written twice."""
+        if not first[0]:
+            key = self.resume_key()
+            if key is not None:
+                kept = [t for t in batch if stream_key(t) > key]
+                if len(kept) < len(batch):
+                    log.info("sender %s: retrying the batch from %s on (the destination has the %d transaction(s) "
+                             "before)", self.name, key, len(batch) - len(kept))
+                batch[:] = kept
+                if not batch:
+                    return
+        first[0] = False
+        self.send(batch)
+
+    def _open_and_resume(self) -> None:
+        self.open()
+        key = self.resume_key()
+        if key is not None:
+            self.resumed_at = key
+            skip = getattr(self.queue, "skip_through", None)
+            if skip is not None:
+                skip(key)
+
     def _run(self) -> None:
         try:
             # a sender that starts paused (an operator paused it before a restart) opens nothing yet:
             # its target may be down for maintenance
-            if not self._wait_while_paused() or not self._with_retries("open", self.open):
+            if not self._wait_while_paused() or not self._with_retries("open", self._open_and_resume):
                 return
             while not self._stop.is_set():
                 if not self._wait_while_paused() or not self._with_retries("housekeeping", self.housekeeping):
@@ -199,10 +251,11 @@ class Sender:
                     break
                 batch = [it for _, it in pairs if isinstance(it, Txn)]
                 if batch:
-                    if not self._with_retries("send", self.send, batch):
+                    if not self._with_retries("send", self._send_once_more, batch, [True]):
                         break
                     self.txns += len(batch)
                     self.rows += sum(len(t.changes) for t in batch)
+                self._acked_state = self.position_state
                 self.acked_ts = max(self.acked_ts, pairs[-1][1].commit_ts)
                 self.acked_seq = pairs[-1][0]
         except BaseException as exc:

@@ -3,7 +3,7 @@
 The sender's thread in the capturer keeps everything a sender has there: its
 queue, batching, retries, pause, acknowledgements and status. Only ``send``
 moves. The batch goes down a pipe, in the agents' wire format
-(``capturer/agent/wire.py``), to a child process that runs the real sender and
+(``capturer/model/wire.py``), to a child process that runs the real sender and
 answers once the batch is durable at the target; the capturer acknowledges the
 batch then, exactly as in-process. The child's CPU work (messages, SQL, Arrow)
 then runs on another core than the capture side's decoding and merging, and
@@ -23,9 +23,13 @@ The pipe carries msgpack values. Capturer -> child: ``["open", sender, options,
 log level, spillRows, spillDir]``, then per batch ``["r", region]`` before the
 transactions of each region, the transactions' wire values, and ``["end"]``;
 between batches, at most once a second, ``["hk"]`` for a sender that has
-housekeeping of its own (the Spark sender's compaction); ``["close"]`` at the
-end. Child -> capturer, one answer per open, per batch and per ``hk``:
-``["ok", status extras]`` or ``["err", retriable, message]``.
+housekeeping of its own (the Spark sender's compaction); ``["key"]`` before a
+batch is retried (the destination's position, ``resume_key()``); ``["close"]``
+at the end. Child -> capturer, one answer per open, per batch, per ``hk`` and
+per ``key``: ``["ok", status extras]`` or ``["err", retriable, message]``. The
+open message carries the checkpoint's ``resume_state`` (a seventh element); the
+extras of its answer hold ``resume_key``, those of a batch's answer the sender's
+``position_state``.
 """
 
 from __future__ import annotations
@@ -89,6 +93,8 @@ class ProcessSender(Sender):
         # the child runs the sender's housekeeping (a compaction coming due) once a second between batches
         self._housekeeps = type(probe).housekeeping is not Sender.housekeeping
         self._last_housekeeping = 0.0
+        self._resume_key: Any = None
+        self._fresh_key = False  # _resume_key came with the open's answer, not asked for yet
 
     def status(self) -> dict[str, Any]:
         st = dict(self.extras)
@@ -154,7 +160,13 @@ class ProcessSender(Sender):
         if v[0] == "err":
             raise SinkError(str(v[2]), retriable=bool(v[1]))
         if len(v) > 1 and isinstance(v[1], dict):
-            self.extras = v[1]
+            extras = dict(v[1])
+            if "resume_key" in extras:
+                k = extras.pop("resume_key")
+                self._resume_key = tuple(k) if isinstance(k, list) and len(k) == 3 else None
+            if "position_state" in extras:
+                self.position_state = extras.pop("position_state")
+            self.extras = extras
 
     # --- Sender ---------------------------------------------------------------
     def open(self) -> None:
@@ -162,9 +174,11 @@ class ProcessSender(Sender):
             self._reap()
         self._spawn()
         opts = {k: v for k, v in self.options.items() if k != "process"}
-        self._write([wire.packb(["open", self.name, opts, self.log_level, self.spill_rows, self.spill_dir])])
+        self._write([wire.packb(["open", self.name, opts, self.log_level, self.spill_rows, self.spill_dir,
+                                 self.resume_state])])
         try:
             self._answer()
+            self._fresh_key = True
         except SinkError:
             self._reap()  # a child whose sender could not open exits; the next attempt starts another
             raise
@@ -190,6 +204,15 @@ class ProcessSender(Sender):
         pieces.append(wire.packb(["end"]))
         self._write(pieces)
         self._answer()
+
+    def resume_key(self) -> Any:
+        """The child's sender's answer: at open (with the open's answer), then asked again."""
+        if self._fresh_key or self.proc is None or self.proc.poll() is not None:
+            self._fresh_key = False  # a new child opens with the next attempt, and tells it then
+            return self._resume_key
+        self._write([wire.packb(["key"])])
+        self._answer()
+        return self._resume_key
 
     def housekeeping(self) -> None:
         if not self._housekeeps or self.proc is None or time.monotonic() - self._last_housekeeping < 1.0:
@@ -258,23 +281,30 @@ def child_main(argv: list[str] | None = None) -> int:
         out.write(wire.packb(v))
         out.flush()
 
-    def answer_ok(sender: Sender) -> None:  # with the sender's own status fields
-        answer(["ok", {k: x for k, x in sender.status().items() if k not in _BASE_STATUS}])
+    def answer_ok(sender: Sender) -> None:  # with the sender's own status fields and position state
+        extras = {k: x for k, x in sender.status().items() if k not in _BASE_STATUS}
+        extras["position_state"] = sender.position_state
+        answer(["ok", extras])
+
+    def answer_key(sender: Sender) -> None:
+        k = sender.resume_key()
+        answer(["ok", {"resume_key": None if k is None else list(k)}])
 
     sender: Sender | None = None
     try:
         first = next(values, None)
-        if not (isinstance(first, list) and len(first) == 6 and first[0] == "open"):
+        if not (isinstance(first, list) and len(first) in (6, 7) and first[0] == "open"):
             # not the message itself: it holds the sender's options (passwords)
             print(f"senders.process: expected an open message, got a {type(first).__name__}", file=sys.stderr)
             return 2
-        _, name, options, level, spill_rows, spill_dir = first
+        _, name, options, level, spill_rows, spill_dir = first[:6]
         logging.basicConfig(level=getattr(logging, str(level).upper(), logging.INFO), stream=sys.stderr,
                             format=f"%(asctime)s %(levelname)s [sender {name} pid {os.getpid()}] %(name)s: %(message)s")
         sender = sender_class(name)(name, options, 1)
+        sender.resume_state = first[6] if len(first) == 7 and isinstance(first[6], dict) else None
         try:
             sender.open()
-            answer(["ok", {}])
+            answer_key(sender)
         except Exception as exc:
             answer(_err(exc))
             return 1
@@ -303,6 +333,11 @@ def child_main(argv: list[str] | None = None) -> int:
                     try:
                         sender.housekeeping()
                         answer_ok(sender)
+                    except Exception as exc:
+                        answer(_err(exc))
+                elif tag == "key":  # a batch is about to be retried: where the destination stands
+                    try:
+                        answer_key(sender)
                     except Exception as exc:
                         answer(_err(exc))
                 elif tag == "close":

@@ -205,7 +205,7 @@ class Position:
         return f"{self.file}:{self.pos}" + (f" ({self.gtid})" if self.gtid else "")
 
     def lift_key(self) -> tuple[str, int]:
-        """Where the lift journal (capturer/tso.py) files a lifted transaction."""
+        """Where the lift journal (capturer/regions/clock.py) files a lifted transaction."""
         return (self.file, self.pos)
 
     kind: ClassVar[str] = "mysql"
@@ -463,3 +463,35 @@ class Heartbeat:
 
 
 Item = Txn | Heartbeat
+
+
+StreamKey = tuple[int, str, int]
+"""An item's place in the merged stream: ``(commit_ts, region, sub)``. ``sub`` orders a
+region's items at one commit_ts: a DDL prelude's ``seq`` (-k .. -1), then 0 for the
+transaction; ``HEARTBEAT_SUB`` for a heartbeat. Merged order is key order, and a
+transaction read again after a restart gets the key it had (regions keep their
+commit_ts across replays), so a sender's position survives restarts as a key."""
+
+HEARTBEAT_SUB = 1 << 30
+
+
+def stream_key(item: Item) -> StreamKey:
+    """The key of ``item`` as a region made it (take it before a filter strips a DDL)."""
+    if isinstance(item, Txn):
+        d = item.ddl
+        return (item.commit_ts, item.region, d.seq if d is not None and d.seq < 0 else 0)
+    return (item.commit_ts, item.region, HEARTBEAT_SUB)
+
+
+def key_to_json(key: StreamKey | None) -> list[Any] | None:
+    return None if key is None else [key[0], key[1], key[2]]
+
+
+def key_from_json(d: Any) -> StreamKey | None:
+    if d is None:
+        return None
+    if (not isinstance(d, list) or len(d) != 3 or not isinstance(d[0], int) or isinstance(d[0], bool)
+            or not isinstance(d[1], str) or not isinstance(d[2], int) or isinstance(d[2], bool)
+            or not 0 <= d[0] < 1 << 63):
+        raise ValueError(f"a stream key is [commit_ts, region, sub], got {d!r}")
+    return (d[0], d[1], d[2])

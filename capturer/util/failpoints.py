@@ -12,7 +12,8 @@ Off unless the environment variable ``CAPTURER_FAILPOINTS`` is set; then
 Points: ``checkpoint.write`` (the new checkpoint is in its temp file, not yet
 renamed), ``region.ddl`` (a region is about to emit a DDL), ``spill.chunk``
 (a chunk of a big transaction was written to the spill file), ``spill.write``
-(before writing a spill chunk), ``local.write`` (the file sender writes a block).
+(before writing a spill chunk), ``local.write`` (the file sender writes a block),
+``backlog.write`` (a record was appended to a backlog segment).
 
 A bad rule is an error naming the variable, never ignored.
 """
@@ -57,6 +58,14 @@ def _parse(text: str) -> dict[str, tuple[str, int, int]]:
 
 
 _RULES = _parse(os.environ.get(ENV, ""))
+
+
+def set_rules(text: str) -> None:
+    """Replace the rules (tests in one process; the environment variable is read at import)."""
+    global _RULES
+    with _LOCK:
+        _RULES = _parse(text)
+        _COUNTS.clear()
 _COUNTS: dict[str, int] = {}
 _LOCK = threading.Lock()
 

@@ -4,6 +4,17 @@ We do not use configparser: it interpolates ``%`` (which breaks passwords),
 silently lower-cases keys and cannot say on which line a bad value is.
 Keys are matched case-insensitively (``binlogCheckPointPath`` or
 ``binlogcheckpointpath``).
+
+Comments (docs/configuration.md, "Comments and quoting"): a line whose first
+non-blank character is ``#`` or ``;`` is a comment; so is the rest of a line
+from a ``#`` or ``;`` that follows whitespace (``user = capturer   # the role``
+reads ``capturer``). A ``#`` or ``;`` that does not follow whitespace is part of
+the value (``password = pa#ss``). A value that must hold whitespace followed by
+``#`` or ``;`` is written in double quotes (``password = "pa #ss"``; a ``"``
+inside is doubled: ``""``). A value that still looks as if it carried a comment
+(a ``#`` or ``;`` followed by whitespace but not preceded by it:
+``user = capturer# the role``) is an error naming file, line, section and key,
+never a silent surprise.
 """
 
 from __future__ import annotations
@@ -75,12 +86,13 @@ def read_ini(path: Path) -> IniFile:
     current: IniSection | None = None
     for lineno, raw in enumerate(text.splitlines(), start=1):
         line = raw.strip()
-        if not line or line[0] in "#;":
+        if not line or line[0] in COMMENT_CHARS:
             continue
         if line.startswith("["):
-            if not line.endswith("]") or len(line) < 3:
+            header = _SECTION.match(line)
+            if header is None or not header.group(1).strip():
                 raise ConfigError(f"{path}:{lineno}: malformed section header {raw.strip()!r}")
-            name = line[1:-1].strip()
+            name = header.group(1).strip()
             if name in sections:
                 raise ConfigError(
                     f"{path}:{lineno}: section [{name}] appears twice "
@@ -93,12 +105,17 @@ def read_ini(path: Path) -> IniFile:
             # the line is not echoed: it may be a password written without '='
             raise ConfigError(f"{path}:{lineno}: expected 'key = value' (the line has no '=')")
         i = min(sep)
-        key, value = line[:i].strip(), line[i + 1 :].strip()
+        key = line[:i].strip()
         if not _KEY.match(key):
             # not echoed either: "password hunter2=x" must not print "hunter2"
             raise ConfigError(f"{path}:{lineno}: expected 'key = value' (what precedes the '=' is not a key)")
         if current is None:
             raise ConfigError(f"{path}:{lineno}: key {key!r} outside any [section]")
+        try:
+            value = parse_value(line[i + 1 :])
+        except ValueError as exc:
+            # the value is never echoed: it may be a password
+            raise ConfigError(f"{path}:{lineno}: [{current.name}] {key}: {exc}") from None
         if key.lower() in current.values:
             prev = current.values[key.lower()]
             raise ConfigError(
@@ -106,6 +123,60 @@ def read_ini(path: Path) -> IniFile:
             )
         current.values[key.lower()] = IniValue(key, value, lineno)
     return IniFile(path, sections)
+
+
+COMMENT_CHARS = "#;"
+_SECTION = re.compile(r"\[([^\]]*)\](?:\s+[#;].*)?\Z")
+# a '#' or ';' that whitespace follows but does not precede: a comment written without the space before it
+_COMMENT_LOOKALIKE = re.compile(r"(?<!\s)[#;]\s")
+_QUOTE_HINT = ("to keep it in the value, put the value in double quotes "
+               '(key = "..."; a " inside is written ""), see docs/configuration.md')
+
+
+def parse_value(text: str) -> str:
+    """The value of a ``key = value`` line, given what follows the separator.
+
+    * ``"..."``: a quoted value, taken as written between the quotes (``""`` is one
+      ``"``); after the closing quote only whitespace and a comment may follow.
+    * otherwise the text up to a ``#`` or ``;`` that follows whitespace (the
+      comment), stripped of the whitespace around it. A ``#``/``;`` that follows
+      no whitespace is part of the value (``pa#ss``).
+
+    ValueError (whose message never contains the value) for an unterminated quote,
+    text after a closing quote, and a value that looks as if it carried a comment
+    written without whitespace before it (``capturer# the role``).
+    """
+    body = text.lstrip()
+    if body.startswith('"'):
+        out: list[str] = []
+        i = 1
+        while True:
+            j = body.find('"', i)
+            if j < 0:
+                raise ValueError("the quoted value has no closing '\"'")
+            out.append(body[i:j])
+            if body.startswith('"', j + 1):  # "" inside quotes: one "
+                out.append('"')
+                i = j + 2
+                continue
+            rest = body[j + 1 :]
+            if rest.strip() and not (rest[0].isspace() and rest.lstrip()[0] in COMMENT_CHARS):
+                raise ValueError("text after the closing '\"' of the quoted value (a comment must follow "
+                                 "whitespace and start with # or ;)")
+            return "".join(out)
+    cut = len(text)
+    for k in range(1, len(text)):
+        if text[k] in COMMENT_CHARS and text[k - 1].isspace():
+            cut = k
+            break
+    value = text[:cut].strip()
+    found = _COMMENT_LOOKALIKE.search(value)
+    if found:
+        raise ValueError(
+            f"the value has a '{found.group(0)[0]}' followed by a space that does not follow whitespace, "
+            f"so it is not read as a comment; for a comment put whitespace before the "
+            f"'{found.group(0)[0]}' (key = value  # comment); {_QUOTE_HINT}")
+    return value
 
 
 # --- typed keys -------------------------------------------------------------

@@ -3,10 +3,17 @@ before acknowledging, rotated by size.
 
 Files: ``filepath`` is the file being written; full ones are renamed to
 ``filepath.000001``, ``filepath.000002``, ... (read them in that order, then
-``filepath``). After ``kill -9`` a torn last line is cut off at start-up: it
-was never acknowledged, so it is read again from the checkpoint. Lines written
-after the last checkpoint may appear twice after a crash; ``(region,
-commit_ts, seq)`` identifies them.
+``filepath``). A file is rotated only between batches, so a transaction never
+spans two files.
+
+No duplicates, no loss: the file itself says how far it got. At start (and
+before a failed batch is retried) the sender reads the end of the file: a torn
+last line, and the lines of a transaction whose last line (``"last": true``;
+``COMMIT;`` or the statement of a DDL in the SQL format) is not there, are cut
+(they were never acknowledged), and the key of the last whole transaction is
+the sender's position (``resume_key``): the stream hands it nothing at or below
+it, so what was written after the last checkpoint is not written again.
+``(region, commit_ts, seq)`` still identifies every line.
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ from pathlib import Path
 from typing import IO, Any, ClassVar
 
 from capturer.errors import SinkError
-from capturer.model import LsnPosition, Position, RowChange, TableSchema, Txn
+from capturer.model import LsnPosition, Position, RowChange, StreamKey, TableSchema, Txn
 from capturer.model.encode import _fallback, _fastrows, encode_line_bytes
 from capturer.model.spill import SpilledChanges
 from capturer.util import failpoints
@@ -129,8 +136,9 @@ def _txn_lines_sql(txn: Txn) -> Iterator[str]:
     tag = f"-- region={txn.region} commit_ts={txn.commit_ts} position={where}"
     if txn.ddl is not None:
         use = f"USE `{txn.ddl.db.replace('`', '``')}`; " if txn.ddl.db else ""
-        yield tag + " ddl"
+        yield tag + (f" ddl seq={txn.ddl.seq}" if txn.ddl.seq else " ddl")
         yield f"{use}{txn.ddl.sql};"
+        yield "-- ddl end"  # the statement may span lines: this says it is whole
         return
     yield tag + f" rows={len(txn.changes)}"
     yield "BEGIN;"
@@ -138,6 +146,71 @@ def _txn_lines_sql(txn: Txn) -> Iterator[str]:
         sql, _ = build(ch, literal=True)
         yield f"/* seq={i} */ {sql};"
     yield "COMMIT;"
+
+
+_TAG = re.compile(rb"^-- region=(.*) commit_ts=(\d+) position=\S* (?:rows=(\d+)|ddl(?: seq=(-?\d+))?)$")
+
+
+def _tail_lines(path: Path) -> Iterator[tuple[int, bytes]]:
+    """(start offset, line without its newline) of the file's lines, last first (the
+    piece after the final newline, if any, comes first: a torn line)."""
+    with open(path, "rb") as f:
+        pos = f.seek(0, os.SEEK_END)
+        carry = b""  # the start of a line whose beginning is in an earlier chunk
+        chunk = 1 << 16
+        while True:
+            start = max(0, pos - chunk)
+            f.seek(start)
+            buf = f.read(pos - start) + carry
+            lines = buf.split(b"\n")
+            end = start + len(buf)
+            for i in range(len(lines) - 1, 0, -1):
+                line = lines[i]
+                end -= len(line)
+                yield end, line
+                end -= 1
+            if start == 0:
+                yield 0, lines[0]
+                return
+            carry, pos = lines[0], start
+            chunk = min(chunk * 2, 1 << 24)
+
+
+def _last_whole_txn(path: Path, sql: bool) -> tuple[int, StreamKey | None]:
+    """(byte offset just after the file's last whole transaction, its key)."""
+    size = path.stat().st_size
+    if size == 0:
+        return 0, None
+    whole_end = None  # end of the last line of a whole transaction, once seen
+    for off, line in _tail_lines(path):
+        end_of_line = off + len(line) + 1
+        if end_of_line > size:  # no newline at the end: a torn line
+            continue
+        if not sql:
+            if not line:
+                continue
+            if whole_end is None and line.endswith(b'"last": true}'):
+                whole_end = end_of_line
+            if whole_end is not None:
+                d = json.loads(line)
+                sub = d["seq"] if d.get("op") == "ddl" and d["seq"] < 0 else 0
+                return whole_end, (int(d["commit_ts"]), str(d["region"]), int(sub))
+            continue
+        # SQL: a transaction ends with COMMIT;, a DDL with "-- ddl end"; its tag line gives its key
+        if whole_end is None and line in (b"COMMIT;", b"-- ddl end"):
+            whole_end = end_of_line
+            continue
+        m = _TAG.match(line)
+        if m is not None and whole_end is not None:
+            region, ts, seq = m.group(1).decode("utf-8", "surrogateescape"), int(m.group(2)), m.group(4)
+            return whole_end, (ts, region, int(seq) if seq and int(seq) < 0 else 0)
+    return (0, None) if not sql else (_sql_header_end(path), None)
+
+
+def _sql_header_end(path: Path) -> int:
+    with open(path, "rb") as f:
+        first = f.readline()
+    return len(first) if first.startswith(b"SET time_zone") and first.endswith(b"\n") else 0
 
 
 class LocalSender(Sender):
@@ -168,6 +241,46 @@ class LocalSender(Sender):
             raise SinkError(f"cannot open {self.path}: {exc}") from exc
         if self.options["format"] == "sql" and self._size == 0:
             self._write(b"SET time_zone='+00:00';\n")
+
+    def resume_key(self) -> StreamKey | None:
+        """The key of the file's last whole transaction, after cutting what follows it
+        (a torn line, a transaction cut short by a crash or a failed write)."""
+        reopen = self._f is not None
+        self._close_file()
+        try:
+            key = self._cut_to_whole_transaction()
+            if reopen:
+                self._f = open(self.path, "ab")
+                self._size = self._f.tell()
+        except OSError as exc:
+            raise SinkError(f"cannot read the end of {self.path}: {exc}") from exc
+        return key
+
+    def _files_newest_first(self) -> list[Path]:
+        pat = re.compile(re.escape(self.path.name) + r"\.(\d{6,})$")
+        rotated = sorted(((int(m.group(1)), p) for p in self.path.parent.iterdir() if (m := pat.match(p.name))),
+                         reverse=True)
+        return [self.path] + [p for _, p in rotated]
+
+    def _cut_to_whole_transaction(self) -> StreamKey | None:
+        for path in self._files_newest_first():
+            if not path.exists():
+                continue
+            end, key = _last_whole_txn(path, self.options["format"] == "sql")
+            size = path.stat().st_size
+            if end < size:
+                if path != self.path:  # only the file being written can hold a transaction cut short
+                    raise SinkError(f"{path}: its last transaction is incomplete ({size - end} bytes after its last "
+                                    "whole transaction); it was rotated, so it should be whole: restore it")
+                log.warning("%s: cutting %d bytes after the last whole transaction (written, never acknowledged)",
+                            path, size - end)
+                with open(path, "rb+") as f:
+                    f.truncate(end)
+                    f.flush()
+                    os.fsync(f.fileno())
+            if key is not None:
+                return key
+        return None
 
     def _cut_torn_tail(self) -> None:
         if not self.path.exists():

@@ -1,4 +1,4 @@
-"""BaikalDB regions end to end against the BaikalDB double (tests/baikaldb_double:
+"""BaikalDB regions end to end against the BaikalDB double (devtools/baikaldb_double:
 meta and stores as real HTTP servers on 127.0.0.1; no BaikalDB server can be
 installed here), with real MariaDB targets and the real senders."""
 

@@ -1,4 +1,4 @@
-"""The agent stream's items (capturer/agent/wire.py): every value type round-trips,
+"""The agent stream's items (capturer/model/wire.py): every value type round-trips,
 a big transaction is cut in chunks and put together again, malformed batches are
 a WireError, and a remote region assembles, spills and re-stamps what it reads."""
 

@@ -201,7 +201,9 @@ def test_each_region_resumes_its_clock_above_its_own_acknowledged_item(tmp_path:
     m.dispatch(txn(t - 1, "r0", pos=100))
     m.dispatch(txn(t, "r1", pos=200))
     m.dispatch(Heartbeat("r0", t, Position("bin.000001", 150)))
-    s.acked_seq = 2
+    handed = s.queue.get_many(10, timeout=1)  # what the sender's thread would take
+    assert [off for off, _ in handed] == [1, 2, 3]
+    s.acked_seq, s.acked_ts = 2, t  # it acknowledged the first two
     cp = m.advance()
     assert cp.commit_ts == t - 1 and cp.region_ts == {"r0": t - 1, "r1": t}
     save_checkpoint(tmp_path / "cp.json", cp)

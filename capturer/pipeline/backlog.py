@@ -1,0 +1,815 @@
+"""The merged stream as the senders read it: a window in memory, and a backlog on
+disk for senders that fall behind.
+
+Every item of the merged, filtered stream gets an **offset**, increasing, kept
+across restarts by the backlog. Each sender reads through a ``Cursor`` of its own,
+at its own pace, and acknowledges offsets. While every sender keeps up, items live
+only in memory (the window, ``queueRows`` rows) and leave it once every sender has
+acknowledged them. When the window is full, its oldest items leave it anyway: an
+item some sender has not acknowledged yet is first appended to the **backlog**'s
+segment files, from which that sender reads it later, at its own pace. So a slow,
+failing, paused or hung sender holds back nobody, until the backlog reaches
+``backlogMaxMB``; then the policy decides (``block``: the stream waits for it, as
+when there is no backlog; ``detach``: it is detached, its position kept, and the
+others go on).
+
+The backlog's files (``<backlogDir>/<first offset>.seg``) are a sequence of
+records, each ``HEADER`` (payload length, CRC-32 of the payload, offset, the
+stream's running row count at the item, flags) and a payload of msgpack values
+in the agents' wire format (``capturer.model.wire``): a schema record before the
+first item that uses a table definition (in each segment), then per item
+``["k", commit_ts, region, sub]`` and the item's values. A segment is fsync'd
+when it is closed and before every checkpoint that refers to it (the checkpoint
+names the last segment and its length then): a power loss can cost only records
+that no checkpoint refers to, and those are read again from the sources. A
+segment goes once every attached sender has acknowledged its last item. A record
+that does not match its checksum, or a segment the checkpoint needs that is
+missing, is an error naming the file (``BacklogError``): never a silent skip.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import struct
+import threading
+import time
+import zlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from capturer.errors import CheckpointError
+from capturer.model import AnyPosition, Heartbeat, Item, StreamKey, Txn, stream_key, wire
+from capturer.util import failpoints
+from capturer.util.bqueue import Closed
+
+log = logging.getLogger(__name__)
+
+HEADER = struct.Struct("<IIqqB")  # payload length, crc32, offset, running rows, flags
+F_SCHEMA, F_ITEM, F_SAMEPOS = 1, 2, 4
+SEGMENT_BYTES = 64 << 20
+_SCHEMA_PREFIX = b"\x99\xa1s"  # a packed ["s", ...] value (9 elements): a table definition
+
+
+class BacklogError(CheckpointError):
+    """The backlog cannot be trusted (a bad record, a missing segment): start-up stops."""
+
+
+@dataclass
+class Cut:
+    """Where each region's stream stands after some item of the merged stream: the
+    position after the region's last item up to there, and ``region_ts``: the
+    commit_ts of the first item that reached that position (the region's clock
+    resumes above it, so an item read again gets its commit_ts again)."""
+
+    positions: dict[str, AnyPosition] = field(default_factory=dict)
+    region_ts: dict[str, int] = field(default_factory=dict)
+
+    def copy(self) -> Cut:
+        return Cut(dict(self.positions), dict(self.region_ts))
+
+    def add(self, region: str, commit_ts: int, position: AnyPosition | None, samepos: bool) -> None:
+        if position is None:
+            return
+        if not samepos or region not in self.region_ts:
+            self.region_ts[region] = commit_ts
+        self.positions[region] = position
+
+
+@dataclass
+class BacklogMark:
+    """What a checkpoint keeps of the backlog: the offset the next item gets, and the
+    last segment with its length when the checkpoint was written (everything up to
+    there is fsync'd)."""
+
+    next: int = 0
+    segment: str = ""
+    bytes: int = 0
+    rows: int = 0  # the stream's running row count at ``next`` (for lag in rows)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"next": self.next, "segment": self.segment, "bytes": self.bytes, "rows": self.rows}
+
+    @classmethod
+    def from_json(cls, d: Any) -> BacklogMark:
+        if not isinstance(d, dict):
+            raise ValueError(f"backlog must be an object, got {d!r}")
+        nxt, seg, size, rows = d.get("next", 0), d.get("segment", ""), d.get("bytes", 0), d.get("rows", 0)
+        if not isinstance(nxt, int) or isinstance(nxt, bool) or nxt < 0:
+            raise ValueError(f"backlog.next must be a non-negative integer, got {nxt!r}")
+        if not isinstance(seg, str) or (seg and not _segment_name_ok(seg)):
+            raise ValueError(f"backlog.segment must be a segment file name, got {seg!r}")
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            raise ValueError(f"backlog.bytes must be a non-negative integer, got {size!r}")
+        if not isinstance(rows, int) or isinstance(rows, bool) or rows < 0:
+            raise ValueError(f"backlog.rows must be a non-negative integer, got {rows!r}")
+        return cls(nxt, seg, size, rows)
+
+
+def _segment_name(first: int) -> str:
+    return f"{first:020d}.seg"
+
+
+def _segment_name_ok(name: str) -> bool:
+    return len(name) == 24 and name.endswith(".seg") and name[:20].isdigit()
+
+
+# --- the disk --------------------------------------------------------------------------
+
+@dataclass
+class _Segment:
+    path: Path
+    first: int  # offset of its first item
+    last: int = -1  # offset of its last item (-1: none yet)
+    size: int = 0
+
+
+class Backlog:
+    """The segment files. Written by the stream's evictions (one writer, under the
+    StreamLog's lock), read by any number of ``SegmentReader``."""
+
+    def __init__(self, directory: Path, max_bytes: int, segment_bytes: int = SEGMENT_BYTES):
+        self.dir = directory
+        self.max_bytes = max_bytes
+        self.segment_bytes = segment_bytes
+        self.segments: list[_Segment] = []
+        self._file: Any = None  # the last segment, open for appending
+        self._encoder = wire.Encoder()
+        self._last_pos: dict[str, Any] = {}
+        self.written_items = 0
+        self.written_bytes = 0
+        self.flushed_to = -1  # every record up to this offset is in the OS (readable)
+        self.lock = threading.Lock()  # segment list changes vs. readers looking for a segment
+
+    # -- start-up --
+    def open(self, mark: BacklogMark | None, need_from: int | None) -> int:
+        """Take the directory as a checkpoint left it: records after ``mark`` (written
+        after that checkpoint, never referred to) are cut, every record from
+        ``need_from`` (the oldest offset a sender still needs) to the mark is checked
+        against its checksum, and segments nobody needs go. Returns the offset the
+        next item gets. BacklogError if something needed is missing or corrupt."""
+        listing = list(self.dir.iterdir()) if self.dir.is_dir() else []  # made at the first write
+        names = sorted(p.name for p in listing if _segment_name_ok(p.name))
+        others = [p.name for p in listing if not _segment_name_ok(p.name) and not p.name.startswith(".")]
+        if others:
+            log.warning("backlog %s: ignoring files that are not segments: %s", self.dir, ", ".join(sorted(others)[:5]))
+        nxt = mark.next if mark is not None else 1  # offsets start at 1
+        if mark is None or not mark.segment:
+            # no checkpoint refers to any segment: whatever is here was never acknowledged as durable
+            for n in names:
+                (self.dir / n).unlink()
+            if names:
+                log.info("backlog %s: removed %d segment(s) no checkpoint refers to", self.dir, len(names))
+            if need_from is not None and need_from < nxt:
+                raise BacklogError(self._lost(need_from, nxt, "the backlog holds no segment"))
+            return nxt
+        if mark.segment not in names:
+            raise BacklogError(self._lost(need_from if need_from is not None else nxt, nxt,
+                                          f"segment {self.dir / mark.segment} is missing"))
+        cut = names.index(mark.segment)
+        for n in names[cut + 1:]:  # begun after the checkpoint
+            (self.dir / n).unlink()
+        names = names[:cut + 1]
+        last = self.dir / mark.segment
+        size = last.stat().st_size
+        if size < mark.bytes:
+            raise BacklogError(f"backlog segment {last}: {size} bytes, the checkpoint says {mark.bytes} were "
+                               f"written and fsync'd; {self._way_out()}")
+        if size > mark.bytes:
+            with open(last, "r+b") as f:
+                f.truncate(mark.bytes)
+                os.fsync(f.fileno())
+        segs = [_Segment(self.dir / n, int(n[:20])) for n in names]
+        # check what is needed, and learn every segment's last offset
+        start = need_from if need_from is not None else nxt
+        for s in segs:
+            s.size = s.path.stat().st_size
+            for off, _rows, flags, _payload in _records(s.path, verify=True):
+                if flags & F_ITEM:
+                    s.last = off
+        keep = [s for s in segs if s.last >= start]
+        for s in segs:
+            if s not in keep:
+                s.path.unlink()
+        if keep and keep[0].first > start and need_from is not None and need_from < nxt:
+            raise BacklogError(self._lost(start, keep[0].first, "its segments begin later"))
+        if not keep and need_from is not None and need_from < nxt:
+            raise BacklogError(self._lost(start, nxt, "no segment holds it"))
+        self.segments = keep
+        self.flushed_to = nxt - 1
+        if keep:
+            log.info("backlog %s: %d segment(s), %d bytes, items %d..%d kept for senders behind", self.dir,
+                     len(keep), self.bytes, keep[0].first, nxt - 1)
+        return nxt
+
+    def _way_out(self) -> str:
+        return ("restore the directory as it was, or start once with --rebuild-backlog: the sources are read "
+                "again from the position of the sender furthest behind (their logs must still hold it), and "
+                "each sender skips what it already has")
+
+    def _lost(self, need: int, upto: int, why: str) -> str:
+        return (f"backlog {self.dir}: items {need}..{upto - 1} of the stream are needed by a sender that is "
+                f"behind, but {why}; {self._way_out()}")
+
+    @property
+    def bytes(self) -> int:
+        return sum(s.size for s in self.segments)
+
+    # -- writing (under the StreamLog's lock) --
+    def full(self, extra: int = 0) -> bool:
+        return self.bytes + extra > self.max_bytes
+
+    def append(self, offset: int, rows_at: int, key: StreamKey, item: Item, samepos: bool) -> None:
+        if self._file is None or self.segments[-1].size >= self.segment_bytes:
+            self._rotate(offset)
+        seg = self.segments[-1]
+        pieces = []
+        schemas = []
+        head = wire.packb(["k", key[0], key[1], key[2]])
+        for data, _rows in self._encoder.item(item):
+            if data[:3] == _SCHEMA_PREFIX:
+                schemas.append(data)
+            else:
+                pieces.append(data)
+        out = []
+        for s in schemas:
+            out.append(HEADER.pack(len(s), zlib.crc32(s), offset, rows_at, F_SCHEMA))
+            out.append(s)
+        payload = head + b"".join(pieces)
+        out.append(HEADER.pack(len(payload), zlib.crc32(payload), offset, rows_at,
+                               F_ITEM | (F_SAMEPOS if samepos else 0)))
+        out.append(payload)
+        data = b"".join(out)
+        self._file.write(data)
+        failpoints.hit("backlog.write")
+        seg.size += len(data)
+        seg.last = offset
+        self.written_items += 1
+        self.written_bytes += len(data)
+
+    def _rotate(self, first: int) -> None:
+        if self._file is not None:
+            self._file.flush()
+            os.fsync(self._file.fileno())
+            self._file.close()
+        path = self.dir / _segment_name(first)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._file = open(path, "ab")
+        with self.lock:
+            self.segments.append(_Segment(path, first))
+        _fsync_dir(self.dir)
+        self._encoder = wire.Encoder()  # a segment is read from its start: its schemas are its own
+
+    def flush(self, upto: int) -> None:
+        if self._file is not None:
+            self._file.flush()
+        self.flushed_to = max(self.flushed_to, upto)
+
+    def sync(self, nxt: int) -> BacklogMark:
+        """fsync what was written; the mark a checkpoint keeps."""
+        if self._file is not None:
+            self._file.flush()
+            os.fsync(self._file.fileno())
+        if not self.segments:
+            return BacklogMark(nxt)
+        seg = self.segments[-1]
+        return BacklogMark(nxt, seg.path.name, seg.size)
+
+    def release(self, below: int) -> int:
+        """Remove segments whose every item is below ``below``; bytes freed."""
+        freed = 0
+        with self.lock:
+            while self.segments and self.segments[0].last < below and self.segments[0].last >= 0 \
+                    and (len(self.segments) > 1 or self._file is None):
+                s = self.segments.pop(0)
+                freed += s.size
+                s.path.unlink(missing_ok=True)
+            # the last segment, open for writing: once everything in it is released, start a new one
+            if len(self.segments) == 1 and self._file is not None and 0 <= self.segments[0].last < below:
+                s = self.segments.pop(0)
+                self._file.close()
+                self._file = None
+                freed += s.size
+                s.path.unlink(missing_ok=True)
+        return freed
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.flush()
+            os.fsync(self._file.fileno())
+            self._file.close()
+            self._file = None
+
+    def segment_for(self, offset: int) -> _Segment:
+        """The segment that holds ``offset`` (the last one that begins at or before it)."""
+        with self.lock:
+            found = None
+            for s in self.segments:
+                if s.first <= offset:
+                    found = s
+                else:
+                    break
+        if found is None:
+            raise BacklogError(f"backlog {self.dir}: item {offset} is needed but no segment holds it (the oldest "
+                               f"begins at {self.segments[0].first if self.segments else 'none'})")
+        return found
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _records(path: Path, verify: bool = True, start: int = 0) -> Iterator[tuple[int, int, int, bytes]]:
+    """(offset, running rows, flags, payload) of each record of a segment file."""
+    with open(path, "rb") as f:
+        f.seek(start)
+        pos = start
+        while True:
+            head = f.read(HEADER.size)
+            if not head:
+                return
+            if len(head) < HEADER.size:
+                raise BacklogError(f"backlog segment {path}: a record header is cut short at byte {pos}")
+            n, crc, off, rows, flags = HEADER.unpack(head)
+            payload = f.read(n)
+            if len(payload) < n or (verify and zlib.crc32(payload) != crc):
+                raise BacklogError(f"backlog segment {path}: the record at byte {pos} (item {off}) does not match "
+                                   "its checksum (the file was damaged); restore it, or start once with "
+                                   "--rebuild-backlog (the sources are read again from the position of the sender "
+                                   "furthest behind)")
+            yield off, rows, flags, payload
+            pos += HEADER.size + n
+
+
+class SegmentReader:
+    """Reads items from the backlog for one cursor, in offset order. A segment is
+    read from its start (its table definitions are its own); the last one may still
+    grow: a reader stops at the first record it is not asked for."""
+
+    def __init__(self, backlog: Backlog, spill_rows: int = 0, spill_dir: str = ""):
+        self.backlog = backlog
+        self.spill_rows, self.spill_dir = spill_rows, spill_dir
+        self._seg: _Segment | None = None
+        self._f: Any = None
+        self._pos = 0
+        self._decoder = wire.Decoder("")
+
+    def close(self) -> None:
+        if self._f is not None:
+            self._f.close()
+            self._f = None
+
+    def _open(self, seg: _Segment) -> None:
+        self.close()
+        self._seg = seg
+        self._f = open(seg.path, "rb")
+        self._pos = 0
+        self._decoder = wire.Decoder("")
+
+    def _record(self, upto: int) -> tuple[int, int, int, bytes] | None:
+        """The next record if it is complete and before ``upto``; None at the end (or at ``upto``)."""
+        f = self._f
+        f.seek(self._pos)
+        head = f.read(HEADER.size)
+        if len(head) < HEADER.size:
+            return None
+        n, crc, off, rows, flags = HEADER.unpack(head)
+        if off >= upto:
+            return None
+        payload = f.read(n)
+        if len(payload) < n or zlib.crc32(payload) != crc:
+            assert self._seg is not None
+            raise BacklogError(f"backlog segment {self._seg.path}: the record at byte {self._pos} (item {off}) does "
+                               "not match its checksum (the file was damaged); restore it, or start once with "
+                               "--rebuild-backlog (the sources are read again from the position of the sender "
+                               "furthest behind)")
+        self._pos += HEADER.size + n
+        return off, rows, flags, payload
+
+    def read(self, start: int, upto: int, max_weight: int) -> list[tuple[int, int, Item, bool]]:
+        """Items with offsets from ``start`` up to ``upto`` (excluded), at most about
+        ``max_weight`` rows: (offset, running rows before it, item, samepos)."""
+        out: list[tuple[int, int, Item, bool]] = []
+        weight = 0
+        while start < upto and weight < max_weight:
+            if self._seg is None:
+                self._open(self.backlog.segment_for(start))
+            rec = self._record(upto)
+            if rec is None:  # the end of this segment: the next one holds what follows
+                nxt = self._following()
+                if nxt is None:
+                    raise BacklogError(f"backlog {self.backlog.dir}: item {start} is not in any segment")
+                self._open(nxt)
+                continue
+            off, _rows, flags, payload = rec
+            if flags & F_SCHEMA:
+                for v in wire.unpacker(payload):
+                    self._decoder.schema(v)
+                continue
+            if off < start:
+                continue
+            item = self._decode(payload)
+            out.append((off, rec[1], item, bool(flags & F_SAMEPOS)))
+            weight += item.weight if isinstance(item, Txn) else 1
+            start = off + 1
+        return out
+
+    def _following(self) -> _Segment | None:
+        with self.backlog.lock:
+            segs = self.backlog.segments
+            for i, s in enumerate(segs):
+                if s is self._seg:
+                    return segs[i + 1] if i + 1 < len(segs) else None
+            # ours was removed (everything in it acknowledged): the first one left
+            return segs[0] if segs else None
+
+    def _decode(self, payload: bytes) -> Item:
+        values = wire.unpacker(payload)
+        head = next(values)
+        if not (isinstance(head, list) and len(head) == 4 and head[0] == "k"):
+            raise BacklogError(f"backlog segment {self._seg.path if self._seg else '?'}: a record without its key")
+        self._decoder.region = str(head[2])
+        got: list[Item] = []
+        reader = wire.TxnReader(self._decoder, self.spill_rows, self.spill_dir,
+                                lambda fields, changes, _spilled: got.append(Txn(changes=changes, **fields)),
+                                got.append)
+        reader.feed(values)
+        if len(got) != 1:
+            raise BacklogError(f"backlog segment {self._seg.path if self._seg else '?'}: a record holds "
+                               f"{len(got)} items")
+        return got[0]
+
+
+# --- the stream and its cursors ------------------------------------------------------------
+
+class Cursor:
+    """One sender's way through the stream (what ``Sender.queue`` is once the
+    SenderManager attached it): ``get_many`` hands out ``(offset, item)`` pairs in
+    stream order, from memory or from the backlog; the sender acknowledges by
+    setting its ``acked_seq`` to an offset it handed out.
+
+    A transaction at or below ``skip_key`` (the sender's position: it has it
+    already) is handed out as a heartbeat instead: acknowledged, not sent again."""
+
+    def __init__(self, stream: StreamLog, name: str, start: int, skip_key: StreamKey | None, cut: Cut,
+                 acked: Callable[[], int], detached: bool = False):
+        self.stream = stream
+        self.name = name
+        self.next = start
+        self.skip_key = skip_key
+        self.key = skip_key  # the last transaction acknowledged (or skipped)
+        self.detached = detached
+        self.cut = cut  # as of the acknowledged offset
+        self.acked_offset = start - 1
+        self._acked = acked
+        self.rows_at_next = stream.rows  # running row count at ``next`` (lag in rows)
+        self.skipped_txns = 0
+        self.read_from_backlog = 0  # items read from disk
+        # handed out, not acknowledged yet: (offset, region, commit_ts, position, samepos, key or None)
+        self._inflight: collections.deque[tuple[int, str, int, Any, bool, StreamKey | None]] = collections.deque()
+        self._reader: SegmentReader | None = None
+        self.capacity = stream.capacity
+
+    # WeightedQueue's face, for the sender loop and its status
+    def __len__(self) -> int:
+        return 0 if self.detached else max(0, self.stream.next - self.next)
+
+    @property
+    def weight(self) -> int:
+        return 0 if self.detached else max(0, self.stream.rows - self.rows_at_next)
+
+    def close(self) -> None:
+        self.stream.close()
+
+    def acked(self) -> int:
+        """The offset the sender acknowledged last (its ``acked_seq``)."""
+        return max(self._acked(), self.acked_offset)
+
+    @property
+    def behind(self) -> bool:
+        """Reading the backlog: what it needs next has left memory."""
+        return not self.detached and self.next < self.stream.base
+
+    def skip_through(self, key: StreamKey | None) -> None:
+        """The destination holds every transaction up to ``key``: skip them too."""
+        if key is not None and (self.skip_key is None or key > self.skip_key):
+            log.info("sender %s: its destination holds the stream up to %s: skipping up to there", self.name, key)
+            self.skip_key = key
+
+    def get_many(self, max_weight: int, timeout: float | None = None) -> list[tuple[int, Item]]:
+        got = self.stream._take(self, max_weight, timeout)
+        if not got:
+            return []
+        out: list[tuple[int, Item]] = []
+        skip = self.skip_key
+        for off, key, item, samepos, rows_at in got:
+            txn_key: StreamKey | None = None
+            if isinstance(item, Txn):
+                txn_key = key
+                if skip is not None and key <= skip:
+                    self.skipped_txns += 1
+                    item = Heartbeat(item.region, item.commit_ts, item.position)
+            self._inflight.append((off, item.region, item.commit_ts, item.position, samepos, txn_key))
+            out.append((off, item))
+            self.rows_at_next = rows_at
+        self.next = out[-1][0] + 1
+        return out
+
+    def next_ts(self) -> int | None:
+        """The commit_ts of the first item handed out and not acknowledged (None: none)."""
+        q = self._inflight
+        return q[0][2] if q else None
+
+    def settle(self) -> int:
+        """Move the cut and key to what the sender has acknowledged; the acknowledged offset."""
+        acked = self.acked()
+        q = self._inflight
+        cut = self.cut
+        while q and q[0][0] <= acked:
+            _off, region, ts, pos, samepos, key = q.popleft()
+            cut.add(region, ts, pos, samepos)
+            if key is not None and (self.key is None or key > self.key):
+                self.key = key
+        self.acked_offset = acked
+        return acked
+
+
+class StreamLog:
+    """The merged stream: ``append`` (the SenderManager, in stream order) and the
+    cursors' reads. Bounded: at most ``capacity`` rows in memory; beyond that the
+    oldest items go to the backlog (those a sender still needs) or the appender
+    waits (no backlog, or a full one under ``block``)."""
+
+    def __init__(self, capacity: int, backlog: Backlog | None, start: int, cut: Cut, full_policy: str = "block",
+                 spill_rows: int = 0, spill_dir: str = "", start_rows: int = 0):
+        self.capacity = max(1, capacity)
+        self.backlog = backlog
+        self.full_policy = full_policy
+        self.spill_rows, self.spill_dir = spill_rows, spill_dir
+        self.next = start  # offset of the next item
+        self.base = start  # offset of the oldest item in memory
+        self.rows = start_rows  # running row count (weights) of the stream
+        # (offset, key, item, weight, samepos, running rows before it)
+        self._mem: collections.deque[tuple[int, StreamKey, Item, int, bool, int]] = collections.deque()
+        self._weight = 0
+        self._cond = threading.Condition()
+        self._closed = False
+        self.cursors: list[Cursor] = []
+        self.evicted_cut = cut.copy()  # after the last item that left memory
+        self.head_cut = cut.copy()  # after the newest item
+        self._last_pos: dict[str, Any] = {}
+        self.evicted_to_disk = 0
+        self.waits = 0  # times the appender waited (memory full, no room on disk)
+        self.waiting_since = 0.0  # monotonic time the appender began to wait (0: not waiting)
+        self.detach_log: list[str] = []
+
+    # -- set-up --
+    def cursor(self, name: str, start: int, skip_key: StreamKey | None, cut: Cut, acked: Callable[[], int],
+               detached: bool = False) -> Cursor:
+        c = Cursor(self, name, start, skip_key, cut, acked, detached)
+        with self._cond:
+            self.cursors.append(c)
+        return c
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    # -- writing --
+    def append(self, key: StreamKey, item: Item, stop: threading.Event | None = None) -> int:
+        weight = item.weight if isinstance(item, Txn) else 1
+        with self._cond:
+            if self._closed:
+                raise Closed()
+            region, pos = item.region, item.position
+            samepos = pos is not None and pos is self._last_pos.get(region)
+            if pos is not None:
+                self._last_pos[region] = pos
+            off = self.next
+            self._mem.append((off, key, item, weight, samepos, self.rows))
+            self.next += 1
+            self.rows += weight
+            self._weight += weight
+            self.head_cut.add(region, item.commit_ts, pos, samepos)
+            self._release_locked()
+            while self._weight > self.capacity and len(self._mem) > 1:
+                if self._evict_locked():
+                    continue
+                self.waits += 1
+                self.waiting_since = self.waiting_since or time.monotonic()
+                if stop is not None and stop.is_set():
+                    raise Closed()
+                self._cond.wait(0.05)
+                if self._closed:
+                    raise Closed()
+                self._release_locked()
+            self.waiting_since = 0.0
+            self._cond.notify_all()
+            return off
+
+    def _attached(self) -> list[Cursor]:
+        return [c for c in self.cursors if not c.detached]
+
+    def _min_acked(self) -> int:
+        cs = self._attached()
+        return min(c.acked() for c in cs) if cs else self.next - 1
+
+    def _drop_locked(self) -> tuple[int, StreamKey, Item, int, bool, int]:
+        e = self._mem.popleft()
+        self._weight -= e[3]
+        self.base = e[0] + 1
+        item = e[2]
+        self.evicted_cut.add(item.region, item.commit_ts, item.position, e[4])
+        return e
+
+    def _release_locked(self) -> None:
+        """Let go of what every attached sender has acknowledged."""
+        if not self._mem:
+            return
+        low = self._min_acked()
+        released = False
+        while self._mem and self._mem[0][0] <= low:
+            self._drop_locked()
+            released = True
+        if released and self.backlog is not None and self.backlog.segments:
+            self.backlog.release(low + 1)
+        if released:
+            self._cond.notify_all()
+
+    def _evict_locked(self) -> bool:
+        """Move the oldest item out of memory (to disk if a sender still needs it).
+        False if that cannot be done now (then the appender waits)."""
+        off, key, item, weight, samepos, rows_at = self._mem[0]
+        needed = any(c.acked() < off for c in self._attached())
+        if not needed:
+            self._drop_locked()
+            return True
+        b = self.backlog
+        if b is None:
+            return False
+        if b.full():
+            b.release(self._min_acked() + 1)
+            if b.full():
+                if self.full_policy != "detach":
+                    return False
+                self._detach_furthest_behind()
+                return True
+        b.append(off, rows_at, key, item, samepos)
+        self.evicted_to_disk += 1
+        self._drop_locked()
+        return True
+
+    def _detach_furthest_behind(self) -> None:
+        cs = self._attached()
+        if not cs:
+            return
+        low = min(c.acked() for c in cs)
+        for c in cs:
+            if c.acked() == low:
+                c.detached = True
+                msg = (f"sender {c.name} detached: the backlog reached backlogMaxMB "
+                       f"({self.backlog.max_bytes >> 20 if self.backlog else 0} MB) while it was "
+                       f"{self.next - 1 - low} items behind; its position is kept; attach it again with "
+                       f"POST /senders/{c.name}/attach (it goes on from the stream's head: copy its tables "
+                       "again with an on-demand snapshot)")
+                log.error("%s", msg)
+                self.detach_log.append(msg)
+        if self.backlog is not None:
+            self.backlog.release(self._min_acked() + 1)
+
+    def attach(self, c: Cursor) -> None:
+        """A detached cursor goes on from the stream's head."""
+        with self._cond:
+            c.detached = False
+            c._inflight.clear()
+            c.next = self.next
+            c.acked_offset = self.next - 1
+            c.cut = self.head_cut.copy()
+            c.rows_at_next = self.rows
+            c._reader = None
+            self._cond.notify_all()
+
+    # -- reading --
+    def _take(self, c: Cursor, max_weight: int, timeout: float | None) -> list[tuple[int, StreamKey, Item, bool, int]]:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            self._release_locked()
+            while True:
+                if c.detached or c.next >= self.next:
+                    if self._closed:
+                        raise Closed()
+                    remaining = None if deadline is None else deadline - time.monotonic()
+                    if remaining is not None and remaining <= 0:
+                        return []
+                    self._cond.wait(remaining if remaining is not None else 0.5)
+                    continue
+                if c.next >= self.base:
+                    i = c.next - self.base
+                    mem = self._mem
+                    out: list[tuple[int, StreamKey, Item, bool, int]] = []
+                    taken = 0
+                    n = len(mem)
+                    while i < n:
+                        e = mem[i]
+                        if out and taken + e[3] > max_weight:
+                            break
+                        out.append((e[0], e[1], e[2], e[4], e[5] + e[3]))
+                        taken += e[3]
+                        i += 1
+                    return out
+                # on disk: read it without holding the stream up
+                upto = self.base
+                b = self.backlog
+                if b is None:
+                    raise BacklogError(f"sender {c.name}: item {c.next} left memory and there is no backlog")
+                if b.flushed_to < upto - 1:
+                    b.flush(upto - 1)
+                break
+        if c._reader is None:
+            c._reader = SegmentReader(b, self.spill_rows, self.spill_dir)
+        got = c._reader.read(c.next, upto, max_weight)
+        c.read_from_backlog += len(got)
+        return [(off, stream_key(item), item, samepos, rows + (item.weight if isinstance(item, Txn) else 1))
+                for off, rows, item, samepos in got]
+
+    # -- checkpoints --
+    def mark(self) -> tuple[BacklogMark, Cut, int]:
+        """For a checkpoint: the backlog's mark (what was written, fsync'd before this
+        returns), the cut after the last item that left memory, and its offset + 1."""
+        fd = -1
+        with self._cond:
+            base = self.base
+            cut = self.evicted_cut.copy()
+            b = self.backlog
+            mark = BacklogMark(base, rows=self.rows_at(base))
+            if b is not None:
+                b.flush(base - 1)
+                if b.segments:
+                    seg = b.segments[-1]
+                    mark = BacklogMark(base, seg.path.name, seg.size, mark.rows)
+                    if b._file is not None:
+                        fd = os.dup(b._file.fileno())
+        if fd >= 0:  # fsync outside the lock (it covers at least what the mark names)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        return mark, cut, base
+
+    def commit_ts_at(self, offset: int) -> int | None:
+        """The commit_ts of the item at ``offset`` if it is in memory."""
+        with self._cond:
+            if self._mem and self._mem[0][0] <= offset < self.next:
+                return self._mem[offset - self._mem[0][0]][2].commit_ts
+        return None
+
+    def rows_at(self, offset: int) -> int:
+        """The running row count before ``offset`` (held in memory: the oldest item's, else the head's)."""
+        if self._mem and self._mem[0][0] <= offset:
+            i = offset - self._mem[0][0]
+            if i < len(self._mem):
+                return self._mem[i][5]
+        return self.rows
+
+    def status(self) -> dict[str, Any]:
+        b = self.backlog
+        return {
+            "memory_rows": self._weight,
+            "memory_capacity_rows": self.capacity,
+            "memory_items": len(self._mem),
+            "next_offset": self.next,
+            "oldest_in_memory": self.base,
+            "backlog_bytes": b.bytes if b is not None else 0,
+            "backlog_max_bytes": b.max_bytes if b is not None else 0,
+            "backlog_segments": len(b.segments) if b is not None else 0,
+            "backlog_dir": str(b.dir) if b is not None else "",
+            "evicted_to_disk": self.evicted_to_disk,
+            "waits": self.waits,
+            "policy": self.full_policy if b is not None else "none",
+        }
+
+    def holding(self) -> list[str]:
+        """While the appender waits: the attached senders furthest behind (what it waits for)."""
+        if not self.waiting_since:
+            return []
+        cs = self._attached()
+        if not cs:
+            return []
+        low = min(c.acked() for c in cs)
+        return [c.name for c in cs if c.acked() == low]
+
+    def bytes_held(self, c: Cursor) -> int:
+        """Backlog bytes that ``c`` still needs (segments with items past its acknowledgement)."""
+        b = self.backlog
+        if b is None or c.detached:
+            return 0
+        acked = c.acked_offset
+        return sum(s.size for s in list(b.segments) if s.last > acked)
