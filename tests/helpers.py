@@ -79,6 +79,8 @@ def master_pos(m: MariaDBInstance) -> tuple[str, int]:
 
 
 def checkpoint_covers(tmp: Path, servers: list[MariaDBInstance]) -> bool:
+    """Every sender has acknowledged every change the servers have now (each sender's
+    own cut in the checkpoint; a version-1 checkpoint: its one position)."""
     p = tmp / "checkpoint.json"
     if not p.exists():
         return False
@@ -86,10 +88,13 @@ def checkpoint_covers(tmp: Path, servers: list[MariaDBInstance]) -> bool:
         cp = json.loads(p.read_text())
     except ValueError:
         return False
+    cuts = [s["regions"] for s in cp.get("senders", {}).values() if not s.get("detached")] or [cp["regions"]]
     for i, m in enumerate(servers):
-        pos = cp["regions"].get(f"r{i + 1}")
-        if pos is None or (pos["file"], pos["pos"]) < master_pos(m):
-            return False
+        want = master_pos(m)
+        for regions in cuts:
+            pos = regions.get(f"r{i + 1}")
+            if pos is None or (pos["file"], pos["pos"]) < want:
+                return False
     return True
 
 

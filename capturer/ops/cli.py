@@ -119,6 +119,15 @@ def _table(head: list[str], rows: list[list[str]], right: set[int]) -> list[str]
     return [line(head)] + [line(r) for r in rows]
 
 
+def _bytes(n: int | None) -> str:
+    if not n:
+        return "0"
+    for unit, size in (("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
+
+
 def render(url: str, d: dict[str, Any], health: dict[str, Any], old: dict[str, Any] | None) -> str:
     """The status as text: header, checkpoint and merger lines, a region table, a sender table."""
     dt = d["now"] - old["now"] if old and old.get("started_at") == d.get("started_at") else 0.0
@@ -133,8 +142,7 @@ def render(url: str, d: dict[str, Any], health: dict[str, Any], old: dict[str, A
                f"behind the sources: {_secs(None if lag is None else lag / 1000)}")
     m = d.get("merger") or {}
     held = [f"region {r}" for r in m.get("waiting_for") or []] + \
-        [f"sender {s} (queue full)" for s in m.get("full_senders") or []] + \
-        [f"sender {n} (paused)" for n, s in d["senders"].items() if s.get("paused")]
+        [f"sender {s} (backlog full)" for s in m.get("full_senders") or []]
     out.append(f"merger      watermark {_when(m.get('watermark') or 0)} UTC   held back by: "
                f"{', '.join(held) or 'nothing'}   {_n(m.get('dispatched_rows'))} rows handed out")
     out.append("")
@@ -149,12 +157,18 @@ def render(url: str, d: dict[str, Any], health: dict[str, Any], old: dict[str, A
     out.append("")
     rows = []
     for name, s in d["senders"].items():
-        state = ("paused" if s["state"] == "paused" else "pausing") if s.get("paused") else s["state"]
+        state = s.get("stream_state") or s["state"]
+        if s.get("paused") and s["state"] != "paused":
+            state = "pausing"
         rows.append([name, state, _rate(s, (old or {}).get("senders", {}).get(name), dt), _n(s["rows"]),
-                     _when(s["acked_ts"]), _n(s["queue_rows"]), _n(s["retries"]), _n(s["errors"]),
-                     (s.get("last_error") or "")[:80]])
-    out += _table(["SENDER", "STATE", "ROWS/S", "ROWS", "ACKED UP TO (UTC)", "QUEUED", "RETRIES", "ERRORS",
-                   "LAST ERROR"], rows, {2, 3, 5, 6, 7})
+                     _when(s["acked_ts"]), _secs(s.get("lag_seconds")), _n(s.get("lag_rows", s["queue_rows"])),
+                     _bytes(s.get("backlog_bytes", 0)), _n(s["retries"]), (s.get("last_error") or "")[:80]])
+    out += _table(["SENDER", "STATE", "ROWS/S", "ROWS", "ACKED UP TO (UTC)", "LAG", "LAG ROWS", "BACKLOG",
+                   "RETRIES", "LAST ERROR"], rows, {2, 3, 5, 6, 7, 8})
+    st = d.get("stream")
+    if st and st.get("backlog_max_bytes"):
+        out.append(f"backlog     {_bytes(st['backlog_bytes'])} of {_bytes(st['backlog_max_bytes'])} in "
+                   f"{st['backlog_dir']} ({st['backlog_segments']} segment(s), when full: {st['policy']})")
     snaps = [[rn, tn, t["state"], _n(t["rows"]), _n(t["estimated_rows"])]
              for rn, r in sorted(d["regions"].items())
              for tn, t in sorted(((r.get("snapshot") or {}).get("tables") or {}).items())]
@@ -230,16 +244,17 @@ def _get_status(url: str) -> dict[str, Any]:
 
 # --- control --------------------------------------------------------------------
 CONTROL = {
-    "pause": "stop sending to SENDER after the batch in hand (the checkpoint waits for it)",
+    "pause": "stop sending to SENDER after the batch in hand (the others go on; the backlog keeps its share)",
     "resume": "go on sending to SENDER",
     "reload-filter": "read filterRuleDict again (a file with an error changes nothing)",
     "stop": "stop the capturer gracefully (senders drain, a final checkpoint)",
+    "attach": "attach a detached sender again (it goes on from the stream's head)",
 }
 
 
 def control_cli(verb: str, argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog=f"capturer {verb}", description=CONTROL[verb])
-    if verb in ("pause", "resume"):
+    if verb in ("pause", "resume", "attach"):
         ap.add_argument("sender", help="the sender's name (a type= of senderConfig: mysql, kafka, local, spark)")
     ap.add_argument("--config", default="conf/config.cfg", help="the running capturer's config (port, token)")
     ap.add_argument("--url", help="the status URL (default: from the config)")

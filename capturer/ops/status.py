@@ -37,6 +37,7 @@ Snapshot = Callable[[], dict[str, Any]]
 
 REGION_STATES = ("new", "connecting", "streaming", "reconnecting", "failed", "stopped")
 SENDER_STATES = ("new", "running", "retrying", "paused", "failed", "stopped")
+STREAM_STATES = ("live", "catching up", "paused", "failing", "detached")
 
 
 def _ts_seconds(ts: int) -> float:
@@ -161,7 +162,23 @@ class _Collector(Collector):
                                 labels=["sender", "state"])
         sprs = CounterMetricFamily("capturer_sender_process_restarts", "times a sender's own process "
                                    "(process=true) was started again after it died", labels=["sender"])
+        sss = GaugeMetricFamily("capturer_sender_stream_state", "1 for where the sender stands in the stream "
+                                "(live, catching up, paused, failing, detached), 0 for the others",
+                                labels=["sender", "state"])
+        slr = GaugeMetricFamily("capturer_sender_lag_rows", "rows of the stream the sender has not acknowledged yet",
+                                labels=["sender"])
+        sbb = GaugeMetricFamily("capturer_sender_backlog_bytes", "bytes of the backlog on disk kept for the sender",
+                                labels=["sender"])
+        sdt = GaugeMetricFamily("capturer_sender_detached", "1 while the sender is detached (the backlog limit was "
+                                "reached while it was behind): it receives nothing until attached again",
+                                labels=["sender"])
         for name, snd in s["senders"].items():
+            if "stream_state" in snd:
+                for st in STREAM_STATES:
+                    sss.add_metric([name, st], 1 if st == snd["stream_state"] else 0)
+                slr.add_metric([name], snd.get("lag_rows", 0))
+                sbb.add_metric([name], snd.get("backlog_bytes", 0))
+                sdt.add_metric([name], 1 if snd.get("detached") else 0)
             if isinstance(snd.get("process"), dict):
                 sprs.add_metric([name], snd["process"].get("restarts", 0))
             srow.add_metric([name], snd["rows"])
@@ -177,7 +194,18 @@ class _Collector(Collector):
             sp.add_metric([name], 1 if snd.get("paused") else 0)
             for st in sorted(set(SENDER_STATES) | {snd["state"]}):
                 sst.add_metric([name, st], 1 if st == snd["state"] else 0)
-        yield from (srow, stx, sack, sackt, slg, serr, sret, sq, sqc, sp, sst, sprs)
+        yield from (srow, stx, sack, sackt, slg, serr, sret, sq, sqc, sp, sst, sprs, sss, slr, sbb, sdt)
+        st = s.get("stream")
+        if st:
+            yield GaugeMetricFamily("capturer_backlog_bytes", "bytes of the backlog on disk", value=st["backlog_bytes"])
+            yield GaugeMetricFamily("capturer_backlog_max_bytes", "backlogMaxMB in bytes (0: no backlog)",
+                                    value=st["backlog_max_bytes"])
+            yield GaugeMetricFamily("capturer_stream_memory_rows", "rows of the merged stream held in memory",
+                                    value=st["memory_rows"])
+            yield CounterMetricFamily("capturer_backlog_items_written", "items written to the backlog",
+                                      value=st["evicted_to_disk"])
+            yield CounterMetricFamily("capturer_stream_waits", "times the stream waited for the senders furthest "
+                                      "behind (memory full and no room in the backlog)", value=st["waits"])
 
 
 MAX_BODY = 64 * 1024
@@ -225,7 +253,7 @@ def host_allowed(header: str | None, extra: tuple[str, ...] = ()) -> bool:
 
 def is_control_path(path: str) -> bool:
     parts = path.strip("/").split("/")
-    if len(parts) == 3 and parts[0] == "senders" and parts[2] in ("pause", "resume"):
+    if len(parts) == 3 and parts[0] == "senders" and parts[2] in ("pause", "resume", "attach"):
         return True
     return path in ("/snapshot", "/filter/reload", "/stop")
 
@@ -317,7 +345,7 @@ class StatusServer:
                     return
                 if not is_control_path(path) or control is None:
                     self._json(404, {"error": "not found; control endpoints: POST /senders/<name>/pause, "
-                                              "/senders/<name>/resume, /filter/reload, /snapshot, /stop"})
+                                              "/senders/<name>/resume, /senders/<name>/attach, /filter/reload, /snapshot, /stop"})
                     return
                 if not token:
                     self._json(403, {"error": "control endpoints are off: set controlToken in [global] of the "

@@ -18,14 +18,10 @@ def make_region(cfg: AnyRegionConfig, ctx: RegionContext) -> Region:
 
         return WorkerRegion(cfg, ctx)
     if cfg.type in ("mysql", "mariadb"):
-        from capturer.errors import CheckpointError
         from capturer.model import Position
+        from capturer.regions.base import require_start_kind
 
-        if ctx.start is not None and not isinstance(ctx.start, Position):
-            raise CheckpointError(
-                f"checkpoint: regions.{cfg.name} is a {getattr(ctx.start, 'kind', '?')} position, but "
-                f"[region:{cfg.name}] is type={cfg.type}; remove that entry from the checkpoint to start this "
-                "region from its 'start' setting")
+        require_start_kind(ctx, cfg.name, cfg.type, Position)
         from capturer.regions.mysql.region import MySQLRegion
 
         return MySQLRegion(cfg, ctx)  # type: ignore[arg-type]

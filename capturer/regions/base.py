@@ -1,4 +1,8 @@
-"""What every region kind shares: its context, lifecycle and status."""
+"""What every region kind shares: its context, lifecycle and status; the clock
+set-up and heartbeats of kinds that number their own transactions; closing what
+an attempt or a run held; the row buffer that spills a big transaction to disk;
+and the journal keyed by position (``PositionJournal``, from ``journal.py``) a
+kind keeps next to the checkpoint."""
 
 from __future__ import annotations
 
@@ -10,9 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from capturer.errors import FatalSourceError, SourceError
-from capturer.model import AnyPosition, Item, Txn
-from capturer.regions.clock import LiftJournal
+from capturer.errors import CheckpointError, FatalSourceError, SourceError
+from capturer.model import AnyPosition, Heartbeat, Item, RowChange, Txn
+from capturer.model.spill import DEFAULT_CHUNK_ROWS, SpilledChanges, SpillWriter
+from capturer.regions.clock import LiftJournal, RegionClock
+from capturer.regions.journal import PositionJournal as PositionJournal  # (for the kinds: they import base)
 from capturer.util.bqueue import Closed, WeightedQueue
 
 log = logging.getLogger(__name__)
@@ -83,7 +89,14 @@ class Region:
 
     def _run(self) -> None:
         """Run attempts until stopped; retryable errors back off (0.5 s doubling to
-        30 s) and retry from the last position; anything else is fatal."""
+        30 s) and retry from the last position; anything else is fatal. After each
+        attempt ``_after_attempt``, when the thread ends ``_on_exit``."""
+        try:
+            self._attempts()
+        finally:
+            self._on_exit()
+
+    def _attempts(self) -> None:
         delay = 0.5
         while not self.ctx.stop.is_set():
             try:
@@ -117,8 +130,39 @@ class Region:
         weight = item.weight if isinstance(item, Txn) else 1
         self.ctx.out.put(item, weight, stop=self.ctx.stop)
 
+    def _deliver(self, txn: Txn) -> None:
+        """Emit a transaction and account for it: its position (when it has one)
+        becomes the region's, its commit_ts the last one sent, its rows counted."""
+        self._emit(txn)
+        if txn.position is not None:
+            self.position = txn.position
+        self.last_commit_ts = txn.commit_ts
+        self.txns += 1
+        self.rows += len(txn.changes)
+
+    def _promise(self, ts: int, position: AnyPosition | None, caught_up: bool = True) -> None:
+        """Emit a heartbeat: no later item of this region has a commit_ts at or below
+        ``ts``. ``position`` (when given) becomes the region's: the stream has passed
+        everything before it. ``caught_up``: the source has said it has nothing more
+        for now (the lag then reads 0 for a while)."""
+        if position is not None:
+            self.position = position
+        if caught_up:
+            self.caught_up_at = time.time()
+        self._emit(Heartbeat(self.name, ts, position))
+
+    def state_file(self, kind: str) -> Path | None:
+        """Where this region keeps a state file of its own: next to the checkpoint, as
+        ``<checkpoint>.<kind>.<region>``; None without a checkpoint path (state in memory only)."""
+        cp = self.ctx.state_path
+        return None if cp is None else cp.with_name(f"{cp.name}.{kind}.{self.name}")
+
     def _after_attempt(self) -> None:
-        """Release what one attempt held (connections)."""
+        """Release what one attempt held (connections: ``close_quietly``)."""
+
+    def _on_exit(self) -> None:
+        """Release what the region held for its whole run (clients, workers): called
+        once, when its thread ends, however it ends."""
 
     def _fail(self, exc: BaseException, text: str = "") -> None:
         self.error = exc
@@ -126,7 +170,8 @@ class Region:
         self.last_error = text or str(exc)
 
     def checkpointed(self, position: Any) -> None:
-        """The checkpoint now holds ``position`` for this region (state older than it may go)."""
+        """The checkpoint now holds ``position`` for this region (state older than it
+        may go: a kind prunes its ``PositionJournal`` here)."""
 
     def lag_seconds(self) -> float:
         now = time.time()
@@ -153,3 +198,105 @@ class Region:
             "decoded_library": getattr(self, "library_events", 0),
             "last_error": self.last_error,
         }
+
+
+class ClockedRegion(Region):
+    """A region that numbers its own transactions with a ``RegionClock``: source
+    times made strictly increasing, lifts above what was promised journaled in
+    ``ctx.journal``, so that a replay from the same position with the same floor
+    gives the same commit_ts. The clock starts at ``ctx.floor`` (the checkpoint's
+    commit_ts for the region) and never promises at or below ``ctx.promised`` (what
+    a capturer already passed on of a region an agent serves again)."""
+
+    def __init__(self, name: str, ctx: RegionContext):
+        super().__init__(name, ctx)
+        self.clock = RegionClock(name, ctx.floor, ctx.journal, ctx.promised)
+
+    def _alive(self, position: AnyPosition | None) -> None:
+        """A heartbeat that promises nothing new (the clock's newest ts): the region is
+        alive (the first item of an attempt), or its position moved past something
+        it passes nothing on of."""
+        self._promise(self.clock.last_emitted, position, caught_up=False)
+
+    def _clock_heartbeat(self, source_now_ms: int, position: AnyPosition | None) -> None:
+        """A heartbeat at the source's clock ``source_now_ms`` (already less the
+        heartbeat lag), never below what the region already sent: the source has
+        nothing more before ``position``."""
+        self._promise(self.clock.heartbeat(source_now_ms), position)
+
+
+def require_start_kind(ctx: RegionContext, name: str, region_type: str, kind: type,
+                       remedy: str = "remove that entry from the checkpoint to start this region from its "
+                                     "'start' setting") -> None:
+    """CheckpointError when the checkpoint holds a position for region ``name`` that
+    is not a ``kind`` (the region was configured as another type since)."""
+    if ctx.start is not None and not isinstance(ctx.start, kind):
+        raise CheckpointError(
+            f"checkpoint: regions.{name} is a {getattr(ctx.start, 'kind', '?')} position, but "
+            f"[region:{name}] is type={region_type}" + (f"; {remedy}" if remedy else ""))
+
+
+def close_quietly(*resources: Any) -> None:
+    """Close each resource that is not None (``finish()`` for a libpq connection,
+    else ``close()``), ignoring its errors: at the end of an attempt a broken
+    connection has nothing left to say."""
+    for r in resources:
+        if r is None:
+            continue
+        try:
+            r.finish() if hasattr(r, "finish") else r.close()
+        except Exception as exc:
+            log.debug("closing %r: %s", r, exc)
+
+
+class ChangeBuffer:
+    """The row changes of the transaction being read. Once they reach ``spill_rows``
+    (0 = never) they go to disk (``SpillWriter``, in ``spill_dir``) in chunks of
+    ``min(spill_rows, DEFAULT_CHUNK_ROWS)``; ``take`` hands over what was added, in
+    order, in memory or spilled, and empties the buffer."""
+
+    def __init__(self, spill_rows: int, spill_dir: str, where: str):
+        self.spill_rows = spill_rows
+        self.spill_dir = spill_dir or None
+        self.where = where
+        self.changes: list[RowChange] = []
+        self.spill: SpillWriter | None = None
+        self._limit = spill_rows
+
+    @property
+    def rows(self) -> int:
+        return len(self.changes) + (self.spill.rows if self.spill is not None else 0)
+
+    @property
+    def empty(self) -> bool:
+        return not self.changes and self.spill is None
+
+    def append(self, change: RowChange, txn: object) -> None:
+        """One change of transaction ``txn`` (named in the log line when it spills)."""
+        self.changes.append(change)
+        if self.spill_rows and len(self.changes) >= self._limit:
+            self._spill(txn)
+
+    def extend(self, changes: list[RowChange], txn: object) -> None:
+        self.changes.extend(changes)
+        if self.spill_rows and len(self.changes) >= self._limit:
+            self._spill(txn)
+
+    def _spill(self, txn: object) -> None:
+        if self.spill is None:
+            self.spill = SpillWriter(self.spill_dir, min(self.spill_rows, DEFAULT_CHUNK_ROWS))
+            self._limit = self.spill.chunk_rows
+            log.info("%s: transaction %s has more than %d rows: spilling it to disk", self.where, txn,
+                     self.spill_rows)
+        self.spill.add(self.changes)
+        self.changes = []
+
+    def take(self) -> tuple[tuple[RowChange, ...] | SpilledChanges, bool]:
+        """(the changes added since the last ``take``, whether they were spilled); then empty."""
+        spill, changes = self.spill, self.changes
+        self.spill, self.changes, self._limit = None, [], self.spill_rows
+        if spill is None:
+            return tuple(changes), False
+        if changes:
+            spill.add(changes)
+        return spill.finish(), True

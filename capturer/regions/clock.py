@@ -18,73 +18,56 @@ the journal and gives the lifted transaction the same commit_ts again.
 
 from __future__ import annotations
 
-import json
 import logging
-import threading
-from pathlib import Path
 from typing import Any
 
 from capturer.model import LsnPosition, Position, make_ts
-from capturer.util.durable import append_line, read_journal, rewrite_lines
+from capturer.regions.journal import PositionJournal
 
 log = logging.getLogger(__name__)
 
 
-class LiftJournal:
-    """Append-only JSONL of ``{region, file, pos, commit_ts}`` for lifted transactions."""
+class LiftJournal(PositionJournal[tuple[str, str, int], int]):
+    """``{region, file, pos, commit_ts}`` lines: the commit_ts of each lifted
+    transaction, by region and the position it ends at (``Position.lift_key``)."""
 
-    def __init__(self, path: Path | None):
-        self.path = path
-        self._lock = threading.Lock()
-        # (a torn last line after kill -9 is expected and skipped; anything else is an error)
-        self._entries: dict[tuple[str, str, int], int] = dict(read_journal(
-            path, lambda d: ((d["region"], d["file"], int(d["pos"])), int(d["commit_ts"])), "lift journal"))
+    what = "lift journal"
+
+    def parse(self, d: Any) -> tuple[tuple[str, str, int], int]:
+        return (d["region"], d["file"], int(d["pos"])), int(d["commit_ts"])
+
+    def dump(self, key: tuple[str, str, int], value: int) -> dict[str, Any]:
+        region, file, pos = key
+        return {"region": region, "file": file, "pos": pos, "commit_ts": value}
 
     def entries(self, region: str) -> list[tuple[str, int, int]]:
         """``(file, pos, commit_ts)`` of every lift kept for ``region``."""
-        with self._lock:
-            return [(f, p, ts) for (r, f, p), ts in self._entries.items() if r == region]
+        return [(f, p, ts) for (r, f, p), ts in self.items() if r == region]
 
     def get(self, region: str, pos: Position | LsnPosition) -> int:
-        return self._entries.get((region, *pos.lift_key()), 0)
+        """The commit_ts journaled for the transaction of ``region`` ending at ``pos``; 0 if none."""
+        return self.lookup((region, *pos.lift_key())) or 0
 
     def record(self, region: str, pos: Position | LsnPosition, commit_ts: int) -> None:
-        file, at = pos.lift_key()
-        key = (region, file, at)
-        with self._lock:
-            if self._entries.get(key) == commit_ts:
-                return
-            self._entries[key] = commit_ts
-            if self.path is None:
-                return
-            append_line(self.path, json.dumps(
-                {"region": region, "file": file, "pos": at, "commit_ts": commit_ts}))
+        """Journal a lift (fsync'd before it returns: the lifted transaction may then leave)."""
+        self.put((region, *pos.lift_key()), commit_ts)
 
     def prune(self, positions: dict[str, Any]) -> None:
         """Forget lifts at or before each (MySQL, PostgreSQL) region's checkpointed position."""
-        with self._lock:
-            mine = {r: p.lift_key() for r, p in positions.items() if isinstance(p, (Position, LsnPosition))}
-            keep = {
-                k: v
-                for k, v in self._entries.items()
-                if k[0] not in mine or (k[1], k[2]) > mine[k[0]]
-            }
-            if len(keep) == len(self._entries):
-                return
-            self._entries = keep
-            if self.path is None:
-                return
-            rewrite_lines(self.path, (json.dumps({"region": region, "file": file, "pos": pos, "commit_ts": ts})
-                                      for (region, file, pos), ts in keep.items()))
+        mine = {r: p.lift_key() for r, p in positions.items() if isinstance(p, (Position, LsnPosition))}
+        self.forget(lambda entries: [k for k in entries if k[0] in mine and (k[1], k[2]) <= mine[k[0]]])
 
 
 class RegionClock:
     """Assigns strictly increasing commit_ts for one region."""
 
-    def __init__(self, region: str, floor: int, journal: LiftJournal):
+    def __init__(self, region: str, floor: int, journal: LiftJournal, promised: int = 0):
+        """``floor``: every commit_ts is above it (the checkpoint's); ``promised``: a
+        heartbeat already passed on at this ts (a region an agent serves again), so
+        every later item is above it too."""
         self.region = region
         self.last_txn = floor
-        self.last_emitted = floor
+        self.last_emitted = max(floor, promised)
         self.journal = journal
         self.lifts = 0
 

@@ -359,17 +359,21 @@ def checkpoint_ts(cp: Path) -> int:
 
 
 def covers(cp: Path, sources: list[MariaDBInstance]) -> bool:
+    """Every sender acknowledged every change the sources have now (its own cut)."""
     try:
-        regions = json.loads(cp.read_text())["regions"]
-    except (OSError, ValueError, KeyError):
+        d = json.loads(cp.read_text())
+    except (OSError, ValueError):
         return False
+    cuts = [s["regions"] for s in d.get("senders", {}).values() if not s.get("detached")] or [d.get("regions", {})]
     for i, m in enumerate(sources):
-        pos = regions.get(f"r{i + 1}")
         try:
-            if pos is None or (pos["file"], pos["pos"]) < m.master_position():
-                return False
+            want = m.master_position()
         except pymysql.err.MySQLError:
             return False
+        for regions in cuts:
+            pos = regions.get(f"r{i + 1}")
+            if pos is None or (pos["file"], pos["pos"]) < want:
+                return False
     return True
 
 

@@ -390,3 +390,32 @@ def test_a_batch_in_a_senders_hands_is_on_disk_before_it_leaves_memory(tmp_path:
     assert slow2.got[:10] == [("r", ts) for ts in range(1, 11)]
     m2.stop()
     m2.join()
+
+
+def test_a_start_refuses_a_damaged_backlog_and_rebuild_backlog_reads_the_sources_again(tmp_path: Path) -> None:
+    """Through the composition root, as ``python -m capturer [--rebuild-backlog]`` builds it
+    (the constructor connects to nothing)."""
+    from capturer.app import Capturer, load_config
+    from capturer.pipeline.backlog import BacklogMark
+    from capturer.pipeline.checkpoint import SenderPosition
+
+    (tmp_path / "senderConfig.cfg").write_text(
+        f"[global]\ntype=local\n[local]\nfilepath={tmp_path / 'out.jsonl'}\n")
+    (tmp_path / "config.cfg").write_text(
+        f"[global]\nbinlogCheckPointPath={tmp_path / 'cp.json'}\nsenderConfig={tmp_path / 'senderConfig.cfg'}\n"
+        "filterRuleDict=\nhttpPort=0\n[region:r]\nhost=127.0.0.1\nport=1\nuser=u\nserver_id=5\n")
+    slow_cut = {"r": Position("bin.000001", 400)}
+    cp = Checkpoint(700, {"r": Position("bin.000001", 900)}, {"r": 900},
+                    {"local": SenderPosition(3, (400, "r", 0), 400, slow_cut, {"r": 400})},
+                    BacklogMark(9, "00000000000000000004.seg", 100))
+    save_checkpoint(tmp_path / "cp.json", cp)
+    cfg = load_config(tmp_path / "config.cfg")
+    with pytest.raises(BacklogError, match=r"cp.json.backlog.*segment .*00000000000000000004.seg is missing.*"
+                                           r"--rebuild-backlog"):
+        Capturer(cfg)
+    (tmp_path / "cp.json.backlog").mkdir()
+    (tmp_path / "cp.json.backlog" / "junk").write_text("x")
+    cap = Capturer(cfg, rebuild_backlog=True)
+    assert cap.regions[0].ctx.start == Position("bin.000001", 400)  # the sources again from the slowest sender
+    assert cap.manager.cursors["local"].next == 9 and cap.manager.cursors["local"].skip_key == (400, "r", 0)
+    assert list(tmp_path.glob("cp.json.backlog.broken-*"))

@@ -38,7 +38,8 @@ TOOLS_MAY_READ_CONFIG = {"senders/spark/lakecli.py": {"capturer.config"}}
 # the command line starts the demo (python -m capturer --demo)
 MAY_IMPORT_DEVTOOLS = {"capturer/__main__.py"}
 # what every region kind may use besides the shared layer and its own folder
-REGION_COMMON = ("capturer.regions.base", "capturer.regions.clock", "capturer.regions.ddl", "capturer.regions",
+REGION_COMMON = ("capturer.regions.base", "capturer.regions.clock", "capturer.regions.ddl", "capturer.regions.journal",
+                 "capturer.regions",
                  "capturer.config")  # its section of the config
 
 
@@ -154,4 +155,4 @@ def test_the_rules_see_imports() -> None:
     assert any(_in(m, "senders") for _, m in imports(ROOT / "capturer/app.py"))
     assert shared("capturer.model.encode") and shared("capturer.model.wire") and not shared("capturer.pipeline.merger")
     assert any(_in(m, "devtools") for _, m in imports(ROOT / "capturer/__main__.py"))
-    assert "capturer.regions.clock" in {m for _, m in imports(ROOT / "capturer/regions/mysql/region.py")}
+    assert "capturer.regions.base" in {m for _, m in imports(ROOT / "capturer/regions/mysql/region.py")}

@@ -17,6 +17,13 @@
     if (text !== undefined && text !== null) e.textContent = String(text);
     return e;
   }
+  function fmtBytes(n) {
+    if (!n) return "0";
+    var units = [["GB", 1073741824], ["MB", 1048576], ["KB", 1024]];
+    for (var i = 0; i < units.length; i++) if (n >= units[i][1]) return (n / units[i][1]).toFixed(1) + " " + units[i][0];
+    return n + " B";
+  }
+
   function fmtInt(n) { return n === null || n === undefined ? "–" : Math.round(n).toLocaleString("en-US"); }
   function fmtRate(n) { return n === null || n === undefined ? "–" : (n >= 100 ? fmtInt(n) : n.toFixed(1)); }
   function fmtSecs(s) {
@@ -137,9 +144,12 @@
     var control = d.control && d.control.enabled;
     names.forEach(function (n) {
       var s = d.senders[n], tr = rowFor(tbody, n, 11);
+      // where it stands in the stream: live, catching up (reading the backlog), paused, failing, detached;
       // "pausing": asked to pause, still finishing the batch in hand (the target may still be written)
-      var state = s.paused ? (s.state === "paused" ? "paused" : "pausing") : s.state;
-      tr.className = s.paused ? "paused" : ((s.state === "retrying" || s.state === "failed") ? "failing" : "");
+      var state = s.stream_state || s.state;
+      if (s.paused && s.state !== "paused") state = "pausing";
+      tr.className = s.paused ? "paused" : ((s.stream_state === "failing" || s.stream_state === "detached" ||
+        s.state === "retrying" || s.state === "failed") ? "failing" : "");
       cell(tr, 0, "c-name", n);
       badge(tr, 1, "c-state", state);
       if (s.paused && s.paused_since) tr.children[1].appendChild(el("div", "muted", "since " + new Date(s.paused_since * 1000).toLocaleTimeString()));
@@ -151,11 +161,15 @@
       cell(tr, 4, "c-rows num", fmtInt(s.rows));
       var acked = cell(tr, 5, "c-acked", fmtTs(s.acked_ts));
       acked.appendChild(el("div", "muted", ago(s.acked_ts, d.now)));
-      var q = cell(tr, 6, "c-queue num", fmtInt(s.queue_rows));
+      // how far behind the stream's head: rows, and the backlog on disk kept for it
+      var behind = s.lag_rows !== undefined ? s.lag_rows : s.queue_rows;
+      var q = cell(tr, 6, "c-queue num", fmtInt(behind));
+      if (s.backlog_bytes) q.appendChild(el("div", "muted", fmtBytes(s.backlog_bytes) + " on disk"));
       if (s.queue_capacity_rows) {
         var bar = el("div", "bar"), fill = el("div");
-        fill.style.width = Math.min(100, (100 * s.queue_rows) / s.queue_capacity_rows).toFixed(0) + "%";
-        bar.title = fmtInt(s.queue_rows) + " of " + fmtInt(s.queue_capacity_rows) + " rows";
+        fill.style.width = Math.min(100, (100 * behind) / s.queue_capacity_rows).toFixed(0) + "%";
+        bar.title = fmtInt(behind) + " rows behind; " + fmtInt(s.queue_capacity_rows) + " rows are kept in memory, " +
+          "the rest waits for it in the backlog on disk";
         bar.appendChild(fill);
         q.appendChild(bar);
       }
@@ -171,12 +185,15 @@
         b.dataset.sender = n;
         td.appendChild(b);
       }
-      var label = s.paused ? "Resume" : "Pause";
+      var verb = s.detached ? "attach" : (s.paused ? "resume" : "pause");
+      var label = verb.charAt(0).toUpperCase() + verb.slice(1);
       if (b.textContent !== label) b.textContent = label;
-      b.dataset.verb = s.paused ? "resume" : "pause";
+      b.dataset.verb = verb;
       b.disabled = !control || d.stopping;
-      b.title = control ? (s.paused ? "go on sending" : "stop sending after the batch in hand; the checkpoint waits")
-        : "control endpoints are off: set controlToken in [global] of the config";
+      b.title = !control ? "control endpoints are off: set controlToken in [global] of the config"
+        : verb === "attach" ? "go on from the stream's head (then copy its tables again with a snapshot)"
+        : verb === "resume" ? "go on sending (it reads what it missed from the backlog)"
+        : "stop sending after the batch in hand; the other senders go on";
     });
     prune(tbody, names);
   }
@@ -252,9 +269,7 @@
     var m = d.merger || {};
     $("watermark").textContent = m.watermark ? fmtTs(m.watermark) : "not every region has reported yet";
     var held = (m.waiting_for || []).map(function (r) { return "region " + r; })
-      .concat((m.full_senders || []).map(function (s) { return "sender " + s + " (queue full)"; }))
-      .concat(Object.keys(d.senders).filter(function (s) { return d.senders[s].paused; })
-        .map(function (s) { return "sender " + s + " (paused: the checkpoint waits)"; }));
+      .concat((m.full_senders || []).map(function (s) { return "sender " + s + " (backlog full)"; }));
     $("held").textContent = held.length ? held.join(", ") : "nothing";
     $("dispatched").textContent = fmtInt(m.dispatched_rows) + " rows in " + fmtInt(m.dispatched_txns) + " transactions handed out";
     var f = d.filter || {};

@@ -39,25 +39,22 @@ and the position names it (``epoch``), so a restart decodes as before the crash.
 from __future__ import annotations
 
 import collections
-import json
 import logging
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from capturer.errors import CheckpointError, FatalSourceError, SourceError
-from capturer.model import Ddl, Heartbeat, RowChange, TsPosition, Txn, protogen
+from capturer.errors import FatalSourceError, SourceError
+from capturer.model import Ddl, RowChange, TsPosition, Txn, protogen
 from capturer.model.encode import qualified, quote_ident
 from capturer.model.spill import DEFAULT_CHUNK_ROWS, SpillWriter
 from capturer.regions.baikaldb.client import BinlogPurged, MetaClient, PeerFailure, StoreClient, StoreRegionInfo
 from capturer.regions.baikaldb.rows import Entry, RowDecodeError, RowPlan, UnpairedUpdate, mutation_changes, parse_entry
 from capturer.regions.baikaldb.schema import TableDef, alter_table_sql, create_table_sql, linked_binlog_tables
 from capturer.regions.baikaldb.tso import describe, from_unix_ms, to_commit_ts, unix_ms, unix_seconds
-from capturer.regions.base import Region, RegionContext
+from capturer.regions.base import PositionJournal, Region, RegionContext, require_start_kind
 from capturer.util.bqueue import Closed, WeightedQueue
-from capturer.util.durable import append_line, read_journal, rewrite_lines
 
 log = logging.getLogger(__name__)
 
@@ -80,65 +77,51 @@ class Epoch:
     first: bool = False
 
 
-class SchemaJournal:
+class SchemaJournal(PositionJournal[int, Epoch]):
     """``epoch -> Epoch``: the schemas in effect at each position of this region
-    (JSON lines, fsync'd before any item names the epoch). A switch is journaled
-    before its DDL leaves, with where it applies, so that a restart from before
-    it makes the same switch at the same point with the same statements."""
+    (the position names its epoch; a line is fsync'd before any item names the
+    epoch). A switch is journaled before its DDL leaves, with where it applies, so
+    that a restart from before it makes the same switch at the same point with the
+    same statements. Epochs are written in increasing order."""
 
-    def __init__(self, path: Path | None):
-        self.path = path
-        self.lock = threading.Lock()  # the region appends while the app's checkpoint prunes
-        # (a torn last line after kill -9 is skipped: no position refers to its epoch)
-        self.epochs: dict[int, Epoch] = dict(read_journal(path, self._parse, "schema journal"))
+    what = "schema journal"
 
-    @staticmethod
-    def _parse(d: Any) -> tuple[int, Epoch]:
+    def parse(self, d: Any) -> tuple[int, Epoch]:
         tables = {int(k): TableDef.from_json(v) for k, v in d["tables"].items()}
         f, a = d.get("from_ts"), d.get("at_ts")
         return int(d["epoch"]), Epoch(tables, None if f is None else int(f), None if a is None else int(a),
                                       bool(d.get("first")))
 
+    def dump(self, key: int, value: Epoch) -> dict[str, Any]:
+        d: dict[str, Any] = {"epoch": key, "tables": {str(k): v.to_json() for k, v in value.tables.items()}}
+        if value.from_ts is not None:
+            d["from_ts"] = value.from_ts
+        if value.at_ts is not None:
+            d["at_ts"] = value.at_ts
+        if value.first:
+            d["first"] = True
+        return d
+
+    def epoch(self, epoch: int) -> Epoch | None:
+        return self.lookup(epoch)
+
     def next_epoch(self) -> int:
-        with self.lock:
-            return max(self.epochs, default=0) + 1
+        return max((e for e, _ in self.items()), default=0) + 1
 
     def write(self, epoch: int, ep: Epoch) -> None:
-        with self.lock:
-            if self.path is not None:
-                append_line(self.path, self._line(epoch, ep))
-            self.epochs[epoch] = ep
-
-    @staticmethod
-    def _line(epoch: int, ep: Epoch) -> str:
-        d: dict[str, Any] = {"epoch": epoch, "tables": {str(k): v.to_json() for k, v in ep.tables.items()}}
-        if ep.from_ts is not None:
-            d["from_ts"] = ep.from_ts
-        if ep.at_ts is not None:
-            d["at_ts"] = ep.at_ts
-        if ep.first:
-            d["first"] = True
-        return json.dumps(d)
+        self.put(epoch, ep)
 
     def scheduled_after(self, epoch: int, ts: int) -> list[tuple[int, Epoch]]:
         """Switches journaled after ``epoch`` that apply at or after ``ts``, in order."""
-        with self.lock:
-            return sorted((e, ep) for e, ep in self.epochs.items()
-                          if e > epoch and ep.from_ts is not None and ep.from_ts >= ts and not ep.first)
+        return sorted((e, ep) for e, ep in self.items()
+                      if e > epoch and ep.from_ts is not None and ep.from_ts >= ts and not ep.first)
 
     def first_start(self) -> tuple[int, Epoch] | None:
-        with self.lock:
-            return next(((e, ep) for e, ep in sorted(self.epochs.items()) if ep.first), None)
+        return next(((e, ep) for e, ep in sorted(self.items(), key=lambda x: x[0]) if ep.first), None)
 
     def prune(self, keep_from: int) -> None:
-        with self.lock:
-            old = [e for e in self.epochs if e < keep_from]
-            if not old:
-                return
-            for e in old:
-                del self.epochs[e]
-            if self.path is not None:
-                rewrite_lines(self.path, [self._line(e, t) for e, t in sorted(self.epochs.items())])
+        """Forget the epochs before ``keep_from`` (the checkpoint's)."""
+        self.forget(lambda epochs: [e for e in epochs if e < keep_from])
 
 
 @dataclass
@@ -174,19 +157,12 @@ class Prepared:
 class BaikalRegion(Region):
     def __init__(self, cfg: Any, ctx: RegionContext):
         super().__init__(cfg.name, ctx)
-        if ctx.start is not None and not isinstance(ctx.start, TsPosition):
-            raise CheckpointError(
-                f"checkpoint: regions.{cfg.name} is a {getattr(ctx.start, 'kind', '?')} position, but "
-                f"[region:{cfg.name}] is type=baikaldb; remove that entry from the checkpoint to start this "
-                "region from its 'start' setting")
+        require_start_kind(ctx, cfg.name, "baikaldb", TsPosition)
         self.cfg = cfg
         self.where = f"region {cfg.name} (BaikalDB binlog table {cfg.binlogTableID})"
         self.pb = protogen.load("baikaldb")
         self.meta = MetaClient(list(cfg.metaServer), cfg.connect_timeout, cfg.request_timeout, self.where)
-        jpath = None
-        if ctx.state_path is not None:
-            jpath = ctx.state_path.with_name(f"{ctx.state_path.name}.baikaldb.{cfg.name}")
-        self.journal = SchemaJournal(jpath)
+        self.journal = SchemaJournal(self.state_file("baikaldb"))
         self.tables: dict[int, TableDef] = {}
         self.plans: dict[int, RowPlan] = {}
         # newer versions the meta showed, not switched to yet, with a TSO taken after they were read
@@ -221,11 +197,8 @@ class BaikalRegion(Region):
         self._discover()
         self._stream()
 
-    def _run(self) -> None:
-        try:
-            super()._run()
-        finally:
-            self.meta.close()
+    def _on_exit(self) -> None:
+        self.meta.close()
 
     def checkpointed(self, position: Any) -> None:
         if isinstance(position, TsPosition) and position.epoch:
@@ -304,7 +277,7 @@ class BaikalRegion(Region):
                     self._note_versions(defs, self._now_tso())
                     self.plans = {tid: RowPlan(d) for tid, d in self.tables.items()}
                     return
-            known = self.journal.epochs.get(pos.epoch)
+            known = self.journal.epoch(pos.epoch)
             if known is None:
                 if pos.epoch:
                     log.warning("%s: the schema journal has no epoch %d; decoding with the current schemas",
@@ -431,7 +404,7 @@ class BaikalRegion(Region):
         log.info("%s: reading %d binlog region(s) of %s (%d partition(s)) from TSO %s", self.where,
                  len(self.stores), self.binlog_table, self.partitions, describe(resume))
         # a first heartbeat at the resume point: this region is alive
-        self._emit(Heartbeat(self.name, to_commit_ts(resume), self._position(resume)))
+        self._promise(to_commit_ts(resume), self._position(resume), caught_up=False)
         try:
             while not self.ctx.stop.is_set():
                 wake.wait(0.1)
@@ -678,9 +651,7 @@ class BaikalRegion(Region):
         if h > self.last_emitted:
             self._switch_at_heartbeat(h)
             self.last_emitted = h
-            self.position = self._position(h)
-            self.caught_up_at = time.time()
-            self._emit(Heartbeat(self.name, to_commit_ts(h), self.position))
+            self._promise(to_commit_ts(h), self._position(h))
 
     def _due(self, ts: int) -> dict[int, tuple[TableDef | None, TableDef]]:
         return {tid: (self.tables.get(tid), d) for tid, (d, obs) in self.pending.items() if ts > obs}
@@ -902,12 +873,8 @@ class BaikalRegion(Region):
         if hasattr(p.changes, "memory_rows"):
             self.spilled_txns += 1
         txn = Txn(self.name, to_commit_ts(p.ts), pos, p.changes, None, unix_seconds(p.ts), f"txn-{p.txn_id}")
-        self._emit(txn)
+        self._deliver(txn)
         self.last_emitted = p.ts
-        self.position = pos
-        self.last_commit_ts = txn.commit_ts
-        self.txns += 1
-        self.rows += len(p.changes)
 
     # --- status -------------------------------------------------------------
     def lag_seconds(self) -> float:

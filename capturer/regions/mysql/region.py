@@ -39,7 +39,6 @@ from capturer.errors import FatalSourceError, SourceError
 from capturer.model import (
     ColumnInfo,
     Ddl,
-    Heartbeat,
     Position,
     RowChange,
     TableProgress,
@@ -48,8 +47,7 @@ from capturer.model import (
     ts_physical_ms,
 )
 from capturer.model.encode import qualified, quote_ident
-from capturer.model.spill import DEFAULT_CHUNK_ROWS, SpillWriter
-from capturer.regions.base import Region, RegionContext
+from capturer.regions.base import ChangeBuffer, ClockedRegion, RegionContext, close_quietly
 from capturer.regions.clock import RegionClock
 from capturer.regions.ddl import ddl_target, is_data_ddl, is_ignorable
 from capturer.regions.mysql import tablemap
@@ -108,25 +106,25 @@ def check_server(variables: dict[str, str], where: str) -> None:
 
 
 class TxnAssembler:
-    """The transaction being read: its GTID and row changes, moved to disk in chunks
-    once it grows past ``spill_rows`` (0 = never). ``open`` is true between its first
-    event and its end (a heartbeat then is not at a transaction boundary)."""
+    """The transaction being read: its GTID and row changes (a ``ChangeBuffer``:
+    moved to disk in chunks once it grows past ``spill_rows``, 0 = never). ``open``
+    is true between its first event and its end (a heartbeat then is not at a
+    transaction boundary)."""
 
     def __init__(self, spill_rows: int, spill_dir: str, where: str):
         self.spill_rows = spill_rows
-        self.spill_dir = spill_dir or None
+        self.spill_dir = spill_dir
         self.where = where
         self._reset()
 
     def _reset(self) -> None:
         self.gtid = ""
-        self.changes: list[RowChange] = []
-        self.spill: SpillWriter | None = None
+        self.buf = ChangeBuffer(self.spill_rows, self.spill_dir, self.where)
         self.open = False
 
     @property
     def rows(self) -> int:
-        return len(self.changes) + (self.spill.rows if self.spill is not None else 0)
+        return self.buf.rows
 
     def begin(self, gtid: str) -> None:
         """A GTID event: a new transaction (anything unfinished before it is dropped)."""
@@ -135,20 +133,15 @@ class TxnAssembler:
         self.open = True
 
     def add(self, changes: list[RowChange], at: str) -> None:
+        """Changes read at ``at`` (named in the log line if the transaction spills)."""
         self.open = True
-        self.changes.extend(changes)
-        limit = self.spill.chunk_rows if self.spill is not None else self.spill_rows
-        if self.spill_rows and len(self.changes) >= limit:
-            if self.spill is None:
-                self.spill = SpillWriter(self.spill_dir, min(self.spill_rows, DEFAULT_CHUNK_ROWS))
-                log.info("%s: transaction at %s has more than %d rows: spilling it to disk", self.where, at,
-                         self.spill_rows)
-            self.spill.add(self.changes)
-            self.changes = []
+        self.buf.extend(changes, at)
 
-    def finish(self) -> tuple[str, list[RowChange], None, SpillWriter | None]:
-        """(gtid, changes in memory, no DDL, the spill) of the transaction that ends; then empty."""
-        out = (self.gtid, self.changes, None, self.spill)
+    def finish(self) -> tuple[str, Any, None, bool]:
+        """(gtid, its changes: in memory or spilled, no DDL, whether they were spilled)
+        of the transaction that ends; then empty."""
+        rows, spilled = self.buf.take()
+        out = (self.gtid, rows, None, spilled)
         self._reset()
         return out
 
@@ -159,17 +152,16 @@ class TxnAssembler:
         return gtid
 
 
-class MySQLRegion(Region):
+class MySQLRegion(ClockedRegion):
     # always a binlog position: make_region refuses a checkpoint's position of another kind
     position: Position | None
+    # (set up by ClockedRegion) the snapshot's items take their commit_ts from it too: extra(), next()
+    clock: RegionClock
 
     def __init__(self, cfg: RegionConfig, ctx: RegionContext):
         super().__init__(cfg.name, ctx)
         self.cfg = cfg
         self.where = f"region {cfg.name} ({cfg.host}:{cfg.port})"
-        self.clock = RegionClock(cfg.name, ctx.floor, ctx.journal)
-        # a region an agent serves again: nothing at or below what the capturer already passed on
-        self.clock.last_emitted = max(self.clock.last_emitted, ctx.promised)
         self._clock_offset_ms = 0.0
         self._schemas: dict[tuple[str, str, tuple[str, ...]], TableSchema] = {}
         self._ukeys: dict[tuple[str, str], tuple[tuple[str, ...], tuple[tuple[str, ...], ...]]] = {}
@@ -357,12 +349,13 @@ class MySQLRegion(Region):
     # --- the loop -----------------------------------------------------------
     RETRYABLE = (SourceError, pymysql.err.MySQLError, OSError, EOFError, struct.error)
 
-    def _run(self) -> None:
-        try:
-            super()._run()
-        finally:
-            if self.snapshotter is not None:
-                self.snapshotter.close()
+    def _on_exit(self) -> None:
+        if self.snapshotter is not None:
+            self.snapshotter.close()
+
+    def _after_attempt(self) -> None:
+        close_quietly(self._meta)  # (opened on demand for table keys)
+        self._meta = None
 
     def _connect_and_stream(self) -> None:
         start = self._prepare()
@@ -390,9 +383,7 @@ class MySQLRegion(Region):
             if here is not None and (self.position is None or (here.file, here.pos) > (self.position.file,
                                                                                        self.position.pos)):
                 self.position = Position(here.file, here.pos, here.gtid, self.snap_progress)
-            ts = self.clock.heartbeat(now_ms)
-            self.caught_up_at = time.time()
-            self._emit(Heartbeat(self.name, ts, self.position))
+            self._clock_heartbeat(now_ms, self.position)
             self._lock.notify_all()
 
     def status(self) -> dict[str, Any]:
@@ -842,7 +833,7 @@ class MySQLRegion(Region):
         log.info("%s: reading from %s", self.where, start)
         # a first heartbeat at the floor tells the merger this region is alive
         with self._lock:
-            self._emit(Heartbeat(self.name, self.clock.last_emitted, self.position))
+            self._alive(self.position)
         txn = TxnAssembler(self.ctx.spill_rows, self.ctx.spill_dir, self.where)
         try:
             for ev in stream:
@@ -860,7 +851,7 @@ class MySQLRegion(Region):
                 if isinstance(ev, (MariadbGtidEvent, GtidEvent)):
                     txn.begin(str(getattr(ev, "gtid", "")))
                 elif isinstance(ev, (WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent)):
-                    txn.add(self._changes(ev, self._schema(ev)), f"{stream.log_file}:{stream.log_pos}")
+                    txn.add(self._changes(ev, self._schema(ev)), f"at {stream.log_file}:{stream.log_pos}")
                 elif isinstance(ev, XidEvent):
                     self._commit(stream, ev.timestamp, *txn.finish())
                 elif isinstance(ev, QueryEvent):
@@ -883,21 +874,15 @@ class MySQLRegion(Region):
                         # position moves on (an empty transaction)
                         log.debug("%s: not passing on %r", self.where, q[:80])
                         gtid = txn.finish_empty()
-                        self._commit(stream, ev.timestamp, gtid, [], None)
+                        self._commit(stream, ev.timestamp, gtid, (), None)
                     else:
                         schema_db = ev.schema.decode("utf-8", "replace") if isinstance(ev.schema, bytes) else str(ev.schema or "")
                         db, table = ddl_target(q, schema_db)
                         self._forget(db, table, q)
                         gtid = txn.finish_empty()
-                        self._commit(stream, ev.timestamp, gtid, [], Ddl(db, q, table, schema_db))
+                        self._commit(stream, ev.timestamp, gtid, (), Ddl(db, q, table, schema_db))
         finally:
             stream.close()
-            if self._meta is not None:
-                try:
-                    self._meta.close()
-                except Exception:
-                    pass
-                self._meta = None
 
     def _changes(self, ev: Any, schema: TableSchema) -> list[RowChange]:
         """Row changes of a rows event: the fast decoder where it can, else the library."""
@@ -924,14 +909,9 @@ class MySQLRegion(Region):
                 for r in ev.rows]
 
     def _commit(self, stream: BinLogStreamReader, source_ts: int, gtid: str,
-                changes: list[RowChange], ddl: Ddl | None, spill: SpillWriter | None = None) -> None:
-        rows: Any
-        if spill is None:
-            rows = tuple(changes)
-        else:
-            if changes:
-                spill.add(changes)
-            rows = spill.finish()
+                rows: Any, ddl: Ddl | None, spilled: bool = False) -> None:
+        """The transaction that ends here leaves, with ``rows`` (a tuple, or spilled)."""
+        if spilled:
             self.spilled_txns += 1
         with self._lock:
             self._apply_requests()
@@ -943,11 +923,7 @@ class MySQLRegion(Region):
                 self._note_ddl(ddl, pos)
             elif self.recorders:
                 self._record(txn, pos)
-            self._emit(txn)
-            self.position = pos
-            self.last_commit_ts = ts
-            self.txns += 1
-            self.rows += len(rows)
+            self._deliver(txn)
             self._lock.notify_all()
 
     def _note_ddl(self, d: Ddl, pos: Position) -> None:

@@ -41,26 +41,28 @@ How it reads:
 
 from __future__ import annotations
 
-import json
 import logging
 import select
 import struct
-import threading
 import time
 import zlib
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from capturer.errors import CheckpointError, FatalSourceError, SourceError
-from capturer.model import Ddl, Heartbeat, LsnPosition, RowChange, TableSchema, Txn, format_lsn, make_ts, parse_lsn
+from capturer.errors import FatalSourceError, SourceError
+from capturer.model import Ddl, LsnPosition, RowChange, TableSchema, Txn, format_lsn, make_ts, parse_lsn
 from capturer.model.encode import qualified, quote_ident
-from capturer.model.spill import SpillWriter
-from capturer.regions.base import Region, RegionContext
-from capturer.regions.clock import RegionClock
+from capturer.regions.base import (
+    ChangeBuffer,
+    ClockedRegion,
+    PositionJournal,
+    RegionContext,
+    close_quietly,
+    require_start_kind,
+)
 from capturer.regions.postgresql import pgoutput as po
 from capturer.regions.postgresql.types import PgType, Unrepresentable, pg_time_to_unix_us, pg_type
-from capturer.util.durable import append_line, read_journal, rewrite_lines
 
 log = logging.getLogger(__name__)
 
@@ -132,47 +134,43 @@ class RelDef:
                    tuple(d.get("pk", ())), tuple(tuple(u) for u in d.get("unique_keys", ())))
 
 
-class RelationJournal:
-    """The table definitions the region sent downstream, each with the LSN from
-    which it applies (the end LSN of the transaction that first used it). JSON
-    lines, fsync'd before the DDL leaves; a restart at LSN L starts from the
-    newest definition of each table at or before L."""
+class RelationJournal(PositionJournal[tuple[int, int], RelDef]):
+    """The table definitions the region sent downstream, keyed by the LSN from
+    which each applies (the end LSN of the transaction that first used it) and the
+    table's relid: ``{lsn, rel}`` lines, fsync'd before the DDL leaves; a restart at
+    LSN L starts from the newest definition of each table at or before L."""
 
-    def __init__(self, path: Path | None):
-        self.path = path
-        self.lock = threading.Lock()
-        # (a last line torn by kill -9 is skipped: its DDL never left)
-        self.entries: list[tuple[int, RelDef]] = read_journal(
-            path, lambda d: (parse_lsn(d["lsn"]), RelDef.from_json(d["rel"])), "relation journal")
+    what = "relation journal"
 
-    def state_at(self, lsn: int) -> dict[int, RelDef]:
-        out: dict[int, RelDef] = {}
-        with self.lock:
-            for at, rel in sorted(self.entries, key=lambda e: e[0]):  # (stable: the later line wins a tie)
-                if at <= lsn:
-                    out[rel.relid] = rel
+    def parse(self, d: Any) -> tuple[tuple[int, int], RelDef]:
+        rel = RelDef.from_json(d["rel"])
+        return (parse_lsn(d["lsn"]), rel.relid), rel
+
+    def dump(self, key: tuple[int, int], value: RelDef) -> dict[str, Any]:
+        return {"lsn": format_lsn(key[0]), "rel": value.to_json()}
+
+    @staticmethod
+    def _newest(entries: Iterable[tuple[tuple[int, int], RelDef]], lsn: int) -> dict[int, tuple[int, int]]:
+        """relid -> the key of its newest definition at or before ``lsn``."""
+        out: dict[int, tuple[int, int]] = {}
+        for key, _ in sorted(entries, key=lambda e: e[0][0]):  # (stable: the later line wins a tie)
+            if key[0] <= lsn:
+                out[key[1]] = key
         return out
 
+    def state_at(self, lsn: int) -> dict[int, RelDef]:
+        entries = dict(self.items())
+        return {relid: entries[key] for relid, key in self._newest(entries.items(), lsn).items()}
+
     def record(self, lsn: int, rel: RelDef) -> None:
-        with self.lock:
-            if self.path is not None:
-                append_line(self.path, json.dumps({"lsn": format_lsn(lsn), "rel": rel.to_json()}))
-            self.entries.append((lsn, rel))
+        self.put((lsn, rel.relid), rel)
 
     def prune(self, lsn: int) -> None:
         """Keep the newest definition of each table at or before ``lsn`` and everything after it."""
-        with self.lock:
-            base = {}
-            for at, rel in sorted(self.entries, key=lambda e: e[0]):
-                if at <= lsn:
-                    base[rel.relid] = (at, rel)
-            keep = sorted(base.values(), key=lambda e: e[0]) + [e for e in self.entries if e[0] > lsn]
-            if len(keep) == len(self.entries):
-                return
-            self.entries = keep
-            if self.path is not None:
-                rewrite_lines(self.path, (json.dumps({"lsn": format_lsn(at), "rel": rel.to_json()})
-                                          for at, rel in keep))
+        def stale(entries: Mapping[tuple[int, int], RelDef]) -> list[tuple[int, int]]:
+            keep = set(self._newest(entries.items(), lsn).values())
+            return [k for k in entries if k[0] <= lsn and k not in keep]
+        self.forget(stale)
 
 
 def _column_sql(c: po.Column, t: PgType, keys: set[str], pk: tuple[str, ...]) -> str:
@@ -254,17 +252,12 @@ def ddl_for(old: RelDef | None, new: RelDef, defaults: dict[str, str] | None = N
     return out
 
 
-class PostgresRegion(Region):
+class PostgresRegion(ClockedRegion):
     def __init__(self, cfg: Any, ctx: RegionContext):
         super().__init__(cfg.name, ctx)
         self.cfg = cfg
         self.where = f"region {cfg.name} (postgresql {cfg.host}:{cfg.port}/{cfg.dbname}, slot {cfg.slot})"
-        self.clock = RegionClock(cfg.name, ctx.floor, ctx.journal)
-        self.clock.last_emitted = max(self.clock.last_emitted, ctx.promised)
-        jpath = None
-        if ctx.state_path is not None:
-            jpath = ctx.state_path.with_name(f"{ctx.state_path.name}.postgresql.{cfg.name}")
-        self.relations = RelationJournal(jpath)
+        self.relations = RelationJournal(self.state_file("postgresql"))
         self.confirmed = 0  # the LSN the slot may be confirmed to (the checkpoint's)
         self.slot_confirmed = ""  # what the server said at connect
         self.unrepresentable = 0
@@ -320,12 +313,7 @@ class PostgresRegion(Region):
             raise SourceError(f"{self.where}: cannot connect: {str(exc).strip()}") from None
 
     def _after_attempt(self) -> None:
-        for c in (self._repl, self._side):
-            try:
-                if c is not None:
-                    c.finish() if hasattr(c, "finish") else c.close()
-            except Exception:
-                pass
+        close_quietly(self._repl, self._side)
         self._repl = self._side = None
 
     # --- setup ------------------------------------------------------------------
@@ -357,10 +345,9 @@ class PostgresRegion(Region):
         rows = self._query("SELECT plugin, database, confirmed_flush_lsn::text, wal_status FROM pg_replication_slots "
                            "WHERE slot_name = %s", (slot,))
         # a retry resumes where this process got to (the checkpoint's position only at first)
+        require_start_kind(self.ctx, self.name, "postgresql", LsnPosition, remedy="")
         start = self.position if isinstance(self.position, LsnPosition) else self.ctx.start
-        if start is not None and not isinstance(start, LsnPosition):
-            raise CheckpointError(f"checkpoint: regions.{self.name} is a {getattr(start, 'kind', '?')} position, "
-                                  f"but [region:{self.name}] is type=postgresql")
+        assert start is None or isinstance(start, LsnPosition)
         if not rows:
             if start is not None:
                 raise FatalSourceError(
@@ -481,7 +468,7 @@ class PostgresRegion(Region):
         sent_confirmed = self.confirmed
         sock = conn.socket
         self.state = "streaming"
-        self._emit(Heartbeat(self.name, self.clock.last_emitted, self.position))
+        self._alive(self.position)
         while not self.ctx.stop.is_set():
             nbytes, data = conn.get_copy_data(1)
             if nbytes == 0:
@@ -591,10 +578,8 @@ class PostgresRegion(Region):
     def _heartbeat(self, clock_ms: int, observed: int) -> None:
         if self.position is None or observed > self.position.lsn:  # type: ignore[union-attr]
             self.position = LsnPosition(observed)
-        ts = self.clock.heartbeat(clock_ms - self.cfg.heartbeat_lag_ms)
         self.last_source_time = max(self.last_source_time, clock_ms / 1000.0)
-        self.caught_up_at = time.time()
-        self._emit(Heartbeat(self.name, ts, self.position))
+        self._clock_heartbeat(clock_ms - self.cfg.heartbeat_lag_ms, self.position)
 
     def _commit(self, b: _TxnBuilder, c: po.Commit) -> None:
         parts = b.finish()
@@ -604,8 +589,7 @@ class PostgresRegion(Region):
         for lsn_rel in b.new_relations:
             self.relations.record(c.end_lsn, lsn_rel)
         if not parts:  # nothing selected: the position moves on, behind a heartbeat
-            self.position = end
-            self._emit(Heartbeat(self.name, self.clock.last_emitted, end))
+            self._alive(end)
         for i, part in enumerate(parts):
             last = i == len(parts) - 1
             ts = self.clock.commit(int(source_s), end, commit_tso(c.commit_time)) if i == 0 else self.clock.next()
@@ -763,19 +747,15 @@ class _TxnBuilder:
         self.r = region
         self.begin = begin
         self.parts: list[Any] = []
-        self.changes: list[RowChange] = []
-        self.spill: SpillWriter | None = None
+        self.changes = ChangeBuffer(region.ctx.spill_rows, region.ctx.spill_dir, region.where)
         self.new_relations: list[RelDef] = []
 
     def _cut(self) -> None:
-        if self.spill is not None:
-            if self.changes:
-                self.spill.add(self.changes)
-            self.parts.append(self.spill.finish())
-            self.r.spilled_txns += 1
-        elif self.changes:
-            self.parts.append(tuple(self.changes))
-        self.changes, self.spill = [], None
+        if not self.changes.empty:
+            rows, spilled = self.changes.take()
+            self.parts.append(rows)
+            if spilled:
+                self.r.spilled_txns += 1
 
     def _ddl(self, stmts: list[tuple[str, str, str]]) -> None:
         if not stmts:
@@ -824,18 +804,7 @@ class _TxnBuilder:
                 r.fill_toast(rel, after, unchanged, m.new)
             before = old if old is not None else {k: after[k] for k in rel.pk if k in after}
             ch = RowChange(rel.schema, "update", before, after)
-        self.changes.append(ch)
-        rows = len(self.changes)
-        spill_rows = r.ctx.spill_rows
-        if spill_rows and rows >= (self.spill.chunk_rows if self.spill is not None else spill_rows):
-            if self.spill is None:
-                from capturer.model.spill import DEFAULT_CHUNK_ROWS
-
-                self.spill = SpillWriter(r.ctx.spill_dir or None, min(spill_rows, DEFAULT_CHUNK_ROWS))
-                log.info("%s: transaction %d has more than %d rows: spilling it to disk", r.where, self.begin.xid,
-                         spill_rows)
-            self.spill.add(self.changes)
-            self.changes = []
+        self.changes.append(ch, self.begin.xid)
 
     def finish(self) -> list[Any]:
         self._cut()

@@ -5,7 +5,7 @@ The capturer stays the only keeper of durable state. Each connection subscribes
 with what this region already passed on: the position of its last item, the
 commit_ts of its last transaction (the agent's clock goes on above it, so any
 lift is journaled) and its newest heartbeat (nothing may come at or below it); on
-a first connection, the checkpoint's. The agent starts a fresh region there. Lifts of commit_ts (``tso.py``)
+a first connection, the checkpoint's. The agent starts a fresh region there. Lifts of commit_ts (``capturer/regions/clock.py``)
 that the agent's region makes are sent ahead of the transaction and journaled here
 before it goes on; a start position the region pins is written to the checkpoint
 here. As the checkpoint moves the agent is told, so it can drop state older than it.
@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from capturer.errors import FatalSourceError, SourceError
-from capturer.model import Heartbeat, Position, Txn
+from capturer.model import Heartbeat, Item, Position, Txn
 from capturer.regions.base import Region, RegionContext
 
 log = logging.getLogger(__name__)
@@ -321,21 +321,17 @@ class RemoteRegion(Region):
         if pos is not None:
             fields["position"] = self._same_position(pos)
         txn = Txn(changes=changes, **fields)
-        self._put(txn, txn.weight)
-        if txn.position is not None:
-            self.position = txn.position
-        self.last_commit_ts = txn.commit_ts
+        self._deliver(txn)
         self.last_txn_ts = txn.commit_ts
         self.promised = max(self.promised, txn.commit_ts)
-        self.txns += 1
-        self.rows += len(changes)
         if txn.source_ts:
             self.last_source_time = float(txn.source_ts)
 
-    def _put(self, item: Any, weight: int) -> None:
+    def _emit(self, item: Item) -> None:
+        """(waiting for room in the queue is not the agent being silent: the watchdog knows)"""
         self._in_put = True
         try:
-            self.ctx.out.put(item, weight, stop=self.ctx.stop)
+            super()._emit(item)
         finally:
             self._in_put = False
             self._last_recv = time.monotonic()
@@ -343,14 +339,10 @@ class RemoteRegion(Region):
     def _heartbeat(self, hb: Heartbeat) -> None:
         if hb.commit_ts < self.promised:
             return  # an agent's region starting again promises less than was passed on: nothing new
-        if hb.position is not None:
-            pos = self._same_position(hb.position)
-            self.position = pos
-            hb = Heartbeat(hb.region, hb.commit_ts, pos)
-        self._put(hb, 1)
+        pos = self._same_position(hb.position) if hb.position is not None else None
+        self._promise(hb.commit_ts, pos)
         self.promised = hb.commit_ts
         self.last_commit_ts = max(self.last_commit_ts, hb.commit_ts)
-        self.caught_up_at = time.time()
 
     # --- capturer side ----------------------------------------------------------
     def checkpointed(self, position: Any) -> None:

