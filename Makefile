@@ -1,5 +1,5 @@
 # Shortcuts for the common developer commands (each is one line of the README's; the scripts set themselves up).
-.PHONY: test test-all lint typecheck demo demo-full check bench
+.PHONY: test test-all lint typecheck demo demo-full check check-connect bench
 
 test:          ## the tests CI runs (sets up everything)
 	sh tests/run.sh
@@ -13,7 +13,9 @@ demo:          ## the demo, once, checked
 	sh start.sh --demo --once
 demo-full:     ## the demo with all four senders, once, checked
 	sh start.sh --demo full --once
-check:         ## validate conf/config.cfg as a start would
+check:         ## refuse what a start of conf/config.cfg would refuse (connects to nothing)
 	.venv/bin/python -m capturer --config conf/config.cfg --check
+check-connect: ## ... and try every source and destination
+	.venv/bin/python -m capturer --config conf/config.cfg --check --connect
 bench:         ## the benchmarks (see docs/benchmarks.md)
 	sh bench/run.sh

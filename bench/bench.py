@@ -118,8 +118,8 @@ def baseline_upsert(target: MariaDBInstance, rows: int, batch: int = 1000) -> fl
     return rows / secs
 
 
-def run_capturer(tmp: Path, servers: list[MariaDBInstance], senders_cfg: str, expect_rows: int,
-                 region_extra: str = "") -> dict[str, Any]:
+def write_capturer_config(tmp: Path, servers: list[MariaDBInstance], senders_cfg: str, region_extra: str = "",
+                          extra_global: str = "") -> Path:
     regions = "".join(
         f"\n[region:r{i}]\nhost=127.0.0.1\nport={m.port}\nuser=root\npassword=\nserver_id={700 + i}\n{region_extra}"
         for i, m in enumerate(servers)
@@ -127,9 +127,15 @@ def run_capturer(tmp: Path, servers: list[MariaDBInstance], senders_cfg: str, ex
     (tmp / "senders.cfg").write_text(senders_cfg)
     (tmp / "config.cfg").write_text(
         f"[global]\nbinlogCheckPointPath={tmp / 'cp.json'}\nsenderConfig={tmp / 'senders.cfg'}\n"
-        f"filterRuleDict=\nhttpPort={free_port()}\ncheckpointInterval=0.5\nlogLevel=warning\n" + regions
+        f"filterRuleDict=\nhttpPort={free_port()}\ncheckpointInterval=0.5\nlogLevel=warning\n{extra_global}" + regions
     )
-    return run_until_delivered(tmp / "config.cfg", expect_rows)
+    return tmp / "config.cfg"
+
+
+def run_capturer(tmp: Path, servers: list[MariaDBInstance], senders_cfg: str, expect_rows: int,
+                 region_extra: str = "", extra_global: str = "") -> dict[str, Any]:
+    return run_until_delivered(write_capturer_config(tmp, servers, senders_cfg, region_extra, extra_global),
+                               expect_rows)
 
 
 def run_capturer_agents(tmp: Path, servers: list[MariaDBInstance], expect_rows: int) -> dict[str, Any]:
@@ -740,17 +746,114 @@ class Report:
         return "\n".join(out)
 
 
+def independent_runs(tmp: Path, servers: list[MariaDBInstance], target: MariaDBInstance, broker_servers: str,
+                     total: int, threads: int) -> dict[str, Any]:
+    """Issue 30's figures, in one run of the same workload:
+
+    * ``others_alone``: file, Kafka (confluent) and the lake, without a MySQL sender;
+    * ``others_with_hung_mysql``: the same three plus a MySQL sender whose target is
+      hung (SIGSTOP) the whole time: the rate at which the three deliver everything
+      (their share: the ratio to ``others_alone``), then the MySQL sender's rate
+      catching up from the backlog once the target wakes up;
+    * ``file_catch_up``: the file sender paused until the whole workload has been read
+      (all of it in the backlog), then resumed: its rate reading the backlog.
+    """
+    import signal as _signal
+
+    out: dict[str, Any] = {}
+
+    def three(name: str) -> str:
+        return ("[global]\ntype=local,kafka,spark\n"
+                f"[local]\nfilepath={tmp / name / 'changes.jsonl'}\n"
+                f"[kafka]\nservers={broker_servers}\nclient=confluent\n"
+                f"[spark]\nwarehouse={tmp / name / 'wh'}\ncompaction_interval=0\nbatch_interval=1\n")
+
+    def timed(cap: Capturer, names: list[str], limit: float = 1800) -> float:
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < limit:
+            if all(s.rows >= total for s in cap.senders if s.name in names):
+                return time.perf_counter() - t0
+            if cap._find_failure():
+                raise RuntimeError(cap._find_failure())
+            time.sleep(0.05)
+        raise RuntimeError(f"{names}: not delivered in {limit} s")
+
+    (tmp / "ind-alone").mkdir()
+    cfg = write_capturer_config(tmp / "ind-alone", servers, three("ind-alone"))
+    cap = Capturer(load_config(cfg))
+    cap.start()
+    try:
+        secs = timed(cap, ["local", "kafka", "spark"])
+    finally:
+        cap.shutdown()
+    out["others_alone_rows_per_s"] = round(total / secs)
+
+    reset_target(target)
+    (tmp / "ind-hung").mkdir()
+    cfg = write_capturer_config(tmp / "ind-hung", servers, three("ind-hung") +
+                                f"[mysql]\nhost=127.0.0.1\nport={target.port}\nuser=root\nthreadnum={threads}\n"
+                                "connect_timeout=5\n", extra_global="")
+    (tmp / "ind-hung" / "senders.cfg").write_text((tmp / "ind-hung" / "senders.cfg").read_text()
+                                                  .replace("type=local,kafka,spark", "type=local,kafka,spark,mysql"))
+    cap = Capturer(load_config(cfg))
+    assert target.proc is not None
+    cap.start()
+    time.sleep(1.0)  # the MySQL sender connected
+    os.kill(target.proc.pid, _signal.SIGSTOP)
+    try:
+        secs = timed(cap, ["local", "kafka", "spark"])
+        out["others_with_hung_mysql_rows_per_s"] = round(total / secs)
+        out["backlog_bytes_at_the_end"] = cap.stream.status()["backlog_bytes"]
+        out["stream_waits"] = cap.stream.status()["waits"]
+        os.kill(target.proc.pid, _signal.SIGCONT)
+        mysql = next(s for s in cap.senders if s.name == "mysql")
+        before = mysql.rows
+        t0 = time.perf_counter()
+        timed(cap, ["mysql"])
+        out["mysql_catch_up_rows_per_s"] = round((total - before) / (time.perf_counter() - t0))
+        out["mysql_read_from_backlog_items"] = cap.manager.cursors["mysql"].read_from_backlog
+    finally:
+        os.kill(target.proc.pid, _signal.SIGCONT)
+        cap.shutdown()
+    out["share_delivered_by_the_others"] = round(out["others_with_hung_mysql_rows_per_s"] /
+                                                 out["others_alone_rows_per_s"], 3)
+
+    (tmp / "ind-catchup").mkdir()
+    cfg = write_capturer_config(tmp / "ind-catchup", servers,
+                                f"[global]\ntype=local\n[local]\nfilepath={tmp / 'ind-catchup' / 'changes.jsonl'}\n",
+                                extra_global="queueRows=20000\n")
+    (tmp / "ind-catchup" / "cp.json.paused").write_text("local\n")  # paused from the start, as an operator left it
+    cap = Capturer(load_config(cfg))
+    cap.start()
+    try:
+        t0 = time.perf_counter()
+        while cap.manager.dispatched_rows < total and time.perf_counter() - t0 < 1800:
+            time.sleep(0.05)
+        out["read_into_backlog_seconds"] = round(time.perf_counter() - t0, 2)
+        out["backlog_bytes"] = cap.stream.status()["backlog_bytes"]
+        local = cap.senders[0]
+        local.resume()
+        secs = timed(cap, ["local"])
+        out["file_catch_up_rows_per_s"] = round(total / secs)
+        out["file_read_from_backlog_items"] = cap.manager.cursors["local"].read_from_backlog
+    finally:
+        cap.shutdown()
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=200_000, help="inserts per run (split over regions)")
     ap.add_argument("--smoke", action="store_true", help="assert completeness only (CI)")
     ap.add_argument("--threads", type=int, default=8, help="MySQL sender workers")
     ap.add_argument("--only", default="file,workers,agents,baikaldb,postgresql,snapshot,mysql,kafka,spark,all,latency,"
-                    "bigtxn,senderprocs",
+                    "bigtxn,senderprocs,independent",
                     help="parts to run; 'ab' adds, to mysql and kafka, a run without this release's sender speed-ups "
                     "(Kafka: the Python message encoder instead of C; MySQL: updates as UPDATE statements instead of "
                     "upserts, and values as parameters with one phase per batch; file: the binlog read through an 8 KiB buffer instead of 256 KiB, and every table map "
-                    "parsed by the library instead of once per definition; all four: Python's default GC thresholds)")
+                    "parsed by the library instead of once per definition; all four: Python's default GC thresholds, and no "
+                    "backlog); 'independent' (with mysql): the other senders' share with the MySQL target hung, "
+                    "and senders catching up from the backlog")
     ap.add_argument("--kafka-clients", default="kafka-python,confluent", help="Kafka clients to run")
     ap.add_argument("--keep", action="store_true", help="keep the temporary directory (servers' data, outputs, "
                     "logs); removed at the end otherwise")
@@ -1009,6 +1112,22 @@ def main() -> int:
                 total, decode, "capturer -> all four at once (file, mysql, kafka/confluent, spark)")
             broker.kill()
             if "ab" in only:
+                broker = Broker().start()
+                extra.append(broker)
+                reset_target(target)
+                (tmp / "all-nobacklog").mkdir()
+                r = run_capturer(tmp / "all-nobacklog", servers, "[global]\ntype=local,mysql,kafka,spark\n"
+                                 f"[local]\nfilepath={tmp / 'all-nobacklog' / 'changes.jsonl'}\n"
+                                 f"[mysql]\nhost=127.0.0.1\nport={target.port}\nuser=root\nthreadnum={args.threads}\n"
+                                 f"[kafka]\nservers={broker.servers}\nclient=confluent\n"
+                                 f"[spark]\nwarehouse={tmp / 'all-nobacklog' / 'wh'}\ncompaction_interval=0\n"
+                                 "batch_interval=1\n", total, extra_global="backlogMaxMB=0\n")
+                results["all-nobacklog"] = r
+                rep.add("capturer -> all four without a backlog (backlogMaxMB=0: one queue's worth, then the "
+                        "stream waits); the all-four run's ratio to it is the backlog's cost",
+                        r["rows_per_s"], results["all"]["rows_per_s"])
+                results["all_backlog_vs_without"] = round(results["all"]["rows_per_s"] / r["rows_per_s"], 3)
+                broker.kill()
                 import gc
 
                 broker = Broker().start()
@@ -1052,6 +1171,20 @@ def main() -> int:
                     "capturer -> all four, regions in worker processes; ratio to all four in-process",
                     region_extra="process=true\n")
                 broker.kill()
+        if "independent" in only and "mysql" in only:
+            from devtools.local_kafka import Broker
+
+            broker = Broker().start()
+            extra.append(broker)
+            ind = independent_runs(tmp, servers, target, broker.servers, total, args.threads)
+            broker.kill()
+            results["independent"] = ind
+            rep.add("file, kafka, spark with the MySQL target hung; ratio to the three alone (their share)",
+                    ind["others_with_hung_mysql_rows_per_s"], ind["others_alone_rows_per_s"])
+            rep.add("mysql catching up from the backlog after the hang; ratio to its live rate",
+                    ind["mysql_catch_up_rows_per_s"], results.get("mysql", {}).get("rows_per_s"))
+            rep.add("file catching up from the backlog (paused until all was read); ratio to its live rate",
+                    ind["file_catch_up_rows_per_s"], results.get("file", {}).get("rows_per_s"))
         if "snapshot" in only:
             srows = 1_000_000 if not args.smoke else args.rows
             src = MariaDBInstance(tmp / "snapsrc", server_id=41).start()

@@ -1,12 +1,23 @@
 """Command line: ``python -m capturer [--config conf/config.cfg] [--demo [--once]]``,
 ``python -m capturer snapshot db.table ...`` (copy tables again, on demand), and the
-operator commands of capturer/opscli.py: ``status [--watch]``, ``pause SENDER``,
-``resume SENDER``, ``reload-filter``, ``stop``.
+operator commands of capturer/ops/cli.py: ``status [--watch]``, ``pause SENDER``,
+``resume SENDER``, ``attach SENDER``, ``reload-filter``, ``stop``.
+``--rebuild-backlog``: start once with the backlog moved aside, reading the sources
+again from the sender furthest behind (the way out of a damaged or lost backlog).
 
 ``start.sh`` wraps this (virtualenv, background, pid file, log). Exit codes:
 0 clean stop, 1 a stage failed, 2 bad configuration or checkpoint. ``snapshot``:
 0 started, 2 refused (HTTP 4xx: bad or refused request, token) or bad config,
 1 the capturer could not be reached or failed to answer.
+
+``--check`` (capturer/ops/check.py) builds what a start builds and connects to
+nothing: 0 ("config OK" on stdout), 2 a start would refuse (a config, filter,
+checkpoint, journal or paused-senders file, a path a sender or the checkpoint
+cannot write, a TLS file, a missing client library or Java): one line per
+problem on stderr, naming the file (and line, section and key where known).
+``--check --connect`` also tries every source and destination at once (5 s each):
+0 all answered as needed (one "ok:" line each on stdout), 2 as above, 3 a source
+or destination failed its check (one line each on stderr, naming it).
 """
 
 from __future__ import annotations
@@ -18,9 +29,13 @@ import signal
 import sys
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from capturer.errors import CheckpointError, ConfigError
+from capturer.errors import CapturerError, CheckpointError, ConfigError
 from capturer.util.memory import tune
+
+if TYPE_CHECKING:
+    from capturer.config import AppConfig
 
 
 def setup_logging(level: str = "info") -> None:
@@ -67,6 +82,30 @@ def snapshot_cli(argv: list[str]) -> int:
     return 0
 
 
+def check_cli(cfg: AppConfig, connect: bool) -> int:
+    """``--check [--connect]`` of a loaded config: problems on stderr, "config OK" on stdout."""
+    from capturer.ops.check import run_check
+
+    report = run_check(cfg, connect=connect)
+    for line in report.problems:
+        print(f"error: {line}", file=sys.stderr)
+    if not report.problems:
+        print("config OK", flush=True)
+    for line in report.passed:
+        print(f"ok: {line}", flush=True)
+    for line in report.unreachable:
+        print(f"error: {line}", file=sys.stderr)
+    for line in report.notes:
+        print(f"note: {line}", file=sys.stderr)
+    if report.problems:
+        print(f"check failed: {len(report.problems)} problem(s) a start would refuse", file=sys.stderr)
+    elif report.unreachable:
+        print(f"check failed: {len(report.unreachable)} source(s) or destination(s) failed", file=sys.stderr)
+    elif connect:
+        print("connections OK")
+    return report.exit_code
+
+
 def main(argv: list[str] | None = None) -> int:
     # first thing: a SIGTERM during start-up must still mean "stop cleanly"
     signal.signal(signal.SIGTERM, _on_signal)
@@ -79,17 +118,25 @@ def main(argv: list[str] | None = None) -> int:
         from capturer.ops.cli import status_cli
 
         return status_cli(argv[1:])
-    if argv and argv[0] in ("pause", "resume", "reload-filter", "stop"):
+    if argv and argv[0] in ("pause", "resume", "attach", "reload-filter", "stop"):
         from capturer.ops.cli import control_cli
 
         return control_cli(argv[0], argv[1:])
     ap = argparse.ArgumentParser(prog="capturer", description="Ordered binlog capturer")
     ap.add_argument("--config", default="conf/config.cfg", help="path to config.cfg")
-    ap.add_argument("--check", action="store_true", help="validate the config and exit")
+    ap.add_argument("--check", action="store_true",
+                    help="refuse what a start would refuse (config, filter, checkpoint, journals, paths, TLS files, "
+                         "Java), connecting to nothing, and exit: 0 OK, 2 a problem")
+    ap.add_argument("--connect", action="store_true",
+                    help="with --check: also try every source and destination (5 s each, at once); 3 if one fails")
+    ap.add_argument("--rebuild-backlog", action="store_true",
+                    help="the backlog is damaged or lost: move it aside and read the sources again from the position "
+                         "of the sender furthest behind (each sender skips what it already has)")
     ap.add_argument("--print-extras", action="store_true",
                     help="print the setup.py extras the configured senders need (for start.sh)")
-    ap.add_argument("--demo", nargs="?", const="mariadb", choices=["mariadb", "baikaldb", "postgresql"],
-                    help="run the self-contained demo: two MariaDB regions (default); baikaldb: "
+    ap.add_argument("--demo", nargs="?", const="mariadb", choices=["mariadb", "baikaldb", "postgresql", "full"],
+                    help="run the self-contained demo: two MariaDB regions (default); full: the same with all "
+                         "four senders (file, MySQL, Kafka, Spark lake; what cannot run here is skipped); baikaldb: "
                          "BaikalDB binlog tables served by the test double; postgresql: a MariaDB and a "
                          "PostgreSQL region")
     ap.add_argument("--once", action="store_true", help="with --demo: exit when all demo rows arrived")
@@ -100,6 +147,10 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--once and --demo-dir go with --demo")
     if sum(map(bool, (args.demo, args.check, args.print_extras))) > 1:
         ap.error("--demo, --check and --print-extras exclude each other")
+    if args.connect and not args.check:
+        ap.error("--connect goes with --check")
+    if args.check and getattr(args, "rebuild_backlog", False):
+        ap.error("--rebuild-backlog goes with a start, not with --check (it moves the backlog aside)")
     if not args.config.strip():
         ap.error("--config: empty path")
     args.demo_dir = args.demo_dir or "data/demo"
@@ -112,6 +163,10 @@ def main(argv: list[str] | None = None) -> int:
             return run_baikaldb_demo(Path(args.demo_dir), once=args.once, stop=_STOP)
         if args.demo == "postgresql":
             return run_postgresql_demo(Path(args.demo_dir), once=args.once, stop=_STOP)
+        if args.demo == "full":
+            from devtools.demo_full import run_full_demo
+
+            return run_full_demo(Path(args.demo_dir), once=args.once, stop=_STOP)
         return run_demo(Path(args.demo_dir), once=args.once, stop=_STOP)
 
     from capturer.app import Capturer, load_config
@@ -136,16 +191,19 @@ def main(argv: list[str] | None = None) -> int:
     log = logging.getLogger("capturer")
     log.info("effective config: %s", json.dumps(cfg.masked(), default=str))
     if args.check:
-        print("config OK")
-        return 0
+        return check_cli(cfg, args.connect)
 
     try:
-        cap = Capturer(cfg)
+        cap = Capturer(cfg, rebuild_backlog=args.rebuild_backlog)
     except (ConfigError, CheckpointError) as exc:
         msg = str(exc)
         if isinstance(exc, CheckpointError) and str(cfg.checkpoint_path) not in msg:
             msg = f"{cfg.checkpoint_path}: {msg}"  # every refusal names the file at fault
         print(f"start-up refused: {msg}", file=sys.stderr)
+        return 2
+    except (CapturerError, ImportError, OSError) as exc:  # e.g. a region kind's client library is missing
+        print(f"start-up refused: {exc} (config {args.config}; python -m capturer --config {args.config} --check "
+              "lists every problem)", file=sys.stderr)
         return 2
     stop = _STOP
     try:

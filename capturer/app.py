@@ -46,7 +46,10 @@ def load_config(path: Path | str, base_dir: Path | None = None) -> AppConfig:
 
 
 class Capturer:
-    def __init__(self, cfg: AppConfig, rebuild_backlog: bool = False):
+    def __init__(self, cfg: AppConfig, rebuild_backlog: bool = False, check_only: bool = False):
+        """Builds the pipeline; connects to nothing. ``check_only`` (``--check``): the
+        backlog is checked, not repaired (nothing on disk changes)."""
+        self.check_only = check_only
         if not cfg.senders:
             raise ConfigError(f"{cfg.sender_config_path}: no sender loaded: the config was read without the sender "
                               "catalog (use capturer.app.load_config)")
@@ -131,7 +134,7 @@ class Capturer:
         if cfg.backlog_max_mb > 0:
             backlog = Backlog(cfg.backlog_path, cfg.backlog_max_mb << 20)
             try:
-                nxt = backlog.open(mark, min(behind) if behind else None)
+                nxt = backlog.open(mark, min(behind) if behind else None, read_only=self.check_only)
             except OSError as exc:
                 raise CheckpointError(f"backlog {cfg.backlog_path}: {exc}") from None
         elif behind:

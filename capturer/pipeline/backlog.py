@@ -145,24 +145,28 @@ class Backlog:
         self.lock = threading.Lock()  # segment list changes vs. readers looking for a segment
 
     # -- start-up --
-    def open(self, mark: BacklogMark | None, need_from: int | None) -> int:
+    def open(self, mark: BacklogMark | None, need_from: int | None, read_only: bool = False) -> int:
         """Take the directory as a checkpoint left it: records after ``mark`` (written
         after that checkpoint, never referred to) are cut, every record from
         ``need_from`` (the oldest offset a sender still needs) to the mark is checked
         against its checksum, and segments nobody needs go. Returns the offset the
-        next item gets. BacklogError if something needed is missing or corrupt."""
+        next item gets. BacklogError if something needed is missing or corrupt.
+
+        ``read_only`` (``--check``): the same checks, and nothing is cut or removed
+        (a check may run while a capturer runs on the same directory)."""
         listing = list(self.dir.iterdir()) if self.dir.is_dir() else []  # made at the first write
         names = sorted(p.name for p in listing if _segment_name_ok(p.name))
         others = [p.name for p in listing if not _segment_name_ok(p.name) and not p.name.startswith(".")]
-        if others:
+        if others and not read_only:
             log.warning("backlog %s: ignoring files that are not segments: %s", self.dir, ", ".join(sorted(others)[:5]))
         nxt = mark.next if mark is not None else 1  # offsets start at 1
         if mark is None or not mark.segment:
             # no checkpoint refers to any segment: whatever is here was never acknowledged as durable
-            for n in names:
-                (self.dir / n).unlink()
-            if names:
-                log.info("backlog %s: removed %d segment(s) no checkpoint refers to", self.dir, len(names))
+            if not read_only:
+                for n in names:
+                    (self.dir / n).unlink()
+                if names:
+                    log.info("backlog %s: removed %d segment(s) no checkpoint refers to", self.dir, len(names))
             if need_from is not None and need_from < nxt:
                 raise BacklogError(self._lost(need_from, nxt, "the backlog holds no segment"))
             return nxt
@@ -170,15 +174,16 @@ class Backlog:
             raise BacklogError(self._lost(need_from if need_from is not None else nxt, nxt,
                                           f"segment {self.dir / mark.segment} is missing"))
         cut = names.index(mark.segment)
-        for n in names[cut + 1:]:  # begun after the checkpoint
-            (self.dir / n).unlink()
+        if not read_only:
+            for n in names[cut + 1:]:  # begun after the checkpoint
+                (self.dir / n).unlink()
         names = names[:cut + 1]
         last = self.dir / mark.segment
         size = last.stat().st_size
         if size < mark.bytes:
             raise BacklogError(f"backlog segment {last}: {size} bytes, the checkpoint says {mark.bytes} were "
                                f"written and fsync'd; {self._way_out()}")
-        if size > mark.bytes:
+        if size > mark.bytes and not read_only:
             with open(last, "r+b") as f:
                 f.truncate(mark.bytes)
                 os.fsync(f.fileno())
@@ -186,18 +191,21 @@ class Backlog:
         # check what is needed, and learn every segment's last offset
         start = need_from if need_from is not None else nxt
         for s in segs:
-            s.size = s.path.stat().st_size
-            for off, _rows, flags, _payload in _records(s.path, verify=True):
+            s.size = mark.bytes if s.path == last else s.path.stat().st_size
+            for off, _rows, flags, _payload in _records(s.path, verify=True, end=s.size):
                 if flags & F_ITEM:
                     s.last = off
         keep = [s for s in segs if s.last >= start]
-        for s in segs:
-            if s not in keep:
-                s.path.unlink()
+        if not read_only:
+            for s in segs:
+                if s not in keep:
+                    s.path.unlink()
         if keep and keep[0].first > start and need_from is not None and need_from < nxt:
             raise BacklogError(self._lost(start, keep[0].first, "its segments begin later"))
         if not keep and need_from is not None and need_from < nxt:
             raise BacklogError(self._lost(start, nxt, "no segment holds it"))
+        if read_only:
+            return nxt
         self.segments = keep
         self.flushed_to = nxt - 1
         if keep:
@@ -238,7 +246,7 @@ class Backlog:
         for s in schemas:
             out.append(HEADER.pack(len(s), zlib.crc32(s), offset, rows_at, F_SCHEMA))
             out.append(s)
-        payload = head + b"".join(pieces)
+        payload = _array_header(1 + len(pieces)) + head + b"".join(pieces)  # one msgpack array: one unpack
         out.append(HEADER.pack(len(payload), zlib.crc32(payload), offset, rows_at,
                                F_ITEM | (F_SAMEPOS if samepos else 0)))
         out.append(payload)
@@ -318,6 +326,15 @@ class Backlog:
         return found
 
 
+def _array_header(n: int) -> bytes:
+    """The msgpack header of an array of ``n`` elements (the elements follow, packed)."""
+    if n < 16:
+        return bytes((0x90 | n,))
+    if n < 1 << 16:
+        return b"\xdc" + n.to_bytes(2, "big")
+    return b"\xdd" + n.to_bytes(4, "big")
+
+
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -326,24 +343,24 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _records(path: Path, verify: bool = True, start: int = 0) -> Iterator[tuple[int, int, int, bytes]]:
-    """(offset, running rows, flags, payload) of each record of a segment file."""
+def _records(path: Path, verify: bool = True, end: int | None = None) -> Iterator[tuple[int, int, int, bytes]]:
+    """(offset, running rows, flags, payload) of each record of a segment file (up to
+    byte ``end``: a record running past it is an error)."""
     with open(path, "rb") as f:
-        f.seek(start)
-        pos = start
-        while True:
+        pos = 0
+        limit = end if end is not None else f.seek(0, os.SEEK_END)
+        f.seek(0)
+        while pos < limit:
             head = f.read(HEADER.size)
-            if not head:
-                return
-            if len(head) < HEADER.size:
+            if len(head) < HEADER.size or pos + HEADER.size > limit:
                 raise BacklogError(f"backlog segment {path}: a record header is cut short at byte {pos}")
             n, crc, off, rows, flags = HEADER.unpack(head)
             payload = f.read(n)
-            if len(payload) < n or (verify and zlib.crc32(payload) != crc):
+            if len(payload) < n or pos + HEADER.size + n > limit or (verify and zlib.crc32(payload) != crc):
                 raise BacklogError(f"backlog segment {path}: the record at byte {pos} (item {off}) does not match "
-                                   "its checksum (the file was damaged); restore it, or start once with "
-                                   "--rebuild-backlog (the sources are read again from the position of the sender "
-                                   "furthest behind)")
+                                   "its checksum or runs past the end the checkpoint names (the file was damaged); "
+                                   "restore it, or start once with --rebuild-backlog (the sources are read again "
+                                   "from the position of the sender furthest behind)")
             yield off, rows, flags, payload
             pos += HEADER.size + n
 
@@ -431,7 +448,11 @@ class SegmentReader:
             return segs[0] if segs else None
 
     def _decode(self, payload: bytes) -> Item:
-        values = wire.unpacker(payload)
+        try:
+            values = iter(wire.unpackb(payload))
+        except ValueError as exc:
+            raise BacklogError(f"backlog segment {self._seg.path if self._seg else '?'}: an unreadable record: "
+                               f"{exc}") from None
         head = next(values)
         if not (isinstance(head, list) and len(head) == 4 and head[0] == "k"):
             raise BacklogError(f"backlog segment {self._seg.path if self._seg else '?'}: a record without its key")

@@ -23,7 +23,17 @@ def read_journal(path: Path | None, parse: Callable[[Any], T], what: str) -> lis
     a warning; any other bad line is a CheckpointError naming file, line and ``what``."""
     if path is None or not path.exists():
         return []
-    lines = path.read_text(encoding="utf-8").splitlines()
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise CheckpointError(f"{path}: cannot read the {what}: {exc.strerror or exc}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[:exc.start].count(b"\n") + 1
+        raise CheckpointError(f"{path}:{line}: the {what} is not UTF-8 text (byte {exc.start}): it is damaged; "
+                              "restore it, or delete it together with the checkpoint to start over") from None
+    lines = text.splitlines()
     out: list[T] = []
     for n, line in enumerate(lines, 1):
         if not line.strip():

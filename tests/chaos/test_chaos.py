@@ -27,6 +27,8 @@ def run_plan(tmp_path: Path, plan: Plan, capsys: pytest.CaptureFixture[str]) -> 
         print(f"\n[seed {plan.seed}] {fig.text()}")
     assert not problems, "\n".join(problems)
     assert fig.lost == 0 and fig.diverged == 0
+    # each sender has its own position and reads it back from its destination: nothing twice (issue 30)
+    assert fig.duplicates and not any(fig.duplicates.values()), fig.duplicates
     kills = sum(n for k, n in fig.faults.items() if k.startswith("kill"))
     assert kills == plan.kills
     assert fig.big_txns > 0 and fig.status_ok > 0

@@ -254,6 +254,8 @@ def ddl_for(old: RelDef | None, new: RelDef, defaults: dict[str, str] | None = N
 
 class PostgresRegion(ClockedRegion):
     def __init__(self, cfg: Any, ctx: RegionContext):
+        # a checkpoint position of another kind is refused at start, not when the slot is first read
+        require_start_kind(ctx, cfg.name, "postgresql", LsnPosition, remedy="")
         super().__init__(cfg.name, ctx)
         self.cfg = cfg
         self.where = f"region {cfg.name} (postgresql {cfg.host}:{cfg.port}/{cfg.dbname}, slot {cfg.slot})"
