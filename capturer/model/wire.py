@@ -43,6 +43,7 @@ from capturer.model import (
     TableSchema,
     position_from_json,
 )
+from capturer.model.encode import _fastrows
 from capturer.model.spill import DEFAULT_CHUNK_ROWS, SpillWriter
 
 PROTOCOL = 1
@@ -101,6 +102,14 @@ def _ext_hook(code: int, data: bytes) -> Any:
 _Decimal = decimal.Decimal
 _fromisoformat = dt.datetime.fromisoformat
 
+# the C build (capturer/_fastrows.c) packs and unpacks rows and the common extension values
+# (the same bytes and values as the Python path below: tests/unit/test_agent_wire.py compares them)
+_fast: Any = _fastrows if _fastrows is not None and hasattr(_fastrows, "wire_rows") else None
+_EXT_HOOK: Any = _ext_hook
+if _fast is not None:
+    _fast.wire_setup(msgpack.ExtType, _ext_hook)
+    _EXT_HOOK = _fast.wire_ext
+
 
 def _packb(v: Any) -> bytes:
     return msgpack.packb(v, default=_default, unicode_errors="surrogatepass", use_bin_type=True)
@@ -127,7 +136,9 @@ def packb(v: Any) -> bytes:
 
 
 def unpackb(data: bytes) -> Any:
-    return msgpack.unpackb(data, ext_hook=_ext_hook, unicode_errors="surrogatepass", raw=False,
+    if _fast is not None:
+        return _fast.wire_unpack(data)
+    return msgpack.unpackb(data, ext_hook=_EXT_HOOK, unicode_errors="surrogatepass", raw=False,
                            strict_map_key=False)
 
 
@@ -144,6 +155,9 @@ def read_position(d: Any) -> Any:
         return position_from_json(d)
     except ValueError as exc:
         raise WireError(f"bad position {d!r}: {exc}") from None
+
+
+_C_HEAD = b"\x92\xa1c"  # a packed 2-element array and "c": ["c", rows] is this, then the rows
 
 
 class Encoder:
@@ -180,6 +194,12 @@ class Encoder:
             rows.append([sid, _OP_CODE[ch.op], b, a])
         return rows
 
+    def _rows_packed(self, changes: Any, out: list[bytes]) -> bytes:
+        """``packb(self._rows(changes, out))``, in C where it was built."""
+        if _fast is not None:
+            return _fast.wire_rows(changes, lambda schema: self._sid(schema, out), _OP_CODE, _default)
+        return packb(self._rows(changes, out))
+
     def item(self, item: Item) -> Iterator[tuple[bytes, int]]:
         """(msgpack value, rows in it) pieces for ``item``, in order."""
         if isinstance(item, Heartbeat):
@@ -197,16 +217,18 @@ class Encoder:
         for chunk in chunks:
             for i in range(0, len(chunk), CHUNK_ROWS):
                 pre: list[bytes] = []
-                rows = self._rows(chunk[i:i + CHUNK_ROWS], pre)
-                if first:
-                    v = ["t", item.commit_ts, position_json(item.position), item.source_ts, item.gtid, d, snap,
-                         n, rows]
+                part = chunk[i:i + CHUNK_ROWS]
+                rows = self._rows_packed(part, pre)
+                if first:  # ["t", ..., rows]: the head packed, then the rows' packed array
+                    head = packb(["t", item.commit_ts, position_json(item.position), item.source_ts, item.gtid, d,
+                                  snap, n, None])
+                    v = head[:-1] + rows  # (the placeholder nil is the last byte)
                     first = False
                 else:
-                    v = ["c", rows]
+                    v = _C_HEAD + rows
                 for p in pre:
                     yield p, 0
-                yield packb(v), len(rows)
+                yield v, len(part)
         if first:
             yield packb(["t", item.commit_ts, position_json(item.position), item.source_ts, item.gtid, d, snap,
                          0, []]), 0
@@ -230,6 +252,11 @@ class Decoder:
         self.schemas[sid] = (s, s.columns)
 
     def rows(self, rows: list[Any]) -> list[RowChange]:
+        if _fast is not None and rows.__class__ is list:
+            try:
+                return _fast.wire_unrows(rows, self.schemas, RowChange, OPS)
+            except (KeyError, IndexError, TypeError, ValueError) as exc:
+                raise WireError(f"bad row change: {exc!r}") from None
         out = []
         schemas = self.schemas
         try:
@@ -340,7 +367,7 @@ class TxnReader:
 def new_unpacker(file_like: Any = None, max_buffer_size: int = 1 << 20) -> Any:
     """A msgpack Unpacker that reads this format (its extension types, lone surrogates),
     fed by hand or reading ``file_like``."""
-    return msgpack.Unpacker(file_like, ext_hook=_ext_hook, unicode_errors="surrogatepass", raw=False,
+    return msgpack.Unpacker(file_like, ext_hook=_EXT_HOOK, unicode_errors="surrogatepass", raw=False,
                             strict_map_key=False, max_buffer_size=max_buffer_size)
 
 

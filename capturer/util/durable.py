@@ -30,8 +30,8 @@ def read_journal(path: Path | None, parse: Callable[[Any], T], what: str) -> lis
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        line = raw[:exc.start].count(b"\n") + 1
-        raise CheckpointError(f"{path}:{line}: the {what} is not UTF-8 text (byte {exc.start}): it is damaged; "
+        lineno = raw[:exc.start].count(b"\n") + 1
+        raise CheckpointError(f"{path}:{lineno}: the {what} is not UTF-8 text (byte {exc.start}): it is damaged; "
                               "restore it, or delete it together with the checkpoint to start over") from None
     lines = text.splitlines()
     out: list[T] = []

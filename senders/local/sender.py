@@ -181,21 +181,25 @@ def _last_whole_txn(path: Path, sql: bool) -> tuple[int, StreamKey | None]:
     size = path.stat().st_size
     if size == 0:
         return 0, None
-    whole_end = None  # end of the last line of a whole transaction, once seen
+    whole_end = None  # SQL: the end of the last line of a whole transaction, once seen
     for off, line in _tail_lines(path):
         end_of_line = off + len(line) + 1
         if end_of_line > size:  # no newline at the end: a torn line
             continue
         if not sql:
-            if not line:
+            # a transaction's last line says "last": true at its top level (a column named "last" in an image is
+            # nested: the line is parsed to tell)
+            if b'"last": true' not in line:
                 continue
-            if whole_end is None and line.endswith(b'"last": true}'):
-                whole_end = end_of_line
-            if whole_end is not None:
+            try:
                 d = json.loads(line)
-                sub = d["seq"] if d.get("op") == "ddl" and d["seq"] < 0 else 0
-                return whole_end, (int(d["commit_ts"]), str(d["region"]), int(sub))
-            continue
+            except ValueError as exc:
+                raise SinkError(f"{path}: the line at byte {off} is not JSON ({exc}): not a file this sender "
+                                "wrote; move it away", retriable=False) from None
+            if not isinstance(d, dict) or d.get("last") is not True:
+                continue
+            sub = d["seq"] if d.get("op") == "ddl" and d["seq"] < 0 else 0
+            return end_of_line, (int(d["commit_ts"]), str(d["region"]), int(sub))
         # SQL: a transaction ends with COMMIT;, a DDL with "-- ddl end"; its tag line gives its key
         if whole_end is None and line in (b"COMMIT;", b"-- ddl end"):
             whole_end = end_of_line
@@ -230,10 +234,12 @@ class LocalSender(Sender):
         self.render = txn_blocks_sql if options["format"] == "sql" else txn_blocks_json
         self._f: IO[bytes] | None = None
         self._size = 0
+        self._rotated = 0  # the number of the newest rotated file (learnt at open)
 
     def open(self) -> None:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._rotated = self._rotation()
             self._cut_torn_tail()
             self._f = open(self.path, "ab")
             self._size = self._f.tell()
@@ -256,6 +262,19 @@ class LocalSender(Sender):
             raise SinkError(f"cannot read the end of {self.path}: {exc}") from exc
         return key
 
+    def _rotation(self) -> int:
+        """The number of the newest rotated file (0: none)."""
+        pat = re.compile(re.escape(self.path.name) + r"\.(\d{6,})$")
+        return max((int(m.group(1)) for p in self.path.parent.iterdir() if (m := pat.match(p.name))), default=0)
+
+    def _acked_bytes(self, path: Path) -> int:
+        """How much of ``path`` the checkpoint says was acknowledged (0 if it does not know)."""
+        st = self.position_state if self.position_state is not None else self.resume_state
+        if not st or path != self.path or st.get("rotation") != self._rotated:
+            return 0
+        v = st.get("bytes", 0)
+        return v if isinstance(v, int) and v >= 0 else 0
+
     def _files_newest_first(self) -> list[Path]:
         pat = re.compile(re.escape(self.path.name) + r"\.(\d{6,})$")
         rotated = sorted(((int(m.group(1)), p) for p in self.path.parent.iterdir() if (m := pat.match(p.name))),
@@ -268,6 +287,11 @@ class LocalSender(Sender):
                 continue
             end, key = _last_whole_txn(path, self.options["format"] == "sql")
             size = path.stat().st_size
+            acked = self._acked_bytes(path)
+            if end < acked:
+                raise SinkError(f"{path}: its last whole transaction ends at byte {end}, but {acked} bytes of it were "
+                                "acknowledged (the checkpoint's state of this sender): the file was changed by "
+                                "something else; nothing was cut: restore it or move it away", retriable=False)
             if end < size:
                 if path != self.path:  # only the file being written can hold a transaction cut short
                     raise SinkError(f"{path}: its last transaction is incomplete ({size - end} bytes after its last "
@@ -335,6 +359,8 @@ class LocalSender(Sender):
                 os.fsync(self._f.fileno())  # type: ignore[union-attr]
             if self._size >= self.rotate_bytes:
                 self._rotate()
+            # what an acknowledgement of this batch covers: a start never cuts below it
+            self.position_state = {"rotation": self._rotated, "bytes": self._size}
         except OSError as exc:
             # the file may now hold part of the batch; reopen and rewrite it whole
             # on retry (a duplicate line is identifiable, a lost one is not)
@@ -345,7 +371,8 @@ class LocalSender(Sender):
         self._close_file()
         pat = re.compile(re.escape(self.path.name) + r"\.(\d{6,})$")
         nums = [int(m.group(1)) for p in self.path.parent.iterdir() if (m := pat.match(p.name))]
-        dest = self.path.with_name(f"{self.path.name}.{(max(nums) + 1 if nums else 1):06d}")
+        self._rotated = max(nums) + 1 if nums else 1
+        dest = self.path.with_name(f"{self.path.name}.{self._rotated:06d}")
         os.rename(self.path, dest)
         dfd = os.open(self.path.parent, os.O_RDONLY)
         try:

@@ -153,3 +153,112 @@ def test_position_identity_is_kept_for_the_checkpoint_floor() -> None:
     pos = Position("b.000001", 500)
     hb0, t, hb = roundtrip([Heartbeat("a", 1, None), Txn("a", 5, pos, ()), Heartbeat("a", 8, pos)])
     assert hb.position is t.position
+
+
+@pytest.mark.skipif(wire._fast is None, reason="the C build of capturer/_fastrows.c is not here")
+def test_the_c_build_writes_and_reads_exactly_what_the_python_path_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    """wire_rows / wire_unrows / wire_ext (capturer/_fastrows.c) against the Python path:
+    the same bytes for every value type and odd image shapes, the same values back."""
+    import random
+
+    rng = random.Random(7)
+    s2 = TableSchema("x", "y", ("a", "b"), ("a",))
+    more = [dt.datetime(1, 1, 1), dt.datetime(9999, 12, 31, 23, 59, 59, 999999), dt.time(0, 0),
+            dt.datetime(2026, 1, 1, fold=1), dt.time(1, 2, tzinfo=dt.timezone.utc), 127, 128, 255, 256, 65535, 65536,
+            -32, -33, -128, -129, -32768, -32769, 2**31, -(2**31) - 1, 2**32, "x" * 31, "x" * 32, "y" * 300,
+            "z" * 70000, b"b" * 300, b"b" * 70000, decimal.Decimal("NaN"), float("nan"), (1, 2), {"n": {"m": 1}}]
+    pool = VALUES + more
+    changes = []
+    for _ in range(400):
+        s = rng.choice([S, s2])
+        img = {c: rng.choice(pool) for c in s.columns}
+        if rng.random() < 0.2:
+            img = dict(reversed(list(img.items())))  # keys in another order: a map on the wire
+        if rng.random() < 0.1:
+            img.pop(s.columns[-1])
+        op = rng.choice(["insert", "update", "delete", "read"])
+        changes.append(RowChange(s, op, img if op in ("update", "delete") else None,
+                                 img if op != "delete" else None))
+    txn = Txn("r", 5, Position("bin.000001", 100), tuple(changes))
+
+    def encoded() -> bytes:
+        return b"".join(p for p, _ in wire.Encoder().item(txn))
+
+    fast = encoded()
+    monkeypatch.setattr(wire, "_fast", None)
+    slow = encoded()
+    assert fast == slow
+
+    def decoded() -> list[RowChange]:
+        got: list[RowChange] = []
+        reader = wire.TxnReader(wire.Decoder("r"), 0, "", lambda f, ch, _s: got.extend(ch))
+        reader.feed(wire.unpacker(fast))
+        return got
+
+    py_rows = decoded()
+    monkeypatch.undo()
+    monkeypatch.setattr(wire, "_EXT_HOOK", wire._ext_hook)
+    monkeypatch.setattr(wire, "_fast", wire._fastrows)
+    c_rows_py_ext = decoded()
+    monkeypatch.undo()
+    c_rows = decoded()
+
+    def norm(rows: list[RowChange]) -> list[str]:  # NaN != NaN: compare their repr
+        return [repr((r.schema, r.op, r.before, r.after)) for r in rows]
+
+    assert norm(c_rows) == norm(py_rows) == norm(c_rows_py_ext)
+    assert all(type(r) is RowChange for r in c_rows)
+    with pytest.raises(wire.WireError):
+        wire.Decoder("r").rows([[99, 0, None, [1]]])  # an unknown schema
+    d = wire.Decoder("r")
+    d.schema(wire.unpackb(wire.packb(["s", 1, "x", "y", ["a", "b"], ["a"], [], [], []])))
+    with pytest.raises(wire.WireError):
+        d.rows([[1, 0, None, [1]]])  # an image that does not match its columns
+    with pytest.raises(wire.WireError):
+        d.rows([[1, 9, None, [1, 2]]])  # an unknown op
+
+
+@pytest.mark.skipif(wire._fast is None, reason="the C build of capturer/_fastrows.c is not here")
+def test_the_c_reader_reads_what_msgpack_reads_and_refuses_what_it_refuses() -> None:
+    """wire_unpack against msgpack.unpackb (with the wire's hook) on random values, and on
+    them cut short or with bytes changed: the same value, or both refuse (never a crash)."""
+    import random
+
+    import msgpack
+
+    rng = random.Random(11)
+
+    def value(depth: int = 0) -> object:
+        r = rng.random()
+        if depth < 3 and r < 0.15:
+            return [value(depth + 1) for _ in range(rng.randrange(0, 20))]
+        if depth < 3 and r < 0.25:
+            return {rng.choice(["a", "bé", "", "k" * 40, 5]): value(depth + 1) for _ in range(rng.randrange(0, 18))}
+        return rng.choice(VALUES + [rng.randrange(-(2**63), 2**64), rng.random() * 1e300, "s" * rng.randrange(300),
+                                    b"b" * rng.randrange(70_000), -rng.randrange(2**31)])
+
+    def slow(data: bytes) -> object:
+        return msgpack.unpackb(data, ext_hook=wire._ext_hook, unicode_errors="surrogatepass", raw=False,
+                               strict_map_key=False)
+
+    def outcome(fn: object, data: bytes) -> tuple[str, str]:
+        try:
+            return "ok", repr(fn(data))  # type: ignore[operator]
+        except (ValueError, TypeError, wire.WireError, ArithmeticError) as exc:
+            return "error", type(exc).__name__
+        except RecursionError:
+            return "error", "deep"
+
+    for i in range(3000):
+        data = wire.packb(value())
+        if i % 3 == 1:
+            data = data[:rng.randrange(len(data) + 1)]
+        elif i % 3 == 2:
+            b = bytearray(data)
+            for _ in range(rng.randrange(1, 4)):
+                b[rng.randrange(len(b))] = rng.randrange(256)
+            data = bytes(b)
+        fast, want = outcome(wire._fast.wire_unpack, data), outcome(slow, data)
+        assert fast[0] == want[0], (data[:80], fast, want)
+        if fast[0] == "ok":
+            assert fast[1] == want[1], data[:80]

@@ -57,7 +57,7 @@ class Recorder(Sender):
         return self.key
 
 
-def wait(pred: Any, timeout: float = 10.0) -> None:
+def wait(pred: Any, timeout: float = 30.0) -> None:
     deadline = time.time() + timeout
     while not pred():
         if time.time() > deadline:

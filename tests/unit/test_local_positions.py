@@ -111,3 +111,49 @@ def test_a_batch_retried_after_a_failed_write_is_not_written_twice(tmp_path: Pat
     assert s.retries >= 1 and s.acked_seq == 30
     ids = [(d["commit_ts"], d["seq"]) for d in map(json.loads, (tmp_path / "out.jsonl").read_text().splitlines())]
     assert len(ids) == len(set(ids)) == 90
+
+
+def test_lines_with_base64_values_and_a_column_named_last(tmp_path: Path) -> None:
+    """The end of a transaction is the top-level "last": true, wherever it is on the line."""
+    from capturer.model import ColumnInfo, RowChange, TableSchema
+
+    s2 = TableSchema("d", "t2", ("id", "last", "raw"), ("id",), column_types=(3, 1, 252),
+                     column_info=(ColumnInfo(3), ColumnInfo(1), ColumnInfo(252, binary=True)))
+    t1 = Txn("r", 1, Position("bin.000001", 100), (RowChange(s2, "insert", None, {"id": 1, "last": True,
+                                                                                 "raw": b"\xff\x00"}),))
+    t2 = Txn("r", 2, Position("bin.000001", 200), tuple(
+        RowChange(s2, "insert", None, {"id": i, "last": True, "raw": b"\x01"}) for i in range(2, 5)))
+    s = local(tmp_path)
+    s.open()
+    s.send([t1])
+    s.close()
+    good = (tmp_path / "out.jsonl").read_bytes()
+    s = local(tmp_path)
+    s.open()
+    s.send([t2])
+    s.close()
+    out = tmp_path / "out.jsonl"
+    out.write_bytes(out.read_bytes()[:len(good) + 300])  # two of t2's three lines, each with "last": true nested
+    s = local(tmp_path)
+    s.open()
+    assert s.resume_key() == (1, "r", 0) and out.read_bytes() == good
+    s.close()
+
+
+def test_it_never_cuts_what_the_checkpoint_says_was_acknowledged(tmp_path: Path) -> None:
+    from capturer.errors import SinkError
+
+    s = local(tmp_path)
+    s.open()
+    s.send([txn(1, n=3), txn(2, n=2)])
+    state = s.position_state
+    s.close()
+    out = tmp_path / "out.jsonl"
+    out.write_bytes(b"not what this sender wrote\n")  # someone else's hand
+    s = local(tmp_path)
+    s.resume_state = state
+    s.open()
+    with pytest.raises(SinkError, match="acknowledged") as err:
+        s.resume_key()
+    assert not err.value.retriable and out.read_bytes() == b"not what this sender wrote\n"
+    s.close()
