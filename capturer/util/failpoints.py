@@ -13,7 +13,8 @@ Points: ``checkpoint.write`` (the new checkpoint is in its temp file, not yet
 renamed), ``region.ddl`` (a region is about to emit a DDL), ``spill.chunk``
 (a chunk of a big transaction was written to the spill file), ``spill.write``
 (before writing a spill chunk), ``local.write`` (the file sender writes a block),
-``backlog.write`` (a record was appended to a backlog segment).
+``backlog.write`` (a record was appended to a backlog segment), ``mysql.commit`` (a MySQL sender worker is
+about to commit a chunk).
 
 A bad rule is an error naming the variable, never ignored.
 """

@@ -27,6 +27,30 @@ idempotent by SQL: their rows go through one worker in order, and the identity
 ``txn_atomic=true`` applies each source transaction as one target transaction
 (whole transactions are routed by the union of their keys), so readers never
 see half a transaction, at the cost of smaller statements and more commits.
+
+**The position in the target** (``senders.mysql.position``; issue 30: nothing
+applied twice after ``kill -9`` or a retried batch). Every worker with a share
+of a phase writes its own row of ``<meta_database>.position`` in the same
+target transaction as the last rows of its share; a phase is whole once every
+worker that had a share wrote its row for it, and ``resume_key()`` is the last
+transaction known whole that way. The stream hands the sender nothing at or
+below it after a restart, and a retried batch drops what is at or below it;
+rows after it that some worker committed are applied again: keyed rows converge
+(upserts), rows of tables without keys are skipped by ``applied``. Chosen over
+
+* one position row written once every worker committed the batch: the same
+  guarantees, but the position would be written *after* the rows, in a
+  transaction of its own, and lag a batch behind them; with a row per worker
+  the position is in the same transaction as the rows it covers, with one
+  statement per worker and phase (10,000 rows) in a transaction already open,
+  and with ``threadnum=1`` it is exactly what the target holds;
+* XA (each worker's share PREPAREd, the position committed, then the shares):
+  MariaDB 10.11 keeps a prepared XA transaction across a disconnect (checked:
+  ``XA RECOVER`` on another connection lists it), but it costs three more round
+  trips and a prepare log write per commit, holds every worker's row locks until
+  the slowest worker prepared, and needs a recovery step at start (``XA
+  RECOVER``, then commit or roll back by the position) that a crash during it
+  must survive too; the per-worker rows give the same answer without any of it.
 """
 
 from __future__ import annotations
@@ -34,6 +58,7 @@ from __future__ import annotations
 import logging
 import random
 import re
+import secrets
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -45,11 +70,12 @@ import pymysql.cursors
 from pymysql.constants import CLIENT, SERVER_STATUS
 
 from capturer.errors import SinkError
-from capturer.model import Ddl, RowChange, Txn
+from capturer.model import Ddl, RowChange, StreamKey, Txn, key_to_json, stream_key
 from capturer.model.encode import _fastrows, quote_ident
-from capturer.util import mysqlconn
+from capturer.util import failpoints, mysqlconn
 from capturer.util.ini import Key, p_bool, p_choice, p_float, p_int, p_nonempty, p_str
 from senders.base import Sender
+from senders.mysql import position
 from senders.mysql.causality import Causality, conflict_keys, stable_hash
 from senders.sqlbuild import Render, Stmt, Table, converted, param_ident
 
@@ -190,14 +216,15 @@ class Worker:
             self.conn = None
 
     # --- applying -----------------------------------------------------------
-    def submit(self, units: list[list[Op]], atomic: bool) -> Future[int]:
-        return self.pool.submit(self.apply, units, atomic)
+    def submit(self, units: list[list[Op]], atomic: bool, mark: position.Mark | None = None) -> Future[int]:
+        return self.pool.submit(self.apply, units, atomic, mark)
 
-    def apply(self, units: list[list[Op]], atomic: bool) -> int:
+    def apply(self, units: list[list[Op]], atomic: bool, mark: position.Mark | None = None) -> int:
         """Apply and commit, in chunks (a unit each with ``atomic``, else ``commit_rows``
         rows); a deadlock or lock timeout is retried here, at once: the chunk that failed
         was rolled back, and the chunks committed before it are not applied again (a
-        table without keys would get their rows twice)."""
+        table without keys would get their rows twice). ``mark``: this worker's position
+        row for the phase, written in the transaction of the last chunk."""
         if atomic:
             chunks = units
         else:
@@ -206,7 +233,7 @@ class Worker:
         committed = [0, 0]  # chunks, rows
         for attempt in range(1, 9):
             try:
-                self._apply(chunks, committed)
+                self._apply(chunks, committed, mark)
                 return committed[1]
             except SinkError as exc:
                 cause = exc.__cause__
@@ -217,13 +244,18 @@ class Worker:
                 time.sleep(random.uniform(0.005, 0.05) * attempt)
         raise AssertionError("unreachable")
 
-    def _apply(self, chunks: list[list[Op]], committed: list[int]) -> None:
+    def _apply(self, chunks: list[list[Op]], committed: list[int], mark: position.Mark | None = None) -> None:
         """Apply ``chunks`` from ``committed[0]`` on, each in its own target
-        transaction; ``committed`` counts the chunks and rows committed."""
+        transaction; ``committed`` counts the chunks and rows committed. The last
+        chunk's transaction also writes ``mark`` (the worker's position row).
+        Failpoint ``mysql.commit``: before each chunk's commit (``eio``: the chunk is
+        rolled back, the batch fails while other workers may have committed theirs)."""
         conn = self.connect()
         try:
             while committed[0] < len(chunks):
-                done = self._apply_ops(conn, chunks[committed[0]])
+                last = committed[0] == len(chunks) - 1
+                done = self._apply_ops(conn, chunks[committed[0]], mark if last else None)
+                failpoints.hit("mysql.commit")  # a chunk is about to be committed (the others' may be already)
                 conn.commit()
                 committed[0] += 1
                 committed[1] += done
@@ -239,7 +271,11 @@ class Worker:
                 self.drop()
             raise err from inner
 
-    def _apply_ops(self, conn: pymysql.connections.Connection, ops: list[Op]) -> int:
+    def _apply_ops(self, conn: pymysql.connections.Connection, ops: list[Op],
+                   mark: position.Mark | None = None) -> int:
+        """Apply ``ops`` in the open transaction (not committed here): their statements,
+        the ``applied`` identities of tables without keys and, with ``mark``, the
+        worker's position row; the number of rows applied (replays skipped)."""
         progress: dict[str, Ident] = {}
         todo = []
         for op in ops:
@@ -285,6 +321,8 @@ class Worker:
                     "region=VALUES(region), seq=VALUES(seq)",
                     (tkey, ident[0], ident[1], ident[2]),
                 )
+            if mark is not None and self.s.meta_db:
+                cur.execute(position.upsert_sql(self.s.meta_db), mark.params(self.s.name, self.index))
         for tkey, ident in progress.items():
             self.s.progress_after_commit[tkey] = ident
         return len(todo)
@@ -412,7 +450,8 @@ class MySQLSender(Sender):
         Key("txn_atomic", p_bool, False, doc="one target transaction per source transaction"),
         Key("batch_rows", p_int(1, 100_000), 1000, doc="rows per multi-row statement"),
         Key("meta_database", p_str, "_capturer",
-            doc="database for replay protection of tables without keys; empty disables it"),
+            doc="database for the sender's position and the replay protection of tables without keys; "
+                "empty disables both"),
         Key("connect_timeout", p_float(0.5, 600), 5.0),
         Key("timeout", p_float(1, 86_400), 600.0, doc="read/write timeout of one statement (s)"),
     ]
@@ -430,6 +469,13 @@ class MySQLSender(Sender):
         self.progress: dict[str, Ident] = {}
         self.progress_after_commit: dict[str, Ident] = {}
         self._progress_loaded = False
+        # the position (senders/mysql/position.py): this open's run, the last phase number, and the key of
+        # the last transaction known whole at the target (read from it, or committed since)
+        self._run_id = 0
+        self._phase = 0
+        self._whole: StreamKey | None = None
+        self._read_at: StreamKey | None = None  # what resume_key() read at open
+        self._read_since_open = False
         self.counters: dict[str, int] = {"phases": 0, "barriers": 0, "ddl_applied": 0, "ddl_skipped": 0,
                                          "replace_fallbacks": 0, "upsert_fallbacks": 0,
                                          "replayed_skips": 0, "deadlock_retries": 0}
@@ -443,6 +489,8 @@ class MySQLSender(Sender):
         st = super().status()
         st.update(self.counters)
         st["workers"] = self.n
+        st["position"] = key_to_json(self._whole)  # the last transaction known whole at the target
+        st["resumed_at"] = key_to_json(self._read_at)  # the target's position as read at open
         return st
 
     # --- lifecycle ----------------------------------------------------------
@@ -459,16 +507,52 @@ class MySQLSender(Sender):
                         "region VARCHAR(64) NOT NULL, seq INT UNSIGNED NOT NULL) "
                         "DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin"
                     )
+                    cur.execute(position.create_sql(self.meta_db))
                 conn.commit()
             except pymysql.err.MySQLError as exc:
-                err = _classify(exc, f"creating {self.meta_db}.applied on the target")
+                err = _classify(exc, f"creating {self.meta_db}.applied and .position on the target")
                 if err.retriable:
                     self.workers[0].drop()
                     raise err from exc
-                log.warning("sender %s: %s; tables without keys are not protected against "
-                            "replays (set meta_database= to silence this)", self.name, err)
+                log.warning("sender %s: %s; tables without keys are not protected against replays and the "
+                            "sender keeps no position in the target (set meta_database= to silence this)",
+                            self.name, err)
                 self.meta_db = ""
         self._progress_loaded = False
+        # a new run: its phases are named (run, phase), never those of an earlier run
+        self._run_id, self._phase = secrets.randbits(63), 0
+        self._whole = self._read_at = None
+        self._read_since_open = False
+
+    def resume_key(self) -> StreamKey | None:
+        """The key of the last transaction the target holds whole, read from
+        ``<meta_database>.position`` (``position.whole_key``), or None (no position
+        there yet, or ``meta_database`` empty). Rows after it may be partly there:
+        keyed ones converge when applied again, those of tables without keys are
+        skipped by ``<meta_database>.applied``. Called after ``open()`` and before a
+        retried batch (the base drops what is at or below it)."""
+        if not self.meta_db:
+            return None
+        conn = self.workers[0].connect()
+        try:
+            with conn.cursor() as cur:
+                cur.execute(position.select_sql(self.meta_db), (self.name,))
+                rows = [position.Row.from_db(r) for r in cur.fetchall()]
+            conn.commit()
+        except pymysql.err.MySQLError as exc:
+            self.workers[0].drop()
+            raise _classify(exc, "reading the position") from exc
+        key = position.whole_key(rows)
+        if not self._read_since_open:
+            self._read_since_open = True
+            self._read_at = key
+            if key is not None:
+                log.info("sender %s: the target holds the stream up to %s (%s.position)", self.name, key,
+                         self.meta_db)
+        # what this run committed since is at the target too (it is written with the next phase)
+        if key is not None and (self._whole is None or key > self._whole):
+            self._whole = key
+        return self._whole
 
     def _load_progress(self) -> None:
         self.progress = {}
@@ -494,6 +578,14 @@ class MySQLSender(Sender):
         return (self.target_db or ch.db, ch.table)
 
     def send(self, batch: list[Txn]) -> None:
+        """Apply ``batch``; transactions at or below the target's position are dropped
+        first (a sender process started again after its predecessor applied them
+        gets them once more)."""
+        if self._whole is not None and batch and stream_key(batch[0]) <= self._whole:
+            kept = [t for t in batch if stream_key(t) > self._whole]
+            log.info("sender %s: the target has %d transaction(s) of the batch already (up to %s): dropped",
+                     self.name, len(batch) - len(kept), self._whole)
+            batch = kept
         try:
             if not self._progress_loaded:
                 self._load_progress()
@@ -510,25 +602,36 @@ class MySQLSender(Sender):
         while the next one is placed (conflict keys, groups: computing only, nothing
         sent); it is handed to them only after the one before has committed, so
         phases never overlap at the target. Barriers (a change linking two groups,
-        a DDL) end a phase early."""
+        a DDL) end a phase early.
+
+        Each worker with a share of a phase writes its position row with the share's
+        last rows (``position.Mark``: the phase's name and size, the key known whole
+        when it was handed out, and the key of the last transaction all of whose rows
+        it or an earlier phase holds); ``_whole`` moves once a phase has committed."""
         causality = Causality()
         lanes: dict[int, list[list[Op]]] = {}
         placed = [0]
-        in_flight: list[list[Future[int]]] = []
+        # the key of the last transaction whose every row is placed (in this phase or before)
+        placed_whole: list[StreamKey | None] = [self._whole]
+        # phases handed out: their futures and the key each makes whole
+        in_flight: list[tuple[list[Future[int]], StreamKey | None]] = []
 
         def wait() -> None:
             if in_flight:
-                self._wait_phase(in_flight[-1])  # still listed while waited for: see finally
+                futures, whole = in_flight[-1]
+                self._wait_phase(futures)  # still listed while waited for: see finally
                 in_flight.pop()
+                self._advance(whole)
 
         def flush() -> None:
             if lanes:
                 wait()
                 futures: list[Future[int]] = []
-                in_flight.append(futures)
+                in_flight.append((futures, placed_whole[0]))
                 self.count("phases")
+                mark = self._mark(len(lanes), placed_whole[0])
                 for w, units in lanes.items():  # each listed as soon as it is submitted
-                    futures.append(self.workers[w].submit(units, self.atomic))
+                    futures.append(self.workers[w].submit(units, self.atomic, mark))
                 lanes.clear()
             causality.reset()
             placed[0] = 0
@@ -544,10 +647,12 @@ class MySQLSender(Sender):
 
         try:
             for txn in batch:
+                key = stream_key(txn)
                 if txn.ddl is not None:
                     flush()
                     wait()
-                    self._apply_ddl(txn.ddl)
+                    self._apply_ddl(txn.ddl, key)
+                    placed_whole[0] = key
                     continue
                 if self.atomic:  # one target transaction: the whole source transaction at once
                     ops = [Op((txn.commit_ts, txn.region, i), ch, *self._target(ch))
@@ -556,28 +661,42 @@ class MySQLSender(Sender):
                         keys = [k for op in ops for k in conflict_keys(op.ch, op.db, op.table)]
                         place(keys, ops)
                         placed[0] += len(ops)
-                        if placed[0] >= self.phase_rows:
+                else:
+                    ts, region, tdb = txn.commit_ts, txn.region, self.target_db
+                    for i, ch in enumerate(txn.changes):  # a spilled transaction is read chunk by chunk
+                        if placed[0] >= self.phase_rows:  # bounded memory; the next phase is placed meanwhile
                             flush()
-                    continue
-                ts, region, tdb = txn.commit_ts, txn.region, self.target_db
-                for i, ch in enumerate(txn.changes):  # a spilled transaction is read chunk by chunk
-                    s = ch.schema
-                    op = Op((ts, region, i), ch, tdb or s.db, s.table)
-                    place(conflict_keys(ch, op.db, op.table), [op])
-                    placed[0] += 1
-                    if placed[0] >= self.phase_rows:  # bounded memory; the next phase is placed meanwhile
-                        flush()
+                        s = ch.schema
+                        op = Op((ts, region, i), ch, tdb or s.db, s.table)
+                        place(conflict_keys(ch, op.db, op.table), [op])
+                        placed[0] += 1
+                placed_whole[0] = key
+                if placed[0] >= self.phase_rows:
+                    flush()
             flush()
             wait()
+            self._advance(placed_whole[0])  # the batch's last transactions may have had no rows
         finally:
             # an error while placing or applying: let a phase in flight finish before
             # the batch is retried (its workers are the ones the retry uses)
-            for futures in in_flight:
+            for futures, _whole in in_flight:
                 for f in futures:
                     try:
                         f.result()
                     except BaseException:
                         pass
+
+    def _mark(self, parts: int, whole: StreamKey | None) -> position.Mark | None:
+        """The next phase's position row (None without ``meta_database``)."""
+        if not self.meta_db:
+            return None
+        self._phase += 1
+        return position.Mark(self._run_id, self._phase, parts, self._whole, whole)
+
+    def _advance(self, whole: StreamKey | None) -> None:
+        """Every transaction up to ``whole`` is committed at the target."""
+        if whole is not None and (self._whole is None or whole > self._whole):
+            self._whole = whole
 
     #: rows per phase: the workers apply one while the sender places the next
     phase_rows = 10_000
@@ -609,17 +728,24 @@ class MySQLSender(Sender):
             sql = re.sub(pat, "", sql)
         return self.target_db, sql
 
-    def _apply_ddl(self, ddl: Ddl) -> None:
+    def _apply_ddl(self, ddl: Ddl, key: StreamKey) -> None:
+        """Apply ``ddl`` (its stream key ``key``) on worker 0, every phase before it
+        committed, then write its position (worker 0's row, a phase of one) in a
+        transaction of its own: MySQL commits a DDL implicitly, so the two cannot share
+        one (a crash in between applies it again: "already applied" is skipped)."""
         if self.options["ddl"] == "skip":
             self.count("ddl_skipped")
+            self._advance(key)
             return
         plan = self._ddl_sql(ddl)
         if plan is None:
             self.count("ddl_skipped")
             log.info("sender %s: skipping %r (database mapping is on)", self.name, ddl.sql[:100])
+            self._advance(key)
             return
         use, sql = plan
         w = self.workers[0]
+        mark = self._mark(1, key)
 
         def run() -> None:
             conn = w.connect()
@@ -643,6 +769,10 @@ class MySQLSender(Sender):
                             raise
                 conn.commit()
                 self.count("ddl_applied")
+                if mark is not None:
+                    with conn.cursor() as cur:
+                        cur.execute(position.upsert_sql(self.meta_db), mark.params(self.name, w.index))
+                    conn.commit()
             except BaseException as exc:
                 err = _classify(exc, f"applying DDL {sql[:200]!r}")
                 if err.retriable:
@@ -650,3 +780,4 @@ class MySQLSender(Sender):
                 raise err from exc
 
         w.pool.submit(run).result()
+        self._advance(key)

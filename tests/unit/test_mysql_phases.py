@@ -30,7 +30,7 @@ class FakeWorker:
         self.applied: list[int] = []  # ids, in the order applied
         self.busy = False
 
-    def submit(self, units: list[list[Op]], atomic: bool) -> Future[int]:
+    def submit(self, units: list[list[Op]], atomic: bool, mark: Any = None) -> Future[int]:
         self.busy = True
         return self.pool.submit(self.apply, units, self.s.counters["phases"])
 
@@ -121,7 +121,7 @@ def test_a_ddl_waits_for_the_phase_in_flight(monkeypatch: pytest.MonkeyPatch) ->
     s = sender(delay=0.1)
     seen: list[int] = []
 
-    def ddl(d: Ddl) -> None:
+    def ddl(d: Ddl, key: Any = None) -> None:
         seen.append(sum(len(w.applied) for w in s.workers))
 
     monkeypatch.setattr(s, "_apply_ddl", ddl)
