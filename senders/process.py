@@ -206,9 +206,15 @@ class ProcessSender(Sender):
         self._answer()
 
     def resume_key(self) -> Any:
-        """The child's sender's answer: at open (with the open's answer), then asked again."""
-        if self._fresh_key or self.proc is None or self.proc.poll() is not None:
-            self._fresh_key = False  # a new child opens with the next attempt, and tells it then
+        """The child's sender's answer. A dead child is replaced first: the new one reads
+        the destination's position when it opens (what the dead one wrote of a batch is
+        then known, and the retry sends only the rest)."""
+        if self.proc is None or self.proc.poll() is not None:
+            if self.proc is not None:
+                log.warning("sender %s: %s", self.name, self._gone())
+            self.open()
+        if self._fresh_key:  # it came with the open's answer
+            self._fresh_key = False
             return self._resume_key
         self._write([wire.packb(["key"])])
         self._answer()

@@ -14,7 +14,9 @@ renamed), ``region.ddl`` (a region is about to emit a DDL), ``spill.chunk``
 (a chunk of a big transaction was written to the spill file), ``spill.write``
 (before writing a spill chunk), ``local.write`` (the file sender writes a block),
 ``backlog.write`` (a record was appended to a backlog segment), ``mysql.commit`` (a MySQL sender worker is
-about to commit a chunk).
+about to commit a chunk), ``spark.stage`` / ``spark.commit`` / ``spark.committed`` (the lake's batch: its
+files staged, its commit line about to be written, committed but not yet published), ``kafka.produce`` (after
+each produce call of the Kafka sender).
 
 A bad rule is an error naming the variable, never ignored.
 """

@@ -18,8 +18,32 @@ in order.
 * delivery: ``acks=all``; confluent-kafka's producer is idempotent, kafka-python's
   is not (see _KafkaPython) and keeps one request in flight. A batch is acknowledged
   only when the broker has acknowledged every message in it. On failure the
-  whole batch is sent again (at least once); the ``region``, ``commit_ts`` and
-  ``seq`` headers identify duplicates.
+  producer is dropped and the batch sent again by a new one.
+* no duplicates (``read_back=true``, the default; senders/kafka/positions.py): before
+  a producer first writes to a topic (at start, and after every failed batch) the
+  sender reads the last message of each of the topic's partitions back from Kafka;
+  its identity headers (``region``, ``commit_ts``, ``seq``, ``op``) say exactly
+  what that partition already holds, since each partition gets the sender's
+  messages in one increasing order and keeps a prefix of them. Every message at
+  or below its partition's mark is dropped, so neither a restart after ``kill -9``
+  nor a retried batch writes a message twice. ``resume_key()`` is None: one
+  transaction's rows may be in some partitions and not yet in others, so the
+  skipping is per partition, not per transaction. Once the replayed part is past
+  (the transaction in hand is above every mark) nothing is checked per message.
+  Left: kafka-python's own retry of a request whose answer was lost (its producer
+  is not idempotent) writes that request twice (measured:
+  tests/integration/test_kafka_exactly_once.py::test_lost_produce_answers); the
+  topics must have this sender as their only writer; see the manual (Senders: Kafka).
+
+  Why not a transactional producer (``client=confluent``)? Its atomicity needs a
+  broker that enforces transactions (Tansu, our test broker, does not: aborted
+  records stay visible), so it could not be verified here; it would add a
+  commit round trip per batch; consumers would need ``isolation.level=
+  read_committed``; and after ``kill -9`` the replayed batch would still be written
+  again (a new producer aborts the open transaction, but the stream replays from
+  the checkpoint, which may be behind batches already committed). The read-back
+  works with both clients, on any broker whose fetch reports the true end of a
+  partition, and needs no consumer settings.
 * ``client=confluent`` uses confluent-kafka (librdkafka) when it is installed.
 """
 
@@ -33,9 +57,10 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ClassVar, Protocol, cast
 
 from capturer.errors import SinkError
-from capturer.model import RowChange, TableSchema, Txn, ts_physical_ms
+from capturer.model import RowChange, StreamKey, TableSchema, Txn, stream_key, ts_physical_ms
 from capturer.model.encode import _fallback, _fastrows
 from capturer.model.spill import SpilledChanges
+from capturer.util import failpoints
 from capturer.util.ini import Key, p_bool, p_choice, p_int, p_nonempty, p_str
 from senders.base import Sender
 from senders.kafka.messages import (
@@ -49,6 +74,7 @@ from senders.kafka.messages import (
     key_bytes,
     truncate_message,
 )
+from senders.kafka.positions import END_POS, Marks, MsgKey, Record, message_key, read_marks, row_key
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +135,12 @@ def partition_for(key: bytes, partitions: int) -> int:
     return (_murmur2(key) & 0x7FFFFFFF) % partitions
 
 
+Failure = tuple[str, int, Any, bool]
+"""A message the producer did not deliver: ``(topic, partition, headers, value is null)``."""
+
+READ_BACK_TIMEOUT = 60.0  # seconds to read the last messages of one topic's partitions
+
+
 class _Client(Protocol):
     """What the sender needs from a Kafka client library."""
 
@@ -127,19 +159,40 @@ class _Client(Protocol):
     def flush(self, timeout: float) -> list[str]: ...
     def close(self) -> None: ...
 
+    # reading back (senders/kafka/positions.py); a client without these (a test double) reads nothing back
+    def offsets(self, topic: str, partitions: Sequence[int]) -> dict[int, tuple[int, int]]:
+        """``(low, high)`` offsets of each partition, as the broker lists them."""
+        raise NotImplementedError
+
+    def last_records(self, topic: str, starts: dict[int, int], timeout: float) -> dict[int, Record]:
+        """Each partition read from its start offset to its end (the high watermark the fetch
+        responses report): the last message read of each (none for a partition with nothing there).
+        A consumer of no group (assign and seek), ``read_committed``."""
+        raise NotImplementedError
+
+    def failures(self) -> list[Failure]:
+        """The messages the producer reported as not delivered since the last call (after
+        ``close()``: also those it gave up on at the close)."""
+        return []
+
 
 class _KafkaPython(_Client):
+    _reader: Any = None  # the consumer that reads partitions back, made when first needed
+
     def __init__(self, servers: str, opts: dict[str, Any]):
         from kafka import KafkaProducer
         from kafka.admin import KafkaAdminClient
 
+        self.servers = servers
         common = {"bootstrap_servers": servers.split(","), "request_timeout_ms": 15000}
         # Not idempotent: kafka-python's idempotent producer lost acknowledged
         # messages across broker restarts in our probe (tests/chaos/
         # tansu_durability.py: 298 of 150,000 after 9 graceful restarts; none
         # without idempotence). One request in flight keeps the order of a
-        # partition through retries; a retried batch may be written twice, and
-        # copies carry the same (region, commit_ts, seq) headers.
+        # partition through retries (so a partition holds a prefix of what was
+        # sent to it, which the read-back relies on); a request the broker wrote
+        # but whose answer was lost is written again by the client's own retry,
+        # and the copies carry the same (region, commit_ts, seq) headers.
         self.producer = KafkaProducer(
             **common, acks="all", enable_idempotence=False, max_in_flight_requests_per_connection=1,
             linger_ms=opts["linger_ms"],
@@ -147,7 +200,8 @@ class _KafkaPython(_Client):
             compression_type=None if opts["compression"] == "none" else opts["compression"],
         )
         self.admin = KafkaAdminClient(**common)
-        self.futures: list[Any] = []
+        self.futures: list[tuple[Any, Message]] = []
+        self._failed: list[Failure] = []
 
     def partitions(self, topic: str) -> int:
         # ask the admin client first: a producer metadata request for a missing
@@ -168,25 +222,87 @@ class _KafkaPython(_Client):
 
     def produce(self, topic: str, partition: int, key: bytes | None, value: bytes | None,
                 headers: list[tuple[str, bytes]]) -> None:
-        self.futures.append(self.producer.send(topic, value=value, key=key, headers=headers,
-                                               partition=partition))
+        self.futures.append((self.producer.send(topic, value=value, key=key, headers=headers, partition=partition),
+                             (topic, partition, key, value, headers)))
+
+    def produce_all(self, messages: list[Message]) -> None:
+        send, futures = self.producer.send, self.futures
+        for m in messages:
+            futures.append((send(m[0], value=m[3], key=m[2], headers=m[4], partition=m[1]), m))
 
     def flush(self, timeout: float) -> list[str]:
         self.producer.flush(timeout)
         errors = []
-        for f in self.futures:
+        for f, m in self.futures:
             if not f.is_done:
                 errors.append("not acknowledged in time")
+                self._failed.append((m[0], m[1], m[4], m[3] is None))
             elif f.failed():
                 errors.append(repr(f.exception))
+                self._failed.append((m[0], m[1], m[4], m[3] is None))
         self.futures = []
         return errors
+
+    def failures(self) -> list[Failure]:
+        out, self._failed = self._failed, []
+        return out
+
+    def _consumer(self) -> Any:
+        if self._reader is None:
+            from kafka import KafkaConsumer
+
+            self._reader = KafkaConsumer(
+                bootstrap_servers=self.servers.split(","), group_id=None, enable_auto_commit=False,
+                isolation_level="read_committed", auto_offset_reset="earliest", request_timeout_ms=15000,
+                session_timeout_ms=6000, heartbeat_interval_ms=2000, fetch_max_wait_ms=10)
+        return self._reader
+
+    def offsets(self, topic: str, partitions: Sequence[int]) -> dict[int, tuple[int, int]]:
+        from kafka import TopicPartition
+
+        c = self._consumer()
+        tps = [TopicPartition(topic, p) for p in partitions]
+        low, high = c.beginning_offsets(tps), c.end_offsets(tps)
+        return {tp.partition: (low[tp], high[tp]) for tp in tps}
+
+    def last_records(self, topic: str, starts: dict[int, int], timeout: float) -> dict[int, Record]:
+        from kafka import TopicPartition
+
+        c = self._consumer()
+        tps = [TopicPartition(topic, p) for p in starts]
+        c.assign(tps)
+        for tp in tps:
+            c.seek(tp, starts[tp.partition])
+        out: dict[int, Record] = {}
+        left = set(tps)
+        deadline = time.monotonic() + timeout
+        try:
+            while left and time.monotonic() < deadline:
+                for tp, recs in c.poll(timeout_ms=100).items():
+                    if recs:
+                        out[tp.partition] = (recs[-1].headers, recs[-1].value is None)
+                for tp in list(left):
+                    hw = c.highwater(tp)  # from the last fetch response: the true end, also on Tansu
+                    if hw is not None and c.position(tp) >= hw:
+                        left.discard(tp)
+        finally:
+            c.unsubscribe()
+        if left:
+            raise SinkError(f"topic {topic!r}: partitions {sorted(tp.partition for tp in left)} not read to "
+                            f"their end in {timeout:.0f}s")
+        return out
 
     def close(self) -> None:
         try:
             self.producer.close(5)
+            for f, m in self.futures:  # a batch that failed before its flush: what never made it
+                if not f.is_done or f.failed():
+                    self._failed.append((m[0], m[1], m[4], m[3] is None))
+            self.futures = []
         finally:
             self.admin.close()
+            if self._reader is not None:
+                self._reader.close()
 
 
 class _Reports:
@@ -197,24 +313,34 @@ class _Reports:
 
     def __init__(self) -> None:
         self.errors: list[str] = []
+        self.failed: list[Failure] = []
         self.lock = threading.Lock()
 
-    def __call__(self, err: Any, _msg: Any) -> None:
+    def __call__(self, err: Any, msg: Any) -> None:
         if err is not None:
             with self.lock:
                 self.errors.append(str(err))
+                self.failed.append((msg.topic(), msg.partition(), msg.headers(), msg.value() is None))
 
     def take(self) -> list[str]:
         with self.lock:
             errors, self.errors = self.errors, []
         return errors
 
+    def take_failed(self) -> list[Failure]:
+        with self.lock:
+            failed, self.failed = self.failed, []
+        return failed
+
 
 class _Confluent(_Client):
+    _reader: Any = None  # the consumer that reads partitions back, made when first needed
+
     def __init__(self, servers: str, opts: dict[str, Any]):
         import confluent_kafka
         from confluent_kafka.admin import AdminClient
 
+        self.servers = servers
         self.reports = _Reports()
         self._since_poll = 0
         self.producer = confluent_kafka.Producer(self.conf(servers, opts))
@@ -228,6 +354,8 @@ class _Confluent(_Client):
         # Delivery reports only for failures: a success costs no Python call. flush()
         # returns only when every message is delivered or failed (and its report served),
         # so "nothing left and no error reported" means every message was acknowledged.
+        # Idempotent: the producer's own retries write nothing twice and keep each
+        # partition's order, so a partition holds a prefix of what was sent to it.
         return {"bootstrap.servers": servers, "acks": "all", "enable.idempotence": True,
                 "linger.ms": opts["linger_ms"], "message.timeout.ms": timeout_ms,
                 "compression.type": opts["compression"], "queue.buffering.max.messages": 1_000_000,
@@ -293,8 +421,65 @@ class _Confluent(_Client):
             errors.append(f"{left} messages not acknowledged in time")
         return errors
 
+    def failures(self) -> list[Failure]:
+        return self.reports.take_failed()
+
+    def _consumer(self) -> Any:
+        if self._reader is None:
+            import confluent_kafka
+
+            # group.id only because the client wants one: no group is joined (assign, never subscribe)
+            # and nothing is committed
+            self._reader = confluent_kafka.Consumer({
+                "bootstrap.servers": self.servers, "group.id": "capturer-read-back", "enable.auto.commit": False,
+                "isolation.level": "read_committed", "enable.partition.eof": True, "auto.offset.reset": "earliest",
+                "fetch.wait.max.ms": 10, "session.timeout.ms": 6000, "heartbeat.interval.ms": 2000})
+        return self._reader
+
+    def offsets(self, topic: str, partitions: Sequence[int]) -> dict[int, tuple[int, int]]:
+        from confluent_kafka import KafkaException, TopicPartition
+
+        c = self._consumer()
+        try:
+            return {p: tuple(c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)) for p in partitions}
+        except KafkaException as exc:
+            raise SinkError(f"topic {topic!r}: cannot list its offsets: {exc}") from exc
+
+    def last_records(self, topic: str, starts: dict[int, int], timeout: float) -> dict[int, Record]:
+        from confluent_kafka import KafkaError, TopicPartition
+
+        c = self._consumer()
+        c.assign([TopicPartition(topic, p, off) for p, off in starts.items()])
+        out: dict[int, Record] = {}
+        left = set(starts)
+        deadline = time.monotonic() + timeout
+        try:
+            while left and time.monotonic() < deadline:
+                first = c.poll(0.1)  # (consume() would wait its whole timeout for fewer messages)
+                for m in ([first] + c.consume(1000, 0)) if first is not None else ():
+                    err = m.error()
+                    if err is None:
+                        out[m.partition()] = (m.headers(), m.value() is None)
+                    elif err.code() == KafkaError._PARTITION_EOF:  # at the fetch response's high watermark
+                        left.discard(m.partition())
+                    elif not err.retriable():
+                        raise SinkError(f"topic {topic!r}: reading its last messages failed: {err}")
+        finally:
+            c.unassign()
+        if left:
+            raise SinkError(f"topic {topic!r}: partitions {sorted(left)} not read to their end in {timeout:.0f}s")
+        return out
+
     def close(self) -> None:
-        self.producer.flush(5)
+        try:
+            if self.producer.flush(5):
+                # given up on: purged, reported as failures (a request in flight may still land: then
+                # the retry writes it again, a duplicate, never a gap)
+                self.producer.purge()
+                self.producer.flush(1)
+        finally:
+            if self._reader is not None:
+                self._reader.close()
 
 
 class KafkaSender(Sender):
@@ -311,6 +496,9 @@ class KafkaSender(Sender):
         Key("create_topics", p_bool, True, doc="create missing topics"),
         Key("compression", p_choice("none", "gzip", "lz4", "zstd", "snappy"), "none"),
         Key("linger_ms", p_int(0, 10_000), 5),
+        Key("read_back", p_bool, True, doc="read the last message of each partition back before writing to it "
+            "with a new producer, and skip what Kafka holds already (no duplicates after a crash or a retry; "
+            "needs read access to the topics); false = at least once"),
     ]
     batch_rows = 20_000
 
@@ -322,14 +510,23 @@ class KafkaSender(Sender):
         self._parts: dict[str, int] = {}
         self._topics: dict[tuple[str, str, str], str] = {}
         self.messages = 0
+        # what each partition holds already (read back), for the run: survives new producers
+        self.marks = Marks()
+        self._txn_key: StreamKey = (0, "", 0)  # the transaction in hand
+        self._skipped_logged = 0
 
     def status(self) -> dict[str, Any]:
         st = super().status()
-        st.update({"messages": self.messages, "client": self.options["client"], "format": self.fmt})
+        st.update({"messages": self.messages, "client": self.options["client"], "format": self.fmt,
+                   "skipped": self.marks.skipped})
         return st
 
     def open(self) -> None:
-        servers = self.options["servers"]
+        self.client = self._new_client(self.options["servers"])
+        # a new producer: every topic's partitions are read back before its first message
+        self._parts = {}
+
+    def _new_client(self, servers: str) -> _Client:
         try:
             if self.options["client"] == "confluent":
                 try:
@@ -337,28 +534,37 @@ class KafkaSender(Sender):
                 except ImportError:
                     raise SinkError("client=confluent needs confluent-kafka: "
                                     ".venv/bin/pip install confluent-kafka", retriable=False) from None
-                self.client = _Confluent(servers, self.options)
-            else:
-                try:
-                    import kafka  # noqa: F401
-                except ImportError:
-                    raise SinkError("client=kafka-python needs the project's 'kafka' extra: "
-                                    ".venv/bin/pip install -e '.[kafka]' (start.sh installs it)",
-                                    retriable=False) from None
-                self.client = _KafkaPython(servers, self.options)
+                return _Confluent(servers, self.options)
+            try:
+                import kafka  # noqa: F401
+            except ImportError:
+                raise SinkError("client=kafka-python needs the project's 'kafka' extra: "
+                                ".venv/bin/pip install -e '.[kafka]' (start.sh installs it)",
+                                retriable=False) from None
+            return _KafkaPython(servers, self.options)
         except SinkError:
             raise
         except Exception as exc:
             raise SinkError(f"cannot reach Kafka at {servers}: {exc}") from exc
-        self._parts = {}
+
+    def resume_key(self) -> StreamKey | None:
+        """None: the sender skips per partition what Kafka holds already (the marks are read
+        before the first message to each topic after ``open()``), not per transaction: rows
+        of one transaction go to several partitions, and a crash or a failed batch can leave
+        some of them written and others not."""
+        return None
 
     def close(self) -> None:
-        if self.client is not None:
+        client, self.client = self.client, None
+        if client is not None:
             try:
-                self.client.close()
+                client.close()
             except Exception:
                 pass
-            self.client = None
+            # what the producer did not deliver: never skipped on the strength of a later mark
+            # (a gap before it), for the rest of the run
+            for topic, part, headers, null in getattr(client, "failures", list)():
+                self.marks.failed((topic, part), message_key(headers, null))
 
     def topic_for(self, db: str, table: str, region: str) -> str:
         hit = self._topics.get((db, table, region))
@@ -371,6 +577,8 @@ class KafkaSender(Sender):
         return hit
 
     def _partitions(self, topic: str) -> int:
+        """The partition count of ``topic`` (created if missing); the first time with this
+        producer, after reading its partitions' marks back."""
         n = self._parts.get(topic)
         if n is None:
             assert self.client is not None
@@ -387,8 +595,30 @@ class KafkaSender(Sender):
                 if n == 0:
                     raise SinkError(f"topic {topic!r} was created but has no partitions yet")
             self.client.learn(topic)
+            self._read_back(topic, n)
             self._parts[topic] = n
         return n
+
+    def _read_back(self, topic: str, partitions: int) -> None:
+        """Learn what ``topic``'s partitions hold of this sender's messages (their last
+        message's key), before this producer writes to it (even a topic just created:
+        another writer may have been quicker, and an empty topic costs one ListOffsets)."""
+        client = self.client
+        if not self.options["read_back"] or client is None or getattr(client, "last_records", None) is None:
+            return
+        t0 = time.monotonic()
+        try:
+            marks = read_marks(topic, range(partitions), client.offsets, client.last_records, READ_BACK_TIMEOUT)
+        except SinkError:
+            raise
+        except Exception as exc:
+            raise SinkError(f"topic {topic!r}: cannot read its last messages back: {exc}") from exc
+        before = len(self.marks.limits)
+        self.marks.learn(topic, marks, self._txn_key)
+        if len(self.marks.limits) != before or log.isEnabledFor(logging.DEBUG):
+            log.info("sender %s: topic %s read back in %.2fs: %d of %d partitions hold messages of the stream from "
+                     "%s on (those are not sent again)", self.name, topic, time.monotonic() - t0,
+                     sum(1 for tp in self.marks.limits if tp[0] == topic), partitions, list(self._txn_key))
 
     def send(self, batch: list[Txn]) -> None:
         if self.client is None:
@@ -406,6 +636,11 @@ class KafkaSender(Sender):
             self.close()
             raise SinkError(f"produce failed: {exc}") from exc
         self.messages += sent
+        self.marks.batch_done()
+        if self.marks.skipped != self._skipped_logged:
+            log.info("sender %s: %d messages Kafka held already were not sent again (%d so far)", self.name,
+                     self.marks.skipped - self._skipped_logged, self.marks.skipped)
+            self._skipped_logged = self.marks.skipped
 
     @staticmethod
     def _flush_or_raise(client: _Client) -> None:
@@ -417,21 +652,33 @@ class KafkaSender(Sender):
         return [("region", txn.region.encode()), ("commit_ts", str(txn.commit_ts).encode()),
                 ("seq", str(seq).encode()), ("op", _OP_BYTES.get(op) or op.encode())]
 
+    def _put(self, client: _Client, topic: str, part: int, key: bytes | None, value: bytes | None,
+             headers: list[tuple[str, bytes]], mkey: MsgKey) -> int:
+        """Produce one message (of key ``mkey``) unless its partition holds it already: 1 or 0."""
+        if self.marks.limits and not self.marks.keep((topic, part), mkey):
+            return 0
+        client.produce(topic, part, key, value, headers)
+        return 1
+
     def _send_txn(self, txn: Txn) -> int:
         assert self.client is not None
         client = self.client
+        tk = self._txn_key = stream_key(txn)
+        if self.marks.limits:
+            self.marks.at(tk)
         n = 0
         if txn.ddl is not None:
             topic = self.options["schema_topic"]
+            d = txn.ddl
+            sub = tk[2]
             if topic:
                 self._partitions(topic)  # create it if needed; DDL keeps one order: partition 0
-                client.produce(topic, 0, txn.ddl.db.encode(), ddl_message(txn, txn.ddl, self.fmt),
-                               self._headers(txn, txn.ddl.seq, "ddl"))
-                n += 1
-            if is_truncate(txn.ddl):
+                n += self._put(client, topic, 0, d.db.encode(), ddl_message(txn, d, self.fmt),
+                               self._headers(txn, d.seq, "ddl"), (txn.commit_ts, txn.region, sub, 0, 0))
+                failpoints.hit("kafka.produce")
+            if is_truncate(d):
                 # the table's own consumers see it emptied: an event (op "t", no key) in every
                 # partition of its topic, in order with the keys that partition holds
-                d = txn.ddl
                 table_topic = self.topic_for(d.db, d.table, txn.region)
                 body = truncate_message(txn, d, self.fmt)
                 try:
@@ -444,8 +691,9 @@ class KafkaSender(Sender):
                                 table_topic, exc)
                     return n
                 for part in range(parts):
-                    client.produce(table_topic, part, None, body, self._headers(txn, d.seq, "t"))
-                    n += 1
+                    n += self._put(client, table_topic, part, None, body, self._headers(txn, d.seq, "t"),
+                                   (txn.commit_ts, txn.region, sub, 0, 1))
+                failpoints.hit("kafka.produce")
             return n
         if not txn.changes:
             return 0
@@ -453,13 +701,23 @@ class KafkaSender(Sender):
         txn_id = f"{txn.region}:{txn.commit_ts}".encode()
         if txn_topic:
             self._partitions(txn_topic)
-            client.produce(txn_topic, 0, txn_id, self._txn_record(txn, "BEGIN"), self._headers(txn, 0, "begin"))
-            n += 1
+            n += self._put(client, txn_topic, 0, txn_id, self._txn_record(txn, "BEGIN"),
+                           self._headers(txn, 0, "begin"), (txn.commit_ts, txn.region, 0, -1, 0))
+            failpoints.hit("kafka.produce")
         n += self._send_rows(txn, client)
         if txn_topic:
-            client.produce(txn_topic, 0, txn_id, self._txn_record(txn, "END"), self._headers(txn, 0, "end"))
-            n += 1
+            n += self._put(client, txn_topic, 0, txn_id, self._txn_record(txn, "END"),
+                           self._headers(txn, 0, "end"), (txn.commit_ts, txn.region, 0, END_POS, 0))
+            failpoints.hit("kafka.produce")
         return n
+
+    def _unsent(self, txn: Txn, msgs: list[Message]) -> list[Message]:
+        """The messages of ``msgs`` (rows of ``txn``) their partitions do not hold yet."""
+        limits, keep = self.marks.limits, self.marks.keep
+        ts, region = txn.commit_ts, txn.region
+        # headers: region, commit_ts, seq, op (both encoders)
+        return [m for m in msgs if (m[0], m[1]) not in limits
+                or keep((m[0], m[1]), row_key(ts, region, int(m[4][2][1]), m[4][3][1], m[3] is None))]
 
     def _send_rows(self, txn: Txn, client: _Client) -> int:
         """The rows of a transaction, a slice at a time: in the json format rendered by
@@ -487,7 +745,10 @@ class KafkaSender(Sender):
                     pass
             if msgs is None:
                 msgs = self.row_messages(txn, part, seq0, encode)
+            if self.marks.limits:  # (only while the replayed part is in hand)
+                msgs = self._unsent(txn, msgs)
             client.produce_all(msgs)
+            failpoints.hit("kafka.produce")
             n += len(msgs)
             seq0 += len(part)
             unflushed += len(part)

@@ -4,16 +4,20 @@ snapshot, and the SQL that gives the current state (merge on read).
 Per source table ``db.table`` under the warehouse directory::
 
     <warehouse>/<name>/changelog/      append-only Parquet: one row per change
+    <warehouse>/<name>/_staging/       files of a batch not committed yet (read by no one)
     <warehouse>/<name>/snapshots/gen-N/ the newest compacted snapshot
     <warehouse>/<name>/_state.json      manifest: columns, primary key, snapshot
                                         generation and its watermark (swapped atomically)
+    <warehouse>/_capturer/commits.jsonl the commit log (``senders.spark.commits``)
 
 Changelog rows carry ``_op`` ('i', 'u', 'd'), ``_commit_ts``, ``_region``,
 ``_seq`` (index in the source transaction) and ``_sub`` (0, or 1 for the
 insert half of a key change), then the row's columns (the new image; the old
-one for a delete). ``(_region, _commit_ts, _seq, _sub)`` identifies a change:
-a replay after a crash writes the same identity again, and every reader below
-counts it once.
+one for a delete). ``(_region, _commit_ts, _seq, _sub)`` identifies a change.
+The sender commits each batch once (``senders.spark.commits``): a changelog
+holds each identity once, and only files of committed batches. The SQL below
+still counts an identity once if one is there twice (a changelog written
+before the commit log existed).
 
 Catalog (database ``cdc`` by default), registered by the sender in its session
 and by ``register_tables`` in any other session (the CLI, a notebook)::
@@ -34,6 +38,7 @@ from typing import Any
 
 from capturer.model import ColumnInfo
 from capturer.model.encode import T_BIT, format_timedelta
+from senders.spark.commits import recover_if_idle
 
 META_COLS = ["_op", "_commit_ts", "_region", "_seq", "_sub"]
 STATE_FILE = "_state.json"
@@ -252,8 +257,11 @@ def list_tables(warehouse: Path) -> list[TableState]:
 
 
 def register_tables(spark: Any, warehouse: Path | str, database: str = "cdc") -> list[TableState]:
-    """Register every lake table of a warehouse in this Spark session."""
+    """Register every lake table of a warehouse in this Spark session. If no sender
+    writes the lake now, committed files a crash left staged are published first
+    (``commits.recover_if_idle``)."""
     warehouse = Path(warehouse).resolve()
+    recover_if_idle(warehouse)
     tables = list_tables(warehouse)
     for st in tables:
         register(spark, st, database, warehouse)

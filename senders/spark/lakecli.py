@@ -1,6 +1,7 @@
 """Query and verify the Spark lake: ``python -m senders.spark.lakecli ...``
 
-    tables   --warehouse W                      list lake tables and their state
+    tables   --warehouse W                      list lake tables and their state, and the commit log's
+                                                last batch (the lake's position)
     sql      --warehouse W "SELECT ..."         run Spark SQL with every lake table registered
     show     --warehouse W db.table [--limit N] the current state of one source table
     compact  --warehouse W                      write new snapshots now
@@ -164,6 +165,10 @@ def main(argv: list[str] | None = None) -> int:
             for st in lake.register_tables(spark, warehouse, database):
                 print(f"{database}.{st.name:40s} <- {st.db}.{st.table}  pk={st.pk} "
                       f"snapshot=gen{st.generation} watermark={st.watermark}")
+            from senders.spark.commits import CommitLog
+
+            last = CommitLog(warehouse).last()
+            print(f"commit log: {'no batch committed' if last is None else f'batch {last.batch}, key {list(last.key)}'}")
             return 0
         tables = lake.register_tables(spark, warehouse, database)
         if args.command == "sql":

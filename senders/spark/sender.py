@@ -2,11 +2,19 @@
 Arrow, with a merge-on-read current state and periodic compaction
 (layout and SQL in ``senders.spark.lake``).
 
-* A batch is grouped by table; each table's rows become one Arrow table that
-  Spark appends to ``<warehouse>/<name>/changelog``. On a local filesystem the
-  new files are fsync'd; only then is the batch acknowledged.
-* A replay after a crash appends the same ``(_region, _commit_ts, _seq, _sub)``
-  again; the current-state view and compaction count it once.
+* A batch is grouped by table; each table's rows become one Arrow table,
+  written as a Parquet file for ``<warehouse>/<name>/changelog``.
+* Each batch is committed once, whole (``senders.spark.commits``): its files
+  (every table's) are staged and fsync'd, one fdatasync'd line of the lake's
+  commit log commits them with the stream key of the batch's last transaction,
+  then they are renamed into the changelogs. Only then is the batch
+  acknowledged. After a crash (kill -9 anywhere) or a failed attempt, the
+  sender brings the lake to its last committed batch (staged files of a
+  committed batch are published, the others deleted) and reports that batch's
+  key as its position (``resume_key``): nothing at or below it is written
+  again, so a changelog holds every change identity
+  ``(_region, _commit_ts, _seq, _sub)`` once. Readers (Spark, the views,
+  compaction) see committed batches only.
 * ADD COLUMN (and new tables) just work: the changelog schema is merged. A
   column whose type changes incompatibly stops the sender with an error that
   says what to do.
@@ -29,10 +37,11 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from capturer.errors import SinkError
-from capturer.model import RowChange, TableSchema, Txn
+from capturer.model import RowChange, StreamKey, TableSchema, Txn, key_to_json, stream_key
+from capturer.util import failpoints
 from capturer.util.ini import Key, p_choice, p_float, p_int, p_nonempty, p_str
 from senders.base import Sender
-from senders.spark import lake
+from senders.spark import commits, lake
 
 log = logging.getLogger(__name__)
 
@@ -94,8 +103,18 @@ class SparkSender(Sender):
         self._views_retry_at = 0.0  # a persistent catalog's session that failed: tried again then
         self.housekeeping_error = ""  # the last compaction (or view session) that could not run, "" once one ran
         self.tables: dict[tuple[str, str], lake.TableState] = {}
-        self._synced: set[str] = set()
-        self._swept: set[str] = set()
+        # the commit log, and the lake's last committed batch and its key (read back from the lake)
+        self._commits = commits.CommitLog(self.warehouse)
+        self._batch = 0
+        self._key: StreamKey | None = None
+        self._attempt_failed = False  # an attempt at a batch failed after it began: recover before the next
+        # the batch being written: its staged files per lake table, their directories, rows, name parts
+        self._staged: dict[str, list[str]] = {}
+        self._stage_dirs: set[Path] = set()
+        self._stages_synced: set[Path] = set()  # staging directories whose parents were fsync'd (by a commit)
+        self._staged_rows = 0
+        self._token = ""
+        self._n = 0
         self._last_compaction = time.monotonic()
         self.appends = 0
         self.compactions = 0
@@ -106,6 +125,7 @@ class SparkSender(Sender):
         st.update({"appends": self.appends, "compactions": self.compactions,
                    "last_compaction_seconds": round(self.last_compaction_seconds, 2),
                    "tables": len(self.tables), "warehouse": str(self.warehouse),
+                   "lake_batch": self._batch, "lake_key": key_to_json(self._key),
                    "writer": self.options["writer"], "housekeeping_error": self.housekeeping_error,
                    "session": ("ready" if self.spark is not None else
                                "starting" if self._session_thread is not None and self._session_thread.is_alive()
@@ -144,6 +164,15 @@ class SparkSender(Sender):
                             "JAVA_HOME; sh start.sh installs it (apt-get install openjdk-17-jre-headless)",
                             retriable=False)
         self.warehouse.mkdir(parents=True, exist_ok=True)
+        if not self._commits.lock():
+            raise SinkError(f"the lake {self.warehouse} is being written by another process (pid "
+                            f"{self._commits.holder()}: another capturer, or this sender's previous process "
+                            "still exiting); waiting for it")
+        try:
+            self._recover()
+        except BaseException:
+            self._commits.unlock()
+            raise
         for st in lake.list_tables(self.warehouse):
             self.tables[(st.db, st.table)] = st
             st._dirty = True  # type: ignore[attr-defined]
@@ -199,7 +228,9 @@ class SparkSender(Sender):
         session, waited for (writer=spark needs it anyway), or else only if it runs
         (starting it, or its failure, is housekeeping's business: an append never
         fails for a view)."""
-        dirty = [st for st in self.tables.values() if getattr(st, "_dirty", True)]
+        # (a table whose first batch is not committed yet has no changelog: registered later)
+        dirty = [st for st in self.tables.values() if getattr(st, "_dirty", True)
+                 and (self.warehouse / st.name / "changelog").is_dir()]
         if not dirty:
             return
         spark = self._session() if wait else self.spark
@@ -218,6 +249,7 @@ class SparkSender(Sender):
         self._session_thread = None
         self._opened = False
         self._session_error = None
+        self._commits.unlock()
         if self.spark is not None:
             if getattr(self, "_own_session", True):
                 try:
@@ -226,12 +258,50 @@ class SparkSender(Sender):
                     pass
             self.spark = None
 
+    # --- positions ----------------------------------------------------------
+    def _recover(self) -> None:
+        """Bring the lake to its last committed batch (``CommitLog.recover``) and take
+        that batch's number and key."""
+        last = self._commits.recover()
+        self._batch, self._key = (last.batch, last.key) if last is not None else (0, None)
+        self._attempt_failed = False
+
+    def resume_key(self) -> StreamKey | None:
+        """The key of the last transaction of the lake's last committed batch, read from
+        the commit log after bringing the lake to that batch (every transaction at or
+        below it is in the changelogs, whole; nothing after it is there); None if no
+        batch was committed yet (a new lake, or one written before the commit log)."""
+        if not self._opened:
+            return None
+        self._recover()
+        return self._key
+
     # --- sending ------------------------------------------------------------
     flush_rows = 100_000
 
     def send(self, batch: list[Txn]) -> None:
+        """Write the batch as one commit (all its tables or none). Transactions at or
+        below the lake's position are dropped first: a sender process started again
+        after its predecessor committed a batch but died before answering gets that
+        batch once more."""
         if not self._opened:
             self.open()
+        if not batch:
+            return
+        if self._attempt_failed:
+            self._recover()
+        if self._key is not None and stream_key(batch[-1]) <= self._key:
+            log.info("sender %s: the lake has this batch already (up to %s)", self.name, self._key)
+            return
+        if self._key is not None and stream_key(batch[0]) <= self._key:
+            key = self._key
+            kept = [t for t in batch if stream_key(t) > key]
+            log.info("sender %s: the lake has %d transaction(s) of this batch already (up to %s)", self.name,
+                     len(batch) - len(kept), key)
+            batch = kept
+        self._attempt_failed = True
+        self._staged, self._stage_dirs, self._staged_rows = {}, set(), 0
+        self._token, self._n = uuid.uuid4().hex[:8], 0
         by_table: dict[tuple[str, str], list[tuple[Txn, int, int, str, RowChange, dict[str, Any]]]] = {}
         pending = 0
         for txn in batch:
@@ -264,6 +334,9 @@ class SparkSender(Sender):
                 else:
                     rows.append((txn, seq, 0, "u", ch, ch.after or {}))
         self._flush(by_table)
+        self._commit(stream_key(batch[-1]))
+        self._attempt_failed = False
+        self._register_dirty(wait=self.options["writer"] == "spark")
 
     def housekeeping(self) -> None:
         """A compaction when one is due: its session is started then, in the
@@ -365,45 +438,92 @@ class SparkSender(Sender):
                     vals = [lake.lake_value(v, t) for v in vals]
                 data[c] = vals
             table = pa.Table.from_pydict(data, schema=pa.schema(fields))
-            path = self.warehouse / st.name / "changelog"
-            if self.options["writer"] == "arrow":
-                self._append_arrow(table, path)
-            else:
-                try:
-                    df = self._session().createDataFrame(table)
-                    df.coalesce(1).write.mode("append").parquet(str(path))
-                except Exception as exc:
-                    raise SinkError(f"append to {path} failed: {exc}") from exc
-                if str(path).startswith("/"):
-                    lake.fsync_tree(path, self._synced)
+            stage = self.warehouse / st.name / commits.STAGING
+            try:
+                if stage not in self._stages_synced:  # its name made durable with the first batch it holds
+                    stage.mkdir(parents=True, exist_ok=True)
+                    self._stage_dirs.update((stage.parent, self.warehouse))
+                self._stage_dirs.add(stage)
+                if self.options["writer"] == "arrow":
+                    names = [self._stage_arrow(table, stage)]
+                else:
+                    names = self._stage_spark(table, stage)
+                self._staged.setdefault(st.name, []).extend(names)
+                self._staged_rows += table.num_rows
+                failpoints.hit("spark.stage")
+            except OSError as exc:
+                raise SinkError(f"append to {self.warehouse / st.name / 'changelog'} failed: {exc}") from exc
             self.appends += 1
-        self._register_dirty(wait=self.options["writer"] == "spark")
 
-    def _append_arrow(self, table: Any, path: Path) -> None:
-        """One changelog file, written by pyarrow: to a hidden name (Spark skips
-        files starting with "."), fsync'd, then renamed into place, so a reader
-        or a crash never sees half a file."""
+    def _next_name(self) -> str:
+        name = commits.part_name(self._batch + 1, self._n, self._token)
+        self._n += 1
+        return name
+
+    def _stage_arrow(self, table: Any, stage: Path) -> str:
+        """One file of the batch, written by pyarrow into ``stage`` and fsync'd; its name."""
         import pyarrow.parquet as pq
 
-        name = f"part-{uuid.uuid4().hex}.snappy.parquet"
-        tmp = path / f".{name}.tmp"
+        name = self._next_name()
+        pq.write_table(table, stage / name, compression="snappy")
+        fd = os.open(stage / name, os.O_RDONLY)
         try:
-            path.mkdir(parents=True, exist_ok=True)
-            if str(path) not in self._swept:  # leftovers of a crash mid-write
-                for old in path.glob(".part-*.tmp"):
-                    old.unlink(missing_ok=True)
-                self._swept.add(str(path))
-            pq.write_table(table, tmp, compression="snappy")
-            fd = os.open(tmp, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(tmp, path / name)
-            lake.fsync_dir(path)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        return name
+
+    def _stage_spark(self, table: Any, stage: Path) -> list[str]:
+        """The batch's rows of one table, written by a Spark job into a directory of
+        ``stage``, fsync'd, and its files moved up into ``stage``; their names."""
+        import shutil
+
+        out = stage / commits.spark_dir_name(self._batch + 1, self._n, self._token)
+        try:
+            df = self._session().createDataFrame(table)
+            df.coalesce(1).write.mode("overwrite").parquet(str(out))
+        except SinkError:
+            raise
+        except Exception as exc:
+            raise SinkError(f"append to {stage.parent / 'changelog'} failed: {exc}") from exc
+        lake.fsync_tree(out, set())
+        names = []
+        for part in sorted(out.glob("part-*.parquet")):
+            name = self._next_name()
+            os.replace(part, stage / name)
+            names.append(name)
+        shutil.rmtree(out, ignore_errors=True)
+        return names
+
+    def _commit(self, key: StreamKey) -> None:
+        """Make the staged batch the lake's next one: its staging directories (and, at
+        their first use, their parents) fsync'd, its line appended to the commit log
+        (the commit point), then its files renamed into the changelogs. A failure
+        before the commit point leaves the batch uncommitted (its files are deleted by
+        the next recovery); after it, committed (its files are published by the next
+        recovery, the retry finds it there). The changelog directories are not
+        fsync'd after the renames: a rename lost to a power failure is done again by
+        the recovery at the next start."""
+        try:
+            for d in sorted(self._stage_dirs):
+                lake.fsync_dir(d)
+            self._stages_synced.update(d for d in self._stage_dirs if d.name == commits.STAGING)
+            failpoints.hit("spark.commit")
         except OSError as exc:
-            tmp.unlink(missing_ok=True)
-            raise SinkError(f"append to {path} failed: {exc}") from exc
+            raise SinkError(f"cannot commit to the lake {self.warehouse}: {exc}") from exc
+        c = commits.Commit(self._batch + 1, key, self._staged, self._staged_rows)
+        self._commits.append(c)
+        self._batch, self._key = c.batch, c.key
+        try:
+            failpoints.hit("spark.committed")
+            for name, files in self._staged.items():
+                stage, cl = self.warehouse / name / commits.STAGING, self.warehouse / name / "changelog"
+                cl.mkdir(parents=True, exist_ok=True)
+                for f in files:
+                    os.replace(stage / f, cl / f)
+        except OSError as exc:
+            raise SinkError(f"batch {c.batch} is committed to the lake {self.warehouse}, but publishing its "
+                            f"files failed: {exc}") from exc
 
     def _ddl(self, txn: Txn) -> None:
         """TRUNCATE and DROP TABLE empty the current state; ADD COLUMN is noted with
@@ -425,7 +545,6 @@ class SparkSender(Sender):
         st.reset_ts = txn.commit_ts
         st.save(self.warehouse / st.name)
         st._dirty = True  # type: ignore[attr-defined]
-        self._register_dirty(wait=False)
 
     def _add_columns(self, txn: Txn) -> None:
         ddl = txn.ddl
@@ -448,13 +567,18 @@ class SparkSender(Sender):
                 st.columns.append([col, stype])
         st.save(self.warehouse / st.name)
         st._dirty = True  # type: ignore[attr-defined]
-        self._register_dirty(wait=False)
 
     def compact_all(self) -> None:
+        """A new snapshot generation of every table, from the committed changelog files
+        (staged files are in no changelog directory); between batches only."""
         t0 = time.monotonic()
+        if self._attempt_failed:
+            self._recover()
         spark = self._session()
         self._register_dirty(wait=True)  # compaction reads the registered changelog
         for key, st in list(self.tables.items()):
+            if not (self.warehouse / st.name / "changelog").is_dir():
+                continue
             try:
                 new = lake.compact(spark, st, self.database, self.warehouse)
                 new._dirty = getattr(st, "_dirty", True) and new is st  # type: ignore[attr-defined]

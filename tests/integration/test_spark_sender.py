@@ -161,6 +161,7 @@ def test_kill9_replay_is_deduplicated(tmp_path: Path, two_servers, spark) -> Non
     total = cl.count()
     distinct = cl.select("_region", "_commit_ts", "_seq", "_sub").distinct().count()
     print(f"changelog rows {total}, distinct identities {distinct}")
+    assert total == distinct  # each batch is committed to the lake once (senders/spark/commits.py)
     for table in ("users", "pairs", "log"):
         r = verify(spark, wh, "cdc", "app", table, sources(two_servers))
         assert r["equal"], r
