@@ -690,9 +690,13 @@ def check_sinks(run: ChaosRun) -> list[str]:
     from workload import rows_of
 
     assert run.target is not None
+    from collections import Counter
+
     for t in TABLES:
         w = sorted((r for m in run.sources for r in rows_of(m, "app", t)), key=repr)
         g = rows_of(run.target, "app", t)
+        if t == "log":  # the keyless table: a row applied twice is a second identical row
+            f.duplicates["mysql"] = sum((Counter(map(repr, g)) - Counter(map(repr, w))).values())
         lost, div, why = compare(f"MySQL app.{t}", [repr(r) for r in w], [repr(r) for r in g])
         f.lost += lost
         f.diverged += div
@@ -723,10 +727,27 @@ def check_sinks(run: ChaosRun) -> list[str]:
         if why:
             problems += kafka_trail(records, raw, t, want[t], state_k.get(("app", t), []))
 
-    # the lake, through its merge-on-read views (in a child: its own JVM)
+    # the lake, through its merge-on-read views (in a child: its own JVM), and its changelogs' identities
     if run.plan.spark:
         problems += check_lake(run)
+        f.duplicates["spark"] = lake_changelog_duplicates(run.wh)
     return problems
+
+
+def lake_changelog_duplicates(wh: Path) -> int:
+    """Identities (_region, _commit_ts, _seq, _sub) that appear more than once in a
+    table's changelog (what an outside checker counts; the merged views count one)."""
+    import pyarrow.parquet as pq
+
+    n = 0
+    for log_dir in wh.glob("*/changelog"):
+        seen: set[tuple[Any, ...]] = set()
+        for part in sorted(log_dir.rglob("*.parquet")):
+            for r in pq.read_table(part, columns=["_region", "_commit_ts", "_seq", "_sub"]).to_pylist():
+                k = (r["_region"], r["_commit_ts"], r["_seq"], r["_sub"])
+                n += k in seen
+                seen.add(k)
+    return n
 
 
 def kafka_trail(records: list[Rec], raw: list[dict[str, Any]], table: str, want: list[str],
