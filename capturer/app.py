@@ -304,7 +304,7 @@ class Capturer:
         self.manager.stop()
         self.manager.join(30)
         try:
-            self.keeper.write(force=True)
+            self.keeper.write()  # rewritten only if it changed: a start that failed leaves the file as it was
             log.info("final checkpoint: commit_ts=%d %s", self.checkpoint.commit_ts,
                      {r: str(p) for r, p in self.checkpoint.regions.items()})
         except OSError as exc:

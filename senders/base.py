@@ -110,6 +110,7 @@ class Sender:
     # --- machinery ----------------------------------------------------------
     def start(self, acked_ts: int) -> None:
         self.acked_ts = acked_ts
+        self._acked_state = self.resume_state  # kept until a batch of this run is acknowledged
         self._thread.start()
 
     def stop(self) -> None:

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Any
 
 from capturer.errors import SinkError
@@ -174,7 +174,7 @@ def read_marks(
     topic: str,
     partitions: Sequence[int],
     offsets: Callable[[str, Sequence[int]], dict[int, tuple[int, int]]],
-    read: Callable[[str, dict[int, int], float], dict[int, Record]],
+    read: Callable[[str, dict[int, int], float, Collection[int]], dict[int, Record]],
     timeout: float = 60.0,
 ) -> dict[int, MsgKey]:
     """The key of the last message of each non-empty partition of ``topic``.
@@ -208,7 +208,7 @@ def read_marks(
         left = deadline - time.monotonic()
         if left <= 0:
             raise SinkError(f"the last messages of topic {topic!r} were not read in {timeout:.0f}s")
-        got = read(topic, starts, left)
+        got = read(topic, starts, left, [p for p, start in starts.items() if start <= bounds[p][0]])
         again: dict[int, int] = {}
         for p, start in starts.items():
             rec = got.get(p)
@@ -222,7 +222,9 @@ def read_marks(
                 continue
             lo = bounds[p][0]
             if start > lo:
+                # nothing from there: once one record batch back (a broker may serve nothing from an offset
+                # inside a batch), then from the partition's start, which every broker serves
                 step *= 2
-                again[p] = max(lo, start - step)
+                again[p] = max(lo, start - step) if step <= 2 else lo
         starts = again
     return out

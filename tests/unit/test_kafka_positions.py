@@ -89,7 +89,8 @@ class FakeKafka:
             out[p] = (0, base + 1 if log else 0)  # Tansu's answer: the last batch's base + 1
         return out
 
-    def last_records(self, topic: str, starts: dict[int, int], timeout: float) -> dict[int, Any]:
+    def last_records(self, topic: str, starts: dict[int, int], timeout: float,
+                     patient: Any = ()) -> dict[int, Any]:
         self.reads += 1
         out = {}
         for p, start in starts.items():
@@ -274,25 +275,29 @@ def test_read_marks_starts_at_the_listed_end_and_steps_back() -> None:
     def offsets(topic: str, parts: Any) -> dict[int, tuple[int, int]]:
         return {0: (0, 11), 1: (0, 0), 2: (0, 5)}
 
-    def read(topic: str, starts: dict[int, int], timeout: float) -> dict[int, Any]:
+    patience: list[list[int]] = []
+
+    def read(topic: str, starts: dict[int, int], timeout: float, patient: Any = ()) -> dict[int, Any]:
         asked.append(dict(starts))
+        patience.append(sorted(patient))
         # partition 2: only control records after offset 2 (nothing a consumer sees)
         return {p: (logs[p][-1], False) for p, s in starts.items() if p == 0 or (p == 2 and s < 2)}
 
     marks = read_marks("t", [0, 1, 2], offsets, read)
     assert marks == {0: (1, "r1", 0, 49, 2), 2: (2, "r1", 0, 4, 2)}
     assert asked[0] == {0: 10, 2: 4}  # an empty partition is not read
-    assert asked[1:] == [{2: 2}, {2: 0}]
+    assert asked[1:] == [{2: 2}, {2: 0}]  # one batch back, then from the partition's start
+    assert patience == [[], [], [2]]  # read from its start: waited for however long the broker takes
 
 
 def test_read_marks_foreign_last_message_gives_no_mark() -> None:
-    marks = read_marks("t", [0], lambda t, p: {0: (0, 3)}, lambda t, s, to: {0: ([("x", b"1")], False)})
+    marks = read_marks("t", [0], lambda t, p: {0: (0, 3)}, lambda t, s, to, pa=(): {0: ([("x", b"1")], False)})
     assert marks == {}
 
 
 def test_read_marks_gives_up_after_its_time() -> None:
     with pytest.raises(SinkError, match="not read"):
-        read_marks("t", [0], lambda t, p: {0: (5, 9)}, lambda t, s, to: {}, timeout=0.0)
+        read_marks("t", [0], lambda t, p: {0: (5, 9)}, lambda t, s, to, pa=(): {}, timeout=0.0)
 
 
 # --- the sender over the fake broker ---------------------------------------------------------
@@ -391,3 +396,26 @@ def test_steady_state_checks_nothing_per_message(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(s2, "_unsent", lambda *a: calls.append(1))
     s2.send(txns[25:])
     assert calls == []
+
+
+def test_a_topic_that_cannot_be_read_back_is_written_after_a_few_attempts_not_never(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A broker that cannot serve the read-back (seen with Tansu on S3 storage after a
+    restart) must not stop the sender for good: after READ_BACK_GIVE_UP failed attempts
+    in a row the topic is written without skipping, loudly, and the status says so."""
+    from capturer.errors import SinkError
+    from senders.kafka import sender as mod
+
+    class Stuck(FakeKafka):
+        def offsets(self, topic: str, parts: object) -> dict[int, tuple[int, int]]:
+            return {0: (0, 10)}
+
+        def last_records(self, topic: str, starts: object, timeout: float, patient: object = ()) -> dict[int, object]:
+            raise SinkError(f"topic {topic!r}: partitions [0] not read to their end in 60s")
+
+    s = sender(Stuck())
+    for _ in range(mod.READ_BACK_GIVE_UP - 1):
+        with pytest.raises(SinkError):
+            s._read_back("t", 1)
+    s._read_back("t", 1)  # the last attempt gives up on skipping, and goes on
+    assert s.status()["read_back_given_up"] == ["t"] and not s.marks.limits

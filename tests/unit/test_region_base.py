@@ -322,3 +322,34 @@ def test_require_start_kind() -> None:
         require_start_kind(ctx(start=Position("f", 4)), "b", "baikaldb", TsPosition)
     with pytest.raises(CheckpointError, match=r"is type=postgresql$"):
         require_start_kind(ctx(start=Position("f", 4)), "p", "postgresql", LsnPosition, remedy="")
+
+
+def test_a_transaction_first_read_after_a_crash_stays_above_a_chunk_inserted_before_it(tmp_path: Path) -> None:
+    """A snapshot chunk goes out at "now" (RegionClock.extra), above the binlog's
+    whole-second times; a sender may hold it. A transaction the crash kept from being
+    read, in the same second, must not get a commit_ts below it after the restart (a
+    sender that skips what is at or below its position would lose it): the chunk's
+    commit_ts is journaled as a floor at its point, and a replay passing that point
+    raises the clock again."""
+    from capturer.model import Position, make_ts
+    from capturer.regions.clock import LiftJournal, RegionClock
+
+    j = LiftJournal(tmp_path / "lifts")
+    second = 1_700_000_000
+    c = RegionClock("r", 0, j)
+    a = c.commit(second, Position("b.000001", 100))  # a transaction, then a chunk inserted after it
+    chunk = c.extra(second * 1000 + 700, Position("b.000001", 100))
+    assert chunk > a and chunk >= make_ts(second * 1000 + 700)
+    # crash; the restart resumes from the checkpoint at (b.000001, 100), floor = a's commit_ts
+    again = RegionClock("r", a, LiftJournal(tmp_path / "lifts"))
+    d = again.commit(second, Position("b.000001", 200))  # never read before the crash, same second
+    assert d <= chunk  # without the floor: below the chunk a sender may hold
+    replay = RegionClock("r", a, LiftJournal(tmp_path / "lifts"))
+    replay.at(Position("b.000001", 200))
+    assert replay.commit(second, Position("b.000001", 200)) > chunk
+    # the floor stays while the checkpoint is at its point, and goes once it is passed
+    j2 = LiftJournal(tmp_path / "lifts")
+    j2.prune({"r": Position("b.000001", 100)})
+    assert j2.floors("r") == [(("b.000001", 100), chunk)]
+    j2.prune({"r": Position("b.000001", 150)})
+    assert j2.floors("r") == []

@@ -346,7 +346,7 @@ def test_kafka_sends_a_truncate_to_every_partition_of_the_tables_topic(sql: str)
     s = KafkaSender("kafka", {"servers": "x:1", "topic": "capturer.{db}.{table}", "format": "json",
                               "client": "kafka-python", "tombstones": False, "txn_topic": "",
                               "schema_topic": "capturer.schema_changes", "partitions": 3, "replication_factor": 1,
-                              "create_topics": True, "compression": "none", "linger_ms": 5})
+                              "create_topics": True, "compression": "none", "linger_ms": 5, "read_back": False})
     fake = _FakeKafka()
     s.client = fake  # type: ignore[assignment]
     s._send_txn(Txn("r1", 7 << 18, Position("f.000001", 150), (), Ddl("d", sql, "t", "d")))

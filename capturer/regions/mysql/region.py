@@ -374,7 +374,7 @@ class MySQLRegion(ClockedRegion):
         more. Everything sent before was at most the source's clock when it was sent:
         a transaction's source second plus a counter (below 2^18 per second, one
         millisecond's worth), a heartbeat's promise, a lift above them."""
-        return self.clock.extra(int(time.time() * 1000 + self._clock_offset_ms) + 1)
+        return self.clock.extra(int(time.time() * 1000 + self._clock_offset_ms) + 1, self.position)
 
     def _heartbeat(self, here: Position | None = None) -> None:
         now_ms = self._source_now_ms()
@@ -916,6 +916,7 @@ class MySQLRegion(ClockedRegion):
         with self._lock:
             self._apply_requests()
             pos = Position(str(stream.log_file), int(stream.log_pos), gtid, self.snap_progress)
+            self.clock.at(pos)  # (items a run before a crash inserted before this point raised the clock)
             ts = self.clock.commit(int(source_ts), pos)
             txn = Txn(self.name, ts, pos, rows, ddl, int(source_ts), gtid)
             if ddl is not None:
