@@ -316,6 +316,7 @@ class Plan:
     spill_rows: int = 300
     pace: float = 0.01  # seconds between a shard's transactions: a load the sinks can follow on 2 cores
     spark: bool = True
+    kafka_client: str = "kafka-python"  # the Kafka sender's client (kafka-python is the default)
 
 
 @dataclass
@@ -442,7 +443,7 @@ class ChaosRun:
             f"[global]\ntype={','.join(senders)}\n"
             f"[local]\nfilepath={self.out}\nrotate_mb=4\n"
             f"[mysql]\nhost=127.0.0.1\nport={self.target.port}\nuser=root\npassword=\nthreadnum=4\n"
-            f"[kafka]\nservers={self.broker.servers}\n"
+            f"[kafka]\nservers={self.broker.servers}\nclient={p.kafka_client}\n"
             f"[spark]\nmaster=local[1]\nwarehouse={self.wh}\nbatch_interval=1\ncompaction_interval=0\n"
         )
         (t / "filter_rule.txt").write_text("")

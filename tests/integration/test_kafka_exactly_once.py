@@ -180,7 +180,8 @@ def stop_load(loads: list[Workload], threads: list[threading.Thread], scratch: S
 @pytest.mark.parametrize("client,process", [
     ("confluent", False),
     ("kafka-python", False),
-    ("confluent", True),
+    # a sender process: the same positions through the process boundary (slow: with --runslow)
+    pytest.param("confluent", True, marks=pytest.mark.slow),
 ])
 def test_kill9_mid_load_no_duplicates_nothing_lost(tmp_path: Path, two_servers: list[MariaDBInstance],
                                                    broker: Broker, monkeypatch: pytest.MonkeyPatch,

@@ -138,6 +138,7 @@ def test_pk_change_delete_then_create_in_right_partitions(tmp_path: Path, two_se
     assert json.loads(delete.value)["before"] == {"id": 1, "v": "a"}
 
 
+@pytest.mark.slow  # CI time (test_a_hung_broker_holds_back_nobody covers a broker that is away)
 def test_broker_down_at_start_then_up_costs_nothing(tmp_path: Path, two_servers, capturer_running) -> None:  # type: ignore[no-untyped-def]
     m1 = two_servers[0]
     m1.execute("CREATE DATABASE d", "CREATE TABLE d.t (id INT PRIMARY KEY)")
@@ -156,6 +157,7 @@ def test_broker_down_at_start_then_up_costs_nothing(tmp_path: Path, two_servers,
     assert ids == list(range(50))
 
 
+@pytest.mark.slow  # CI time (the chaos suite's quick run restarts the broker under load, every sender)
 def test_broker_restarted_mid_load(tmp_path: Path, two_servers) -> None:  # type: ignore[no-untyped-def]
     """The broker goes away under load and comes back (Tansu keeping its log in an
     S3 store, stopped with SIGTERM as an operator restarts a broker: Tansu loses

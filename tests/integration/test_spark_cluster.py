@@ -18,7 +18,8 @@ from workload import SCHEMA, Workload
 
 from devtools.local_mariadb import free_port
 
-pytestmark = pytest.mark.integration
+# slow (CI time): a standalone Spark cluster; local[*] is what every other Spark test uses
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 pyspark = pytest.importorskip("pyspark")
 
 

@@ -190,6 +190,7 @@ def test_lakecli_verify_and_show(tmp_path: Path, two_servers, capturer_running, 
     assert not re.search(r"\|2\s*\|", r.stdout)
 
 
+@pytest.mark.slow  # CI time (sender processes: test_agents.py::test_senders_in_their_own_processes)
 def test_compaction_in_a_sender_process_starts_its_session_on_demand(tmp_path: Path, two_servers, spark,  # type: ignore[no-untyped-def]
                                                                      capturer_running) -> None:
     """process=true: the child writes with pyarrow and has no Spark session until a
