@@ -45,6 +45,7 @@ from capturer.errors import CheckpointError
 from capturer.model import AnyPosition, Heartbeat, Item, StreamKey, Txn, stream_key, wire
 from capturer.util import failpoints
 from capturer.util.bqueue import Closed
+from capturer.util.durable import fsync_dir
 
 log = logging.getLogger(__name__)
 
@@ -268,7 +269,7 @@ class Backlog:
         self._file = open(path, "ab")
         with self.lock:
             self.segments.append(_Segment(path, first))
-        _fsync_dir(self.dir)
+        fsync_dir(self.dir)
         self._encoder = wire.Encoder()  # a segment is read from its start: its schemas are its own
 
     def flush(self, upto: int) -> None:
@@ -334,13 +335,6 @@ def _array_header(n: int) -> bytes:
         return b"\xdc" + n.to_bytes(2, "big")
     return b"\xdd" + n.to_bytes(4, "big")
 
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _records(path: Path, verify: bool = True, end: int | None = None) -> Iterator[tuple[int, int, int, bytes]]:

@@ -45,6 +45,7 @@ from capturer.errors import CheckpointError
 from capturer.model import AnyPosition, StreamKey, key_from_json, key_to_json, position_from_json, ts_physical_ms
 from capturer.pipeline.backlog import BacklogMark
 from capturer.util import failpoints
+from capturer.util.durable import fsync_dir
 
 VERSION = 2
 VERSIONS = (1, 2)
@@ -230,11 +231,7 @@ def save_checkpoint(path: Path, cp: Checkpoint) -> None:
         os.close(fd)
     failpoints.hit("checkpoint.write")
     os.replace(tmp, path)
-    dfd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+    fsync_dir(path.parent)
 
 
 class CheckpointKeeper:

@@ -17,6 +17,15 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
+def fsync_dir(d: Path) -> None:
+    """fsync a directory, so that the names created, renamed or removed in it last."""
+    fd = os.open(d, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def read_journal(path: Path | None, parse: Callable[[Any], T], what: str) -> list[T]:
     """Each JSON line of ``path`` (none if it does not exist) through ``parse``. A
     torn last line (kill -9 during an append: nothing refers to it) is skipped with

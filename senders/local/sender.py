@@ -31,6 +31,7 @@ from capturer.model import LsnPosition, Position, RowChange, StreamKey, TableSch
 from capturer.model.encode import _fallback, _fastrows, encode_line_bytes
 from capturer.model.spill import SpilledChanges
 from capturer.util import failpoints
+from capturer.util.durable import fsync_dir
 from capturer.util.ini import Key, p_bool, p_choice, p_int, p_nonempty
 from senders.base import Sender
 from senders.sqlbuild import build
@@ -374,11 +375,7 @@ class LocalSender(Sender):
         self._rotated = max(nums) + 1 if nums else 1
         dest = self.path.with_name(f"{self.path.name}.{self._rotated:06d}")
         os.rename(self.path, dest)
-        dfd = os.open(self.path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+        fsync_dir(self.path.parent)
         log.info("%s: rotated to %s", self.path, dest.name)
         self._f = open(self.path, "ab")
         self._size = 0

@@ -54,6 +54,7 @@ from pathlib import Path
 
 from capturer.errors import SinkError
 from capturer.model import StreamKey, key_from_json, key_to_json
+from capturer.util.durable import fsync_dir
 
 log = logging.getLogger(__name__)
 
@@ -127,13 +128,6 @@ class Commit:
 def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
-
-def _fsync_dir(d: Path) -> None:
-    fd = os.open(d, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class CommitLog:
@@ -257,8 +251,8 @@ class CommitLog:
         try:
             if self._fd is None:
                 self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-                _fsync_dir(self.dir)  # (the log's name, and the directory's, when this created them)
-                _fsync_dir(self.warehouse)
+                fsync_dir(self.dir)  # (the log's name, and the directory's, when this created them)
+                fsync_dir(self.warehouse)
             view = memoryview(line)
             while view:
                 view = view[os.write(self._fd, view):]
@@ -293,7 +287,7 @@ class CommitLog:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self.path)
-        _fsync_dir(self.dir)
+        fsync_dir(self.dir)
 
     # --- recovery -------------------------------------------------------------
     def recover(self) -> Commit | None:
@@ -346,9 +340,9 @@ def _recover_staging(stage: Path, changelog: Path, done: int, listed: set[str]) 
             p.unlink(missing_ok=True)
         removed += b is not None and b > done
     if published:
-        _fsync_dir(changelog)
+        fsync_dir(changelog)
     if published or removed:
-        _fsync_dir(stage)
+        fsync_dir(stage)
     return published, removed
 
 

@@ -38,6 +38,7 @@ from typing import Any
 
 from capturer.model import ColumnInfo
 from capturer.model.encode import T_BIT, format_timedelta
+from capturer.util.durable import fsync_dir
 from senders.spark.commits import recover_if_idle
 
 META_COLS = ["_op", "_commit_ts", "_region", "_seq", "_sub"]
@@ -155,13 +156,6 @@ class TableState:
         os.replace(tmp, tdir / STATE_FILE)
         fsync_dir(tdir)
 
-
-def fsync_dir(d: Path) -> None:
-    fd = os.open(d, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def fsync_tree(d: Path, done: set[str]) -> None:
