@@ -189,8 +189,8 @@ def read_marks(
     Tansu's is the base offset of the partition's last record batch + 1 after
     batched sends, so the read starts at that batch's first record (one batch per
     partition is read either way). A partition where nothing is found from there
-    (e.g. control records at the end) is read again from further back, doubling,
-    down to ``low``. A partition whose last message has no identity headers
+    (e.g. control records at the end, or a broker that answers nothing from there)
+    is read again from further back: 16, 256, 4096... records, down to ``low``. A partition whose last message has no identity headers
     (another producer's) gets no mark (a warning): nothing is skipped there.
     Raises a retriable SinkError when the reading takes longer than ``timeout``.
 
@@ -203,7 +203,7 @@ def read_marks(
     bounds = offsets(topic, partitions)
     starts = {p: max(lo, hi - 1) for p, (lo, hi) in bounds.items() if hi > lo}
     out: dict[int, MsgKey] = {}
-    step = 1
+    back = dict.fromkeys(starts, 1)  # how far each partition steps back next time: x16 each time
     while starts:
         left = deadline - time.monotonic()
         if left <= 0:
@@ -222,9 +222,9 @@ def read_marks(
                 continue
             lo = bounds[p][0]
             if start > lo:
-                # nothing from there: once one record batch back (a broker may serve nothing from an offset
-                # inside a batch), then from the partition's start, which every broker serves
-                step *= 2
-                again[p] = max(lo, start - step) if step <= 2 else lo
+                # nothing from there: further back, a few record batches at a time, not at once from the
+                # partition's start (a long read on a big partition); the start is where every broker serves
+                back[p] *= 16
+                again[p] = max(lo, start - back[p])
         starts = again
     return out

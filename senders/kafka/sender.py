@@ -142,7 +142,8 @@ READ_BACK_TIMEOUT = 60.0  # seconds to read the last messages of one topic's par
 # attempts in a row after which a topic that cannot be read back is written without skipping (at least once
 # there, loudly) rather than never again: a broker that cannot serve a read must not stop this sender for good
 READ_BACK_GIVE_UP = 3
-READ_BACK_STALL = 3.0  # seconds a partition may give nothing from where its read-back started
+READ_BACK_STALL = 15.0  # seconds a partition may give nothing from where its read-back started
+# (a broker on slow storage takes seconds to answer a fetch: too short a wait steps back for nothing)
 
 
 class _Client(Protocol):

@@ -269,25 +269,29 @@ def hdr(ts: int, seq: int) -> list[tuple[str, bytes]]:
 
 
 def test_read_marks_starts_at_the_listed_end_and_steps_back() -> None:
-    logs: dict[int, list[Any]] = {0: [hdr(1, i) for i in range(50)], 1: [], 2: [hdr(2, i) for i in range(5)]}
+    logs: dict[int, list[Any]] = {0: [hdr(1, i) for i in range(50)], 1: [], 2: [hdr(2, i) for i in range(5)],
+                                  3: [hdr(3, i) for i in range(80)]}
     asked: list[dict[int, int]] = []
 
     def offsets(topic: str, parts: Any) -> dict[int, tuple[int, int]]:
-        return {0: (0, 11), 1: (0, 0), 2: (0, 5)}
+        return {0: (0, 11), 1: (0, 0), 2: (0, 5), 3: (0, 1000)}
 
     patience: list[list[int]] = []
 
     def read(topic: str, starts: dict[int, int], timeout: float, patient: Any = ()) -> dict[int, Any]:
         asked.append(dict(starts))
         patience.append(sorted(patient))
-        # partition 2: only control records after offset 2 (nothing a consumer sees)
-        return {p: (logs[p][-1], False) for p, s in starts.items() if p == 0 or (p == 2 and s < 2)}
+        # partition 2: only control records after offset 2 (nothing a consumer sees); partition 3:
+        # nothing from offset 990 on
+        return {p: (logs[p][-1], False) for p, s in starts.items()
+                if p == 0 or (p == 2 and s < 2) or (p == 3 and s < 990)}
 
-    marks = read_marks("t", [0, 1, 2], offsets, read)
-    assert marks == {0: (1, "r1", 0, 49, 2), 2: (2, "r1", 0, 4, 2)}
-    assert asked[0] == {0: 10, 2: 4}  # an empty partition is not read
-    assert asked[1:] == [{2: 2}, {2: 0}]  # one batch back, then from the partition's start
-    assert patience == [[], [], [2]]  # read from its start: waited for however long the broker takes
+    marks = read_marks("t", [0, 1, 2, 3], offsets, read)
+    assert marks == {0: (1, "r1", 0, 49, 2), 2: (2, "r1", 0, 4, 2), 3: (3, "r1", 0, 79, 2)}
+    assert asked[0] == {0: 10, 2: 4, 3: 999}  # an empty partition is not read
+    # further back, x16 each time, down to the partition's start (never from there at once)
+    assert asked[1:] == [{2: 0, 3: 983}]
+    assert patience == [[], [2]]  # read from its start: waited for however long the broker takes
 
 
 def test_read_marks_foreign_last_message_gives_no_mark() -> None:
