@@ -364,6 +364,8 @@ class _ConfluentReader:
     def _fresh(self) -> Any:
         import confluent_kafka
 
+        # group.id only because the client wants one: no group is joined (assign, never subscribe)
+        # and nothing is committed
         return confluent_kafka.Consumer({
             "bootstrap.servers": self.servers, "group.id": "capturer-read-back", "enable.auto.commit": False,
             "isolation.level": "read_committed", "enable.partition.eof": True, "auto.offset.reset": "earliest",
@@ -371,14 +373,7 @@ class _ConfluentReader:
 
     def _consumer(self) -> Any:
         if self._reader is None:
-            import confluent_kafka
-
-            # group.id only because the client wants one: no group is joined (assign, never subscribe)
-            # and nothing is committed
-            self._reader = confluent_kafka.Consumer({
-                "bootstrap.servers": self.servers, "group.id": "capturer-read-back", "enable.auto.commit": False,
-                "isolation.level": "read_committed", "enable.partition.eof": True, "auto.offset.reset": "earliest",
-                "session.timeout.ms": 6000, "heartbeat.interval.ms": 2000})
+            self._reader = self._fresh()  # kept for the offsets (ListOffsets) of every topic
         return self._reader
 
     def offsets(self, topic: str, partitions: Sequence[int]) -> dict[int, tuple[int, int]]:
