@@ -1,7 +1,8 @@
 """Command line: ``python -m capturer [--config conf/config.cfg] [--demo [--once]]``,
 ``python -m capturer snapshot db.table ...`` (copy tables again, on demand), and the
 operator commands of capturer/ops/cli.py: ``status [--watch]``, ``pause SENDER``,
-``resume SENDER``, ``attach SENDER``, ``reload-filter``, ``stop``.
+``resume SENDER``, ``attach SENDER``, ``reload-filter``, ``stop``; ``verify`` (capturer/ops/verify.py:
+every sender's destination compared with the sources).
 ``--rebuild-backlog``: start once with the backlog moved aside, reading the sources
 again from the sender furthest behind (the way out of a damaged or lost backlog).
 
@@ -114,6 +115,13 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "snapshot":
         return snapshot_cli(argv[1:])
+    if argv and argv[0] == "verify":
+        setup_logging("warning")
+        from capturer.app import load_config as load_app_config
+        from capturer.app import verify_factories
+        from capturer.ops.verify import verify_cli
+
+        return verify_cli(argv[1:], load_app_config, verify_factories())
     if argv and argv[0] == "status":
         from capturer.ops.cli import status_cli
 

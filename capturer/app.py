@@ -45,6 +45,13 @@ def load_config(path: Path | str, base_dir: Path | None = None) -> AppConfig:
     return config.load_config(path, base_dir, senders=CATALOG)
 
 
+def verify_factories() -> dict[str, Any]:
+    """How ``verify`` reads each sender's destination (senders/<kind>/verify.py)."""
+    from senders import verify_factories as factories
+
+    return factories()
+
+
 class Capturer:
     def __init__(self, cfg: AppConfig, rebuild_backlog: bool = False, check_only: bool = False):
         """Builds the pipeline; connects to nothing. ``check_only`` (``--check``): the
@@ -106,6 +113,8 @@ class Capturer:
         self.failure: str = ""
         self.stop_requested = threading.Event()  # POST /stop
         self.filter_loaded_at = time.time()
+        self.verify_state: dict[str, Any] = {"state": "idle"}
+        self._verify_lock = threading.Lock()
         # senders an operator paused stay paused across restarts (as a paused connector does)
         self.paused_path = cfg.checkpoint_path.with_name(cfg.checkpoint_path.name + ".paused")
         # a region silent (not even a heartbeat) for this long holds the merge back
@@ -320,7 +329,8 @@ class Capturer:
     # --- control --------------------------------------------------------------
     #: POST endpoints (the status server checks the token before calling ``control``)
     CONTROL_HELP = ("POST /senders/<name>/pause, POST /senders/<name>/resume, POST /senders/<name>/attach, "
-                    "POST /filter/reload, POST /snapshot {\"tables\": [...]}, POST /stop")
+                    "POST /filter/reload, POST /snapshot {\"tables\": [...]}, POST /verify {\"senders\": [...], "
+                    "\"tables\": [...], \"wait\": 60}, POST /stop")
 
     def control(self, path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         """The control endpoints: ``CONTROL_HELP``."""
@@ -337,7 +347,70 @@ class Capturer:
                                                       "queued, then a final checkpoint is written"}
         if path == "/snapshot":
             return self._snapshot_endpoint(body)
+        if path == "/verify":
+            return self.start_verify(body)
         return 404, {"error": f"unknown control endpoint {path}; known: {self.CONTROL_HELP}"}
+
+    def start_verify(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        """POST /verify: compare every sender (or ``senders``) with the sources, for every
+        captured table (or ``tables``), in a thread; progress and the last result on
+        /status (``verify``), /metrics and the page (capturer/ops/verify.py)."""
+        from capturer.ops import verify
+
+        with self._verify_lock:
+            if self.verify_state.get("state") == "running":
+                return 409, {"error": "a verify is running; its progress is under verify on /status"}
+            try:
+                senders = body.get("senders")
+                if senders is not None and (not isinstance(senders, list) or
+                                            not all(isinstance(x, str) for x in senders)):
+                    raise ValueError("senders: a list of sender names")
+                unknown = [x for x in senders or [] if x not in {s.name for s in self.senders}]
+                if unknown:
+                    raise ValueError(f"no sender {', '.join(unknown)}; senders: "
+                                     f"{', '.join(s.name for s in self.senders)}")
+                tables = body.get("tables")
+                if tables is not None and (not isinstance(tables, list) or
+                                           not all(isinstance(x, str) for x in tables)):
+                    raise ValueError("tables: a list of db.table names")
+                wait = body.get("wait", 60)
+                if not isinstance(wait, (int, float)) or isinstance(wait, bool) or not 0 <= wait <= 3600:
+                    raise ValueError("wait: seconds, 0 to 3600")
+                opts = verify.Options(senders=senders, tables=verify.parse_tables(tables) if tables else None,
+                                      wait=float(wait))
+            except (ValueError, AttributeError) as exc:
+                return 400, {"error": str(exc)}
+
+            def progress(d: dict[str, Any]) -> None:
+                self.verify_state["progress"] = d
+
+            def acked() -> dict[str, dict[str, Any]]:
+                return {n: dict(sp.regions) for n, sp in self.checkpoint.senders.items()}
+
+            def run() -> None:
+                v, readers = verify.build(self.cfg, verify_factories(), acked, opts, self.filter, progress,
+                                          self.stop_event)
+                try:
+                    report = v.run()
+                    self.verify_state["last"] = report.to_json()
+                except Exception as exc:  # reported, never fatal to the capture
+                    log.exception("verify failed")
+                    self.verify_state["last"] = {"finished": time.time(), "exit_code": 2,
+                                                 "errors": [f"{type(exc).__name__}: {exc}"], "tables": []}
+                finally:
+                    for r in readers:
+                        try:
+                            r.close()
+                        except Exception:
+                            pass
+                    for src in v.sources.values():
+                        src.close()
+                    self.verify_state["state"] = "idle"
+
+            self.verify_state.update({"state": "running", "started": time.time(),
+                                      "progress": {"tables_done": 0, "tables_total": 0, "current": ""}})
+            threading.Thread(target=run, name="verify", daemon=True).start()
+        return 202, {"verify": "started", "detail": "progress and result: GET /status (verify)"}
 
     def _pause_resume(self, name: str, verb: str) -> tuple[int, dict[str, Any]]:
         sender = next((s for s in self.senders if s.name == name), None)
@@ -516,6 +589,7 @@ class Capturer:
                 "dispatched_rows": self.manager.dispatched_rows,
             },
             "senders": self.manager.status(),
+            "verify": dict(self.verify_state),
             "stream": self.stream.status(),
             "lag_ms_behind_sources": max(
                 0, int(time.time() * 1000) - ts_physical_ms(self.manager.acked_ts())

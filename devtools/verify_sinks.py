@@ -20,78 +20,21 @@ tables without one as multisets. The readers:
 
 from __future__ import annotations
 
-import base64
-import binascii
 import datetime as dt
 import decimal
-import json
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from capturer.model.encode import format_timedelta
+from capturer.ops.verify import ABSENT, KINDS, canon
+from senders.kafka.verify import KafkaMessage, rebuild_kafka  # noqa: F401  (re-exported for the demos)
 
 TableName = tuple[str, str]
 Rows = dict[TableName, list[dict[str, Any]]]
 
-# information_schema DATA_TYPE -> how its values are compared
-_KINDS = {
-    **dict.fromkeys(("tinyint", "smallint", "mediumint", "int", "integer", "bigint", "year"), "int"),
-    **dict.fromkeys(("decimal", "numeric"), "decimal"),
-    **dict.fromkeys(("float", "double", "real"), "float"),
-    **dict.fromkeys(("datetime", "timestamp"), "datetime"),
-    "date": "date", "time": "time", "bit": "bit", "set": "set", "json": "json",
-    **dict.fromkeys(("binary", "varbinary", "tinyblob", "blob", "mediumblob", "longblob"), "bytes"),
-}
-
-
-class _Absent:
-    """A column the sink's row does not have at all (not the same as NULL)."""
-
-    def __repr__(self) -> str:
-        return "<absent>"
-
-
-ABSENT = _Absent()
-
-
-def canon(v: Any, kind: str) -> Any:
-    """One hashable form for equal values of a column of this ``kind`` (see _KINDS;
-    anything else is text), whichever sink they came from."""
-    if v is None or v is ABSENT:
-        return v
-    try:
-        if kind == "int":
-            return int(v)
-        if kind == "decimal":
-            return (v if isinstance(v, decimal.Decimal) else decimal.Decimal(str(v))).normalize()
-        if kind == "float":
-            return float(v)
-        if kind == "datetime":
-            return dt.datetime.fromisoformat(v) if isinstance(v, str) else v
-        if kind == "date":
-            return dt.date.fromisoformat(v) if isinstance(v, str) else v
-        if kind == "time":
-            return format_timedelta(v) if isinstance(v, dt.timedelta) else str(v)
-        if kind == "bytes":
-            # JSON sinks carry binary values as base64 (listed in the message's "b64")
-            return base64.b64decode(v, validate=True) if isinstance(v, str) else bytes(v)
-        if kind == "bit":
-            if isinstance(v, (bytes, bytearray)):
-                return int.from_bytes(v, "big")
-            return int(v, 2) if isinstance(v, str) else int(v)  # JSON: the bit string
-        if kind == "set":
-            items = v if isinstance(v, (set, frozenset)) else (str(v).split(",") if v else [])
-            return ",".join(sorted(str(x) for x in items))
-        if kind == "json":
-            return json.dumps(json.loads(v), sort_keys=True)
-    except (ValueError, TypeError, ArithmeticError, binascii.Error):
-        return ("not a value of its type", repr(v))  # never equal to a source value
-    if isinstance(v, (bytes, bytearray, memoryview)):
-        return bytes(v).decode("utf-8", "replace")
-    return str(v)
+_KINDS = KINDS
 
 
 @dataclass
@@ -244,63 +187,6 @@ def replay_file(path: Path) -> tuple[Rows, int]:
     changes = sum(1 for d in read_changes(path) if d["op"] != "ddl")
     state = rebuild(read_changes(path))
     return {name: list(rows.values()) for name, rows in state.items()}, changes
-
-
-@dataclass
-class KafkaMessage:
-    topic: str
-    partition: int
-    offset: int
-    key: bytes | None
-    value: bytes | None
-    headers: dict[str, str]
-
-
-def rebuild_kafka(messages: Iterable[KafkaMessage]) -> Rows:
-    """The tables as the Kafka sender's ``format=json`` messages leave them: per topic
-    and partition in offset order, duplicates (the same ``region, commit_ts, seq, op``
-    headers in a partition: a batch sent again) dropped; a create/update/read sets
-    the row of its key, a delete removes it (a key change is a delete of the old key
-    then a create of the new one), a truncate (sent to every partition) empties what
-    the partition holds of the table. Rows of a keyless table (no message key) are a
-    multiset: a delete removes one equal row. Tombstones (null values) are skipped."""
-    keyed: dict[tuple[str, int], dict[bytes, tuple[TableName, dict[str, Any]]]] = {}
-    keyless: dict[tuple[str, int], list[tuple[TableName, dict[str, Any]]]] = {}
-    seen: set[tuple[str, int, str, str, str, str]] = set()
-    for m in sorted(messages, key=lambda m: (m.topic, m.partition, m.offset)):
-        if m.value is None:
-            continue
-        h = m.headers
-        ident = (m.topic, m.partition, h.get("region", ""), h.get("commit_ts", ""), h.get("seq", ""), h.get("op", ""))
-        if ident in seen:
-            continue
-        seen.add(ident)
-        d = json.loads(m.value)
-        name = (d["source"]["db"], d["source"]["table"])
-        part = (m.topic, m.partition)
-        rows = keyed.setdefault(part, {})
-        bag = keyless.setdefault(part, [])
-        if d["op"] == "t":
-            for k in [k for k, (n, _) in rows.items() if n == name]:
-                del rows[k]
-            bag[:] = [(n, r) for n, r in bag if n != name]
-        elif m.key is None:
-            if d["op"] in ("u", "d") and (name, d["before"]) in bag:
-                bag.remove((name, d["before"]))
-            if d["op"] in ("c", "u", "r"):
-                bag.append((name, d["after"]))
-        elif d["op"] in ("c", "u", "r"):
-            rows[m.key] = (name, d["after"])
-        elif d["op"] == "d":
-            rows.pop(m.key, None)
-    out: Rows = {}
-    for part_rows in keyed.values():
-        for name, row in part_rows.values():
-            out.setdefault(name, []).append(row)
-    for bag in keyless.values():
-        for name, row in bag:
-            out.setdefault(name, []).append(row)
-    return out
 
 
 def kafka_messages(servers: str, topics: Callable[[str], bool], timeout: float = 60.0) -> list[KafkaMessage]:

@@ -7,7 +7,7 @@ imported inside their sender, not here.
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from capturer.util.ini import Key
@@ -19,6 +19,25 @@ _REGISTRY: dict[str, str] = {
     "kafka": "senders.kafka.sender:KafkaSender",
     "spark": "senders.spark.sender:SparkSender",
 }
+
+
+# what ``verify`` reads each sender's destination with (capturer/ops/verify.py)
+_VERIFY: dict[str, str] = {
+    "local": "senders.local.verify:FileReader",
+    "mysql": "senders.mysql.verify:MySQLTargetReader",
+    "kafka": "senders.kafka.verify:KafkaReader",
+    "spark": "senders.spark.verify:LakeReader",
+}
+
+
+def verify_reader(name: str, options: dict[str, Any], regions: list[tuple[str, str, str]]) -> Any:
+    """The reader ``verify`` compares sender ``name``'s destination with (imported on use)."""
+    mod, cls = _VERIFY[name].split(":")
+    return getattr(importlib.import_module(mod), cls)(name, options, regions)
+
+
+def verify_factories() -> dict[str, Any]:
+    return dict.fromkeys(_VERIFY, verify_reader)
 
 
 def known_senders() -> list[str]:

@@ -195,6 +195,7 @@ class _Collector(Collector):
             for st in sorted(set(SENDER_STATES) | {snd["state"]}):
                 sst.add_metric([name, st], 1 if st == snd["state"] else 0)
         yield from (srow, stx, sack, sackt, slg, serr, sret, sq, sqc, sp, sst, sprs, sss, slr, sbb, sdt)
+        yield from _verify_metrics(s.get("verify") or {})
         st = s.get("stream")
         if st:
             yield GaugeMetricFamily("capturer_backlog_bytes", "bytes of the backlog on disk", value=st["backlog_bytes"])
@@ -206,6 +207,42 @@ class _Collector(Collector):
                                       value=st["evicted_to_disk"])
             yield CounterMetricFamily("capturer_stream_waits", "times the stream waited for the senders furthest "
                                       "behind (memory full and no room in the backlog)", value=st["waits"])
+
+
+def _verify_metrics(v: dict[str, Any]) -> Iterator[Any]:
+    """The last ``verify`` (POST /verify): per sender and table, what it found."""
+    run = GaugeMetricFamily("capturer_verify_running", "1 while a verify runs", value=1 if v.get("state") == "running"
+                            else 0)
+    yield run
+    last = v.get("last") or {}
+    fin = GaugeMetricFamily("capturer_verify_finished_timestamp_seconds", "when the last verify finished (unix time)")
+    if last.get("finished"):
+        fin.add_metric([], last["finished"])
+    yield fin
+    code = GaugeMetricFamily("capturer_verify_exit_code", "the last verify's outcome: 0 equal, 1 different, "
+                             "2 a source or destination unreadable, 3 not settled")
+    if last:
+        code.add_metric([], last.get("exit_code", 0))
+    yield code
+    labels = ["sender", "table"]
+    fams = {k: GaugeMetricFamily(f"capturer_verify_{k}_rows", doc, labels=labels) for k, doc in (
+        ("compared", "source rows compared by the last verify"), ("missing", "rows missing in the sink"),
+        ("extra", "rows in the sink the sources do not have"), ("different", "rows that differ"),
+        ("unsettled", "rows that kept changing while compared"))}
+    equal = GaugeMetricFamily("capturer_verify_equal", "1 when the table was found equal, 0 otherwise",
+                              labels=labels)
+    when = GaugeMetricFamily("capturer_verify_checked_timestamp_seconds", "when the table was checked",
+                             labels=labels)
+    for t in last.get("tables") or []:
+        lv = [t["sender"], t["table"]]
+        fams["compared"].add_metric(lv, t["rows"])
+        for k in ("missing", "extra", "different", "unsettled"):
+            fams[k].add_metric(lv, t[k])
+        equal.add_metric(lv, 1 if t["status"] == "equal" else 0)
+        when.add_metric(lv, t["checked_at"])
+    yield from fams.values()
+    yield equal
+    yield when
 
 
 MAX_BODY = 64 * 1024
@@ -255,7 +292,7 @@ def is_control_path(path: str) -> bool:
     parts = path.strip("/").split("/")
     if len(parts) == 3 and parts[0] == "senders" and parts[2] in ("pause", "resume", "attach"):
         return True
-    return path in ("/snapshot", "/filter/reload", "/stop")
+    return path in ("/snapshot", "/filter/reload", "/stop", "/verify")
 
 
 def _load_ui() -> dict[str, tuple[bytes, str]]:

@@ -1,0 +1,76 @@
+"""The Spark lake, read back for ``verify`` (capturer/ops/verify.py): each table's
+merged view (the newest row per key over the compacted snapshot and the newer
+changelog, deletes dropped; a keyless table as the multiset of its rows), as a
+user's query sees it. The views are registered again before each read, so a read
+sees every batch committed until then. Reading needs Spark (and Java), also with
+``writer=arrow``; in the capturer's own process the Spark sender's session is shared,
+never stopped."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from senders.spark import lake
+
+
+class LakeReader:
+    kind = "lake"
+
+    def __init__(self, name: str, options: dict[str, Any], regions: list[tuple[str, str, str]]):
+        self.name = name
+        self.o = options
+        self.warehouse = Path(options["warehouse"]).resolve()
+        self.database = options["database"]
+        self._spark: Any = None
+        self._own = False
+        self._tables: dict[tuple[str, str], lake.TableState] = {}
+
+    def _session(self) -> Any:
+        if self._spark is None:
+            from pyspark.sql import SparkSession
+
+            from senders.spark.sender import build_session
+
+            active = SparkSession.getActiveSession()
+            if active is not None:
+                self._spark = active
+            else:
+                opts = dict(self.o)
+                opts["app_name"] = "capturer-verify"
+                self._spark = build_session(opts, self.warehouse)
+                self._own = True
+        return self._spark
+
+    def destination(self, db: str, table: str) -> tuple[str, str]:
+        return (db, table)
+
+    def where(self, dest: tuple[str, str]) -> str:
+        if not dest[1]:
+            return f"lake {self.warehouse}"
+        return f"lake {self.database}.{lake.table_name(*dest)}"
+
+    def refresh(self) -> None:
+        spark = self._session()
+        self._tables = {(t.db, t.table): t for t in lake.register_tables(spark, self.warehouse, self.database)}
+
+    def rows(self, dest: tuple[str, str], columns: Sequence[str]) -> list[dict[str, Any]]:
+        st = self._tables.get(dest)
+        if st is None:
+            return []
+        have = {c[0] for c in st.columns}
+        cols = [c for c in columns if c in have] + sorted(have - set(columns))
+        df = self._session().sql(f"SELECT {', '.join(lake.q(c) for c in cols)} FROM "
+                                 f"{lake.q(self.database)}.{lake.q(st.name)}")
+        if hasattr(df, "toArrow"):
+            out: list[dict[str, Any]] = []
+            for batch in df.toArrow().to_batches():
+                out += batch.to_pylist()
+            return out
+        return [r.asDict() for r in df.collect()]
+
+    def close(self) -> None:
+        if self._spark is not None and self._own:
+            self._spark.stop()
+        self._spark = None
