@@ -154,6 +154,14 @@ class TableMeta:
         text = ", ".join(f"{c}={show_value(v)}" for c, v in zip(names, row))
         return "{" + (text if len(text) <= 300 else text[:297] + "...") + "}"
 
+    def show_diff(self, want: tuple[Any, ...], got: tuple[Any, ...]) -> str:
+        """The columns that differ: ``col: source X, sink Y``."""
+        names = self.columns + ["?"] * (max(len(want), len(got)) - len(self.columns))
+        out = [f"{c}: source {show_value(a)}, sink {show_value(b)}"
+               for c, a, b in zip(names, want + (None,) * len(names), got + (None,) * len(names)) if a != b]
+        text = "; ".join(out)
+        return text if len(text) <= 400 else text[:397] + "..."
+
     def show_key(self, key: tuple[Any, ...]) -> str:
         return "(" + ", ".join(f"{c}={show_value(v)}" for c, v in zip(self.pk, key)) + ")"
 
@@ -333,6 +341,7 @@ class PostgresSource:
         self.where = where
         self._local = threading.local()
         self._types: dict[tuple[str, str], list[Any]] = {}
+        self._oids: dict[tuple[str, str], list[int]] = {}
 
     def _conn(self) -> Any:
         conn = getattr(self._local, "conn", None)
@@ -370,6 +379,7 @@ class PostgresSource:
             return None
         types = [pg_type(int(r[1]), int(r[2])) for r in rows]
         self._types[(db, table)] = types
+        self._oids[(db, table)] = sorted({int(r[1]) for r in rows})
         kinds = {}
         for r, t in zip(rows, types):
             kinds[str(r[0])] = "bytes" if t.binary else _PG_CODE_KINDS.get(t.code, "text")
@@ -383,14 +393,21 @@ class PostgresSource:
 
         types = self._types.get((meta.db, meta.table)) or []
         q = _pg_ident
-        cols = ", ".join(f"{q(c)}::text" for c in meta.columns)
+        # every value in its type's text output, as pgoutput sends it (a cast to text is not
+        # always that: boolean 'true', char(n) trimmed, inet without /32): loaded as text
+        from psycopg.types.string import TextLoader
+
+        cur = self._conn().cursor()
+        for oid in self._oids.get((meta.db, meta.table), ()):
+            cur.adapters.register_loader(oid, TextLoader)  # this cursor's only
+        cols = ", ".join(q(c) for c in meta.columns)
         sql = f"SELECT {cols} FROM {q(meta.db)}.{q(meta.table)} WHERE {where}"
         if ordered and meta.pk:
             sql += " ORDER BY " + ", ".join(q(c) for c in meta.pk)
         if limit:
             sql += f" LIMIT {int(limit)}"
         out = []
-        for r in self.query(sql, args):
+        for r in cur.execute(sql, tuple(args)).fetchall():
             out.append({c: (None if v is None else parse_value(t, v)) for c, t, v in zip(meta.columns, types, r)})
         return out
 
@@ -888,7 +905,7 @@ class Verifier:
                     what = f"extra {meta.show(s[0])}" + (f" ({len(s)} rows with this key)" if len(s) > 1 else "")
                 else:
                     different += 1
-                    what = (f"key {meta.show_key(key)}: source {meta.show(a[0])} vs sink {meta.show(s[0])}"
+                    what = (f"key {meta.show_key(key)}: {meta.show_diff(a[0], s[0])}"
                             + (f" ({len(s)} rows with this key in the sink)" if len(s) > 1 else ""))
                 if len(examples) < self.o.examples:
                     examples.append(what)
