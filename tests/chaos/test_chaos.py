@@ -7,7 +7,10 @@ A seed reproduces a schedule: CHAOS_SEED=n.
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -23,9 +26,16 @@ def run_plan(tmp_path: Path, plan: Plan, capsys: pytest.CaptureFixture[str]) -> 
     with ChaosRun(tmp_path, plan) as run:
         fig = run.run()
         problems = check_sinks(run)
+        # the product's own check (python -m capturer verify) must agree with the harness's comparison
+        verified = subprocess.run([sys.executable, "-m", "capturer", "verify", "--config", str(tmp_path / "config.cfg"),
+                                   "--json", "--wait", "60"], capture_output=True, text=True, timeout=900,
+                                  cwd=Path(__file__).resolve().parents[2])
     with capsys.disabled():
         print(f"\n[seed {plan.seed}] {fig.text()}")
     assert not problems, "\n".join(problems)
+    assert verified.returncode == 0, (verified.stdout[-4000:], verified.stderr[-2000:])
+    report = json.loads(verified.stdout)
+    assert {t["sender"] for t in report["tables"]} >= {"local", "mysql", "kafka"}, report["summary"]
     assert fig.lost == 0 and fig.diverged == 0
     # each sender has its own position and reads it back from its destination: nothing twice (issue 30),
     # but for what docs/senders.md names: the default Kafka client (kafka-python, not idempotent) writes a

@@ -222,6 +222,31 @@
     $("snapshots").hidden = keys.length === 0;
   }
 
+  function renderVerify(d) {
+    var v = d.verify || {}, last = v.last || null, tbody = $("verify-results").tBodies[0], keys = [];
+    var p = v.progress || {};
+    $("verify-state").textContent = v.state === "running"
+      ? "running: " + fmtInt(p.tables_done) + " of " + fmtInt(p.tables_total) + " tables" + (p.current ? " · " + p.current : "")
+      : last ? "last run " + new Date(last.finished * 1000).toLocaleTimeString() + ": " +
+               ({0: "all equal", 1: "DIFFERENT", 2: "could not read everything", 3: "not settled"}[last.exit_code] || "") +
+               ((last.errors || []).length ? " · " + last.errors.join("; ") : "")
+      : "not run yet";
+    ((last && last.tables) || []).forEach(function (t) {
+      var key = t.sender + " " + t.table, tr = rowFor(tbody, key, 8);
+      keys.push(key);
+      cell(tr, 0, "", t.sender);
+      cell(tr, 1, "", t.table);
+      badge(tr, 2, "", t.status);
+      cell(tr, 3, "num", fmtInt(t.rows));
+      cell(tr, 4, "num", fmtInt(t.missing));
+      cell(tr, 5, "num", fmtInt(t.extra));
+      cell(tr, 6, "num", fmtInt(t.different));
+      cell(tr, 7, "", [t.note].concat(t.examples || []).filter(function (x) { return x; }).join(" · "));
+    });
+    prune(tbody, keys);
+    $("verify-results").hidden = keys.length === 0;
+  }
+
   function renderChart() {
     if (typeof uPlot === "undefined") return;
     var keys = Object.keys(hist.series).sort(function (a, b) {
@@ -281,10 +306,11 @@
     renderRegions(d, rates);
     renderSenders(d, rates);
     renderSnapshots(d);
+    renderVerify(d);
     renderChart();
 
     var control = d.control && d.control.enabled;
-    ["reload-filter", "stop", "snapshot"].forEach(function (id) {
+    ["reload-filter", "stop", "snapshot", "verify"].forEach(function (id) {
       $(id).disabled = !control || d.stopping;
       $(id).title = control ? "" : "control endpoints are off: set controlToken in [global] of the config";
     });
@@ -387,6 +413,11 @@
     var tables = $("snapshot-tables").value.split(/[\s,]+/).filter(function (t) { return t; });
     if (!tables.length) { showMessage("snapshot: name at least one db.table", true); return; }
     post("/snapshot", "snapshot " + tables.join(", "), {tables: tables});
+  });
+  $("verify-form").addEventListener("submit", function (ev) {
+    ev.preventDefault();
+    var tables = $("verify-tables").value.split(/[\s,]+/).filter(function (t) { return t; });
+    post("/verify", "verify", tables.length ? {tables: tables} : {});
   });
   $("stop").addEventListener("click", function () {
     if (window.confirm("Stop the capturer? Senders drain what is queued and a final checkpoint is written.")) post("/stop", "stop");

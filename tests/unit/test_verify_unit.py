@@ -1,0 +1,183 @@
+"""verify's parts that need no server: the SQL it runs on MySQL servers, the
+canonical values, and the re-check rules (capturer/ops/verify.py). The sources and
+the sink here are in-memory stand-ins (no server runs in unit tests); the same code
+against real servers, brokers and Spark is in tests/integration/test_verify.py."""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import itertools
+from typing import Any
+
+from capturer.model import Position
+from capturer.ops import verify as v
+from capturer.util import rowsum
+
+
+def test_range_sql_compound_key_spelled_out() -> None:
+    where, args = rowsum.range_sql(["a", "b"], (1, "x"), (5, "y"))
+    assert where == "((`a` > %s) OR (`a` = %s AND `b` > %s)) AND ((`a` < %s) OR (`a` = %s AND `b` <= %s))"
+    assert args == [1, 1, "x", 5, 5, "y"]
+    assert rowsum.range_sql(["id"], None, None) == ("1=1", [])
+    where, args = rowsum.keys_sql(["a", "b"], [(1, "x"), (2, "y")])
+    assert where == "((`a` = %s AND `b` = %s) OR (`a` = %s AND `b` = %s))" and args == [1, "x", 2, "y"]
+    # identifiers are quoted, values never inlined
+    sql = rowsum.checksum_sql("`d`.`t``x`", ["we`ird", "n"], "1=1")
+    assert "`we``ird`" in sql and "ISNULL(`n`)" in sql and "SUM(CRC32(" in sql
+
+
+def test_canon_compares_values_not_text() -> None:
+    assert v.canon("19.990", "decimal") == v.canon(decimal.Decimal("19.99"), "decimal")
+    assert v.canon("AP8=", "bytes") == b"\x00\xff"
+    assert v.canon("2026-01-02T03:04:05+01:00", "datetime") == dt.datetime(2026, 1, 2, 2, 4, 5)
+    assert v.canon("0101", "bit") == 5 == v.canon(b"\x05", "bit")
+    assert v.canon('{"b": 1, "a": [1]}', "json") == v.canon('{"a":[1],"b":1}', "json")
+    assert v.canon("not a number", "int") != v.canon(0, "int")  # never equal to a source value
+    assert v.canon("1", "text") != v.canon(1, "int")
+
+
+class FakeSource:
+    """A source table in memory, with a binlog position that moves on every write."""
+
+    kind = "mysql"
+
+    def __init__(self, rows: dict[int, dict[str, Any]]):
+        self.rows = rows
+        self.pos = 100
+        self.reads = itertools.count()
+        self.on_read: Any = None
+
+    def write(self, key: int, row: dict[str, Any] | None) -> None:
+        if row is None:
+            self.rows.pop(key, None)
+        else:
+            self.rows[key] = row
+        self.pos += 10
+
+    def tables(self) -> list[tuple[str, str]]:
+        return [("d", "t")]
+
+    def meta(self, db: str, table: str) -> v.TableMeta:
+        return v.TableMeta(db, table, ["id", "x"], {"id": "int", "x": "decimal"}, ["id"])
+
+    def chunks(self, meta: v.TableMeta, size: int) -> Any:
+        yield [dict(r) for _, r in sorted(self.rows.items())]
+
+    def rows_for_keys(self, meta: v.TableMeta, keys: Any) -> list[dict[str, Any]]:
+        if self.on_read is not None:
+            self.on_read(next(self.reads))
+        return [dict(self.rows[k[0]]) for k in keys if k[0] in self.rows]
+
+    def position(self) -> Position:
+        return Position("bin.000001", self.pos)
+
+    def close(self) -> None:
+        pass
+
+
+class FakeSink:
+    name, kind = "local", "file"
+
+    def __init__(self, data: dict[int, dict[str, Any]]):
+        self.data = data
+
+    def destination(self, db: str, table: str) -> tuple[str, str]:
+        return (db, table)
+
+    def where(self, dest: tuple[str, str]) -> str:
+        return "memory"
+
+    def refresh(self) -> None:
+        pass
+
+    def rows(self, dest: tuple[str, str], columns: Any) -> list[dict[str, Any]]:
+        return [dict(r) for r in self.data.values()]
+
+    def close(self) -> None:
+        pass
+
+
+def make(src: FakeSource, sink: FakeSink, acked: dict[str, Position], wait: float = 0.5) -> v.Verifier:
+    return v.Verifier({"r1": src}, {"local": sink}, lambda d, t: True, lambda d, t, r: True, lambda d, t: False,
+                      lambda: {"local": dict(acked)}, v.Options(wait=wait, rounds=3))
+
+
+def rows(n: int) -> dict[int, dict[str, Any]]:
+    return {i: {"id": i, "x": decimal.Decimal(i) / 4} for i in range(1, n + 1)}
+
+
+def test_equal_different_and_values_of_another_spelling() -> None:
+    src = FakeSource(rows(50))
+    def spelled(x: decimal.Decimal) -> str:  # "0.2500", "2.000": the same values, other text
+        t = format(x, "f")
+        return t + ("00" if "." in t else ".000")
+    sink_rows = {k: {"id": k, "x": spelled(r["x"])} for k, r in rows(50).items()}
+    r = make(src, FakeSink(sink_rows), {"r1": src.position()}).run()
+    assert r.exit_code == 0 and r.results[0].status == v.EQUAL and r.results[0].rows == 50
+    sink_rows.pop(3)
+    sink_rows[7] = {"id": 7, "x": "9"}
+    sink_rows[99] = {"id": 99, "x": "1"}
+    r = make(src, FakeSink(sink_rows), {"r1": src.position()}).run()
+    res = r.results[0]
+    assert r.exit_code == 1 and res.status == v.DIFFERENT
+    assert (res.missing, res.extra, res.different) == (1, 1, 1), res
+    text = " ".join(res.examples)
+    assert "id=3" in text and "id=99" in text and "x: source 1.75, sink 9" in text
+
+
+def test_a_sender_behind_the_sources_is_not_caught_up_not_different() -> None:
+    src = FakeSource(rows(10))
+    sink = FakeSink(rows(9))
+    r = make(src, sink, {"r1": Position("bin.000001", 50)}).run()
+    assert r.exit_code == 3 and r.results[0].status == v.NOT_CAUGHT_UP
+    assert "bin.000001:50" in r.results[0].note and "bin.000001:100" in r.results[0].note
+    r = make(src, sink, {}).run()  # nothing acknowledged at all
+    assert r.results[0].status == v.NOT_CAUGHT_UP and "nothing acknowledged" in r.results[0].note
+
+
+def test_a_row_the_sender_delivers_during_the_check_settles_as_equal() -> None:
+    src = FakeSource(rows(10))
+    sink = FakeSink(rows(10))
+    acked = {"r1": src.position()}
+    ver = make(src, sink, acked)
+    src.write(11, {"id": 11, "x": decimal.Decimal(1)})  # a new row: the sink has it not yet
+
+    def deliver(n: int) -> None:
+        # the sender catches up while verify waits: the row arrives and it acknowledges
+        sink.data[11] = {"id": 11, "x": "1.0"}
+        acked["r1"] = src.position()
+    src.on_read = deliver
+    ver.acked = lambda: {"local": dict(acked)}
+    r = ver.run()
+    assert r.results[0].status == v.EQUAL, r.results[0]
+
+
+def test_a_row_that_keeps_changing_is_unsettled() -> None:
+    src = FakeSource(rows(5))
+    sink = FakeSink(rows(5))
+    sink.data[2] = {"id": 2, "x": "100"}
+    ver = v.Verifier({"r1": src}, {"local": sink}, lambda d, t: True, lambda d, t, r: True, lambda d, t: False,
+                     lambda: {"local": {"r1": Position("bin.000001", 10**9)}}, v.Options(wait=0.5, rounds=2))
+
+    def churn(n: int) -> None:
+        src.write(2, {"id": 2, "x": decimal.Decimal(n)})  # every read sees another value
+    src.on_read = churn
+    r = ver.run()
+    assert r.results[0].status == v.UNSETTLED and r.results[0].unsettled == 1 and r.exit_code == 3
+
+
+def test_keyless_tables_compare_as_multisets() -> None:
+    class Keyless(FakeSource):
+        def meta(self, db: str, table: str) -> v.TableMeta:
+            return v.TableMeta(db, table, ["id", "x"], {"id": "int", "x": "decimal"}, [])
+
+        def chunks(self, meta: v.TableMeta, size: int) -> Any:
+            yield [{"id": 1, "x": 1}, {"id": 1, "x": 1}, {"id": 2, "x": 2}]
+
+    src = Keyless({})
+    sink = FakeSink({1: {"id": 1, "x": "1"}, 2: {"id": 2, "x": "2"}})  # one copy of (1, 1) only
+    r = make(src, sink, {"r1": src.position()}).run()
+    res = r.results[0]
+    assert res.status == v.DIFFERENT and res.missing == 1 and res.extra == 0, res
+    assert "missing {id=1, x=Decimal('1')}" in res.examples[0] or "missing {id=1" in res.examples[0]
