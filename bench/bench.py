@@ -477,6 +477,153 @@ def snapshot_rss(tmp: Path, m: MariaDBInstance, rows: int) -> dict[str, Any]:
             "peak_rss_mb": round(peak / 1024)}
 
 
+def verify_config(d: Path, src: MariaDBInstance, senders_cfg: str, region_extra: str = "") -> Path:
+    """A capturer config for ``verify``: one region (the source, as the capture user),
+    only bench_v.* selected; ``senders_cfg`` as its senderConfig.cfg."""
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "senderConfig.cfg").write_text(senders_cfg)
+    (d / "filter.txt").write_text("include bench_v.*\n")
+    (d / "config.cfg").write_text(
+        f"[global]\nbinlogCheckPointPath={d / 'cp.json'}\nsenderConfig={d / 'senderConfig.cfg'}\n"
+        f"filterRuleDict={d / 'filter.txt'}\nhttpPort={free_port()}\ncheckpointInterval=0.5\nlogLevel=warning\n"
+        f"[region:r1]\ntype=mysql\nhost=127.0.0.1\nport={src.port}\nuser=capturer\npassword=capturer\n"
+        f"server_id=735\n{region_extra}")
+    return d / "config.cfg"
+
+
+def select_baseline(m: MariaDBInstance, table: str) -> tuple[int, float]:
+    """A plain ``SELECT *`` of ``table`` through pymysql (default cursor, fetched in
+    10k-row pieces): rows read and seconds."""
+    c = m.connect()
+    try:
+        t0 = time.perf_counter()
+        n = 0
+        with c.cursor() as cur:
+            cur.execute(f"SELECT * FROM {table}")
+            while rows := cur.fetchmany(10_000):
+                n += len(rows)
+        return n, time.perf_counter() - t0
+    finally:
+        c.close()
+
+
+def _cpu_seconds(pid: int) -> float:
+    """utime + stime of one live process, from /proc (0 if it is gone)."""
+    try:
+        rest = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return 0.0
+    return (int(rest[11]) + int(rest[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def run_verify(cfg: Path, sender: str, table: str, servers: list[MariaDBInstance]) -> dict[str, Any]:
+    """``python -m capturer verify --json`` for one sender and table, in its own process:
+    its wall time, its report's table entry, the CPU seconds of the verify process
+    (getrusage of reaped children), of its own children (sampled from /proc: Spark's
+    JVM) and of the ``servers`` it read."""
+    import resource
+    import subprocess
+
+    cmd = [sys.executable, "-m", "capturer", "verify", "--config", str(cfg), "--sender", sender,
+           "--table", table, "--json"]
+    servers_cpu0 = [_cpu_seconds(m.proc.pid) if m.proc else 0.0 for m in servers]
+    ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    err = open(cfg.parent / f"verify-{sender}.log", "wb")
+    p = subprocess.Popen(cmd, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), stdout=subprocess.PIPE,
+                         stderr=err)
+    kids: dict[int, float] = {}  # the verify process's children (Spark's JVM): last CPU seen
+
+    def sampler() -> None:
+        while p.poll() is None:
+            for pid in _children(p.pid):
+                kids[pid] = max(kids.get(pid, 0.0), _cpu_seconds(pid))
+            time.sleep(0.2)
+
+    out = b""
+    th = threading.Thread(target=sampler, daemon=True)
+    th.start()
+    try:
+        out, _ = p.communicate(timeout=1800)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        err.close()
+    wall = time.perf_counter() - t0
+    ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    th.join(5)
+    text = out.decode("utf-8", "replace")
+    try:
+        report = json.loads(text[text.index("{"):])
+    except ValueError:
+        report = {}
+    entry = next((t for t in report.get("tables", []) if t.get("sender") == sender), {})
+    res: dict[str, Any] = {
+        "command": f"python -m capturer verify --config CFG --sender {sender} --table {table} --json",
+        "exit": p.returncode, "status": entry.get("status"), "rows": entry.get("rows"),
+        "sink_rows": entry.get("sink_rows"), "method": entry.get("method"),
+        "report_seconds": entry.get("seconds"), "wall_seconds": round(wall, 2),
+        "rows_per_s": round((entry.get("rows") or 0) / wall),
+        "verify_cpu_s": round(ru1.ru_utime + ru1.ru_stime - ru0.ru_utime - ru0.ru_stime, 2)}
+    if kids:
+        res["children_cpu_s"] = round(sum(kids.values()), 2)
+    res["servers_cpu_s"] = [round(_cpu_seconds(m.proc.pid) - c0, 2) if m.proc else None
+                            for m, c0 in zip(servers, servers_cpu0)]
+    if not entry:
+        res["error"] = (text[-1500:] or (cfg.parent / f"verify-{sender}.log").read_text()[-1500:])
+    return res
+
+
+def verify_runs(tmp: Path, rows: int, lake_rows: int | None = None) -> dict[str, Any]:
+    """``python -m capturer verify`` over a ``rows``-row table, equal in source and sink:
+
+    * ``select_rows_per_s``: the baseline, a plain ``SELECT *`` of the source table (pymysql);
+    * ``mysql``: against a MariaDB target holding the same rows (generated in both
+      servers by the same expressions): chunk checksums in both servers at once;
+    * ``lake``: against a Spark lake filled by the capturer (snapshot=initial, the
+      Spark sender with writer=arrow) with ``lake_rows`` rows (default: ``rows``):
+      the merged view read through Spark.
+
+    No capturer runs while verify does (the data are equal: nothing to re-check)."""
+    out: dict[str, Any] = {"rows": rows}
+    src = MariaDBInstance(tmp / "verify-src", server_id=51).start()
+    target = MariaDBInstance(tmp / "verify-target", server_id=52, binlog=False).start()
+    try:
+        src.create_capture_user()
+        t0 = time.perf_counter()
+        for m in (src, target):
+            m.execute("CREATE DATABASE bench_v")
+            load_sequence(m, "bench_v.t", rows)
+        out["load_seconds"] = round(time.perf_counter() - t0, 1)
+        n, secs = select_baseline(src, "bench_v.t")
+        out["select_rows_per_s"] = round(n / secs)
+        out["select_seconds"] = round(secs, 2)
+        cfg = verify_config(tmp / "verify-mysql", src, "[global]\ntype=mysql\n[mysql]\nhost=127.0.0.1\n"
+                            f"port={target.port}\nuser=root\npassword=\ndatabase=\n")
+        r = run_verify(cfg, "mysql", "bench_v.t", [src, target])
+        r["ratio_to_select"] = round(r["rows_per_s"] / out["select_rows_per_s"], 2)
+        out["mysql"] = r
+        target.stop()
+        lake_rows = min(lake_rows or rows, rows)
+        if lake_rows != rows:  # the lake's table: the first lake_rows rows
+            src.execute(f"DELETE FROM bench_v.t WHERE id >= {lake_rows}")
+        cfg = verify_config(tmp / "verify-lake", src, "[global]\ntype=spark\n[spark]\n"
+                            f"warehouse={tmp / 'verify-lake' / 'wh'}\nwriter=arrow\ncompaction_interval=0\n"
+                            "batch_interval=1\n", region_extra="snapshot=initial\n")
+        fill = run_until_delivered(cfg, lake_rows)
+        r = run_verify(cfg, "spark", "bench_v.t", [src])
+        r["lake_rows"] = lake_rows
+        r["fill_seconds"] = fill["seconds"]
+        r["fill_rows"] = fill["rows"]
+        r["ratio_to_select"] = round(r["rows_per_s"] / out["select_rows_per_s"], 2)
+        out["lake"] = r
+    finally:
+        target.stop()
+        src.stop()
+    return out
+
+
 def baseline_producer(servers: str, client: str, n: int) -> float:
     """Raw producer rate: n ~420-byte JSON messages, keyed, acks=all, idempotent, one topic."""
     value = json.dumps({"id": 1, "name": "x" * 380}).encode()
@@ -847,13 +994,17 @@ def main() -> int:
     ap.add_argument("--smoke", action="store_true", help="assert completeness only (CI)")
     ap.add_argument("--threads", type=int, default=8, help="MySQL sender workers")
     ap.add_argument("--only", default="file,workers,agents,baikaldb,postgresql,snapshot,mysql,kafka,spark,all,latency,"
-                    "bigtxn,senderprocs,independent",
+                    "bigtxn,senderprocs,independent,verify",
                     help="parts to run; 'ab' adds, to mysql and kafka, a run without this release's sender speed-ups "
                     "(Kafka: the Python message encoder instead of C; MySQL: updates as UPDATE statements instead of "
                     "upserts, and values as parameters with one phase per batch; file: the binlog read through an 8 KiB buffer instead of 256 KiB, and every table map "
                     "parsed by the library instead of once per definition; all four: Python's default GC thresholds, and no "
                     "backlog); 'independent' (with mysql): the other senders' share with the MySQL target hung, "
-                    "and senders catching up from the backlog")
+                    "and senders catching up from the backlog; 'verify': python -m capturer verify of an equal table "
+                    "against a MySQL target and the lake, next to a plain SELECT of it")
+    ap.add_argument("--verify-rows", type=int, default=1_000_000, help="rows of the table 'verify' compares "
+                    "(--smoke: --rows)")
+    ap.add_argument("--verify-lake-rows", type=int, default=0, help="rows of it in the lake (default: all)")
     ap.add_argument("--kafka-clients", default="kafka-python,confluent", help="Kafka clients to run")
     ap.add_argument("--keep", action="store_true", help="keep the temporary directory (servers' data, outputs, "
                     "logs); removed at the end otherwise")
@@ -1213,6 +1364,21 @@ def main() -> int:
                 big = 10_000_000
                 load_sequence(src, "snap.big", big)
                 results["snapshot_rss"] = snapshot_rss(tmp, src, big)
+        if "verify" in only:
+            vrows = args.rows if args.smoke else args.verify_rows
+            v = verify_runs(tmp, vrows, args.verify_lake_rows or None)
+            results["verify"] = v
+            rep.add(f"baseline: plain SELECT * of a {vrows:,}-row table (pymysql, 10k-row fetches)",
+                    v["select_rows_per_s"], None)
+            rep.add(f"verify -> mysql target, {vrows:,} equal rows (chunk checksums in both servers); "
+                    "ratio to the SELECT", v["mysql"]["rows_per_s"], v["select_rows_per_s"])
+            lk = v["lake"]
+            rep.add(f"verify -> lake, {lk['lake_rows']:,} equal rows (merged view through Spark); ratio to the SELECT",
+                    lk["rows_per_s"], v["select_rows_per_s"])
+            for name, r, want in (("mysql", v["mysql"], vrows), ("lake", lk, lk["lake_rows"])):
+                if r["status"] != "equal" or r["rows"] != want or r["exit"] != 0:
+                    failures.append(f"verify {name}: status {r['status']}, {r['rows']} of {want} rows, "
+                                    f"exit {r['exit']}{' ' + r['error'][-300:] if r.get('error') else ''}")
         if "latency" in only and not args.smoke:
             results["latency"] = latency_run(tmp, servers)
             results["latency_20k"] = latency_run(tmp, servers, rate=20_000, name="latency-20k")
@@ -1259,6 +1425,15 @@ def main() -> int:
         b = results["snapshot_rss"]
         print(f"snapshot of a {b['rows']:,}-row table -> file: done={b['done']} in {b['seconds']} s "
               f"({b['rows_per_s']:,} rows/s), capturer peak RSS {b['peak_rss_mb']} MB")
+    if "verify" in results:
+        v = results["verify"]
+        for name in ("mysql", "lake"):
+            r = v[name]
+            print(f"verify -> {name}: {r['rows']:,} rows {r['status']} in {r['wall_seconds']} s wall "
+                  f"({r['rows_per_s']:,} rows/s, {r['ratio_to_select']} x the plain SELECT's "
+                  f"{v['select_rows_per_s']:,}); CPU s: verify {r['verify_cpu_s']}"
+                  + (f", its JVM {r['children_cpu_s']}" if "children_cpu_s" in r else "")
+                  + ", servers " + " + ".join(str(c) for c in r["servers_cpu_s"]))
     if "compaction_1M_seconds" in results:
         print(f"compaction of 1M changes over 200k keys: {results['compaction_1M_seconds']} s")
     import resource
