@@ -617,6 +617,9 @@ class Verifier:
             report.errors.append(str(exc))
             report.finished = time.time()
             return report
+        for db, table in self.o.tables or []:
+            if (db, table) not in found:
+                report.errors.append(f"table {db}.{table}: in no region read here, or not selected by the filter")
         names = [n for n in self.readers if self.o.senders is None or n in self.o.senders]
         plan = [(n, g) for n in names for g in self._groups(self.readers[n], found)]
         for i, (name, g) in enumerate(plan):

@@ -181,3 +181,11 @@ def test_keyless_tables_compare_as_multisets() -> None:
     res = r.results[0]
     assert res.status == v.DIFFERENT and res.missing == 1 and res.extra == 0, res
     assert "missing {id=1, x=Decimal('1')}" in res.examples[0] or "missing {id=1" in res.examples[0]
+
+
+def test_a_table_asked_for_that_no_source_has_is_an_error() -> None:
+    src = FakeSource(rows(3))
+    ver = make(src, FakeSink(rows(3)), {"r1": src.position()})
+    ver.o.tables = [("d", "t"), ("d", "nope")]
+    r = ver.run()
+    assert r.exit_code == 2 and "d.nope" in r.errors[0] and r.results[0].status == v.EQUAL
