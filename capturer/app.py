@@ -398,13 +398,7 @@ class Capturer:
                     self.verify_state["last"] = {"finished": time.time(), "exit_code": 2,
                                                  "errors": [f"{type(exc).__name__}: {exc}"], "tables": []}
                 finally:
-                    for r in readers:
-                        try:
-                            r.close()
-                        except Exception:
-                            pass
-                    for src in v.sources.values():
-                        src.close()
+                    verify.close_all(v, readers)
                     self.verify_state["state"] = "idle"
 
             self.verify_state.update({"state": "running", "started": time.time(),

@@ -191,51 +191,18 @@ def replay_file(path: Path) -> tuple[Rows, int]:
 
 def kafka_messages(servers: str, topics: Callable[[str], bool], timeout: float = 60.0) -> list[KafkaMessage]:
     """Every message of the topics ``topics(name)`` selects, from the start to the end of
-    each partition, with confluent-kafka. The end is where the broker's fetch answers
-    say the partition ends (partition EOF): a broker's end-offset answer can be wrong
-    after batched sends (Tansu gives the start of the last record batch + 1)."""
-    import time
+    each partition, with confluent-kafka (senders/kafka/verify.py's reader: the end is
+    where the broker's fetch answers say a partition ends)."""
+    from senders.kafka.verify import _Confluent
 
-    from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
-
-    c = Consumer({"bootstrap.servers": servers, "group.id": "capturer-demo-check", "enable.auto.commit": False,
-                  "auto.offset.reset": "earliest", "enable.partition.eof": True})
+    r = _Confluent(servers)
     try:
-        md = c.list_topics(timeout=10)
-        pending: set[tuple[str, int]] = set()
-        assign = []
-        for name in sorted(md.topics):
-            if not topics(name):
-                continue
-            for p in sorted(md.topics[name].partitions):
-                lo, _hi = c.get_watermark_offsets(TopicPartition(name, p), timeout=10)
-                pending.add((name, p))
-                assign.append(TopicPartition(name, p, lo))
+        names = sorted(t for t in r.c.list_topics(timeout=10).topics if topics(t))
         out: list[KafkaMessage] = []
-        if not assign:
-            return out
-        c.assign(assign)
-        deadline = time.monotonic() + timeout
-        while pending and time.monotonic() < deadline:
-            for msg in c.consume(1000, 0.5):
-                tp = (str(msg.topic()), int(msg.partition() or 0))
-                err = msg.error()
-                if err is not None:
-                    if err.code() == KafkaError._PARTITION_EOF:
-                        pending.discard(tp)
-                        continue
-                    raise KafkaException(err)
-                offset = int(msg.offset() or 0)
-                headers = {str(h[0]): h[1].decode() if isinstance(h[1], bytes) else str(h[1] or "")
-                           for h in msg.headers() or []}
-                key, value = msg.key(), msg.value()
-                out.append(KafkaMessage(tp[0], tp[1], offset, key.encode() if isinstance(key, str) else key,
-                                        value.encode() if isinstance(value, str) else value, headers))
-        if pending:
-            raise TimeoutError(f"kafka: not read to the end in {timeout:.0f}s: {sorted(pending)}")
+        r.read(names, out.append, timeout)
         return out
     finally:
-        c.close()
+        r.close()
 
 
 def lake_rows(warehouse: Path, database: str = "cdc", master: str = "local[2]") -> tuple[Rows, str]:

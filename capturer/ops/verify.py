@@ -204,7 +204,22 @@ class SourceUnreachable(Exception):
     pass
 
 
-class MySQLSource:
+class _PerThread:
+    """A source's connection per thread (chunk checksums run in a pool)."""
+
+    _local: threading.local
+
+    def close(self) -> None:
+        conn = getattr(self._local, "conn", None)
+        if conn is not None:
+            try:
+                conn.close()
+            except Exception:
+                pass
+            self._local.conn = None
+
+
+class MySQLSource(_PerThread):
     """A MySQL/MariaDB region's server, read over SQL (UTC, consistent reads per statement)."""
 
     kind = "mysql"
@@ -313,14 +328,6 @@ class MySQLSource:
     def select(self, meta: TableMeta, where: str, args: Sequence[Any]) -> list[dict[str, Any]]:
         return self._select(meta, where, args, ordered=False)
 
-    def close(self) -> None:
-        conn = getattr(self._local, "conn", None)
-        if conn is not None:
-            try:
-                conn.close()
-            except Exception:
-                pass
-            self._local.conn = None
 
 
 # PostgreSQL: the MySQL type code a column travels as (capturer/regions/postgresql/types.py) -> kind
@@ -328,7 +335,7 @@ _PG_CODE_KINDS = {1: "int", 2: "int", 3: "int", 8: "int", 4: "float", 5: "float"
                   18: "datetime", 19: "time", 245: "json", 16: "bit"}
 
 
-class PostgresSource:
+class PostgresSource(_PerThread):
     """A PostgreSQL region's database. Values are read in their text form and parsed by
     the region's own parsers, so they are what the region delivers (bool as 1/0,
     timestamptz as UTC, ...)."""
@@ -452,14 +459,6 @@ class PostgresSource:
 
         return LsnPosition(parse_lsn(str(self.query("SELECT pg_current_wal_lsn()::text")[0][0])))
 
-    def close(self) -> None:
-        conn = getattr(self._local, "conn", None)
-        if conn is not None:
-            try:
-                conn.close()
-            except Exception:
-                pass
-            self._local.conn = None
 
 
 def _pg_ident(name: str) -> str:
@@ -988,6 +987,17 @@ def build(cfg: Any, factories: dict[str, ReaderFactory], acked: Acked, options: 
     return v, list(readers.values())
 
 
+def close_all(v: Verifier, readers: Iterable[SinkReader]) -> None:
+    """Close what ``build`` opened (never raises)."""
+    for r in readers:
+        try:
+            r.close()
+        except Exception:
+            pass
+    for src in v.sources.values():
+        src.close()
+
+
 def checkpoint_acked(path: Any) -> Acked:
     """Each sender's acknowledged positions as the checkpoint file holds them."""
     from capturer.pipeline.checkpoint import load_checkpoint
@@ -1061,13 +1071,7 @@ def verify_cli(argv: list[str], load_config: Callable[[Any], Any], factories: di
     try:
         report = v.run()
     finally:
-        for r in readers:
-            try:
-                r.close()
-            except Exception:
-                pass
-        for s in v.sources.values():
-            s.close()
+        close_all(v, readers)
     if args.json:
         print(json.dumps(report.to_json(), indent=2, default=str))
     else:

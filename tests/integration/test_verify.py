@@ -172,13 +172,14 @@ def test_every_sink_equal_then_each_planted_difference_named(rig: dict[str, Any]
     assert t[("mysql", "app.log")]["extra"] == 1 and t[("mysql", "app.log")]["status"] == "different"
     assert t[("mysql", "app.pairs")]["status"] == "equal"
 
-    # --- the file: a forged update and a forged insert (as new identities) -------------
-    from senders.local.replay import read_changes
+    # --- the file: a forged update and a forged insert (identities no real change has) -------
+    from senders.local.replay import read_changes, rebuild
 
     last = [d for d in read_changes(tmp / "out" / "changes.jsonl") if d.get("table") == "users" and d.get("after")][-1]
-    forged = dict(last, commit_ts=last["commit_ts"] + 1, seq=0, op="update", before=last["after"],
-                  after=dict(last["after"], name="forged"))
-    extra = dict(last, commit_ts=last["commit_ts"] + 2, seq=0, op="insert", before=None,
+    live = max(rebuild(read_changes(tmp / "out" / "changes.jsonl"))[("app", "users")].values(), key=lambda r: r["id"])
+    forged = dict(last, commit_ts=last["commit_ts"] + 10**12, seq=0, op="update", before=live,
+                  after=dict(live, name="forged"))
+    extra = dict(last, commit_ts=last["commit_ts"] + 10**12 + 1, seq=0, op="insert", before=None,
                  after=dict(last["after"], id=777777))
     with open(tmp / "out" / "changes.jsonl", "a", encoding="utf-8") as f:
         f.write(json.dumps(forged) + "\n" + json.dumps(extra) + "\n")
