@@ -47,7 +47,8 @@ from typing import Any, Protocol
 
 from capturer.model import AnyPosition, LsnPosition, Position
 from capturer.model.encode import format_timedelta, quote_ident
-from capturer.util import rowsum
+from capturer.util import mysqlconn, rowsum
+from capturer.util.perthread import PerThread
 
 log = logging.getLogger(__name__)
 
@@ -204,22 +205,7 @@ class SourceUnreachable(Exception):
     pass
 
 
-class _PerThread:
-    """A source's connection per thread (chunk checksums run in a pool)."""
-
-    _local: threading.local
-
-    def close(self) -> None:
-        conn = getattr(self._local, "conn", None)
-        if conn is not None:
-            try:
-                conn.close()
-            except Exception:
-                pass
-            self._local.conn = None
-
-
-class MySQLSource(_PerThread):
+class MySQLSource:
     """A MySQL/MariaDB region's server, read over SQL (UTC, consistent reads per statement)."""
 
     kind = "mysql"
@@ -229,21 +215,19 @@ class MySQLSource(_PerThread):
         self._args = {"host": host, "port": port, "user": user, "password": password, "charset": "utf8mb4",
                       "connect_timeout": timeout, "autocommit": True}
         self.where = f"{host}:{port}"
-        self._local = threading.local()
+        self._conns = PerThread(self._connect)
 
     def _conn(self) -> Any:
-        conn = getattr(self._local, "conn", None)
-        if conn is None:
-            from capturer.util import mysqlconn
+        return self._conns.get()
 
-            try:
-                conn = mysqlconn.connect(**self._args)
-            except Exception as exc:
-                raise SourceUnreachable(f"region {self.region} ({self.where}): {exc}") from exc
-            with conn.cursor() as cur:
-                cur.execute("SET time_zone='+00:00'")
-            self._local.conn = conn
-        return conn
+    def close(self) -> None:
+        self._conns.close()
+
+    def _connect(self) -> Any:
+        try:
+            return mysqlconn.connect_utc(**self._args)
+        except Exception as exc:
+            raise SourceUnreachable(f"region {self.region} ({self.where}): {exc}") from exc
 
     def query(self, sql: str, args: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         with self._conn().cursor() as cur:
@@ -335,7 +319,7 @@ _PG_CODE_KINDS = {1: "int", 2: "int", 3: "int", 8: "int", 4: "float", 5: "float"
                   18: "datetime", 19: "time", 245: "json", 16: "bit"}
 
 
-class PostgresSource(_PerThread):
+class PostgresSource:
     """A PostgreSQL region's database. Values are read in their text form and parsed by
     the region's own parsers, so they are what the region delivers (bool as 1/0,
     timestamptz as UTC, ...)."""
@@ -346,21 +330,24 @@ class PostgresSource(_PerThread):
         self.region = region
         self._conninfo = conninfo
         self.where = where
-        self._local = threading.local()
+        self._conns = PerThread(self._connect)
         self._types: dict[tuple[str, str], list[Any]] = {}
         self._oids: dict[tuple[str, str], list[int]] = {}
 
     def _conn(self) -> Any:
-        conn = getattr(self._local, "conn", None)
-        if conn is None:
-            import psycopg
+        return self._conns.get()
 
-            try:
-                conn = psycopg.connect(self._conninfo, autocommit=True)
-            except Exception as exc:
-                raise SourceUnreachable(f"region {self.region} ({self.where}): {exc}") from exc
-            conn.execute("SET DateStyle=ISO; SET TimeZone=UTC; SET IntervalStyle=iso_8601; SET extra_float_digits=3")
-            self._local.conn = conn
+    def close(self) -> None:
+        self._conns.close()
+
+    def _connect(self) -> Any:
+        import psycopg
+
+        try:
+            conn = psycopg.connect(self._conninfo, autocommit=True)
+        except Exception as exc:
+            raise SourceUnreachable(f"region {self.region} ({self.where}): {exc}") from exc
+        conn.execute("SET DateStyle=ISO; SET TimeZone=UTC; SET IntervalStyle=iso_8601; SET extra_float_digits=3")
         return conn
 
     def query(self, sql: str, args: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
@@ -587,6 +574,15 @@ class Verifier:
         self.unreadable_regions = unreadable_regions or {}
         self.progress = progress or (lambda d: None)
         self.stop = stop or threading.Event()
+        self._executor: Any = None
+
+    def _pool(self) -> Any:
+        """Threads for the chunk checksums (one query per server at once), kept for the run."""
+        if self._executor is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._executor = ThreadPoolExecutor(max_workers=len(self.sources) + 1, thread_name_prefix="verify")
+        return self._executor
 
     # -- discovery --
     def _source_tables(self) -> dict[tuple[str, str], list[str]]:
@@ -785,24 +781,22 @@ class Verifier:
             "TABLE_NAME=%s", (x[1].db, x[1].table))[0][0])
         diff = _Diff()
         lo: list[Any] | None = None
-        from concurrent.futures import ThreadPoolExecutor
-
-        with ThreadPoolExecutor(max_workers=len(regions) + 1) as pool:
-            while True:
-                hi = self.sources[lead[0]].boundary(lead[1], lo, self.o.chunk_rows)
-                where, args = rowsum.range_sql(meta.pk, lo, hi)
-                futs = [pool.submit(self.sources[r].checksum, m, where, args) for r, m in regions]
-                tfut = pool.submit(reader.checksum, g.dest, meta.columns, where, args)
-                sums = [f.result() for f in futs]
-                want = (sum(s[0] for s in sums), sum(s[1] for s in sums))
-                have = tfut.result()
-                res.rows += want[0]
-                res.sink_rows += have[0]
-                if want != have:
-                    self._chunk_rows(reader, g, regions, where, args, res, diff)
-                if hi is None or self.stop.is_set():
-                    break
-                lo = hi
+        pool = self._pool()
+        while True:
+            hi = self.sources[lead[0]].boundary(lead[1], lo, self.o.chunk_rows)
+            where, args = rowsum.range_sql(meta.pk, lo, hi)
+            futs = [pool.submit(self.sources[r].checksum, m, where, args) for r, m in regions]
+            tfut = pool.submit(reader.checksum, g.dest, meta.columns, where, args)
+            sums = [f.result() for f in futs]
+            want = (sum(s[0] for s in sums), sum(s[1] for s in sums))
+            have = tfut.result()
+            res.rows += want[0]
+            res.sink_rows += have[0]
+            if want != have:
+                self._chunk_rows(reader, g, regions, where, args, res, diff)
+            if hi is None or self.stop.is_set():
+                break
+            lo = hi
         return diff
 
     def _chunk_rows(self, reader: Any, g: _Group, regions: list[tuple[str, TableMeta]], where: str,
@@ -989,6 +983,8 @@ def build(cfg: Any, factories: dict[str, ReaderFactory], acked: Acked, options: 
 
 def close_all(v: Verifier, readers: Iterable[SinkReader]) -> None:
     """Close what ``build`` opened (never raises)."""
+    if v._executor is not None:
+        v._executor.shutdown(wait=True)
     for r in readers:
         try:
             r.close()

@@ -54,3 +54,11 @@ class Connection(pymysql.connections.Connection):
 def connect(*args: Any, **kwargs: Any) -> Connection:
     """``pymysql.connect`` with the shared preferred-mode TLS context."""
     return Connection(*args, **kwargs)
+
+
+def connect_utc(**kwargs: Any) -> Connection:
+    """``connect``, then the session in UTC (TIMESTAMPs read as the binlog carries them)."""
+    conn = connect(**kwargs)
+    with conn.cursor() as cur:
+        cur.execute("SET time_zone='+00:00'")
+    return conn

@@ -7,12 +7,12 @@ in place of ``db``. TIMESTAMPs are read in UTC, as the sender writes them."""
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
 from typing import Any
 
 from capturer.model.encode import quote_ident
 from capturer.util import mysqlconn, rowsum
+from capturer.util.perthread import PerThread
 
 NO_TABLE = (1146, 1049)  # table / database does not exist
 
@@ -24,22 +24,16 @@ class MySQLTargetReader:
         self.name = name
         self.o = options
         self.target_db = options.get("database") or ""
-        self._local = threading.local()
+        self._conns = PerThread(self._connect)
 
-    def _conn(self) -> Any:
-        conn = getattr(self._local, "conn", None)
-        if conn is None:
-            o = self.o
-            conn = mysqlconn.connect(host=o["host"], port=o["port"], user=o["user"], password=o["password"],
+    def _connect(self) -> Any:
+        o = self.o
+        return mysqlconn.connect_utc(host=o["host"], port=o["port"], user=o["user"], password=o["password"],
                                      charset="utf8mb4", autocommit=True, connect_timeout=o["connect_timeout"],
                                      read_timeout=o["timeout"])
-            with conn.cursor() as cur:
-                cur.execute("SET time_zone='+00:00'")
-            self._local.conn = conn
-        return conn
 
     def _query(self, sql: str, args: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        with self._conn().cursor() as cur:
+        with self._conns.get().cursor() as cur:
             cur.execute(sql, tuple(args))
             return list(cur.fetchall())
 
@@ -105,10 +99,4 @@ class MySQLTargetReader:
         return out
 
     def close(self) -> None:
-        conn = getattr(self._local, "conn", None)
-        if conn is not None:
-            try:
-                conn.close()
-            except Exception:
-                pass
-            self._local.conn = None
+        self._conns.close()
