@@ -9,8 +9,9 @@ work). Rows of a keyless table (no message key) are a multiset: a delete removes
 equal row. A message sent twice (the same ``region, commit_ts, seq, op`` headers in a
 partition: a retried batch) counts once.
 
-Only ``format=json`` carries whole rows in a form read back here; ``canal``, ``sql``
-and ``protobuf`` topics are "cannot check". The topics read are the sender's
+``format=json`` and ``format=canal`` (values as strings: compared by the source
+column's type like every value) are read back; ``sql`` and ``protobuf`` topics are
+"cannot check". The topics read are the sender's
 ``topic`` pattern filled in for each table and region, read from their start; later
 reads (``refresh``) go on from where the last one ended, with confluent-kafka where it
 is installed, kafka-python's consumer otherwise. The end of a partition is where the
@@ -40,6 +41,30 @@ class KafkaMessage:
     headers: dict[str, str]
 
 
+Change = tuple[Name, str, "dict[str, Any] | None", "dict[str, Any] | None"]
+_CANAL_OP = {"INSERT": "c", "UPDATE": "u", "DELETE": "d", "TRUNCATE": "t"}
+
+
+def decode(value: bytes) -> Change | None:
+    """``(table, op, before, after)`` of a ``format=json`` or ``format=canal`` message
+    (op as Debezium's: c, u, d, r, t), or None for anything else."""
+    d = json.loads(value)
+    if not isinstance(d, dict):
+        return None
+    if "source" in d and "op" in d:  # json
+        return (d["source"]["db"], d["source"]["table"]), d["op"], d.get("before"), d.get("after")
+    if "database" in d and "type" in d:  # canal: data is the row (the old one for a delete), old the changed columns
+        op = _CANAL_OP.get(str(d["type"]))
+        if op is None or (d.get("isDdl") and op != "t"):
+            return None
+        row = (d.get("data") or [None])[0]
+        name = (d["database"], d["table"])
+        if op == "u":
+            return name, op, {**row, **((d.get("old") or [{}])[0])}, row
+        return name, op, row if op == "d" else None, row if op == "c" else None
+    return None
+
+
 class KafkaState:
     """The tables as the messages applied so far leave them (see the module docstring)."""
 
@@ -58,25 +83,25 @@ class KafkaState:
             return
         self.seen.add(ident)
         self.messages += 1
-        d = json.loads(m.value)
-        if "source" not in d or "op" not in d:
+        change = decode(m.value)
+        if change is None:
             return  # not a row change (e.g. a transaction record)
-        name = (d["source"]["db"], d["source"]["table"])
+        name, op, before, after = change
         part = (m.topic, m.partition)
         rows = self.keyed.setdefault(part, {})
         bag = self.keyless.setdefault(part, [])
-        if d["op"] == "t":
+        if op == "t":
             for k in [k for k, (n, _) in rows.items() if n == name]:
                 del rows[k]
             bag[:] = [(n, r) for n, r in bag if n != name]
         elif m.key is None:
-            if d["op"] in ("u", "d") and (name, d["before"]) in bag:
-                bag.remove((name, d["before"]))
-            if d["op"] in ("c", "u", "r"):
-                bag.append((name, d["after"]))
-        elif d["op"] in ("c", "u", "r"):
-            rows[m.key] = (name, d["after"])
-        elif d["op"] == "d":
+            if op in ("u", "d") and before is not None and (name, before) in bag:
+                bag.remove((name, before))
+            if op in ("c", "u", "r") and after is not None:
+                bag.append((name, after))
+        elif op in ("c", "u", "r") and after is not None:
+            rows[m.key] = (name, after)
+        elif op == "d":
             rows.pop(m.key, None)
 
     def tables(self) -> dict[Name, list[dict[str, Any]]]:
@@ -209,8 +234,8 @@ class KafkaReader:
         self.name = name
         self.o = options
         self.regions = [r[0] for r in regions]
-        self.cannot = "" if options.get("format", "json") == "json" else \
-            f"format={options.get('format')}: only format=json messages are read back"
+        self.cannot = "" if options.get("format", "json") in ("json", "canal") else \
+            f"format={options.get('format')}: only format=json and format=canal messages are read back"
         self.state = KafkaState()
         self.topics: set[str] = set()
         self._client: Any = None
