@@ -9,9 +9,9 @@ work). Rows of a keyless table (no message key) are a multiset: a delete removes
 equal row. A message sent twice (the same ``region, commit_ts, seq, op`` headers in a
 partition: a retried batch) counts once.
 
-``format=json`` and ``format=canal`` (values as strings: compared by the source
-column's type like every value) are read back; ``sql`` and ``protobuf`` topics are
-"cannot check". The topics read are the sender's
+``format=json``, ``format=canal`` (values as strings) and ``format=protobuf`` are read
+back, every value compared by the source column's type; ``sql`` topics (statements)
+are "cannot check". The topics read are the sender's
 ``topic`` pattern filled in for each table and region, read from their start; later
 reads (``refresh``) go on from where the last one ended, with confluent-kafka where it
 is installed, kafka-python's consumer otherwise. The end of a partition is where the
@@ -45,9 +45,34 @@ Change = tuple[Name, str, "dict[str, Any] | None", "dict[str, Any] | None"]
 _CANAL_OP = {"INSERT": "c", "UPDATE": "u", "DELETE": "d", "TRUNCATE": "t"}
 
 
-def decode(value: bytes) -> Change | None:
-    """``(table, op, before, after)`` of a ``format=json`` or ``format=canal`` message
+_TRUNCATE = re.compile(r"^\s*(?:/\*.*?\*/\s*)*TRUNCATE\b", re.I | re.S)
+
+
+def _pb_value(v: Any) -> Any:
+    kind = v.WhichOneof("kind")
+    return None if kind in (None, "is_null") else getattr(v, kind)
+
+
+def decode_protobuf(value: bytes) -> Change | None:
+    """The same of a ``format=protobuf`` message (``capturer.RowChange``, proto/capturer.proto)."""
+    from capturer.model import protogen
+
+    pb = protogen.load()
+    m = pb.RowChange.FromString(value)
+    name = (m.db, m.table)
+    if m.op == pb.RowChange.DDL:
+        return (name, "t", None, None) if m.table and _TRUNCATE.match(m.sql) else None
+    op = {pb.RowChange.INSERT: "c", pb.RowChange.UPDATE: "u", pb.RowChange.DELETE: "d", pb.RowChange.READ: "r"}[m.op]
+    before = {c.name: _pb_value(c.value) for c in m.before} if len(m.before) else None
+    after = {c.name: _pb_value(c.value) for c in m.after} if len(m.after) else None
+    return name, op, before, after
+
+
+def decode(value: bytes, fmt: str = "json") -> Change | None:
+    """``(table, op, before, after)`` of a ``format=json``, ``canal`` or ``protobuf`` message
     (op as Debezium's: c, u, d, r, t), or None for anything else."""
+    if fmt == "protobuf":
+        return decode_protobuf(value)
     d = json.loads(value)
     if not isinstance(d, dict):
         return None
@@ -68,7 +93,8 @@ def decode(value: bytes) -> Change | None:
 class KafkaState:
     """The tables as the messages applied so far leave them (see the module docstring)."""
 
-    def __init__(self) -> None:
+    def __init__(self, fmt: str = "json") -> None:
+        self.fmt = fmt
         self.keyed: dict[tuple[str, int], dict[bytes, tuple[Name, dict[str, Any]]]] = {}
         self.keyless: dict[tuple[str, int], list[tuple[Name, dict[str, Any]]]] = {}
         self.seen: set[tuple[str, int, str, str, str, str]] = set()
@@ -83,7 +109,7 @@ class KafkaState:
             return
         self.seen.add(ident)
         self.messages += 1
-        change = decode(m.value)
+        change = decode(m.value, self.fmt)
         if change is None:
             return  # not a row change (e.g. a transaction record)
         name, op, before, after = change
@@ -234,9 +260,10 @@ class KafkaReader:
         self.name = name
         self.o = options
         self.regions = [r[0] for r in regions]
-        self.cannot = "" if options.get("format", "json") in ("json", "canal") else \
-            f"format={options.get('format')}: only format=json and format=canal messages are read back"
-        self.state = KafkaState()
+        fmt = options.get("format", "json")
+        self.cannot = "" if fmt in ("json", "canal", "protobuf") else \
+            f"format={fmt}: statements, not rows (json, canal and protobuf topics are read back)"
+        self.state = KafkaState(fmt)
         self.topics: set[str] = set()
         self._client: Any = None
 

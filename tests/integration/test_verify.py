@@ -339,16 +339,17 @@ def test_postgresql_region_every_type_and_a_keyless_table(tmp_path: Path) -> Non
         pg.destroy()
 
 
-def test_kafka_canal_format_and_the_file_in_sql_format(tmp_path: Path) -> None:
-    """format=canal topics are read back as json ones are (every type family of app.types);
-    a file in format=sql is "cannot check" (exit 3), not "equal"."""
+@pytest.mark.parametrize("fmt", ["canal", "protobuf"])
+def test_kafka_canal_and_protobuf_formats_and_the_file_in_sql_format(tmp_path: Path, fmt: str) -> None:
+    """format=canal and format=protobuf topics are read back as json ones are (every type
+    family of app.types); a file in format=sql is "cannot check" (exit 3), not "equal"."""
     [src] = start_servers(tmp_path, 1)
     src.execute(*SCHEMA, *TYPES)
     broker = Broker().start()
     try:
         (tmp_path / "senderConfig.cfg").write_text(
             "[global]\ntype=kafka,local\n"
-            f"[kafka]\nservers={broker.servers}\nclient=confluent\nformat=canal\ntopic=canal.{{db}}.{{table}}\n"
+            f"[kafka]\nservers={broker.servers}\nclient=confluent\nformat={fmt}\ntopic={fmt}.{{db}}.{{table}}\n"
             f"[local]\nfilepath={tmp_path / 'out.sql'}\nformat=sql\n")
         (tmp_path / "filter_rule.txt").write_text("")
         cfg = tmp_path / "config.cfg"
