@@ -575,6 +575,7 @@ class Verifier:
         self.progress = progress or (lambda d: None)
         self.stop = stop or threading.Event()
         self._executor: Any = None
+        self._stalled: set[str] = set()  # senders found behind their sources in this run
 
     def _pool(self) -> Any:
         """Threads for the chunk checksums (one query per server at once), kept for the run."""
@@ -699,10 +700,17 @@ class Verifier:
         return "; ".join(lag)
 
     def _wait(self, sender: str, want: dict[str, AnyPosition]) -> str:
-        deadline = time.monotonic() + self.o.wait
+        """Until the sender is past ``want`` ('') or ``wait`` seconds passed (where it is).
+        A sender found behind once is not waited for again in this run (a paused one
+        would cost ``wait`` per table): later tables only look whether it caught up."""
+        deadline = time.monotonic() + (0 if sender in self._stalled else self.o.wait)
         while True:
             lag = self._behind(sender, want)
             if not lag or time.monotonic() >= deadline or self.stop.is_set():
+                if lag:
+                    self._stalled.add(sender)
+                else:
+                    self._stalled.discard(sender)
                 return lag
             time.sleep(0.25)
 

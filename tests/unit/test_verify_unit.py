@@ -231,3 +231,24 @@ def test_kafka_state_from_json_canal_and_protobuf_messages_alike() -> None:
         assert [meta_log.canon_row(r) for r in st.rows(("shop", "log"))] == [("a",)], fmt
     with pytest.raises(ValueError):
         KafkaState().apply(KafkaMessage("t", 0, 0, None, b"not json", {}))
+
+
+def test_a_sender_found_behind_is_not_waited_for_again_on_every_table() -> None:
+    class Two(FakeSource):
+        def tables(self) -> list[tuple[str, str]]:
+            return [("d", "t"), ("d", "u")]
+
+    src = Two(rows(4))
+    ver = make(src, FakeSink(rows(3)), {"r1": Position("bin.000001", 5)}, wait=1.0)
+    looks: dict[str, int] = {}
+    table = {"now": ""}
+    ver.progress = lambda d: table.update(now=d["current"])
+
+    def acked() -> dict[str, dict[str, Position]]:
+        looks[table["now"]] = looks.get(table["now"], 0) + 1
+        return {"local": {"r1": Position("bin.000001", 5)}}
+    ver.acked = acked
+    r = ver.run()
+    assert [x.status for x in r.results] == [v.NOT_CAUGHT_UP] * 2
+    # the first table polls its sender for the whole wait; the second looks once
+    assert looks["local: d.t"] > 1 and looks["local: d.u"] == 1, looks
