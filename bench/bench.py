@@ -624,6 +624,141 @@ def verify_runs(tmp: Path, rows: int, lake_rows: int | None = None) -> dict[str,
     return out
 
 
+def verify_cost(tmp: Path, preload: int = 200_000, rate: int = 2000, seconds: int = 20) -> dict[str, Any]:
+    """What ``verify`` costs a running capture: the capturer (``python -m capturer``, its
+    own process: its CPU read from /proc) replicates a ``preload``-row table (a
+    snapshot) to a MariaDB target and the file, then a steady ``rate`` rows/s of
+    updates runs through three windows of ``seconds`` each:
+
+    * ``baseline``: the load alone;
+    * ``cli``: ``python -m capturer verify --sender mysql --sender local`` run again and again
+      in a process of its own (the capturer is not involved: its cost is the reads of the
+      checkpoint, and the servers');
+    * ``post``: ``POST /verify`` (mysql and local) again and again, in the capturer's process.
+
+    Per window: the capturer's cores (CPU s / s), the rows the MySQL sender delivered per
+    second, the worst sender lag on /status, and the verify runs' exit codes (0 equal
+    or 3 not settled while the load runs; 1 would be a false alarm)."""
+    import subprocess
+
+    import requests
+
+    d = tmp / "verify-cost"
+    src = MariaDBInstance(tmp / "vc-src", server_id=53).start()
+    target = MariaDBInstance(tmp / "vc-target", server_id=54, binlog=False).start()
+    proc = None
+    out: dict[str, Any] = {"preload_rows": preload, "rate": rate, "window_seconds": seconds}
+    try:
+        src.create_capture_user()
+        src.execute("CREATE DATABASE bench_v")
+        load_sequence(src, "bench_v.t", preload)
+        token = "bench-verify"
+        cfg = verify_config(d, src, "[global]\ntype=mysql,local\n[mysql]\nhost=127.0.0.1\n"
+                            f"port={target.port}\nuser=root\npassword=\nthreadnum=4\n"
+                            f"[local]\nfilepath={d / 'changes.jsonl'}\n",
+                            region_extra="snapshot=initial\n")
+        text = cfg.read_text().replace("checkpointInterval=0.5\n", f"checkpointInterval=0.5\ncontrolToken={token}\n")
+        cfg.write_text(text)
+        port = int(re.search(r"httpPort=(\d+)", text).group(1))  # type: ignore[union-attr]
+        url = f"http://127.0.0.1:{port}"
+        log = (d / "capturer.log").open("wb")
+        proc = subprocess.Popen([sys.executable, "-m", "capturer", "--config", str(cfg)], cwd=ROOT, stdout=log,
+                                stderr=subprocess.STDOUT)
+
+        def status() -> dict[str, Any]:
+            try:
+                return requests.get(url + "/status", timeout=5).json()
+            except (requests.RequestException, ValueError):
+                return {}
+
+        deadline = time.time() + 600
+        while time.time() < deadline and (status().get("senders", {}).get("mysql", {}).get("rows", 0) < preload
+                                          or status().get("senders", {}).get("local", {}).get("rows", 0) < preload):
+            time.sleep(1)
+        stop = threading.Event()
+
+        def drive() -> None:
+            c = src.connect()
+            c.autocommit(True)
+            per_txn, k = 50, 0
+            nxt = time.time()
+            with c.cursor() as cur:
+                while not stop.is_set():
+                    lo = (k * per_txn) % (preload - per_txn)
+                    cur.execute("UPDATE bench_v.t SET n = n + 1 WHERE id >= %s AND id < %s", (lo, lo + per_txn))
+                    k += 1
+                    nxt += per_txn / rate
+                    time.sleep(max(0.0, nxt - time.time()))
+            c.close()
+
+        loader = threading.Thread(target=drive, daemon=True)
+        loader.start()
+        time.sleep(3)
+
+        def window(name: str) -> dict[str, Any]:
+            codes: list[int] = []
+            done = threading.Event()
+
+            def cli() -> None:
+                while not done.is_set():
+                    p = subprocess.run([sys.executable, "-m", "capturer", "verify", "--config", str(cfg),
+                                        "--sender", "mysql", "--sender", "local", "--json", "--wait", "20"],
+                                       cwd=ROOT, capture_output=True, text=True)
+                    codes.append(p.returncode)
+
+            def post() -> None:
+                h = {"Authorization": f"Bearer {token}"}
+                while not done.is_set():
+                    r = requests.post(url + "/verify", json={"senders": ["mysql", "local"], "wait": 20}, headers=h,
+                                      timeout=10)
+                    if r.status_code != 202:
+                        time.sleep(0.5)
+                        continue
+                    while not done.is_set() and status().get("verify", {}).get("state") == "running":
+                        time.sleep(0.5)
+                    last = status().get("verify", {}).get("last") or {}
+                    if "exit_code" in last:
+                        codes.append(int(last["exit_code"]))
+
+            t = None
+            if name != "baseline":
+                t = threading.Thread(target=cli if name == "cli" else post, daemon=True)
+                t.start()
+            c0, r0, t0 = _cpu_seconds(proc.pid), status()["senders"]["mysql"]["rows"], time.time()
+            worst = 0.0
+            while time.time() - t0 < seconds:
+                time.sleep(1)
+                lags = [x.get("lag_seconds") or 0.0 for x in status().get("senders", {}).values()]
+                worst = max([worst, *lags])
+            c1, r1, t1 = _cpu_seconds(proc.pid), status()["senders"]["mysql"]["rows"], time.time()
+            done.set()
+            if t is not None:
+                t.join(120)
+                while name == "post" and status().get("verify", {}).get("state") == "running":
+                    time.sleep(0.5)
+            return {"capturer_cores": round((c1 - c0) / (t1 - t0), 3), "mysql_rows_per_s": round((r1 - r0) / (t1 - t0)),
+                    "worst_lag_s": round(worst, 1), "verify_runs": len(codes), "exit_codes": codes}
+
+        for name in ("baseline", "cli", "post"):
+            out[name] = window(name)
+        base = out["baseline"]["capturer_cores"] or 1e-9
+        for name in ("cli", "post"):
+            out[name]["cores_ratio_to_baseline"] = round(out[name]["capturer_cores"] / base, 2)
+        stop.set()
+        loader.join(30)
+    finally:
+        if proc is not None:
+            proc.terminate()
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            log.close()
+        target.stop()
+        src.stop()
+    return out
+
+
 def baseline_producer(servers: str, client: str, n: int) -> float:
     """Raw producer rate: n ~420-byte JSON messages, keyed, acks=all, idempotent, one topic."""
     value = json.dumps({"id": 1, "name": "x" * 380}).encode()
@@ -994,14 +1129,15 @@ def main() -> int:
     ap.add_argument("--smoke", action="store_true", help="assert completeness only (CI)")
     ap.add_argument("--threads", type=int, default=8, help="MySQL sender workers")
     ap.add_argument("--only", default="file,workers,agents,baikaldb,postgresql,snapshot,mysql,kafka,spark,all,latency,"
-                    "bigtxn,senderprocs,independent,verify",
+                    "bigtxn,senderprocs,independent,verify,verifycost",
                     help="parts to run; 'ab' adds, to mysql and kafka, a run without this release's sender speed-ups "
                     "(Kafka: the Python message encoder instead of C; MySQL: updates as UPDATE statements instead of "
                     "upserts, and values as parameters with one phase per batch; file: the binlog read through an 8 KiB buffer instead of 256 KiB, and every table map "
                     "parsed by the library instead of once per definition; all four: Python's default GC thresholds, and no "
                     "backlog); 'independent' (with mysql): the other senders' share with the MySQL target hung, "
                     "and senders catching up from the backlog; 'verify': python -m capturer verify of an equal table "
-                    "against a MySQL target and the lake, next to a plain SELECT of it")
+                    "against a MySQL target and the lake, next to a plain SELECT of it; 'verifycost': what verify "
+                    "(the CLI, and POST /verify in the capturer) costs a running capture under a steady load")
     ap.add_argument("--verify-rows", type=int, default=1_000_000, help="rows of the table 'verify' compares "
                     "(--smoke: --rows)")
     ap.add_argument("--verify-lake-rows", type=int, default=0, help="rows of it in the lake (default: all)")
@@ -1364,6 +1500,13 @@ def main() -> int:
                 big = 10_000_000
                 load_sequence(src, "snap.big", big)
                 results["snapshot_rss"] = snapshot_rss(tmp, src, big)
+        if "verifycost" in only:
+            vc = verify_cost(tmp, preload=min(200_000, max(20_000, args.rows)), seconds=8 if args.smoke else 20)
+            results["verifycost"] = vc
+            for name in ("cli", "post"):
+                if 1 in vc[name]["exit_codes"] or not vc[name]["verify_runs"]:
+                    failures.append(f"verify under load ({name}): runs {vc[name]['verify_runs']}, "
+                                    f"exit codes {vc[name]['exit_codes']} (1: a false alarm)")
         if "verify" in only:
             vrows = args.rows if args.smoke else args.verify_rows
             v = verify_runs(tmp, vrows, args.verify_lake_rows or None)
@@ -1434,6 +1577,14 @@ def main() -> int:
                   f"{v['select_rows_per_s']:,}); CPU s: verify {r['verify_cpu_s']}"
                   + (f", its JVM {r['children_cpu_s']}" if "children_cpu_s" in r else "")
                   + ", servers " + " + ".join(str(c) for c in r["servers_cpu_s"]))
+    if "verifycost" in results:
+        vc = results["verifycost"]
+        for name in ("baseline", "cli", "post"):
+            w = vc[name]
+            print(f"verify cost, {name}: capturer {w['capturer_cores']} cores"
+                  + (f" ({w['cores_ratio_to_baseline']} x the load alone)" if name != "baseline" else "")
+                  + f", MySQL sender {w['mysql_rows_per_s']:,} rows/s, worst lag {w['worst_lag_s']} s, "
+                  f"{w['verify_runs']} verify runs, exit codes {sorted(set(w['exit_codes']))}")
     if "compaction_1M_seconds" in results:
         print(f"compaction of 1M changes over 200k keys: {results['compaction_1M_seconds']} s")
     import resource

@@ -8,6 +8,7 @@ dropped by their ``(region, commit_ts, seq)`` identity.
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -117,21 +118,81 @@ def _apply_ddl(state: dict[tuple[str, str], dict[RowKey, dict[str, Any]]], d: di
                     row[new] = row.pop(old)
 
 
-def rebuild(changes: Iterator[dict[str, Any]]) -> dict[tuple[str, str], dict[RowKey, dict[str, Any]]]:
+State = dict[tuple[str, str], dict[RowKey, dict[str, Any]]]
+
+
+def apply_change(state: State, d: dict[str, Any], counter: list[int]) -> None:
+    """One change (or DDL, ``_apply_ddl``) applied to ``state``."""
+    if d["op"] == "ddl":
+        _apply_ddl(state, d)
+        return
+    t = state.setdefault((d["db"], d["table"]), {})
+    if not d.get("pk"):
+        _keyless(t, d["before"], d["after"], counter)
+        return
+    if d["before"] is not None:
+        t.pop(_key(d, d["before"]), None)
+    if d["after"] is not None:
+        t[_key(d, d["after"])] = d["after"]
+
+
+def rebuild(changes: Iterator[dict[str, Any]]) -> State:
     """State per (db, table): primary key -> row. Applies changes in file order,
     and what DDL does to existing rows (``_apply_ddl``)."""
-    state: dict[tuple[str, str], dict[RowKey, dict[str, Any]]] = {}
+    state: State = {}
     counter = [0]
     for d in changes:
-        if d["op"] == "ddl":
-            _apply_ddl(state, d)
-            continue
-        t = state.setdefault((d["db"], d["table"]), {})
-        if not d.get("pk"):
-            _keyless(t, d["before"], d["after"], counter)
-            continue
-        if d["before"] is not None:
-            t.pop(_key(d, d["before"]), None)
-        if d["after"] is not None:
-            t[_key(d, d["after"])] = d["after"]
+        apply_change(state, d, counter)
     return state
+
+
+class Replay:
+    """The state of a file set kept up to date while the sender appends to it: each
+    ``update`` reads every file on from where the last one stopped (files known by
+    inode: a rotation renames the active file and keeps its inode), complete lines
+    only, duplicates dropped as ``read_changes`` drops them. A file that rotates while
+    it is read ends that update there (the next one goes on in order); a file read
+    before that is gone (the set was replaced or trimmed) starts the state again."""
+
+    def __init__(self, filepath: Path):
+        self.filepath = filepath
+        self._reset()
+
+    def _reset(self) -> None:
+        self.state: State = {}
+        self._seen: set[tuple[str, int, int]] = set()
+        self._counter = [0]
+        self._done: dict[int, int] = {}  # inode -> bytes applied
+
+    def update(self) -> None:
+        files = []
+        for p in output_files(self.filepath):
+            try:
+                files.append((p, p.stat().st_ino))
+            except FileNotFoundError:
+                return  # rotating now: the next update lists it under its new name
+        if set(self._done) - {ino for _, ino in files}:
+            self._reset()
+        for p, ino in files:
+            try:
+                f = open(p, "rb")
+            except FileNotFoundError:
+                return
+            with f:
+                if os.fstat(f.fileno()).st_ino != ino:
+                    return  # renamed since listed: the next update goes on in order
+                off = self._done.get(ino, 0)
+                f.seek(off)
+                data = f.read()
+            end = data.rfind(b"\n") + 1
+            for line in data[:end].splitlines():
+                self._apply(json.loads(line))
+            self._done[ino] = off + end
+
+    def _apply(self, d: dict[str, Any]) -> None:
+        if d["op"] != "read":
+            ident = (d["region"], d["commit_ts"], d["seq"])
+            if ident in self._seen:
+                return
+            self._seen.add(ident)
+        apply_change(self.state, d, self._counter)

@@ -1,6 +1,7 @@
 """The local sender's file, read back for ``verify`` (capturer/ops/verify.py): the
 JSON lines replayed (``senders/local/replay.py``: duplicates dropped, DDL applied,
-keyless tables as multisets), every table at once. ``format=sql`` files are not
+keyless tables as multisets), every table at once; each later read applies only
+what the sender appended since (``Replay``). ``format=sql`` files are not
 read back (they are statements for a server to run): their tables are "cannot check"."""
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from senders.local.replay import output_files, read_changes, rebuild
+from senders.local.replay import Replay
 
 
 class FileReader:
@@ -20,8 +21,7 @@ class FileReader:
         self.path = Path(options["filepath"])
         self.cannot = "" if options.get("format", "json") == "json" else \
             f"format={options.get('format')}: only JSON lines are read back"
-        self._state: dict[tuple[str, str], dict[Any, dict[str, Any]]] = {}
-        self._seen: Any = None  # the files (name, size, mtime) the state was built from
+        self._replay = Replay(self.path)
 
     def destination(self, db: str, table: str) -> tuple[str, str]:
         return (db, table)
@@ -30,15 +30,11 @@ class FileReader:
         return f"file {self.path}"
 
     def refresh(self) -> None:
-        if self.cannot:
-            return
-        files = tuple((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in output_files(self.path))
-        if files != self._seen:
-            self._state = rebuild(read_changes(self.path))
-            self._seen = files
+        if not self.cannot:
+            self._replay.update()  # what was appended since the last read
 
     def rows(self, dest: tuple[str, str], columns: Sequence[str]) -> list[dict[str, Any]]:
-        return list(self._state.get(dest, {}).values())
+        return list(self._replay.state.get(dest, {}).values())
 
     def close(self) -> None:
-        self._state = {}
+        self._replay = Replay(self.path)

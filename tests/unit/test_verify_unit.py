@@ -252,3 +252,33 @@ def test_a_sender_found_behind_is_not_waited_for_again_on_every_table() -> None:
     assert [x.status for x in r.results] == [v.NOT_CAUGHT_UP] * 2
     # the first table polls its sender for the whole wait; the second looks once
     assert looks["local: d.t"] > 1 and looks["local: d.u"] == 1, looks
+
+
+def test_replay_reads_on_from_where_it_stopped_across_rotation_and_partial_lines(tmp_path: Any) -> None:
+    import json
+
+    from senders.local.replay import Replay, read_changes, rebuild
+
+    path = tmp_path / "changes.jsonl"
+
+    def line(ts: int, op: str, before: Any, after: Any) -> str:
+        return json.dumps({"region": "r1", "commit_ts": ts, "seq": 0, "db": "d", "table": "t", "pk": ["id"],
+                           "op": op, "before": before, "after": after}) + "\n"
+    path.write_text(line(1, "insert", None, {"id": 1, "v": "a"}) + line(2, "insert", None, {"id": 2, "v": "b"}))
+    r = Replay(path)
+    r.update()
+    assert sorted(r.state[("d", "t")]) == [(1,), (2,)]
+    half = line(3, "update", {"id": 1, "v": "a"}, {"id": 1, "v": "c"})
+    with open(path, "a") as f:
+        f.write(half[:20])  # the sender is in the middle of a line
+    r.update()
+    assert r.state[("d", "t")][(1,)]["v"] == "a"
+    with open(path, "a") as f:
+        f.write(half[20:] + line(2, "insert", None, {"id": 2, "v": "b"}))  # + a duplicate identity
+    path.rename(tmp_path / "changes.jsonl.000001")  # rotation
+    path.write_text(line(4, "delete", {"id": 2, "v": "b"}, None))
+    r.update()
+    assert r.state == rebuild(read_changes(path)) == {("d", "t"): {(1,): {"id": 1, "v": "c"}}}
+    (tmp_path / "changes.jsonl.000001").unlink()  # a file read before is gone: started again
+    r.update()
+    assert r.state == {("d", "t"): {}}
