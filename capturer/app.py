@@ -11,7 +11,9 @@ A fatal error in any stage stops everything the same way and exits non-zero.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -114,6 +116,7 @@ class Capturer:
         self.stop_requested = threading.Event()  # POST /stop
         self.filter_loaded_at = time.time()
         self.verify_state: dict[str, Any] = {"state": "idle"}
+        self._verify_proc: Any = None  # the running verify's process (POST /verify)
         self._verify_lock = threading.Lock()
         # senders an operator paused stay paused across restarts (as a paused connector does)
         self.paused_path = cfg.checkpoint_path.with_name(cfg.checkpoint_path.name + ".paused")
@@ -299,6 +302,11 @@ class Capturer:
         if getattr(self, "_shut", False):
             return
         self._shut = True
+        if self._verify_proc is not None:  # a verify in progress goes with the capturer
+            try:
+                self._verify_proc.terminate()
+            except OSError:
+                pass
         log.info("stopping: regions, merger, then senders")
         self.stop_event.set()
         for r in self.regions:
@@ -353,8 +361,9 @@ class Capturer:
 
     def start_verify(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         """POST /verify: compare every sender (or ``senders``) with the sources, for every
-        captured table (or ``tables``), in a thread; progress and the last result on
-        /status (``verify``), /metrics and the page (capturer/ops/verify.py)."""
+        captured table (or ``tables``): ``python -m capturer verify`` in a child process
+        (off this process's GIL and memory: it replays files and topics); its progress and
+        last result on /status (``verify``), /metrics and the page (capturer/ops/verify.py)."""
         from capturer.ops import verify
 
         with self._verify_lock:
@@ -376,35 +385,51 @@ class Capturer:
                 wait = body.get("wait", 60)
                 if not isinstance(wait, (int, float)) or isinstance(wait, bool) or not 0 <= wait <= 3600:
                     raise ValueError("wait: seconds, 0 to 3600")
-                opts = verify.Options(senders=senders, tables=verify.parse_tables(tables) if tables else None,
-                                      wait=float(wait))
+                opts = verify.Options(senders=senders, tables=verify.parse_tables(tables) if tables else None)
             except (ValueError, AttributeError) as exc:
                 return 400, {"error": str(exc)}
 
-            def progress(d: dict[str, Any]) -> None:
-                self.verify_state["progress"] = d
-
-            def acked() -> dict[str, dict[str, Any]]:
-                return {n: dict(sp.regions) for n, sp in self.checkpoint.senders.items()}
-
-            def run() -> None:
-                v, readers = verify.build(self.cfg, verify_factories(), acked, opts, self.filter, progress,
-                                          self.stop_event)
-                try:
-                    report = v.run()
-                    self.verify_state["last"] = report.to_json()
-                except Exception as exc:  # reported, never fatal to the capture
-                    log.exception("verify failed")
-                    self.verify_state["last"] = {"finished": time.time(), "exit_code": 2,
-                                                 "errors": [f"{type(exc).__name__}: {exc}"], "tables": []}
-                finally:
-                    verify.close_all(v, readers)
-                    self.verify_state["state"] = "idle"
-
+            cmd = [sys.executable, "-m", "capturer", "verify", "--config", str(self.cfg.path), "--json", "--progress",
+                   "--wait", str(float(wait))]
+            for name in senders or []:
+                cmd += ["--sender", name]
+            for db, table in opts.tables or []:
+                cmd += ["--table", f"`{db.replace('`', '``')}`.`{table.replace('`', '``')}`"]
             self.verify_state.update({"state": "running", "started": time.time(),
                                       "progress": {"tables_done": 0, "tables_total": 0, "current": ""}})
-            threading.Thread(target=run, name="verify", daemon=True).start()
+            threading.Thread(target=self._run_verify, args=(cmd,), name="verify", daemon=True).start()
         return 202, {"verify": "started", "detail": "progress and result: GET /status (verify)"}
+
+    def _run_verify(self, cmd: list[str]) -> None:
+        import subprocess
+
+        tail: list[str] = []
+        try:
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            self._verify_proc = proc
+            assert proc.stderr is not None and proc.stdout is not None
+            for line in proc.stderr:
+                if line.startswith('{"progress":'):
+                    try:
+                        self.verify_state["progress"] = json.loads(line)["progress"]
+                        continue
+                    except (ValueError, KeyError):
+                        pass
+                tail = (tail + [line.rstrip()])[-20:]
+            out = proc.stdout.read()
+            code = proc.wait()
+            try:
+                self.verify_state["last"] = json.loads(out)
+            except ValueError:
+                self.verify_state["last"] = {"finished": time.time(), "exit_code": code if code else 2, "tables": [],
+                                             "errors": [line for line in tail if line] or [f"verify exited {code}"]}
+        except OSError as exc:  # reported, never fatal to the capture
+            log.error("verify could not run: %s", exc)
+            self.verify_state["last"] = {"finished": time.time(), "exit_code": 2, "tables": [],
+                                         "errors": [f"verify could not run: {exc}"]}
+        finally:
+            self._verify_proc = None
+            self.verify_state["state"] = "idle"
 
     def _pause_resume(self, name: str, verb: str) -> tuple[int, dict[str, Any]]:
         sender = next((s for s in self.senders if s.name == name), None)

@@ -1,7 +1,8 @@
 """``verify``: does every sink hold what its sources hold? Checked while capture goes on.
 
 ``python -m capturer verify --config conf/config.cfg [--sender NAME] [--table db.table] [--json]``
-and ``POST /verify`` (the running capturer, behind ``controlToken``) compare, table by
+and ``POST /verify`` (the running capturer, behind ``controlToken``, runs that command in
+a child process) compare, table by
 table, each sender's destination with the sources (docs/verify.md):
 
 * **Sources**: the MySQL/MariaDB and PostgreSQL regions (read over SQL); a table that
@@ -1049,6 +1050,8 @@ def verify_cli(argv: list[str], load_config: Callable[[Any], Any], factories: di
                     help="seconds a sender is given to acknowledge past the sources' positions (default 60)")
     ap.add_argument("--rounds", type=int, default=3, help="re-checks of rows that differ (default 3)")
     ap.add_argument("--chunk-rows", type=int, default=10_000)
+    ap.add_argument("--progress", action="store_true",
+                    help='progress as {"progress": {...}} JSON lines on stderr (POST /verify reads them)')
     args = ap.parse_args(argv)
     from pathlib import Path
 
@@ -1068,7 +1071,11 @@ def verify_cli(argv: list[str], load_config: Callable[[Any], Any], factories: di
     opts = Options(senders=args.sender, tables=tables, wait=args.wait, rounds=max(1, args.rounds),
                    chunk_rows=max(100, args.chunk_rows))
     try:
-        v, readers = build(cfg, factories, checkpoint_acked(cfg.checkpoint_path), opts)
+        def progress(d: dict[str, Any]) -> None:
+            print(json.dumps({"progress": d}), file=sys.stderr, flush=True)
+
+        v, readers = build(cfg, factories, checkpoint_acked(cfg.checkpoint_path), opts,
+                           progress=progress if args.progress else None)
     except (ConfigError, OSError, ImportError) as exc:
         print(f"verify: {exc}", file=sys.stderr)
         return 2
