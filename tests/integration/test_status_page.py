@@ -206,6 +206,17 @@ def test_status_page_live_pause_resume_restart(setup: dict[str, Any], two_server
                    ".textContent === 'done'", 120, f"{region}'s snapshot of app.users shown done")
         assert not b.js("document.getElementById('snapshots').hidden")
 
+        # 5b. verify started from the page: its result per sender and table
+        b.type_into("#verify-tables", "app.users")
+        b.click("#verify")
+        b.wait("document.getElementById('message').textContent.indexOf('verify: done') >= 0", 30, "verify accepted")
+        b.wait("document.getElementById('verify-state').textContent.indexOf('last run') >= 0", 180,
+               "the verify's result shown")
+        for sender in ("local", "mysql"):
+            badge = b.wait(f"(document.querySelector('#verify-results tr[data-name=\"{sender} app.users\"] .badge')"
+                           " || {}).textContent", 30, f"{sender} app.users in the results")
+            assert badge in ("equal", "not caught up"), badge  # a stream that moves: never "different"
+
         # 6. a graceful stop through the endpoint; the page says it lost the capturer
         started = status(url)["started_at"]
         assert post(url, "/stop").status_code == 202
