@@ -165,3 +165,16 @@ def consume_all(servers: str, topics: list[str] | None = None, idle: float = 3.0
         return out
     finally:
         c.close()
+
+
+def verify_equal(cfg: Path, senders: list[str], wait: float = 60) -> dict[str, Any]:
+    """``python -m capturer verify`` of these senders must find every table equal (exit 0);
+    its JSON report."""
+    cmd = [sys.executable, "-m", "capturer", "verify", "--config", str(cfg), "--json", "--wait", str(wait)]
+    for s in senders:
+        cmd += ["--sender", s]
+    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, (p.returncode, p.stdout[-4000:], p.stderr[-2000:])
+    report: dict[str, Any] = json.loads(p.stdout)
+    assert {t["sender"] for t in report["tables"]} == set(senders), report["summary"]
+    return report

@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 import requests
 from chaos.harness import compare, consume_fast, duplicate_identities, source_json
-from helpers import Broker, CapturerProcess, checkpoint_covers, start_servers, wait_for
+from helpers import Broker, CapturerProcess, checkpoint_covers, start_servers, verify_equal, wait_for
 from workload import SCHEMA, TABLES, Workload, assert_target_equals_sources, file_state_equals
 
 from devtools.local_mariadb import MariaDBInstance, free_port
@@ -177,6 +177,7 @@ def check_sinks(rig: dict[str, Any], senders: list[str]) -> dict[str, int]:
             assert not why, why
     if "spark" in senders:
         dups["spark"] = lake_duplicates(tmp / "wh")
+    verify_equal(tmp / "config.cfg", senders)  # the product's own check agrees
     return dups
 
 
