@@ -639,6 +639,7 @@ def verify_cost(tmp: Path, preload: int = 200_000, rate: int = 2000, seconds: in
     Per window: the capturer's cores (CPU s / s), the rows the MySQL sender delivered per
     second, the worst sender lag on /status, and the verify runs' exit codes (0 equal
     or 3 not settled while the load runs; 1 would be a false alarm)."""
+    import resource
     import subprocess
 
     import requests
@@ -724,6 +725,7 @@ def verify_cost(tmp: Path, preload: int = 200_000, rate: int = 2000, seconds: in
             if name != "baseline":
                 t = threading.Thread(target=cli if name == "cli" else post, daemon=True)
                 t.start()
+            ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
             c0, r0, t0 = _cpu_seconds(proc.pid), status()["senders"]["mysql"]["rows"], time.time()
             worst = 0.0
             while time.time() - t0 < seconds:
@@ -736,8 +738,13 @@ def verify_cost(tmp: Path, preload: int = 200_000, rate: int = 2000, seconds: in
                 t.join(120)
                 while name == "post" and status().get("verify", {}).get("state") == "running":
                     time.sleep(0.5)
-            return {"capturer_cores": round((c1 - c0) / (t1 - t0), 3), "mysql_rows_per_s": round((r1 - r0) / (t1 - t0)),
-                    "worst_lag_s": round(worst, 1), "verify_runs": len(codes), "exit_codes": codes}
+            ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+            res = {"capturer_cores": round((c1 - c0) / (t1 - t0), 3), "mysql_rows_per_s": round((r1 - r0) / (t1 - t0)),
+                   "worst_lag_s": round(worst, 1), "verify_runs": len(codes), "exit_codes": codes}
+            if name == "cli" and codes:  # the verify processes this bench reaped (POST's are the capturer's)
+                cpu = ru1.ru_utime + ru1.ru_stime - ru0.ru_utime - ru0.ru_stime
+                res["verify_cpu_s_per_run"] = round(cpu / len(codes), 2)
+            return res
 
         for name in ("baseline", "cli", "post"):
             out[name] = window(name)
@@ -1584,7 +1591,8 @@ def main() -> int:
             print(f"verify cost, {name}: capturer {w['capturer_cores']} cores"
                   + (f" ({w['cores_ratio_to_baseline']} x the load alone)" if name != "baseline" else "")
                   + f", MySQL sender {w['mysql_rows_per_s']:,} rows/s, worst lag {w['worst_lag_s']} s, "
-                  f"{w['verify_runs']} verify runs, exit codes {sorted(set(w['exit_codes']))}")
+                  f"{w['verify_runs']} verify runs, exit codes {sorted(set(w['exit_codes']))}"
+                  + (f", {w['verify_cpu_s_per_run']} CPU s per verify run" if "verify_cpu_s_per_run" in w else ""))
     if "compaction_1M_seconds" in results:
         print(f"compaction of 1M changes over 200k keys: {results['compaction_1M_seconds']} s")
     import resource
