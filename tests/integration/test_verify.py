@@ -379,3 +379,36 @@ def test_kafka_canal_and_protobuf_formats_and_the_file_in_sql_format(tmp_path: P
     for name in ("app.users", "app.pairs", "app.log", "app.types"):
         assert t[("kafka", name)]["status"] == "equal" and t[("kafka", name)]["rows"] > 0, t[("kafka", name)]
         assert t[("local", name)]["status"] == "cannot check" and "format=sql" in t[("local", name)]["note"]
+
+
+def test_both_kafka_clients_read_the_same_topics_back() -> None:
+    """verify reads with confluent-kafka where installed, kafka-python otherwise: both see
+    every message of every partition, also what was appended after a first read."""
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from senders.kafka.verify import KafkaMessage, _Confluent, _KafkaPython
+
+    broker = Broker().start()
+    try:
+        admin = AdminClient({"bootstrap.servers": broker.servers})
+        admin.create_topics([NewTopic("vt", 3, 1)])["vt"].result(30)
+        p = Producer({"bootstrap.servers": broker.servers, "linger.ms": 20})
+
+        def produce(lo: int, hi: int) -> None:
+            for i in range(lo, hi):
+                p.produce("vt", key=str(i).encode(), value=json.dumps({"i": i}).encode(), partition=i % 3)
+            p.flush(30)
+        produce(0, 300)
+        readers = [_Confluent(broker.servers), _KafkaPython(broker.servers)]
+        seen: list[list[KafkaMessage]] = [[], []]
+        for r, out in zip(readers, seen):
+            r.read(["vt"], out.append, 60)
+        produce(300, 450)
+        for r, out in zip(readers, seen):
+            r.read(["vt"], out.append, 60)
+            r.close()
+        for out in seen:
+            assert sorted(json.loads(m.value or b"{}")["i"] for m in out) == list(range(450))
+    finally:
+        broker.kill()
