@@ -206,7 +206,23 @@ class SourceUnreachable(Exception):
     pass
 
 
-class MySQLSource:
+class _Source:
+    """A region's server read over SQL: a connection per thread (``_connect``), all
+    closed by ``close``."""
+
+    _conns: PerThread
+
+    def _connect(self) -> Any:
+        raise NotImplementedError
+
+    def _conn(self) -> Any:
+        return self._conns.get()
+
+    def close(self) -> None:
+        self._conns.close()
+
+
+class MySQLSource(_Source):
     """A MySQL/MariaDB region's server, read over SQL (UTC, consistent reads per statement)."""
 
     kind = "mysql"
@@ -217,12 +233,6 @@ class MySQLSource:
                       "connect_timeout": timeout, "autocommit": True}
         self.where = f"{host}:{port}"
         self._conns = PerThread(self._connect)
-
-    def _conn(self) -> Any:
-        return self._conns.get()
-
-    def close(self) -> None:
-        self._conns.close()
 
     def _connect(self) -> Any:
         try:
@@ -320,7 +330,7 @@ _PG_CODE_KINDS = {1: "int", 2: "int", 3: "int", 8: "int", 4: "float", 5: "float"
                   18: "datetime", 19: "time", 245: "json", 16: "bit"}
 
 
-class PostgresSource:
+class PostgresSource(_Source):
     """A PostgreSQL region's database. Values are read in their text form and parsed by
     the region's own parsers, so they are what the region delivers (bool as 1/0,
     timestamptz as UTC, ...)."""
@@ -334,12 +344,6 @@ class PostgresSource:
         self._conns = PerThread(self._connect)
         self._types: dict[tuple[str, str], list[Any]] = {}
         self._oids: dict[tuple[str, str], list[int]] = {}
-
-    def _conn(self) -> Any:
-        return self._conns.get()
-
-    def close(self) -> None:
-        self._conns.close()
 
     def _connect(self) -> Any:
         import psycopg

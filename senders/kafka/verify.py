@@ -16,7 +16,8 @@ are "cannot check". The topics read are the sender's
 reads (``refresh``) go on from where the last one ended, with confluent-kafka where it
 is installed, kafka-python's consumer otherwise. The end of a partition is where the
 broker's fetch answers say it ends, not its end-offset answer (Tansu's is wrong after
-batched sends)."""
+batched sends). A read gives up after ``timeout`` seconds in which nothing more
+came (a slow broker is given time as long as it answers)."""
 
 from __future__ import annotations
 
@@ -190,8 +191,11 @@ class _Confluent:
         deadline = time.monotonic() + timeout
         while pending:
             if time.monotonic() > deadline:
-                raise TimeoutError(f"kafka: not read to the end in {timeout:.0f}s: {sorted(pending)}")
-            for msg in self.c.consume(1000, 0.5):
+                raise TimeoutError(f"kafka: nothing more read for {timeout:.0f}s before the end of {sorted(pending)}")
+            got = self.c.consume(1000, 0.5)
+            if got:
+                deadline = time.monotonic() + timeout  # a slow broker is given time as long as it answers
+            for msg in got:
                 tp = (str(msg.topic()), int(msg.partition() or 0))
                 err = msg.error()
                 if err is not None:
@@ -211,8 +215,8 @@ class _Confluent:
 
 
 class _KafkaPython:
-    """The same with kafka-python (where confluent-kafka is not installed): a partition is
-    read until a poll returns nothing more at or past its end offset."""
+    """The same with kafka-python (where confluent-kafka is not installed): read until a
+    poll returns nothing and every partition's position is at its end offset."""
 
     def __init__(self, servers: str):
         from kafka import KafkaConsumer
@@ -237,12 +241,14 @@ class _KafkaPython:
             at = self.next[(tp.topic, tp.partition)]
             self.c.seek(tp, at if at >= 0 else begin[tp])
         deadline = time.monotonic() + timeout
-        quiet = 0
-        while quiet < 2:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"kafka: not read to the end in {timeout:.0f}s")
+        while True:
             got = self.c.poll(timeout_ms=500, max_records=5000)
-            quiet = 0 if got else quiet + 1
+            if got:
+                deadline = time.monotonic() + timeout
+            elif all(self.c.position(tp) >= end for tp, end in self.c.end_offsets(tps).items()):
+                break  # every partition read to its end (a fetch hands out whole batches)
+            elif time.monotonic() > deadline:
+                raise TimeoutError(f"kafka: nothing more read for {timeout:.0f}s before the partitions' ends")
             for tp, msgs in got.items():
                 for msg in msgs:
                     self.next[(tp.topic, tp.partition)] = msg.offset + 1

@@ -62,6 +62,16 @@ def run_verify(cfg: Path, *args: str, timeout: float = 600) -> tuple[int, dict[s
     return p.returncode, json.loads(p.stdout)
 
 
+def write_config(tmp: Path, regions: str, port: int | None = None, extra: str = "") -> Path:
+    """config.cfg (and an empty filter) next to the test's senderConfig.cfg."""
+    (tmp / "filter_rule.txt").write_text("")
+    cfg = tmp / "config.cfg"
+    cfg.write_text(f"[global]\nbinlogCheckPointPath={tmp / 'checkpoint.json'}\nsenderConfig={tmp / 'senderConfig.cfg'}\n"
+                   f"filterRuleDict={tmp / 'filter_rule.txt'}\nhttpPort={port or free_port()}\ncheckpointInterval=0.5\n"
+                   f"{extra}{regions}")
+    return cfg
+
+
 def by_table(report: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
     return {(t["sender"], t["table"]): t for t in report["tables"]}
 
@@ -86,14 +96,10 @@ def rig(tmp_path: Path):  # type: ignore[no-untyped-def]
         f"[kafka]\nservers={broker.servers}\nclient=confluent\n"
         f"[spark]\nwarehouse={tmp_path / 'wh'}\nwriter=arrow\nbatch_interval=1\nbatch_rows=500\n"
         "compaction_interval=0\nmaster=local[1]\n")
-    (tmp_path / "filter_rule.txt").write_text("")
     regions = "".join(
         f"\n[region:r{i + 1}]\ntype=mysql\nhost=127.0.0.1\nport={m.port}\nuser=capturer\npassword=capturer\n"
         f"server_id={800 + i}\nheartbeat_ms=200\n" for i, m in enumerate(sources))
-    cfg = tmp_path / "config.cfg"
-    cfg.write_text(f"[global]\nbinlogCheckPointPath={tmp_path / 'checkpoint.json'}\n"
-                   f"senderConfig={tmp_path / 'senderConfig.cfg'}\nfilterRuleDict={tmp_path / 'filter_rule.txt'}\n"
-                   f"httpPort={port}\ncheckpointInterval=0.5\ncontrolToken={TOKEN}\n" + regions)
+    cfg = write_config(tmp_path, regions, port, f"controlToken={TOKEN}\n")
     cap = CapturerProcess(cfg, tmp_path / "capturer.log").start()
     rig = {"sources": sources, "target": target, "broker": broker, "tmp": tmp_path, "cfg": cfg, "cap": cap,
            "url": f"http://127.0.0.1:{port}"}
@@ -294,16 +300,11 @@ def test_postgresql_region_every_type_and_a_keyless_table(tmp_path: Path) -> Non
     target = MariaDBInstance(tmp_path / "target", server_id=99, binlog=False).start()
     try:
         apply_schema(pg)
-        (tmp_path / "filter_rule.txt").write_text("")
         (tmp_path / "senderConfig.cfg").write_text(
             f"[global]\ntype=local,mysql\n[local]\nfilepath={tmp_path / 'out' / 'changes.jsonl'}\n"
             f"[mysql]\nhost=127.0.0.1\nport={target.port}\nuser=root\npassword=\nthreadnum=4\n")
-        cfg = tmp_path / "config.cfg"
-        cfg.write_text(f"[global]\nbinlogCheckPointPath={tmp_path / 'checkpoint.json'}\n"
-                       f"senderConfig={tmp_path / 'senderConfig.cfg'}\nfilterRuleDict={tmp_path / 'filter_rule.txt'}\n"
-                       f"httpPort={free_port()}\ncheckpointInterval=0.5\n"
-                       f"\n[region:pg]\ntype=postgresql\nhost=127.0.0.1\nport={pg.port}\nuser=postgres\n"
-                       "dbname=postgres\ncreate_publication=all\nheartbeat_ms=200\nstatus_interval=1\n")
+        cfg = write_config(tmp_path, f"\n[region:pg]\ntype=postgresql\nhost=127.0.0.1\nport={pg.port}\n"
+                           "user=postgres\ndbname=postgres\ncreate_publication=all\nheartbeat_ms=200\nstatus_interval=1\n")
         cap = CapturerProcess(cfg, tmp_path / "capturer.log").start()
         try:
             cap.wait_ready()
@@ -351,13 +352,8 @@ def test_kafka_canal_and_protobuf_formats_and_the_file_in_sql_format(tmp_path: P
             "[global]\ntype=kafka,local\n"
             f"[kafka]\nservers={broker.servers}\nclient=confluent\nformat={fmt}\ntopic={fmt}.{{db}}.{{table}}\n"
             f"[local]\nfilepath={tmp_path / 'out.sql'}\nformat=sql\n")
-        (tmp_path / "filter_rule.txt").write_text("")
-        cfg = tmp_path / "config.cfg"
-        cfg.write_text(f"[global]\nbinlogCheckPointPath={tmp_path / 'checkpoint.json'}\n"
-                       f"senderConfig={tmp_path / 'senderConfig.cfg'}\nfilterRuleDict={tmp_path / 'filter_rule.txt'}\n"
-                       f"httpPort={free_port()}\ncheckpointInterval=0.5\n"
-                       f"\n[region:r1]\ntype=mysql\nhost=127.0.0.1\nport={src.port}\nuser=capturer\n"
-                       "password=capturer\nserver_id=801\nheartbeat_ms=200\n")
+        cfg = write_config(tmp_path, f"\n[region:r1]\ntype=mysql\nhost=127.0.0.1\nport={src.port}\nuser=capturer\n"
+                           "password=capturer\nserver_id=801\nheartbeat_ms=200\n")
         cap = CapturerProcess(cfg, tmp_path / "capturer.log").start()
         try:
             cap.wait_ready()
