@@ -147,6 +147,7 @@ class Capturer:
             backlog = Backlog(cfg.backlog_path, cfg.backlog_max_mb << 20)
             try:
                 nxt = backlog.open(mark, min(behind) if behind else None, read_only=self.check_only)
+                backlog.keep_for_checkpoint(cp.senders, names, nxt)  # the loaded checkpoint is on disk
             except OSError as exc:
                 raise CheckpointError(f"backlog {cfg.backlog_path}: {exc}") from None
         elif behind:
@@ -256,6 +257,9 @@ class Capturer:
         """A checkpoint is on disk: lifts older than the rebuild point go, regions learn
         where their sources now resume (a PostgreSQL slot confirms it)."""
         self.journal.prune(self.manager.rebuild_cut().positions)
+        if self.stream.backlog is not None:  # backlog segments go only once no checkpoint on disk needs them
+            self.stream.backlog.keep_for_checkpoint(cp.senders, {s.name for s in self.senders},
+                                                    cp.backlog.next if cp.backlog is not None else 1 << 62)
         for r in self.regions:
             if r.name in cp.regions:
                 r.checkpointed(cp.regions[r.name])

@@ -144,6 +144,9 @@ class Backlog:
         self.written_bytes = 0
         self.flushed_to = -1  # every record up to this offset is in the OS (readable)
         self.lock = threading.Lock()  # segment list changes vs. readers looking for a segment
+        # the first item the checkpoint on disk may still need (None: no limit): set at open
+        # and after each checkpoint is written (``keep_for_checkpoint``)
+        self.durable_below: int | None = None
 
     # -- start-up --
     def open(self, mark: BacklogMark | None, need_from: int | None, read_only: bool = False) -> int:
@@ -288,8 +291,13 @@ class Backlog:
         return BacklogMark(nxt, seg.path.name, seg.size)
 
     def release(self, below: int) -> int:
-        """Remove segments whose every item is below ``below``; bytes freed."""
+        """Remove segments whose every item is below ``below`` and below ``durable_below``
+        (what the checkpoint on disk still needs: the senders' acknowledgements run ahead
+        of it, and a kill -9 before the next checkpoint restarts from the one on disk);
+        bytes freed."""
         freed = 0
+        if self.durable_below is not None:
+            below = min(below, self.durable_below)
         with self.lock:
             while self.segments and self.segments[0].last < below and self.segments[0].last >= 0 \
                     and (len(self.segments) > 1 or self._file is None):
@@ -304,6 +312,12 @@ class Backlog:
                 freed += s.size
                 s.path.unlink(missing_ok=True)
         return freed
+
+    def keep_for_checkpoint(self, senders: dict[str, Any], names: set[str], default: int) -> None:
+        """A checkpoint is on disk: what its senders (those in ``names``, not detached) will
+        read from at a restart is what ``release`` must keep (``default`` when none is behind)."""
+        needs = [sp.offset + 1 for n, sp in senders.items() if n in names and not sp.detached]
+        self.durable_below = min(needs, default=default)
 
     def close(self) -> None:
         if self._file is not None:

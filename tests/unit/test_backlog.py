@@ -419,3 +419,23 @@ def test_a_start_refuses_a_damaged_backlog_and_rebuild_backlog_reads_the_sources
     assert cap.regions[0].ctx.start == Position("bin.000001", 400)  # the sources again from the slowest sender
     assert cap.manager.cursors["local"].next == 9 and cap.manager.cursors["local"].skip_key == (400, "r", 0)
     assert list(tmp_path.glob("cp.json.backlog.broken-*"))
+
+
+def test_segments_stay_until_no_checkpoint_on_disk_needs_them(tmp_path: Path) -> None:
+    """The senders' acknowledgements run ahead of the checkpoint file: a segment they all
+    passed is removed only once a written checkpoint no longer needs it (a kill -9 before
+    the next checkpoint restarts from the one on disk, which still reads it)."""
+    from capturer.pipeline.checkpoint import SenderPosition
+
+    b = Backlog(tmp_path / "bl", 1 << 30, segment_bytes=2000)
+    b.open(None, None)
+    for off in range(1, 201):
+        b.append(off, off, stream_key(txn(off)), txn(off), False)
+    assert len(b.segments) > 3
+    b.keep_for_checkpoint({"a": SenderPosition(offset=10), "gone": SenderPosition(offset=1, detached=True)},
+                          {"a"}, 201)
+    b.release(150)  # acknowledged in memory up to 149; the checkpoint on disk says 10
+    assert b.segments[0].first <= 11 and b.segment_for(11).path.exists()
+    b.keep_for_checkpoint({"a": SenderPosition(offset=149)}, {"a"}, 201)
+    b.release(150)
+    assert all(s.last >= 150 for s in b.segments)
