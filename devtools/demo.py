@@ -236,6 +236,14 @@ def _check(sink: Sink, sources: dict[TableName, SourceTable], committed_rows: in
         return SinkCheck(sink.name, problems=[f"could not be read back: {type(exc).__name__}: {exc}"])
 
 
+def acked_positions(cp: Any, region: str) -> list[Any]:
+    """Where each sender (not detached) stands in ``region``: what has reached the
+    destinations. The checkpoint's own region position is where the sources resume, which
+    with a backlog can be ahead of a sender still reading it."""
+    ps = [sp.regions.get(region) for sp in cp.senders.values() if not sp.detached]
+    return ps or [cp.regions.get(region)]
+
+
 def run_demo(basedir: Path, once: bool = False, steps: int = 400,
              stop: threading.Event | None = None, sinks: Sinks | None = None) -> int:
     """The shop demo: two private MariaDB shards, their workload, the capturer, and
@@ -311,16 +319,16 @@ def run_demo(basedir: Path, once: bool = False, steps: int = 400,
                 targets = [w.m.master_position() for w in loads]
             cp = c.checkpoint
             for (file, pos), name in zip(targets, ("shard1", "shard2")):
-                p = cp.regions.get(name)
-                if not isinstance(p, Position) or (p.file, p.pos) < (file, pos):  # (None: none yet)
-                    return now - t0 > 300  # give up: reported below
+                for p in acked_positions(cp, name):
+                    if not isinstance(p, Position) or (p.file, p.pos) < (file, pos):  # (None: none yet)
+                        return now - t0 > 300  # give up: reported below
             return True
 
         code = cap.run(until=progress)
         elapsed = time.time() - t0
         reached = bool(targets) and all(
-            isinstance(pos := cap.checkpoint.regions.get(name), Position) and (pos.file, pos.pos) >= target
-            for target, name in zip(targets, ("shard1", "shard2")))
+            isinstance(pos, Position) and (pos.file, pos.pos) >= target
+            for target, name in zip(targets, ("shard1", "shard2")) for pos in acked_positions(cap.checkpoint, name))
         cap = None
         if code != 0:
             print("demo: the capturer stopped on a failure (see the log above)", flush=True)
@@ -417,9 +425,9 @@ def run_baikaldb_demo(basedir: Path, once: bool = False, steps: int = 300,
 
         def caught_up(c: Capturer) -> bool:
             for name, bt in (("shop", 20), ("acct", 30)):
-                p = c.checkpoint.regions.get(name)
-                if w.last_ts.get(bt) and (p is None or getattr(p, "ts", 0) < w.last_ts[bt]):
-                    return False
+                for p in acked_positions(c.checkpoint, name):
+                    if w.last_ts.get(bt) and (p is None or getattr(p, "ts", 0) < w.last_ts[bt]):
+                        return False
             return True
 
         def progress(c: Capturer) -> bool:
@@ -548,10 +556,10 @@ def run_postgresql_demo(basedir: Path, once: bool = False, steps: int = 300,
                 with pg.connect() as conn:
                     targets["pg"] = parse_lsn(conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])
             cp = c.checkpoint
-            p1, p2 = cp.regions.get("shard1"), cp.regions.get("pg")
-            if (not isinstance(p1, Position) or (p1.file, p1.pos) < targets["shard1"]
-                    or not isinstance(p2, LsnPosition) or p2.lsn < targets["pg"]):
-                return now - t0 > 180
+            for p1, p2 in zip(acked_positions(cp, "shard1"), acked_positions(cp, "pg")):
+                if (not isinstance(p1, Position) or (p1.file, p1.pos) < targets["shard1"]
+                        or not isinstance(p2, LsnPosition) or p2.lsn < targets["pg"]):
+                    return now - t0 > 180
             return True
 
         code = cap.run(until=progress)
