@@ -139,6 +139,10 @@ REGION_KEYS = [
     Key("snapshot", p_choice("never", "initial", "when_needed"), "never",
         doc="copy the selected tables: never; initial (on a first start); when_needed (also when the "
             "checkpoint's binlog is purged: then each table is emptied downstream first)"),
+    Key("snapshot_method", p_choice("auto", "consistent", "watermark"), "auto",
+        doc="how a chunk is made consistent with the binlog: consistent (MariaDB's consistent-snapshot position), "
+            "watermark (a locking read per chunk and the binlog position read while its locks are held: MySQL "
+            "5.7/8.x), auto (consistent where the server reports that position, else watermark)"),
     Key("snapshot_workers", p_int(1, 64), 2, doc="tables copied at once"),
     Key("snapshot_chunk_rows", p_int(10, 10_000_000), 20_000, doc="rows per snapshot chunk"),
     Key("snapshot_driver", p_choice("auto", "mariadb", "pymysql"), "auto",
@@ -339,6 +343,7 @@ class RegionConfig:
     connect_timeout: float = 10.0
     decoder: str = "fast"
     snapshot: str = "never"
+    snapshot_method: str = "auto"
     snapshot_workers: int = 2
     snapshot_chunk_rows: int = 20_000
     snapshot_ddl: bool = True

@@ -28,6 +28,10 @@ def start_servers(tmp: Path, n: int, **kw: Any) -> list[MariaDBInstance]:
     return servers
 
 
+# snapshot_method given to every region write_config writes (set by the snapshot tests' fixture)
+SNAPSHOT_METHOD = ""
+
+
 def write_config(
     tmp: Path,
     servers: list[MariaDBInstance],
@@ -36,6 +40,8 @@ def write_config(
     extra_global: str = "",
     region_extra: str = "",
 ) -> Path:
+    if SNAPSHOT_METHOD and "snapshot_method" not in region_extra:
+        region_extra += f"snapshot_method={SNAPSHOT_METHOD}\n"
     regions = "".join(
         f"\n[region:r{i + 1}]\ntype=mysql\nhost=127.0.0.1\nport={m.port}\nuser=capturer\n"
         f"password=capturer\nserver_id={800 + i}\nheartbeat_ms=200\n{region_extra}"

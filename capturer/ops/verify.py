@@ -49,6 +49,7 @@ from typing import Any, Protocol
 from capturer.model import AnyPosition, LsnPosition, Position
 from capturer.model.encode import format_timedelta, quote_ident
 from capturer.util import mysqlconn, rowsum
+from capturer.util.binlogpos import binlog_end
 from capturer.util.perthread import PerThread
 
 log = logging.getLogger(__name__)
@@ -298,13 +299,12 @@ class MySQLSource(_Source):
         return out
 
     def position(self) -> Position:
-        for sql in ("SHOW MASTER STATUS", "SHOW BINARY LOG STATUS"):  # MySQL 8.4 has only the second
-            try:
-                rows = self.query(sql)
-            except Exception:
-                continue
-            if rows:
-                return Position(str(rows[0][0]), int(rows[0][1]))
+        try:
+            got = binlog_end(self.query)  # (MySQL 8.4 has only SHOW BINARY LOG STATUS)
+        except Exception:
+            got = None
+        if got is not None:
+            return Position(*got)
         raise SourceUnreachable(f"region {self.region} ({self.where}): no binlog position (is the binlog on, "
                                 "and has the user BINLOG MONITOR / REPLICATION CLIENT?)")
 

@@ -34,6 +34,17 @@ from senders.local.replay import read_changes, rebuild
 
 pytestmark = pytest.mark.integration
 
+
+@pytest.fixture(autouse=True, params=["consistent", "watermark"])
+def snapshot_method(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test here runs with each snapshot method (``snapshot_method=`` in every
+    region write_config writes): MariaDB's consistent-snapshot position, and the
+    watermark method MySQL servers need, forced on MariaDB."""
+    import helpers
+
+    monkeypatch.setattr(helpers, "SNAPSHOT_METHOD", request.param)
+    return str(request.param)
+
 EXTRA = [
     # hostile names, a table keyed only by a NOT NULL unique key, an empty table
     "CREATE DATABASE `we``ird db`",
@@ -161,7 +172,7 @@ def rebuild_kafka(records: list[Any]) -> dict[tuple[str, str], list[str]]:
 
 
 def test_initial_snapshot_with_concurrent_writes_every_sender(tmp_path: Path, target: MariaDBInstance,
-                                                              capturer_running) -> None:  # type: ignore[no-untyped-def]
+                                                              capturer_running, snapshot_method: str) -> None:  # type: ignore[no-untyped-def]
     """Tables with history that is no longer in the binlog are copied while writes go
     on; file, MySQL, Kafka and Spark end up equal to the source."""
     pytest.importorskip("pyspark")
@@ -194,6 +205,7 @@ def test_initial_snapshot_with_concurrent_writes_every_sender(tmp_path: Path, ta
                 r = verify(cap.senders[3]._session(), wh, "cdc", "app", table,  # type: ignore[attr-defined]
                            [{"host": "127.0.0.1", "port": m.port, "user": "root", "password": ""}])
                 assert r["equal"], r
+        assert st["regions"]["r1"]["snapshot"]["method"] == snapshot_method
         snap = st["regions"]["r1"]["snapshot"]["tables"]
         assert snap["app.users"]["state"] == "done" and snap["app.users"]["chunks"] > 5
         assert snap["app.empty"]["rows"] == 0 and snap["app.empty"]["state"] == "done"
@@ -1050,4 +1062,45 @@ def test_kill9_during_an_initial_snapshot_keeps_every_identity(tmp_path: Path, t
             assert source_rows(target, "d", t) == want, t
     finally:
         stop.set()
+        m.stop()
+
+
+def test_watermark_read_waits_out_a_writers_lock(tmp_path: Path, capturer_running, snapshot_method: str) -> None:  # type: ignore[no-untyped-def]
+    """The watermark method reads a chunk with shared locks and NOWAIT: a writer that
+    holds a row of the chunk (its transaction open) makes the read fail and be made
+    again, never wait while holding locks; once the writer commits, the chunk goes
+    out with the row as committed (or without it, as the stream delivers it) and the
+    file equals the source."""
+    if snapshot_method != "watermark":
+        pytest.skip("the watermark method's locking read")
+    (m,) = start_servers(tmp_path, 1)
+    try:
+        m.execute("CREATE DATABASE d", "CREATE TABLE d.t (id INT PRIMARY KEY, v VARCHAR(20))",
+                  "INSERT INTO d.t SELECT seq, CONCAT('v', seq) FROM d.seq_1_to_300",
+                  "CREATE TABLE d.nokey (a INT, b VARCHAR(10))",
+                  "INSERT INTO d.nokey SELECT seq % 7, 'x' FROM d.seq_1_to_50")
+        cfg = write_config(tmp_path, [m], region_extra="start=latest\nsnapshot_chunk_rows=100\nsnapshot_workers=1\n")
+        with capturer_running(cfg) as cap:
+            wait_for(lambda: checkpoint_covers(tmp_path, [m]), 60)
+            writer = m.connect()
+            writer.autocommit(False)
+            with writer.cursor() as cur:  # a writer holds row 150 (chunk 1) and a row of the keyless table
+                cur.execute("UPDATE d.t SET v = 'held' WHERE id = 150")
+                cur.execute("UPDATE d.nokey SET b = 'held' WHERE a = 3")
+            cap.request_snapshot(["d.t", "d.nokey"])
+            region = cap.regions[0]
+            wait_for(lambda: region.snapshotter is not None and region.snapshotter.lock_retries >= 2, 60,
+                     "the locking read to meet the writer's lock")
+            assert cap.snapshot()["regions"]["r1"]["snapshot"]["method"] == "watermark"
+            time.sleep(0.5)
+            writer.commit()
+            writer.close()
+            m.execute("UPDATE d.t SET v = 'after' WHERE id IN (149, 151)")
+            wait_for(lambda: snapshot_done(cap), 60, "the snapshot")
+            wait_for(lambda: checkpoint_covers(tmp_path, [m]), 60)
+        got = file_tables(tmp_path)
+        assert got[("d", "t")] == source_rows(m, "d", "t")
+        assert sorted(r for r in got[("d", "nokey")]) == source_rows(m, "d", "nokey")
+        assert any(x["op"] == "read" and x["table"] == "t" for x in read_lines(tmp_path))
+    finally:
         m.stop()

@@ -381,3 +381,42 @@ def test_pin_start_writes_a_first_start_once_and_keeps_it(tmp_path: Any) -> None
     cp = load_checkpoint(tmp_path / "cp.json")
     assert cp is not None and cp.regions == {"r1": start, "r2": Position("bin.000001", 4)}
     assert cap.manager.advance().regions == cp.regions
+
+
+def test_binlog_end_asks_mysql_84s_statement_only_when_the_first_is_unknown() -> None:
+    from capturer.util.binlogpos import binlog_end
+
+    class Err(Exception):
+        def __init__(self, code: int) -> None:
+            super().__init__(code, "x")
+
+    asked: list[str] = []
+
+    def mysql84(sql: str) -> list[tuple[object, ...]]:
+        asked.append(sql)
+        if sql == "SHOW MASTER STATUS":
+            raise Err(1064)
+        return [("binlog.000007", 1234, "", "", "uuid:1-5")]
+
+    assert binlog_end(mysql84) == ("binlog.000007", 1234)
+    assert asked == ["SHOW MASTER STATUS", "SHOW BINARY LOG STATUS"]
+    assert binlog_end(lambda sql: []) is None  # binlog off
+
+    def denied(sql: str) -> list[tuple[object, ...]]:
+        raise Err(1227)  # no privilege: reported as it is, not hidden behind the second statement
+
+    with pytest.raises(Err):
+        binlog_end(denied)
+
+
+def test_watermark_reads_lock_without_waiting_then_wait() -> None:
+    from capturer.regions.mysql.snapshot import _NOWAIT_TRIES, Reader
+
+    r = Reader.__new__(Reader)
+    r.method, r.nowait = "watermark", True
+    assert r.lock_clause(0) == " LOCK IN SHARE MODE NOWAIT"
+    assert r.lock_clause(_NOWAIT_TRIES) == " LOCK IN SHARE MODE"
+    r.nowait = False  # MySQL 5.7
+    assert r.lock_clause(0) == " LOCK IN SHARE MODE"
+    r.method = "consistent"
+    assert r.lock_clause(0) == ""

@@ -67,6 +67,7 @@ from capturer.regions.mysql.snapshot import (
     truncate_conflict,
 )
 from capturer.util import failpoints, mysqlconn
+from capturer.util.binlogpos import binlog_end
 
 log = logging.getLogger(__name__)
 
@@ -188,6 +189,7 @@ class MySQLRegion(ClockedRegion):
         self._requests: list[tuple[TableProgress, ...]] = []
         self._req_lock = threading.Lock()
         self._creates_done: set[tuple[str, str, str]] = set()  # (run, db, table) up-front CREATE emitted
+        self._snap_method = ""  # resolved snapshot_method (consistent | watermark), once the server is known
 
     # --- connection ---------------------------------------------------------
     def _conn_settings(self) -> dict[str, Any]:
@@ -264,18 +266,14 @@ class MySQLRegion(ClockedRegion):
                 else:
                     purged = False
                 if self.cfg.snapshot in ("initial", "when_needed"):
-                    cur.execute("SHOW MASTER STATUS")
-                    row = cur.fetchone()
-                    self._start_snapshot(cur, fresh=True, at=Position(str(row[0]), int(row[1])), truncate=purged)
+                    self._start_snapshot(cur, fresh=True, at=self._binlog_end(cur), truncate=purged)
                     assert self.position is not None  # the snapshot's start, set by _start_snapshot
                     return self.position
                 start = self.cfg.start
                 if start == "earliest":
                     pos = Position(logs[0][0], 4)
                 elif start == "latest":
-                    cur.execute("SHOW MASTER STATUS")
-                    row = cur.fetchone()
-                    pos = Position(str(row[0]), int(row[1]))
+                    pos = self._binlog_end(cur)
                 else:
                     file, _, off = start.rpartition(":")
                     pos = Position(file, int(off))
@@ -285,6 +283,17 @@ class MySQLRegion(ClockedRegion):
                 return pos
         finally:
             conn.close()
+
+    def _binlog_end(self, cur: Any) -> Position:
+        """The position the server writes next (SHOW MASTER STATUS, or MySQL 8.4's
+        SHOW BINARY LOG STATUS)."""
+        def query(sql: str) -> list[tuple[Any, ...]]:
+            cur.execute(sql)
+            return list(cur.fetchall())
+        got = binlog_end(query)
+        if got is None:
+            raise FatalSourceError(f"{self.where}: the server reports no binlog position (is log_bin on?)")
+        return Position(*got)
 
     # --- table metadata -----------------------------------------------------
     def _keys_from_server(self, db: str, table: str) -> tuple[tuple[str, ...], tuple[tuple[str, ...], ...]]:
@@ -389,8 +398,9 @@ class MySQLRegion(ClockedRegion):
     def status(self) -> dict[str, Any]:
         d = super().status()
         if self.snapshotter is not None:
-            d["snapshot"] = {"driver": self.snapshotter.driver, "rows": self.snapshot_rows,
-                             "chunks": self.snapshot_txns, "tables": self.snapshotter.status()}
+            d["snapshot"] = {"driver": self.snapshotter.driver, "method": self.snap_method, "rows": self.snapshot_rows,
+                             "chunks": self.snapshot_txns, "lock_retries": self.snapshotter.lock_retries,
+                             "tables": self.snapshotter.status()}
         return d
 
     def table_exists(self, db: str, table: str) -> bool:
@@ -436,14 +446,13 @@ class MySQLRegion(ClockedRegion):
         on a restart: the snapshot in progress in the checkpoint. Tables whose copy has
         not started get their CREATE TABLE IF NOT EXISTS first (again after a restart),
         so that binlog changes to them find them on a new target."""
+        if fresh or self.snap_progress:
+            try:
+                self._resolve_snap_method(cur)
+            except ValueError as exc:
+                raise FatalSourceError(str(exc)) from None
         if fresh:
             assert at is not None
-            cur.execute("SHOW STATUS LIKE 'binlog_snapshot_file'")
-            if cur.fetchone() is None:
-                raise FatalSourceError(
-                    f"{self.where}: snapshot={self.cfg.snapshot} needs MariaDB's consistent-snapshot binlog position "
-                    "(binlog_snapshot_file), which this server does not report (MySQL?); set snapshot=never in "
-                    f"[region:{self.name}]")
             cur.execute("SELECT TABLE_SCHEMA, TABLE_NAME FROM information_schema.TABLES WHERE TABLE_TYPE = "
                         "'BASE TABLE' ORDER BY TABLE_SCHEMA, TABLE_NAME")
             # the filter decides, system schemas included (left out unless a rule names them)
@@ -534,16 +543,44 @@ class MySQLRegion(ClockedRegion):
             self.position = after
             self._creates_done.update(todo)
 
+    @property
+    def snap_method(self) -> str:
+        """How chunks are made exact on this server (snapshot.py): ``consistent``
+        (MariaDB's consistent-snapshot position) or ``watermark`` (a locking read and
+        the binlog position read while its locks are held)."""
+        return self._snap_method or ("watermark" if self.cfg.snapshot_method == "watermark" else "consistent")
+
+    def _resolve_snap_method(self, cur: Any) -> str:
+        """``snapshot_method`` for this server (auto: MariaDB's position where the
+        server reports it, else the watermark); ValueError for ``consistent`` on a
+        server without it."""
+        want = self.cfg.snapshot_method
+        if want == "watermark":
+            self._snap_method = "watermark"
+            return self._snap_method
+        cur.execute("SHOW STATUS LIKE 'binlog_snapshot_file'")
+        has = cur.fetchone() is not None
+        if want == "consistent" and not has:
+            raise ValueError(
+                f"{self.where}: snapshot_method=consistent needs MariaDB's consistent-snapshot binlog position "
+                "(binlog_snapshot_file), which this server does not report (MySQL?); set snapshot_method=watermark "
+                f"(or auto) in [region:{self.name}]")
+        method = "consistent" if has else "watermark"
+        if method != self._snap_method:
+            log.info("%s: snapshots use the %s method%s", self.where, method,
+                     "" if has else " (the server reports no consistent-snapshot binlog position: a locking read "
+                     "per chunk with the binlog position read while its locks are held)")
+        self._snap_method = method
+        return method
+
     def check_snapshot_support(self) -> None:
-        """ValueError when the server cannot give a consistent-snapshot binlog position
-        (not MariaDB)."""
+        """ValueError when this server cannot take a snapshot the way
+        ``snapshot_method`` asks (``consistent`` on a server without MariaDB's
+        consistent-snapshot position)."""
         conn = self._connect()
         try:
             with conn.cursor() as cur:
-                cur.execute("SHOW STATUS LIKE 'binlog_snapshot_file'")
-                if cur.fetchone() is None:
-                    raise ValueError(f"{self.where}: snapshots need MariaDB's consistent-snapshot binlog position "
-                                     "(binlog_snapshot_file), which this server does not report")
+                self._resolve_snap_method(cur)
         finally:
             conn.close()
 

@@ -27,6 +27,34 @@ whole table is read in one consistent snapshot (streamed to disk past
 rows that changes between P and X deleted and inserted (a multiset), so a target
 ends up with exactly the source's rows.
 
+How a chunk is made exact without MariaDB's position (MySQL; ``snapshot_method``)
+----------------------------------------------------------------------------------
+MySQL 5.7/8.x report no consistent-snapshot binlog position, and a position read
+next to a lock-free read is not exact: a transaction is written to the binlog
+*before* InnoDB makes it visible, so a lock-free SELECT made after ``SHOW MASTER
+STATUS`` can still miss a transaction the binlog had before that position (the
+window the watermark method of Flink CDC leaves open; DBLog closes it by writing
+its watermarks into a table of the source, which needs write access there).
+
+``snapshot_method=watermark`` reads a chunk with a *locking* read instead:
+``START TRANSACTION; SELECT ... ORDER BY key LIMIT n LOCK IN SHARE MODE NOWAIT;
+SHOW MASTER STATUS; COMMIT``. The shared next-key locks (REPEATABLE READ) cover
+every row and gap of the chunk's key range, so while the locks are held no
+transaction can change that range, and every transaction that changed it before
+has committed (it held its row locks until InnoDB committed it, after its binlog
+write). The binlog position read while the locks are held (the high watermark)
+is therefore a P at which the chunk is the range's state, exactly, and the rest
+is the MariaDB rule above: delivered at X >= P, without the keys that changed
+between P and X. ``NOWAIT`` makes the read fail at once where a row is locked by a
+writer, so the snapshot never waits while holding locks (it cannot take part in a
+deadlock, and a writer waits for it at most for one chunk's read): the chunk is
+read again after a short pause, and after ``_NOWAIT_TRIES`` failures it waits for
+the locks like any reader (``innodb_lock_wait_timeout`` of its session set to a
+few seconds). MySQL 5.7 has no NOWAIT: there it waits from the start. A keyless
+table is one such read of the whole table (writers to it wait for that read).
+``snapshot_method=auto`` uses MariaDB's position where the server reports it and
+the watermark otherwise.
+
 The start of a table's run (its ``CREATE TABLE IF NOT EXISTS``, and for
 ``truncate`` its ``TRUNCATE``) is a step of its own, delivered in stream order
 at a point X0 *before* chunk 0 is read: every chunk is then read at a P >= X0,
@@ -64,6 +92,7 @@ from capturer.model import ColumnInfo, Position, SnapshotMark, TableProgress, Ta
 from capturer.model.encode import quote_ident
 from capturer.model.spill import write_blob
 from capturer.util import failpoints
+from capturer.util.binlogpos import binlog_end
 
 if TYPE_CHECKING:
     from capturer.config import RegionConfig
@@ -102,6 +131,9 @@ class SnapshotHost(Protocol):
     def position_now(self) -> Position | None: ...
 
     def snapshot_generation(self) -> int: ...
+
+    @property
+    def snap_method(self) -> str: ...  # consistent | watermark, as resolved for this server
 
 MODES = ("never", "initial", "when_needed")
 SYSTEM_SCHEMAS = ("mysql", "information_schema", "performance_schema", "sys")
@@ -395,6 +427,8 @@ class Reader:
     def __init__(self, region: SnapshotHost):
         cfg = region.cfg
         self.where = region.where
+        self.method = region.snap_method  # consistent | watermark (resolved by the region)
+        self.nowait = True  # (watermark) LOCK IN SHARE MODE NOWAIT where the server has it
         mariadb: Any = None
         if cfg.snapshot_driver != "pymysql":
             try:
@@ -427,7 +461,9 @@ class Reader:
         # the server's sql_mode must not change what is read: PAD_CHAR_TO_FULL_LENGTH pads CHAR
         # values (keys too), ANSI_QUOTES / NO_BACKSLASH_ESCAPES change how statements are read
         self.execute("SET SESSION sql_mode = ''")
-        self.execute("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        self.execute("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")  # (next-key locks: watermark)
+        if self.method == "watermark":
+            self.execute("SET SESSION innodb_lock_wait_timeout = 5")
 
     def ident(self, name: str) -> str:
         """A quoted identifier for SQL run with parameters (pymysql formats with
@@ -510,11 +546,43 @@ class Reader:
                 "MariaDB's); a consistent snapshot needs a MariaDB source. Set snapshot=never in this region")
         return Position(d["binlog_snapshot_file"], int(d["binlog_snapshot_position"]))
 
+    def binlog_position(self) -> Position:
+        """The binlog position the server writes next (the watermark method's high
+        watermark: read while the chunk's locks are held)."""
+        got = binlog_end(lambda sql: self.execute(sql))
+        if got is None:
+            raise FatalSourceError(f"{self.where}: the server reports no binlog position (is log_bin on?)")
+        return Position(*got)
+
+    def begin_read(self) -> Position | None:
+        """Open a chunk's transaction: MariaDB's consistent snapshot and its binlog
+        position; or (watermark) a plain transaction whose position is read after
+        the locking SELECT (None here)."""
+        if self.method == "watermark":
+            self.execute("START TRANSACTION")
+            return None
+        self.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT")
+        return self.snapshot_position()
+
+    def lock_clause(self, tries: int) -> str:
+        """(watermark) How a chunk's SELECT locks what it reads: shared, without
+        waiting while the chunk is young in tries, then waiting (see the module)."""
+        if self.method != "watermark":
+            return ""
+        return " LOCK IN SHARE MODE NOWAIT" if self.nowait and tries < _NOWAIT_TRIES else " LOCK IN SHARE MODE"
+
     def close(self) -> None:
         try:
             self.conn.close()
         except Exception:
             pass
+
+
+# (watermark) a chunk is read with NOWAIT this many times before its read waits for locks
+_NOWAIT_TRIES = 5
+# errors of a locking read that only mean "read it again": lock wait timeout, deadlock,
+# NOWAIT found a lock (MySQL 3572; MariaDB reports 1205 for it)
+LOCK_ERRORS = (1205, 1213, 3572)
 
 
 def list_tables(reader: Reader, selected: Callable[[str, str], bool]) -> list[tuple[str, str]]:
@@ -789,6 +857,7 @@ class Snapshotter:
         self.threads: list[threading.Thread] = []
         self.driver = ""
         self.last_log = 0.0
+        self.lock_retries = 0  # (watermark) chunk reads made again because a writer held a lock
 
     # --- scheduling -------------------------------------------------------------------
     def load(self, progress: tuple[TableProgress, ...]) -> None:
@@ -1055,24 +1124,49 @@ class Snapshotter:
         create = self._create_sql(reader, plan)
         # a binlog position at or after every DDL SHOW CREATE TABLE reflects: the CREATE
         # goes out once the stream has passed it (a DDL after the describe: read again)
-        reader.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT")
-        try:
-            at = reader.snapshot_position()
-        finally:
-            reader.execute("COMMIT")
+        if reader.method == "watermark":
+            at = reader.binlog_position()
+        else:
+            reader.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT")
+            try:
+                at = reader.snapshot_position()
+            finally:
+                reader.execute("COMMIT")
         return self.region.emit_begin(plan, p.run, at, create, truncate)
 
     def _read(self, reader: Reader, plan: TablePlan, p: TableProgress) -> Chunk:
+        """A chunk (or a keyless table) as of a binlog position P. With the watermark
+        method a read that met a writer's lock is made again (see the module)."""
+        tries = 0
+        while True:
+            try:
+                return self._read_once(reader, plan, p, tries)
+            except Exception as exc:
+                if reader.method != "watermark" or not reader.is_error(exc):
+                    raise
+                code = reader.errno(exc)
+                if code == 1064 and reader.nowait and tries < _NOWAIT_TRIES:  # (MySQL 5.7: no NOWAIT)
+                    reader.nowait = False
+                    continue
+                if code not in LOCK_ERRORS or self.stop.is_set() or self.region.ctx.stop.is_set():
+                    raise
+                tries += 1
+                self.lock_retries += 1
+                if tries > _NOWAIT_TRIES + 20:
+                    raise SourceError(f"{self.region.where}: snapshot of {plan.name}: the locking read of a chunk "
+                                      f"failed {tries} times in a row ({exc})") from None
+                time.sleep(min(0.02 * (2 ** min(tries, 6)), 1.0))
+
+    def _read_once(self, reader: Reader, plan: TablePlan, p: TableProgress, tries: int) -> Chunk:
         ph = reader.ph
         norm = normalizers(plan, reader.kind)
         names = [c.name for c in plan.columns]
         make = row_maker(names, norm)
         gen = self.region.snapshot_generation()
-        reader.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT")
+        at = reader.begin_read()
         try:
-            at = reader.snapshot_position()
             if not plan.key:
-                chunk = self._read_keyless(reader, plan, p, at, names, norm)
+                chunk = self._read_keyless(reader, plan, p, at, names, norm, reader.lock_clause(tries))
                 chunk.gen = gen
                 return chunk
             sig = plan.key_signature()
@@ -1090,7 +1184,7 @@ class Snapshotter:
             if values is not None:
                 where, params = plan.key_where(values, reader.ident, ph)
                 sql += f" WHERE {where}"
-            sql += f" ORDER BY {order} LIMIT {self.chunk_rows}"
+            sql += f" ORDER BY {order} LIMIT {self.chunk_rows}" + reader.lock_clause(tries)
             try:
                 if as_dicts:
                     rows = reader.fetch_dicts(sql, params)
@@ -1106,6 +1200,8 @@ class Snapshotter:
                 if reader.is_error(exc) and reader.errno(exc) == 1054:  # a column went since it was described
                     raise ColumnsChanged(plan.name) from None
                 raise
+            if at is None:  # (watermark) the high watermark, read while the chunk's locks are held
+                at = reader.binlog_position()
             return Chunk(plan, at, rows, last_key, len(rows) < self.chunk_rows, p.chunks, p.run, False, gen=gen)
         finally:
             reader.execute("COMMIT")
@@ -1123,15 +1219,15 @@ class Snapshotter:
             raise
         return create_table_sql(plan.db, plan.table, str(rows[0][1])) if rows else ""
 
-    def _read_keyless(self, reader: Reader, plan: TablePlan, p: TableProgress, at: Position, names: list[str],
-                      norm: list[Callable[[Any], Any] | None]) -> Chunk:
+    def _read_keyless(self, reader: Reader, plan: TablePlan, p: TableProgress, at: Position | None,
+                      names: list[str], norm: list[Callable[[Any], Any] | None], lock: str = "") -> Chunk:
         make = row_maker(names, norm)
         from capturer.model import RowChange
         from capturer.model.spill import DEFAULT_CHUNK_ROWS, SpillWriter
 
         ctx = self.region.ctx
         spill = SpillWriter(ctx.spill_dir or None, min(ctx.spill_rows or DEFAULT_CHUNK_ROWS, DEFAULT_CHUNK_ROWS))
-        sql = f"SELECT {plan.select_list(reader.ident)} FROM {reader.table(plan.db, plan.table)}"
+        sql = f"SELECT {plan.select_list(reader.ident)} FROM {reader.table(plan.db, plan.table)}{lock}"
         try:
             for batch in reader.stream(sql, (), 5000):
                 spill.add([RowChange(plan.schema, "read", None, make(r)) for r in batch])
@@ -1141,6 +1237,8 @@ class Snapshotter:
             if reader.is_error(exc) and reader.errno(exc) == 1054:
                 raise ColumnsChanged(plan.name) from None
             raise
+        if at is None:  # (watermark) read while the whole table's locks are held
+            at = reader.binlog_position()
         return Chunk(plan, at, [], None, True, p.chunks, p.run, True, spill.finish())
 
     def close(self) -> None:
