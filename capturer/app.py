@@ -99,7 +99,8 @@ class Capturer:
                                          cp.floor(r.name), self.journal, self.stop_event,
                                          cfg.spill_rows, cfg.spill_dir, cfg.checkpoint_path,
                                          self._table_selected, self.pin_start, self.tables_elsewhere,
-                                         filter_path=cfg.filter_path, config_path=cfg.path))
+                                         peer=self.snapshot_peer, filter_path=cfg.filter_path,
+                                         config_path=cfg.path))
             for r in cfg.regions
         ]
         self.senders = [ProcessSender(s.name, s.options, cfg.queue_rows, cfg.log_level, cfg.spill_rows, cfg.spill_dir)
@@ -240,6 +241,14 @@ class Capturer:
             self.keeper.write(force=True)
         log.info("region %s: start position %s written to %s before anything is sent", region, position,
                  self.cfg.checkpoint_path)
+
+    def snapshot_peer(self, name: str) -> Any:
+        """The region ``name`` if it copies tables in this process (a coordinated copy of a
+        table several regions deliver needs every one of them here); else None."""
+        from capturer.regions.snaphost import SnapshotHostMixin
+
+        r = next((x for x in getattr(self, "regions", ()) if x.name == name), None)
+        return r if isinstance(r, SnapshotHostMixin) else None
 
     def tables_elsewhere(self, region: str, tables: list[tuple[str, str]]) -> dict[tuple[str, str], list[str]]:
         """For each of ``tables``: the other regions (MySQL/MariaDB, PostgreSQL, local or
@@ -503,28 +512,29 @@ class Capturer:
 
     def request_snapshot(self, tables: list[str], region: str | None = None,
                          truncate: bool = False) -> dict[str, Any]:
-        """Copy tables again while streaming, in every MySQL/MariaDB region that has
+        """Copy tables again while streaming, in every MySQL/MariaDB or PostgreSQL region that has
         them (or only ``region``). Everything is checked before any region starts:
         ValueError for a bad name, a server without snapshots, or a copy that would
         empty a table other regions also deliver (``truncate``, or a keyless table);
         LookupError if no region has a table; SourceError if a source does not
         answer (nothing started then either)."""
         from capturer.pipeline.filter import split_table_name
-        from capturer.regions.mysql.region import MySQLRegion
         from capturer.regions.mysql.snapshot import truncate_conflict
         from capturer.regions.remote.region import RemoteRegion
+        from capturer.regions.snaphost import SnapshotHostMixin
 
         names = list(dict.fromkeys(split_table_name(t) for t in tables))
-        every = [r for r in self.regions if isinstance(r, MySQLRegion)]
+        every = [r for r in self.regions if isinstance(r, SnapshotHostMixin)]
         regions = every
         # regions served by agents take no on-demand snapshot here, but their tables count as holders
         pool: list[Any] = every + [r for r in self.regions if isinstance(r, RemoteRegion)]
         if region is not None:
             regions = [r for r in regions if r.name == region]
             if not regions:
-                raise LookupError(f"no MySQL/MariaDB region named {region!r}")
+                raise LookupError(f"no MySQL/MariaDB or PostgreSQL region named {region!r}")
         if not regions:
-            raise LookupError("snapshots are for MySQL/MariaDB regions; none is configured")
+            raise LookupError("snapshots are for MySQL/MariaDB and PostgreSQL regions (not BaikalDB); none is "
+                              "configured")
         # 1. what the regions asked deliver; the others only when a copy empties a
         # table downstream (another region's rows are at stake then): an unrelated
         # region that does not answer must not fail the request
@@ -544,9 +554,13 @@ class Capturer:
                 if not (truncate or info[r.name][t]):
                     continue
                 holders = [x.name for x in pool if t in info[x.name]]
-                if len(holders) > 1:
-                    why = "the request truncates it" if truncate else \
-                        "it has no key, so its copy starts with a TRUNCATE"
+                # the holders copy it in one coordinated step (capturer/regions/snaphost.py), if they all can
+                outside = [h for h in holders if self.snapshot_peer(h) is None]
+                if len(holders) > 1 and outside:
+                    why = ("the request truncates it" if truncate else
+                           "it has no key, so its copy starts with a TRUNCATE") + \
+                        f", and region(s) {', '.join(outside)} (served by an agent) cannot take part in the " \
+                        "coordinated copy that needs"
                     raise ValueError("snapshot refused: " + truncate_conflict(t[0], t[1], holders, why))
         # 3. every server can give a consistent-snapshot position
         for r in regions:

@@ -223,6 +223,11 @@ POSTGRES_KEYS = [
         doc="send MySQL DDL for new and changed tables (CREATE TABLE on first sight, ALTER TABLE, TRUNCATE)"),
     Key("toast_fill", p_bool, True,
         doc="read unchanged TOASTed values (absent from the log under REPLICA IDENTITY DEFAULT) from the table"),
+    Key("snapshot", p_choice("never", "initial", "when_needed"), "never",
+        doc="copy the published tables the filter selects: never; initial (on a first start); when_needed (also "
+            "when the checkpoint's changes are gone from the slot: each table is emptied downstream first)"),
+    Key("snapshot_workers", p_int(1, 64), 2, doc="tables copied at once"),
+    Key("snapshot_chunk_rows", p_int(10, 10_000_000), 20_000, doc="rows per snapshot chunk"),
     Key("process", p_bool, False,
         doc="read and decode this region in a worker process of its own (a local region agent) instead of "
             "the capturer's process"),
@@ -249,6 +254,9 @@ class PostgresRegionConfig:
     sslmode: str = "prefer"
     ddl: bool = True
     toast_fill: bool = True
+    snapshot: str = "never"
+    snapshot_workers: int = 2
+    snapshot_chunk_rows: int = 20_000
     process: bool = False
 
     def masked(self) -> dict[str, Any]:

@@ -295,6 +295,8 @@ class LsnPosition:
     transaction that commits after it."""
 
     lsn: int
+    # the progress of a running table snapshot at this point (kept in the checkpoint only)
+    snapshot: tuple[TableProgress, ...] = field(default=(), compare=False, repr=False)
 
     kind: ClassVar[str] = "postgresql"
 
@@ -304,14 +306,24 @@ class LsnPosition:
     def to_json(self) -> dict[str, Any]:
         return {"kind": self.kind, "lsn": format_lsn(self.lsn)}
 
+    def checkpoint_json(self) -> dict[str, Any]:
+        d = self.to_json()
+        if self.snapshot:
+            d["snapshot"] = [t.to_json() for t in self.snapshot]
+        return d
+
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> LsnPosition:
         if not isinstance(d, dict):
             raise ValueError(f"position must be an object, got {d!r}")
         try:
-            return cls(parse_lsn(d.get("lsn")))
+            lsn = parse_lsn(d.get("lsn"))
         except ValueError as exc:
             raise ValueError(f"position.lsn: {exc}") from None
+        snap = d.get("snapshot", [])
+        if not isinstance(snap, list):
+            raise ValueError("position.snapshot must be a list")
+        return cls(lsn, tuple(TableProgress.from_json(t) for t in snap))
 
     def __str__(self) -> str:
         return format_lsn(self.lsn)

@@ -44,6 +44,9 @@ class RegionContext:
     # served by an agent to a capturer that already passed on a heartbeat at this ts: the region's
     # clock stays above it (its own floor is the commit_ts of the item at ``start``)
     promised: int = 0
+    # the region object of that name in this process, when it can take part in a coordinated
+    # copy of a table several regions deliver (capturer/regions/snaphost.py); None otherwise
+    peer: Callable[[str], Any] = lambda name: None
     filter_path: Path | None = None  # filterRuleDict (sent to agents along with a subscription)
     config_path: Path | None = None  # the capturer's config.cfg (a worker process reads it: process=true)
 

@@ -159,6 +159,15 @@ class RegionClock:
         self.last_emitted += 1
         return self.last_emitted
 
+    def lift_to(self, ts: int, position: Any = None) -> None:
+        """Everything this region sends from now on is above ``ts`` (another region sent
+        an item there for a table both deliver: a coordinated copy). Journaled as a
+        floor at ``position``, as ``extra`` does, so a replay stays above it too."""
+        if ts > self.last_emitted:
+            self.last_emitted = ts
+        if position is not None:
+            self.journal.record_floor(self.region, position, self.last_emitted)
+
     def heartbeat(self, source_now_ms: int) -> int:
         """The ts a heartbeat may promise now (never below what was already emitted)."""
         ts = max(make_ts(source_now_ms), self.last_emitted)

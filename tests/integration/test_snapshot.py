@@ -23,6 +23,7 @@ from helpers import (
     consume_all,
     read_lines,
     start_servers,
+    verify_equal,
     wait_for,
     write_config,
 )
@@ -727,53 +728,101 @@ def test_truncate_is_done_once_across_kill9(tmp_path: Path, target: MariaDBInsta
         m.stop()
 
 
-def test_copies_that_would_empty_other_regions_rows_are_refused(tmp_path: Path, capturer_running) -> None:  # type: ignore[no-untyped-def]
-    """Two shards with the same tables: a TRUNCATE from one region would wipe the
-    other's rows downstream. Refused before anything starts (HTTP 400, CLI exit 2,
-    naming the table and the regions); a keyless table in both cannot be copied
-    initially (the capturer stops at start naming them); a copy without truncate of
-    a keyed table is fine."""
-    from capturer.app import Capturer, load_config
+class ShardWriter(threading.Thread):
+    """Writes to both shards' keyed and keyless tables at a steady pace."""
 
+    def __init__(self, servers: list[MariaDBInstance]):
+        super().__init__(daemon=True)
+        self.servers, self.done, self.n, self.error = servers, threading.Event(), 0, None
+
+    def run(self) -> None:
+        conns = [m.connect() for m in self.servers]
+        try:
+            while not self.done.wait(0.01):
+                self.n += 1
+                i = self.n % len(conns)
+                with conns[i].cursor() as cur:
+                    base = i * 100_000
+                    cur.execute("INSERT INTO d.k VALUES (%s, %s)", (f"w{self.n}", i))
+                    if self.n % 3 == 0:
+                        cur.execute("DELETE FROM d.k WHERE n = %s LIMIT 1", (i,))
+                    cur.execute("INSERT INTO d.t VALUES (%s, %s) ON DUPLICATE KEY UPDATE v = v + 1",
+                                (base + self.n % 400, self.n))
+                    if self.n % 7 == 0:
+                        cur.execute("DELETE FROM d.t WHERE id = %s", (base + (self.n * 13) % 400,))
+                conns[i].commit()
+        except BaseException as exc:
+            self.error = exc
+        finally:
+            for c in conns:
+                c.close()
+
+    def stop(self) -> None:
+        self.done.set()
+        self.join(60)
+        assert self.error is None, self.error
+
+
+def union_rows(servers: list[MariaDBInstance], db: str, table: str) -> list[str]:
+    return sorted(r for m in servers for r in source_rows(m, db, table))
+
+
+def test_tables_several_regions_deliver_are_copied_in_one_step(tmp_path: Path, target: MariaDBInstance,
+                                                                 monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Two shards with the same tables, a keyless one among them: ``snapshot=initial``
+    copies the keyless table (and, asked with ``truncate``, a keyed one) in one
+    coordinated step of both regions (one TRUNCATE, then both regions' rows) while both
+    shards are written; killed -9 in the middle of the step, the restart does it again.
+    The file, the MySQL target, Kafka and the lake end equal to the union of the shards."""
+    pytest.importorskip("pyspark")
     servers = start_servers(tmp_path, 2)
+    broker = Broker().start()
     try:
         for i, m in enumerate(servers):
             m.execute("CREATE DATABASE d", "CREATE TABLE d.t (id INT PRIMARY KEY, v INT)",
-                      "CREATE TABLE d.k (msg VARCHAR(20), n INT)", "CREATE TABLE d.own (id INT PRIMARY KEY)",
-                      f"INSERT INTO d.t SELECT seq + {i * 1000}, seq FROM d.seq_1_to_50",
-                      f"INSERT INTO d.k SELECT CONCAT('m', seq), {i} FROM d.seq_1_to_5")
+                      "CREATE TABLE d.k (msg VARCHAR(20), n INT)",
+                      f"INSERT INTO d.t SELECT seq + {i * 100_000}, seq FROM d.seq_1_to_3000",
+                      f"INSERT INTO d.k SELECT CONCAT('m', seq % 50), {i} FROM d.seq_1_to_2000")
         token = "t0k3n-shards"
-        cfg = write_config(tmp_path, servers, extra_global=f"controlToken={token}\n", region_extra="start=earliest\n")
-        with capturer_running(cfg) as cap:
-            wait_for(lambda: checkpoint_covers(tmp_path, servers), 60)
-            url = f"http://127.0.0.1:{cap.status_server.port}"  # type: ignore[union-attr]
-            auth = {"Authorization": f"Bearer {token}"}
-            for body in ({"tables": ["d.t"], "truncate": True}, {"tables": ["d.t"], "truncate": True, "region": "r1"},
-                         {"tables": ["d.k"]}, {"tables": ["d.own", "d.k"], "region": "r2"}):
-                r = requests.post(url + "/snapshot", json=body, headers=auth, timeout=30)
-                assert r.status_code == 400, (body, r.status_code, r.text)
-                err = r.json()["error"]
-                table = "d.t" if body["tables"] == ["d.t"] else "d.k"
-                assert table in err and "r1" in err and "r2" in err, err
-            # nothing started, not even for the table that alone would have been fine
-            assert all(not x.get("snapshot") for x in cap.snapshot()["regions"].values())
-            r = subprocess.run([sys.executable, "-m", "capturer", "snapshot", "d.t", "--truncate", "--config", str(cfg),
-                                "--url", url], cwd=ROOT, capture_output=True, text=True,
-                               env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=60)
-            assert r.returncode == 2 and "d.t" in r.stderr and "r1, r2" in r.stderr, r.stderr
-            ok = requests.post(url + "/snapshot", json={"tables": ["d.t"]}, headers=auth, timeout=30)
-            assert ok.status_code == 202 and set(ok.json()["regions"]) == {"r1", "r2"}
-            wait_for(lambda: snapshot_done(cap, "r1") and snapshot_done(cap, "r2"), 60, "the copies")
-        # an initial snapshot of a keyless table both shards have: refused at start, nothing sent
-        for name in ("checkpoint.json", "out"):
-            subprocess.run(["rm", "-rf", str(tmp_path / name)], check=True)
-        cfg = write_config(tmp_path, servers, region_extra="snapshot=initial\n")
-        cap = Capturer(load_config(cfg))
-        cap.start()
-        code = cap.run(until=lambda c: False)
-        assert code == 1 and "d.k" in cap.failure and "r1, r2" in cap.failure, cap.failure
-        assert not (tmp_path / "out" / "changes.jsonl").exists() or not read_lines(tmp_path)
+        senders = (FILE_AND_MYSQL.format(out=tmp_path / "out" / "changes.jsonl", port=target.port)
+                   .replace("type=local,mysql", "type=local,mysql,kafka,spark")
+                   + f"[kafka]\nservers={broker.servers}\nclient=confluent\n"
+                   f"[spark]\nmaster=local[1]\nwarehouse={tmp_path / 'wh'}\nbatch_interval=0.3\ncompaction_interval=0\n")
+        cfg = write_config(tmp_path, servers, senders=senders, extra_global=f"controlToken={token}\n",
+                           region_extra="snapshot=initial\nsnapshot_chunk_rows=500\n")
+        log = tmp_path / "capturer.log"
+        writer = ShardWriter(servers)
+        writer.start()
+        # killed right after the step's TRUNCATE went out, before the rows
+        monkeypatch.setenv("CAPTURER_FAILPOINTS", "snapshot.group=kill@1")
+        p = CapturerProcess(cfg, log).start()
+        wait_for(lambda: p.proc is not None and p.proc.poll() is not None, 120, "the kill at the coordinated step")
+        monkeypatch.delenv("CAPTURER_FAILPOINTS")
+        p = CapturerProcess(cfg, log).start()
+        p.wait_ready(120)
+        wait_for(lambda: "d.k copied in one step with region(s)" in log.read_text(), 120, "the coordinated copy")
+        port = re.search(r"httpPort=(\d+)", cfg.read_text()).group(1)  # type: ignore[union-attr]
+        url = f"http://127.0.0.1:{port}"
+        target.execute("INSERT INTO d.t VALUES (-1, -1)")  # a stray row a truncating copy removes
+        r = requests.post(url + "/snapshot", json={"tables": ["d.t"], "truncate": True},
+                          headers={"Authorization": f"Bearer {token}"}, timeout=30)
+        assert r.status_code == 202 and set(r.json()["regions"]) == {"r1", "r2"}, r.text
+        wait_for(lambda: log.read_text().count("d.t copied in one step with region(s)") >= 1, 120, "the truncating copy")
+        time.sleep(1)
+        writer.stop()
+        assert writer.n > 20
+        wait_for(lambda: checkpoint_covers(tmp_path, servers) and not any(
+            x.get("snapshot") for x in json.loads((tmp_path / "checkpoint.json").read_text())["regions"].values()),
+            180, "every sender to catch up")
+        assert p.stop() == 0
+        for table in ("t", "k"):
+            assert source_rows(target, "d", table) == union_rows(servers, "d", table), table
+            assert file_tables(tmp_path)[("d", table)] == union_rows(servers, "d", table), table
+        verify_equal(cfg, ["local", "mysql", "kafka", "spark"], wait=120)
+        lines = read_lines(tmp_path)
+        assert any(x["op"] == "ddl" and x["sql"].startswith("TRUNCATE") and x["table"] == "t" for x in lines)
     finally:
+        broker.kill()
         for m in servers:
             m.stop()
 

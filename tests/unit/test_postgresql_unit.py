@@ -226,3 +226,22 @@ def test_probe_at_a_wal_page_start_is_the_previous_record_end() -> None:
     assert r._record_boundary(3 * (16 << 20) + 40) == 3 * (16 << 20)
     assert r._record_boundary(5 * 8192 + 100) == 5 * 8192 + 100
     assert r._record_boundary(5 * 8192) == 5 * 8192
+
+
+def test_snapshot_visibility_by_transaction_id_across_the_32_bit_wrap() -> None:
+    """A chunk's read sees a transaction when it committed before the read's snapshot:
+    below xmin, or below xmax and not in progress; pgoutput's 32-bit ids are placed
+    next to the snapshot's 64-bit ones (also right after a wrap of the low 32 bits)."""
+    from capturer.regions.postgresql.snapshot import PgSnapshot
+
+    s = PgSnapshot.parse("100:110:103,107")
+    assert s.visible(99) and s.visible(100) and s.visible(105)
+    assert not s.visible(103) and not s.visible(107)
+    assert not s.visible(110) and not s.visible(500)  # began after the snapshot
+    assert s.in_progress32() == {103, 107}
+    epoch = 5 << 32
+    w = PgSnapshot.parse(f"{epoch - 10}:{epoch + 3}:{epoch - 2},{epoch + 1}")
+    assert w.visible(0xFFFFFFF7) and w.visible(0) and w.visible(2)  # before and after the wrap
+    assert not w.visible(0xFFFFFFFE) and not w.visible(1)  # in progress on both sides of it
+    assert not w.visible(3) and not w.visible(4)
+    assert w.in_progress32() == {0xFFFFFFFE, 1}

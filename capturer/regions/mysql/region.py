@@ -12,14 +12,11 @@ written to the binlog, so it never leaves the region.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import logging
 import re
 import struct
-import threading
 import time
 import uuid
-from functools import partial
 from typing import Any
 
 import pymysql
@@ -53,19 +50,15 @@ from capturer.regions.ddl import ddl_target, is_data_ddl, is_ignorable
 from capturer.regions.mysql import tablemap
 from capturer.regions.mysql.rowdecode import fast_rows, normalise_library_row
 from capturer.regions.mysql.snapshot import (
-    Chunk,
-    Recorder,
     Snapshotter,
     TablePlan,
     base_tables,
-    chunk_mark,
     create_table_sql,
-    image_key,
     index_rows,
     promote_key,
-    row_key,
     truncate_conflict,
 )
+from capturer.regions.snaphost import SnapshotHostMixin
 from capturer.util import failpoints, mysqlconn
 from capturer.util.binlogpos import binlog_end
 
@@ -153,7 +146,7 @@ class TxnAssembler:
         return gtid
 
 
-class MySQLRegion(ClockedRegion):
+class MySQLRegion(SnapshotHostMixin, ClockedRegion):
     # always a binlog position: make_region refuses a checkpoint's position of another kind
     position: Position | None
     # (set up by ClockedRegion) the snapshot's items take their commit_ts from it too: extra(), next()
@@ -169,26 +162,7 @@ class MySQLRegion(ClockedRegion):
         self._meta: pymysql.connections.Connection | None = None
         self.fast_events = 0
         self.library_events = 0
-        # emission order: binlog transactions, heartbeats and snapshot chunks leave under
-        # this lock, which also guards the position, the clock and the snapshot recorders
-        self._lock = threading.Condition()
-        self.snap_progress: tuple[TableProgress, ...] = ctx.start.snapshot if isinstance(ctx.start, Position) else ()
-        self.recorders: dict[tuple[str, str], Recorder] = {}
-        self._tokens = itertools.count(1)
-        self.snapshotter: Snapshotter | None = None
-        self.snapshot_rows = 0
-        self.snapshot_txns = 0
-        # (db, table) / (db, "") / ("", "") -> last DDL, names in lower case (lower_case_table_names
-        # may fold them), newest last; _ddl_floor: the newest DDL of entries pruned away
-        self._ddl_seen: dict[tuple[str, str], Position] = {}
-        self._ddl_floor: Position | None = None
-        self._snap_gen = 0  # bumped when the binlog starts over (chunks read before are void)
-        self._snap_lock = threading.Lock()
-        # on-demand runs not yet in snap_progress: a request never waits for the emission lock
-        # (held while the region is blocked on a full queue); applied at its next use
-        self._requests: list[tuple[TableProgress, ...]] = []
-        self._req_lock = threading.Lock()
-        self._creates_done: set[tuple[str, str, str]] = set()  # (run, db, table) up-front CREATE emitted
+        self._init_snapshot_host(ctx.start.snapshot if isinstance(ctx.start, Position) else ())
         self._snap_method = ""  # resolved snapshot_method (consistent | watermark), once the server is known
 
     # --- connection ---------------------------------------------------------
@@ -397,10 +371,9 @@ class MySQLRegion(ClockedRegion):
 
     def status(self) -> dict[str, Any]:
         d = super().status()
-        if self.snapshotter is not None:
-            d["snapshot"] = {"driver": self.snapshotter.driver, "method": self.snap_method, "rows": self.snapshot_rows,
-                             "chunks": self.snapshot_txns, "lock_retries": self.snapshotter.lock_retries,
-                             "tables": self.snapshotter.status()}
+        snap = self.snapshot_status()
+        if snap is not None:
+            d["snapshot"] = snap
         return d
 
     def table_exists(self, db: str, table: str) -> bool:
@@ -431,14 +404,6 @@ class MySQLRegion(ClockedRegion):
         finally:
             conn.close()
 
-    def check_truncate(self, db: str, table: str, why: str) -> None:
-        """Refuse (FatalSourceError) to TRUNCATE ``db.table`` downstream when another
-        region also delivers a table of that name: its rows would go too."""
-        others = self.ctx.tables_elsewhere(self.name, [(db, table)]).get((db, table))
-        if others:
-            raise FatalSourceError(f"{self.where}: snapshot refused: "
-                                   + truncate_conflict(db, table, [self.name, *others], why))
-
     # --- snapshots ----------------------------------------------------------
     def _start_snapshot(self, cur: Any, fresh: bool, at: Position | None = None, truncate: bool = False) -> None:
         """On a first start (``fresh``) with snapshot=initial/when_needed: every table
@@ -464,11 +429,15 @@ class MySQLRegion(ClockedRegion):
             keyless = base_tables(execute, "%s", tables)
             # a copy that truncates must be the only source of its table downstream
             cut = [t for t in tables if truncate or keyless.get(t)]
-            clash = self.ctx.tables_elsewhere(self.name, cut) if cut else {}
+            # other regions that deliver such a table take part in one coordinated copy of it
+            # (snaphost.copy_together); a region served by an agent cannot
+            clash = {k: v for k, v in ((k, [o for o in others if self.ctx.peer(o) is None]) for k, others in (
+                self.ctx.tables_elsewhere(self.name, cut) if cut else {}).items()) if v}
             if clash:
                 (db, t), others = sorted(clash.items())[0]
-                why = "snapshot=when_needed empties every table first" if truncate else \
-                    "it has no key, so its copy starts with a TRUNCATE"
+                why = ("snapshot=when_needed empties every table first" if truncate else
+                       "it has no key, so its copy starts with a TRUNCATE") + \
+                    ", and a region served by an agent cannot take part in the coordinated copy that needs"
                 more = f" ({len(clash) - 1} more such table(s): {', '.join(f'{d}.{x}' for d, x in sorted(clash)[1:6])})" \
                     if len(clash) > 1 else ""
                 raise FatalSourceError(f"{self.where}: snapshot={self.cfg.snapshot} refused: "
@@ -493,7 +462,7 @@ class MySQLRegion(ClockedRegion):
                 pending = tuple(p for p in self.snap_progress if p.state in ("pending", "running"))
                 if pending:
                     if self.snapshotter is None:
-                        self.snapshotter = Snapshotter(self, self.cfg.snapshot_workers, self.cfg.snapshot_chunk_rows)
+                        self.snapshotter = self._new_snapshotter()
                     self.snapshotter.load(pending)
 
     def _upfront_creates(self, cur: Any) -> None:
@@ -584,272 +553,30 @@ class MySQLRegion(ClockedRegion):
         finally:
             conn.close()
 
-    def start_snapshot_request(self, tables: list[tuple[str, str]], truncate: bool) -> str:
-        """Copy these tables again while streaming (checked by the caller); returns the
-        run id. Never waits for the emission lock."""
-        with self._snap_lock:
-            if self.snapshotter is None:
-                self.snapshotter = Snapshotter(self, self.cfg.snapshot_workers, self.cfg.snapshot_chunk_rows)
-            return self.snapshotter.request(tables, truncate)
-
     def request_snapshot(self, tables: list[tuple[str, str]], truncate: bool) -> str:
         """Copy these tables again while streaming (on demand). ValueError when the
         server cannot give a consistent-snapshot binlog position (not MariaDB)."""
         self.check_snapshot_support()
         return self.start_snapshot_request(tables, truncate)
 
-    def add_snapshot_progress(self, progress: tuple[TableProgress, ...], wait: bool = False) -> None:
-        """A new run's tables: into the positions now if the emission lock is free (or
-        ``wait``), else at the lock's next use (it may be held by an emission waiting
-        for room in a full queue: an HTTP request must not wait for that)."""
-        with self._req_lock:
-            self._requests.append(progress)
-        if self._lock.acquire(blocking=wait):
-            try:
-                self._apply_requests()
-            finally:
-                self._lock.release()
+    # --- the snapshot host's hooks (capturer/regions/snaphost.py) ---------------
+    def _pkey(self, pos: Any) -> tuple[Any, ...]:
+        return (pos.file, pos.pos)
 
-    def _apply_requests(self) -> None:
-        """(under the lock) Runs requested since the lock was last held, in order."""
-        if not self._requests:
-            return
-        with self._req_lock:
-            reqs, self._requests = self._requests, []
-        for progress in reqs:
-            names = {(p.db, p.table) for p in progress}
-            self.snap_progress = tuple(p for p in self.snap_progress if (p.db, p.table) not in names) + progress
-        self._restamp()
+    def _stamped(self, pos: Any, progress: tuple[TableProgress, ...]) -> Position:
+        return Position(pos.file, pos.pos, pos.gtid, progress)
 
-    def update_snapshot_progress(self, p: TableProgress) -> None:
-        """A table's state (running, dropped) for its run; a run whose tables are all
-        done or dropped leaves the positions."""
-        with self._lock:
-            self._apply_requests()
-            if not any((x.db, x.table, x.run) == (p.db, p.table, p.run) for x in self.snap_progress):
-                return  # superseded by a newer run of the table
-            progress = tuple(p if (x.db, x.table) == (p.db, p.table) else x for x in self.snap_progress)
-            if all(x.state in ("done", "dropped") for x in progress if x.run == p.run):
-                progress = tuple(x for x in progress if x.run != p.run)
-            self.snap_progress = progress
-            self._restamp()
+    def _start_statements(self, plan: TablePlan, create: Any, truncate: bool) -> list[tuple[str, str, str]]:
+        stmts: list[tuple[str, str, str]] = []
+        if create:
+            stmts += [(plan.db, f"CREATE DATABASE IF NOT EXISTS {quote_ident(plan.db)}", ""),
+                      (plan.db, str(create), plan.table)]
+        if truncate:
+            stmts.append((plan.db, f"TRUNCATE TABLE {qualified(plan.db, plan.table)}", plan.table))
+        return stmts
 
-    def table_progress(self, db: str, table: str) -> TableProgress | None:
-        with self._lock:
-            self._apply_requests()
-            return next((p for p in self.snap_progress if (p.db, p.table) == (db, table)), None)
-
-    def _restamp(self) -> None:
-        """The current position carries the current snapshot progress (under the lock)."""
-        p = self.position
-        if p is not None and p.snapshot is not self.snap_progress:
-            self.position = Position(p.file, p.pos, p.gtid, self.snap_progress)
-
-    def chunk_begin(self, plan: TablePlan) -> int:
-        """A worker is about to open a consistent snapshot of ``plan``'s table: from now
-        on the binlog's changes to it are recorded (its P is at or after this point)."""
-        with self._lock:
-            rec = self.recorders.get((plan.db, plan.table))
-            cols = tuple(c.name for c in plan.columns)
-            if rec is None:
-                rec = self.recorders[(plan.db, plan.table)] = Recorder(
-                    plan.key, cols, spill_rows=self.ctx.spill_rows, spill_dir=self.ctx.spill_dir)
-            rec.key, rec.columns = plan.key, cols
-            token = next(self._tokens)
-            rec.lows[token] = self.position or Position("", 0)
-            return token
-
-    def chunk_end(self, plan: TablePlan, token: int) -> None:
-        with self._lock:
-            rec = self.recorders.get((plan.db, plan.table))
-            if rec is not None:
-                rec.lows.pop(token, None)
-                rec.prune()
-                if not rec.lows:
-                    del self.recorders[(plan.db, plan.table)]
-
-    def snapshot_failed(self, exc: BaseException) -> None:
-        log.error("%s: snapshot failed: %s", self.where, exc)
-        if self.error is None:
-            self._fail(exc)
-
-    def _wait_past(self, at: tuple[str, int]) -> bool:
-        """(under the lock) Until the stream has passed ``at``; False if stopping."""
-        while True:
-            if self.ctx.stop.is_set() or self.error is not None:
-                return False
-            if self.position is not None and (self.position.file, self.position.pos) >= at:
-                return True
-            self._lock.wait(0.25)
-
-    def _ddl_since(self, plan: TablePlan) -> bool:
-        """(under the lock) Whether a DDL that may have changed ``plan``'s table was
-        read after the table was described."""
-        ddl = self._last_ddl(plan.db, plan.table)
-        described = plan.described_at
-        return ddl is not None and (described is None or (ddl.file, ddl.pos) > (described.file, described.pos))
-
-    def emit_begin(self, plan: TablePlan, run: str, at: Position, create_sql: str,
-                   truncate: bool) -> TableProgress | str:
-        """A table's run starts: once the stream has passed ``at`` (after its SHOW CREATE
-        TABLE), its CREATE (if any) and TRUNCATE (if ``truncate``) go out as transactions
-        of their own, and the table becomes ``running``: every chunk of it is read
-        after this point of the stream. Returns its progress, or "redo" / "superseded"
-        / "stopped" as ``emit_chunk``."""
-        key = (plan.db, plan.table)
-        with self._lock:
-            if not self._wait_past((at.file, at.pos)):
-                return "stopped"
-            self._apply_requests()
-            prev = next((x for x in self.snap_progress if (x.db, x.table) == key), None)
-            if prev is None or prev.run != run:
-                return "superseded"
-            if self._ddl_since(plan):
-                return "redo"
-            p = dataclasses.replace(prev, state="running")
-            progress = tuple(p if (x.db, x.table) == key else x for x in self.snap_progress)
-            here = self.position
-            assert here is not None
-            before = Position(here.file, here.pos, here.gtid, self.snap_progress)
-            after = Position(here.file, here.pos, here.gtid, progress)
-            stmts: list[tuple[str, str]] = []
-            if create_sql:
-                stmts += [(f"CREATE DATABASE IF NOT EXISTS {quote_ident(plan.db)}", ""), (create_sql, plan.table)]
-            if truncate:
-                stmts.append((f"TRUNCATE TABLE {qualified(plan.db, plan.table)}", plan.table))
-            failpoints.hit("snapshot.begin")
-            # only the last statement says the start was delivered: a restart before it does it again
-            for i, (sql, table) in enumerate(stmts):
-                ts = self._extra_ts()
-                self._emit(Txn(self.name, ts, after if i == len(stmts) - 1 else before, (),
-                               Ddl(plan.db, sql, table, plan.db), ts_physical_ms(ts) // 1000, ""))
-                self.last_commit_ts = ts
-            self.snap_progress = progress
-            self.position = after
-            self._creates_done.add((run, plan.db, plan.table))
-            self._lock.notify_all()
-            return p
-
-    def emit_chunk(self, chunk: Chunk) -> TableProgress | str:
-        """Deliver a chunk once the stream has passed the position it is consistent
-        with (returns the table's progress after it); "redo" if its table changed
-        shape since it was described, or the binlog was restarted meanwhile;
-        "superseded" if a newer run of the table was requested; "stopped"."""
-        at = (chunk.at.file, chunk.at.pos)
-        plan = chunk.plan
-        key = (plan.db, plan.table)
-        with self._lock:
-            if not self._wait_past(at):
-                return "stopped"
-            self._apply_requests()
-            prev = next((x for x in self.snap_progress if (x.db, x.table) == key), None)
-            if prev is None or prev.run != chunk.run:
-                return "superseded"
-            if chunk.gen != self._snap_gen:
-                return "redo"
-            if self._ddl_since(plan):
-                return "redo"
-            rec = self.recorders.get(key)
-            changes: Any
-            keyless = chunk.spilled is not None
-            if not keyless:
-                rows = chunk.rows
-                if rec is not None and rec.changed:
-                    newer = {k for k, p in rec.changed.items() if (p.file, p.pos) > at}
-                    if newer:
-                        rows = [r for r in rows if row_key(r, plan.key) not in newer]
-                changes = tuple(map(partial(RowChange, plan.schema, "read", None), rows))
-            else:
-                changes = self._keyless_rows(chunk, rec, at)
-            p = TableProgress(plan.db, plan.table, chunk.run, "done" if chunk.last else "running", chunk.last_key,
-                              chunk.index + 1, prev.rows + len(changes), prev.truncate)
-            progress = tuple(p if (x.db, x.table) == key else x for x in self.snap_progress)
-            if chunk.last and all(x.state in ("done", "dropped") for x in progress if x.run == chunk.run):
-                # the run is complete: later positions need not carry it
-                progress = tuple(x for x in progress if x.run != chunk.run)
-            here = self.position
-            assert here is not None
-            # a keyless table's TRUNCATE carries the progress as it was: only the rows
-            # transaction says the copy was delivered, so a restart between them reads it again.
-            # (A keyed table's TRUNCATE was its run's start, before its first chunk was read.)
-            before = Position(here.file, here.pos, here.gtid, self.snap_progress)
-            after = Position(here.file, here.pos, here.gtid, progress)
-            if keyless and chunk.truncate:
-                ts = self._extra_ts()
-                self._emit(Txn(self.name, ts, before, (), Ddl(plan.db, f"TRUNCATE TABLE {qualified(plan.db, plan.table)}",
-                                                                plan.table, plan.db), ts_physical_ms(ts) // 1000, ""))
-            ts = self._extra_ts()
-            txn = Txn(self.name, ts, after, changes, None, ts_physical_ms(ts) // 1000, "", chunk_mark(chunk))
-            self._emit(txn)
-            self.snap_progress = progress
-            self.position = after
-            self.last_commit_ts = txn.commit_ts
-            self.snapshot_txns += 1
-            self.snapshot_rows += len(changes)
-            return p
-
-    def _last_ddl(self, db: str, table: str) -> Position | None:
-        """(under the lock) The newest DDL that may have changed ``db.table`` (names
-        compared without case: lower_case_table_names may fold them, and a needless
-        re-read is safe)."""
-        db, table = db.lower(), table.lower()
-        cands = [self._ddl_seen.get(k) for k in ((db, table), (db, ""), ("", ""))] + [self._ddl_floor]
-        found = [x for x in cands if x is not None]
-        return max(found, key=lambda p: (p.file, p.pos)) if found else None
-
-    def position_now(self) -> Position | None:
-        with self._lock:
-            return self.position
-
-    def snapshot_generation(self) -> int:
-        with self._lock:
-            return self._snap_gen
-
-    def _keyless_rows(self, chunk: Chunk, rec: Recorder | None, at: tuple[str, int]) -> Any:
-        """A keyless table: its rows at P, plus what changes after P inserted, minus
-        what they deleted (a multiset), i.e. its rows at the stream's position. Only
-        the deleted rows are held in memory (counted by value); the rows read and the
-        rows inserted stream from disk to disk."""
-        from collections import Counter
-
-        from capturer.model.spill import SpillWriter
-
-        cols = tuple(c.name for c in chunk.plan.columns)
-        remove: Counter[tuple[Any, ...]] = Counter()
-        if rec is not None:
-            for sign, row in rec.keyless_events(at):
-                if sign < 0:
-                    remove[image_key(row, cols)] += 1
-
-        def keep(row: dict[str, Any]) -> bool:
-            if remove:
-                k = image_key(row, cols)
-                n = remove.get(k, 0)
-                if n > 0:
-                    if n == 1:
-                        del remove[k]
-                    else:
-                        remove[k] = n - 1
-                    return False
-            return True
-
-        spilled = chunk.spilled
-        out = SpillWriter(spilled.directory, spilled.chunk_rows)
-        for part in spilled.chunks():
-            kept = [ch for ch in part if keep(ch.after or {})]
-            if kept:
-                out.add(kept)
-        if rec is not None:
-            batch: list[RowChange] = []
-            for sign, row in rec.keyless_events(at):
-                if sign > 0 and keep(row):
-                    batch.append(RowChange(chunk.plan.schema, "read", None, row))
-                    if len(batch) >= out.chunk_rows:
-                        out.add(batch)
-                        batch = []
-            if batch:
-                out.add(batch)
-        return out.finish()
+    def _new_snapshotter(self) -> Snapshotter:
+        return Snapshotter(self, self.cfg.snapshot_workers, self.cfg.snapshot_chunk_rows)
 
     def _stream(self, start: Position) -> None:
         stream = BinLogStreamReader(
@@ -960,7 +687,7 @@ class MySQLRegion(ClockedRegion):
                 failpoints.hit("region.ddl")
                 self._note_ddl(ddl, pos)
             elif self.recorders:
-                self._record(txn, pos)
+                self._record(txn)
             self._deliver(txn)
             self._lock.notify_all()
 
@@ -979,20 +706,6 @@ class MySQLRegion(ClockedRegion):
             key = (d.db.lower(), "")
         else:
             key = (d.db.lower(), d.table.lower())
-        self._ddl_seen.pop(key, None)  # newest last
-        self._ddl_seen[key] = pos
-        if len(self._ddl_seen) > 10_000:  # old entries only matter for chunks in flight
-            items = list(self._ddl_seen.items())
-            dropped = max((p for _, p in items[:-1000]), key=lambda p: (p.file, p.pos))
-            if self._ddl_floor is None or (dropped.file, dropped.pos) > (self._ddl_floor.file, self._ddl_floor.pos):
-                self._ddl_floor = dropped
-            self._ddl_seen = dict(items[-1000:])
+        self._note_ddl_key(key, self._pkey(pos))
 
-    def _record(self, txn: Txn, pos: Position) -> None:
-        """Changes to tables with chunks in flight (under the lock)."""
-        recs = self.recorders
-        for ch in txn.changes:
-            rec = recs.get((ch.schema.db, ch.schema.table))
-            if rec is not None:
-                rec.record(pos, ch.before, ch.after)
 

@@ -95,7 +95,6 @@ from capturer.util import failpoints
 from capturer.util.binlogpos import binlog_end
 
 if TYPE_CHECKING:
-    from capturer.config import RegionConfig
     from capturer.regions.base import RegionContext
 
 log = logging.getLogger(__name__)
@@ -108,7 +107,7 @@ class SnapshotHost(Protocol):
 
     name: str
     where: str
-    cfg: RegionConfig
+    cfg: Any  # RegionConfig, PostgresRegionConfig
     ctx: RegionContext
 
     def add_snapshot_progress(self, progress: tuple[TableProgress, ...], wait: bool = False) -> None: ...
@@ -123,17 +122,20 @@ class SnapshotHost(Protocol):
 
     def chunk_end(self, plan: TablePlan, token: int) -> None: ...
 
+    def chunk_low(self, plan: TablePlan, token: int) -> tuple[Any, ...]: ...
+
     def emit_chunk(self, chunk: Chunk) -> TableProgress | str: ...
 
-    def emit_begin(self, plan: TablePlan, run: str, at: Position, create_sql: str,
+    def emit_begin(self, plan: TablePlan, run: str, at: Any, create: Any,
                    truncate: bool) -> TableProgress | str: ...
 
-    def position_now(self) -> Position | None: ...
+    def position_now(self) -> Any: ...
 
     def snapshot_generation(self) -> int: ...
 
     @property
     def snap_method(self) -> str: ...  # consistent | watermark, as resolved for this server
+
 
 MODES = ("never", "initial", "when_needed")
 SYSTEM_SCHEMAS = ("mysql", "information_schema", "performance_schema", "sys")
@@ -242,7 +244,8 @@ class TablePlan:
     key: tuple[str, ...]  # primary key, or a NOT NULL unique key; () = keyless
     schema: TableSchema
     estimated: int = 0
-    described_at: Position | None = None  # the region's position when the columns were read
+    described_at: Any = None  # the region's position when the columns were read
+    source: Any = None  # what the region kind describes the table with (PostgreSQL: its RelDef)
 
     @property
     def name(self) -> str:
@@ -710,7 +713,7 @@ def promote_key(rows: list[tuple[str, str, bool, bool, bool]]) -> tuple[tuple[st
 @dataclass
 class Chunk:
     plan: TablePlan
-    at: Position  # the binlog position the rows are consistent with
+    at: Any  # the log position the rows are consistent with (Position; LsnPosition)
     rows: list[dict[str, Any]]  # (keyed tables) or a SpilledChanges-backed list (keyless: see spill)
     last_key: tuple[Any, ...] | None  # as stored: (key signature, values...)
     last: bool
@@ -719,6 +722,10 @@ class Chunk:
     truncate: bool = False  # (keyless tables) TRUNCATE right before the rows; a keyed table's is its run's start
     spilled: Any = None  # keyless tables: the rows as a SpilledChanges of "read" changes
     gen: int = 0  # the region's snapshot generation when it was read (a binlog reset voids it)
+    # where the reader tells what its read saw by transaction id (PostgreSQL): changes after
+    # this position make a row stale (default: after ``at``), and which transactions it saw
+    drop_after: tuple[Any, ...] | None = None
+    visible: Callable[[int], bool] | None = None
 
 
 def row_key(row: dict[str, Any], key: tuple[str, ...]) -> tuple[Any, ...]:
@@ -752,14 +759,14 @@ class EventSpill:
         self._off = 0
         self.rows = 0
 
-    def add(self, events: list[tuple[str, int, int, dict[str, Any]]]) -> None:
+    def add(self, events: list[tuple[tuple[Any, ...], int, int, dict[str, Any]]]) -> None:
         data = pickle.dumps(events, protocol=pickle.HIGHEST_PROTOCOL)
         write_blob(self._f, data, self.directory, "the changes recorded during a snapshot")
         self._batches.append((self._off, len(data)))
         self._off += len(data)
         self.rows += len(events)
 
-    def batches(self) -> Iterator[list[tuple[str, int, int, dict[str, Any]]]]:
+    def batches(self) -> Iterator[list[tuple[tuple[Any, ...], int, int, dict[str, Any]]]]:
         for off, length in self._batches:
             data = os.pread(self._f.fileno(), length, off)
             if len(data) != length:
@@ -775,44 +782,47 @@ class EventSpill:
 
 @dataclass
 class Recorder:
-    """What the binlog changed in one table while chunks of it are in flight."""
+    """What the log changed in one table while chunks of it are in flight. Positions
+    are the region's comparable position tuples (``_pkey``); ``tag``: the source's
+    transaction id, where a chunk's visibility is told by it (PostgreSQL)."""
 
     key: tuple[str, ...]
     columns: tuple[str, ...]
-    changed: dict[tuple[Any, ...], Position] = field(default_factory=dict)  # keyed: key -> last change
-    # keyless: (file, pos, -1 deleted / +1 inserted, row), oldest first; past spill_rows on disk
-    events: list[tuple[str, int, int, dict[str, Any]]] = field(default_factory=list)
-    lows: dict[int, Position] = field(default_factory=dict)  # in-flight chunk -> lower bound of its P
+    changed: dict[tuple[Any, ...], tuple[Any, ...]] = field(default_factory=dict)  # keyed: key -> last change
+    # keyless: (position, tag, -1 deleted / +1 inserted, row), oldest first; past spill_rows on disk
+    events: list[tuple[tuple[Any, ...], int, int, dict[str, Any]]] = field(default_factory=list)
+    lows: dict[int, tuple[Any, ...]] = field(default_factory=dict)  # in-flight chunk -> lower bound of its P
     spill_rows: int = 0  # keyless: keep at most this many events in memory (0: no limit)
     spill_dir: str = ""
     spill: EventSpill | None = None
 
-    def record(self, pos: Position, before: dict[str, Any] | None, after: dict[str, Any] | None) -> None:
+    def record(self, pos: tuple[Any, ...], before: dict[str, Any] | None, after: dict[str, Any] | None,
+               tag: int = 0) -> None:
         if self.key:
             for img in (before, after):
                 if img is not None:
                     self.changed[row_key(img, self.key)] = pos
         else:
             if before is not None:
-                self.events.append((pos.file, pos.pos, -1, before))
+                self.events.append((pos, tag, -1, before))
             if after is not None:
-                self.events.append((pos.file, pos.pos, 1, after))
+                self.events.append((pos, tag, 1, after))
             if self.spill_rows and len(self.events) >= self.spill_rows:
                 if self.spill is None:
                     self.spill = EventSpill(self.spill_dir or None)
                 self.spill.add(self.events)
                 self.events = []
 
-    def keyless_events(self, after: tuple[str, int]) -> Iterator[tuple[int, dict[str, Any]]]:
-        """(sign, row) of the keyless changes recorded after ``after``, in order."""
+    def keyless_events(self, after: tuple[Any, ...]) -> Iterator[tuple[int, dict[str, Any], int]]:
+        """(sign, row, tag) of the keyless changes recorded after ``after``, in order."""
         if self.spill is not None:
             for batch in self.spill.batches():
-                for f, p, sign, row in batch:
-                    if (f, p) > after:
-                        yield sign, row
-        for f, p, sign, row in self.events:
-            if (f, p) > after:
-                yield sign, row
+                for pos, tag, sign, row in batch:
+                    if pos > after:
+                        yield sign, row, tag
+        for pos, tag, sign, row in self.events:
+            if pos > after:
+                yield sign, row, tag
 
     def prune(self) -> None:
         if not self.lows:
@@ -822,9 +832,9 @@ class Recorder:
                 self.spill.close()
                 self.spill = None
             return
-        low = min((p.file, p.pos) for p in self.lows.values())
-        self.changed = {k: p for k, p in self.changed.items() if (p.file, p.pos) > low}
-        self.events = [e for e in self.events if (e[0], e[1]) > low]
+        low = min(self.lows.values())
+        self.changed = {k: p for k, p in self.changed.items() if p > low}
+        self.events = [e for e in self.events if e[0] > low]
 
 
 @dataclass
@@ -956,7 +966,7 @@ class Snapshotter:
 
     # --- work -------------------------------------------------------------------------
     def _work(self) -> None:
-        reader: Reader | None = None
+        reader: Any = None
         delay = 0.5
         try:
             while True:
@@ -968,7 +978,7 @@ class Snapshotter:
                     while not self.stop.is_set() and not self.region.ctx.stop.is_set():
                         try:
                             if reader is None:
-                                reader = Reader(self.region)
+                                reader = self._new_reader()
                                 self.driver = reader.kind
                             self._copy(reader, key, task)
                             delay = 0.5
@@ -1011,7 +1021,7 @@ class Snapshotter:
         with self.lock:
             return self.tasks.get(key) is task
 
-    def _copy(self, reader: Reader, key: tuple[str, str], task: TableTask) -> None:
+    def _copy(self, reader: Any, key: tuple[str, str], task: TableTask) -> None:
         db, table = key
         try:
             plan = self._describe(reader, db, table)
@@ -1024,6 +1034,7 @@ class Snapshotter:
         log.info("%s: snapshot of %s starts (key %s, ~%d rows, %s)", self.region.where, plan.name,
                  ",".join(plan.key) or "none: one consistent read of the whole table", plan.estimated,
                  reader.kind)
+        others: list[str] | None = None  # the other regions that deliver the table (asked when it matters)
         while not self.stop.is_set() and not self.region.ctx.stop.is_set():
             p = task.progress
             if p.state not in ("pending", "running") or not self._current(key, task):
@@ -1032,6 +1043,35 @@ class Snapshotter:
                 self._key_changed(task, plan)
                 continue
             outcome: Any
+            if not plan.key or p.truncate:
+                # a copy that empties the table downstream: with other regions delivering it, one
+                # coordinated step of them all (capturer/regions/snaphost.py)
+                if others is None:
+                    others = self.region.ctx.tables_elsewhere(self.region.name, [(db, table)]).get((db, table), [])
+                if others:
+                    from capturer.regions.snaphost import copy_together
+
+                    try:
+                        outcome = copy_together(self.region, self, plan, p, others)  # type: ignore[arg-type]
+                    except ColumnsChanged:
+                        outcome = "redo"
+                    except TableGone:
+                        self._gone(task)
+                        return
+                    task.error = ""
+                    if outcome == "redo":
+                        try:
+                            plan = self._describe(reader, db, table)
+                        except TableGone:
+                            self._gone(task)
+                            return
+                        continue
+                    if isinstance(outcome, str):
+                        return
+                    task.progress = outcome
+                    task.rows_read += outcome.rows
+                    self.log_progress()
+                    return
             if p.state == "pending":
                 # the run's start (CREATE, TRUNCATE) in stream order, before chunk 0 is read
                 try:
@@ -1058,7 +1098,7 @@ class Snapshotter:
             token = self.region.chunk_begin(plan)
             try:
                 try:
-                    chunk = self._read(reader, plan, p)
+                    chunk = self._read(reader, plan, p, token)
                 except ColumnsChanged:
                     outcome = "redo"
                 except TableGone:
@@ -1099,11 +1139,20 @@ class Snapshotter:
                     plan.key_signature()[len(KEY_SIG):], " with a TRUNCATE first" if p.truncate else "")
         self._set(task, dataclasses.replace(p, last_key=None, state="pending" if p.truncate else p.state))
 
-    def _describe(self, reader: Reader, db: str, table: str) -> TablePlan:
+    def _new_reader(self) -> Any:
+        """A connection for reading chunks (a region kind's snapshotter overrides the
+        four methods around the source: this, ``_describe_table``, ``_begin_at`` and
+        ``_read``)."""
+        return Reader(self.region)
+
+    def _describe(self, reader: Any, db: str, table: str) -> TablePlan:
         at = self.region.position_now()
-        plan = describe(reader, db, table)
+        plan = self._describe_table(reader, db, table)
         plan.described_at = at
         return plan
+
+    def _describe_table(self, reader: Any, db: str, table: str) -> TablePlan:
+        return describe(reader, db, table)
 
     def _set(self, task: TableTask, p: TableProgress) -> None:
         task.progress = p
@@ -1114,27 +1163,31 @@ class Snapshotter:
                     "in the binlog stream; moving on", self.region.where, task.name)
         self._set(task, dataclasses.replace(task.progress, state="dropped"))
 
-    def _begin(self, reader: Reader, plan: TablePlan, p: TableProgress) -> TableProgress | str:
+    def _begin(self, reader: Any, plan: TablePlan, p: TableProgress) -> TableProgress | str:
         """A run's start for one table: its CREATE TABLE IF NOT EXISTS (snapshot_ddl)
         and, when the run truncates a keyed table, its TRUNCATE, delivered in stream
         order at a point the chunks are all read after."""
         truncate = p.truncate and bool(plan.key)
         if truncate:
             self.region.check_truncate(plan.db, plan.table, "the snapshot run truncates it")
+        create, at = self._begin_at(reader, plan)
+        return self.region.emit_begin(plan, p.run, at, create, truncate)
+
+    def _begin_at(self, reader: Any, plan: TablePlan) -> tuple[Any, Any]:
+        """(what the table's run starts with downstream: its CREATE; a position of the
+        log at or after every DDL that reflects)."""
         create = self._create_sql(reader, plan)
         # a binlog position at or after every DDL SHOW CREATE TABLE reflects: the CREATE
         # goes out once the stream has passed it (a DDL after the describe: read again)
         if reader.method == "watermark":
-            at = reader.binlog_position()
-        else:
-            reader.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT")
-            try:
-                at = reader.snapshot_position()
-            finally:
-                reader.execute("COMMIT")
-        return self.region.emit_begin(plan, p.run, at, create, truncate)
+            return create, reader.binlog_position()
+        reader.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT")
+        try:
+            return create, reader.snapshot_position()
+        finally:
+            reader.execute("COMMIT")
 
-    def _read(self, reader: Reader, plan: TablePlan, p: TableProgress) -> Chunk:
+    def _read(self, reader: Any, plan: TablePlan, p: TableProgress, token: int = 0) -> Chunk:
         """A chunk (or a keyless table) as of a binlog position P. With the watermark
         method a read that met a writer's lock is made again (see the module)."""
         tries = 0
@@ -1278,16 +1331,17 @@ class ChunkMark(SnapshotMark):
 
     db: str = ""
     table: str = ""
-    read_at: Position | None = None
+    read_at: Any = None  # Position; LsnPosition (without the progress it carries)
 
     def to_json(self) -> dict[str, Any]:
         d = super().to_json()
         d["db"], d["table"] = self.db, self.table
         if self.read_at is not None:
-            d["read_at"] = {"file": self.read_at.file, "pos": self.read_at.pos}
+            r = self.read_at
+            d["read_at"] = {"file": r.file, "pos": r.pos} if isinstance(r, Position) else r.to_json()
         return d
 
 
 def chunk_mark(chunk: Chunk) -> SnapshotMark:
     return ChunkMark(chunk.run, chunk.index, chunk.last, chunk.plan.db, chunk.plan.table,
-                     Position(chunk.at.file, chunk.at.pos))
+                     Position(chunk.at.file, chunk.at.pos) if isinstance(chunk.at, Position) else chunk.at)

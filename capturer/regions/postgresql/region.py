@@ -45,13 +45,24 @@ import logging
 import select
 import struct
 import time
+import uuid
 import zlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from capturer.errors import FatalSourceError, SourceError
-from capturer.model import Ddl, LsnPosition, RowChange, TableSchema, Txn, format_lsn, make_ts, parse_lsn
+from capturer.model import (
+    Ddl,
+    LsnPosition,
+    RowChange,
+    TableProgress,
+    TableSchema,
+    Txn,
+    format_lsn,
+    make_ts,
+    parse_lsn,
+)
 from capturer.model.encode import qualified, quote_ident
 from capturer.regions.base import (
     ChangeBuffer,
@@ -63,6 +74,7 @@ from capturer.regions.base import (
 )
 from capturer.regions.postgresql import pgoutput as po
 from capturer.regions.postgresql.types import PgType, Unrepresentable, pg_time_to_unix_us, pg_type
+from capturer.regions.snaphost import SnapshotHostMixin
 
 log = logging.getLogger(__name__)
 
@@ -252,7 +264,7 @@ def ddl_for(old: RelDef | None, new: RelDef, defaults: dict[str, str] | None = N
     return out
 
 
-class PostgresRegion(ClockedRegion):
+class PostgresRegion(SnapshotHostMixin, ClockedRegion):
     def __init__(self, cfg: Any, ctx: RegionContext):
         # a checkpoint position of another kind is refused at start, not when the slot is first read
         require_start_kind(ctx, cfg.name, "postgresql", LsnPosition, remedy="")
@@ -271,6 +283,10 @@ class PostgresRegion(ClockedRegion):
         self._side: Any = None
         self._repl: Any = None
         self._block, self._segment = 8192, 16 << 20  # WAL page and segment sizes (read at connect)
+        self._init_snapshot_host(ctx.start.snapshot if isinstance(ctx.start, LsnPosition) else ())
+        # transaction id -> commit end LSN of the newest ones delivered (a snapshot chunk checks that
+        # what the stream delivered before it began is visible to its read: snapshot.py)
+        self._recent_xids: dict[int, int] = {}
         try:
             import psycopg
         except ImportError:
@@ -295,6 +311,10 @@ class PostgresRegion(ClockedRegion):
         if replication:
             kw["replication"] = "database"
         return make_conninfo("", **kw)
+
+    def conninfo(self) -> str:
+        """The ordinary connection's settings (snapshot readers use them too)."""
+        return self._conninfo(False)
 
     def _query(self, sql: str, params: Any = None) -> list[tuple[Any, ...]]:
         import psycopg
@@ -350,12 +370,35 @@ class PostgresRegion(ClockedRegion):
         require_start_kind(self.ctx, self.name, "postgresql", LsnPosition, remedy="")
         start = self.position if isinstance(self.position, LsnPosition) else self.ctx.start
         assert start is None or isinstance(start, LsnPosition)
+        purged = False
+        copy = self.cfg.snapshot in ("initial", "when_needed")
+        if rows and start is not None and self.cfg.snapshot == "when_needed":
+            plugin, database, confirmed, wal_status = rows[0]
+            gone = "lost WAL it needed" if wal_status == "lost" else (
+                f"was confirmed up to {confirmed}, past the checkpoint's LSN {start}"
+                if confirmed and parse_lsn(confirmed) > start.lsn else "")
+            if gone:
+                log.warning("%s: replication slot %s %s; snapshot=when_needed: copying every selected table again "
+                            "(each emptied downstream first) and reading the slot from where it is", self.where,
+                            slot, gone)
+                if wal_status == "lost":
+                    self._query("SELECT pg_drop_replication_slot(%s)", (slot,))
+                    rows = []
+                self._forget_start()
+                start, purged = None, True
+        if not rows and start is not None and self.cfg.snapshot == "when_needed":
+            log.warning("%s: replication slot %s does not exist, but the checkpoint needs the changes after LSN %s; "
+                        "snapshot=when_needed: creating it and copying every selected table again (each emptied "
+                        "downstream first)", self.where, slot, start)
+            self._forget_start()
+            start, purged = None, True
         if not rows:
             if start is not None:
                 raise FatalSourceError(
                     f"{self.where}: replication slot {slot!r} does not exist, but the checkpoint needs the changes "
                     f"after LSN {start}; they are gone with the slot. Start this region again from scratch "
-                    "(remove it from the checkpoint) and fill the targets again")
+                    "(remove it from the checkpoint) and fill the targets again, or set snapshot=when_needed "
+                    f"in [region:{self.name}] to copy every table again")
             if not self.cfg.create_slot:
                 raise FatalSourceError(
                     f"{self.where}: replication slot {slot!r} does not exist; create it "
@@ -371,6 +414,9 @@ class PostgresRegion(ClockedRegion):
             log.info("%s: created replication slot %s at %s", self.where, slot, lsn)
             at = parse_lsn(lsn)
             self.slot_confirmed = lsn
+            if copy:
+                self._start_snapshot(fresh=True, at=at, truncate=purged)
+                return at
             self.position = LsnPosition(at)
             self.ctx.pin_start(self.name, self.position)
             return at
@@ -385,6 +431,9 @@ class PostgresRegion(ClockedRegion):
         self.slot_confirmed = confirmed or ""
         slot_at = parse_lsn(confirmed) if confirmed else 0
         if start is None:
+            if copy:
+                self._start_snapshot(fresh=True, at=slot_at, truncate=purged)
+                return slot_at
             self.position = LsnPosition(slot_at)
             self.ctx.pin_start(self.name, self.position)
             return slot_at
@@ -392,13 +441,14 @@ class PostgresRegion(ClockedRegion):
             raise FatalSourceError(
                 f"{self.where}: replication slot {slot!r} was confirmed up to {confirmed}, past the checkpoint's "
                 f"LSN {start}: another consumer read this slot, or the checkpoint is older than the slot; the "
-                "changes in between are gone from it")
+                "changes in between are gone from it (snapshot=when_needed copies every table again then)")
+        self._start_snapshot(fresh=False)
         return start.lsn
 
-    def _keys(self, relid: int, cols: tuple[po.Column, ...], replident: str) -> tuple[tuple[str, ...],
-                                                                                      tuple[tuple[str, ...], ...]]:
+    def _keys(self, relid: int, cols: tuple[po.Column, ...], replident: str,
+              query: Any = None) -> tuple[tuple[str, ...], tuple[tuple[str, ...], ...]]:
         names = {c.name for c in cols}
-        rows = self._query(
+        rows = (query or self._query)(
             "SELECT i.indisprimary, array_agg(a.attname::text ORDER BY k.ord) FROM pg_index i "
             "CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord) "
             "JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum "
@@ -430,8 +480,11 @@ class PostgresRegion(ClockedRegion):
         self.state = "connecting"
         self._connect_side()
         start = self._prepare()
-        if not isinstance(self.position, LsnPosition) or self.position.lsn != start:
-            self.position = LsnPosition(start)
+        with self._lock:
+            self._apply_requests()
+            if not isinstance(self.position, LsnPosition) or self.position.lsn != start:
+                self.position = LsnPosition(start, self.snap_progress)
+            self._restamp()
         self.confirmed = max(self.confirmed, start)
         conn = pq.PGconn.connect(self._conninfo(True).encode())
         self._repl = conn
@@ -470,7 +523,8 @@ class PostgresRegion(ClockedRegion):
         sent_confirmed = self.confirmed
         sock = conn.socket
         self.state = "streaming"
-        self._alive(self.position)
+        with self._lock:
+            self._alive(self.position)
         while not self.ctx.stop.is_set():
             nbytes, data = conn.get_copy_data(1)
             if nbytes == 0:
@@ -578,35 +632,182 @@ class PostgresRegion(ClockedRegion):
         return rel
 
     def _heartbeat(self, clock_ms: int, observed: int) -> None:
-        if self.position is None or observed > self.position.lsn:  # type: ignore[union-attr]
-            self.position = LsnPosition(observed)
-        self.last_source_time = max(self.last_source_time, clock_ms / 1000.0)
-        self._clock_heartbeat(clock_ms - self.cfg.heartbeat_lag_ms, self.position)
+        with self._lock:
+            self._apply_requests()
+            if self.position is None or observed > self.position.lsn:
+                self.position = LsnPosition(observed, self.snap_progress)
+            self.last_source_time = max(self.last_source_time, clock_ms / 1000.0)
+            self._clock_heartbeat(clock_ms - self.cfg.heartbeat_lag_ms, self.position)
+            self._lock.notify_all()
 
     def _commit(self, b: _TxnBuilder, c: po.Commit) -> None:
         parts = b.finish()
-        end = LsnPosition(c.end_lsn)
         unix_us = pg_time_to_unix_us(c.commit_time)
         source_s = unix_us // 1_000_000
-        for lsn_rel in b.new_relations:
-            self.relations.record(c.end_lsn, lsn_rel)
-        if not parts:  # nothing selected: the position moves on, behind a heartbeat
-            self._alive(end)
-        for i, part in enumerate(parts):
-            last = i == len(parts) - 1
-            ts = self.clock.commit(int(source_s), end, commit_tso(c.commit_time)) if i == 0 else self.clock.next()
-            pos = end if last else (self.position or LsnPosition(0))
-            if isinstance(part, Ddl):
-                txn = Txn(self.name, ts, pos, (), part, int(source_s))
-                self.ddl_sent += 1
-            else:
-                txn = Txn(self.name, ts, pos, part, None, int(source_s))
-                self.rows += len(part)
-            self._emit(txn)
-            self.last_commit_ts = ts
-        self.position = end
+        with self._lock:
+            self._apply_requests()
+            end = LsnPosition(c.end_lsn, self.snap_progress)
+            self.clock.at(end)  # (items a run before a crash inserted before this point raised the clock)
+            for lsn_rel in b.new_relations:
+                self.relations.record(c.end_lsn, lsn_rel)
+                # a chunk of it described before reads again (its columns may have changed)
+                self._note_ddl_key((lsn_rel.db.lower(), lsn_rel.table.lower()), (c.end_lsn,))
+            if not parts:  # nothing selected: the position moves on, behind a heartbeat
+                self._alive(end)
+            for i, part in enumerate(parts):
+                last = i == len(parts) - 1
+                ts = self.clock.commit(int(source_s), end, commit_tso(c.commit_time)) if i == 0 else self.clock.next()
+                pos = end if last else (self.position or LsnPosition(0, self.snap_progress))
+                if isinstance(part, Ddl):
+                    txn = Txn(self.name, ts, pos, (), part, int(source_s))
+                    self.ddl_sent += 1
+                    if part.table:  # a TRUNCATE: a chunk read before it must not bring its rows back
+                        self._note_ddl_key((part.db.lower(), part.table.lower()), (c.end_lsn,))
+                else:
+                    txn = Txn(self.name, ts, pos, part, None, int(source_s))
+                    self.rows += len(part)
+                    if self.recorders:
+                        self._record(Txn(self.name, ts, end, part, None, 0), b.begin.xid)
+                self._emit(txn)
+                self.last_commit_ts = ts
+            self.position = end
+            self._recent_xids[b.begin.xid] = c.end_lsn
+            if len(self._recent_xids) > 200_000:
+                for x in list(self._recent_xids)[:50_000]:
+                    del self._recent_xids[x]
+            self._lock.notify_all()
         self.txns += 1
         self.last_source_time = unix_us / 1e6
+
+    def _extra_ts(self) -> int:
+        """(under the lock) The commit_ts of an item the region inserts where timing
+        decides (a snapshot chunk, a table copy's CREATE/TRUNCATE): above everything
+        it ever sent (``RegionClock.extra``), at this machine's clock."""
+        return self.clock.extra(int(time.time() * 1000) + 1, self.position)
+
+    # --- snapshots (capturer/regions/postgresql/snapshot.py) ----------------------
+    def _pkey(self, pos: Any) -> tuple[Any, ...]:
+        return (pos.lsn,)
+
+    def _stamped(self, pos: Any, progress: tuple[TableProgress, ...]) -> LsnPosition:
+        return LsnPosition(pos.lsn, progress)
+
+    @property
+    def snap_method(self) -> str:
+        return "xid"
+
+    def _new_snapshotter(self) -> Any:
+        from capturer.regions.postgresql.snapshot import PgSnapshotter
+
+        return PgSnapshotter(self, self.cfg.snapshot_workers, self.cfg.snapshot_chunk_rows)
+
+    def _start_statements(self, plan: Any, create: Any, truncate: bool) -> list[tuple[str, str, str]]:
+        """A table's run starts with its definition as the stream would have sent it
+        (recorded as sent, so the stream does not send it again), and its TRUNCATE."""
+        stmts: list[tuple[str, str, str]] = []
+        rel = create
+        if isinstance(rel, RelDef):
+            known = self.rels_known.get(rel.relid)
+            if known is None or not known.same_shape(rel):
+                if self.cfg.ddl:
+                    stmts += ddl_for(known, rel)
+                self.rels_known[rel.relid] = rel
+                at = self.position.lsn if isinstance(self.position, LsnPosition) else 0
+                self.relations.record(at, rel)
+        if truncate:
+            stmts.append((plan.db, f"TRUNCATE TABLE {qualified(plan.db, plan.table)}", plan.table))
+        return stmts
+
+    def record_boundary(self, insert_lsn: int) -> int:
+        return self._record_boundary(insert_lsn)
+
+    def delivered_unseen(self, snap: Any, low: tuple[Any, ...]) -> bool:
+        """Whether a transaction the stream delivered at or before ``low`` is still in
+        progress for snapshot ``snap`` (its commit record written, not visible yet)."""
+        with self._lock:
+            lsn = low[0] if low else 0
+            return any(self._recent_xids.get(x, lsn + 1) <= lsn for x in snap.in_progress32())
+
+    def catalog_reldef(self, query: Any, db: str, table: str) -> RelDef | None:
+        """A table's definition from the catalog, as its relation message would give it
+        (columns, their replica-identity flags, keys); None if it is not a table."""
+        rows = query("SELECT c.oid, c.relreplident::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+                     "WHERE n.nspname = %s AND c.relname = %s AND c.relkind IN ('r', 'p')", (db, table))
+        if not rows:
+            return None
+        relid, ident = int(rows[0][0]), str(rows[0][1])
+        keyset: set[int] = set()
+        if ident in ("d", "i"):
+            got = query("SELECT indkey::int2[] FROM pg_index WHERE indrelid = %s AND "
+                        + ("indisprimary" if ident == "d" else "indisreplident"), (relid,))
+            keyset = {int(x) for x in got[0][0]} if got else set()
+        cols = query("SELECT attnum, attname::text, atttypid, atttypmod FROM pg_attribute WHERE attrelid = %s AND "
+                     "attnum > 0 AND NOT attisdropped ORDER BY attnum", (relid,))
+        columns = tuple(po.Column(str(name), int(oid), int(mod), ident == "f" or int(num) in keyset)
+                        for num, name, oid, mod in cols)
+        pk, uks = self._keys(relid, columns, ident, query)
+        return RelDef(relid, db, table, ident, columns, pk, uks)
+
+    def _forget_start(self) -> None:
+        """(when_needed) The checkpoint's position is of no use: start over."""
+        with self._lock:
+            self.position = None
+            self.snap_progress = ()
+            self._snap_gen += 1  # chunks in flight were read against the old stream
+
+    def _start_snapshot(self, fresh: bool, at: int = 0, truncate: bool = False) -> None:
+        """On a first start (``fresh``) with snapshot=initial/when_needed: every table
+        of the publication the filter selects (``truncate``: each emptied downstream
+        first), from ``at``; on a restart: the snapshot in progress in the checkpoint."""
+        if fresh:
+            published = self._published()
+            tables = sorted(published)
+            cut = [t for t in tables if truncate or published[t]]
+            # other regions that deliver such a table take part in one coordinated copy of it
+            # (snaphost.copy_together); a region served by an agent cannot
+            clash = {k: v for k, v in ((k, [o for o in others if self.ctx.peer(o) is None]) for k, others in (
+                self.ctx.tables_elsewhere(self.name, cut) if cut else {}).items()) if v}
+            if clash:
+                from capturer.regions.mysql.snapshot import truncate_conflict
+
+                (db, t), others = sorted(clash.items())[0]
+                why = ("snapshot=when_needed empties every table first" if truncate else
+                       "it has no key, so its copy starts with a TRUNCATE") + \
+                    ", and a region served by an agent cannot take part in the coordinated copy that needs"
+                raise FatalSourceError(f"{self.where}: snapshot={self.cfg.snapshot} refused: "
+                                       + truncate_conflict(db, t, [self.name, *others], why))
+            run = uuid.uuid4().hex[:12]
+            progress = tuple(TableProgress(db, t, run, truncate=truncate) for db, t in tables)
+            start = LsnPosition(at, progress)
+            # durable before anything is emitted: a crash before the first checkpoint resumes
+            # this run from this position (so changes made meanwhile are delivered)
+            self.ctx.pin_start(self.name, start)
+            with self._lock:
+                self.snap_progress = progress
+                self.position = start
+                self._apply_requests()
+            log.info("%s: snapshot=%s: copying %d table(s)%s while reading the slot from %s", self.where,
+                     self.cfg.snapshot, len(tables), " (each emptied downstream first)" if truncate else "",
+                     format_lsn(at))
+        with self._snap_lock:
+            if fresh or self.snapshotter is None:
+                with self._lock:
+                    self._apply_requests()
+                    pending = tuple(p for p in self.snap_progress if p.state in ("pending", "running"))
+                if pending:
+                    if self.snapshotter is None:
+                        self.snapshotter = self._new_snapshotter()
+                    self.snapshotter.load(pending)
+
+    def check_snapshot_support(self) -> None:
+        """(every PostgreSQL server this region reads can be copied)"""
+
+    def request_snapshot(self, tables: list[tuple[str, str]], truncate: bool) -> str:
+        return self.start_snapshot_request(tables, truncate)
+
+    def _on_exit(self) -> None:
+        if self.snapshotter is not None:
+            self.snapshotter.close()
 
     # --- values -------------------------------------------------------------------
     def image(self, rel: RelDef, tup: po.Tuple, old: dict[str, Any] | None = None,
@@ -704,11 +905,17 @@ class PostgresRegion(ClockedRegion):
     def tables_info(self, tables: list[tuple[str, str]]) -> dict[tuple[str, str], bool]:
         """Which of ``tables`` (schema, table) this region captures (in its publication and
         selected by the filter), each with whether it has no primary key."""
-        import psycopg
-
         tables = [t for t in tables if self.ctx.table_selected(*t)]
         if not tables:
             return {}
+        want = set(tables)
+        return {k: v for k, v in self._published().items() if k in want}
+
+    def _published(self) -> dict[tuple[str, str], bool]:
+        """Every table of the publication the filter selects, each with whether it has
+        no primary key."""
+        import psycopg
+
         try:
             with psycopg.connect(self._conninfo(False), autocommit=True) as c:
                 rows = c.execute(
@@ -717,8 +924,7 @@ class PostgresRegion(ClockedRegion):
                     "FROM pg_publication_tables t WHERE t.pubname = %s", (self.cfg.publication,)).fetchall()
         except psycopg.Error as exc:
             raise SourceError(f"{self.where}: cannot list tables: {str(exc).strip()}") from None
-        want = set(tables)
-        return {(db, t): bool(keyless) for db, t, keyless in rows if (db, t) in want}
+        return {(str(db), str(t)): bool(keyless) for db, t, keyless in rows if self.ctx.table_selected(str(db), str(t))}
 
     def checkpointed(self, position: Any) -> None:
         if isinstance(position, LsnPosition):
@@ -737,6 +943,9 @@ class PostgresRegion(ClockedRegion):
             "toast_missing": self.toast_missing,
             "ddl_sent": self.ddl_sent,
         })
+        snap = self.snapshot_status()
+        if snap is not None:
+            d["snapshot"] = snap
         return d
 
 
