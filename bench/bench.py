@@ -426,7 +426,8 @@ def load_sequence(m: MariaDBInstance, table: str, rows: int) -> None:
     c.close()
 
 
-def snapshot_run(tmp: Path, m: MariaDBInstance, senders_cfg: str, rows: int, workers: int = 2) -> dict[str, Any]:
+def snapshot_run(tmp: Path, m: MariaDBInstance, senders_cfg: str, rows: int, workers: int = 2,
+                 region_extra: str = "") -> dict[str, Any]:
     """The capturer copying snap.t (``rows`` rows) with snapshot=initial, in-process:
     seconds from start until every sender holds every row."""
     tmp.mkdir(parents=True, exist_ok=True)
@@ -435,11 +436,51 @@ def snapshot_run(tmp: Path, m: MariaDBInstance, senders_cfg: str, rows: int, wor
         f"[global]\nbinlogCheckPointPath={tmp / 'cp.json'}\nsenderConfig={tmp / 'senders.cfg'}\n"
         f"filterRuleDict=\nhttpPort={free_port()}\ncheckpointInterval=0.5\nlogLevel=warning\n"
         f"[region:r1]\nhost=127.0.0.1\nport={m.port}\nuser=root\npassword=\nserver_id=733\n"
-        f"snapshot=initial\nsnapshot_workers={workers}\n")
+        f"snapshot=initial\nsnapshot_workers={workers}\n{region_extra}")
     (tmp / "filter.txt").write_text("include snap.*\n")
     cfgtext = (tmp / "config.cfg").read_text().replace("filterRuleDict=\n", f"filterRuleDict={tmp / 'filter.txt'}\n")
     (tmp / "config.cfg").write_text(cfgtext)
     return run_until_delivered(tmp / "config.cfg", rows)
+
+
+def raw_chunked_read(m: MariaDBInstance, table: str, chunk_rows: int = 20_000) -> dict[str, Any]:
+    """The ceiling of a snapshot's read: ``table`` read in primary-key chunks of
+    ``chunk_rows`` (``WHERE id > last ORDER BY id LIMIT n``) with the driver the
+    snapshot uses (MariaDB Connector/Python where installed), rows as the driver makes
+    them and nothing else done with them; one chunk after the other, each on the
+    other of two connections (as a worker with read-ahead has)."""
+    try:
+        import mariadb
+
+        conns = [mariadb.connect(host="127.0.0.1", port=m.port, user="root", password="") for _ in range(2)]
+        driver, ph = "mariadb", "?"
+    except ImportError:
+        import pymysql
+
+        conns = [pymysql.connect(host="127.0.0.1", port=m.port, user="root", password="") for _ in range(2)]
+        driver, ph = "pymysql", "%s"
+    db, t = table.split(".")
+    t0 = time.perf_counter()
+    cpu0 = time.process_time()
+    last, rows, i = None, 0, 0
+    while True:
+        cur = conns[i % 2].cursor()
+        if last is None:
+            cur.execute(f"SELECT * FROM `{db}`.`{t}` ORDER BY id LIMIT {chunk_rows}")
+        else:
+            cur.execute(f"SELECT * FROM `{db}`.`{t}` WHERE id > {ph} ORDER BY id LIMIT {chunk_rows}", (last,))
+        got = cur.fetchall()
+        cur.close()
+        rows += len(got)
+        i += 1
+        if len(got) < chunk_rows:
+            break
+        last = got[-1][0]
+    secs = time.perf_counter() - t0
+    for c in conns:
+        c.close()
+    return {"driver": driver, "rows": rows, "seconds": round(secs, 2), "rows_per_s": round(rows / secs),
+            "client_cpu_s": round(time.process_time() - cpu0, 2)}
 
 
 def snapshot_rss(tmp: Path, m: MariaDBInstance, rows: int) -> dict[str, Any]:
@@ -1135,8 +1176,8 @@ def main() -> int:
     ap.add_argument("--rows", type=int, default=200_000, help="inserts per run (split over regions)")
     ap.add_argument("--smoke", action="store_true", help="assert completeness only (CI)")
     ap.add_argument("--threads", type=int, default=8, help="MySQL sender workers")
-    ap.add_argument("--only", default="file,workers,agents,baikaldb,postgresql,snapshot,mysql,kafka,spark,all,latency,"
-                    "bigtxn,senderprocs,independent,verify,verifycost",
+    ap.add_argument("--only", default="file,workers,agents,baikaldb,postgresql,snapshot,pgsnapshot,mysql,kafka,spark,"
+                    "all,latency,bigtxn,senderprocs,independent,verify,verifycost",
                     help="parts to run; 'ab' adds, to mysql and kafka, a run without this release's sender speed-ups "
                     "(Kafka: the Python message encoder instead of C; MySQL: updates as UPDATE statements instead of "
                     "upserts, and values as parameters with one phase per batch; file: the binlog read through an 8 KiB buffer instead of 256 KiB, and every table map "
@@ -1292,6 +1333,21 @@ def main() -> int:
                     r["rows_per_s"], mysql_file)
             if r["rows"] != info["rows"] or r["exit"] != 0:
                 failures.append(f"baikaldb: {r['rows']} of {info['rows']} rows, exit {r['exit']}")
+        if "pgsnapshot" in only:
+            from pg_bench import snapshot_measure
+
+            (tmp / "pgsnapshot").mkdir()
+            prows = 1_000_000 if not args.smoke else args.rows
+            r = snapshot_measure(tmp / "pgsnapshot", prows, run_until_delivered)
+            results["pgsnapshot"] = r
+            rep.add(f"baseline: PostgreSQL {prows:,}-row table read in 20,000-row key chunks, values as text "
+                    "(psycopg)", r["raw_chunked_rows_per_s"], None)
+            rep.add("PostgreSQL: the same table with COPY TO STDOUT (text), for scale", r["copy_rows_per_s"],
+                    r["raw_chunked_rows_per_s"])
+            rep.add("PostgreSQL snapshot -> file; ratio to the raw chunked read", r["capturer"]["rows_per_s"],
+                    r["raw_chunked_rows_per_s"])
+            if r["capturer"]["rows"] < prows or r["capturer"]["exit"] != 0:
+                failures.append(f"pgsnapshot: {r['capturer']['rows']} of {prows} rows, exit {r['capturer']['exit']}")
         if "postgresql" in only:
             from pg_bench import measure as pg_measure
 
@@ -1486,12 +1542,27 @@ def main() -> int:
             t0 = time.perf_counter()
             load_sequence(src, "snap.t", srows)
             results["snapshot_load_seconds"] = round(time.perf_counter() - t0, 1)
+            raw = raw_chunked_read(src, "snap.t")
+            results["snapshot_raw_read"] = raw
+            rep.add(f"baseline: raw chunked read of the {srows:,}-row table ({raw['driver']}, 20,000-row chunks, "
+                    "2 connections)", raw["rows_per_s"], None)
+            one = snapshot_run(tmp / "snap-file-single", src, "[global]\ntype=local\n[local]\nfilepath="
+                               f"{tmp / 'snap-file-single' / 'o.jsonl'}\nrotate_mb=100000\n", srows,
+                               region_extra="snapshot_read_ahead=false\n")
+            results["snapshot_file_single_reader"] = one
+            rep.add("snapshot -> file, one reader per table (the method before read-ahead); ratio to the raw read",
+                    one["rows_per_s"], raw["rows_per_s"])
             r = snapshot_run(tmp / "snap-file", src, f"[global]\ntype=local\n[local]\nfilepath={tmp / 'snap-file' / 'o.jsonl'}\n"
                              "rotate_mb=100000\n", srows)
             results["snapshot_file"] = r
-            rep.add(f"snapshot of {srows:,} rows -> file (2 workers)", r["rows_per_s"], None)
-            if r["rows"] < srows or r["exit"] != 0:
-                failures.append(f"snapshot->file: {r['rows']} of {srows} rows, exit {r['exit']}")
+            rep.add(f"snapshot of {srows:,} rows -> file (read-ahead); ratio to the raw chunked read",
+                    r["rows_per_s"], raw["rows_per_s"])
+            rep.add("snapshot -> file (read-ahead); ratio to one reader per table", r["rows_per_s"], one["rows_per_s"])
+            for x in (r, one):
+                cores = x.get("cpu_cores", {}).get("capturer", 0)  # rows per CPU-second of the capturer's process
+                x["rows_per_core_second"] = round(x["rows_per_s"] / cores) if cores else None
+            if r["rows"] < srows or r["exit"] != 0 or one["rows"] < srows or one["exit"] != 0:
+                failures.append(f"snapshot->file: {r['rows']} / {one['rows']} of {srows} rows, exit {r['exit']}")
             starget = MariaDBInstance(tmp / "snaptarget", server_id=42, binlog=False).start()
             extra.append(starget)
             ups = baseline_upsert(starget, srows)

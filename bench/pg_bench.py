@@ -101,3 +101,60 @@ def measure(tmp: Path, inserts: int, run_until_delivered: Any) -> dict[str, Any]
         return out
     finally:
         pg.destroy()
+
+
+def snapshot_measure(tmp: Path, rows: int, run_until_delivered: Any) -> dict[str, Any]:
+    """A ``rows``-row table of the bench shape (written in the server) copied by a
+    PostgreSQL region's snapshot into the file sender, next to the raw read of the
+    same table in the same chunks with the same client (its ceiling), and COPY."""
+    from psycopg.types.string import TextLoader
+
+    pg = PostgresInstance().start()
+    try:
+        with pg.connect() as c:
+            c.execute(TABLE)
+            c.execute("INSERT INTO public.t SELECT g, 'name-' || g, (ARRAY['Paris','Oslo','Lima','Pune'])[1 + g %% 4], "
+                      "(g %% 100000) / 100.0, (g %% 100000) / 1000.0, timestamp '2026-01-01 12:00:00.123456', "
+                      "timestamp '2026-01-01 12:00:00', g, g::bigint * 1000, repeat('x', 60) "
+                      "FROM generate_series(1, %s) g", (rows,))
+            c.execute("VACUUM ANALYZE public.t")
+            c.execute("CREATE PUBLICATION b FOR ALL TABLES")
+        out: dict[str, Any] = {"rows": rows}
+        with pg.connect() as c:
+            oids = [r[0] for r in c.execute("SELECT DISTINCT atttypid FROM pg_attribute WHERE attrelid = "
+                                            "'public.t'::regclass AND attnum > 0").fetchall()]
+            t0 = time.perf_counter()
+            last, n = None, 0
+            while True:
+                cur = c.cursor()
+                for oid in oids:
+                    cur.adapters.register_loader(oid, TextLoader)
+                if last is None:
+                    got = cur.execute("SELECT * FROM public.t ORDER BY id LIMIT 20000").fetchall()
+                else:
+                    got = cur.execute("SELECT * FROM public.t WHERE (id) > (%s::int) ORDER BY id LIMIT 20000",
+                                      (last,)).fetchall()
+                n += len(got)
+                if len(got) < 20000:
+                    break
+                last = got[-1][0]
+            out["raw_chunked_rows_per_s"] = round(n / (time.perf_counter() - t0))
+            t0 = time.perf_counter()
+            n = 0
+            with c.cursor().copy("COPY public.t TO STDOUT") as cp:
+                for _ in cp.rows():
+                    n += 1
+            out["copy_rows_per_s"] = round(n / (time.perf_counter() - t0))
+        (tmp / "senders.cfg").write_text(f"[global]\ntype=local\n[local]\nfilepath={tmp / 'changes.jsonl'}\n"
+                                         "rotate_mb=100000\n")
+        (tmp / "config.cfg").write_text(
+            f"[global]\nbinlogCheckPointPath={tmp / 'cp.json'}\nsenderConfig={tmp / 'senders.cfg'}\n"
+            f"filterRuleDict=\nhttpPort={free_port()}\ncheckpointInterval=0.5\nlogLevel=warning\n"
+            f"[region:pg]\ntype=postgresql\nhost=127.0.0.1\nport={pg.port}\nuser=postgres\ndbname=postgres\n"
+            "publication=b\nslot=capturer_snap\nsnapshot=initial\n")
+        out["capturer"] = run_until_delivered(tmp / "config.cfg", rows)
+        cores = out["capturer"].get("cpu_cores", {}).get("capturer", 0)  # the capturer's process only
+        out["capturer"]["rows_per_core_second"] = round(out["capturer"]["rows_per_s"] / cores) if cores else None
+        return out
+    finally:
+        pg.destroy()

@@ -519,9 +519,9 @@ class Capturer:
         LookupError if no region has a table; SourceError if a source does not
         answer (nothing started then either)."""
         from capturer.pipeline.filter import split_table_name
-        from capturer.regions.mysql.snapshot import truncate_conflict
         from capturer.regions.remote.region import RemoteRegion
         from capturer.regions.snaphost import SnapshotHostMixin
+        from capturer.regions.snapshot import truncate_conflict
 
         names = list(dict.fromkeys(split_table_name(t) for t in tables))
         every = [r for r in self.regions if isinstance(r, SnapshotHostMixin)]

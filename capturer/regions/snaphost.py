@@ -1,7 +1,7 @@
 """The stream's side of a snapshot, for every region kind that copies tables
 (MySQL/MariaDB binlog regions, PostgreSQL slot regions).
 
-A snapshot worker (``capturer.regions.mysql.snapshot.Snapshotter`` and its
+A snapshot worker (``capturer.regions.snapshot.Snapshotter`` and its
 PostgreSQL reader) reads a chunk as of a position P of the region's log; the
 region delivers it once its stream has passed P, at a transaction boundary X,
 without the keys a transaction between P and X changed (those transactions,
@@ -32,7 +32,7 @@ from capturer.model.encode import qualified
 from capturer.util import failpoints
 
 if TYPE_CHECKING:
-    from capturer.regions.mysql.snapshot import Chunk, Recorder, Snapshotter, TablePlan
+    from capturer.regions.snapshot import Chunk, Recorder, Snapshotter, TablePlan
 
 log = logging.getLogger(__name__)
 
@@ -170,6 +170,11 @@ class SnapshotHostMixin:
         return "consistent"
 
     # --- coordinated copies (below) ------------------------------------------------------
+    def copy_together(self, snapshotter: Snapshotter, plan: TablePlan, p: TableProgress,
+                      others: list[str]) -> TableProgress | str:
+        """One coordinated copy of ``plan``'s table with the regions ``others``."""
+        return copy_together(self, snapshotter, plan, p, others)
+
     def cfg_snapshot_ddl(self) -> bool:
         """Whether a table's copy starts with its CREATE TABLE IF NOT EXISTS."""
         return bool(getattr(self.cfg, "snapshot_ddl", getattr(self.cfg, "ddl", True)))
@@ -202,7 +207,7 @@ class SnapshotHostMixin:
     def chunk_begin(self, plan: TablePlan) -> int:
         """A worker is about to read a chunk of ``plan``'s table: from now on the log's
         changes to it are recorded (its P is at or after this point)."""
-        from capturer.regions.mysql.snapshot import Recorder
+        from capturer.regions.snapshot import Recorder
 
         with self._lock:
             rec = self.recorders.get((plan.db, plan.table))
@@ -244,7 +249,7 @@ class SnapshotHostMixin:
         """Refuse (FatalSourceError) to TRUNCATE ``db.table`` downstream when another
         region also delivers a table of that name: its rows would go too."""
         from capturer.errors import FatalSourceError
-        from capturer.regions.mysql.snapshot import truncate_conflict
+        from capturer.regions.snapshot import truncate_conflict
 
         others = self.ctx.tables_elsewhere(self.name, [(db, table)]).get((db, table))
         if others:
@@ -346,7 +351,7 @@ class SnapshotHostMixin:
         with (returns the table's progress after it); "redo" if its table changed
         shape since it was described, or the log was restarted meanwhile;
         "superseded" if a newer run of the table was requested; "stopped"."""
-        from capturer.regions.mysql.snapshot import chunk_mark, row_key
+        from capturer.regions.snapshot import chunk_mark, row_key
 
         at = self._pkey(chunk.at)
         # changes after this point make a chunk's row stale (P; or, where the reader tells
@@ -412,7 +417,7 @@ class SnapshotHostMixin:
         read did not see. Only the deleted rows are held in memory (counted by
         value); the rows read and the rows inserted stream from disk to disk."""
         from capturer.model.spill import SpillWriter
-        from capturer.regions.mysql.snapshot import image_key
+        from capturer.regions.snapshot import image_key
 
         cols = tuple(c.name for c in chunk.plan.columns)
         visible = chunk.visible
@@ -499,7 +504,7 @@ def copy_together(host: SnapshotHostMixin, snapshotter: Snapshotter, plan: Table
         for name in others:
             peer = host.ctx.peer(name)
             if peer is None:
-                from capturer.regions.mysql.snapshot import truncate_conflict
+                from capturer.regions.snapshot import truncate_conflict
 
                 raise FatalSourceError(
                     f"{host.where}: snapshot refused: " + truncate_conflict(
@@ -519,7 +524,7 @@ def _copy_group(host: SnapshotHostMixin, snapshotter: Snapshotter, plan: TablePl
                 members: list[Any]) -> TableProgress | str:
     import contextlib
 
-    from capturer.regions.mysql.snapshot import TableGone, chunk_mark
+    from capturer.regions.snapshot import TableGone, chunk_mark
 
     key = (plan.db, plan.table)
     readers: dict[str, Any] = {}

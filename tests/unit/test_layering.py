@@ -39,7 +39,7 @@ TOOLS_MAY_READ_CONFIG = {"senders/spark/lakecli.py": {"capturer.config"}}
 MAY_IMPORT_DEVTOOLS = {"capturer/__main__.py"}
 # what every region kind may use besides the shared layer and its own folder
 REGION_COMMON = ("capturer.regions.base", "capturer.regions.clock", "capturer.regions.ddl", "capturer.regions.journal",
-                 "capturer.regions",
+                 "capturer.regions", "capturer.regions.snapshot", "capturer.regions.snaphost",  # the snapshot engine
                  "capturer.config")  # its section of the config
 
 

@@ -14,12 +14,12 @@ from capturer.model import Ddl, Position, RowChange, TableProgress, TableSchema,
 from capturer.regions.base import RegionContext
 from capturer.regions.clock import LiftJournal, RegionClock
 from capturer.regions.mysql.region import MySQLRegion
-from capturer.regions.mysql.snapshot import (
+from capturer.regions.mysql.snapshot import MySQLPlan as TablePlan
+from capturer.regions.snapshot import (
     Chunk,
     ChunkMark,
     Column,
     Recorder,
-    TablePlan,
     enum_members,
     key_matches,
     split_key,
@@ -63,7 +63,7 @@ def commit(r: MySQLRegion, pos: int, *changes: RowChange) -> None:
     with r._lock:
         p = Position("f.000001", pos, "", r.snap_progress)
         txn = Txn("r1", r.clock.commit(1, p), p, tuple(changes))
-        r._record(txn, p)
+        r._record(txn)
         r._emit(txn)
         r.position = p
 
@@ -186,7 +186,7 @@ def test_ddl_seen_keeps_the_newest_and_ignores_case() -> None:
     r, _ = make_region()
     with r._lock:
         r._note_ddl(Ddl("Shop", "ALTER TABLE Orders ADD x INT", "Orders", "Shop"), Position("f.000001", 10))
-        assert r._last_ddl("shop", "orders") == Position("f.000001", 10)
+        assert r._last_ddl("shop", "orders") == ("f.000001", 10)
         for i in range(12_000):
             r._note_ddl(Ddl("d", "ALTER TABLE t ADD x INT", f"t{i}", "d"), Position("f.000001", 100 + i))
         # the oldest entry was noted again: it must be kept, as the newest
@@ -194,10 +194,10 @@ def test_ddl_seen_keeps_the_newest_and_ignores_case() -> None:
         for i in range(12_000, 12_500):
             r._note_ddl(Ddl("d", "ALTER TABLE t ADD x INT", f"t{i}", "d"), Position("f.000002", 100 + i))
         assert len(r._ddl_seen) <= 10_001
-        assert r._last_ddl("SHOP", "ORDERS") == Position("f.000002", 4)
+        assert r._last_ddl("SHOP", "ORDERS") == ("f.000002", 4)
         # a table whose entry was pruned away: the pruned entries' newest position stands for it
         floor = r._last_ddl("d", "t5")
-        assert floor is not None and floor >= Position("f.000001", 100 + 5)
+        assert floor is not None and floor >= ("f.000001", 100 + 5)
 
 
 def test_clock_extra_is_above_everything_sent_and_next_follows_the_stream() -> None:
@@ -253,11 +253,11 @@ def test_keyless_copy_spills_recorded_changes_and_corrects_the_rows(tmp_path: An
 
 def test_recorder_prunes_keyless_events_before_the_lowest_chunk() -> None:
     rec = Recorder((), ("m",), spill_rows=0)
-    rec.lows[1] = Position("f", 50)
+    rec.lows[1] = ("f", 50)
     for p in (40, 60):
-        rec.record(Position("f", p), None, {"m": p})
+        rec.record(("f", p), None, {"m": p})
     rec.prune()
-    assert [e[1] for e in rec.events] == [60]
+    assert [e[0] for e in rec.events] == [("f", 60)]
     rec.lows.clear()
     rec.prune()
     assert rec.events == [] and rec.spill is None

@@ -50,15 +50,14 @@ from capturer.regions.ddl import ddl_target, is_data_ddl, is_ignorable
 from capturer.regions.mysql import tablemap
 from capturer.regions.mysql.rowdecode import fast_rows, normalise_library_row
 from capturer.regions.mysql.snapshot import (
-    Snapshotter,
-    TablePlan,
+    MySQLSnapshotter,
     base_tables,
     create_table_sql,
     index_rows,
     promote_key,
-    truncate_conflict,
 )
 from capturer.regions.snaphost import SnapshotHostMixin
+from capturer.regions.snapshot import Snapshotter, TablePlan, truncate_conflict
 from capturer.util import failpoints, mysqlconn
 from capturer.util.binlogpos import binlog_end
 
@@ -576,7 +575,7 @@ class MySQLRegion(SnapshotHostMixin, ClockedRegion):
         return stmts
 
     def _new_snapshotter(self) -> Snapshotter:
-        return Snapshotter(self, self.cfg.snapshot_workers, self.cfg.snapshot_chunk_rows)
+        return MySQLSnapshotter(self, self.cfg.snapshot_workers, self.cfg.snapshot_chunk_rows)
 
     def _stream(self, start: Position) -> None:
         stream = BinLogStreamReader(

@@ -73,71 +73,30 @@ changed since is copied again from its start.
 from __future__ import annotations
 
 import collections
-import dataclasses
 import datetime as dt
 import logging
-import os
-import pickle
-import queue
-import tempfile
-import threading
 import time
-import uuid
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Callable
+from typing import Any
 
 from capturer.errors import FatalSourceError, SourceError
-from capturer.model import ColumnInfo, Position, SnapshotMark, TableProgress, TableSchema
+from capturer.model import ColumnInfo, Position, TableProgress, TableSchema
 from capturer.model.encode import quote_ident
-from capturer.model.spill import write_blob
-from capturer.util import failpoints
+from capturer.regions.snapshot import (
+    Chunk,
+    Column,
+    ColumnsChanged,
+    SnapshotHost,
+    Snapshotter,
+    TableGone,
+    TablePlan,
+    split_key,
+)
 from capturer.util.binlogpos import binlog_end
-
-if TYPE_CHECKING:
-    from capturer.regions.base import RegionContext
 
 log = logging.getLogger(__name__)
 
 
-class SnapshotHost(Protocol):
-    """What a snapshot needs of its region (``MySQLRegion`` is the one): the stream's
-    side of the copy. The region imports this module; this module only knows the
-    protocol, so the two never import each other."""
-
-    name: str
-    where: str
-    cfg: Any  # RegionConfig, PostgresRegionConfig
-    ctx: RegionContext
-
-    def add_snapshot_progress(self, progress: tuple[TableProgress, ...], wait: bool = False) -> None: ...
-
-    def update_snapshot_progress(self, p: TableProgress) -> None: ...
-
-    def snapshot_failed(self, exc: BaseException) -> None: ...
-
-    def check_truncate(self, db: str, table: str, why: str) -> None: ...
-
-    def chunk_begin(self, plan: TablePlan) -> int: ...
-
-    def chunk_end(self, plan: TablePlan, token: int) -> None: ...
-
-    def chunk_low(self, plan: TablePlan, token: int) -> tuple[Any, ...]: ...
-
-    def emit_chunk(self, chunk: Chunk) -> TableProgress | str: ...
-
-    def emit_begin(self, plan: TablePlan, run: str, at: Any, create: Any,
-                   truncate: bool) -> TableProgress | str: ...
-
-    def position_now(self) -> Any: ...
-
-    def snapshot_generation(self) -> int: ...
-
-    @property
-    def snap_method(self) -> str: ...  # consistent | watermark, as resolved for this server
-
-
-MODES = ("never", "initial", "when_needed")
 SYSTEM_SCHEMAS = ("mysql", "information_schema", "performance_schema", "sys")
 
 # information_schema DATA_TYPE -> the binlog table map's type code (as python-mysql-replication
@@ -159,108 +118,13 @@ _NUMERIC_KEY = {"enum", "set", "bit"}  # kept as their number in a chunk key
 _TEMPORAL = {"datetime", "date", "timestamp", "time"}  # kept as text in a chunk key (zero dates too)
 
 
-class TableGone(Exception):
-    """The table was dropped (or renamed away) while it was being snapshotted."""
+def type_code(c: Column) -> int:
+    """The binlog table map's type code of a column (as python-mysql-replication reports it)."""
+    return 255 if c.data_type in _GEOMETRY else _TYPE_CODE.get(c.data_type, 15)
 
 
-class ColumnsChanged(Exception):
-    """A column the plan names is gone: describe the table again."""
-
-
-@dataclass
-class Column:
-    name: str
-    data_type: str
-    column_type: str  # as information_schema gives it (ENUM members keep their case)
-    precision: int
-    scale: int
-    binary: bool
-    nullable: bool
-    collation: str = ""
-
-    @property
-    def code(self) -> int:
-        return 255 if self.data_type in _GEOMETRY else _TYPE_CODE.get(self.data_type, 15)
-
-    @property
-    def bits(self) -> int:
-        return self.precision if self.data_type == "bit" else 0
-
-    def enum_members(self) -> list[str] | None:
-        """An ENUM's members in index order (index 1 first), when they can stand for
-        their index in a comparison (distinct, none empty); else None."""
-        if self.data_type != "enum":
-            return None
-        return enum_members(self.column_type)
-
-
-def enum_members(column_type: str) -> list[str] | None:
-    """``enum('a','b''c')`` -> ``["a", "b'c"]``; None if it is not such a list, or a
-    member is empty or equal to another one but for case and trailing spaces (a
-    comparison by name could then match another index than the one meant)."""
-    t = column_type.strip()
-    if not t.lower().startswith("enum(") or not t.endswith(")"):
-        return None
-    body, out, i = t[5:-1], [], 0
-    while i < len(body):
-        if body[i] != "'":
-            return None
-        j, cur = i + 1, []
-        while True:
-            if j >= len(body):
-                return None
-            if body[j] == "'":
-                if j + 1 < len(body) and body[j + 1] == "'":
-                    cur.append("'")
-                    j += 2
-                    continue
-                break
-            if body[j] == "\\":  # (how the server escapes it here is not certain: compare by number)
-                return None
-            cur.append(body[j])
-            j += 1
-        out.append("".join(cur))
-        i = j + 1
-        if i < len(body):
-            if body[i] != ",":
-                return None
-            i += 1
-    folded = [m.rstrip(" ").lower() for m in out]
-    if not out or "" in folded or len(set(folded)) != len(folded):
-        return None
-    return out
-
-
-KEY_SIG = "key="  # first element of a stored last key: the key it is a value of
-
-
-@dataclass
-class TablePlan:
-    """How to read one table: its columns, chunk key and the schema its rows carry."""
-
-    db: str
-    table: str
-    columns: list[Column]
-    key: tuple[str, ...]  # primary key, or a NOT NULL unique key; () = keyless
-    schema: TableSchema
-    estimated: int = 0
-    described_at: Any = None  # the region's position when the columns were read
-    source: Any = None  # what the region kind describes the table with (PostgreSQL: its RelDef)
-
-    @property
-    def name(self) -> str:
-        return f"{self.db}.{self.table}"
-
-    def key_columns(self) -> list[Column]:
-        by = {c.name: c for c in self.columns}
-        return [by[k] for k in self.key]
-
-    def key_signature(self) -> str:
-        """The chunk key as stored with a last key: its columns, types and collations
-        (a key that changed in any of them orders rows differently)."""
-        return KEY_SIG + ", ".join(f"{quote_ident(c.name)} {c.column_type}"
-                                   + (f" COLLATE {c.collation}" if c.collation else "")
-                                   for c in self.key_columns())
+class MySQLPlan(TablePlan):
+    """A MySQL/MariaDB table's plan: how its chunk key and columns are read."""
 
     def key_select(self, ident: Callable[[str], str] = quote_ident) -> str:
         """The chunk key as SELECT returns it for comparisons: ENUM/SET/BIT as their
@@ -349,27 +213,6 @@ def _key_cmp(c: Column, op: str, v: Any, ident: Callable[[str], str], ph: str) -
     return f"{q} {op} {ph}", [v]
 
 
-def split_key(last_key: tuple[Any, ...] | None) -> tuple[str | None, tuple[Any, ...] | None]:
-    """A stored last key as (its key's signature or None for one stored without it,
-    its values)."""
-    if last_key is None:
-        return None, None
-    if last_key and isinstance(last_key[0], str) and last_key[0].startswith(KEY_SIG):
-        return last_key[0], tuple(last_key[1:])
-    return None, tuple(last_key)
-
-
-def key_matches(plan: TablePlan, last_key: tuple[Any, ...] | None) -> bool:
-    """Whether a stored last key is a value of ``plan``'s key (one stored without
-    its key: whether it has as many values)."""
-    sig, values = split_key(last_key)
-    if values is None:
-        return True
-    if sig is None:
-        return len(values) == len(plan.key)
-    return sig == plan.key_signature()
-
-
 def _epoch_value(v: Any) -> Any:
     if v is None:
         return None
@@ -394,7 +237,7 @@ def normalizers(plan: TablePlan, driver: str = "pymysql") -> list[Callable[[Any]
         elif t == "set":
             out.append(lambda v: None if v is None else (set(v.split(",")) if v else set()))
         elif t == "bit":
-            width = c.bits
+            width = c.precision
 
             def bit(v: Any, width: int = width) -> Any:
                 if v is None:
@@ -647,7 +490,7 @@ def describe(reader: Reader, db: str, table: str) -> TablePlan:
         raise
     pk, uks = promote_key(index_rows(idx))
     key = pk
-    info = tuple(ColumnInfo(c.code, "unsigned" in c.column_type.lower() or c.data_type == "year",
+    info = tuple(ColumnInfo(type_code(c), "unsigned" in c.column_type.lower() or c.data_type == "year",
                             c.precision if c.data_type == "decimal" else 0,
                             c.scale if c.data_type == "decimal" else 0, c.binary) for c in columns)
     names = tuple(c.name for c in columns)
@@ -655,18 +498,7 @@ def describe(reader: Reader, db: str, table: str) -> TablePlan:
                          tuple(i.type for i in info), info)
     est = reader.execute(f"SELECT TABLE_ROWS FROM information_schema.TABLES WHERE TABLE_SCHEMA = {ph} AND "
                          f"TABLE_NAME = {ph}", (db, table))
-    return TablePlan(db, table, columns, key, schema, int(est[0][0] or 0) if est else 0)
-
-
-def truncate_conflict(db: str, table: str, regions: list[str], why: str) -> str:
-    """Why a copy that empties ``db.table`` downstream is refused when several
-    regions deliver a table of that name, and the ways out."""
-    return (f"table {db}.{table} is captured from regions {', '.join(sorted(set(regions)))}, and {why}: a "
-            "TRUNCATE from one region would also empty, in every sink, the rows the other regions delivered "
-            "to the same table. Ways out: copy a keyed table without truncate (rows the source no longer has "
-            "then stay downstream: delete them there), give a keyless table a primary key or a NOT NULL "
-            "unique key in every source, or leave it out in the filter (README: \"Snapshots: initial load "
-            "and on demand\")")
+    return MySQLPlan(db, table, columns, key, schema, int(est[0][0] or 0) if est else 0)
 
 
 def create_table_sql(db: str, table: str, show_create: str) -> str:
@@ -710,434 +542,9 @@ def promote_key(rows: list[tuple[str, str, bool, bool, bool]]) -> tuple[tuple[st
     return pk, tuple(tuple(v) for _, v in sorted(keys.items()))
 
 
-@dataclass
-class Chunk:
-    plan: TablePlan
-    at: Any  # the log position the rows are consistent with (Position; LsnPosition)
-    rows: list[dict[str, Any]]  # (keyed tables) or a SpilledChanges-backed list (keyless: see spill)
-    last_key: tuple[Any, ...] | None  # as stored: (key signature, values...)
-    last: bool
-    index: int
-    run: str
-    truncate: bool = False  # (keyless tables) TRUNCATE right before the rows; a keyed table's is its run's start
-    spilled: Any = None  # keyless tables: the rows as a SpilledChanges of "read" changes
-    gen: int = 0  # the region's snapshot generation when it was read (a binlog reset voids it)
-    # where the reader tells what its read saw by transaction id (PostgreSQL): changes after
-    # this position make a row stale (default: after ``at``), and which transactions it saw
-    drop_after: tuple[Any, ...] | None = None
-    visible: Callable[[int], bool] | None = None
-
-
-def row_key(row: dict[str, Any], key: tuple[str, ...]) -> tuple[Any, ...]:
-    return tuple(_hashable(row.get(c)) for c in key)
-
-
-def _hashable(v: Any) -> Any:
-    if isinstance(v, (set, frozenset)):
-        return frozenset(v)
-    if isinstance(v, bytearray):
-        return bytes(v)
-    return v
-
-
-def image_key(row: dict[str, Any], cols: tuple[str, ...]) -> tuple[Any, ...]:
-    """A whole row as a multiset element (keyless tables)."""
-    return tuple(_hashable(row.get(c)) for c in cols)
-
-
-class EventSpill:
-    """Recorded changes of a keyless table, on disk (an unlinked temporary file), in
-    batches: what a long consistent read of a busy keyless table would otherwise
-    keep in memory."""
-
-    def __init__(self, directory: str | None):
-        if directory:
-            os.makedirs(directory, exist_ok=True)
-        self.directory = directory
-        self._f = tempfile.TemporaryFile(dir=directory or None, prefix="capturer-snaprec-")
-        self._batches: list[tuple[int, int]] = []
-        self._off = 0
-        self.rows = 0
-
-    def add(self, events: list[tuple[tuple[Any, ...], int, int, dict[str, Any]]]) -> None:
-        data = pickle.dumps(events, protocol=pickle.HIGHEST_PROTOCOL)
-        write_blob(self._f, data, self.directory, "the changes recorded during a snapshot")
-        self._batches.append((self._off, len(data)))
-        self._off += len(data)
-        self.rows += len(events)
-
-    def batches(self) -> Iterator[list[tuple[tuple[Any, ...], int, int, dict[str, Any]]]]:
-        for off, length in self._batches:
-            data = os.pread(self._f.fileno(), length, off)
-            if len(data) != length:
-                raise OSError(f"snapshot change spill truncated: wanted {length} bytes at {off}, got {len(data)}")
-            yield pickle.loads(data)
-
-    def close(self) -> None:
-        try:
-            self._f.close()
-        except OSError:
-            pass
-
-
-@dataclass
-class Recorder:
-    """What the log changed in one table while chunks of it are in flight. Positions
-    are the region's comparable position tuples (``_pkey``); ``tag``: the source's
-    transaction id, where a chunk's visibility is told by it (PostgreSQL)."""
-
-    key: tuple[str, ...]
-    columns: tuple[str, ...]
-    changed: dict[tuple[Any, ...], tuple[Any, ...]] = field(default_factory=dict)  # keyed: key -> last change
-    # keyless: (position, tag, -1 deleted / +1 inserted, row), oldest first; past spill_rows on disk
-    events: list[tuple[tuple[Any, ...], int, int, dict[str, Any]]] = field(default_factory=list)
-    lows: dict[int, tuple[Any, ...]] = field(default_factory=dict)  # in-flight chunk -> lower bound of its P
-    spill_rows: int = 0  # keyless: keep at most this many events in memory (0: no limit)
-    spill_dir: str = ""
-    spill: EventSpill | None = None
-
-    def record(self, pos: tuple[Any, ...], before: dict[str, Any] | None, after: dict[str, Any] | None,
-               tag: int = 0) -> None:
-        if self.key:
-            for img in (before, after):
-                if img is not None:
-                    self.changed[row_key(img, self.key)] = pos
-        else:
-            if before is not None:
-                self.events.append((pos, tag, -1, before))
-            if after is not None:
-                self.events.append((pos, tag, 1, after))
-            if self.spill_rows and len(self.events) >= self.spill_rows:
-                if self.spill is None:
-                    self.spill = EventSpill(self.spill_dir or None)
-                self.spill.add(self.events)
-                self.events = []
-
-    def keyless_events(self, after: tuple[Any, ...]) -> Iterator[tuple[int, dict[str, Any], int]]:
-        """(sign, row, tag) of the keyless changes recorded after ``after``, in order."""
-        if self.spill is not None:
-            for batch in self.spill.batches():
-                for pos, tag, sign, row in batch:
-                    if pos > after:
-                        yield sign, row, tag
-        for pos, tag, sign, row in self.events:
-            if pos > after:
-                yield sign, row, tag
-
-    def prune(self) -> None:
-        if not self.lows:
-            self.changed.clear()
-            self.events.clear()
-            if self.spill is not None:
-                self.spill.close()
-                self.spill = None
-            return
-        low = min(self.lows.values())
-        self.changed = {k: p for k, p in self.changed.items() if p > low}
-        self.events = [e for e in self.events if e[0] > low]
-
-
-@dataclass
-class TableTask:
-    """A table to copy (live state of its snapshot in this run)."""
-
-    progress: TableProgress
-    estimated: int = 0
-    started: float = 0.0
-    rows_read: int = 0  # in this process (for the rate)
-    error: str = ""
-
-    @property
-    def name(self) -> str:
-        return f"{self.progress.db}.{self.progress.table}"
-
-
-class Snapshotter:
-    """The snapshot workers of one MySQL/MariaDB region."""
-
-    def __init__(self, region: SnapshotHost, workers: int, chunk_rows: int):
-        self.region = region
-        self.workers = max(1, workers)
-        self.chunk_rows = max(1, chunk_rows)
-        self.tasks: dict[tuple[str, str], TableTask] = {}
-        self.todo: queue.Queue[tuple[str, str]] = queue.Queue()
-        self.busy: set[tuple[str, str]] = set()
-        self.lock = threading.Lock()
-        self.stop = threading.Event()
-        self.threads: list[threading.Thread] = []
-        self.driver = ""
-        self.last_log = 0.0
-        self.lock_retries = 0  # (watermark) chunk reads made again because a writer held a lock
-
-    # --- scheduling -------------------------------------------------------------------
-    def load(self, progress: tuple[TableProgress, ...]) -> None:
-        """Tables of a snapshot in progress (from the checkpoint or a new run). A
-        table being copied by another run is superseded: its worker stops at its
-        next chunk, and the table is queued again for the new run."""
-        with self.lock:
-            for p in progress:
-                key = (p.db, p.table)
-                self.tasks[key] = TableTask(p)
-                if p.state in ("pending", "running"):
-                    self.todo.put(key)
-            self._start_workers()
-
-    def request(self, tables: list[tuple[str, str]], truncate: bool = False) -> str:
-        """Copy these tables (again); returns the run id."""
-        run = uuid.uuid4().hex[:12]
-        progress = tuple(TableProgress(db, t, run, "pending", truncate=truncate) for db, t in tables)
-        self.region.add_snapshot_progress(progress)
-        self.load(progress)
-        return run
-
-    def ensure_started(self) -> None:
-        with self.lock:
-            self._start_workers()
-
-    def _start_workers(self) -> None:
-        """(under the lock) Workers for what is queued; a worker leaves only under
-        the lock too, so a request never waits on a worker that is leaving."""
-        self.threads = [t for t in self.threads if t.is_alive()]
-        if self.todo.empty():
-            return
-        while len(self.threads) < self.workers:
-            t = threading.Thread(target=self._work, name=f"snapshot-{self.region.name}-{len(self.threads)}",
-                                 daemon=True)
-            self.threads.append(t)
-            t.start()
-
-    def active(self) -> bool:
-        with self.lock:
-            return any(t.progress.state in ("pending", "running") for t in self.tasks.values())
-
-    def _take(self) -> tuple[tuple[str, str], TableTask] | None:
-        """The next table to copy, or None when this worker should leave."""
-        while not self.stop.is_set() and not self.region.ctx.stop.is_set():
-            try:
-                key = self.todo.get(timeout=0.5)
-            except queue.Empty:
-                with self.lock:
-                    if self.todo.empty():
-                        me = threading.current_thread()
-                        self.threads = [t for t in self.threads if t is not me]
-                        return None
-                continue
-            with self.lock:
-                task = self.tasks.get(key)
-                if task is None or task.progress.state not in ("pending", "running"):
-                    continue
-                if key in self.busy:  # another worker still finishes an older run of it
-                    self.todo.put(key)
-                    busy = True
-                else:
-                    self.busy.add(key)
-                    return key, task
-            if busy:
-                time.sleep(0.05)
-        return None
-
-    # --- status -----------------------------------------------------------------------
-    def status(self) -> dict[str, Any]:
-        out = {}
-        with self.lock:
-            tasks = list(self.tasks.values())
-        for t in tasks:
-            p = t.progress
-            elapsed = time.time() - t.started if t.started else 0.0
-            rate = t.rows_read / elapsed if elapsed > 0 else 0.0
-            est = max(t.estimated, p.rows)
-            eta = round((est - p.rows) / rate, 1) if rate > 0 and p.state == "running" else None
-            out[t.name] = {"state": p.state, "run": p.run, "rows": p.rows, "estimated_rows": est,
-                           "chunks": p.chunks, "rows_per_s": round(rate), "eta_seconds": eta,
-                           "error": t.error}
-        return out
-
-    def log_progress(self, force: bool = False) -> None:
-        now = time.time()
-        if not force and now - self.last_log < 5:
-            return
-        self.last_log = now
-        for name, s in self.status().items():
-            if s["state"] == "running":
-                pct = f" ({100 * s['rows'] / s['estimated_rows']:.0f}%)" if s["estimated_rows"] else ""
-                eta = f", ETA {s['eta_seconds']:.0f}s" if s["eta_seconds"] is not None else ""
-                log.info("snapshot %s: %s %d/~%d rows%s, %d rows/s%s", self.region.name, name, s["rows"],
-                         s["estimated_rows"], pct, s["rows_per_s"], eta)
-
-    # --- work -------------------------------------------------------------------------
-    def _work(self) -> None:
-        reader: Any = None
-        delay = 0.5
-        try:
-            while True:
-                taken = self._take()
-                if taken is None:
-                    return
-                key, task = taken
-                try:
-                    while not self.stop.is_set() and not self.region.ctx.stop.is_set():
-                        try:
-                            if reader is None:
-                                reader = self._new_reader()
-                                self.driver = reader.kind
-                            self._copy(reader, key, task)
-                            delay = 0.5
-                            break
-                        except FatalSourceError:
-                            raise
-                        except (SourceError, OSError) as exc:
-                            self._retry(task, exc, delay)
-                        except Exception as exc:
-                            if reader is None or not reader.is_error(exc):
-                                raise
-                            if reader.errno(exc) in (1142, 1143, 1227):
-                                raise FatalSourceError(f"{self.region.where}: snapshot of {task.name}: no "
-                                                       f"privilege to read it ({exc})") from None
-                            self._retry(task, exc, delay)
-                        if reader is not None:
-                            reader.close()
-                        reader = None
-                        if self.stop.wait(delay):
-                            break
-                        delay = min(delay * 2, 30)
-                finally:
-                    with self.lock:
-                        self.busy.discard(key)
-        except BaseException as exc:
-            self.region.snapshot_failed(exc)
-        finally:
-            if reader is not None:
-                reader.close()
-            with self.lock:
-                me = threading.current_thread()
-                self.threads = [t for t in self.threads if t is not me]
-
-    def _retry(self, task: TableTask, exc: BaseException, delay: float) -> None:
-        task.error = f"{type(exc).__name__}: {exc}"
-        log.warning("%s: snapshot of %s: %s; retrying in %.1fs", self.region.where, task.name, task.error, delay)
-
-    def _current(self, key: tuple[str, str], task: TableTask) -> bool:
-        """Whether ``task`` is still the table's run (a newer request supersedes it)."""
-        with self.lock:
-            return self.tasks.get(key) is task
-
-    def _copy(self, reader: Any, key: tuple[str, str], task: TableTask) -> None:
-        db, table = key
-        try:
-            plan = self._describe(reader, db, table)
-        except TableGone:
-            self._gone(task)
-            return
-        task.estimated = plan.estimated
-        if not task.started:
-            task.started = time.time()
-        log.info("%s: snapshot of %s starts (key %s, ~%d rows, %s)", self.region.where, plan.name,
-                 ",".join(plan.key) or "none: one consistent read of the whole table", plan.estimated,
-                 reader.kind)
-        others: list[str] | None = None  # the other regions that deliver the table (asked when it matters)
-        while not self.stop.is_set() and not self.region.ctx.stop.is_set():
-            p = task.progress
-            if p.state not in ("pending", "running") or not self._current(key, task):
-                return
-            if plan.key and not key_matches(plan, p.last_key):
-                self._key_changed(task, plan)
-                continue
-            outcome: Any
-            if not plan.key or p.truncate:
-                # a copy that empties the table downstream: with other regions delivering it, one
-                # coordinated step of them all (capturer/regions/snaphost.py)
-                if others is None:
-                    others = self.region.ctx.tables_elsewhere(self.region.name, [(db, table)]).get((db, table), [])
-                if others:
-                    from capturer.regions.snaphost import copy_together
-
-                    try:
-                        outcome = copy_together(self.region, self, plan, p, others)  # type: ignore[arg-type]
-                    except ColumnsChanged:
-                        outcome = "redo"
-                    except TableGone:
-                        self._gone(task)
-                        return
-                    task.error = ""
-                    if outcome == "redo":
-                        try:
-                            plan = self._describe(reader, db, table)
-                        except TableGone:
-                            self._gone(task)
-                            return
-                        continue
-                    if isinstance(outcome, str):
-                        return
-                    task.progress = outcome
-                    task.rows_read += outcome.rows
-                    self.log_progress()
-                    return
-            if p.state == "pending":
-                # the run's start (CREATE, TRUNCATE) in stream order, before chunk 0 is read
-                try:
-                    outcome = self._begin(reader, plan, p)
-                except ColumnsChanged:
-                    outcome = "redo"
-                except TableGone:
-                    self._gone(task)
-                    return
-                task.error = ""
-                if outcome == "redo":
-                    try:
-                        plan = self._describe(reader, db, table)
-                    except TableGone:
-                        self._gone(task)
-                        return
-                    continue
-                if isinstance(outcome, str):
-                    return
-                task.progress = outcome
-                continue
-            if not plan.key:
-                self.region.check_truncate(plan.db, plan.table, "it has no key: its copy starts with a TRUNCATE")
-            token = self.region.chunk_begin(plan)
-            try:
-                try:
-                    chunk = self._read(reader, plan, p, token)
-                except ColumnsChanged:
-                    outcome = "redo"
-                except TableGone:
-                    self._gone(task)
-                    return
-                else:
-                    failpoints.hit("snapshot.chunk_read")  # read, not delivered yet
-                    outcome = self.region.emit_chunk(chunk)
-            finally:
-                self.region.chunk_end(plan, token)
-            task.error = ""
-            if outcome == "redo":  # the table changed shape (or the binlog restarted): read it again
-                try:
-                    plan = self._describe(reader, db, table)
-                except TableGone:
-                    self._gone(task)
-                    return
-                continue
-            if isinstance(outcome, str):  # stopped, or superseded by a newer run of the table
-                return
-            task.rows_read += len(chunk.rows) if chunk.spilled is None else len(chunk.spilled)
-            task.progress = outcome
-            self.log_progress()
-            if chunk.last:
-                log.info("%s: snapshot of %s done: %d rows in %d chunks", self.region.where, plan.name,
-                         task.progress.rows, task.progress.chunks)
-                return
-
-    def _key_changed(self, task: TableTask, plan: TablePlan) -> None:
-        """The table's key is not the one its last key was taken with (it changed
-        during the copy, or between a crash and the restart): copy it again from the
-        start. A run that truncates starts over with its TRUNCATE (state pending);
-        otherwise the rows already delivered are upserted again by the new key."""
-        p = task.progress
-        sig, _ = split_key(p.last_key)
-        log.warning("%s: snapshot of %s: its key changed since chunk %d (was %s, now %s): copying it again from "
-                    "the start%s", self.region.where, plan.name, p.chunks, (sig or "?")[len(KEY_SIG):],
-                    plan.key_signature()[len(KEY_SIG):], " with a TRUNCATE first" if p.truncate else "")
-        self._set(task, dataclasses.replace(p, last_key=None, state="pending" if p.truncate else p.state))
+class MySQLSnapshotter(Snapshotter):
+    """The snapshot workers of one MySQL/MariaDB region: chunks read as the module
+    says (MariaDB's consistent snapshot, or the watermark's locking read)."""
 
     def _new_reader(self) -> Any:
         """A connection for reading chunks (a region kind's snapshotter overrides the
@@ -1145,33 +552,8 @@ class Snapshotter:
         ``_read``)."""
         return Reader(self.region)
 
-    def _describe(self, reader: Any, db: str, table: str) -> TablePlan:
-        at = self.region.position_now()
-        plan = self._describe_table(reader, db, table)
-        plan.described_at = at
-        return plan
-
     def _describe_table(self, reader: Any, db: str, table: str) -> TablePlan:
         return describe(reader, db, table)
-
-    def _set(self, task: TableTask, p: TableProgress) -> None:
-        task.progress = p
-        self.region.update_snapshot_progress(p)
-
-    def _gone(self, task: TableTask) -> None:
-        log.warning("%s: snapshot of %s: the table no longer exists (dropped or renamed); its DROP/RENAME is "
-                    "in the binlog stream; moving on", self.region.where, task.name)
-        self._set(task, dataclasses.replace(task.progress, state="dropped"))
-
-    def _begin(self, reader: Any, plan: TablePlan, p: TableProgress) -> TableProgress | str:
-        """A run's start for one table: its CREATE TABLE IF NOT EXISTS (snapshot_ddl)
-        and, when the run truncates a keyed table, its TRUNCATE, delivered in stream
-        order at a point the chunks are all read after."""
-        truncate = p.truncate and bool(plan.key)
-        if truncate:
-            self.region.check_truncate(plan.db, plan.table, "the snapshot run truncates it")
-        create, at = self._begin_at(reader, plan)
-        return self.region.emit_begin(plan, p.run, at, create, truncate)
 
     def _begin_at(self, reader: Any, plan: TablePlan) -> tuple[Any, Any]:
         """(what the table's run starts with downstream: its CREATE; a position of the
@@ -1211,6 +593,7 @@ class Snapshotter:
                 time.sleep(min(0.02 * (2 ** min(tries, 6)), 1.0))
 
     def _read_once(self, reader: Reader, plan: TablePlan, p: TableProgress, tries: int) -> Chunk:
+        assert isinstance(plan, MySQLPlan)
         ph = reader.ph
         norm = normalizers(plan, reader.kind)
         names = [c.name for c in plan.columns]
@@ -1274,6 +657,7 @@ class Snapshotter:
 
     def _read_keyless(self, reader: Reader, plan: TablePlan, p: TableProgress, at: Position | None,
                       names: list[str], norm: list[Callable[[Any], Any] | None], lock: str = "") -> Chunk:
+        assert isinstance(plan, MySQLPlan)
         make = row_maker(names, norm)
         from capturer.model import RowChange
         from capturer.model.spill import DEFAULT_CHUNK_ROWS, SpillWriter
@@ -1293,11 +677,6 @@ class Snapshotter:
         if at is None:  # (watermark) read while the whole table's locks are held
             at = reader.binlog_position()
         return Chunk(plan, at, [], None, True, p.chunks, p.run, True, spill.finish())
-
-    def close(self) -> None:
-        self.stop.set()
-        for t in self.threads:
-            t.join(2)
 
 
 def row_maker(names: list[str], norm: list[Callable[[Any], Any] | None]) -> Callable[[tuple[Any, ...]], dict[str, Any]]:
@@ -1323,25 +702,3 @@ def fix_rows(rows: list[dict[str, Any]], names: list[str], norm: list[Callable[[
                 d[n] = f(d[n])
 
 
-@dataclass(frozen=True)
-class ChunkMark(SnapshotMark):
-    """The snapshot mark of a chunk's rows, with its table and the binlog position P
-    it was read at (rows of two chunks, or a chunk read again after a crash, can be
-    told apart and placed: P <= the transaction's position)."""
-
-    db: str = ""
-    table: str = ""
-    read_at: Any = None  # Position; LsnPosition (without the progress it carries)
-
-    def to_json(self) -> dict[str, Any]:
-        d = super().to_json()
-        d["db"], d["table"] = self.db, self.table
-        if self.read_at is not None:
-            r = self.read_at
-            d["read_at"] = {"file": r.file, "pos": r.pos} if isinstance(r, Position) else r.to_json()
-        return d
-
-
-def chunk_mark(chunk: Chunk) -> SnapshotMark:
-    return ChunkMark(chunk.run, chunk.index, chunk.last, chunk.plan.db, chunk.plan.table,
-                     Position(chunk.at.file, chunk.at.pos) if isinstance(chunk.at, Position) else chunk.at)

@@ -768,7 +768,7 @@ class PostgresRegion(SnapshotHostMixin, ClockedRegion):
             clash = {k: v for k, v in ((k, [o for o in others if self.ctx.peer(o) is None]) for k, others in (
                 self.ctx.tables_elsewhere(self.name, cut) if cut else {}).items()) if v}
             if clash:
-                from capturer.regions.mysql.snapshot import truncate_conflict
+                from capturer.regions.snapshot import truncate_conflict
 
                 (db, t), others = sorted(clash.items())[0]
                 why = ("snapshot=when_needed empties every table first" if truncate else

@@ -43,11 +43,11 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from capturer.errors import SourceError
 from capturer.model import LsnPosition, RowChange, TableProgress, parse_lsn
-from capturer.regions.mysql.snapshot import (
+from capturer.regions.snapshot import (
     Chunk,
     Column,
     ColumnsChanged,
@@ -56,9 +56,6 @@ from capturer.regions.mysql.snapshot import (
     TablePlan,
     split_key,
 )
-
-if TYPE_CHECKING:
-    from capturer.regions.postgresql.region import PostgresRegion
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +110,7 @@ class PgReader:
     kind = "psycopg"
     method = "xid"
 
-    def __init__(self, region: PostgresRegion):
+    def __init__(self, region: Any):  # (a PostgresRegion: region.py imports this module)
         import psycopg
 
         self.where = region.where
@@ -173,7 +170,7 @@ class PgSnapshotter(Snapshotter):
     """The snapshot workers of one PostgreSQL region (the scheduling, retries and
     delivery are the MySQL snapshotter's; the reads are here)."""
 
-    region: PostgresRegion
+    region: Any  # a PostgresRegion
 
     def _new_reader(self) -> PgReader:
         return PgReader(self.region)

@@ -1,0 +1,788 @@
+"""The snapshot engine every region kind that copies tables shares (MySQL/MariaDB
+and PostgreSQL regions): the plan of a table, chunks and their marks, the recorder
+of what the stream changed while chunks are in flight, and the snapshotter's
+workers (scheduling, retries, read-ahead, the copy of a table chunk by chunk).
+How a chunk is read, and why it is exact, is each kind's own
+(``capturer/regions/mysql/snapshot.py``, ``capturer/regions/postgresql/snapshot.py``);
+the stream's side of a copy is ``capturer/regions/snaphost.py``."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import pickle
+import queue
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+from capturer.errors import FatalSourceError, SourceError
+from capturer.model import Position, SnapshotMark, TableProgress, TableSchema
+from capturer.model.encode import quote_ident
+from capturer.model.spill import write_blob
+from capturer.util import failpoints
+
+if TYPE_CHECKING:
+    from capturer.regions.base import RegionContext
+
+log = logging.getLogger(__name__)
+
+MODES = ("never", "initial", "when_needed")
+KEY_SIG = "key="  # first element of a stored last key: the key it is a value of
+
+
+class SnapshotHost(Protocol):
+    """What a snapshot needs of its region (``MySQLRegion`` is the one): the stream's
+    side of the copy. The region imports this module; this module only knows the
+    protocol, so the two never import each other."""
+
+    name: str
+    where: str
+    cfg: Any  # RegionConfig, PostgresRegionConfig
+    ctx: RegionContext
+
+    def add_snapshot_progress(self, progress: tuple[TableProgress, ...], wait: bool = False) -> None: ...
+
+    def update_snapshot_progress(self, p: TableProgress) -> None: ...
+
+    def snapshot_failed(self, exc: BaseException) -> None: ...
+
+    def check_truncate(self, db: str, table: str, why: str) -> None: ...
+
+    def chunk_begin(self, plan: TablePlan) -> int: ...
+
+    def chunk_end(self, plan: TablePlan, token: int) -> None: ...
+
+    def chunk_low(self, plan: TablePlan, token: int) -> tuple[Any, ...]: ...
+
+    def emit_chunk(self, chunk: Chunk) -> TableProgress | str: ...
+
+    def emit_begin(self, plan: TablePlan, run: str, at: Any, create: Any,
+                   truncate: bool) -> TableProgress | str: ...
+
+    def position_now(self) -> Any: ...
+
+    def snapshot_generation(self) -> int: ...
+
+    @property
+    def snap_method(self) -> str: ...  # consistent | watermark, as resolved for this server
+
+    def copy_together(self, snapshotter: Snapshotter, plan: TablePlan, p: TableProgress,
+                      others: list[str]) -> TableProgress | str: ...
+
+
+class TableGone(Exception):
+    """The table was dropped (or renamed away) while it was being snapshotted."""
+
+
+class ColumnsChanged(Exception):
+    """A column the plan names is gone: describe the table again."""
+
+
+@dataclass
+class Column:
+    name: str
+    data_type: str
+    column_type: str  # as information_schema gives it (ENUM members keep their case)
+    precision: int
+    scale: int
+    binary: bool
+    nullable: bool
+    collation: str = ""
+
+    def enum_members(self) -> list[str] | None:
+        """An ENUM's members in index order (index 1 first), when they can stand for
+        their index in a comparison (distinct, none empty); else None."""
+        if self.data_type != "enum":
+            return None
+        return enum_members(self.column_type)
+
+
+def enum_members(column_type: str) -> list[str] | None:
+    """``enum('a','b''c')`` -> ``["a", "b'c"]``; None if it is not such a list, or a
+    member is empty or equal to another one but for case and trailing spaces (a
+    comparison by name could then match another index than the one meant)."""
+    t = column_type.strip()
+    if not t.lower().startswith("enum(") or not t.endswith(")"):
+        return None
+    body, out, i = t[5:-1], [], 0
+    while i < len(body):
+        if body[i] != "'":
+            return None
+        j, cur = i + 1, []
+        while True:
+            if j >= len(body):
+                return None
+            if body[j] == "'":
+                if j + 1 < len(body) and body[j + 1] == "'":
+                    cur.append("'")
+                    j += 2
+                    continue
+                break
+            if body[j] == "\\":  # (how the server escapes it here is not certain: compare by number)
+                return None
+            cur.append(body[j])
+            j += 1
+        out.append("".join(cur))
+        i = j + 1
+        if i < len(body):
+            if body[i] != ",":
+                return None
+            i += 1
+    folded = [m.rstrip(" ").lower() for m in out]
+    if not out or "" in folded or len(set(folded)) != len(folded):
+        return None
+    return out
+
+
+@dataclass
+class TablePlan:
+    """How to read one table: its columns, chunk key and the schema its rows carry."""
+
+    db: str
+    table: str
+    columns: list[Column]
+    key: tuple[str, ...]  # primary key, or a NOT NULL unique key; () = keyless
+    schema: TableSchema
+    estimated: int = 0
+    described_at: Any = None  # the region's position when the columns were read
+    source: Any = None  # what the region kind describes the table with (PostgreSQL: its RelDef)
+
+    @property
+    def name(self) -> str:
+        return f"{self.db}.{self.table}"
+
+    def key_columns(self) -> list[Column]:
+        by = {c.name: c for c in self.columns}
+        return [by[k] for k in self.key]
+
+    def key_signature(self) -> str:
+        """The chunk key as stored with a last key: its columns, types and collations
+        (a key that changed in any of them orders rows differently)."""
+        return KEY_SIG + ", ".join(f"{quote_ident(c.name)} {c.column_type}"
+                                   + (f" COLLATE {c.collation}" if c.collation else "")
+                                   for c in self.key_columns())
+
+
+def split_key(last_key: tuple[Any, ...] | None) -> tuple[str | None, tuple[Any, ...] | None]:
+    """A stored last key as (its key's signature or None for one stored without it,
+    its values)."""
+    if last_key is None:
+        return None, None
+    if last_key and isinstance(last_key[0], str) and last_key[0].startswith(KEY_SIG):
+        return last_key[0], tuple(last_key[1:])
+    return None, tuple(last_key)
+
+
+def key_matches(plan: TablePlan, last_key: tuple[Any, ...] | None) -> bool:
+    """Whether a stored last key is a value of ``plan``'s key (one stored without
+    its key: whether it has as many values)."""
+    sig, values = split_key(last_key)
+    if values is None:
+        return True
+    if sig is None:
+        return len(values) == len(plan.key)
+    return sig == plan.key_signature()
+
+
+def truncate_conflict(db: str, table: str, regions: list[str], why: str) -> str:
+    """Why a copy that empties ``db.table`` downstream is refused when several
+    regions deliver a table of that name, and the ways out."""
+    return (f"table {db}.{table} is captured from regions {', '.join(sorted(set(regions)))}, and {why}: a "
+            "TRUNCATE from one region would also empty, in every sink, the rows the other regions delivered "
+            "to the same table. Ways out: copy a keyed table without truncate (rows the source no longer has "
+            "then stay downstream: delete them there), give a keyless table a primary key or a NOT NULL "
+            "unique key in every source, or leave it out in the filter (README: \"Snapshots: initial load "
+            "and on demand\")")
+
+
+@dataclass
+class Chunk:
+    plan: TablePlan
+    at: Any  # the log position the rows are consistent with (Position; LsnPosition)
+    rows: list[dict[str, Any]]  # (keyed tables) or a SpilledChanges-backed list (keyless: see spill)
+    last_key: tuple[Any, ...] | None  # as stored: (key signature, values...)
+    last: bool
+    index: int
+    run: str
+    truncate: bool = False  # (keyless tables) TRUNCATE right before the rows; a keyed table's is its run's start
+    spilled: Any = None  # keyless tables: the rows as a SpilledChanges of "read" changes
+    gen: int = 0  # the region's snapshot generation when it was read (a binlog reset voids it)
+    # where the reader tells what its read saw by transaction id (PostgreSQL): changes after
+    # this position make a row stale (default: after ``at``), and which transactions it saw
+    drop_after: tuple[Any, ...] | None = None
+    visible: Callable[[int], bool] | None = None
+
+
+def row_key(row: dict[str, Any], key: tuple[str, ...]) -> tuple[Any, ...]:
+    return tuple(_hashable(row.get(c)) for c in key)
+
+
+def _hashable(v: Any) -> Any:
+    if isinstance(v, (set, frozenset)):
+        return frozenset(v)
+    if isinstance(v, bytearray):
+        return bytes(v)
+    return v
+
+
+def image_key(row: dict[str, Any], cols: tuple[str, ...]) -> tuple[Any, ...]:
+    """A whole row as a multiset element (keyless tables)."""
+    return tuple(_hashable(row.get(c)) for c in cols)
+
+
+class EventSpill:
+    """Recorded changes of a keyless table, on disk (an unlinked temporary file), in
+    batches: what a long consistent read of a busy keyless table would otherwise
+    keep in memory."""
+
+    def __init__(self, directory: str | None):
+        if directory:
+            os.makedirs(directory, exist_ok=True)
+        self.directory = directory
+        self._f = tempfile.TemporaryFile(dir=directory or None, prefix="capturer-snaprec-")
+        self._batches: list[tuple[int, int]] = []
+        self._off = 0
+        self.rows = 0
+
+    def add(self, events: list[tuple[tuple[Any, ...], int, int, dict[str, Any]]]) -> None:
+        data = pickle.dumps(events, protocol=pickle.HIGHEST_PROTOCOL)
+        write_blob(self._f, data, self.directory, "the changes recorded during a snapshot")
+        self._batches.append((self._off, len(data)))
+        self._off += len(data)
+        self.rows += len(events)
+
+    def batches(self) -> Iterator[list[tuple[tuple[Any, ...], int, int, dict[str, Any]]]]:
+        for off, length in self._batches:
+            data = os.pread(self._f.fileno(), length, off)
+            if len(data) != length:
+                raise OSError(f"snapshot change spill truncated: wanted {length} bytes at {off}, got {len(data)}")
+            yield pickle.loads(data)
+
+    def close(self) -> None:
+        try:
+            self._f.close()
+        except OSError:
+            pass
+
+
+@dataclass
+class Recorder:
+    """What the log changed in one table while chunks of it are in flight. Positions
+    are the region's comparable position tuples (``_pkey``); ``tag``: the source's
+    transaction id, where a chunk's visibility is told by it (PostgreSQL)."""
+
+    key: tuple[str, ...]
+    columns: tuple[str, ...]
+    changed: dict[tuple[Any, ...], tuple[Any, ...]] = field(default_factory=dict)  # keyed: key -> last change
+    # keyless: (position, tag, -1 deleted / +1 inserted, row), oldest first; past spill_rows on disk
+    events: list[tuple[tuple[Any, ...], int, int, dict[str, Any]]] = field(default_factory=list)
+    lows: dict[int, tuple[Any, ...]] = field(default_factory=dict)  # in-flight chunk -> lower bound of its P
+    spill_rows: int = 0  # keyless: keep at most this many events in memory (0: no limit)
+    spill_dir: str = ""
+    spill: EventSpill | None = None
+
+    def record(self, pos: tuple[Any, ...], before: dict[str, Any] | None, after: dict[str, Any] | None,
+               tag: int = 0) -> None:
+        if self.key:
+            for img in (before, after):
+                if img is not None:
+                    self.changed[row_key(img, self.key)] = pos
+        else:
+            if before is not None:
+                self.events.append((pos, tag, -1, before))
+            if after is not None:
+                self.events.append((pos, tag, 1, after))
+            if self.spill_rows and len(self.events) >= self.spill_rows:
+                if self.spill is None:
+                    self.spill = EventSpill(self.spill_dir or None)
+                self.spill.add(self.events)
+                self.events = []
+
+    def keyless_events(self, after: tuple[Any, ...]) -> Iterator[tuple[int, dict[str, Any], int]]:
+        """(sign, row, tag) of the keyless changes recorded after ``after``, in order."""
+        if self.spill is not None:
+            for batch in self.spill.batches():
+                for pos, tag, sign, row in batch:
+                    if pos > after:
+                        yield sign, row, tag
+        for pos, tag, sign, row in self.events:
+            if pos > after:
+                yield sign, row, tag
+
+    def prune(self) -> None:
+        if not self.lows:
+            self.changed.clear()
+            self.events.clear()
+            if self.spill is not None:
+                self.spill.close()
+                self.spill = None
+            return
+        low = min(self.lows.values())
+        self.changed = {k: p for k, p in self.changed.items() if p > low}
+        self.events = [e for e in self.events if e[0] > low]
+
+
+@dataclass
+class TableTask:
+    """A table to copy (live state of its snapshot in this run)."""
+
+    progress: TableProgress
+    estimated: int = 0
+    started: float = 0.0
+    rows_read: int = 0  # in this process (for the rate)
+    error: str = ""
+
+    @property
+    def name(self) -> str:
+        return f"{self.progress.db}.{self.progress.table}"
+
+
+class ReadAhead:
+    """A chunk read on a worker's second connection, in a thread, while the chunk
+    before it is delivered (its start is that chunk's last key; at most one ahead, so
+    a worker holds at most two chunks). Registered with the region's recorder before
+    its read starts, like any chunk."""
+
+    def __init__(self, snapshotter: Snapshotter, reader: Any, plan: TablePlan, p: TableProgress, token: int):
+        self.plan, self.p, self.token = plan, p, token
+        self._chunk: Chunk | None = None
+        self._exc: BaseException | None = None
+        self._t = threading.Thread(target=self._run, args=(snapshotter, reader), daemon=True,
+                                   name=f"snapshot-ahead-{plan.table}"[:40])
+        self._t.start()
+
+    def _run(self, snapshotter: Snapshotter, reader: Any) -> None:
+        try:
+            self._chunk = snapshotter._read(reader, self.plan, self.p, self.token)
+        except BaseException as exc:
+            self._exc = exc
+
+    def follows(self, plan: TablePlan, p: TableProgress) -> bool:
+        """Whether this is the chunk the table's copy needs next."""
+        return (plan is self.plan and p.run == self.p.run and p.chunks == self.p.chunks
+                and p.last_key == self.p.last_key)
+
+    def result(self) -> Chunk:
+        self._t.join()
+        if self._exc is not None:
+            raise self._exc
+        assert self._chunk is not None
+        return self._chunk
+
+
+class Snapshotter:
+    """The snapshot workers of one region: scheduling, retries, read-ahead, and the
+    copy of each table chunk by chunk. A region kind's subclass reads its source
+    (``_new_reader``, ``_describe_table``, ``_begin_at``, ``_read``)."""
+
+    def __init__(self, region: SnapshotHost, workers: int, chunk_rows: int):
+        self.region = region
+        self.workers = max(1, workers)
+        self.chunk_rows = max(1, chunk_rows)
+        self.tasks: dict[tuple[str, str], TableTask] = {}
+        self.todo: queue.Queue[tuple[str, str]] = queue.Queue()
+        self.busy: set[tuple[str, str]] = set()
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.threads: list[threading.Thread] = []
+        self.driver = ""
+        self.last_log = 0.0
+        self.lock_retries = 0  # (watermark) chunk reads made again because a writer held a lock
+        self.read_ahead = bool(getattr(region.cfg, "snapshot_read_ahead", False))
+        self._local = threading.local()  # per worker: its second connection and the chunk read ahead
+
+    # --- scheduling -------------------------------------------------------------------
+    def load(self, progress: tuple[TableProgress, ...]) -> None:
+        """Tables of a snapshot in progress (from the checkpoint or a new run). A
+        table being copied by another run is superseded: its worker stops at its
+        next chunk, and the table is queued again for the new run."""
+        with self.lock:
+            for p in progress:
+                key = (p.db, p.table)
+                self.tasks[key] = TableTask(p)
+                if p.state in ("pending", "running"):
+                    self.todo.put(key)
+            self._start_workers()
+
+    def request(self, tables: list[tuple[str, str]], truncate: bool = False) -> str:
+        """Copy these tables (again); returns the run id."""
+        run = uuid.uuid4().hex[:12]
+        progress = tuple(TableProgress(db, t, run, "pending", truncate=truncate) for db, t in tables)
+        self.region.add_snapshot_progress(progress)
+        self.load(progress)
+        return run
+
+    def ensure_started(self) -> None:
+        with self.lock:
+            self._start_workers()
+
+    def _start_workers(self) -> None:
+        """(under the lock) Workers for what is queued; a worker leaves only under
+        the lock too, so a request never waits on a worker that is leaving."""
+        self.threads = [t for t in self.threads if t.is_alive()]
+        if self.todo.empty():
+            return
+        while len(self.threads) < self.workers:
+            t = threading.Thread(target=self._work, name=f"snapshot-{self.region.name}-{len(self.threads)}",
+                                 daemon=True)
+            self.threads.append(t)
+            t.start()
+
+    def active(self) -> bool:
+        with self.lock:
+            return any(t.progress.state in ("pending", "running") for t in self.tasks.values())
+
+    def _take(self) -> tuple[tuple[str, str], TableTask] | None:
+        """The next table to copy, or None when this worker should leave."""
+        while not self.stop.is_set() and not self.region.ctx.stop.is_set():
+            try:
+                key = self.todo.get(timeout=0.5)
+            except queue.Empty:
+                with self.lock:
+                    if self.todo.empty():
+                        me = threading.current_thread()
+                        self.threads = [t for t in self.threads if t is not me]
+                        return None
+                continue
+            with self.lock:
+                task = self.tasks.get(key)
+                if task is None or task.progress.state not in ("pending", "running"):
+                    continue
+                if key in self.busy:  # another worker still finishes an older run of it
+                    self.todo.put(key)
+                    busy = True
+                else:
+                    self.busy.add(key)
+                    return key, task
+            if busy:
+                time.sleep(0.05)
+        return None
+
+    # --- status -----------------------------------------------------------------------
+    def status(self) -> dict[str, Any]:
+        out = {}
+        with self.lock:
+            tasks = list(self.tasks.values())
+        for t in tasks:
+            p = t.progress
+            elapsed = time.time() - t.started if t.started else 0.0
+            rate = t.rows_read / elapsed if elapsed > 0 else 0.0
+            est = max(t.estimated, p.rows)
+            eta = round((est - p.rows) / rate, 1) if rate > 0 and p.state == "running" else None
+            out[t.name] = {"state": p.state, "run": p.run, "rows": p.rows, "estimated_rows": est,
+                           "chunks": p.chunks, "rows_per_s": round(rate), "eta_seconds": eta,
+                           "error": t.error}
+        return out
+
+    def log_progress(self, force: bool = False) -> None:
+        now = time.time()
+        if not force and now - self.last_log < 5:
+            return
+        self.last_log = now
+        for name, s in self.status().items():
+            if s["state"] == "running":
+                pct = f" ({100 * s['rows'] / s['estimated_rows']:.0f}%)" if s["estimated_rows"] else ""
+                eta = f", ETA {s['eta_seconds']:.0f}s" if s["eta_seconds"] is not None else ""
+                log.info("snapshot %s: %s %d/~%d rows%s, %d rows/s%s", self.region.name, name, s["rows"],
+                         s["estimated_rows"], pct, s["rows_per_s"], eta)
+
+    # --- work -------------------------------------------------------------------------
+    def _work(self) -> None:
+        reader: Any = None
+        delay = 0.5
+        try:
+            while True:
+                taken = self._take()
+                if taken is None:
+                    return
+                key, task = taken
+                try:
+                    while not self.stop.is_set() and not self.region.ctx.stop.is_set():
+                        try:
+                            if reader is None:
+                                reader = self._new_reader()
+                                self.driver = reader.kind
+                            self._copy(reader, key, task)
+                            delay = 0.5
+                            break
+                        except FatalSourceError:
+                            raise
+                        except (SourceError, OSError) as exc:
+                            self._retry(task, exc, delay)
+                        except Exception as exc:
+                            if reader is None or not reader.is_error(exc):
+                                raise
+                            if reader.errno(exc) in (1142, 1143, 1227):
+                                raise FatalSourceError(f"{self.region.where}: snapshot of {task.name}: no "
+                                                       f"privilege to read it ({exc})") from None
+                            self._retry(task, exc, delay)
+                        if reader is not None:
+                            reader.close()
+                        reader = None
+                        self._close_second()
+                        if self.stop.wait(delay):
+                            break
+                        delay = min(delay * 2, 30)
+                finally:
+                    with self.lock:
+                        self.busy.discard(key)
+        except BaseException as exc:
+            self.region.snapshot_failed(exc)
+        finally:
+            if reader is not None:
+                reader.close()
+            self._close_second()
+            with self.lock:
+                me = threading.current_thread()
+                self.threads = [t for t in self.threads if t is not me]
+
+    def _retry(self, task: TableTask, exc: BaseException, delay: float) -> None:
+        task.error = f"{type(exc).__name__}: {exc}"
+        log.warning("%s: snapshot of %s: %s; retrying in %.1fs", self.region.where, task.name, task.error, delay)
+
+    def _current(self, key: tuple[str, str], task: TableTask) -> bool:
+        """Whether ``task`` is still the table's run (a newer request supersedes it)."""
+        with self.lock:
+            return self.tasks.get(key) is task
+
+    def _copy(self, reader: Any, key: tuple[str, str], task: TableTask) -> None:
+        try:
+            self._copy_table(reader, key, task)
+        finally:
+            if self._ahead is not None:  # (left when the copy stopped, was redone or failed)
+                self._drop(self._ahead)
+                self._ahead = None
+
+    @property
+    def _ahead(self) -> ReadAhead | None:
+        return getattr(self._local, "ahead", None)
+
+    @_ahead.setter
+    def _ahead(self, v: ReadAhead | None) -> None:
+        self._local.ahead = v
+
+    def _second_reader(self) -> Any:
+        """This worker's second connection (read-ahead), made when first needed."""
+        r = getattr(self._local, "reader2", None)
+        if r is None:
+            r = self._local.reader2 = self._new_reader()
+        return r
+
+    def _close_second(self) -> None:
+        r = getattr(self._local, "reader2", None)
+        self._local.reader2 = None
+        if r is not None:
+            r.close()
+
+    def _drop(self, ahead: ReadAhead) -> None:
+        """A chunk read ahead that will not be delivered (its read is waited for)."""
+        try:
+            ahead.result()
+        except Exception:
+            pass
+        self.region.chunk_end(ahead.plan, ahead.token)
+
+    def _copy_table(self, reader: Any, key: tuple[str, str], task: TableTask) -> None:
+        db, table = key
+        try:
+            plan = self._describe(reader, db, table)
+        except TableGone:
+            self._gone(task)
+            return
+        task.estimated = plan.estimated
+        if not task.started:
+            task.started = time.time()
+        log.info("%s: snapshot of %s starts (key %s, ~%d rows, %s)", self.region.where, plan.name,
+                 ",".join(plan.key) or "none: one consistent read of the whole table", plan.estimated,
+                 reader.kind)
+        others: list[str] | None = None  # the other regions that deliver the table (asked when it matters)
+        while not self.stop.is_set() and not self.region.ctx.stop.is_set():
+            p = task.progress
+            if p.state not in ("pending", "running") or not self._current(key, task):
+                return
+            if plan.key and not key_matches(plan, p.last_key):
+                self._key_changed(task, plan)
+                continue
+            outcome: Any
+            if not plan.key or p.truncate:
+                # a copy that empties the table downstream: with other regions delivering it, one
+                # coordinated step of them all (capturer/regions/snaphost.py)
+                if others is None:
+                    others = self.region.ctx.tables_elsewhere(self.region.name, [(db, table)]).get((db, table), [])
+                if others:
+                    try:
+                        outcome = self.region.copy_together(self, plan, p, others)
+                    except ColumnsChanged:
+                        outcome = "redo"
+                    except TableGone:
+                        self._gone(task)
+                        return
+                    task.error = ""
+                    if outcome == "redo":
+                        try:
+                            plan = self._describe(reader, db, table)
+                        except TableGone:
+                            self._gone(task)
+                            return
+                        continue
+                    if isinstance(outcome, str):
+                        return
+                    task.progress = outcome
+                    task.rows_read += outcome.rows
+                    self.log_progress()
+                    return
+            if p.state == "pending":
+                # the run's start (CREATE, TRUNCATE) in stream order, before chunk 0 is read
+                try:
+                    outcome = self._begin(reader, plan, p)
+                except ColumnsChanged:
+                    outcome = "redo"
+                except TableGone:
+                    self._gone(task)
+                    return
+                task.error = ""
+                if outcome == "redo":
+                    try:
+                        plan = self._describe(reader, db, table)
+                    except TableGone:
+                        self._gone(task)
+                        return
+                    continue
+                if isinstance(outcome, str):
+                    return
+                task.progress = outcome
+                continue
+            if not plan.key:
+                self.region.check_truncate(plan.db, plan.table, "it has no key: its copy starts with a TRUNCATE")
+            took = self._ahead
+            self._ahead = None
+            if took is not None and not took.follows(plan, p):
+                self._drop(took)
+                took = None
+            token = took.token if took is not None else self.region.chunk_begin(plan)
+            try:
+                try:
+                    chunk = took.result() if took is not None else self._read(reader, plan, p, token)
+                except ColumnsChanged:
+                    outcome = "redo"
+                except TableGone:
+                    self._gone(task)
+                    return
+                else:
+                    failpoints.hit("snapshot.chunk_read")  # read, not delivered yet
+                    if self.read_ahead and plan.key and not chunk.last:
+                        # the next chunk is read on a second connection while this one is delivered
+                        nxt = dataclasses.replace(p, last_key=chunk.last_key, chunks=p.chunks + 1)
+                        self._ahead = ReadAhead(self, self._second_reader(), plan, nxt, self.region.chunk_begin(plan))
+                    outcome = self.region.emit_chunk(chunk)
+            finally:
+                self.region.chunk_end(plan, token)
+            task.error = ""
+            if outcome == "redo":  # the table changed shape (or the binlog restarted): read it again
+                try:
+                    plan = self._describe(reader, db, table)
+                except TableGone:
+                    self._gone(task)
+                    return
+                continue
+            if isinstance(outcome, str):  # stopped, or superseded by a newer run of the table
+                return
+            task.rows_read += len(chunk.rows) if chunk.spilled is None else len(chunk.spilled)
+            task.progress = outcome
+            self.log_progress()
+            if chunk.last:
+                log.info("%s: snapshot of %s done: %d rows in %d chunks", self.region.where, plan.name,
+                         task.progress.rows, task.progress.chunks)
+                return
+
+    def _key_changed(self, task: TableTask, plan: TablePlan) -> None:
+        """The table's key is not the one its last key was taken with (it changed
+        during the copy, or between a crash and the restart): copy it again from the
+        start. A run that truncates starts over with its TRUNCATE (state pending);
+        otherwise the rows already delivered are upserted again by the new key."""
+        p = task.progress
+        sig, _ = split_key(p.last_key)
+        log.warning("%s: snapshot of %s: its key changed since chunk %d (was %s, now %s): copying it again from "
+                    "the start%s", self.region.where, plan.name, p.chunks, (sig or "?")[len(KEY_SIG):],
+                    plan.key_signature()[len(KEY_SIG):], " with a TRUNCATE first" if p.truncate else "")
+        self._set(task, dataclasses.replace(p, last_key=None, state="pending" if p.truncate else p.state))
+
+    def _describe(self, reader: Any, db: str, table: str) -> TablePlan:
+        at = self.region.position_now()
+        plan = self._describe_table(reader, db, table)
+        plan.described_at = at
+        return plan
+
+    def _set(self, task: TableTask, p: TableProgress) -> None:
+        task.progress = p
+        self.region.update_snapshot_progress(p)
+
+    def _gone(self, task: TableTask) -> None:
+        log.warning("%s: snapshot of %s: the table no longer exists (dropped or renamed); its DROP/RENAME is "
+                    "in the binlog stream; moving on", self.region.where, task.name)
+        self._set(task, dataclasses.replace(task.progress, state="dropped"))
+
+    def _begin(self, reader: Any, plan: TablePlan, p: TableProgress) -> TableProgress | str:
+        """A run's start for one table: its CREATE TABLE IF NOT EXISTS (snapshot_ddl)
+        and, when the run truncates a keyed table, its TRUNCATE, delivered in stream
+        order at a point the chunks are all read after."""
+        truncate = p.truncate and bool(plan.key)
+        if truncate:
+            self.region.check_truncate(plan.db, plan.table, "the snapshot run truncates it")
+        create, at = self._begin_at(reader, plan)
+        return self.region.emit_begin(plan, p.run, at, create, truncate)
+
+    # --- what a region kind's snapshotter supplies ----------------------------------------
+    def _new_reader(self) -> Any:
+        """A connection for reading chunks: ``is_error(exc)``, ``errno(exc)`` (MySQL's
+        numbers: 1146 gone, 1054 column gone, 1142/1143/1227 no privilege), ``kind``,
+        ``close()``."""
+        raise NotImplementedError
+
+    def _describe_table(self, reader: Any, db: str, table: str) -> TablePlan:
+        raise NotImplementedError
+
+    def _begin_at(self, reader: Any, plan: TablePlan) -> tuple[Any, Any]:
+        """(what the table's run starts with downstream: its CREATE; a position of the
+        log at or after every definition change that reflects)."""
+        raise NotImplementedError
+
+    def _read(self, reader: Any, plan: TablePlan, p: TableProgress, token: int = 0) -> Chunk:
+        """The chunk after ``p.last_key`` (a keyless plan: the whole table), as of a
+        position of the log (see the region kind's module)."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(2)
+
+
+@dataclass(frozen=True)
+class ChunkMark(SnapshotMark):
+    """The snapshot mark of a chunk's rows, with its table and the binlog position P
+    it was read at (rows of two chunks, or a chunk read again after a crash, can be
+    told apart and placed: P <= the transaction's position)."""
+
+    db: str = ""
+    table: str = ""
+    read_at: Any = None  # Position; LsnPosition (without the progress it carries)
+
+    def to_json(self) -> dict[str, Any]:
+        d = super().to_json()
+        d["db"], d["table"] = self.db, self.table
+        if self.read_at is not None:
+            r = self.read_at
+            d["read_at"] = {"file": r.file, "pos": r.pos} if isinstance(r, Position) else r.to_json()
+        return d
+
+
+def chunk_mark(chunk: Chunk) -> SnapshotMark:
+    return ChunkMark(chunk.run, chunk.index, chunk.last, chunk.plan.db, chunk.plan.table,
+                     Position(chunk.at.file, chunk.at.pos) if isinstance(chunk.at, Position) else chunk.at)
