@@ -1546,23 +1546,28 @@ def main() -> int:
             results["snapshot_raw_read"] = raw
             rep.add(f"baseline: raw chunked read of the {srows:,}-row table ({raw['driver']}, 20,000-row chunks, "
                     "2 connections)", raw["rows_per_s"], None)
-            one = snapshot_run(tmp / "snap-file-single", src, "[global]\ntype=local\n[local]\nfilepath="
-                               f"{tmp / 'snap-file-single' / 'o.jsonl'}\nrotate_mb=100000\n", srows,
-                               region_extra="snapshot_read_ahead=false\n")
-            results["snapshot_file_single_reader"] = one
-            rep.add("snapshot -> file, one reader per table (the method before read-ahead); ratio to the raw read",
-                    one["rows_per_s"], raw["rows_per_s"])
-            r = snapshot_run(tmp / "snap-file", src, f"[global]\ntype=local\n[local]\nfilepath={tmp / 'snap-file' / 'o.jsonl'}\n"
-                             "rotate_mb=100000\n", srows)
-            results["snapshot_file"] = r
-            rep.add(f"snapshot of {srows:,} rows -> file (read-ahead); ratio to the raw chunked read",
-                    r["rows_per_s"], raw["rows_per_s"])
-            rep.add("snapshot -> file (read-ahead); ratio to one reader per table", r["rows_per_s"], one["rows_per_s"])
-            for x in (r, one):
+            runs = {}
+            for name, extra in (("one", ""), ("ahead", "snapshot_read_ahead=true\n"), ("process", "process=true\n")):
+                d = tmp / f"snap-file-{name}"
+                runs[name] = snapshot_run(d, src, f"[global]\ntype=local\n[local]\nfilepath={d / 'o.jsonl'}\n"
+                                          "rotate_mb=100000\n", srows, region_extra=extra)
+                x = runs[name]
                 cores = x.get("cpu_cores", {}).get("capturer", 0)  # rows per CPU-second of the capturer's process
                 x["rows_per_core_second"] = round(x["rows_per_s"] / cores) if cores else None
-            if r["rows"] < srows or r["exit"] != 0 or one["rows"] < srows or one["exit"] != 0:
-                failures.append(f"snapshot->file: {r['rows']} / {one['rows']} of {srows} rows, exit {r['exit']}")
+                if x["rows"] < srows or x["exit"] != 0:
+                    failures.append(f"snapshot->file ({name}): {x['rows']} of {srows} rows, exit {x['exit']}")
+            r, one = runs["one"], runs["one"]
+            results["snapshot_file"] = r
+            results["snapshot_file_read_ahead"] = runs["ahead"]
+            results["snapshot_file_region_process"] = runs["process"]
+            rep.add(f"snapshot of {srows:,} rows -> file, one reader (the default); ratio to the raw chunked read",
+                    r["rows_per_s"], raw["rows_per_s"])
+            rep.add("snapshot -> file, read-ahead (a second connection per table); ratio to one reader",
+                    runs["ahead"]["rows_per_s"], one["rows_per_s"])
+            rep.add("snapshot -> file, the region in a worker process (process=true); ratio to one reader",
+                    runs["process"]["rows_per_s"], one["rows_per_s"])
+            rep.add("snapshot -> file, the region in a worker process; ratio to the raw chunked read",
+                    runs["process"]["rows_per_s"], raw["rows_per_s"])
             starget = MariaDBInstance(tmp / "snaptarget", server_id=42, binlog=False).start()
             extra.append(starget)
             ups = baseline_upsert(starget, srows)

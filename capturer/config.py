@@ -145,9 +145,10 @@ REGION_KEYS = [
             "5.7/8.x), auto (consistent where the server reports that position, else watermark)"),
     Key("snapshot_workers", p_int(1, 64), 2, doc="tables copied at once"),
     Key("snapshot_chunk_rows", p_int(10, 10_000_000), 20_000, doc="rows per snapshot chunk"),
-    Key("snapshot_read_ahead", p_bool, True,
+    Key("snapshot_read_ahead", p_bool, False,
         doc="read a table's next chunk on a second connection while the one before is delivered (a worker then "
-            "holds at most two chunks)"),
+            "holds two chunks): pays where the source is slow to answer; against a local server the capturer's "
+            "own work bounds the copy and the second reader only costs (see docs/benchmarks.md)"),
     Key("snapshot_driver", p_choice("auto", "mariadb", "pymysql"), "auto",
         doc="client that reads snapshot chunks: MariaDB Connector/Python where installed (auto), or pymysql"),
     Key("snapshot_ddl", p_bool, True,
@@ -231,7 +232,7 @@ POSTGRES_KEYS = [
             "when the checkpoint's changes are gone from the slot: each table is emptied downstream first)"),
     Key("snapshot_workers", p_int(1, 64), 2, doc="tables copied at once"),
     Key("snapshot_chunk_rows", p_int(10, 10_000_000), 20_000, doc="rows per snapshot chunk"),
-    Key("snapshot_read_ahead", p_bool, True,
+    Key("snapshot_read_ahead", p_bool, False,
         doc="read a table's next chunk on a second connection while the one before is delivered"),
     Key("process", p_bool, False,
         doc="read and decode this region in a worker process of its own (a local region agent) instead of "
@@ -262,7 +263,7 @@ class PostgresRegionConfig:
     snapshot: str = "never"
     snapshot_workers: int = 2
     snapshot_chunk_rows: int = 20_000
-    snapshot_read_ahead: bool = True
+    snapshot_read_ahead: bool = False
     process: bool = False
 
     def masked(self) -> dict[str, Any]:
@@ -360,7 +361,7 @@ class RegionConfig:
     snapshot_method: str = "auto"
     snapshot_workers: int = 2
     snapshot_chunk_rows: int = 20_000
-    snapshot_read_ahead: bool = True
+    snapshot_read_ahead: bool = False
     snapshot_ddl: bool = True
     snapshot_driver: str = "auto"
     process: bool = False

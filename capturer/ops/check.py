@@ -518,6 +518,12 @@ def _mysql_source(region: Any, rc: RegionConfig, out: Outcome, cfg: AppConfig) -
                     region.check_snapshot_support()
                 except ValueError as exc:
                     out.problems.append(f"{exc}; or set snapshot = never in [region:{rc.name}]")
+                else:
+                    if region.snap_method == "watermark":
+                        out.notes.append(f"{where}: snapshots use the watermark method (no consistent-snapshot "
+                                         "binlog position on this server): each chunk is a locking read (LOCK IN "
+                                         "SHARE MODE NOWAIT); before MySQL 8.0.22 that needs the LOCK TABLES "
+                                         "privilege as well as SELECT")
         if logs is not None:
             _binlog_position(region, rc, logs, out, cfg)
         if not out.problems:
@@ -711,6 +717,17 @@ def _postgres_source(region: Any, rc: PostgresRegionConfig, out: Outcome) -> Non
                                     "in postgresql.conf (and restart)")
             out.notes.append(f"{where}: replication slot {slot!r} does not exist: a start creates it "
                              "(create_slot = true)")
+        if rc.snapshot != "never":
+            # a snapshot reads every published table the filter selects
+            unreadable = [f"{db}.{t}" for db, t, ok in region._query(
+                "SELECT schemaname::text, tablename::text, has_table_privilege(format('%%I.%%I', schemaname, "
+                "tablename), 'SELECT') FROM pg_publication_tables WHERE pubname = %s", (rc.publication,))
+                if not ok and region.ctx.table_selected(db, t)]
+            if unreadable:
+                out.problems.append(f"{where}: snapshot = {rc.snapshot} copies the published tables, but role {user} "
+                                    f"may not read {', '.join(unreadable[:5])}"
+                                    + (f" ({len(unreadable) - 5} more)" if len(unreadable) > 5 else "")
+                                    + f": GRANT SELECT ON ... TO {quote_pg(user)}")
         if not out.problems:
             out.detail = f"PostgreSQL {version}, wal_level {wal_level}, role {user}" + \
                 (f", slot {slot}" if rows else "")

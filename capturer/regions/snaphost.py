@@ -522,8 +522,6 @@ def copy_together(host: SnapshotHostMixin, snapshotter: Snapshotter, plan: Table
 
 def _copy_group(host: SnapshotHostMixin, snapshotter: Snapshotter, plan: TablePlan, p: TableProgress,
                 members: list[Any]) -> TableProgress | str:
-    import contextlib
-
     from capturer.regions.snapshot import TableGone, chunk_mark
 
     key = (plan.db, plan.table)
@@ -552,9 +550,14 @@ def _copy_group(host: SnapshotHostMixin, snapshotter: Snapshotter, plan: TablePl
                 if not m._wait_past(m._pkey(chunk.at)):
                     return "stopped"
         ordered = sorted((tokens[n][0] for n in chunks), key=lambda m: m.name)
-        with contextlib.ExitStack() as stack:
+        held: list[Any] = []
+        try:
+            # every region's emission lock (in name order: two steps never wait on each other), held
+            # only while nothing is emitted: the step is decided under them all, then the other
+            # regions go on (their clocks above it) while the leader, still under its own, sends it
             for m in ordered:
-                stack.enter_context(m._lock)
+                m._lock.acquire()
+                held.append(m)
             for m in ordered:
                 m._apply_requests()
             prev = next((x for x in host.snap_progress if (x.db, x.table) == key), None)
@@ -564,49 +567,55 @@ def _copy_group(host: SnapshotHostMixin, snapshotter: Snapshotter, plan: TablePl
                 m, whole, _ = tokens[name]
                 if chunk.gen != m._snap_gen or m._ddl_since(whole):
                     return "redo"
-            # one clock for the step: above everything any of them sent
-            host.clock.lift_to(max(m.clock.last_emitted for m in ordered))
-            here = host.position
-            before = host._stamped(here, host.snap_progress)
             stmts = host._start_statements(plan, create, False) if create is not None else []
             stmts.append((plan.db, f"TRUNCATE TABLE {qualified(plan.db, plan.table)}", plan.table))
-            failpoints.hit("snapshot.group")
-            for db, sql, table in stmts:
-                ts = host._extra_ts()
-                host._emit(Txn(host.name, ts, before, (), Ddl(db, sql, table, db), ts_physical_ms(ts) // 1000, ""))
             rows = 0
             parts = []
-            for name, chunk in chunks.items():
+            for name, chunk in chunks.items():  # each region's rows as of where its stream is
                 m, whole, _ = tokens[name]
                 after = chunk.drop_after if chunk.drop_after is not None else m._pkey(chunk.at)
                 changes = m._keyless_rows(chunk, m.recorders.get(key), after)
                 rows += len(changes)
                 parts.append((chunk, changes))
+            # one clock for the step: above everything any of them sent; the others' clocks above it
+            host.clock.lift_to(max(m.clock.last_emitted for m in ordered))
+            stamps = [host._extra_ts() for _ in range(len(stmts) + len(parts))]
+            here = host.position
+            before = host._stamped(here, host.snap_progress)
             done = TableProgress(plan.db, plan.table, p.run, "done", None, len(parts), rows, prev.truncate,
                                  prev.created)
             progress = tuple(done if (x.db, x.table) == key else x for x in host.snap_progress)
             if all(x.state in ("done", "dropped") for x in progress if x.run == p.run):
                 progress = tuple(x for x in progress if x.run != p.run)
             after_pos = host._stamped(here, progress)
+            for m in ordered:
+                if m is not host:
+                    m.clock.lift_to(stamps[-1] + 1, m.position)
+                    m.group_done(plan.db, plan.table)  # (its next positions, after the step, say so)
+            for m in reversed(ordered):
+                if m is not host:
+                    held.remove(m)
+                    m._lock.notify_all()
+                    m._lock.release()
+            ts_iter = iter(stamps)
+            for db, sql, table in stmts:
+                ts = next(ts_iter)
+                host._emit(Txn(host.name, ts, before, (), Ddl(db, sql, table, db), ts_physical_ms(ts) // 1000, ""))
+            failpoints.hit("snapshot.group")  # (the TRUNCATE sent, the rows not yet)
             for i, (chunk, changes) in enumerate(parts):
-                ts = host._extra_ts()
+                ts = next(ts_iter)
                 host._emit(Txn(host.name, ts, after_pos if i == len(parts) - 1 else before, changes, None,
                                ts_physical_ms(ts) // 1000, "", chunk_mark(dataclasses.replace(chunk, index=i,
                                                                                          last=i == len(parts) - 1))))
                 host.snapshot_txns += 1
                 host.snapshot_rows += len(changes)
-            host.last_commit_ts = host.clock.last_emitted
+            host.last_commit_ts = stamps[-1]
             host.snap_progress = progress
             host.position = after_pos
-            top = host.clock.last_emitted + 1
-            for m in ordered:
-                if m is host:
-                    continue
-                m.clock.lift_to(top, m.position)
-                m.group_done(plan.db, plan.table)
-                m._alive(m.position)  # its positions (now without the table's copy) go out after the step
-                m._lock.notify_all()
             host._lock.notify_all()
+        finally:
+            for m in reversed(held):
+                m._lock.release()
         log.info("%s: %s copied in one step with region(s) %s: TRUNCATE, then %d rows", host.where, plan.name,
                  ", ".join(m.name for m in ordered if m is not host) or "-", rows)
         return done

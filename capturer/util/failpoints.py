@@ -16,7 +16,9 @@ renamed), ``region.ddl`` (a region is about to emit a DDL), ``spill.chunk``
 ``backlog.write`` (a record was appended to a backlog segment), ``mysql.commit`` (a MySQL sender worker is
 about to commit a chunk), ``spark.stage`` / ``spark.commit`` / ``spark.committed`` (the lake's batch: its
 files staged, its commit line about to be written, committed but not yet published), ``kafka.produce`` (after
-each produce call of the Kafka sender).
+each produce call of the Kafka sender), ``snapshot.begin`` / ``snapshot.chunk_read`` (a table's copy starts;
+a chunk was read, not delivered), ``snapshot.group`` (a coordinated copy of a table several regions
+deliver sent its TRUNCATE, not its rows yet).
 
 A bad rule is an error naming the variable, never ignored.
 """

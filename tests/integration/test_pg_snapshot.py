@@ -94,7 +94,8 @@ def test_initial_snapshot_under_writes_and_kill9_every_sender(tmp_path: Path, pg
         senders = (file_and_mysql(tmp_path, target) + f"[kafka]\nservers={broker.servers}\nclient=confluent\n"
                    f"[spark]\nmaster=local[1]\nwarehouse={tmp_path / 'wh'}\nbatch_interval=0.3\ncompaction_interval=0\n")
         senders = senders.replace("type=local,mysql", "type=local,mysql,kafka,spark")
-        cfg = config(tmp_path, pg_region("pg", pg, "snapshot=initial\nsnapshot_chunk_rows=200\nsnapshot_workers=2\n"),
+        cfg = config(tmp_path, pg_region("pg", pg, "snapshot=initial\nsnapshot_chunk_rows=200\nsnapshot_workers=2\n"
+                                           "snapshot_read_ahead=true\n"),
                      senders, "spillRows=500\n")
         log = tmp_path / "capturer.log"
         p = CapturerProcess(cfg, log).start()

@@ -193,7 +193,8 @@ def test_initial_snapshot_with_concurrent_writes_every_sender(tmp_path: Path, ta
                    f"[kafka]\nservers={broker.servers}\nclient=confluent\n"
                    f"[spark]\nmaster=local[2]\nwarehouse={wh}\nbatch_interval=0.3\ncompaction_interval=0\n")
         cfg = write_config(tmp_path, [m], senders=senders,
-                           region_extra="snapshot=initial\nsnapshot_chunk_rows=60\nsnapshot_workers=2\n")
+                           region_extra="snapshot=initial\nsnapshot_chunk_rows=60\nsnapshot_workers=2\n"
+                                        "snapshot_read_ahead=true\n")
         with capturer_running(cfg) as cap:
             t = w.thread(300)  # concurrent writes during the snapshot
             churn_extra(m, 150)
@@ -242,7 +243,8 @@ def test_kill9_mid_snapshot_resumes_after_the_last_acknowledged_chunk(tmp_path: 
                 cur.executemany("INSERT INTO big.t VALUES (%s, %s, %s)",
                                 [(i, f"row-{i}", i % 97) for i in range(s, s + 5000)])
         c.commit()
-        cfg = write_config(tmp_path, [m], region_extra="snapshot=initial\nsnapshot_chunk_rows=500\nsnapshot_workers=1\n")
+        cfg = write_config(tmp_path, [m], region_extra="snapshot=initial\nsnapshot_chunk_rows=500\nsnapshot_workers=1\n"
+                                                      "snapshot_read_ahead=true\n")
         log = tmp_path / "capturer.log"
         p = CapturerProcess(cfg, log).start()
         p.wait_ready()
