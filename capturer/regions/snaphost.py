@@ -256,6 +256,28 @@ class SnapshotHostMixin:
             raise FatalSourceError(f"{self.where}: snapshot refused: "
                                    + truncate_conflict(db, table, [self.name, *others], why))
 
+    def refuse_outside_peers(self, tables: list[tuple[str, str]], truncate: bool) -> None:
+        """(a first start's copy) FatalSourceError when one of ``tables`` (copies that
+        empty the table downstream) is also delivered by a region that cannot take
+        part in the coordinated copy (served by an agent, or BaikalDB): its rows would
+        go with the TRUNCATE."""
+        from capturer.errors import FatalSourceError
+        from capturer.regions.snapshot import truncate_conflict
+
+        found = self.ctx.tables_elsewhere(self.name, tables) if tables else {}
+        clash = {k: v for k, v in ((k, [o for o in others if self.ctx.peer(o) is None])
+                                   for k, others in found.items()) if v}
+        if not clash:
+            return
+        (db, t), others = sorted(clash.items())[0]
+        why = ("snapshot=when_needed empties every table first" if truncate else
+               "it has no key, so its copy starts with a TRUNCATE") + \
+            ", and a region served by an agent cannot take part in the coordinated copy that needs"
+        more = f" ({len(clash) - 1} more such table(s): {', '.join(f'{d}.{x}' for d, x in sorted(clash)[1:6])})" \
+            if len(clash) > 1 else ""
+        raise FatalSourceError(f"{self.where}: snapshot={self.cfg.snapshot} refused: "
+                               + truncate_conflict(db, t, [self.name, *others], why) + more)
+
     def snapshot_failed(self, exc: BaseException) -> None:
         log.error("%s: snapshot failed: %s", self.where, exc)
         if self.error is None:

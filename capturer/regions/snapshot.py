@@ -19,6 +19,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol
 
 from capturer.errors import FatalSourceError, SourceError
@@ -616,47 +617,24 @@ class Snapshotter:
                 if others is None:
                     others = self.region.ctx.tables_elsewhere(self.region.name, [(db, table)]).get((db, table), [])
                 if others:
-                    try:
-                        outcome = self.region.copy_together(self, plan, p, others)
-                    except ColumnsChanged:
-                        outcome = "redo"
-                    except TableGone:
-                        self._gone(task)
-                        return
-                    task.error = ""
-                    if outcome == "redo":
-                        try:
-                            plan = self._describe(reader, db, table)
-                        except TableGone:
-                            self._gone(task)
-                            return
+                    kind, got = self._step(partial(self.region.copy_together, self, plan, p, others), reader, task)
+                    if kind == "redo":
+                        plan = got
                         continue
-                    if isinstance(outcome, str):
-                        return
-                    task.progress = outcome
-                    task.rows_read += outcome.rows
-                    self.log_progress()
+                    if kind == "done":
+                        task.progress = got
+                        task.rows_read += got.rows
+                        self.log_progress()
                     return
             if p.state == "pending":
                 # the run's start (CREATE, TRUNCATE) in stream order, before chunk 0 is read
-                try:
-                    outcome = self._begin(reader, plan, p)
-                except ColumnsChanged:
-                    outcome = "redo"
-                except TableGone:
-                    self._gone(task)
+                kind, got = self._step(partial(self._begin, reader, plan, p), reader, task)
+                if kind == "end":
                     return
-                task.error = ""
-                if outcome == "redo":
-                    try:
-                        plan = self._describe(reader, db, table)
-                    except TableGone:
-                        self._gone(task)
-                        return
-                    continue
-                if isinstance(outcome, str):
-                    return
-                task.progress = outcome
+                if kind == "redo":
+                    plan = got
+                else:
+                    task.progress = got
                 continue
             if not plan.key:
                 self.region.check_truncate(plan.db, plan.table, "it has no key: its copy starts with a TRUNCATE")
@@ -700,6 +678,29 @@ class Snapshotter:
                 log.info("%s: snapshot of %s done: %d rows in %d chunks", self.region.where, plan.name,
                          task.progress.rows, task.progress.chunks)
                 return
+
+    def _step(self, step: Callable[[], TableProgress | str], reader: Any,
+              task: TableTask) -> tuple[str, Any]:
+        """One step of a table's copy and what follows from it: ("done", its progress);
+        ("redo", the table described again: its shape changed, or the log restarted);
+        ("end", None): stopped, superseded, or the table is gone (marked so)."""
+        try:
+            outcome = step()
+        except ColumnsChanged:
+            outcome = "redo"
+        except TableGone:
+            self._gone(task)
+            return "end", None
+        task.error = ""
+        if outcome == "redo":
+            try:
+                return "redo", self._describe(reader, task.progress.db, task.progress.table)
+            except TableGone:
+                self._gone(task)
+                return "end", None
+        if isinstance(outcome, str):
+            return "end", None
+        return "done", outcome
 
     def _key_changed(self, task: TableTask, plan: TablePlan) -> None:
         """The table's key is not the one its last key was taken with (it changed

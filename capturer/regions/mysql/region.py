@@ -57,7 +57,7 @@ from capturer.regions.mysql.snapshot import (
     promote_key,
 )
 from capturer.regions.snaphost import SnapshotHostMixin
-from capturer.regions.snapshot import Snapshotter, TablePlan, truncate_conflict
+from capturer.regions.snapshot import Snapshotter, TablePlan
 from capturer.util import failpoints, mysqlconn
 from capturer.util.binlogpos import binlog_end
 
@@ -428,19 +428,7 @@ class MySQLRegion(SnapshotHostMixin, ClockedRegion):
             keyless = base_tables(execute, "%s", tables)
             # a copy that truncates must be the only source of its table downstream
             cut = [t for t in tables if truncate or keyless.get(t)]
-            # other regions that deliver such a table take part in one coordinated copy of it
-            # (snaphost.copy_together); a region served by an agent cannot
-            clash = {k: v for k, v in ((k, [o for o in others if self.ctx.peer(o) is None]) for k, others in (
-                self.ctx.tables_elsewhere(self.name, cut) if cut else {}).items()) if v}
-            if clash:
-                (db, t), others = sorted(clash.items())[0]
-                why = ("snapshot=when_needed empties every table first" if truncate else
-                       "it has no key, so its copy starts with a TRUNCATE") + \
-                    ", and a region served by an agent cannot take part in the coordinated copy that needs"
-                more = f" ({len(clash) - 1} more such table(s): {', '.join(f'{d}.{x}' for d, x in sorted(clash)[1:6])})" \
-                    if len(clash) > 1 else ""
-                raise FatalSourceError(f"{self.where}: snapshot={self.cfg.snapshot} refused: "
-                                       + truncate_conflict(db, t, [self.name, *others], why) + more)
+            self.refuse_outside_peers(cut, truncate)
             run = uuid.uuid4().hex[:12]
             progress = tuple(TableProgress(db, t, run, truncate=truncate) for db, t in tables)
             start = Position(at.file, at.pos, at.gtid, progress)

@@ -763,19 +763,7 @@ class PostgresRegion(SnapshotHostMixin, ClockedRegion):
             published = self._published()
             tables = sorted(published)
             cut = [t for t in tables if truncate or published[t]]
-            # other regions that deliver such a table take part in one coordinated copy of it
-            # (snaphost.copy_together); a region served by an agent cannot
-            clash = {k: v for k, v in ((k, [o for o in others if self.ctx.peer(o) is None]) for k, others in (
-                self.ctx.tables_elsewhere(self.name, cut) if cut else {}).items()) if v}
-            if clash:
-                from capturer.regions.snapshot import truncate_conflict
-
-                (db, t), others = sorted(clash.items())[0]
-                why = ("snapshot=when_needed empties every table first" if truncate else
-                       "it has no key, so its copy starts with a TRUNCATE") + \
-                    ", and a region served by an agent cannot take part in the coordinated copy that needs"
-                raise FatalSourceError(f"{self.where}: snapshot={self.cfg.snapshot} refused: "
-                                       + truncate_conflict(db, t, [self.name, *others], why))
+            self.refuse_outside_peers(cut, truncate)
             run = uuid.uuid4().hex[:12]
             progress = tuple(TableProgress(db, t, run, truncate=truncate) for db, t in tables)
             start = LsnPosition(at, progress)
