@@ -1547,10 +1547,10 @@ def main() -> int:
             rep.add(f"baseline: raw chunked read of the {srows:,}-row table ({raw['driver']}, 20,000-row chunks, "
                     "2 connections)", raw["rows_per_s"], None)
             runs = {}
-            for name, extra in (("one", ""), ("ahead", "snapshot_read_ahead=true\n"), ("process", "process=true\n")):
+            for name, opts in (("one", ""), ("ahead", "snapshot_read_ahead=true\n"), ("process", "process=true\n")):
                 d = tmp / f"snap-file-{name}"
                 runs[name] = snapshot_run(d, src, f"[global]\ntype=local\n[local]\nfilepath={d / 'o.jsonl'}\n"
-                                          "rotate_mb=100000\n", srows, region_extra=extra)
+                                          "rotate_mb=100000\n", srows, region_extra=opts)
                 x = runs[name]
                 cores = x.get("cpu_cores", {}).get("capturer", 0)  # rows per CPU-second of the capturer's process
                 x["rows_per_core_second"] = round(x["rows_per_s"] / cores) if cores else None

@@ -40,9 +40,14 @@ pytestmark = pytest.mark.integration
 def snapshot_method(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Every test here runs with each snapshot method (``snapshot_method=`` in every
     region write_config writes): MariaDB's consistent-snapshot position, and the
-    watermark method MySQL servers need, forced on MariaDB."""
+    watermark method MySQL servers need, forced on MariaDB. Without --runslow the
+    watermark runs only the cases marked ``every_method`` (the races, the crashes,
+    the types, the coordinated copy): the others test what both methods share."""
     import helpers
 
+    if (request.param != "consistent" and request.node.get_closest_marker("every_method") is None
+            and not (request.config.getoption("--runslow") or os.environ.get("RUN_SLOW") == "1")):
+        pytest.skip("slow: the other snapshot method of a case both share (--runslow runs it)")
     monkeypatch.setattr(helpers, "SNAPSHOT_METHOD", request.param)
     return str(request.param)
 
@@ -172,6 +177,7 @@ def rebuild_kafka(records: list[Any]) -> dict[tuple[str, str], list[str]]:
     return out
 
 
+@pytest.mark.every_method
 def test_initial_snapshot_with_concurrent_writes_every_sender(tmp_path: Path, target: MariaDBInstance,
                                                               capturer_running, snapshot_method: str) -> None:  # type: ignore[no-untyped-def]
     """Tables with history that is no longer in the binlog are copied while writes go
@@ -232,6 +238,7 @@ def test_initial_snapshot_with_concurrent_writes_every_sender(tmp_path: Path, ta
         m.stop()
 
 
+@pytest.mark.every_method
 def test_kill9_mid_snapshot_resumes_after_the_last_acknowledged_chunk(tmp_path: Path) -> None:
     N = 150_000
     (m,) = start_servers(tmp_path, 1)
@@ -375,6 +382,7 @@ def test_table_dropped_during_its_snapshot(tmp_path: Path, capturer_running) -> 
         m.stop()
 
 
+@pytest.mark.every_method
 @pytest.mark.parametrize("driver", ["mariadb", "pymysql"])
 def test_snapshot_values_equal_binlog_values_for_every_type(tmp_path: Path, driver: str) -> None:
     """A row read by a snapshot is, value for value and schema for schema, what the
@@ -504,6 +512,7 @@ def test_odd_keys_unique_key_order_and_uuid_keys(tmp_path: Path, capturer_runnin
         m.stop()
 
 
+@pytest.mark.every_method
 def test_ddl_between_and_during_chunks(tmp_path: Path, target: MariaDBInstance, capturer_running) -> None:  # type: ignore[no-untyped-def]
     """Columns added and dropped while a table is being copied: the copy goes on with
     the new columns, and the target ends equal to the source."""
@@ -618,6 +627,7 @@ FILE_AND_MYSQL = ("[global]\ntype=local,mysql\n[local]\nfilepath={out}\n"
                   "[mysql]\nhost=127.0.0.1\nport={port}\nuser=root\npassword=\nthreadnum=4\n")
 
 
+@pytest.mark.every_method
 def test_truncating_run_keeps_the_changes_made_while_a_chunk_waits(tmp_path: Path, target: MariaDBInstance,
                                                                   capturer_running, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """``truncate``: rows changed, deleted and inserted again between a chunk's read
@@ -769,6 +779,7 @@ def union_rows(servers: list[MariaDBInstance], db: str, table: str) -> list[str]
     return sorted(r for m in servers for r in source_rows(m, db, table))
 
 
+@pytest.mark.every_method
 def test_tables_several_regions_deliver_are_copied_in_one_step(tmp_path: Path, target: MariaDBInstance,
                                                                  monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """Two shards with the same tables, a keyless one among them: ``snapshot=initial``
@@ -888,6 +899,7 @@ def test_float_and_char_keys_sql_mode_and_named_system_tables(tmp_path: Path, dr
             m.stop()
 
 
+@pytest.mark.every_method
 def test_key_changed_during_the_copy(tmp_path: Path, target: MariaDBInstance, capturer_running,
                                      monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """The primary key changes while chunks are being delivered: the last key taken
@@ -1116,6 +1128,7 @@ def test_kill9_during_an_initial_snapshot_keeps_every_identity(tmp_path: Path, t
         m.stop()
 
 
+@pytest.mark.every_method
 def test_watermark_read_waits_out_a_writers_lock(tmp_path: Path, capturer_running, snapshot_method: str) -> None:  # type: ignore[no-untyped-def]
     """The watermark method reads a chunk with shared locks and NOWAIT: a writer that
     holds a row of the chunk (its transaction open) makes the read fail and be made
