@@ -23,6 +23,7 @@ import dataclasses
 import itertools
 import logging
 import threading
+import time
 from collections import Counter
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -182,6 +183,12 @@ class SnapshotHostMixin:
     def group_snapshotter(self) -> Snapshotter:
         """This region's snapshotter (made, without workers, if it has none): a
         coordinated copy another region leads reads this region's rows with it."""
+        from capturer.errors import FatalSourceError
+
+        try:
+            self.check_snapshot_support()  # (resolves how this server's reads are made exact)
+        except ValueError as exc:
+            raise FatalSourceError(str(exc)) from None
         with self._snap_lock:
             if self.snapshotter is None:
                 self.snapshotter = self._new_snapshotter()
@@ -215,8 +222,12 @@ class SnapshotHostMixin:
             if rec is None:
                 rec = self.recorders[(plan.db, plan.table)] = Recorder(
                     plan.key, cols, spill_rows=self.ctx.spill_rows, spill_dir=self.ctx.spill_dir)
-            rec.key, rec.columns = plan.key, cols
             token = next(self._tokens)
+            if plan.key:  # (a whole read, key (), leaves a keyed chunk's key in place: both are recorded)
+                rec.key = plan.key
+            else:
+                rec.whole.add(token)
+            rec.columns = cols
             rec.lows[token] = self._pkey(self.position) if self.position is not None else ()
             return token
 
@@ -520,7 +531,11 @@ def copy_together(host: SnapshotHostMixin, snapshotter: Snapshotter, plan: Table
             if host.ctx.stop.is_set():
                 return "stopped"
         got = host.table_progress(plan.db, plan.table)
-        return got if got is not None and got.run == p.run else "superseded"
+        if got is None or got.run != p.run:
+            return "superseded"
+        # the step covered this region's rows only if it marked the entry done; else (it stopped,
+        # or was superseded) this region's worker does the step again
+        return got if got.state not in ("pending", "running") else "redo"
     try:
         members: list[Any] = [host]
         for name in others:
@@ -565,7 +580,13 @@ def _copy_group(host: SnapshotHostMixin, snapshotter: Snapshotter, plan: TablePl
                 create, _ = snap._begin_at(reader, mplan)
             whole = dataclasses.replace(mplan, key=())  # read whole, corrected as a multiset
             tokens[m.name] = (m, whole, m.chunk_begin(whole))
-            chunks[m.name] = snap._read(reader, whole, TableProgress(plan.db, plan.table, p.run), tokens[m.name][2])
+            try:
+                chunks[m.name] = snap._read(reader, whole, TableProgress(plan.db, plan.table, p.run),
+                                            tokens[m.name][2])
+            except TableGone:
+                if m is host:
+                    raise
+                m.chunk_end(whole, tokens.pop(m.name)[2])  # gone from that region meanwhile: nothing to copy
         for name, chunk in chunks.items():
             m = tokens[name][0]
             with m._lock:
@@ -577,9 +598,22 @@ def _copy_group(host: SnapshotHostMixin, snapshotter: Snapshotter, plan: TablePl
             # every region's emission lock (in name order: two steps never wait on each other), held
             # only while nothing is emitted: the step is decided under them all, then the other
             # regions go on (their clocks above it) while the leader, still under its own, sends it
-            for m in ordered:
-                m._lock.acquire()
-                held.append(m)
+            delay = 0.001
+            while True:  # every lock or none: never wait for one while holding another (a region's
+                # stream holds its own while its emission waits for room in a full queue)
+                for m in ordered:
+                    if not m._lock.acquire(blocking=False):
+                        break
+                    held.append(m)
+                else:
+                    break
+                for m in reversed(held):
+                    m._lock.release()
+                held.clear()
+                if any(m.ctx.stop.is_set() or m.error is not None for m in ordered):
+                    return "stopped"
+                time.sleep(delay)
+                delay = min(delay * 2, 0.05)
             for m in ordered:
                 m._apply_requests()
             prev = next((x for x in host.snap_progress if (x.db, x.table) == key), None)

@@ -284,6 +284,7 @@ class Recorder:
     # keyless: (position, tag, -1 deleted / +1 inserted, row), oldest first; past spill_rows on disk
     events: list[tuple[tuple[Any, ...], int, int, dict[str, Any]]] = field(default_factory=list)
     lows: dict[int, tuple[Any, ...]] = field(default_factory=dict)  # in-flight chunk -> lower bound of its P
+    whole: set[int] = field(default_factory=set)  # in-flight reads of the whole table (keyless: events kept)
     spill_rows: int = 0  # keyless: keep at most this many events in memory (0: no limit)
     spill_dir: str = ""
     spill: EventSpill | None = None
@@ -294,7 +295,7 @@ class Recorder:
             for img in (before, after):
                 if img is not None:
                     self.changed[row_key(img, self.key)] = pos
-        else:
+        if not self.key or self.whole:  # (both while keyed chunks and whole reads are in flight)
             if before is not None:
                 self.events.append((pos, tag, -1, before))
             if after is not None:
@@ -317,6 +318,7 @@ class Recorder:
                 yield sign, row, tag
 
     def prune(self) -> None:
+        self.whole &= set(self.lows)
         if not self.lows:
             self.changed.clear()
             self.events.clear()

@@ -137,6 +137,10 @@ def test_on_demand_and_when_needed(tmp_path: Path, pg: PostgresInstance, target:
     emptied first: rows deleted in the gap are gone downstream too."""
     apply_schema(pg)
     fill(pg, 60, seed=31)
+    with pg.connect() as c:  # a keyless table and a column named with % (read whole, without parameters)
+        c.execute('CREATE TABLE public."pct%s t" (a int, "b%%d" text)')
+        c.execute('ALTER TABLE public."pct%s t" REPLICA IDENTITY FULL')
+        c.execute('INSERT INTO public."pct%s t" VALUES (1, \'x\'), (1, \'x\'), (2, NULL)')
     token = "pg-t0ken"
     region = pg_region("pg", pg, "snapshot=when_needed\nsnapshot_chunk_rows=100\n")
     cfg = config(tmp_path, region, file_and_mysql(tmp_path, target), f"controlToken={token}\n")
@@ -159,6 +163,7 @@ def test_on_demand_and_when_needed(tmp_path: Path, pg: PostgresInstance, target:
                  120, "the on-demand snapshot")
         st = cap.snapshot()["regions"]["pg"]["snapshot"]
         assert st["method"] == "xid" and st["tables"]["public.uk"]["rows"] == len(pg_rows(pg, "public", "uk"))
+        assert st["tables"]["public.pct%s t"]["rows"] == 3
         end = current_lsn(pg)
         wait_for(lambda: covered(tmp_path, "pg", end), 120)
     assert_equal(pg, target, tmp_path)

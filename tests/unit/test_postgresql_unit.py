@@ -245,3 +245,25 @@ def test_snapshot_visibility_by_transaction_id_across_the_32_bit_wrap() -> None:
     assert not w.visible(0xFFFFFFFE) and not w.visible(1)  # in progress on both sides of it
     assert not w.visible(3) and not w.visible(4)
     assert w.in_progress32() == {0xFFFFFFFE, 1}
+
+
+def test_a_delivered_transaction_the_snapshot_does_not_see_makes_the_chunk_read_again() -> None:
+    """Transactions the stream delivered before a chunk began must be visible to the
+    chunk's read: one still in progress for its snapshot, or at or past its xmax (a
+    synchronous standby holding every commit: nothing completed after it, so it is not
+    in the in-progress list), makes the chunk be read again; one delivered after the
+    chunk began does not (the chunk's rules take it into account)."""
+    import threading
+    from types import SimpleNamespace
+
+    from capturer.regions.postgresql.region import PostgresRegion
+    from capturer.regions.postgresql.snapshot import PgSnapshot
+
+    host = SimpleNamespace(_lock=threading.Condition(), _recent_xids={90: 1000, 103: 1100})
+    check = PostgresRegion.delivered_unseen
+    s = PgSnapshot.parse("100:110:103")
+    assert check(host, s, (1100,))  # 103 delivered at 1100 <= the chunk's start, in progress for s
+    assert not check(host, s, (1050,))  # delivered after the chunk began: fine
+    host._recent_xids[110] = 1200  # at xmax: not in the in-progress list, not visible either
+    assert check(host, PgSnapshot.parse("100:110:"), (1300,))
+    assert not check(host, PgSnapshot.parse("100:111:"), (1300,))  # all visible now

@@ -410,13 +410,39 @@ def test_binlog_end_asks_mysql_84s_statement_only_when_the_first_is_unknown() ->
 
 
 def test_watermark_reads_lock_without_waiting_then_wait() -> None:
-    from capturer.regions.mysql.snapshot import _NOWAIT_TRIES, Reader
+    """MariaDB: LOCK IN SHARE MODE NOWAIT; MySQL 8: FOR SHARE NOWAIT (NOWAIT after LOCK IN
+    SHARE MODE is a syntax error there); MySQL 5.7 has no NOWAIT; after the tries
+    without waiting, a read waits for the locks."""
+    from capturer.regions.mysql.snapshot import _NOWAIT_TRIES, Reader, share_clause
 
+    assert share_clause("10.11.19-MariaDB-0+deb12u1") == (" LOCK IN SHARE MODE", True)
+    assert share_clause("8.0.36") == (" FOR SHARE", True)
+    assert share_clause("8.4.3-commercial") == (" FOR SHARE", True)
+    assert share_clause("5.7.44-log") == (" LOCK IN SHARE MODE", False)
     r = Reader.__new__(Reader)
-    r.method, r.nowait = "watermark", True
+    r.method = "watermark"
+    r.share, r.nowait = share_clause("8.0.36")
+    assert r.lock_clause(0) == " FOR SHARE NOWAIT"
+    assert r.lock_clause(_NOWAIT_TRIES) == " FOR SHARE"
+    r.share, r.nowait = share_clause("10.6.1-MariaDB")
     assert r.lock_clause(0) == " LOCK IN SHARE MODE NOWAIT"
-    assert r.lock_clause(_NOWAIT_TRIES) == " LOCK IN SHARE MODE"
-    r.nowait = False  # MySQL 5.7
+    r.share, r.nowait = share_clause("5.7.44")
     assert r.lock_clause(0) == " LOCK IN SHARE MODE"
     r.method = "consistent"
     assert r.lock_clause(0) == ""
+
+
+def test_recorder_keeps_both_forms_while_keyed_chunks_and_whole_reads_are_in_flight() -> None:
+    """A keyed chunk and a whole-table read (a coordinated copy) of one table in flight
+    at once: the changes are kept by key for the one and as events for the other."""
+    rec = Recorder(("id",), ("id", "v"), spill_rows=0)
+    rec.lows[1] = ("f", 10)
+    rec.lows[2] = ("f", 10)
+    rec.whole.add(2)
+    rec.record(("f", 20), {"id": 1, "v": "a"}, {"id": 1, "v": "b"})
+    assert (1,) in rec.changed and [e[2] for e in rec.events] == [-1, 1]
+    rec.lows.pop(2)
+    rec.prune()
+    assert rec.whole == set()
+    rec.record(("f", 30), None, {"id": 2, "v": "c"})
+    assert (2,) in rec.changed and len(rec.events) == 2  # no more events once no whole read is in flight

@@ -38,7 +38,7 @@ its watermarks into a table of the source, which needs write access there).
 
 ``snapshot_method=watermark`` reads a chunk with a *locking* read instead:
 ``START TRANSACTION; SELECT ... ORDER BY key LIMIT n LOCK IN SHARE MODE NOWAIT;
-SHOW MASTER STATUS; COMMIT``. The shared next-key locks (REPEATABLE READ) cover
+SHOW MASTER STATUS; COMMIT`` (``FOR SHARE NOWAIT`` on MySQL 8.0+). The shared next-key locks (REPEATABLE READ) cover
 every row and gap of the chunk's key range, so while the locks are held no
 transaction can change that range, and every transaction that changed it before
 has committed (it held its row locks until InnoDB committed it, after its binlog
@@ -274,7 +274,8 @@ class Reader:
         cfg = region.cfg
         self.where = region.where
         self.method = region.snap_method  # consistent | watermark (resolved by the region)
-        self.nowait = True  # (watermark) LOCK IN SHARE MODE NOWAIT where the server has it
+        self.nowait = True  # (watermark) a locking read that fails at once on a lock, where the server has it
+        self.share = " LOCK IN SHARE MODE"  # MariaDB's and MySQL 5.7's; MySQL 8 takes NOWAIT only after FOR SHARE
         mariadb: Any = None
         if cfg.snapshot_driver != "pymysql":
             try:
@@ -310,6 +311,7 @@ class Reader:
         self.execute("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")  # (next-key locks: watermark)
         if self.method == "watermark":
             self.execute("SET SESSION innodb_lock_wait_timeout = 5")
+            self.share, self.nowait = share_clause(str(self.execute("SELECT VERSION()")[0][0]))
 
     def ident(self, name: str) -> str:
         """A quoted identifier for SQL run with parameters (pymysql formats with
@@ -415,13 +417,27 @@ class Reader:
         waiting while the chunk is young in tries, then waiting (see the module)."""
         if self.method != "watermark":
             return ""
-        return " LOCK IN SHARE MODE NOWAIT" if self.nowait and tries < _NOWAIT_TRIES else " LOCK IN SHARE MODE"
+        return self.share + (" NOWAIT" if self.nowait and tries < _NOWAIT_TRIES else "")
 
     def close(self) -> None:
         try:
             self.conn.close()
         except Exception:
             pass
+
+
+def share_clause(version: str) -> tuple[str, bool]:
+    """(the shared locking clause, whether NOWAIT can follow it) for a server's
+    ``VERSION()``: MariaDB (10.3+) ``LOCK IN SHARE MODE NOWAIT``; MySQL 8.0+ ``FOR
+    SHARE NOWAIT`` (it refuses NOWAIT after LOCK IN SHARE MODE); MySQL 5.7 ``LOCK IN
+    SHARE MODE`` without NOWAIT (it has none)."""
+    if "mariadb" in version.lower():
+        return " LOCK IN SHARE MODE", True
+    try:
+        major = int(version.split(".", 1)[0])
+    except ValueError:
+        return " LOCK IN SHARE MODE", False
+    return (" FOR SHARE", True) if major >= 8 else (" LOCK IN SHARE MODE", False)
 
 
 # (watermark) a chunk is read with NOWAIT this many times before its read waits for locks

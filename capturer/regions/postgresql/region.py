@@ -672,8 +672,8 @@ class PostgresRegion(SnapshotHostMixin, ClockedRegion):
                 self.last_commit_ts = ts
             self.position = end
             self._recent_xids[b.begin.xid] = c.end_lsn
-            if len(self._recent_xids) > 200_000:
-                for x in list(self._recent_xids)[:50_000]:
+            if len(self._recent_xids) > 100_000:
+                for x in list(self._recent_xids)[:25_000]:
                     del self._recent_xids[x]
             self._lock.notify_all()
         self.txns += 1
@@ -722,11 +722,15 @@ class PostgresRegion(SnapshotHostMixin, ClockedRegion):
         return self._record_boundary(insert_lsn)
 
     def delivered_unseen(self, snap: Any, low: tuple[Any, ...]) -> bool:
-        """Whether a transaction the stream delivered at or before ``low`` is still in
-        progress for snapshot ``snap`` (its commit record written, not visible yet)."""
+        """Whether a transaction the stream delivered at or before ``low`` is not visible
+        to snapshot ``snap`` (its commit record written, the transaction not visible yet:
+        in the snapshot's in-progress list, or at or past its xmax when no transaction
+        completed after it, e.g. every commit held by a synchronous standby)."""
         with self._lock:
-            lsn = low[0] if low else 0
-            return any(self._recent_xids.get(x, lsn + 1) <= lsn for x in snap.in_progress32())
+            delivered = list(self._recent_xids.items())  # (copied: checked outside the emission lock)
+        lsn = low[0] if low else 0
+        lo = snap.xmin & 0xFFFFFFFF  # (below the snapshot's xmin every transaction is visible: skipped cheaply)
+        return any(at <= lsn and ((x - lo) & 0xFFFFFFFF) < 0x80000000 and not snap.visible(x) for x, at in delivered)
 
     def catalog_reldef(self, query: Any, db: str, table: str) -> RelDef | None:
         """A table's definition from the catalog, as its relation message would give it

@@ -20,9 +20,10 @@ full rows, carries a state at least as new), a keyless table's rows are
 corrected by the rows those unseen transactions deleted and inserted (a
 multiset). A transaction delivered *before* B but not visible in S (PostgreSQL
 writes a commit record before it makes the transaction visible; a synchronous
-standby can hold it there for long) would escape both rules: the worker checks
-S's in-progress list against the transaction ids the stream delivered and, if
-one is there, reads the chunk again a moment later.
+standby can hold it there for long: then it is in S's in-progress list, or at
+or past S's xmax) would escape both rules: the worker checks S against the
+transaction ids the stream delivered (the newest 100,000) and, if one of them is
+not visible, reads the chunk again a moment later.
 
 Why not the snapshot the slot exports when it is created: it is exact only for
 the first copy, only while the connection that created the slot stays open (a
@@ -240,7 +241,7 @@ class PgSnapshotter(Snapshotter):
                 ctx = self.region.ctx
                 spill = SpillWriter(ctx.spill_dir or None, min(ctx.spill_rows or DEFAULT_CHUNK_ROWS, DEFAULT_CHUNK_ROWS))
                 with reader.text_cursor(oids, name=f"capturer_snap_{id(self) & 0xffff:x}") as cur:
-                    cur.execute(f"SELECT {cols} FROM {table}")
+                    cur.execute(f"SELECT {cols} FROM {table}", ())  # (with parameters: %% reads as %)
                     while True:
                         batch = cur.fetchmany(5000)
                         if not batch:
