@@ -15,7 +15,7 @@ setup(
     python_requires=">=3.10",
     packages=find_packages(include=["capturer", "capturer.*", "senders", "senders.*", "devtools", "devtools.*"]),
     # the status page (GET /) and its vendored chart library
-    package_data={"capturer": ["ops/ui/*.html", "ops/ui/*.js", "ops/ui/*.css", "ops/ui/vendor/*"]},
+    package_data={"capturer": ["ops/ui/*.html", "ops/ui/*.js", "ops/ui/*.css", "ops/ui/vendor/*", "apply/ui/*"]},
     install_requires=[
         "PyMySQL>=1.2,<1.3",  # senders/mysql/sender.py FastCursor overrides Cursor._mogrify (1.2.x)
         "mysql-replication==1.0.17",

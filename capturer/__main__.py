@@ -1,5 +1,7 @@
 """Command line: ``python -m capturer [--config conf/config.cfg] [--demo [--once]]``,
-``python -m capturer snapshot db.table ...`` (copy tables again, on demand), and the
+``python -m capturer snapshot db.table ...`` (copy tables again, on demand),
+``python -m capturer apply --config conf/apply.cfg`` (an applier: the Kafka sender's
+topics into MySQL, files, the lake; capturer/apply), and the
 operator commands of capturer/ops/cli.py: ``status [--watch]``, ``pause SENDER``,
 ``resume SENDER``, ``attach SENDER``, ``reload-filter``, ``stop``; ``verify`` (capturer/ops/verify.py:
 every sender's destination compared with the sources).
@@ -122,6 +124,10 @@ def main(argv: list[str] | None = None) -> int:
         from capturer.ops.verify import verify_cli
 
         return verify_cli(argv[1:], load_app_config, verify_factories())
+    if argv and argv[0] == "apply":
+        from capturer.apply.app import apply_main
+
+        return apply_main(argv[1:], _STOP)
     if argv and argv[0] == "status":
         from capturer.ops.cli import status_cli
 

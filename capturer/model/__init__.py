@@ -377,6 +377,34 @@ class TableSchema:
         return types.get(column)
 
 
+def schema_json(s: TableSchema) -> dict[str, Any]:
+    """A table schema as JSON (the Kafka sender's END records; ``schema_from_json`` reads it)."""
+    return {"db": s.db, "table": s.table, "columns": list(s.columns), "pk": list(s.pk),
+            "unique_keys": [list(u) for u in s.unique_keys], "types": list(s.column_types),
+            "info": [[c.type, c.unsigned, c.precision, c.scale, c.binary] for c in s.column_info]}
+
+
+def schema_from_json(d: Any) -> TableSchema:
+    """``schema_json``'s output back; ValueError naming what is wrong."""
+    if not isinstance(d, dict):
+        raise ValueError(f"a schema must be an object, got {type(d).__name__}")
+    try:
+        def names(v: Any) -> tuple[str, ...]:
+            if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+                raise ValueError(f"expected a list of names, got {v!r}")
+            return tuple(v)
+
+        columns = names(d["columns"])
+        types = tuple(int(t) for t in d.get("types", ()))
+        info = tuple(ColumnInfo(int(c[0]), bool(c[1]), int(c[2]), int(c[3]), bool(c[4])) for c in d.get("info", ()))
+        if types and len(types) != len(columns) or info and len(info) != len(columns):
+            raise ValueError("types/info do not match the columns")
+        return TableSchema(str(d["db"]), str(d["table"]), columns, names(d.get("pk", [])),
+                           tuple(names(u) for u in d.get("unique_keys", ())), types, info)
+    except (KeyError, TypeError, IndexError) as exc:
+        raise ValueError(f"bad schema: {exc!r}") from None
+
+
 @dataclass(slots=True, eq=True)
 class RowChange:
     """One row change. ``before`` is None for inserts, ``after`` is None for deletes.

@@ -327,15 +327,18 @@ class StatusServer:
     token."""
 
     def __init__(self, host: str, port: int, snapshot: Snapshot, healthy: Callable[[], tuple[bool, str]],
-                 control: Control | None = None, token: str = "", allowed_hosts: tuple[str, ...] = ()):
+                 control: Control | None = None, token: str = "", allowed_hosts: tuple[str, ...] = (),
+                 collector: Collector | None = None, pages: dict[str, tuple[bytes, str]] | None = None):
+        """``collector``/``pages``: another process's metrics and page (the applier's) instead
+        of the capturer's."""
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(_Collector(snapshot))
+        self.registry.register(collector or _Collector(snapshot))
         try:
             ProcessCollector(registry=self.registry)  # process_cpu_seconds_total, process_resident_memory_bytes
         except Exception:
             log.debug("no process metrics here", exc_info=True)
         registry = self.registry
-        ui = _load_ui()
+        ui = _load_ui() if pages is None else pages
         check_host = _is_loopback(host)
         if not check_host:
             log.warning("the status port is bound to %s (httpHost): /status and /metrics are readable from the "

@@ -57,8 +57,8 @@ from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import Any, ClassVar, Protocol, cast
 
 from capturer.errors import SinkError
-from capturer.model import RowChange, StreamKey, TableSchema, Txn, stream_key, ts_physical_ms
-from capturer.model.encode import _fallback, _fastrows
+from capturer.model import Ddl, RowChange, StreamKey, TableSchema, Txn, schema_json, stream_key, ts_physical_ms
+from capturer.model.encode import _fallback, _fastrows, dumps_compact
 from capturer.model.spill import SpilledChanges
 from capturer.util import failpoints
 from capturer.util.ini import Key, p_bool, p_choice, p_int, p_nonempty, p_str
@@ -740,6 +740,15 @@ class KafkaSender(Sender):
             topic = self.options["schema_topic"]
             d = txn.ddl
             sub = tk[2]
+            txn_topic = self.options["txn_topic"]
+            if txn_topic:
+                # the transaction topic lists every DDL too, in its place: one partition that tells
+                # a consumer (capturer/apply) the whole order of the stream
+                self._partitions(txn_topic)
+                n += self._put(client, txn_topic, 0, f"{txn.region}:{txn.commit_ts}".encode(),
+                               self._ddl_record(txn, d), self._headers(txn, d.seq, "ddl"),
+                               (txn.commit_ts, txn.region, sub, 0, 0))
+                failpoints.hit("kafka.produce")
             if topic:
                 self._partitions(topic)  # create it if needed; DDL keeps one order: partition 0
                 n += self._put(client, topic, 0, d.db.encode(), ddl_message(txn, d, self.fmt),
@@ -773,9 +782,10 @@ class KafkaSender(Sender):
             n += self._put(client, txn_topic, 0, txn_id, self._txn_record(txn, "BEGIN"),
                            self._headers(txn, 0, "begin"), (txn.commit_ts, txn.region, 0, -1, 0))
             failpoints.hit("kafka.produce")
-        n += self._send_rows(txn, client)
+        counts: dict[tuple[str, int], int] | None = {} if txn_topic else None
+        n += self._send_rows(txn, client, counts)
         if txn_topic:
-            n += self._put(client, txn_topic, 0, txn_id, self._txn_record(txn, "END"),
+            n += self._put(client, txn_topic, 0, txn_id, self._txn_record(txn, "END", counts),
                            self._headers(txn, 0, "end"), (txn.commit_ts, txn.region, 0, END_POS, 0))
             failpoints.hit("kafka.produce")
         return n
@@ -788,10 +798,12 @@ class KafkaSender(Sender):
         return [m for m in msgs if (m[0], m[1]) not in limits
                 or keep((m[0], m[1]), row_key(ts, region, int(m[4][2][1]), m[4][3][1], m[3] is None))]
 
-    def _send_rows(self, txn: Txn, client: _Client) -> int:
+    def _send_rows(self, txn: Txn, client: _Client, parts: dict[tuple[str, int], int] | None = None) -> int:
         """The rows of a transaction, a slice at a time: in the json format rendered by
         the C encoder where it was built (``row_messages`` is what it renders, and the path
-        taken for a slice it refuses, e.g. a lone surrogate in a value)."""
+        taken for a slice it refuses, e.g. a lone surrogate in a value). ``parts``: counts
+        the messages of each ``(topic, partition)`` (all of them, also those a partition
+        held already), for the transaction's END record."""
         total = len(txn.changes)
         now_ms = int(time.time() * 1000)  # json's ts_ms (when the capturer sent it): one per transaction
         encode = self.encoder(now_ms)
@@ -814,6 +826,10 @@ class KafkaSender(Sender):
                     pass
             if msgs is None:
                 msgs = self.row_messages(txn, part, seq0, encode)
+            if parts is not None:
+                for m in msgs:
+                    tp = (m[0], m[1])
+                    parts[tp] = parts.get(tp, 0) + 1
             if self.marks.limits:  # (only while the replayed part is in hand)
                 msgs = self._unsent(txn, msgs)
             client.produce_all(msgs)
@@ -858,17 +874,38 @@ class KafkaSender(Sender):
                     out.append((topic, p, key, None, headers))
         return out
 
-    def _txn_record(self, txn: Txn, status: str) -> bytes:
-        import json
-
+    def _txn_record(self, txn: Txn, status: str, parts: dict[tuple[str, int], int] | None = None) -> bytes:
+        """A BEGIN or END record of ``txn_topic`` (Debezium's transaction metadata). END also
+        says, for a consumer that regroups the transaction (capturer/apply): ``parts``, the
+        messages of each ``[db, table, topic, partition, count]`` (tombstones included), and
+        ``schemas``, each table's columns, key, unique keys and column types."""
         d: dict[str, Any] = {"status": status, "id": f"{txn.region}:{txn.commit_ts}",
                              "ts_ms": ts_physical_ms(txn.commit_ts), "region": txn.region,
                              "commit_ts": txn.commit_ts, "position": txn.position.to_json()}
         if status == "END":
-            counts: dict[str, int] = {}
-            for ch in txn.changes:
-                k = f"{ch.db}.{ch.table}"
-                counts[k] = counts.get(k, 0) + 1
+            counts: dict[tuple[str, str], int] = {}
+            schemas: dict[int, TableSchema] = {}
+            for part in _slices(txn.changes, SLICE_ROWS):
+                for ch in part:
+                    s = ch.schema
+                    k = (s.db, s.table)
+                    counts[k] = counts.get(k, 0) + 1
+                    schemas[id(s)] = s
             d["event_count"] = len(txn.changes)
-            d["data_collections"] = [{"data_collection": k, "event_count": v} for k, v in counts.items()]
-        return json.dumps(d).encode()
+            d["data_collections"] = [{"data_collection": f"{k[0]}.{k[1]}", "event_count": v}
+                                     for k, v in counts.items()]
+            tables = {self.topic_for(s.db, s.table, txn.region): (s.db, s.table) for s in schemas.values()}
+            d["parts"] = [[*tables.get(t, ("", "")), t, p, c] for (t, p), c in sorted((parts or {}).items())]
+            d["schemas"] = [schema_json(s) for s in schemas.values()]
+            d["source_ts"], d["gtid"] = txn.source_ts, txn.gtid
+            if txn.snapshot is not None:
+                d["snapshot"] = txn.snapshot.to_json()
+        return dumps_compact(d).encode()
+
+    def _ddl_record(self, txn: Txn, d: Ddl) -> bytes:
+        """A DDL's record of ``txn_topic`` (status ``DDL``), in the stream's order with the transactions'."""
+        return dumps_compact({
+            "status": "DDL", "id": f"{txn.region}:{txn.commit_ts}", "ts_ms": ts_physical_ms(txn.commit_ts),
+            "region": txn.region, "commit_ts": txn.commit_ts, "position": txn.position.to_json(),
+            "seq": d.seq, "db": d.db, "table": d.table, "sql": d.sql, "session_db": d.session_db,
+            "source_ts": txn.source_ts, "gtid": txn.gtid}).encode()

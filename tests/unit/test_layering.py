@@ -15,8 +15,9 @@ the wrong direction fails here, not in a review).
         use only the shared layer (the lake's command-line tool also reads the
         capturer's config, to find the lake); senders/process.py is the root of a
         sender's own process
-    capturer.app
-        the composition root: the one module of the capture side that names senders
+    capturer.app, capturer.apply.app
+        the composition roots (the capturer's; an applier's, which drives senders from Kafka):
+        the modules of the capture side that name senders
     devtools
         the demo, private servers, the BaikalDB double and workloads: nothing under
         capturer/ or senders/ imports it, except the command line for --demo;
@@ -32,7 +33,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 TOPS = ("capturer", "senders", "devtools", "bench")
 
-CAPTURER_MAY_NAME_SENDERS = {"capturer/app.py"}
+# the composition roots: the capturer's, and an applier's (capturer/apply: Kafka -> senders)
+CAPTURER_MAY_NAME_SENDERS = {"capturer/app.py", "capturer/apply/app.py"}
 # a sender's command-line tool reads the capturer's config to find its target
 TOOLS_MAY_READ_CONFIG = {"senders/spark/lakecli.py": {"capturer.config"}}
 # the command line starts the demo (python -m capturer --demo)

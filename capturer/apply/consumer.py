@@ -1,0 +1,284 @@
+"""The applier's Kafka consumer: kafka-python (the default, the design card's package)
+or confluent-kafka (``client = confluent``, librdkafka: the fast one).
+
+Partitions are **assigned**, never subscribed: no group membership, so no rebalance
+moves a partition while its transactions are half regrouped, and a paused applier
+is never thrown out of a group. The group id is only where offsets are committed
+(``commit``, synchronous, called with what the regrouper says is safe: behind what
+every destination holds). A newly assigned partition starts at the group's committed
+offset, or at its beginning when the group has none.
+
+Read ``read_committed``; a broker outage shows as polls that return nothing and a
+commit that fails (retried at the next interval); the status says so.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable
+from typing import Any, Protocol, cast
+
+from capturer.apply.regroup import TP, Msg
+from capturer.errors import SourceError
+
+log = logging.getLogger(__name__)
+
+
+class Consumer(Protocol):
+    def topics(self) -> dict[str, int]:
+        """Every topic the broker has, with its partition count."""
+        ...
+
+    def add(self, tps: Iterable[TP]) -> None:
+        """Read these partitions too (from the group's committed offset, else the beginning)."""
+        ...
+
+    def poll(self, max_msgs: int, timeout: float) -> list[Msg]: ...
+    def commit(self, offsets: dict[TP, int]) -> None: ...
+    def lag(self) -> dict[TP, int]:
+        """Messages between the position and the end, per assigned partition (from the last fetches)."""
+        ...
+
+    def pause(self, tps: Iterable[TP]) -> None: ...
+    def resume(self, tps: Iterable[TP]) -> None: ...
+    def dead_letter(self, topic: str, msg: Msg, why: str) -> None: ...
+    def close(self) -> None: ...
+
+
+def _dl_headers(msg: Msg, why: str) -> list[tuple[str, bytes]]:
+    return list(msg.headers or []) + [
+        ("dead_letter_topic", msg.topic.encode()), ("dead_letter_partition", str(msg.partition).encode()),
+        ("dead_letter_offset", str(msg.offset).encode()), ("dead_letter_error", why.encode()[:2000])]
+
+
+class KafkaPythonConsumer:
+    def __init__(self, servers: str, group: str):
+        from kafka import KafkaConsumer
+
+        self.servers = servers
+        try:
+            self.c = KafkaConsumer(
+                bootstrap_servers=servers.split(","), group_id=group, enable_auto_commit=False,
+                auto_offset_reset="earliest", isolation_level="read_committed", request_timeout_ms=15000,
+                session_timeout_ms=6000, heartbeat_interval_ms=2000, max_poll_records=5000,
+                fetch_max_bytes=32 * 1024 * 1024)
+        except Exception as exc:
+            raise SourceError(f"cannot reach Kafka at {servers}: {exc}") from exc
+        self.assigned: list[Any] = []
+        self._paused: set[TP] = set()
+        self._producer: Any = None
+
+    def topics(self) -> dict[str, int]:
+        out = {}
+        for t in self.c.topics():
+            parts = self.c.partitions_for_topic(t)
+            out[t] = len(parts) if parts else 0
+        return out
+
+    def add(self, tps: Iterable[TP]) -> None:
+        from kafka import TopicPartition
+
+        new = [TopicPartition(t, p) for t, p in tps]
+        new = [tp for tp in new if tp not in self.assigned]
+        if not new:
+            return
+        positions = {tp: self.c.position(tp) for tp in self.assigned}
+        self.assigned += new
+        self.c.assign(self.assigned)
+        for tp, pos in positions.items():  # assign() forgets where the others were
+            if pos is not None:
+                self.c.seek(tp, pos)
+        for tp in new:
+            committed = self.c.committed(tp)
+            if committed is not None and committed >= 0:
+                self.c.seek(tp, committed)
+            else:
+                self.c.seek_to_beginning(tp)
+        if self._paused:
+            self.c.pause(*[tp for tp in self.assigned if (tp.topic, tp.partition) in self._paused])
+
+    def poll(self, max_msgs: int, timeout: float) -> list[Msg]:
+        if not self.assigned:
+            time.sleep(timeout)
+            return []
+        out: list[Msg] = []
+        for tp, recs in self.c.poll(timeout_ms=int(timeout * 1000), max_records=max_msgs).items():
+            for r in recs:
+                out.append(Msg(tp.topic, tp.partition, r.offset, r.key, r.value, list(r.headers or []),
+                               r.timestamp))
+        return out
+
+    def commit(self, offsets: dict[TP, int]) -> None:
+        from kafka import TopicPartition
+        from kafka.structs import OffsetAndMetadata
+
+        if offsets:
+            self.c.commit({TopicPartition(t, p): OffsetAndMetadata(off, "", -1) for (t, p), off in offsets.items()},
+                          timeout_ms=15000)
+
+    def lag(self) -> dict[TP, int]:
+        out = {}
+        for tp in self.assigned:
+            hw = self.c.highwater(tp)
+            try:
+                pos = self.c.position(tp, timeout_ms=100)
+            except Exception:
+                pos = None
+            if hw is not None and pos is not None:
+                out[(tp.topic, tp.partition)] = max(0, hw - pos)
+        return out
+
+    def pause(self, tps: Iterable[TP]) -> None:
+        from kafka import TopicPartition
+
+        tps = [tp for tp in tps if tp not in self._paused]
+        self._paused.update(tps)
+        if tps:
+            self.c.pause(*[TopicPartition(t, p) for t, p in tps])
+
+    def resume(self, tps: Iterable[TP]) -> None:
+        from kafka import TopicPartition
+
+        tps = [tp for tp in tps if tp in self._paused]
+        self._paused.difference_update(tps)
+        if tps:
+            self.c.resume(*[TopicPartition(t, p) for t, p in tps])
+
+    def dead_letter(self, topic: str, msg: Msg, why: str) -> None:
+        from kafka import KafkaProducer
+
+        if self._producer is None:
+            self._producer = KafkaProducer(bootstrap_servers=self.servers.split(","), acks="all",
+                                           enable_idempotence=False, max_in_flight_requests_per_connection=1)
+        self._producer.send(topic, value=msg.value, key=msg.key, headers=_dl_headers(msg, why)).get(timeout=30)
+
+    def close(self) -> None:
+        try:
+            self.c.close(autocommit=False)
+        finally:
+            if self._producer is not None:
+                self._producer.close(5)
+
+
+class ConfluentConsumer:
+    def __init__(self, servers: str, group: str):
+        import confluent_kafka
+
+        self.servers = servers
+        self.c = confluent_kafka.Consumer({
+            "bootstrap.servers": servers, "group.id": group, "enable.auto.commit": False,
+            "auto.offset.reset": "earliest", "isolation.level": "read_committed",
+            "session.timeout.ms": 6000, "heartbeat.interval.ms": 2000, "enable.partition.eof": False})
+        self.assigned: set[TP] = set()
+        self._producer: Any = None
+
+    def topics(self) -> dict[str, int]:
+        from confluent_kafka import KafkaException
+
+        try:
+            md = self.c.list_topics(timeout=10)
+        except KafkaException as exc:
+            raise SourceError(f"Kafka at {self.servers}: cannot list topics: {exc}") from exc
+        return {t: len(m.partitions) for t, m in md.topics.items() if m.error is None}
+
+    def add(self, tps: Iterable[TP]) -> None:
+        from confluent_kafka import OFFSET_STORED, TopicPartition
+
+        new = [tp for tp in tps if tp not in self.assigned]
+        if new:
+            self.c.incremental_assign([TopicPartition(t, p, OFFSET_STORED) for t, p in new])
+            self.assigned.update(new)
+
+    def poll(self, max_msgs: int, timeout: float) -> list[Msg]:
+        from confluent_kafka import KafkaError
+
+        if not self.assigned:
+            time.sleep(timeout)
+            return []
+        out: list[Msg] = []
+        for m in self.c.consume(max_msgs, timeout):
+            err = m.error()
+            if err is not None:
+                if err.code() == KafkaError._PARTITION_EOF:
+                    continue
+                if err.fatal():
+                    raise SourceError(f"Kafka consumer: {err}")
+                log.warning("Kafka consumer: %s", err)
+                continue
+            ts = m.timestamp()
+            out.append(Msg(cast(str, m.topic()), cast(int, m.partition()), cast(int, m.offset()), m.key(), m.value(),
+                           cast("list[tuple[str, bytes]]", list(m.headers() or [])), ts[1] if ts and ts[0] else 0))
+        return out
+
+    def commit(self, offsets: dict[TP, int]) -> None:
+        from confluent_kafka import TopicPartition
+
+        if offsets:
+            self.c.commit(offsets=[TopicPartition(t, p, off) for (t, p), off in offsets.items()], asynchronous=False)
+
+    def lag(self) -> dict[TP, int]:
+        from confluent_kafka import TopicPartition
+
+        out: dict[TP, int] = {}
+        tps = [TopicPartition(t, p) for t, p in self.assigned]
+        try:
+            positions = self.c.position(tps)
+        except Exception:
+            return out
+        for tp in positions:
+            try:
+                _low, high = self.c.get_watermark_offsets(tp, cached=True)
+            except Exception:
+                continue
+            if high is not None and high >= 0 and tp.offset >= 0:
+                out[(tp.topic, tp.partition)] = max(0, high - tp.offset)
+        return out
+
+    def pause(self, tps: Iterable[TP]) -> None:
+        from confluent_kafka import TopicPartition
+
+        tps = list(tps)
+        if tps:
+            self.c.pause([TopicPartition(t, p) for t, p in tps])
+
+    def resume(self, tps: Iterable[TP]) -> None:
+        from confluent_kafka import TopicPartition
+
+        tps = list(tps)
+        if tps:
+            self.c.resume([TopicPartition(t, p) for t, p in tps])
+
+    def dead_letter(self, topic: str, msg: Msg, why: str) -> None:
+        import confluent_kafka
+
+        if self._producer is None:
+            self._producer = confluent_kafka.Producer({"bootstrap.servers": self.servers, "acks": "all",
+                                                       "enable.idempotence": True})
+        errors: list[str] = []
+        self._producer.produce(topic, msg.value, msg.key, headers=_dl_headers(msg, why),
+                               on_delivery=lambda err, _m: errors.append(str(err)) if err else None)
+        if self._producer.flush(30) or errors:
+            raise SourceError(f"dead-letter topic {topic!r}: not written ({errors or 'timed out'})")
+
+    def close(self) -> None:
+        try:
+            self.c.close()
+        finally:
+            if self._producer is not None:
+                self._producer.flush(5)
+
+
+def make_consumer(client: str, servers: str, group: str) -> Consumer:
+    if client == "confluent":
+        try:
+            import confluent_kafka  # noqa: F401
+        except ImportError:
+            raise SourceError("client=confluent needs confluent-kafka: .venv/bin/pip install confluent-kafka") from None
+        return ConfluentConsumer(servers, group)
+    try:
+        import kafka  # noqa: F401
+    except ImportError:
+        raise SourceError("client=kafka-python needs the project's 'kafka' extra: .venv/bin/pip install -e '.[kafka]' "
+                          "(start.sh installs it)") from None
+    return KafkaPythonConsumer(servers, group)

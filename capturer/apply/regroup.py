@@ -1,0 +1,527 @@
+"""Whole transactions again, from the messages of one capturer's Kafka sender.
+
+What the Kafka sender writes (senders/kafka/sender.py) and this module relies on:
+
+* ``txn_topic`` (partition 0), **the spine**: for every transaction a ``BEGIN`` and an
+  ``END`` record, for every DDL a ``DDL`` record, in the stream's order (one partition,
+  one producer: Kafka keeps that order). ``END`` lists, for each table the transaction
+  touched, its schema and how many messages went to each ``(topic, partition)``.
+* one message per row change in the table topics, carrying the identity headers
+  ``region``, ``commit_ts``, ``seq``, ``op`` (a primary-key change is a delete and a
+  create with the same seq, in different partitions; a tombstone repeats its delete's
+  headers with a null value). Each partition holds its messages in stream order.
+
+So a transaction is **complete** when its ``END`` has been read and every partition
+it names has given as many distinct messages (by identity) as ``END`` counts. The
+spine says which transaction comes next, so an idle partition never holds anything
+up, and nothing waits for a partition that has nothing of the transaction. An
+applier that owns only some tables (``owns``) counts only their partitions: the
+rest of a transaction is another applier's.
+
+Duplicates (a replay after a crash of the capturer or of the applier, a request
+the producer wrote twice) are dropped by identity; transactions at or below
+``done`` (what the destinations hold) are dropped whole.
+
+**Offsets.** For each partition the regrouper knows the offset of the first message
+of every transaction not yet done (``commit_offsets``): committing those, never more,
+means a restart reads again everything a destination may lack, and nothing is lost;
+what a destination holds already is dropped by its own position.
+
+Pure: no Kafka, no threads (the applier feeds it); unit-tested with lists.
+"""
+
+from __future__ import annotations
+
+import base64
+import collections
+import datetime as dt
+import decimal
+import json
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from capturer.model import (
+    AnyPosition,
+    Ddl,
+    RowChange,
+    SnapshotMark,
+    StreamKey,
+    TableSchema,
+    Txn,
+    position_from_json,
+    schema_from_json,
+)
+
+log = logging.getLogger(__name__)
+
+TP = tuple[str, int]
+"""(topic, partition)"""
+
+
+class BadMessage(ValueError):
+    """A message that does not decode: names where it is and why."""
+
+    def __init__(self, msg: Msg, why: str):
+        super().__init__(f"topic {msg.topic!r} partition {msg.partition} offset {msg.offset}: {why}")
+        self.msg = msg
+        self.why = why
+
+
+@dataclass(slots=True)
+class Msg:
+    """One consumed Kafka message."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: list[tuple[str, bytes]]
+    ts_ms: int = 0  # the message's Kafka timestamp
+
+
+def headers_of(msg: Msg) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for k, v in msg.headers or ():
+        try:
+            out[k] = v.decode() if isinstance(v, (bytes, bytearray)) else str(v)
+        except UnicodeDecodeError:
+            out[k] = ""
+    return out
+
+
+# --- values --------------------------------------------------------------------------
+
+_DECIMAL = {0, 246}
+_DATETIME = {7, 12, 17, 18}
+_DATE = {10, 14}
+_TIME = {11, 19}
+_SET = 248
+
+
+def _timedelta(text: str) -> dt.timedelta:
+    neg = text.startswith("-")
+    hms, _, frac = text.lstrip("-").partition(".")
+    h, m, s = (int(x) for x in hms.split(":"))
+    us = int((frac + "000000")[:6]) if frac else 0
+    td = dt.timedelta(hours=h, minutes=m, seconds=s, microseconds=us)
+    return -td if neg else td
+
+
+def json_to_value(v: Any, type_code: int | None, b64: bool) -> Any:
+    """A value as the json format carries it (capturer/model/encode.py) back to what the
+    region gave: bytes from base64, Decimal, datetime, date, timedelta, a set. A text the
+    type's parser refuses (e.g. MySQL's zero date) stays text: the target takes it as the
+    source wrote it."""
+    if v is None:
+        return None
+    if b64 and isinstance(v, str):
+        return base64.b64decode(v, validate=True)
+    if not isinstance(v, str) or type_code is None:
+        return v
+    try:
+        if type_code in _DECIMAL:
+            return decimal.Decimal(v)
+        if type_code in _DATETIME:
+            return dt.datetime.fromisoformat(v)
+        if type_code in _DATE:
+            return dt.date.fromisoformat(v)
+        if type_code in _TIME:
+            return _timedelta(v)
+        if type_code == _SET:
+            return set(v.split(",")) if v else set()
+    except (ValueError, ArithmeticError):
+        return v
+    return v
+
+
+def _image(schema: TableSchema, img: Any, b64: frozenset[str], where: str) -> dict[str, Any] | None:
+    if img is None:
+        return None
+    if not isinstance(img, dict):
+        raise ValueError(f"{where} is not an object")
+    type_of = schema.type_of
+    return {k: json_to_value(v, type_of(k), k in b64) for k, v in img.items()}
+
+
+def _pb_value(v: Any) -> Any:
+    kind = v.WhichOneof("kind")
+    return None if kind in (None, "is_null") else getattr(v, kind)
+
+
+# --- the regrouper -------------------------------------------------------------------
+
+Event = tuple[str, str, str, "dict[str, Any] | None", "dict[str, Any] | None", frozenset[str]]
+"""(op c/u/d/r, db, table, before, after, base64 columns) of one row message, values as
+they came (turned into the region's types at completion, when the schema is known)."""
+
+
+@dataclass
+class Entry:
+    """One transaction or DDL of the spine."""
+
+    key: StreamKey
+    kind: str  # "txn" | "ddl"
+    record: dict[str, Any] | None = None  # END (txn) or DDL record
+    expected: dict[TP, int] | None = None  # owned partitions -> messages (from END)
+    got: dict[TP, int] = field(default_factory=dict)
+    seen: set[tuple[int, str, bool]] = field(default_factory=set)  # (seq, op, null) identities
+    events: dict[int, list[Event]] = field(default_factory=dict)  # seq -> its events
+    bad: int = 0  # messages sent to the dead-letter topic instead (counted, not applied)
+    first_seen: float = 0.0
+    queued: bool = False  # in the spine's order (its record was read)
+
+    @property
+    def complete(self) -> bool:
+        if self.kind == "ddl":
+            return True
+        if self.expected is None:
+            return False
+        return all(self.got.get(tp, 0) >= n for tp, n in self.expected.items())
+
+    def missing(self) -> dict[str, int]:
+        if self.expected is None:
+            return {"END record": 1}
+        return {f"{tp[0]}[{tp[1]}]": n - self.got.get(tp, 0) for tp, n in self.expected.items()
+                if self.got.get(tp, 0) < n}
+
+
+Ready = tuple[StreamKey, "Txn | None"]
+"""A complete spine entry in order: its key, and the transaction to apply (None: nothing
+of it is this applier's)."""
+
+
+class Regrouper:
+    """Feed it every consumed message (``add``); take complete transactions in the
+    spine's order (``ready``); tell it what the destinations hold (``done_through``)."""
+
+    def __init__(self, spine: str, fmt: str = "json", owns: Callable[[str, str], bool] | None = None,
+                 clock: Callable[[], float] | None = None):
+        import time
+
+        self.spine = spine
+        self.fmt = fmt
+        self.owns = owns or (lambda db, table: True)
+        self.clock = clock or time.monotonic
+        self.order: collections.deque[Entry] = collections.deque()  # spine entries not yet handed out
+        self.by_key: dict[StreamKey, Entry] = {}  # every entry not handed out, and early rows' entries
+        self.last_spine: StreamKey | None = None  # key of the newest spine record read
+        self.done: StreamKey | None = None  # every transaction at or below is at every destination
+        self.handed: StreamKey | None = None  # the newest entry ready() gave out
+        # per partition: (txn key, offset of its first message there) of what is not done, in order
+        self.pending: dict[TP, collections.deque[tuple[StreamKey, int]]] = {}
+        self.next_offset: dict[TP, int] = {}  # per partition: the offset after the last message read
+        self.topics: set[str] = set()  # table topics the END records name for owned tables
+        self._schemas: dict[str, TableSchema] = {}  # schema JSON text -> one object
+        self.duplicates = 0
+        self.dropped = 0  # messages of transactions the destinations held already
+        self.foreign = 0  # messages without the sender's identity headers (ignored)
+        self.rows_buffered = 0
+
+    # --- input ---------------------------------------------------------------------
+    def add(self, msg: Msg) -> None:
+        """One consumed message. Raises BadMessage for one that does not decode (the
+        caller stops, or calls ``add_bad`` after dead-lettering it)."""
+        tp = (msg.topic, msg.partition)
+        self.next_offset[tp] = msg.offset + 1
+        if msg.topic == self.spine:
+            self._spine(msg, tp)
+        else:
+            self._row(msg, tp)
+
+    def add_bad(self, msg: Msg) -> bool:
+        """A message that did not decode was put aside (dead-letter topic): counted for its
+        transaction when its identity headers say which (True), so the rest applies."""
+        h = headers_of(msg)
+        try:
+            key: StreamKey = (int(h["commit_ts"]), h["region"], 0)
+            seq, op = int(h["seq"]), h["op"]
+        except (KeyError, ValueError):
+            return False
+        if msg.topic == self.spine:
+            return False
+        e = self._entry_for(key, (msg.topic, msg.partition), msg.offset)
+        if e is None:
+            return True
+        ident = (seq, op, msg.value is None)
+        if ident not in e.seen:
+            e.seen.add(ident)
+            e.got[(msg.topic, msg.partition)] = e.got.get((msg.topic, msg.partition), 0) + 1
+            e.bad += 1
+        return True
+
+    def _track(self, tp: TP, key: StreamKey, offset: int) -> None:
+        q = self.pending.get(tp)
+        if q is None:
+            q = self.pending[tp] = collections.deque()
+        if not q or q[-1][0] != key:
+            q.append((key, offset))
+
+    def _is_done(self, key: StreamKey) -> bool:
+        return (self.done is not None and key <= self.done) or (self.handed is not None and key <= self.handed)
+
+    def _spine(self, msg: Msg, tp: TP) -> None:
+        if msg.value is None:
+            return
+        try:
+            d = json.loads(msg.value)
+            status = d["status"]
+            commit_ts, region = int(d["commit_ts"]), str(d["region"])
+            seq = int(d.get("seq", 0)) if status == "DDL" else 0
+        except (ValueError, TypeError, KeyError) as exc:
+            raise BadMessage(msg, f"not a transaction record of the capturer's Kafka sender ({exc!r})") from None
+        key: StreamKey = (commit_ts, region, min(seq, 0))
+        if status not in ("BEGIN", "END", "DDL"):
+            raise BadMessage(msg, f"unknown transaction record status {status!r}")
+        if self._is_done(key):
+            self.dropped += 1
+            return
+        if self.last_spine is not None and key < self.last_spine:
+            self.duplicates += 1  # (a replayed record: the spine is in key order)
+            return
+        self.last_spine = key
+        e = self.by_key.get(key)
+        if e is None:
+            e = self.by_key[key] = Entry(key, "ddl" if status == "DDL" else "txn", first_seen=self.clock())
+        if not e.queued:
+            e.queued = True
+            self.order.append(e)  # (the spine is in key order: so is ``order``)
+        self._track(tp, key, msg.offset)
+        if status == "DDL":
+            e.kind = "ddl"
+            e.record = d
+        elif status == "END" and e.record is None:
+            self._end(msg, e, d)
+
+    def _end(self, msg: Msg, e: Entry, d: dict[str, Any]) -> None:
+        try:
+            parts = d["parts"]
+            schemas = d["schemas"]
+            expected: dict[TP, int] = {}
+            for db, table, topic, part, count in parts:
+                if self.owns(str(db), str(table)):
+                    expected[(str(topic), int(part))] = int(count)
+                    self.topics.add(str(topic))
+            tables: dict[tuple[str, str], TableSchema] = {}
+            for sj in schemas:
+                text = json.dumps(sj, sort_keys=True)
+                s = self._schemas.get(text)
+                if s is None:
+                    s = self._schemas[text] = schema_from_json(sj)
+                tables[(s.db, s.table)] = s
+            position_from_json(d["position"])
+        except KeyError as exc:
+            raise BadMessage(msg, f"END record without {exc} (written by a capturer older than the applier: its "
+                                  "transactions cannot be regrouped)") from None
+        except (ValueError, TypeError) as exc:
+            raise BadMessage(msg, f"bad END record: {exc}") from None
+        d["_tables"] = tables
+        e.record = d
+        e.expected = expected
+
+    def _entry_for(self, key: StreamKey, tp: TP, offset: int) -> Entry | None:
+        """The entry a row of transaction ``key`` belongs to (made for rows that come
+        before the spine's record); None when the transaction is done already."""
+        if self._is_done(key):
+            self.dropped += 1
+            return None
+        e = self.by_key.get(key)
+        if e is None:
+            e = self.by_key[key] = Entry(key, "txn", first_seen=self.clock())
+        self._track(tp, key, offset)
+        return e
+
+    def _row(self, msg: Msg, tp: TP) -> None:
+        h = headers_of(msg)
+        try:
+            key: StreamKey = (int(h["commit_ts"]), h["region"], 0)
+            seq, op = int(h["seq"]), h["op"]
+        except (KeyError, ValueError):
+            self.foreign += 1
+            return
+        if op in ("t", "ddl", "begin", "end"):
+            return  # a TRUNCATE marker of a table topic: the spine's DDL record applies it
+        e = self._entry_for(key, tp, msg.offset)
+        if e is None:
+            return
+        null = msg.value is None
+        ident = (seq, op, null)
+        if ident in e.seen:
+            self.duplicates += 1
+            return
+        if null:
+            # a tombstone: counted when its delete (before it, in the same partition) was this applier's
+            if (seq, "d", False) not in e.seen:
+                return
+        else:
+            ev = self._decode(msg, op)
+            if not self.owns(ev[1], ev[2]):
+                return  # another table in the same topic: another applier's
+            e.events.setdefault(seq, []).append(ev)
+            self.rows_buffered += 1
+        e.seen.add(ident)
+        e.got[tp] = e.got.get(tp, 0) + 1
+
+    def _decode(self, msg: Msg, op: str) -> Event:
+        assert msg.value is not None
+        if self.fmt == "protobuf":
+            from capturer.model import protogen
+
+            pb = protogen.load()
+            try:
+                m = pb.RowChange.FromString(msg.value)
+            except Exception as exc:  # google.protobuf.message.DecodeError
+                raise BadMessage(msg, f"not a capturer.RowChange ({exc})") from None
+            if m.op == pb.RowChange.DDL:
+                raise BadMessage(msg, "a DDL change where a row was expected")
+            before = {c.name: _pb_value(c.value) for c in m.before} if len(m.before) else None
+            after = {c.name: _pb_value(c.value) for c in m.after} if len(m.after) else None
+            return (op, m.db, m.table, before, after, frozenset())
+        try:
+            d = json.loads(msg.value)
+            if not isinstance(d, dict) or "op" not in d or not isinstance(d.get("source"), dict):
+                raise ValueError("not a json envelope (no op or source)")
+            src = d["source"]
+            before, after = d.get("before"), d.get("after")
+            for img in (before, after):
+                if img is not None and not isinstance(img, dict):
+                    raise ValueError("a row image is not an object")
+            return (op, str(src["db"]), str(src["table"]), before, after, frozenset(d.get("b64") or ()))
+        except (ValueError, TypeError, KeyError, UnicodeDecodeError) as exc:
+            raise BadMessage(msg, f"does not decode as the json format ({exc!r})") from None
+
+    # --- output --------------------------------------------------------------------
+    def ready(self) -> list[Ready]:
+        """The complete entries at the front of the spine, in order (each once)."""
+        out: list[Ready] = []
+        while self.order and self.order[0].complete:
+            e = self.order.popleft()
+            self.by_key.pop(e.key, None)
+            self.handed = e.key
+            out.append((e.key, self._build(e)))
+        return out
+
+    def _build(self, e: Entry) -> Txn | None:
+        d = e.record
+        assert d is not None
+        commit_ts, region = e.key[0], e.key[1]
+        position: AnyPosition = position_from_json(d["position"])
+        if e.kind == "ddl":
+            db, table = str(d.get("db", "")), str(d.get("table", ""))
+            if table and not self.owns(db, table):
+                return None
+            ddl = Ddl(db, str(d["sql"]), table, str(d.get("session_db", "")), int(d.get("seq", 0)))
+            return Txn(region, commit_ts, position, (), ddl, int(d.get("source_ts", 0)), str(d.get("gtid", "")))
+        if not e.expected:
+            return None
+        tables: dict[tuple[str, str], TableSchema] = d["_tables"]
+        changes: list[RowChange] = []
+        for seq in sorted(e.events):
+            evs = e.events[seq]
+            ch = self._change(tables, evs, e.key, seq)
+            if ch is not None:
+                changes.append(ch)
+        self.rows_buffered -= sum(len(v) for v in e.events.values())
+        e.events = {}
+        snap = d.get("snapshot")
+        mark = SnapshotMark(str(snap["run"]), int(snap["chunk"]), bool(snap.get("last", False))) if snap else None
+        return Txn(region, commit_ts, position, tuple(changes), None, int(d.get("source_ts", 0)),
+                   str(d.get("gtid", "")), mark)
+
+    def _change(self, tables: dict[tuple[str, str], TableSchema], evs: list[Event], key: StreamKey,
+                seq: int) -> RowChange | None:
+        db, table = evs[0][1], evs[0][2]
+        schema = tables.get((db, table))
+        if schema is None:
+            raise ValueError(f"transaction {key[1]}:{key[0]} row {seq}: its END record has no schema of "
+                             f"{db}.{table}")
+
+        def conv(x: dict[str, Any] | None, b64: frozenset[str]) -> dict[str, Any] | None:
+            return _image(schema, x, b64, f"row {seq} of {key[1]}:{key[0]}")
+
+        by_op = {ev[0]: ev for ev in evs}
+        if "d" in by_op and "c" in by_op:  # a primary-key change: the delete and the create of one update
+            d, c = by_op["d"], by_op["c"]
+            return RowChange(schema, "update", conv(d[3], d[5]), conv(c[4], c[5]))
+        op, _, _, before, after, b64 = evs[0]
+        if op == "u":
+            return RowChange(schema, "update", conv(before, b64), conv(after, b64))
+        if op == "d":
+            return RowChange(schema, "delete", conv(before, b64), None)
+        if op == "r":
+            return RowChange(schema, "read", None, conv(after, b64))
+        return RowChange(schema, "insert", None, conv(after, b64))
+
+    # --- positions -----------------------------------------------------------------
+    def done_through(self, key: StreamKey) -> None:
+        """Every transaction at or below ``key`` is at every destination: what it held is released."""
+        if self.done is None or key > self.done:
+            self.done = key
+        for q in self.pending.values():
+            while q and q[0][0] <= key:
+                q.popleft()
+
+    def skip_through(self, key: StreamKey | None) -> None:
+        """At start: the destinations hold everything at or below ``key``."""
+        if key is not None:
+            self.done_through(key)
+
+    def commit_offsets(self) -> dict[TP, int]:
+        """Per partition read: the offset a restart must read again from (the first message
+        of a transaction not yet done, else the end of what was read)."""
+        out: dict[TP, int] = {}
+        for tp, nxt in self.next_offset.items():
+            q = self.pending.get(tp)
+            out[tp] = q[0][1] if q else nxt
+        return out
+
+    def waiting(self, limit: int = 5) -> list[dict[str, Any]]:
+        """The oldest spine entries still incomplete, with what they wait for."""
+        now = self.clock()
+        out = []
+        for e in list(self.order)[:limit]:
+            if e.complete:
+                continue
+            out.append({"txn": f"{e.key[1]}:{e.key[0]}", "waiting_s": round(now - e.first_seen, 1),
+                        "missing": e.missing()})
+        return out
+
+    def stats(self) -> dict[str, Any]:
+        return {"spine_entries": len(self.order), "rows_buffered": self.rows_buffered,
+                "early_txns": sum(1 for e in list(self.by_key.values()) if not e.queued),
+                "duplicates": self.duplicates, "dropped_done": self.dropped, "foreign": self.foreign}
+
+
+def owned_by(patterns: Iterable[str]) -> Callable[[str, str], bool]:
+    """``db.table`` glob patterns (``*``, ``?``; backticks quote a name with dots) -> a test."""
+    import fnmatch
+
+    pats: list[tuple[str, str]] = []
+    for p in patterns:
+        p = p.strip()
+        if not p:
+            continue
+        if p.startswith("`"):
+            end = p.index("`", 1)
+            db, rest = p[1:end], p[end + 1:]
+            table = rest[1:] if rest.startswith(".") else "*"
+        else:
+            db, _, table = p.partition(".")
+        table = table.strip("`") or "*"
+        pats.append((db, table))
+    if not pats or ("*", "*") in pats:
+        return lambda db, table: True
+    cache: dict[tuple[str, str], bool] = {}
+
+    def owns(db: str, table: str) -> bool:
+        hit = cache.get((db, table))
+        if hit is None:
+            hit = cache[(db, table)] = any(fnmatch.fnmatchcase(db, a) and fnmatch.fnmatchcase(table, b)
+                                           for a, b in pats)
+        return hit
+
+    return owns
+
+

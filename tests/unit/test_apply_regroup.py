@@ -1,0 +1,286 @@
+"""The applier's regrouping (capturer/apply/regroup.py) against what the real Kafka
+sender writes: transactions go through ``KafkaSender`` (json and protobuf) into a fake
+client that keeps each partition's log (no broker: tests/integration/test_apply.py runs
+the same with Tansu), the partitions are read back interleaved at random (each in its
+own order, as a consumer reads them), with replayed stretches, and every transaction must
+come out whole, in the stream's order, with the values the region gave."""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import json
+import random
+from typing import Any
+
+import pytest
+from test_kafka_positions import FakeKafka, sender
+
+from capturer.apply.regroup import BadMessage, Msg, Regrouper, owned_by
+from capturer.model import ColumnInfo, Ddl, Position, RowChange, SnapshotMark, TableSchema, Txn, stream_key
+
+RICH = TableSchema(
+    "app", "rich", ("id", "email", "score", "at", "day", "dur", "blob", "bits", "tags", "f", "big", "doc"),
+    ("id",), (("email",),),
+    (3, 253, 246, 18, 10, 19, 252, 16, 248, 5, 8, 245),
+    tuple(ColumnInfo(t, binary=(t == 252)) for t in (3, 253, 246, 18, 10, 19, 252, 16, 248, 5, 8, 245)))
+PAIRS = TableSchema("app", "pairs", ("a", "b", "v"), ("a", "b"), (), (3, 253, 252))
+LOG = TableSchema("odd.db", "lo`g", ("msg", "n"), (), (), (253, 3))
+
+
+def rich_row(i: int, rng: random.Random) -> dict[str, Any]:
+    return {"id": i, "email": f"u{i}-{rng.randrange(10**6)}@x.org'\"\\😀",
+            "score": decimal.Decimal(rng.randrange(-10**8, 10**8)) / 100,
+            "at": dt.datetime(2026, 1, 1) + dt.timedelta(microseconds=rng.randrange(10**13)),
+            "day": dt.date(2000, 2, 29) + dt.timedelta(days=rng.randrange(9000)),
+            "dur": dt.timedelta(microseconds=rng.randrange(-10**11, 10**11)),
+            "blob": bytes(rng.randrange(256) for _ in range(rng.randrange(12))),
+            "bits": format(rng.randrange(256), "b"), "tags": set(rng.sample(["a", "b", "c"], rng.randrange(4))),
+            "f": rng.random() * 1e6, "big": rng.choice([0, -1, 2**63 - 1, -(2**63)]),
+            "doc": rng.choice([None, '{"k": [1, 2]}', "[]"])}
+
+
+def workload(seed: int) -> list[Txn]:
+    rng = random.Random(seed)
+    live: dict[int, dict[str, Any]] = {}
+    txns: list[Txn] = []
+    ts = 1_000 << 18
+    pos = 4
+    for n in range(60):
+        ts += rng.randrange(1, 5000)
+        pos += 100
+        region = rng.choice(["r1", "r2"])
+        if n == 20:
+            txns.append(Txn(region, ts, Position("b.000001", pos), (), Ddl("app", "ALTER TABLE rich ADD x INT",
+                                                                         "rich", "app")))
+            continue
+        changes: list[RowChange] = []
+        for _ in range(rng.randrange(1, 12)):
+            r = rng.random()
+            if r < 0.35 or not live:
+                i = rng.randrange(10**6)
+                row = rich_row(i, rng)
+                live[i] = row
+                changes.append(RowChange(RICH, "insert", None, row))
+            elif r < 0.55:
+                i = rng.choice(sorted(live))
+                new = {**rich_row(i, rng), "id": i}
+                changes.append(RowChange(RICH, "update", live[i], new))
+                live[i] = new
+            elif r < 0.65:
+                i = rng.choice(sorted(live))
+                j = i + 10**7
+                new = {**live.pop(i), "id": j}
+                live[j] = new
+                changes.append(RowChange(RICH, "update", {**new, "id": i}, new))  # a key change
+            elif r < 0.75:
+                i = rng.choice(sorted(live))
+                changes.append(RowChange(RICH, "delete", live.pop(i), None))
+            elif r < 0.88:
+                a = rng.randrange(5)
+                changes.append(RowChange(PAIRS, rng.choice(["insert", "delete"]),
+                                         *((None, {"a": a, "b": "x", "v": b"\x00\xff"}) if rng.random() < 0.5
+                                           else ({"a": a, "b": "x", "v": b"\x01"}, None))))
+            else:
+                changes.append(RowChange(LOG, "insert", None, {"msg": rng.choice(["hi", "", None]), "n": n}))
+        fixed = []
+        for ch in changes:  # (a pairs change drawn above may be a delete with an after image: made right)
+            if ch.op == "delete" and ch.before is None:
+                ch = RowChange(ch.schema, "insert", None, ch.after)
+            elif ch.op == "insert" and ch.after is None:
+                ch = RowChange(ch.schema, "delete", ch.before, None)
+            fixed.append(ch)
+        snap = SnapshotMark("run1", n, True) if n == 30 else None
+        if snap:
+            fixed = [RowChange(RICH, "read", None, rich_row(5_000_000 + k, rng)) for k in range(3)]
+        txns.append(Txn(region, ts, Position("b.000001", pos, gtid=f"0-1-{n}"), tuple(fixed), None, ts >> 28,
+                        f"0-1-{n}", snap))
+    txns.sort(key=stream_key)
+    return txns
+
+
+def produce(txns: list[Txn], fmt: str, parts: int = 3) -> FakeKafka:
+    fake = FakeKafka(parts=parts)
+    s = sender(fake, format=fmt)
+    for i in range(0, len(txns), 7):
+        s.send(txns[i:i + 7])
+    return fake
+
+
+def messages(fake: FakeKafka) -> dict[tuple[str, int], list[Msg]]:
+    return {tp: [Msg(tp[0], tp[1], off, k, v, list(h)) for off, (k, v, h) in enumerate(log)]
+            for tp, log in fake.logs.items()}
+
+
+def interleave(logs: dict[tuple[str, int], list[Msg]], rng: random.Random, replays: int = 3) -> list[Msg]:
+    """Every partition in its own order, the partitions mixed at random, and a few stretches
+    read again (a consumer that went back to a committed offset)."""
+    cursors = dict.fromkeys(logs, 0)
+    out: list[Msg] = []
+    while cursors:
+        tp = rng.choice(sorted(cursors))
+        log = logs[tp]
+        i = cursors[tp]
+        take = rng.randrange(1, 6)
+        out += log[i:i + take]
+        if replays and rng.random() < 0.05 and i > 3:
+            replays -= 1
+            out += log[i - 3:i + take]  # read again
+        cursors[tp] = i + take
+        if cursors[tp] >= len(log):
+            del cursors[tp]
+    return out
+
+
+def same_value(a: Any, b: Any) -> bool:
+    if isinstance(a, float) or isinstance(b, float):
+        return isinstance(a, float) and isinstance(b, float) and abs(a - b) <= 1e-9 * max(1.0, abs(a))
+    return type(a) is type(b) and a == b or (a is None and b is None)
+
+
+def same_image(a: dict[str, Any] | None, b: dict[str, Any] | None) -> bool:
+    if a is None or b is None:
+        return a is b
+    return a.keys() == b.keys() and all(same_value(a[k], b[k]) for k in a)
+
+
+def assert_same_txn(want: Txn, got: Txn | None) -> None:
+    assert got is not None
+    assert (got.region, got.commit_ts, got.position, got.gtid) == (want.region, want.commit_ts, want.position,
+                                                                    want.gtid)
+    assert got.ddl == want.ddl
+    assert got.snapshot == want.snapshot
+    assert len(got.changes) == len(want.changes), (want, got)
+    for w, g in zip(want.changes, got.changes):
+        assert (g.op, g.db, g.table, g.schema.pk, g.schema.columns) == (w.op, w.db, w.table, w.schema.pk,
+                                                                        w.schema.columns)
+        assert same_image(w.before, g.before), (w.before, g.before)
+        assert same_image(w.after, g.after), (w.after, g.after)
+
+
+@pytest.mark.parametrize("fmt", ["json", "protobuf"])
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_transactions_come_out_whole_and_in_order(fmt: str, seed: int) -> None:
+    txns = workload(seed)
+    fake = produce(txns, fmt)
+    assert any(tp[0] == "txns" for tp in fake.logs)
+    rng = random.Random(seed)
+    r = Regrouper("txns", fmt)
+    out = []
+    for m in interleave(messages(fake), rng):
+        r.add(m)
+        out += r.ready()
+    assert [k for k, _ in out] == [stream_key(t) for t in txns]
+    for want, (_k, got) in zip(txns, out):
+        assert_same_txn(want, got)
+    assert r.duplicates > 0  # the replayed stretches were dropped, not applied twice
+    assert r.rows_buffered == 0 and not r.order
+
+
+def test_a_transaction_waits_for_its_last_message() -> None:
+    txns = workload(4)
+    fake = produce(txns, "json")
+    logs = messages(fake)
+    # hold back the last message of one table partition: everything from its transaction on waits
+    held_tp = next(tp for tp in sorted(logs) if tp[0] != "txns" and len(logs[tp]) > 2)
+    held = logs[held_tp].pop()
+    r = Regrouper("txns")
+    out = []
+    for m in interleave(logs, random.Random(4), replays=0):
+        r.add(m)
+        out += r.ready()
+    stuck = next(i for i, t in enumerate(txns) if stream_key(t) == (int(dict(held.headers)["commit_ts"]),
+                                                                    dict(held.headers)["region"].decode(), 0))
+    assert len(out) == stuck
+    assert r.waiting()[0]["missing"] == {f"{held_tp[0]}[{held_tp[1]}]": 1}
+    # the offsets to commit stop at that transaction's first message in every partition that has one
+    offs = r.commit_offsets()
+    assert offs[held_tp] <= held.offset
+    r.add(held)
+    out += r.ready()
+    assert [k for k, _ in out] == [stream_key(t) for t in txns]
+
+
+def test_an_applier_that_owns_some_tables_counts_only_theirs() -> None:
+    txns = workload(5)
+    fake = produce(txns, "json")
+    owns = owned_by(["app.rich"])
+    r = Regrouper("txns", "json", owns)
+    out = []
+    # it reads only the topics its tables are in, as the applier assigns them
+    logs = {tp: ms for tp, ms in messages(fake).items() if tp[0] in ("txns", "capturer.app.rich")}
+    for m in interleave(logs, random.Random(5)):
+        r.add(m)
+        out += r.ready()
+    assert [k for k, _ in out] == [stream_key(t) for t in txns]
+    for want, (_k, got) in zip(txns, out):
+        mine = tuple(c for c in want.changes if c.table == "rich")
+        if want.ddl is not None:
+            assert got is not None and got.ddl == want.ddl  # the DDL of its table
+        elif not mine:
+            assert got is None
+        else:
+            assert_same_txn(Txn(want.region, want.commit_ts, want.position, mine, None, want.source_ts, want.gtid,
+                                want.snapshot), got)
+    assert r.topics == {"capturer.app.rich"}
+    assert owned_by(["`odd.db`.lo*"])("odd.db", "lo`g") and not owned_by(["app.*"])("odd.db", "lo`g")
+
+
+def test_done_transactions_are_dropped_and_offsets_move_behind_them() -> None:
+    txns = workload(6)
+    fake = produce(txns, "json")
+    logs = messages(fake)
+    r = Regrouper("txns")
+    out = []
+    for m in interleave(logs, random.Random(6), replays=0):
+        r.add(m)
+        out += r.ready()
+    ends = {tp: len(ms) for tp, ms in logs.items()}
+    half = out[len(out) // 2][0]
+    offs = r.commit_offsets()
+    assert all(offs[tp] < ends[tp] for tp in offs if tp[0] == "txns")  # nothing done yet: behind
+    r.done_through(half)
+    mid = r.commit_offsets()
+    r.done_through(out[-1][0])
+    assert r.commit_offsets() == ends  # all done: the end of what was read
+    # a restart from the middle's offsets, the destinations holding everything up to ``half``
+    r2 = Regrouper("txns")
+    r2.skip_through(half)
+    again = []
+    for tp, ms in logs.items():
+        for m in ms[mid[tp]:]:
+            r2.add(m)
+            again += r2.ready()
+    assert [k for k, _ in again] == [k for k, _ in out if k > half]
+
+
+def test_bad_messages_are_named() -> None:
+    txns = workload(7)
+    fake = produce(txns, "json")
+    logs = messages(fake)
+    tp = next(tp for tp in sorted(logs) if tp[0] == "capturer.app.rich")
+    victim = logs[tp][0]
+    broken = Msg(victim.topic, victim.partition, victim.offset, victim.key, b"{not json", victim.headers)
+    logs[tp][0] = broken
+    r = Regrouper("txns")
+    with pytest.raises(BadMessage, match=rf"topic 'capturer.app.rich' partition {tp[1]} offset 0: does not decode"):
+        for m in [m for ms in logs.values() for m in ms]:
+            r.add(m)
+    # dead-lettered instead: counted for its transaction, the rest is applied
+    r = Regrouper("txns")
+    out = []
+    for _tp, ms in sorted(logs.items(), key=lambda x: x[0][0] != "txns"):
+        for m in ms:
+            try:
+                r.add(m)
+            except BadMessage:
+                assert r.add_bad(m)
+            out += r.ready()
+    assert len(out) == len(txns)
+    # an END record of an older capturer (no parts): said plainly
+    spine = logs[("txns", 0)]
+    end = next(m for m in spine if json.loads(m.value or b"{}").get("status") == "END")
+    d = json.loads(end.value or b"{}")
+    del d["parts"]
+    with pytest.raises(BadMessage, match="older than the applier"):
+        Regrouper("txns").add(Msg("txns", 0, end.offset, end.key, json.dumps(d).encode(), end.headers))
