@@ -218,6 +218,7 @@ class Regrouper:
         self.duplicates = 0
         self.dropped = 0  # messages of transactions the destinations held already
         self.foreign = 0  # messages without the sender's identity headers (ignored)
+        self.orphans = 0  # transactions whose rows came but the spine never named (dropped)
         self.rows_buffered = 0
 
     # --- input ---------------------------------------------------------------------
@@ -462,6 +463,12 @@ class Regrouper:
         for q in self.pending.values():
             while q and q[0][0] <= key:
                 q.popleft()
+        if len(self.by_key) > len(self.order):
+            # rows of a transaction the spine never named (it has passed it): not the capturer's
+            # (or a dead-lettered stray): dropped, their offsets released above
+            for k in [k for k, e in self.by_key.items() if not e.queued and k <= key]:
+                del self.by_key[k]
+                self.orphans += 1
 
     def skip_through(self, key: StreamKey | None) -> None:
         """At start: the destinations hold everything at or below ``key``."""
@@ -491,7 +498,8 @@ class Regrouper:
     def stats(self) -> dict[str, Any]:
         return {"spine_entries": len(self.order), "rows_buffered": self.rows_buffered,
                 "early_txns": sum(1 for e in list(self.by_key.values()) if not e.queued),
-                "duplicates": self.duplicates, "dropped_done": self.dropped, "foreign": self.foreign}
+                "duplicates": self.duplicates, "dropped_done": self.dropped, "foreign": self.foreign,
+                "orphans": self.orphans}
 
 
 def owned_by(patterns: Iterable[str]) -> Callable[[str, str], bool]:
