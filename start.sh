@@ -11,11 +11,13 @@
 #   sh start.sh --demo postgresql  a MariaDB and a PostgreSQL region merged into one file
 #   sh start.sh --config PATH    another config (default conf/config.cfg)
 #   sh start.sh --agent          a region agent instead (config conf/agent.cfg; log/agent.log, log/agent.pid)
+#   sh start.sh --apply          an applier instead: the capturer's Kafka topics into MySQL, files, the lake
+#                                (config conf/apply.cfg; log/apply.log, log/apply.pid; docs/apply.md)
 set -u
 ROOT=$(cd "$(dirname "$0")" && pwd)
 cd "$ROOT" || exit 1
 
-FOREGROUND=0; DEMO=0; DEMO_KIND=mariadb; ONCE=0; CONFIG=; AGENT=0
+FOREGROUND=0; DEMO=0; DEMO_KIND=mariadb; ONCE=0; CONFIG=; AGENT=0; APPLY=0
 while [ $# -gt 0 ]; do
     case "$1" in
         --foreground|-f) FOREGROUND=1 ;;
@@ -27,18 +29,24 @@ while [ $# -gt 0 ]; do
         --demo=*) DEMO=1; DEMO_KIND=${1#--demo=} ;;
         --once) ONCE=1 ;;
         --agent) AGENT=1 ;;
+        --apply) APPLY=1 ;;
         --config) shift; CONFIG=${1:?--config needs a path} ;;
         --config=*) CONFIG=${1#--config=} ;;
-        -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
         *) echo "start.sh: unknown option $1 (try --help)" >&2; exit 2 ;;
     esac
     shift
 done
 
 if [ -z "$CONFIG" ]; then
-    if [ "$AGENT" = "1" ]; then CONFIG=conf/agent.cfg; else CONFIG=conf/config.cfg; fi
+    if [ "$AGENT" = "1" ]; then CONFIG=conf/agent.cfg
+    elif [ "$APPLY" = "1" ]; then CONFIG=conf/apply.cfg
+    else CONFIG=conf/config.cfg; fi
 fi
 if [ "$AGENT" = "1" ] && [ "$DEMO" = "1" ]; then echo "start.sh: --agent and --demo exclude each other" >&2; exit 2; fi
+if [ "$APPLY" = "1" ] && { [ "$DEMO" = "1" ] || [ "$AGENT" = "1" ]; }; then
+    echo "start.sh: --apply goes alone (not with --demo or --agent)" >&2; exit 2
+fi
 
 NEED_MARIADB=$DEMO
 NEED_POSTGRES=0
@@ -52,6 +60,35 @@ PYBIN="$VENV/bin/python"
 if [ "$DEMO" = "1" ] && [ "$DEMO_KIND" = "full" ]; then
     ( EXTRAS=demo,spark; export EXTRAS; . "$ROOT/scripts/bootstrap.sh" ) \
         || echo "start.sh: not everything the full demo uses could be installed; it runs what it can" >&2
+fi
+
+if [ "$APPLY" = "1" ]; then
+    NEEDED=$("$PYBIN" -m capturer apply --config "$CONFIG" --print-extras 2>/dev/null)
+    if [ -n "$NEEDED" ]; then
+        EXTRAS="$NEEDED"; export EXTRAS
+        . "$ROOT/scripts/bootstrap.sh" || { echo "start.sh: installing $NEEDED failed" >&2; exit 1; }
+    fi
+    "$PYBIN" -m capturer apply --config "$CONFIG" --check >/dev/null 2>"$ROOT/.check.err"
+    rc=$?
+    if [ $rc -ne 0 ]; then cat "$ROOT/.check.err" >&2; rm -f "$ROOT/.check.err"; exit $rc; fi
+    rm -f "$ROOT/.check.err"
+    if [ "$FOREGROUND" = "1" ]; then exec "$PYBIN" -m capturer apply --config "$CONFIG"; fi
+    mkdir -p log
+    if [ -f log/apply.pid ] && kill -0 "$(cat log/apply.pid)" 2>/dev/null; then
+        echo "start.sh: an applier is already running (pid $(cat log/apply.pid)); sh stop.sh --apply first" >&2
+        exit 1
+    fi
+    nohup "$PYBIN" -m capturer apply --config "$CONFIG" >>log/apply.log 2>&1 &
+    echo $! > log/apply.pid
+    sleep 2
+    if ! kill -0 "$(cat log/apply.pid)" 2>/dev/null; then
+        echo "start.sh: the applier exited at once; last lines of log/apply.log:" >&2
+        tail -n 20 log/apply.log >&2
+        rm -f log/apply.pid
+        exit 1
+    fi
+    echo "applier started (pid $(cat log/apply.pid)); log: log/apply.log; stop: sh stop.sh --apply"
+    exit 0
 fi
 
 if [ "$AGENT" = "1" ]; then

@@ -256,6 +256,8 @@ def _role(pid: int, cmd: list[str]) -> str:
         return "sender processes"
     if any("capturer.agent" in a or "regionproc" in a for a in cmd):
         return "region workers"
+    if "apply" in cmd and "capturer" in cmd:
+        return "applier"
     return "other"
 
 
@@ -1171,13 +1173,179 @@ def independent_runs(tmp: Path, servers: list[MariaDBInstance], target: MariaDBI
     return out
 
 
+APPLY_TXN_TOPIC = "capturer.txn"
+
+
+def start_applier(d: Path, name: str, servers: str, senders_cfg: str) -> tuple[Any, int]:
+    """``python -m capturer apply`` as a child process (as on another machine)."""
+    import subprocess
+
+    d.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    (d / f"{name}-senders.cfg").write_text(senders_cfg)
+    (d / f"{name}.cfg").write_text(
+        f"[global]\nname={name}\nservers={servers}\ntxn_topic={APPLY_TXN_TOPIC}\nclient=confluent\n"
+        f"senderConfig={d / f'{name}-senders.cfg'}\nhttpPort={port}\nlogLevel=warning\n")
+    with open(d / f"{name}.log", "ab") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "capturer", "apply", "--config", str(d / f"{name}.cfg")],
+                                cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                                env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    return proc, port
+
+
+def applied_rows(port: int) -> int:
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=10) as r:
+            return int(json.loads(r.read())["applied"]["rows"])
+    except (OSError, ValueError, KeyError):
+        return -1
+
+
+def wait_applied(proc: Any, port: int, rows: int, timeout: float = 1800) -> float:
+    """Until the applier applied ``rows`` rows: the moment (perf_counter), or raises."""
+    deadline = time.perf_counter() + timeout
+    while time.perf_counter() < deadline:
+        if applied_rows(port) >= rows:
+            return time.perf_counter()
+        if proc.poll() is not None:
+            raise RuntimeError(f"the applier exited with {proc.returncode}")
+        time.sleep(0.05)
+    raise RuntimeError(f"the applier did not apply {rows} rows in {timeout:.0f}s")
+
+
+def apply_runs(tmp: Path, servers: list[MariaDBInstance], target: MariaDBInstance, total: int, threads: int,
+               lag_rate: int = 10_000, lag_seconds: int = 20, txn_rows: int = 50) -> dict[str, Any]:
+    """Capturer -> Kafka (confluent, txn_topic) -> applier -> MySQL: end to end (the applier
+    running while the capturer captures), draining a full backlog (a second applier of its
+    own group into an emptied target), and the source-commit -> target-visible lag at
+    ``lag_rate`` rows/s (the first applier, caught up, a steady load)."""
+    from devtools.local_kafka import Broker
+
+    d = tmp / "apply"
+    d.mkdir()
+    broker = Broker().start()
+    mysql = (f"[global]\ntype=mysql\n[mysql]\nhost=127.0.0.1\nport={target.port}\nuser=root\n"
+             f"threadnum={threads}\n")
+    kcfg = (f"[global]\ntype=kafka\n[kafka]\nservers={broker.servers}\nclient=confluent\n"
+            f"txn_topic={APPLY_TXN_TOPIC}\n")
+    out: dict[str, Any] = {}
+    procs: list[Any] = []
+    try:
+        reset_target(target)
+        ap, port = start_applier(d, "e2e", broker.servers, mysql)
+        procs.append(ap)
+        cpu0 = cpu_by_role()
+        t0 = time.perf_counter()
+        (d / "cap").mkdir()
+        cap = run_capturer(d / "cap", servers, kcfg, total)
+        t1 = wait_applied(ap, port, total)
+        out["capturer_to_kafka_rows_per_s"] = cap["rows_per_s"]
+        out["end_to_end_rows_per_s"] = round(total / (t1 - t0))
+        out["end_to_end_cpu_cores"] = cpu_split(cpu0, cpu_by_role(), t1 - t0)
+        # the lag at a steady load, with this applier caught up
+        out["lag"] = apply_lag(d, servers, target, kcfg, lag_rate, lag_seconds, txn_rows)
+        ap.terminate()
+        ap.wait(60)
+        # a full backlog drained by an applier of its own (own group, own positions) into an emptied target
+        reset_target(target)
+        ap2, port2 = start_applier(d, "drain", broker.servers, mysql)
+        procs.append(ap2)
+        cpu0 = cpu_by_role()
+        t0 = time.perf_counter()
+        want = total + out["lag"]["rows"]
+        t1 = wait_applied(ap2, port2, want)
+        out["drain_rows_per_s"] = round(want / (t1 - t0))
+        out["drain_cpu_cores"] = cpu_split(cpu0, cpu_by_role(), t1 - t0)
+        ap2.terminate()
+        ap2.wait(60)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        broker.kill()
+    return out
+
+
+def apply_lag(d: Path, servers: list[MariaDBInstance], target: MariaDBInstance, kcfg: str, rate: int,
+              seconds: int, txn_rows: int) -> dict[str, Any]:
+    """Source commit -> row visible in the target (polled every 5 ms), per transaction."""
+    cfg = write_capturer_config(d / "cap", servers, kcfg)
+    cap = Capturer(load_config(cfg))
+    cap.start()
+    commits: dict[int, float] = {}
+    seen: dict[int, float] = {}
+    stop = threading.Event()
+    bases = [70_000_000 + i * 10_000_000 for i in range(len(servers))]
+    order: list[list[int]] = [[] for _ in servers]  # per region: each transaction's first id, in commit order
+
+    def poll() -> None:
+        c = target.connect()
+        c.autocommit(True)
+        nxt = [0] * len(servers)
+        try:
+            with c.cursor() as cur:
+                while not stop.is_set():
+                    now = time.time()
+                    for i, base in enumerate(bases):
+                        cur.execute("SELECT MAX(id) FROM bench.t WHERE id BETWEEN %s AND %s", (base, base + 9_999_999))
+                        top = cur.fetchone()[0]
+                        firsts = order[i]
+                        while top is not None and nxt[i] < len(firsts) and firsts[nxt[i]] + txn_rows - 1 <= top:
+                            seen[firsts[nxt[i]]] = now
+                            nxt[i] += 1
+                    time.sleep(0.005)
+        finally:
+            c.close()
+
+    def drive(i: int, m: MariaDBInstance) -> None:
+        c = m.connect()
+        c.autocommit(False)
+        interval = txn_rows / (rate / len(servers))
+        nxt, k = time.time(), 0
+        with c.cursor() as cur:
+            while time.time() < t_end:
+                first = bases[i] + k
+                rows = [(first + j, "lag", "Oslo", 1, 1, dt.datetime(2026, 1, 1), dt.datetime(2026, 1, 1), 0, 0, "x")
+                        for j in range(txn_rows)]
+                cur.executemany("INSERT INTO bench.t VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)", rows)
+                c.commit()
+                commits[first] = time.time()
+                order[i].append(first)
+                k += txn_rows
+                nxt += interval
+                time.sleep(max(0.0, nxt - time.time()))
+        c.close()
+
+    poller = threading.Thread(target=poll, daemon=True)
+    poller.start()
+    time.sleep(2)
+    t_end = time.time() + seconds
+    ts = [threading.Thread(target=drive, args=(i, m)) for i, m in enumerate(servers)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    deadline = time.time() + 120
+    while time.time() < deadline and len(seen) < len(commits):
+        time.sleep(0.2)
+    stop.set()
+    poller.join(10)
+    cap.shutdown()
+    lat = sorted(seen[k] - commits[k] for k in seen)
+    pct = lambda p: round(lat[min(len(lat) - 1, int(p * len(lat)))] * 1000, 1) if lat else None  # noqa: E731
+    return {"rate_rows_per_s": rate, "txns": len(commits), "rows": len(commits) * txn_rows, "measured": len(lat),
+            "p50_ms": pct(0.50), "p99_ms": pct(0.99), "max_ms": pct(1.0)}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=200_000, help="inserts per run (split over regions)")
     ap.add_argument("--smoke", action="store_true", help="assert completeness only (CI)")
     ap.add_argument("--threads", type=int, default=8, help="MySQL sender workers")
-    ap.add_argument("--only", default="file,workers,agents,baikaldb,postgresql,snapshot,pgsnapshot,mysql,kafka,spark,"
-                    "all,latency,bigtxn,senderprocs,independent,verify,verifycost",
+    ap.add_argument("--only", default="file,workers,agents,baikaldb,postgresql,snapshot,pgsnapshot,mysql,apply,kafka,"
+                    "spark,all,latency,bigtxn,senderprocs,independent,verify,verifycost",
                     help="parts to run; 'ab' adds, to mysql and kafka, a run without this release's sender speed-ups "
                     "(Kafka: the Python message encoder instead of C; MySQL: updates as UPDATE statements instead of "
                     "upserts, and values as parameters with one phase per batch; file: the binlog read through an 8 KiB buffer instead of 256 KiB, and every table map "
@@ -1396,6 +1564,22 @@ def main() -> int:
                 reset_target(target)
                 e2e("mysql-proc", with_procs(mysql_cfg), total, results["mysql"]["rows_per_s"],
                     "capturer -> mysql, sender in its own process; ratio to in-process")
+        if "apply" in only and "mysql" in only:
+            reset_target(target)
+            ar = apply_runs(tmp, servers, target, total, args.threads,
+                            lag_seconds=5 if args.smoke else 20, lag_rate=2000 if args.smoke else 10_000)
+            results["apply"] = ar
+            direct = results["mysql"]["rows_per_s"]
+            rep.add("capturer -> kafka -> applier -> mysql, end to end; ratio to capturer -> mysql",
+                    ar["end_to_end_rows_per_s"], direct)
+            rep.add("applier draining a full backlog -> mysql; ratio to capturer -> mysql", ar["drain_rows_per_s"],
+                    direct)
+            cpu_lines.append("apply end to end: " + ", ".join(f"{k} {v:.2f}" for k, v in
+                                                              ar["end_to_end_cpu_cores"].items()))
+            cpu_lines.append("apply drain: " + ", ".join(f"{k} {v:.2f}" for k, v in ar["drain_cpu_cores"].items()))
+            if ar["lag"]["measured"] < ar["lag"]["txns"]:
+                failures.append(f"apply lag: {ar['lag']['measured']} of {ar['lag']['txns']} transactions seen "
+                                "at the target")
         if "kafka" in only:
             from devtools.local_kafka import Broker
 
@@ -1639,6 +1823,11 @@ def main() -> int:
             print(f"\ncommit -> ack latency at {lat['rate_rows_per_s']} rows/s"
                   f"{' (regions in worker processes)' if 'workers' in key else ''}: p50 {lat['p50_ms']} ms, "
                   f"p99 {lat['p99_ms']} ms (over {lat['measured']} transactions)")
+    if "apply" in results:
+        lat = results["apply"]["lag"]
+        print(f"\ncommit -> visible in the target through Kafka and an applier at {lat['rate_rows_per_s']} rows/s: "
+              f"p50 {lat['p50_ms']} ms, p99 {lat['p99_ms']} ms, max {lat['max_ms']} ms (over {lat['measured']} "
+              "transactions)")
     if "big_txn" in results:
         b = results["big_txn"]
         print(f"one {b['rows']:,}-row transaction -> file: delivered={b['delivered']} in {b['seconds']} s, "

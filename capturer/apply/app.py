@@ -383,12 +383,20 @@ def apply_main(argv: list[str], stop: threading.Event) -> int:
     ap.add_argument("--check", action="store_true", help="validate the config (and with --connect, reach Kafka, "
                     "the txn topic and every destination), then exit: 0 OK, 2 bad config, 3 unreachable")
     ap.add_argument("--connect", action="store_true")
+    ap.add_argument("--print-extras", action="store_true", help="the setup.py extras it needs (for start.sh)")
     args = ap.parse_args(argv)
+    if args.connect and not args.check:
+        ap.error("--connect goes with --check")
     try:
         cfg = load_apply_config(Path(args.config), CATALOG)
     except ConfigError as exc:
         print(f"config error: {exc}", file=sys.stderr)
         return 2
+    if args.print_extras:
+        extras = ["confluent" if cfg.client == "confluent" else "kafka"]
+        extras += ["spark"] if any(s.name == "spark" for s in cfg.senders) else []
+        print(",".join(extras))
+        return 0
     logging.basicConfig(level=getattr(logging, cfg.log_level.upper()), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     log.info("applier config: %s", json.dumps(cfg.masked(), default=str))

@@ -96,7 +96,9 @@ class _ApplyCatalog:
         return [k for k in self.inner.keys(name) if k.name != "process"]
 
 
-def load_apply_config(path: Path | str, catalog: SenderCatalog) -> ApplyConfig:
+def load_apply_config(path: Path | str, catalog: SenderCatalog, base_dir: Path | None = None) -> ApplyConfig:
+    """``base_dir``: what a relative senderConfig is relative to (the working directory, as
+    the capturer's config)."""
     path = Path(path)
     ini = read_ini(path)
     for name, sec in ini.sections.items():
@@ -107,7 +109,7 @@ def load_apply_config(path: Path | str, catalog: SenderCatalog) -> ApplyConfig:
         raise ConfigError(f"{path}: missing section [global]")
     g = parse_section(ini, "global", KEYS)
     sp = Path(g["senderConfig"])
-    sp = sp if sp.is_absolute() else Path.cwd() / sp
+    sp = sp if sp.is_absolute() else (base_dir or Path.cwd()) / sp
     if g["on_bad_message"] == "dead_letter" and not g["dead_letter_topic"]:
         raise ConfigError(f"{ini.where('global', 'dead_letter_topic')}: on_bad_message=dead_letter needs a topic")
     senders = load_sender_config(sp, _ApplyCatalog(catalog))

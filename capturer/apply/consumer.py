@@ -197,7 +197,10 @@ class ConfluentConsumer:
             time.sleep(timeout)
             return []
         out: list[Msg] = []
-        for m in self.c.consume(max_msgs, timeout):
+        # the first message waits up to ``timeout``, the rest is what is there already: consume(n, t)
+        # alone would wait its whole timeout for fewer than n messages (latency at a light load)
+        first = self.c.poll(timeout)
+        for m in ([first] + self.c.consume(max_msgs - 1, 0)) if first is not None else ():
             err = m.error()
             if err is not None:
                 if err.code() == KafkaError._PARTITION_EOF:

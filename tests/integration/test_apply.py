@@ -30,7 +30,7 @@ from typing import Any
 import pytest
 import requests
 from helpers import LIVE_PROCESSES, ROOT, Broker, CapturerProcess, verify_equal, wait_for
-from workload import SCHEMA, TABLES, assert_target_equals_sources, file_state_equals
+from workload import SCHEMA, assert_target_equals_sources, file_state_equals
 
 from devtools.local_mariadb import MariaDBInstance, free_port
 from integration.test_independent_senders import Load, lake_duplicates

@@ -14,7 +14,7 @@ before the fence::
 Kinds: ``config.cfg``, ``senderConfig.cfg``, ``agent.cfg`` (whole files),
 ``config.cfg fragment``, ``senderConfig.cfg fragment``, ``agent.cfg fragment``
 (completed here with what they lack: a ``[global]``/``[agent]`` section, a region,
-the sender list) and ``filter_rule.txt``. A fenced block that looks like INI or like
+the sender list), ``filter_rule.txt`` and ``apply.cfg`` (an applier's, docs/apply.md). A fenced block that looks like INI or like
 filter rules and carries no mark fails, so a new example cannot go unchecked. A
 failure names the document and the line of the block (and of the line at fault).
 """
@@ -48,7 +48,7 @@ _FENCE = re.compile(r"^(?P<indent>\s*)(?P<fence>`{3,}|~{3,})\s*(?P<info>[^`\s]*)
 _MARK = re.compile(r"^\s*<!--\s*example:\s*(?P<kind>[^>]*?)\s*-->\s*$")
 _ANY_MARK = re.compile(r"<!--\s*example\b")
 KINDS = ("config.cfg", "config.cfg fragment", "senderConfig.cfg", "senderConfig.cfg fragment",
-         "agent.cfg", "agent.cfg fragment", "filter_rule.txt")
+         "agent.cfg", "agent.cfg fragment", "filter_rule.txt", "apply.cfg")
 INI_INFOS = {"ini", "cfg", "conf", "dosini", "properties", "toml"}
 
 
@@ -180,6 +180,20 @@ def check_example(b: Block, tmp: Path) -> None:
         cfg = tmp / "config.cfg"
         cfg.write_text(MIN_GLOBAL + MIN_REGION)
         load_config(cfg, base_dir=tmp)
+        return
+    if kind == "apply.cfg":
+        from capturer.apply.config import load_apply_config
+        from senders import CATALOG
+
+        p = tmp / "apply.cfg"
+        p.write_text(b.text, encoding="utf-8")
+        g = read_ini(p).sections.get("global")
+        given = g.values.get("senderconfig") if g else None
+        senders = tmp / (given.value if given else "conf/applySender.cfg")
+        if not senders.exists():
+            senders.parent.mkdir(parents=True, exist_ok=True)
+            senders.write_text(MIN_SENDERS)
+        load_apply_config(p, CATALOG, base_dir=tmp)
         return
     if kind.startswith("agent.cfg"):
         p = tmp / "agent.cfg"
