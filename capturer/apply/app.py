@@ -41,6 +41,7 @@ from senders.base import Sender
 log = logging.getLogger(__name__)
 
 Pair = tuple[int, Item]
+SPINE_ENTRIES = 100_000  # transactions read from the spine but not complete, before the spine waits
 
 
 class _SenderQueue(WeightedQueue[Pair]):
@@ -75,7 +76,8 @@ class Applier:
     def __init__(self, cfg: ApplyConfig, consumer: Consumer | None = None):
         self.cfg = cfg
         self.owns = owned_by(cfg.tables)
-        self.regroup = Regrouper(cfg.txn_topic, cfg.format, self.owns)
+        untabled = cfg.untabled_ddl == "apply" or (cfg.untabled_ddl == "auto" and self.owns("\0any", "\0any"))
+        self.regroup = Regrouper(cfg.txn_topic, cfg.format, self.owns, untabled_ddl=untabled)
         self.senders = make_senders(cfg)
         self.consumer = consumer
         self.failure: str = ""
@@ -83,7 +85,7 @@ class Applier:
         self.started_at = time.time()
         self.seq = 0  # dispatch number of the last transaction handed to the senders
         self.inflight: collections.deque[tuple[int, StreamKey, int]] = collections.deque()  # (n, key, ts_ms)
-        self.assigned_topics: set[str] = set()
+        self.assigned: set[TP] = set()
         self.txns = self.rows = self.ddls = 0
         self.bad_messages = self.dead_letters = 0
         self.last_bad = ""
@@ -98,7 +100,6 @@ class Applier:
         self.status_server: Any = None
         self._lag: dict[TP, int] = {}
         self._lag_at = 0.0
-        self._lock = threading.Lock()
 
     # --- lifecycle -----------------------------------------------------------------
     def start(self) -> None:
@@ -130,6 +131,12 @@ class Applier:
                 self._dispatch(stop)
                 self._acks()
                 self._backpressure()
+                if time.monotonic() - self._lag_at > 1.0:  # (the consumer is this thread's alone)
+                    self._lag_at = time.monotonic()
+                    try:
+                        self._lag = self.consumer.lag()
+                    except Exception:
+                        log.debug("lag unknown", exc_info=True)
                 if time.monotonic() - last_commit >= self.cfg.commit_interval:
                     self._commit()
                     last_commit = time.monotonic()
@@ -198,22 +205,15 @@ class Applier:
                 raise CapturerError(f"sender {s.name} failed: {s.last_error}")
 
     def _assign_new_topics(self) -> None:
+        """Read every partition an END record named for this applier's tables (each from the
+        group's committed offset, else its beginning)."""
         assert self.consumer is not None
-        new = self.regroup.topics - self.assigned_topics
-        if not new:
+        if len(self.regroup.partitions) == len(self.assigned):
             return
-        parts = self.consumer.topics()
-        tps: list[TP] = []
-        for t in sorted(new):
-            n = parts.get(t, 0)
-            if n == 0:
-                continue  # not there yet (the END is read before its topic's metadata): next time
-            tps += [(t, p) for p in range(n)]
-            self.assigned_topics.add(t)
-        if tps:
-            log.info("applier %s: reading %d partition(s) of %s", self.cfg.name, len(tps),
-                     ", ".join(sorted({t for t, _ in tps})))
-            self.consumer.add(tps)
+        tps = sorted(self.regroup.partitions - self.assigned)
+        log.info("applier %s: reading %s", self.cfg.name, ", ".join(f"{t}[{p}]" for t, p in tps))
+        self.consumer.add(tps)
+        self.assigned.update(tps)
 
     def _add(self, m: Msg) -> None:
         if m.ts_ms:
@@ -280,28 +280,34 @@ class Applier:
             self.last_applied = done
 
     def _backpressure(self) -> None:
-        """Too many rows held for incomplete transactions: pause the table partitions (the
-        spine goes on, so the transactions it names next can complete); resume below half."""
+        """Memory bounds, decided again every turn: with more than ``maxBufferedRows`` rows held
+        for incomplete transactions, the table partitions that have read past the transaction
+        the spine waits for are paused (its rows in them were read: a partition keeps the
+        stream's order), the others read on; below half, all read. With more than
+        ``SPINE_ENTRIES`` transactions known but not complete, the spine waits too."""
         assert self.consumer is not None
         held = self.regroup.rows_buffered
-        if held > self.cfg.max_buffered_rows and not self.paused:
+        want: set[TP] = set()
+        if held > self.cfg.max_buffered_rows or (self.paused and held > self.cfg.max_buffered_rows // 2):
             front = self.regroup.order[0].key if self.regroup.order else None
-            tps = [tp for tp in self.regroup.next_offset if tp[0] != self.cfg.txn_topic
-                   and self._ahead(tp, front)]
-            if tps:
-                log.warning("applier %s: %d rows held for incomplete transactions: pausing %d partition(s) read "
-                            "ahead", self.cfg.name, held, len(tps))
-                self.consumer.pause(tps)
-                self.paused.update(tps)
-        elif self.paused and held <= self.cfg.max_buffered_rows // 2:
-            self.consumer.resume(list(self.paused))
-            self.paused.clear()
+            want = {tp for tp in self.regroup.next_offset if tp[0] != self.cfg.txn_topic and self._ahead(tp, front)}
+        spine = (self.cfg.txn_topic, 0)
+        if len(self.regroup.order) > SPINE_ENTRIES or (spine in self.paused and
+                                                       len(self.regroup.order) > SPINE_ENTRIES // 2):
+            want.add(spine)
+        resume, pause = self.paused - want, want - self.paused
+        if resume:
+            self.consumer.resume(sorted(resume))
+        if pause:
+            log.info("applier %s: %d rows held for %d incomplete transactions: pausing %d partition(s) read ahead",
+                     self.cfg.name, held, len(self.regroup.order), len(pause))
+            self.consumer.pause(sorted(pause))
+        self.paused = want
 
     def _ahead(self, tp: TP, front: StreamKey | None) -> bool:
-        """Whether partition ``tp`` has read past the transaction the spine waits for (its
-        messages for it, if any, were read: a partition keeps the stream's order)."""
-        q = self.regroup.pending.get(tp)
-        return q is not None and len(q) > 0 and front is not None and q[-1][0] > front
+        """Whether partition ``tp`` has read past the transaction the spine waits for."""
+        lk = self.regroup.last_key.get(tp)
+        return lk is not None and front is not None and lk > front
 
     def _commit(self) -> None:
         if self.consumer is None:
@@ -333,15 +339,10 @@ class Applier:
 
     def snapshot(self) -> dict[str, Any]:
         now = time.time()
-        if self.consumer is not None and now - self._lag_at > 1.0:
-            try:
-                self._lag = self.consumer.lag()
-            except Exception:
-                log.debug("lag unknown", exc_info=True)
-            self._lag_at = now
+        lags = dict(self._lag)
         parts = {}
         for tp, off in sorted(dict(self.regroup.next_offset).items()):
-            lag = self._lag.get(tp, 0)
+            lag = lags.get(tp, 0)
             last = self.last_ts.get(tp, 0)
             parts[f"{tp[0]}[{tp[1]}]"] = {
                 "topic": tp[0], "partition": tp[1], "next_offset": off, "committed": self.committed.get(tp),

@@ -36,6 +36,9 @@ KEYS = [
     Key("client", p_choice("kafka-python", "confluent"), "kafka-python"),
     Key("tables", p_list, ["*.*"], doc="db.table patterns (* ?) this applier applies; every other table is "
         "another applier's (scale-out by table)"),
+    Key("untabled_ddl", p_choice("auto", "apply", "skip"), "auto",
+        doc="DDL that names no table (CREATE/DROP DATABASE): apply or skip; auto = apply when tables is *.* "
+            "(appliers that split one database's tables need its CREATE DATABASE: set apply)"),
     Key("senderConfig", p_nonempty, "./conf/applySender.cfg", doc="the senders this applier drives"),
     Key("httpPort", p_int(0, 65535), 8090, doc="status port; 0 = pick a free port, see the log"),
     Key("httpHost", p_nonempty, "127.0.0.1", doc="status bind address"),
@@ -60,6 +63,7 @@ class ApplyConfig:
     format: str
     client: str
     tables: tuple[str, ...]
+    untabled_ddl: str
     sender_config_path: Path
     http_host: str
     http_port: int
@@ -114,5 +118,5 @@ def load_apply_config(path: Path | str, catalog: SenderCatalog, base_dir: Path |
         raise ConfigError(f"{ini.where('global', 'dead_letter_topic')}: on_bad_message=dead_letter needs a topic")
     senders = load_sender_config(sp, _ApplyCatalog(catalog))
     return ApplyConfig(path, g["name"], g["servers"], g["txn_topic"], g["format"], g["client"], tuple(g["tables"]),
-                       sp, g["httpHost"], g["httpPort"], g["on_bad_message"], g["dead_letter_topic"],
+                       g["untabled_ddl"], sp, g["httpHost"], g["httpPort"], g["on_bad_message"], g["dead_letter_topic"],
                        g["commitInterval"], g["queueRows"], g["maxBufferedRows"], g["logLevel"], senders)

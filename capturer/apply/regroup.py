@@ -258,10 +258,11 @@ class Entry:
     bad: int = 0  # messages sent to the dead-letter topic instead (counted, not applied)
     first_seen: float = 0.0
     queued: bool = False  # in the spine's order (its record was read)
+    abandoned: str = ""  # why it will never be complete (then handed out as nothing)
 
     @property
     def complete(self) -> bool:
-        if self.kind == "ddl":
+        if self.kind == "ddl" or self.abandoned:
             return True
         if self.expected is None:
             return False
@@ -284,12 +285,13 @@ class Regrouper:
     spine's order (``ready``); tell it what the destinations hold (``done_through``)."""
 
     def __init__(self, spine: str, fmt: str = "json", owns: Callable[[str, str], bool] | None = None,
-                 clock: Callable[[], float] | None = None):
+                 clock: Callable[[], float] | None = None, untabled_ddl: bool = True):
         import time
 
         self.spine = spine
         self.fmt = fmt
         self.owns = owns or (lambda db, table: True)
+        self.untabled_ddl = untabled_ddl  # apply DDL that names no table (one applier of several should)
         self.clock = clock or time.monotonic
         self.order: collections.deque[Entry] = collections.deque()  # spine entries not yet handed out
         self.by_key: dict[StreamKey, Entry] = {}  # every entry not handed out, and early rows' entries
@@ -300,6 +302,10 @@ class Regrouper:
         self.pending: dict[TP, collections.deque[tuple[StreamKey, int]]] = {}
         self.next_offset: dict[TP, int] = {}  # per partition: the offset after the last message read
         self.topics: set[str] = set()  # table topics the END records name for owned tables
+        self.partitions: set[TP] = set()  # their partitions (what the applier must read)
+        self.last_key: dict[TP, StreamKey] = {}  # per table partition: the greatest transaction key read
+        self.abandoned = 0  # transactions the capturer will never finish (a snapshot chunk sent again)
+        self._orphan_scan = 0.0
         self._schemas: dict[str, TableSchema] = {}  # schema JSON text -> one object
         self.duplicates = 0
         self.dropped = 0  # messages of transactions the destinations held already
@@ -312,7 +318,8 @@ class Regrouper:
         """One consumed message. Raises BadMessage for one that does not decode (the
         caller stops, or calls ``add_bad`` after dead-lettering it)."""
         tp = (msg.topic, msg.partition)
-        self.next_offset[tp] = msg.offset + 1
+        if msg.offset >= self.next_offset.get(tp, 0):
+            self.next_offset[tp] = msg.offset + 1
         if msg.topic == self.spine:
             self._spine(msg, tp)
         else:
@@ -369,6 +376,15 @@ class Regrouper:
             self.duplicates += 1  # (a replayed record: the spine is in key order)
             return
         self.last_spine = key
+        if self.order:
+            last = self.order[-1]
+            if last.key != key and last.kind == "txn" and last.record is None and not last.abandoned:
+                # its BEGIN, then another record: the capturer's Kafka sender writes a transaction's
+                # BEGIN and END with nothing between them in this partition, and a replay after a
+                # crash writes the missing END next (same key). So this one was given up: a snapshot
+                # chunk read again after a crash goes out under a new commit_ts.
+                self._abandon(last, "its BEGIN was followed by another transaction (a snapshot chunk the capturer "
+                                    "sent again under a new key after a restart)")
         e = self.by_key.get(key)
         if e is None:
             e = self.by_key[key] = Entry(key, "ddl" if status == "DDL" else "txn", first_seen=self.clock())
@@ -389,24 +405,35 @@ class Regrouper:
             expected: dict[TP, int] = {}
             for db, table, topic, part, count in parts:
                 if self.owns(str(db), str(table)):
-                    expected[(str(topic), int(part))] = int(count)
-                    self.topics.add(str(topic))
-            tables: dict[tuple[str, str], TableSchema] = {}
+                    tp = (str(topic), int(part))
+                    expected[tp] = expected.get(tp, 0) + int(count)
+                    if tp not in self.partitions:
+                        self.partitions.add(tp)
+                        self.topics.add(tp[0])
+            tables: dict[tuple[str, str], list[TableSchema]] = {}
             for sj in schemas:
                 text = json.dumps(sj, sort_keys=True)
                 s = self._schemas.get(text)
                 if s is None:
                     s = self._schemas[text] = schema_from_json(sj)
-                tables[(s.db, s.table)] = s
+                tables.setdefault((s.db, s.table), []).append(s)
             position_from_json(d["position"])
         except KeyError as exc:
             raise BadMessage(msg, f"END record without {exc} (written by a capturer older than the applier: its "
                                   "transactions cannot be regrouped)") from None
         except (ValueError, TypeError) as exc:
             raise BadMessage(msg, f"bad END record: {exc}") from None
-        d["_tables"] = tables
-        e.record = d
+        # what the transaction needs later (not the counts and schemas' JSON: an entry may wait a while)
+        e.record = {"position": d["position"], "source_ts": d.get("source_ts", 0), "gtid": d.get("gtid", ""),
+                    "snapshot": d.get("snapshot"), "_tables": tables}
         e.expected = expected
+
+    def _abandon(self, e: Entry, why: str) -> None:
+        e.abandoned = why
+        self.abandoned += 1
+        self.rows_buffered -= sum(len(v) for v in e.events.values())
+        e.events = {}
+        log.warning("transaction %s:%s will never be complete and is skipped: %s", e.key[1], e.key[0], why)
 
     def _entry_for(self, key: StreamKey, tp: TP, offset: int) -> Entry | None:
         """The entry a row of transaction ``key`` belongs to (made for rows that come
@@ -437,6 +464,9 @@ class Regrouper:
             return
         if op in ("t", "ddl", "begin", "end"):
             return  # a TRUNCATE marker of a table topic: the spine's DDL record applies it
+        lk = self.last_key.get(tp)
+        if lk is None or key > lk:
+            self.last_key[tp] = key
         e = self._entry_for(key, tp, msg.offset)
         if e is None:
             return
@@ -490,6 +520,8 @@ class Regrouper:
     def ready(self) -> list[Ready]:
         """The complete entries at the front of the spine, in order (each once)."""
         out: list[Ready] = []
+        if self.order and not self.order[0].complete:
+            self._hole(self.order[0])
         while self.order and self.order[0].complete:
             e = self.order.popleft()
             self.by_key.pop(e.key, None)
@@ -497,20 +529,38 @@ class Regrouper:
             out.append((e.key, self._build(e)))
         return out
 
+    def _hole(self, e: Entry) -> None:
+        """A snapshot chunk that misses messages in a partition which has moved past it
+        will never get them (a partition holds its messages in the stream's order): the
+        capturer crashed before the chunk was acknowledged and sends it again under a new
+        key. Any other transaction waits (never applied in part; the status shows it)."""
+        if e.record is None or not e.record.get("snapshot") or e.expected is None:
+            return
+        for tp, n in e.expected.items():
+            lk = self.last_key.get(tp)
+            if e.got.get(tp, 0) < n and lk is not None and lk > e.key:
+                self._abandon(e, f"a snapshot chunk missing messages in {tp[0]}[{tp[1]}], which has moved past it "
+                                 "(sent again under a new key after a restart of the capturer)")
+                return
+
     def _build(self, e: Entry) -> Txn | None:
+        if e.abandoned:
+            return None
         d = e.record
         assert d is not None
         commit_ts, region = e.key[0], e.key[1]
         position: AnyPosition = position_from_json(d["position"])
         if e.kind == "ddl":
             db, table = str(d.get("db", "")), str(d.get("table", ""))
-            if table and not self.owns(db, table):
+            if table and not self.owns(db, table) or not table and not self.untabled_ddl:
                 return None
             ddl = Ddl(db, str(d["sql"]), table, str(d.get("session_db", "")), int(d.get("seq", 0)))
             return Txn(region, commit_ts, position, (), ddl, int(d.get("source_ts", 0)), str(d.get("gtid", "")))
         if not e.expected:
+            self.rows_buffered -= sum(len(v) for v in e.events.values())
+            e.events = {}
             return None
-        tables: dict[tuple[str, str], TableSchema] = d["_tables"]
+        tables: dict[tuple[str, str], list[TableSchema]] = d["_tables"]
         changes: list[RowChange] = []
         for seq in sorted(e.events):
             evs = e.events[seq]
@@ -524,13 +574,18 @@ class Regrouper:
         return Txn(region, commit_ts, position, tuple(changes), None, int(d.get("source_ts", 0)),
                    str(d.get("gtid", "")), mark)
 
-    def _change(self, tables: dict[tuple[str, str], TableSchema], evs: list[Event], key: StreamKey,
+    def _change(self, tables: dict[tuple[str, str], list[TableSchema]], evs: list[Event], key: StreamKey,
                 seq: int) -> RowChange | None:
         db, table = evs[0][1], evs[0][2]
-        schema = tables.get((db, table))
-        if schema is None:
+        schemas = tables.get((db, table))
+        if not schemas:
             raise ValueError(f"transaction {key[1]}:{key[0]} row {seq}: its END record has no schema of "
                              f"{db}.{table}")
+        schema = schemas[0]
+        if len(schemas) > 1:  # the table changed inside the transaction (PostgreSQL): the schema of its columns
+            img = evs[-1][4] if evs[-1][4] is not None else evs[-1][3]
+            cols = set(img or ())
+            schema = next((s for s in schemas if set(s.columns) == cols), schemas[-1])
 
         def conv(x: dict[str, Any] | None, b64: frozenset[str]) -> dict[str, Any] | None:
             return _image(schema, x, b64, f"row {seq} of {key[1]}:{key[0]}")
@@ -556,11 +611,14 @@ class Regrouper:
         for q in self.pending.values():
             while q and q[0][0] <= key:
                 q.popleft()
-        if len(self.by_key) > len(self.order):
+        now = self.clock()
+        if len(self.by_key) > len(self.order) and now - self._orphan_scan >= 1.0:
             # rows of a transaction the spine never named (it has passed it): not the capturer's
             # (or a dead-lettered stray): dropped, their offsets released above
+            self._orphan_scan = now
             for k in [k for k, e in self.by_key.items() if not e.queued and k <= key]:
-                del self.by_key[k]
+                e = self.by_key.pop(k)
+                self.rows_buffered -= sum(len(v) for v in e.events.values())
                 self.orphans += 1
 
     def skip_through(self, key: StreamKey | None) -> None:
@@ -574,7 +632,7 @@ class Regrouper:
         out: dict[TP, int] = {}
         for tp, nxt in self.next_offset.items():
             q = self.pending.get(tp)
-            out[tp] = q[0][1] if q else nxt
+            out[tp] = min(o for _, o in q) if q else nxt  # (min: a partition read again is not in order)
         return out
 
     def waiting(self, limit: int = 5) -> list[dict[str, Any]]:
@@ -592,7 +650,7 @@ class Regrouper:
         return {"spine_entries": len(self.order), "rows_buffered": self.rows_buffered,
                 "early_txns": sum(1 for e in list(self.by_key.values()) if not e.queued),
                 "duplicates": self.duplicates, "dropped_done": self.dropped, "foreign": self.foreign,
-                "orphans": self.orphans}
+                "orphans": self.orphans, "abandoned": self.abandoned}
 
 
 def owned_by(patterns: Iterable[str]) -> Callable[[str, str], bool]:

@@ -782,7 +782,7 @@ class KafkaSender(Sender):
             n += self._put(client, txn_topic, 0, txn_id, self._txn_record(txn, "BEGIN"),
                            self._headers(txn, 0, "begin"), (txn.commit_ts, txn.region, 0, -1, 0))
             failpoints.hit("kafka.produce")
-        counts: dict[tuple[str, int], int] | None = {} if txn_topic else None
+        counts: dict[tuple[str, str, str, int], int] | None = {} if txn_topic else None
         n += self._send_rows(txn, client, counts)
         if txn_topic:
             n += self._put(client, txn_topic, 0, txn_id, self._txn_record(txn, "END", counts),
@@ -798,12 +798,13 @@ class KafkaSender(Sender):
         return [m for m in msgs if (m[0], m[1]) not in limits
                 or keep((m[0], m[1]), row_key(ts, region, int(m[4][2][1]), m[4][3][1], m[3] is None))]
 
-    def _send_rows(self, txn: Txn, client: _Client, parts: dict[tuple[str, int], int] | None = None) -> int:
+    def _send_rows(self, txn: Txn, client: _Client,
+                   parts: dict[tuple[str, str, str, int], int] | None = None) -> int:
         """The rows of a transaction, a slice at a time: in the json format rendered by
         the C encoder where it was built (``row_messages`` is what it renders, and the path
         taken for a slice it refuses, e.g. a lone surrogate in a value). ``parts``: counts
-        the messages of each ``(topic, partition)`` (all of them, also those a partition
-        held already), for the transaction's END record."""
+        the messages of each ``(db, table, topic, partition)`` (all of them, also those a
+        partition held already), for the transaction's END record."""
         total = len(txn.changes)
         now_ms = int(time.time() * 1000)  # json's ts_ms (when the capturer sent it): one per transaction
         encode = self.encoder(now_ms)
@@ -827,9 +828,12 @@ class KafkaSender(Sender):
             if msgs is None:
                 msgs = self.row_messages(txn, part, seq0, encode)
             if parts is not None:
+                # per table and partition (a topic may hold several tables: a pattern without {table},
+                # or two names that become one topic name): the row of a message by its seq header
                 for m in msgs:
-                    tp = (m[0], m[1])
-                    parts[tp] = parts.get(tp, 0) + 1
+                    s = part[int(m[4][2][1]) - seq0].schema
+                    k = (s.db, s.table, m[0], m[1])
+                    parts[k] = parts.get(k, 0) + 1
             if self.marks.limits:  # (only while the replayed part is in hand)
                 msgs = self._unsent(txn, msgs)
             client.produce_all(msgs)
@@ -874,7 +878,8 @@ class KafkaSender(Sender):
                     out.append((topic, p, key, None, headers))
         return out
 
-    def _txn_record(self, txn: Txn, status: str, parts: dict[tuple[str, int], int] | None = None) -> bytes:
+    def _txn_record(self, txn: Txn, status: str,
+                    parts: dict[tuple[str, str, str, int], int] | None = None) -> bytes:
         """A BEGIN or END record of ``txn_topic`` (Debezium's transaction metadata). END also
         says, for a consumer that regroups the transaction (capturer/apply): ``parts``, the
         messages of each ``[db, table, topic, partition, count]`` (tombstones included), and
@@ -894,8 +899,7 @@ class KafkaSender(Sender):
             d["event_count"] = len(txn.changes)
             d["data_collections"] = [{"data_collection": f"{k[0]}.{k[1]}", "event_count": v}
                                      for k, v in counts.items()]
-            tables = {self.topic_for(s.db, s.table, txn.region): (s.db, s.table) for s in schemas.values()}
-            d["parts"] = [[*tables.get(t, ("", "")), t, p, c] for (t, p), c in sorted((parts or {}).items())]
+            d["parts"] = [[db, table, t, p, c] for (db, table, t, p), c in sorted((parts or {}).items())]
             d["schemas"] = [schema_json(s) for s in schemas.values()]
             d["source_ts"], d["gtid"] = txn.source_ts, txn.gtid
             if txn.snapshot is not None:

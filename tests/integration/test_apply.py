@@ -193,9 +193,9 @@ def test_two_appliers_split_by_table_survive_kill9(rig: dict[str, Any]) -> None:
         cap.wait_ready()
         mysql = f"[global]\ntype=mysql\n[mysql]\nhost=127.0.0.1\nport={target.port}\nuser=root\npassword=\n"
         cfg_a, port_a = write_applier(tmp, "a", broker.servers, mysql + "threadnum=4\ntxn_atomic=true\n",
-                                      tables="app.users", client="kafka-python")
+                                      tables="app.users", client="kafka-python", extra="untabled_ddl=apply\n")
         cfg_b, port_b = write_applier(tmp, "b", broker.servers, mysql + "threadnum=2\n",
-                                      tables="app.pairs, app.log")
+                                      tables="app.pairs, app.log", extra="untabled_ddl=apply\n")
         cfg_c, port_c = write_applier(
             tmp, "c", broker.servers,
             f"[global]\ntype=local,spark\n[local]\nfilepath={tmp / 'out' / 'changes.jsonl'}\n"
