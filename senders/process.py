@@ -27,7 +27,8 @@ housekeeping of its own (the Spark sender's compaction); ``["key"]`` before a
 batch is retried (the destination's position, ``resume_key()``); ``["close"]``
 at the end. Child -> capturer, one answer per open, per batch, per ``hk`` and
 per ``key``: ``["ok", status extras]`` or ``["err", retriable, message]``. The
-open message carries the checkpoint's ``resume_state`` (a seventh element); the
+open message carries the checkpoint's ``resume_state`` (a seventh element) and the
+sender's name when it is not its type (an eighth: an applier's ``<name>.mysql``); the
 extras of its answer hold ``resume_key``, those of a batch's answer the sender's
 ``position_state``.
 """
@@ -77,10 +78,12 @@ class ProcessSender(Sender):
     """The capturer's side: a Sender whose ``send`` is done by a child process."""
 
     def __init__(self, name: str, options: dict[str, Any], queue_rows: int = 100_000, log_level: str = "info",
-                 spill_rows: int = 50_000, spill_dir: str = ""):
+                 spill_rows: int = 50_000, spill_dir: str = "", kind: str = ""):
+        """``kind``: the sender's type when its ``name`` is another (an applier's ``<name>.mysql``)."""
         super().__init__(name, options, queue_rows)
+        self.kind = kind or name
         # batching as the real sender would batch (some set it from their options); making one opens nothing
-        probe = sender_class(name)(name, {k: v for k, v in options.items() if k != "process"}, queue_rows)
+        probe = sender_class(self.kind)(name, {k: v for k, v in options.items() if k != "process"}, queue_rows)
         self.batch_rows, self.linger, self.max_backoff = probe.batch_rows, probe.linger, probe.max_backoff
         self.queue = type(self.queue)(probe.queue.capacity)
         self.log_level = log_level
@@ -174,8 +177,8 @@ class ProcessSender(Sender):
             self._reap()
         self._spawn()
         opts = {k: v for k, v in self.options.items() if k != "process"}
-        self._write([wire.packb(["open", self.name, opts, self.log_level, self.spill_rows, self.spill_dir,
-                                 self.resume_state])])
+        self._write([wire.packb(["open", self.kind, opts, self.log_level, self.spill_rows, self.spill_dir,
+                                 self.resume_state, self.name])])
         try:
             self._answer()
             self._fresh_key = True
@@ -299,14 +302,15 @@ def child_main(argv: list[str] | None = None) -> int:
     sender: Sender | None = None
     try:
         first = next(values, None)
-        if not (isinstance(first, list) and len(first) in (6, 7) and first[0] == "open"):
+        if not (isinstance(first, list) and len(first) in (6, 7, 8) and first[0] == "open"):
             # not the message itself: it holds the sender's options (passwords)
             print(f"senders.process: expected an open message, got a {type(first).__name__}", file=sys.stderr)
             return 2
-        _, name, options, level, spill_rows, spill_dir = first[:6]
+        _, kind, options, level, spill_rows, spill_dir = first[:6]
+        name = str(first[7]) if len(first) == 8 else kind  # (the sender's name, when not its type)
         logging.basicConfig(level=getattr(logging, str(level).upper(), logging.INFO), stream=sys.stderr,
                             format=f"%(asctime)s %(levelname)s [sender {name} pid {os.getpid()}] %(name)s: %(message)s")
-        sender = sender_class(name)(name, options, 1)
+        sender = sender_class(kind)(name, options, 1)
         sender.resume_state = first[6] if len(first) == 7 and isinstance(first[6], dict) else None
         try:
             sender.open()

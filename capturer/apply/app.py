@@ -37,6 +37,7 @@ from capturer.model import Heartbeat, Item, StreamKey, Txn, stream_key, ts_physi
 from capturer.util.bqueue import WeightedQueue
 from senders import sender_class
 from senders.base import Sender
+from senders.process import ProcessSender
 
 log = logging.getLogger(__name__)
 
@@ -64,10 +65,18 @@ class _SenderQueue(WeightedQueue[Pair]):
 
 
 def make_senders(cfg: ApplyConfig) -> list[Sender]:
-    out = []
+    """Each sender named ``<applier>.<type>`` (its position rows in a shared target are its own);
+    ``process = true``: its work in a process of its own (senders/process.py), off the GIL of the
+    consumer and the regrouping."""
+    out: list[Sender] = []
     for sc in cfg.senders:
-        s = sender_class(sc.name)(f"{cfg.name}.{sc.name}", sc.options, cfg.queue_rows)
-        s.queue = _SenderQueue(cfg.queue_rows)
+        name = f"{cfg.name}.{sc.name}"
+        s: Sender
+        if sc.options.get("process"):
+            s = ProcessSender(name, sc.options, cfg.queue_rows, cfg.log_level, kind=sc.name)
+        else:
+            s = sender_class(sc.name)(name, {k: v for k, v in sc.options.items() if k != "process"}, cfg.queue_rows)
+        s.queue = _SenderQueue(s.queue.capacity)
         out.append(s)
     return out
 

@@ -97,7 +97,7 @@ class _ApplyCatalog:
         return [n for n in self.inner.names() if n in APPLY_SENDERS]
 
     def keys(self, name: str) -> list[Key]:
-        return [k for k in self.inner.keys(name) if k.name != "process"]
+        return list(self.inner.keys(name))
 
 
 def load_apply_config(path: Path | str, catalog: SenderCatalog, base_dir: Path | None = None) -> ApplyConfig:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable
-from typing import Any, Protocol, cast
+from typing import Any, Protocol
 
 from capturer.apply.regroup import TP, Msg
 from capturer.errors import SourceError
@@ -200,7 +200,12 @@ class ConfluentConsumer:
         # the first message waits up to ``timeout``, the rest is what is there already: consume(n, t)
         # alone would wait its whole timeout for fewer than n messages (latency at a light load)
         first = self.c.poll(timeout)
-        for m in ([first] + self.c.consume(max_msgs - 1, 0)) if first is not None else ():
+        if first is None:
+            return out
+        append = out.append
+        last: dict[TP, Any] = {}
+        m: Any
+        for m in [first] + self.c.consume(max_msgs - 1, 0):
             err = m.error()
             if err is not None:
                 if err.code() == KafkaError._PARTITION_EOF:
@@ -209,9 +214,12 @@ class ConfluentConsumer:
                     raise SourceError(f"Kafka consumer: {err}")
                 log.warning("Kafka consumer: %s", err)
                 continue
+            msg = Msg(m.topic(), m.partition(), m.offset(), m.key(), m.value(), m.headers() or [])
+            append(msg)
+            last[(msg.topic, msg.partition)] = (msg, m)
+        for msg, m in last.values():  # the Kafka timestamp of each partition's last message (its lag in seconds)
             ts = m.timestamp()
-            out.append(Msg(cast(str, m.topic()), cast(int, m.partition()), cast(int, m.offset()), m.key(), m.value(),
-                           cast("list[tuple[str, bytes]]", list(m.headers() or [])), ts[1] if ts and ts[0] else 0))
+            msg.ts_ms = ts[1] if ts and ts[0] else 0
         return out
 
     def commit(self, offsets: dict[TP, int]) -> None:

@@ -5,7 +5,8 @@ processes as start.sh runs them) reading it back into a MariaDB target, the file
 Spark lake.
 
 * scale-out by table: applier ``a`` owns app.users (``txn_atomic``, kafka-python), ``b`` owns
-  app.pairs and app.log (confluent), both into the same target; ``c`` owns everything and
+  app.pairs and app.log (confluent, its MySQL sender in a process of its own), both into the
+  same target; ``c`` owns everything and
   writes the file and the lake; kill -9 of ``a`` and of ``c`` mid-load and of the capturer;
   a transaction spread over every table topic and partition arrives whole; every
   destination equals the sources (our own comparison and ``python -m capturer verify``),
@@ -194,7 +195,7 @@ def test_two_appliers_split_by_table_survive_kill9(rig: dict[str, Any]) -> None:
         mysql = f"[global]\ntype=mysql\n[mysql]\nhost=127.0.0.1\nport={target.port}\nuser=root\npassword=\n"
         cfg_a, port_a = write_applier(tmp, "a", broker.servers, mysql + "threadnum=4\ntxn_atomic=true\n",
                                       tables="app.users", client="kafka-python", extra="untabled_ddl=apply\n")
-        cfg_b, port_b = write_applier(tmp, "b", broker.servers, mysql + "threadnum=2\n",
+        cfg_b, port_b = write_applier(tmp, "b", broker.servers, mysql + "threadnum=2\nprocess=true\n",
                                       tables="app.pairs, app.log", extra="untabled_ddl=apply\n")
         cfg_c, port_c = write_applier(
             tmp, "c", broker.servers,

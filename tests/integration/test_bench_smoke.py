@@ -14,7 +14,7 @@ pytestmark = pytest.mark.integration
 
 def test_bench_smoke_every_row_arrives() -> None:
     r = subprocess.run(
-        [sys.executable, "bench/bench.py", "--rows", "5000", "--smoke", "--only", "file,mysql,kafka,spark,all,senderprocs"],
+        [sys.executable, "bench/bench.py", "--rows", "5000", "--smoke", "--only", "file,mysql,apply,kafka,spark,all,senderprocs"],
         cwd=ROOT, capture_output=True, text=True, timeout=900, env=dict(os.environ, PYTHONPATH=str(ROOT)),
     )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
