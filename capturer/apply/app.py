@@ -347,6 +347,16 @@ class Applier:
         return True, "ok"
 
     def snapshot(self) -> dict[str, Any]:
+        """The status (HTTP threads call it while the loop changes what it reads: a copy that
+        met a change is taken again)."""
+        for _ in range(5):
+            try:
+                return self._snapshot()
+            except RuntimeError:  # a dict or deque changed size while it was copied
+                time.sleep(0.01)
+        return self._snapshot()
+
+    def _snapshot(self) -> dict[str, Any]:
         now = time.time()
         lags = dict(self._lag)
         parts = {}
