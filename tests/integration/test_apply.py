@@ -88,10 +88,10 @@ def write_applier(tmp: Path, name: str, servers: str, senders: str, tables: str 
     return cfg, port
 
 
-def capturer_config(tmp: Path, sources: list[MariaDBInstance], servers: str) -> Path:
+def capturer_config(tmp: Path, sources: list[MariaDBInstance], servers: str, fmt: str = "json") -> Path:
     (tmp / "senderConfig.cfg").write_text(
         f"[global]\ntype=kafka\n[kafka]\nservers={servers}\nclient=confluent\ntxn_topic={TXN_TOPIC}\n"
-        "tombstones=true\npartitions=3\n")
+        f"tombstones=true\npartitions=3\nformat={fmt}\n")
     (tmp / "filter_rule.txt").write_text("")
     regions = "".join(
         f"\n[region:r{i + 1}]\ntype=mysql\nhost=127.0.0.1\nport={m.port}\nuser=capturer\npassword=capturer\n"
@@ -331,6 +331,35 @@ def test_broker_restart_and_messages_that_do_not_decode(rig: dict[str, Any]) -> 
                 p.proc.kill()
         broker.kill()
         store.stop()
+
+
+def test_protobuf_format(rig: dict[str, Any]) -> None:
+    """The capturer writing protobuf, an applier reading it into the file: equal to the sources."""
+    tmp, sources = rig["tmp"], rig["sources"]
+    broker = Broker().start()
+    procs: list[Any] = []
+    try:
+        cap = CapturerProcess(capturer_config(tmp, sources, broker.servers, "protobuf"), tmp / "capturer.log").start()
+        procs.append(cap)
+        cap.wait_ready()
+        cfg, port = write_applier(tmp, "pb", broker.servers,
+                                  f"[global]\ntype=local\n[local]\nfilepath={tmp / 'out' / 'changes.jsonl'}\n",
+                                  extra="format=protobuf\n")
+        ap = ApplierProcess(cfg, tmp / "pb.log", port).start()
+        procs.append(ap)
+        with Load(sources, pace=0.01) as load:
+            wait_for(lambda: load.rows > 300, 60, "load")
+        big_txn(sources[0], 1)
+        wait_for(lambda: settled(lambda: file_state_equals(tmp, sources)), 120, "the file equals the sources")
+        assert ap.status()["format"] == "protobuf"
+        assert ap.stop() == 0
+        assert cap.stop() == 0
+    finally:
+        keep_logs(tmp)
+        for p in procs:
+            if p.proc is not None and p.proc.poll() is None:
+                p.proc.kill()
+        broker.kill()
 
 
 def test_check(tmp_path: Path) -> None:
