@@ -160,6 +160,15 @@ def wait_equal(sources: list[MariaDBInstance], target: MariaDBInstance, timeout:
         raise AssertionError(f"{exc}; appliers: {states}") from None
 
 
+def tear_down(tmp: Path, procs: list[Any], broker: Broker) -> None:
+    """After a test: the logs kept (KEEP_LOGS), every child process still running killed, the broker too."""
+    keep_logs(tmp)
+    for p in procs:
+        if p.proc is not None and p.proc.poll() is None:
+            p.proc.kill()
+    broker.kill()
+
+
 def settled(check: Any) -> bool:
     try:
         check()
@@ -253,11 +262,7 @@ def test_two_appliers_split_by_table_survive_kill9(rig: dict[str, Any]) -> None:
             assert p.stop() == 0
         assert cap.stop() == 0
     finally:
-        keep_logs(tmp)
-        for p in procs:
-            if p.proc is not None and p.proc.poll() is None:
-                p.proc.kill()
-        broker.kill()
+        tear_down(tmp, procs, broker)
 
 
 def test_broker_restart_and_messages_that_do_not_decode(rig: dict[str, Any]) -> None:
@@ -325,11 +330,7 @@ def test_broker_restart_and_messages_that_do_not_decode(rig: dict[str, Any]) -> 
         assert "does not decode" in text and "capturer.app.users" in text and "on_bad_message=stop" in text
         assert cap.stop() == 0
     finally:
-        keep_logs(tmp)
-        for p in procs:
-            if p.proc is not None and p.proc.poll() is None:
-                p.proc.kill()
-        broker.kill()
+        tear_down(tmp, procs, broker)
         store.stop()
 
 
@@ -355,11 +356,7 @@ def test_protobuf_format(rig: dict[str, Any]) -> None:
         assert ap.stop() == 0
         assert cap.stop() == 0
     finally:
-        keep_logs(tmp)
-        for p in procs:
-            if p.proc is not None and p.proc.poll() is None:
-                p.proc.kill()
-        broker.kill()
+        tear_down(tmp, procs, broker)
 
 
 def test_check(tmp_path: Path) -> None:
