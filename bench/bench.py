@@ -11,6 +11,7 @@ machine is small and noisy, so absolute numbers mean little on their own.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import decimal
 import json
@@ -21,6 +22,8 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -301,8 +304,17 @@ def cpu_split(before: dict[str, float], after: dict[str, float], seconds: float)
             if seconds > 0 and v - before.get(k, 0.0) > 0}
 
 
+_FAIL_NEXT_RUN: list[str] = []  # --fail-part (the bench's own test): the part's next capturer run fails
+
+
 def run_until_delivered(config: Path, expect_rows: int) -> dict[str, Any]:
     """Run the capturer in-process until every sender has ``expect_rows`` rows."""
+    if _FAIL_NEXT_RUN:
+        import subprocess
+
+        name = _FAIL_NEXT_RUN.pop()
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)  # bench-injected-failure"])
+        raise RuntimeError(f"--fail-part {name}: the part fails with a process of its own left running")
     cap = Capturer(load_config(config))
     cpu0 = cpu_by_role()
     cpu1: dict[str, float] = {}
@@ -403,10 +415,17 @@ def baikal_double_process(tmp: Path, rows: int) -> tuple[Any, dict[str, Any]]:
     p = subprocess.Popen([sys.executable, "-m", "devtools.baikaldb_double", "--bench-rows", str(rows), "--ready", str(ready)],
                          cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)),
                          stdout=subprocess.DEVNULL, stderr=open(tmp / "double.log", "wb"))
-    deadline = time.time() + 600
+    # its preparation writes the workload in-process (~45 s per million rows here)
+    limit = 120 + rows / 5000
+    deadline = time.time() + limit
     while not ready.exists():
         if p.poll() is not None or time.time() > deadline:
-            raise RuntimeError(f"the BaikalDB double did not start: {(tmp / 'double.log').read_text()[-2000:]}")
+            p.terminate()
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+            raise RuntimeError(f"the BaikalDB double did not get ready in {limit:.0f} s: {(tmp / 'double.log').read_text()[-2000:]}")
         time.sleep(0.2)
     time.sleep(0.2)
     return p, json.loads(ready.read_text())
@@ -994,6 +1013,75 @@ def _children(pid: int) -> set[int]:
     return out
 
 
+def _descendants() -> dict[int, list[str]]:
+    """Every process below this one (children, theirs, ...) with its command line."""
+    procs: dict[int, tuple[int, list[str]]] = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                ppid = int(Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[1].split()[1])
+                cmd = Path(f"/proc/{d}/cmdline").read_bytes().decode("utf-8", "replace").split("\0")
+            except (OSError, IndexError, ValueError):
+                continue
+            procs[int(d)] = (ppid, cmd)
+    family, grew = {os.getpid()}, True
+    while grew:
+        more = {pid for pid, (ppid, _) in procs.items() if ppid in family} - family
+        family |= more
+        grew = bool(more)
+    return {pid: procs[pid][1] for pid in family - {os.getpid()} if pid in procs}
+
+
+def stop_processes(keep: set[int] = frozenset(), grace: float = 10.0) -> list[str]:  # type: ignore[assignment]
+    """Stop every process below this one but those in ``keep`` (and theirs): SIGTERM,
+    then SIGKILL after ``grace`` s. Returns what was stopped, for the log. (A part that
+    failed half-way leaves what it started: a test double, an agent, an applier.)"""
+    import signal
+
+    procs = _descendants()
+    kept = set(keep)
+    grew = True
+    while grew:  # the kept ones' own children stay too
+        more = {pid for pid in procs if pid not in kept and _parent(pid) in kept}
+        kept |= more
+        grew = bool(more)
+    victims = {pid: cmd for pid, cmd in procs.items() if pid not in kept}
+    for pid in victims:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except OSError:
+            pass
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and any(Path(f"/proc/{pid}").exists() and not _zombie(pid) for pid in victims):
+        time.sleep(0.1)
+    for pid in victims:
+        try:
+            if not _zombie(pid):
+                os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    for pid in victims:  # reap our own children
+        try:
+            os.waitpid(pid, os.WNOHANG)
+        except OSError:
+            pass
+    return [" ".join(cmd)[:120] for cmd in victims.values()]
+
+
+def _parent(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return -1
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return True  # gone
+
+
 def reset_target(target: MariaDBInstance) -> None:
     """Empty the target for another run: its tables and the MySQL sender's applied marks
     (without dropping those, the next run would skip every row as applied before)."""
@@ -1371,7 +1459,14 @@ def main() -> int:
     ap.add_argument("--kafka-clients", default="kafka-python,confluent", help="Kafka clients to run")
     ap.add_argument("--keep", action="store_true", help="keep the temporary directory (servers' data, outputs, "
                     "logs); removed at the end otherwise")
+    ap.add_argument("--out", help="where the results go (default: bench/results/<date>[-<parts>].json; "
+                    "--smoke: nowhere)")
+    ap.add_argument("--fail-part", default="", help=argparse.SUPPRESS)  # the bench's own test: that part fails
     args = ap.parse_args()
+    import signal
+
+    # SIGTERM (a CI timeout, kill) ends the run as Ctrl-C does: what was measured is written, every process stopped
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     # the capturer runs in this process: malloc as ``python -m capturer`` sets it (CAPTURER_MALLOC=default: glibc's own)
     from capturer.util.memory import GC_THRESHOLDS, tune_gc, tune_malloc
 
@@ -1389,8 +1484,44 @@ def main() -> int:
                                "workload": {"inserts": inserts * 2, "updates": updates * 2, "deletes": deletes * 2,
                                             "regions": 2}, "cpu": os.cpu_count(), "malloc": results_malloc,
                                "gc": results_gc}
-    failures = []
+    failures: list[str] = []
     cpu_lines: list[str] = []
+    # results are written after every part (a part that fails is marked, the others' figures stay);
+    # a smoke run (CI) writes none
+    full = only >= set(ap.get_default("only").split(","))
+    suffix = "" if full else "-" + "-".join(sorted(only))
+    dest = (Path(args.out) if args.out else None if args.smoke
+            else ROOT / "bench" / "results" / f"{dt.date.today().isoformat()}{suffix}.json")
+    results["complete"] = False
+
+    def save() -> None:
+        results["table"] = rep.rows
+        if dest is not None:
+            part_file = dest.with_suffix(".json.part")
+            part_file.write_text(json.dumps(results, indent=2) + "\n")
+            os.replace(part_file, dest)
+
+    @contextlib.contextmanager
+    def part(name: str) -> Iterator[None]:
+        """One part of the bench: if it fails, its error is kept in the results (``failed_parts``),
+        the processes it left are stopped, and the run goes on with the next part."""
+        t_part = time.perf_counter()
+        try:
+            _FAIL_NEXT_RUN[:] = [name] if name == args.fail_part else []
+            yield
+        except Exception as e:
+            print(f"\nbench: part {name!r} failed; going on with the next ones\n{traceback.format_exc()}",
+                  file=sys.stderr)
+            results.setdefault("failed_parts", {})[name] = f"{type(e).__name__}: {e}"[:2000]
+            failures.append(f"{name}: failed ({type(e).__name__}: {str(e)[:200]})")
+            keep = {o.proc.pid for o in servers + extra if getattr(o, "proc", None) is not None}
+            stopped = stop_processes(keep)
+            if stopped:
+                print(f"bench: stopped what part {name!r} left running: {stopped}", file=sys.stderr)
+        finally:
+            _FAIL_NEXT_RUN.clear()
+            results.setdefault("part_seconds", {})[name] = round(time.perf_counter() - t_part, 1)
+            save()
 
     def e2e(name: str, senders_cfg: str, total: int, baseline: float | None, label: str,
             region_extra: str = "") -> None:
@@ -1433,392 +1564,416 @@ def main() -> int:
             results["fast_decode_c_rows_per_s"] = round(n3 / secs3)
             rep.add("fast row decoder, C build (same framing), 1 region", n3 / secs3, decode)
         if "file" in only:
-            e2e("file", f"[global]\ntype=local\n[local]\nfilepath={tmp / 'file' / 'changes.jsonl'}\n",
-                total, decode, "capturer -> file (2 regions)")
-            if "ab" in only:
-                from capturer.util import mysqlconn
+            with part("file"):
+                e2e("file", f"[global]\ntype=local\n[local]\nfilepath={tmp / 'file' / 'changes.jsonl'}\n",
+                    total, decode, "capturer -> file (2 regions)")
+                if "ab" in only:
+                    from capturer.util import mysqlconn
 
-                real_buf, mysqlconn.READ_BUFFER = mysqlconn.READ_BUFFER, 8192
-                try:
-                    e2e("file-8k-reads", f"[global]\ntype=local\n[local]\nfilepath={tmp / 'file-8k' / 'changes.jsonl'}\n",
-                        total, results["file"]["rows_per_s"],
-                        "capturer -> file, binlog read through pymysql's 8 KiB buffer; ratio to 256 KiB")
-                finally:
-                    mysqlconn.READ_BUFFER = real_buf
-                from capturer.regions.mysql import tablemap
+                    real_buf, mysqlconn.READ_BUFFER = mysqlconn.READ_BUFFER, 8192
+                    try:
+                        e2e("file-8k-reads", f"[global]\ntype=local\n[local]\nfilepath={tmp / 'file-8k' / 'changes.jsonl'}\n",
+                            total, results["file"]["rows_per_s"],
+                            "capturer -> file, binlog read through pymysql's 8 KiB buffer; ratio to 256 KiB")
+                    finally:
+                        mysqlconn.READ_BUFFER = real_buf
+                    from capturer.regions.mysql import tablemap
 
-                real_connect, tablemap.connect = tablemap.connect, mysqlconn.connect
-                try:
-                    e2e("file-no-tablemap-cache",
-                        f"[global]\ntype=local\n[local]\nfilepath={tmp / 'file-ntm' / 'changes.jsonl'}\n",
-                        total, results["file"]["rows_per_s"],
-                        "capturer -> file, every table map parsed by the library; ratio to parsed once per definition")
-                finally:
-                    tablemap.connect = real_connect
-            if "senderprocs" in only:
-                e2e("file-proc", f"[global]\ntype=local\n[local]\nfilepath={tmp / 'file-proc' / 'changes.jsonl'}\n"
-                    "process=true\n", total, results["file"]["rows_per_s"],
-                    "capturer -> file, sender in its own process; ratio to in-process")
+                    real_connect, tablemap.connect = tablemap.connect, mysqlconn.connect
+                    try:
+                        e2e("file-no-tablemap-cache",
+                            f"[global]\ntype=local\n[local]\nfilepath={tmp / 'file-ntm' / 'changes.jsonl'}\n",
+                            total, results["file"]["rows_per_s"],
+                            "capturer -> file, every table map parsed by the library; ratio to parsed once per definition")
+                    finally:
+                        tablemap.connect = real_connect
+                if "senderprocs" in only:
+                    e2e("file-proc", f"[global]\ntype=local\n[local]\nfilepath={tmp / 'file-proc' / 'changes.jsonl'}\n"
+                        "process=true\n", total, results["file"]["rows_per_s"],
+                        "capturer -> file, sender in its own process; ratio to in-process")
         if "workers" in only:
-            e2e("file-workers", f"[global]\ntype=local\n[local]\nfilepath={tmp / 'file-workers' / 'changes.jsonl'}\n",
-                total, results.get("file", {}).get("rows_per_s"),
-                "capturer -> file, regions in worker processes (process=true); ratio to in-process",
-                region_extra="process=true\n")
+            with part("workers"):
+                e2e("file-workers", f"[global]\ntype=local\n[local]\nfilepath={tmp / 'file-workers' / 'changes.jsonl'}\n",
+                    total, results.get("file", {}).get("rows_per_s"),
+                    "capturer -> file, regions in worker processes (process=true); ratio to in-process",
+                    region_extra="process=true\n")
         if "regions16" in only:
-            base2 = results.get("file", {}).get("rows_per_s")
-            r16 = many_regions(tmp / "regions16", 16, inserts * 2)
-            results["regions16"] = r16
-            for k, label in (("in_process", "16 regions in-process -> file; ratio to 2 regions"),
-                             ("agents", "16 regions through 2 agents (8 each) -> file; ratio to 2 regions")):
-                rep.add(label, r16[k]["rows_per_s"], base2)
-                steady2 = results.get("file", {}).get("steady_rows_per_s")
-                if r16[k].get("steady_rows_per_s"):
-                    rep.add(label.replace("; ratio", ", steady state (10-90 % of rows); ratio")
-                            .replace("2 regions", "2 regions' steady state"), r16[k]["steady_rows_per_s"], steady2)
-                if r16[k]["rows"] != r16["rows"] or r16[k]["exit"] != 0 or not r16[k]["ordered"]:
-                    failures.append(f"regions16 {k}: {r16[k]['rows']} of {r16['rows']} rows, exit {r16[k]['exit']}, "
-                                    f"ordered {r16[k]['ordered']}")
+            with part("regions16"):
+                base2 = results.get("file", {}).get("rows_per_s")
+                r16 = many_regions(tmp / "regions16", 16, inserts * 2)
+                results["regions16"] = r16
+                for k, label in (("in_process", "16 regions in-process -> file; ratio to 2 regions"),
+                                 ("agents", "16 regions through 2 agents (8 each) -> file; ratio to 2 regions")):
+                    rep.add(label, r16[k]["rows_per_s"], base2)
+                    steady2 = results.get("file", {}).get("steady_rows_per_s")
+                    if r16[k].get("steady_rows_per_s"):
+                        rep.add(label.replace("; ratio", ", steady state (10-90 % of rows); ratio")
+                                .replace("2 regions", "2 regions' steady state"), r16[k]["steady_rows_per_s"], steady2)
+                    if r16[k]["rows"] != r16["rows"] or r16[k]["exit"] != 0 or not r16[k]["ordered"]:
+                        failures.append(f"regions16 {k}: {r16[k]['rows']} of {r16['rows']} rows, exit {r16[k]['exit']}, "
+                                        f"ordered {r16[k]['ordered']}")
         if "agents" in only:
-            from agent_transport import measure
+            with part("agents"):
+                from agent_transport import measure
 
-            tr = measure(300_000)
-            results["agent_transport"] = tr
-            rep.add("agent -> capturer transport ceiling (synthetic region, gRPC loopback)", tr["rows_per_s"], None)
-            (tmp / "agents").mkdir()
-            r = run_capturer_agents(tmp / "agents", servers, total)
-            results["agents"] = r
-            rep.add("capturer -> file, 2 regions each served by an agent process; ratio to in-process",
-                    r["rows_per_s"], results.get("file", {}).get("rows_per_s"))
-            if r["rows"] != total or r["exit"] != 0:
-                failures.append(f"agents: {r['rows']} of {total} rows, exit {r['exit']}")
+                tr = measure(300_000)
+                results["agent_transport"] = tr
+                rep.add("agent -> capturer transport ceiling (synthetic region, gRPC loopback)", tr["rows_per_s"], None)
+                (tmp / "agents").mkdir()
+                r = run_capturer_agents(tmp / "agents", servers, total)
+                results["agents"] = r
+                rep.add("capturer -> file, 2 regions each served by an agent process; ratio to in-process",
+                        r["rows_per_s"], results.get("file", {}).get("rows_per_s"))
+                if r["rows"] != total or r["exit"] != 0:
+                    failures.append(f"agents: {r['rows']} of {total} rows, exit {r['exit']}")
         if "baikaldb" in only:
-            dec = baikal_decode(inserts * 2)
-            for k, v in dec.items():
-                results[f"baikaldb_decode_{k}_rows_per_s"] = round(v)
-            rep.add("BaikalDB payloads: protobuf parse only (ceiling), 1 binlog region", dec["protobuf_parse"], decode)
-            rep.add("BaikalDB row decoder, Python", dec["python"], decode)
-            if "c" in dec:
-                rep.add("BaikalDB row decoder, C build", dec["c"], decode)
-            proc, info = baikal_double_process(tmp, inserts * 2)
-            try:
-                (tmp / "baikaldb").mkdir()
-                r = run_capturer_baikal(tmp / "baikaldb", info["meta"], info["rows"])
-            finally:
-                proc.terminate()
-                proc.wait(30)
-            results["baikaldb"] = r
-            mysql_file = results.get("file", {}).get("rows_per_s")
-            rep.add("BaikalDB (double, 1 partition x 2 regions) -> file; ratio to MySQL -> file",
-                    r["rows_per_s"], mysql_file)
-            if r["rows"] != info["rows"] or r["exit"] != 0:
-                failures.append(f"baikaldb: {r['rows']} of {info['rows']} rows, exit {r['exit']}")
+            with part("baikaldb"):
+                dec = baikal_decode(inserts * 2)
+                for k, v in dec.items():
+                    results[f"baikaldb_decode_{k}_rows_per_s"] = round(v)
+                rep.add("BaikalDB payloads: protobuf parse only (ceiling), 1 binlog region", dec["protobuf_parse"], decode)
+                rep.add("BaikalDB row decoder, Python", dec["python"], decode)
+                if "c" in dec:
+                    rep.add("BaikalDB row decoder, C build", dec["c"], decode)
+                proc, info = baikal_double_process(tmp, inserts * 2)
+                try:
+                    (tmp / "baikaldb").mkdir()
+                    r = run_capturer_baikal(tmp / "baikaldb", info["meta"], info["rows"])
+                finally:
+                    proc.terminate()
+                    proc.wait(30)
+                results["baikaldb"] = r
+                mysql_file = results.get("file", {}).get("rows_per_s")
+                rep.add("BaikalDB (double, 1 partition x 2 regions) -> file; ratio to MySQL -> file",
+                        r["rows_per_s"], mysql_file)
+                if r["rows"] != info["rows"] or r["exit"] != 0:
+                    failures.append(f"baikaldb: {r['rows']} of {info['rows']} rows, exit {r['exit']}")
         if "pgsnapshot" in only:
-            from pg_bench import snapshot_measure
+            with part("pgsnapshot"):
+                from pg_bench import snapshot_measure
 
-            (tmp / "pgsnapshot").mkdir()
-            prows = 1_000_000 if not args.smoke else args.rows
-            r = snapshot_measure(tmp / "pgsnapshot", prows, run_until_delivered)
-            results["pgsnapshot"] = r
-            rep.add(f"baseline: PostgreSQL {prows:,}-row table read in 20,000-row key chunks, values as text "
-                    "(psycopg)", r["raw_chunked_rows_per_s"], None)
-            rep.add("PostgreSQL: the same table with COPY TO STDOUT (text), for scale", r["copy_rows_per_s"],
-                    r["raw_chunked_rows_per_s"])
-            rep.add("PostgreSQL snapshot -> file; ratio to the raw chunked read", r["capturer"]["rows_per_s"],
-                    r["raw_chunked_rows_per_s"])
-            if r["capturer"]["rows"] < prows or r["capturer"]["exit"] != 0:
-                failures.append(f"pgsnapshot: {r['capturer']['rows']} of {prows} rows, exit {r['capturer']['exit']}")
+                (tmp / "pgsnapshot").mkdir()
+                prows = 1_000_000 if not args.smoke else args.rows
+                r = snapshot_measure(tmp / "pgsnapshot", prows, run_until_delivered)
+                results["pgsnapshot"] = r
+                rep.add(f"baseline: PostgreSQL {prows:,}-row table read in 20,000-row key chunks, values as text "
+                        "(psycopg)", r["raw_chunked_rows_per_s"], None)
+                rep.add("PostgreSQL: the same table with COPY TO STDOUT (text), for scale", r["copy_rows_per_s"],
+                        r["raw_chunked_rows_per_s"])
+                rep.add("PostgreSQL snapshot -> file; ratio to the raw chunked read", r["capturer"]["rows_per_s"],
+                        r["raw_chunked_rows_per_s"])
+                if r["capturer"]["rows"] < prows or r["capturer"]["exit"] != 0:
+                    failures.append(f"pgsnapshot: {r['capturer']['rows']} of {prows} rows, exit {r['capturer']['exit']}")
         if "postgresql" in only:
-            from pg_bench import measure as pg_measure
+            with part("postgresql"):
+                from pg_bench import measure as pg_measure
 
-            (tmp / "postgresql").mkdir()
-            r = pg_measure(tmp / "postgresql", inserts * 2, run_until_delivered)
-            results["postgresql"] = r
-            raw = r["raw_stream_rows_per_s"]
-            rep.add("PostgreSQL: raw pgoutput stream, framing only (baseline), 1 slot", raw, None)
-            rep.add("PostgreSQL: + pgoutput.parse of every message", r["pgoutput_parse_rows_per_s"], raw)
-            rep.add("PostgreSQL region -> file, end to end; ratio to the raw stream", r["capturer"]["rows_per_s"], raw)
-            rep.add("PostgreSQL region -> file; ratio to MySQL (2 regions) -> file", r["capturer"]["rows_per_s"],
-                    results.get("file", {}).get("rows_per_s"))
-            if r["capturer"]["rows"] != r["rows"] or r["capturer"]["exit"] != 0:
-                failures.append(f"postgresql: {r['capturer']['rows']} of {r['rows']} rows, exit {r['capturer']['exit']}")
+                (tmp / "postgresql").mkdir()
+                r = pg_measure(tmp / "postgresql", inserts * 2, run_until_delivered)
+                results["postgresql"] = r
+                raw = r["raw_stream_rows_per_s"]
+                rep.add("PostgreSQL: raw pgoutput stream, framing only (baseline), 1 slot", raw, None)
+                rep.add("PostgreSQL: + pgoutput.parse of every message", r["pgoutput_parse_rows_per_s"], raw)
+                rep.add("PostgreSQL region -> file, end to end; ratio to the raw stream", r["capturer"]["rows_per_s"], raw)
+                rep.add("PostgreSQL region -> file; ratio to MySQL (2 regions) -> file", r["capturer"]["rows_per_s"],
+                        results.get("file", {}).get("rows_per_s"))
+                if r["capturer"]["rows"] != r["rows"] or r["capturer"]["exit"] != 0:
+                    failures.append(f"postgresql: {r['capturer']['rows']} of {r['rows']} rows, exit {r['capturer']['exit']}")
         if "mysql" in only:
-            target = MariaDBInstance(tmp / "target", server_id=99).start()
-            extra.append(target)
-            ups = baseline_upsert(target, total)
-            results["baseline_upsert_rows_per_s"] = round(ups)
-            rep.add("baseline: raw multi-row upsert into the target (1 conn, 1000-row batches)", ups, None)
-            mysql_cfg = (f"[global]\ntype=mysql\n[mysql]\nhost=127.0.0.1\nport={target.port}\nuser=root\n"
-                         f"threadnum={args.threads}\n")
-            e2e("mysql", mysql_cfg, total, ups, f"capturer -> mysql ({args.threads} workers)")
-            if "ab" in only:
-                from senders.mysql import sender as msender
+            with part("mysql"):
+                target = MariaDBInstance(tmp / "target", server_id=99).start()
+                extra.append(target)
+                ups = baseline_upsert(target, total)
+                results["baseline_upsert_rows_per_s"] = round(ups)
+                rep.add("baseline: raw multi-row upsert into the target (1 conn, 1000-row batches)", ups, None)
+                mysql_cfg = (f"[global]\ntype=mysql\n[mysql]\nhost=127.0.0.1\nport={target.port}\nuser=root\n"
+                             f"threadnum={args.threads}\n")
+                e2e("mysql", mysql_cfg, total, ups, f"capturer -> mysql ({args.threads} workers)")
+                if "ab" in only:
+                    from senders.mysql import sender as msender
 
-                def as_before(ch: Any) -> str:  # every update as UPDATE ... WHERE <old key>
-                    return {"insert": "upsert", "read": "upsert", "delete": "delete"}.get(ch.op, "update")
+                    def as_before(ch: Any) -> str:  # every update as UPDATE ... WHERE <old key>
+                        return {"insert": "upsert", "read": "upsert", "delete": "delete"}.get(ch.op, "update")
 
-                reset_target(target)
-                real_kind, msender._kind = msender._kind, as_before
-                try:
-                    e2e("mysql-updates", mysql_cfg, total, results["mysql"]["rows_per_s"],
-                        "capturer -> mysql, updates as UPDATE statements; ratio to upserts")
-                finally:
-                    msender._kind = real_kind
-                reset_target(target)
-                real_tuples, real_phase = msender._sql_tuples, msender.MySQLSender.phase_rows
-                msender._sql_tuples, msender.MySQLSender.phase_rows = None, 10**9  # one phase per batch
-                try:
-                    e2e("mysql-params-one-phase", mysql_cfg, total, results["mysql"]["rows_per_s"],
-                        "capturer -> mysql, values as parameters and no placing during apply; ratio to this release")
-                finally:
-                    msender._sql_tuples, msender.MySQLSender.phase_rows = real_tuples, real_phase
-            if "senderprocs" in only:
-                reset_target(target)
-                e2e("mysql-proc", with_procs(mysql_cfg), total, results["mysql"]["rows_per_s"],
-                    "capturer -> mysql, sender in its own process; ratio to in-process")
+                    reset_target(target)
+                    real_kind, msender._kind = msender._kind, as_before
+                    try:
+                        e2e("mysql-updates", mysql_cfg, total, results["mysql"]["rows_per_s"],
+                            "capturer -> mysql, updates as UPDATE statements; ratio to upserts")
+                    finally:
+                        msender._kind = real_kind
+                    reset_target(target)
+                    real_tuples, real_phase = msender._sql_tuples, msender.MySQLSender.phase_rows
+                    msender._sql_tuples, msender.MySQLSender.phase_rows = None, 10**9  # one phase per batch
+                    try:
+                        e2e("mysql-params-one-phase", mysql_cfg, total, results["mysql"]["rows_per_s"],
+                            "capturer -> mysql, values as parameters and no placing during apply; ratio to this release")
+                    finally:
+                        msender._sql_tuples, msender.MySQLSender.phase_rows = real_tuples, real_phase
+                if "senderprocs" in only:
+                    reset_target(target)
+                    e2e("mysql-proc", with_procs(mysql_cfg), total, results["mysql"]["rows_per_s"],
+                        "capturer -> mysql, sender in its own process; ratio to in-process")
         if "kafka" in only:
-            from devtools.local_kafka import Broker
+            with part("kafka"):
+                from devtools.local_kafka import Broker
 
-            for client in args.kafka_clients.split(","):
-                broker = Broker().start()  # a fresh broker each: memory storage grows
+                for client in args.kafka_clients.split(","):
+                    broker = Broker().start()  # a fresh broker each: memory storage grows
+                    extra.append(broker)
+                    raw = baseline_producer(broker.servers, client, total)
+                    results[f"baseline_producer_{client}_msgs_per_s"] = round(raw)
+                    rep.add(f"baseline: raw producer, {client}", raw, None)
+                    kcfg = f"[global]\ntype=kafka\n[kafka]\nservers={broker.servers}\nclient={client}\n"
+                    e2e(f"kafka-{client}", kcfg, total, raw, f"capturer -> kafka ({client})")
+                    broker.kill()
+                    if "workers" in only:
+                        broker = Broker().start()
+                        extra.append(broker)
+                        kcfg = f"[global]\ntype=kafka\n[kafka]\nservers={broker.servers}\nclient={client}\n"
+                        e2e(f"kafka-{client}-workers", kcfg, total, results[f"kafka-{client}"]["rows_per_s"],
+                            f"capturer -> kafka ({client}), regions in worker processes; ratio to in-process",
+                            region_extra="process=true\n")
+                        broker.kill()
+                    if "ab" in only:
+                        from senders.kafka import sender as ksender
+
+                        broker = Broker().start()
+                        extra.append(broker)
+                        kcfg = f"[global]\ntype=kafka\n[kafka]\nservers={broker.servers}\nclient={client}\n"
+                        real_c, ksender._kafka_json = ksender._kafka_json, None
+                        try:
+                            e2e(f"kafka-{client}-pyenc", kcfg, total, results[f"kafka-{client}"]["rows_per_s"],
+                                f"capturer -> kafka ({client}), messages encoded in Python; ratio to the C encoder")
+                        finally:
+                            ksender._kafka_json = real_c
+                        broker.kill()
+                    if "senderprocs" in only and client == "confluent":
+                        broker = Broker().start()
+                        extra.append(broker)
+                        kcfg = f"[global]\ntype=kafka\n[kafka]\nservers={broker.servers}\nclient={client}\n"
+                        e2e("kafka-confluent-proc", with_procs(kcfg), total, results["kafka-confluent"]["rows_per_s"],
+                            "capturer -> kafka (confluent), sender in its own process; ratio to in-process")
+                        broker.kill()
+        if "spark" in only:
+            with part("spark"):
+                raw = baseline_arrow_append(tmp, total)
+                results["baseline_arrow_append_rows_per_s"] = round(raw)
+                rep.add("baseline: raw Spark Arrow append (50k-row batches)", raw, None)
+                e2e("spark", f"[global]\ntype=spark\n[spark]\nwarehouse={tmp / 'spark' / 'wh'}\n"
+                    "compaction_interval=0\nbatch_interval=1\n", total, raw, "capturer -> spark")
+                if "senderprocs" in only:
+                    e2e("spark-proc", f"[global]\ntype=spark\n[spark]\nwarehouse={tmp / 'spark-proc' / 'wh'}\n"
+                        "compaction_interval=0\nbatch_interval=1\nprocess=true\n", total, results["spark"]["rows_per_s"],
+                        "capturer -> spark, sender in its own process; ratio to in-process")
+                if not args.smoke:
+                    results["compaction_1M_seconds"] = round(compaction_seconds(tmp), 1)
+        if "all" in only and "mysql" in only and "kafka" in only:
+            with part("all"):
+                from devtools.local_kafka import Broker
+
+                broker = Broker().start()
                 extra.append(broker)
-                raw = baseline_producer(broker.servers, client, total)
-                results[f"baseline_producer_{client}_msgs_per_s"] = round(raw)
-                rep.add(f"baseline: raw producer, {client}", raw, None)
-                kcfg = f"[global]\ntype=kafka\n[kafka]\nservers={broker.servers}\nclient={client}\n"
-                e2e(f"kafka-{client}", kcfg, total, raw, f"capturer -> kafka ({client})")
+                reset_target(target)
+                e2e("all", "[global]\ntype=local,mysql,kafka,spark\n"
+                    f"[local]\nfilepath={tmp / 'all' / 'changes.jsonl'}\n"
+                    f"[mysql]\nhost=127.0.0.1\nport={target.port}\nuser=root\nthreadnum={args.threads}\n"
+                    f"[kafka]\nservers={broker.servers}\nclient=confluent\n"
+                    f"[spark]\nwarehouse={tmp / 'all' / 'wh'}\ncompaction_interval=0\nbatch_interval=1\n",
+                    total, decode, "capturer -> all four at once (file, mysql, kafka/confluent, spark)")
                 broker.kill()
+                if "ab" in only:
+                    broker = Broker().start()
+                    extra.append(broker)
+                    reset_target(target)
+                    (tmp / "all-nobacklog").mkdir()
+                    r = run_capturer(tmp / "all-nobacklog", servers, "[global]\ntype=local,mysql,kafka,spark\n"
+                                     f"[local]\nfilepath={tmp / 'all-nobacklog' / 'changes.jsonl'}\n"
+                                     f"[mysql]\nhost=127.0.0.1\nport={target.port}\nuser=root\nthreadnum={args.threads}\n"
+                                     f"[kafka]\nservers={broker.servers}\nclient=confluent\n"
+                                     f"[spark]\nwarehouse={tmp / 'all-nobacklog' / 'wh'}\ncompaction_interval=0\n"
+                                     "batch_interval=1\n", total, extra_global="backlogMaxMB=0\n")
+                    results["all-nobacklog"] = r
+                    rep.add("capturer -> all four without a backlog (backlogMaxMB=0: one queue's worth, then the "
+                            "stream waits); the all-four run's ratio to it is the backlog's cost",
+                            r["rows_per_s"], results["all"]["rows_per_s"])
+                    results["all_backlog_vs_without"] = round(results["all"]["rows_per_s"] / r["rows_per_s"], 3)
+                    broker.kill()
+                    import gc
+
+                    broker = Broker().start()
+                    extra.append(broker)
+                    reset_target(target)
+                    tuned = gc.get_threshold()
+                    gc.set_threshold(700, 10, 10)  # Python's defaults
+                    try:
+                        e2e("all-gc-default", "[global]\ntype=local,mysql,kafka,spark\n"
+                            f"[local]\nfilepath={tmp / 'all-gcd' / 'changes.jsonl'}\n"
+                            f"[mysql]\nhost=127.0.0.1\nport={target.port}\nuser=root\nthreadnum={args.threads}\n"
+                            f"[kafka]\nservers={broker.servers}\nclient=confluent\n"
+                            f"[spark]\nwarehouse={tmp / 'all-gcd' / 'wh'}\ncompaction_interval=0\nbatch_interval=1\n",
+                            total, results["all"]["rows_per_s"],
+                            "capturer -> all four, Python's default GC thresholds; ratio to the capturer's")
+                    finally:
+                        gc.set_threshold(*tuned)
+                    broker.kill()
+                if "senderprocs" in only:
+                    broker = Broker().start()
+                    extra.append(broker)
+                    reset_target(target)
+                    e2e("all-proc", with_procs("[global]\ntype=local,mysql,kafka,spark\n"
+                        f"[local]\nfilepath={tmp / 'all-proc' / 'changes.jsonl'}\n"
+                        f"[mysql]\nhost=127.0.0.1\nport={target.port}\nuser=root\nthreadnum={args.threads}\n"
+                        f"[kafka]\nservers={broker.servers}\nclient=confluent\n"
+                        f"[spark]\nwarehouse={tmp / 'all-proc' / 'wh'}\ncompaction_interval=0\nbatch_interval=1\n"),
+                        total, results["all"]["rows_per_s"],
+                        "capturer -> all four, each sender in its own process; ratio to all four in-process")
+                    broker.kill()
                 if "workers" in only:
                     broker = Broker().start()
                     extra.append(broker)
-                    kcfg = f"[global]\ntype=kafka\n[kafka]\nservers={broker.servers}\nclient={client}\n"
-                    e2e(f"kafka-{client}-workers", kcfg, total, results[f"kafka-{client}"]["rows_per_s"],
-                        f"capturer -> kafka ({client}), regions in worker processes; ratio to in-process",
-                        region_extra="process=true\n")
-                    broker.kill()
-                if "ab" in only:
-                    from senders.kafka import sender as ksender
-
-                    broker = Broker().start()
-                    extra.append(broker)
-                    kcfg = f"[global]\ntype=kafka\n[kafka]\nservers={broker.servers}\nclient={client}\n"
-                    real_c, ksender._kafka_json = ksender._kafka_json, None
-                    try:
-                        e2e(f"kafka-{client}-pyenc", kcfg, total, results[f"kafka-{client}"]["rows_per_s"],
-                            f"capturer -> kafka ({client}), messages encoded in Python; ratio to the C encoder")
-                    finally:
-                        ksender._kafka_json = real_c
-                    broker.kill()
-                if "senderprocs" in only and client == "confluent":
-                    broker = Broker().start()
-                    extra.append(broker)
-                    kcfg = f"[global]\ntype=kafka\n[kafka]\nservers={broker.servers}\nclient={client}\n"
-                    e2e("kafka-confluent-proc", with_procs(kcfg), total, results["kafka-confluent"]["rows_per_s"],
-                        "capturer -> kafka (confluent), sender in its own process; ratio to in-process")
-                    broker.kill()
-        if "spark" in only:
-            raw = baseline_arrow_append(tmp, total)
-            results["baseline_arrow_append_rows_per_s"] = round(raw)
-            rep.add("baseline: raw Spark Arrow append (50k-row batches)", raw, None)
-            e2e("spark", f"[global]\ntype=spark\n[spark]\nwarehouse={tmp / 'spark' / 'wh'}\n"
-                "compaction_interval=0\nbatch_interval=1\n", total, raw, "capturer -> spark")
-            if "senderprocs" in only:
-                e2e("spark-proc", f"[global]\ntype=spark\n[spark]\nwarehouse={tmp / 'spark-proc' / 'wh'}\n"
-                    "compaction_interval=0\nbatch_interval=1\nprocess=true\n", total, results["spark"]["rows_per_s"],
-                    "capturer -> spark, sender in its own process; ratio to in-process")
-            if not args.smoke:
-                results["compaction_1M_seconds"] = round(compaction_seconds(tmp), 1)
-        if "all" in only and "mysql" in only and "kafka" in only:
-            from devtools.local_kafka import Broker
-
-            broker = Broker().start()
-            extra.append(broker)
-            reset_target(target)
-            e2e("all", "[global]\ntype=local,mysql,kafka,spark\n"
-                f"[local]\nfilepath={tmp / 'all' / 'changes.jsonl'}\n"
-                f"[mysql]\nhost=127.0.0.1\nport={target.port}\nuser=root\nthreadnum={args.threads}\n"
-                f"[kafka]\nservers={broker.servers}\nclient=confluent\n"
-                f"[spark]\nwarehouse={tmp / 'all' / 'wh'}\ncompaction_interval=0\nbatch_interval=1\n",
-                total, decode, "capturer -> all four at once (file, mysql, kafka/confluent, spark)")
-            broker.kill()
-            if "ab" in only:
-                broker = Broker().start()
-                extra.append(broker)
-                reset_target(target)
-                (tmp / "all-nobacklog").mkdir()
-                r = run_capturer(tmp / "all-nobacklog", servers, "[global]\ntype=local,mysql,kafka,spark\n"
-                                 f"[local]\nfilepath={tmp / 'all-nobacklog' / 'changes.jsonl'}\n"
-                                 f"[mysql]\nhost=127.0.0.1\nport={target.port}\nuser=root\nthreadnum={args.threads}\n"
-                                 f"[kafka]\nservers={broker.servers}\nclient=confluent\n"
-                                 f"[spark]\nwarehouse={tmp / 'all-nobacklog' / 'wh'}\ncompaction_interval=0\n"
-                                 "batch_interval=1\n", total, extra_global="backlogMaxMB=0\n")
-                results["all-nobacklog"] = r
-                rep.add("capturer -> all four without a backlog (backlogMaxMB=0: one queue's worth, then the "
-                        "stream waits); the all-four run's ratio to it is the backlog's cost",
-                        r["rows_per_s"], results["all"]["rows_per_s"])
-                results["all_backlog_vs_without"] = round(results["all"]["rows_per_s"] / r["rows_per_s"], 3)
-                broker.kill()
-                import gc
-
-                broker = Broker().start()
-                extra.append(broker)
-                reset_target(target)
-                tuned = gc.get_threshold()
-                gc.set_threshold(700, 10, 10)  # Python's defaults
-                try:
-                    e2e("all-gc-default", "[global]\ntype=local,mysql,kafka,spark\n"
-                        f"[local]\nfilepath={tmp / 'all-gcd' / 'changes.jsonl'}\n"
+                    reset_target(target)
+                    e2e("all-workers", "[global]\ntype=local,mysql,kafka,spark\n"
+                        f"[local]\nfilepath={tmp / 'all-workers' / 'changes.jsonl'}\n"
                         f"[mysql]\nhost=127.0.0.1\nport={target.port}\nuser=root\nthreadnum={args.threads}\n"
                         f"[kafka]\nservers={broker.servers}\nclient=confluent\n"
-                        f"[spark]\nwarehouse={tmp / 'all-gcd' / 'wh'}\ncompaction_interval=0\nbatch_interval=1\n",
+                        f"[spark]\nwarehouse={tmp / 'all-workers' / 'wh'}\ncompaction_interval=0\nbatch_interval=1\n",
                         total, results["all"]["rows_per_s"],
-                        "capturer -> all four, Python's default GC thresholds; ratio to the capturer's")
-                finally:
-                    gc.set_threshold(*tuned)
-                broker.kill()
-            if "senderprocs" in only:
-                broker = Broker().start()
-                extra.append(broker)
-                reset_target(target)
-                e2e("all-proc", with_procs("[global]\ntype=local,mysql,kafka,spark\n"
-                    f"[local]\nfilepath={tmp / 'all-proc' / 'changes.jsonl'}\n"
-                    f"[mysql]\nhost=127.0.0.1\nport={target.port}\nuser=root\nthreadnum={args.threads}\n"
-                    f"[kafka]\nservers={broker.servers}\nclient=confluent\n"
-                    f"[spark]\nwarehouse={tmp / 'all-proc' / 'wh'}\ncompaction_interval=0\nbatch_interval=1\n"),
-                    total, results["all"]["rows_per_s"],
-                    "capturer -> all four, each sender in its own process; ratio to all four in-process")
-                broker.kill()
-            if "workers" in only:
-                broker = Broker().start()
-                extra.append(broker)
-                reset_target(target)
-                e2e("all-workers", "[global]\ntype=local,mysql,kafka,spark\n"
-                    f"[local]\nfilepath={tmp / 'all-workers' / 'changes.jsonl'}\n"
-                    f"[mysql]\nhost=127.0.0.1\nport={target.port}\nuser=root\nthreadnum={args.threads}\n"
-                    f"[kafka]\nservers={broker.servers}\nclient=confluent\n"
-                    f"[spark]\nwarehouse={tmp / 'all-workers' / 'wh'}\ncompaction_interval=0\nbatch_interval=1\n",
-                    total, results["all"]["rows_per_s"],
-                    "capturer -> all four, regions in worker processes; ratio to all four in-process",
-                    region_extra="process=true\n")
-                broker.kill()
+                        "capturer -> all four, regions in worker processes; ratio to all four in-process",
+                        region_extra="process=true\n")
+                    broker.kill()
         if "independent" in only and "mysql" in only:
-            from devtools.local_kafka import Broker
+            with part("independent"):
+                from devtools.local_kafka import Broker
 
-            broker = Broker().start()
-            extra.append(broker)
-            ind = independent_runs(tmp, servers, target, broker.servers, total, args.threads)
-            broker.kill()
-            results["independent"] = ind
-            rep.add("file, kafka, spark with the MySQL target hung; ratio to the three alone (their share)",
-                    ind["others_with_hung_mysql_rows_per_s"], ind["others_alone_rows_per_s"])
-            rep.add("mysql catching up from the backlog after the hang; ratio to its live rate",
-                    ind["mysql_catch_up_rows_per_s"], results.get("mysql", {}).get("rows_per_s"))
-            rep.add("file catching up from the backlog (paused until all was read); ratio to its live rate",
-                    ind["file_catch_up_rows_per_s"], results.get("file", {}).get("rows_per_s"))
+                broker = Broker().start()
+                extra.append(broker)
+                ind = independent_runs(tmp, servers, target, broker.servers, total, args.threads)
+                broker.kill()
+                results["independent"] = ind
+                rep.add("file, kafka, spark with the MySQL target hung; ratio to the three alone (their share)",
+                        ind["others_with_hung_mysql_rows_per_s"], ind["others_alone_rows_per_s"])
+                rep.add("mysql catching up from the backlog after the hang; ratio to its live rate",
+                        ind["mysql_catch_up_rows_per_s"], results.get("mysql", {}).get("rows_per_s"))
+                rep.add("file catching up from the backlog (paused until all was read); ratio to its live rate",
+                        ind["file_catch_up_rows_per_s"], results.get("file", {}).get("rows_per_s"))
         if "snapshot" in only:
-            srows = 1_000_000 if not args.smoke else args.rows
-            src = MariaDBInstance(tmp / "snapsrc", server_id=41).start()
-            extra.append(src)
-            t0 = time.perf_counter()
-            load_sequence(src, "snap.t", srows)
-            results["snapshot_load_seconds"] = round(time.perf_counter() - t0, 1)
-            raw = raw_chunked_read(src, "snap.t")
-            results["snapshot_raw_read"] = raw
-            rep.add(f"baseline: raw chunked read of the {srows:,}-row table ({raw['driver']}, 20,000-row chunks, "
-                    "2 connections)", raw["rows_per_s"], None)
-            runs = {}
-            for name, opts in (("one", ""), ("ahead", "snapshot_read_ahead=true\n"), ("process", "process=true\n")):
-                d = tmp / f"snap-file-{name}"
-                runs[name] = snapshot_run(d, src, f"[global]\ntype=local\n[local]\nfilepath={d / 'o.jsonl'}\n"
-                                          "rotate_mb=100000\n", srows, region_extra=opts)
-                x = runs[name]
-                cores = x.get("cpu_cores", {}).get("capturer", 0)  # rows per CPU-second of the capturer's process
-                x["rows_per_core_second"] = round(x["rows_per_s"] / cores) if cores else None
-                if x["rows"] < srows or x["exit"] != 0:
-                    failures.append(f"snapshot->file ({name}): {x['rows']} of {srows} rows, exit {x['exit']}")
-            r, one = runs["one"], runs["one"]
-            results["snapshot_file"] = r
-            results["snapshot_file_read_ahead"] = runs["ahead"]
-            results["snapshot_file_region_process"] = runs["process"]
-            rep.add(f"snapshot of {srows:,} rows -> file, one reader (the default); ratio to the raw chunked read",
-                    r["rows_per_s"], raw["rows_per_s"])
-            rep.add("snapshot -> file, read-ahead (a second connection per table); ratio to one reader",
-                    runs["ahead"]["rows_per_s"], one["rows_per_s"])
-            rep.add("snapshot -> file, the region in a worker process (process=true); ratio to one reader",
-                    runs["process"]["rows_per_s"], one["rows_per_s"])
-            rep.add("snapshot -> file, the region in a worker process; ratio to the raw chunked read",
-                    runs["process"]["rows_per_s"], raw["rows_per_s"])
-            starget = MariaDBInstance(tmp / "snaptarget", server_id=42, binlog=False).start()
-            extra.append(starget)
-            ups = baseline_upsert(starget, srows)
-            results["snapshot_baseline_upsert_rows_per_s"] = round(ups)
-            rep.add("baseline: raw multi-row upsert into the target (1 conn, 1000-row batches)", ups, None)
-            r = snapshot_run(tmp / "snap-mysql", src, f"[global]\ntype=mysql\n[mysql]\nhost=127.0.0.1\n"
-                             f"port={starget.port}\nuser=root\nthreadnum={args.threads}\n", srows)
-            results["snapshot_mysql"] = r
-            rep.add(f"snapshot of {srows:,} rows -> mysql ({args.threads} workers)", r["rows_per_s"], ups)
-            if r["rows"] < srows or r["exit"] != 0:
-                failures.append(f"snapshot->mysql: {r['rows']} of {srows} rows, exit {r['exit']}")
-            if not args.smoke:
-                big = 10_000_000
-                load_sequence(src, "snap.big", big)
-                results["snapshot_rss"] = snapshot_rss(tmp, src, big)
+            with part("snapshot"):
+                srows = 1_000_000 if not args.smoke else args.rows
+                src = MariaDBInstance(tmp / "snapsrc", server_id=41).start()
+                extra.append(src)
+                t0 = time.perf_counter()
+                load_sequence(src, "snap.t", srows)
+                results["snapshot_load_seconds"] = round(time.perf_counter() - t0, 1)
+                raw = raw_chunked_read(src, "snap.t")
+                results["snapshot_raw_read"] = raw
+                rep.add(f"baseline: raw chunked read of the {srows:,}-row table ({raw['driver']}, 20,000-row chunks, "
+                        "2 connections)", raw["rows_per_s"], None)
+                runs = {}
+                for name, opts in (("one", ""), ("ahead", "snapshot_read_ahead=true\n"), ("process", "process=true\n")):
+                    d = tmp / f"snap-file-{name}"
+                    runs[name] = snapshot_run(d, src, f"[global]\ntype=local\n[local]\nfilepath={d / 'o.jsonl'}\n"
+                                              "rotate_mb=100000\n", srows, region_extra=opts)
+                    x = runs[name]
+                    cores = x.get("cpu_cores", {}).get("capturer", 0)  # rows per CPU-second of the capturer's process
+                    x["rows_per_core_second"] = round(x["rows_per_s"] / cores) if cores else None
+                    if x["rows"] < srows or x["exit"] != 0:
+                        failures.append(f"snapshot->file ({name}): {x['rows']} of {srows} rows, exit {x['exit']}")
+                r, one = runs["one"], runs["one"]
+                results["snapshot_file"] = r
+                results["snapshot_file_read_ahead"] = runs["ahead"]
+                results["snapshot_file_region_process"] = runs["process"]
+                rep.add(f"snapshot of {srows:,} rows -> file, one reader (the default); ratio to the raw chunked read",
+                        r["rows_per_s"], raw["rows_per_s"])
+                rep.add("snapshot -> file, read-ahead (a second connection per table); ratio to one reader",
+                        runs["ahead"]["rows_per_s"], one["rows_per_s"])
+                rep.add("snapshot -> file, the region in a worker process (process=true); ratio to one reader",
+                        runs["process"]["rows_per_s"], one["rows_per_s"])
+                rep.add("snapshot -> file, the region in a worker process; ratio to the raw chunked read",
+                        runs["process"]["rows_per_s"], raw["rows_per_s"])
+                starget = MariaDBInstance(tmp / "snaptarget", server_id=42, binlog=False).start()
+                extra.append(starget)
+                ups = baseline_upsert(starget, srows)
+                results["snapshot_baseline_upsert_rows_per_s"] = round(ups)
+                rep.add("baseline: raw multi-row upsert into the target (1 conn, 1000-row batches)", ups, None)
+                r = snapshot_run(tmp / "snap-mysql", src, f"[global]\ntype=mysql\n[mysql]\nhost=127.0.0.1\n"
+                                 f"port={starget.port}\nuser=root\nthreadnum={args.threads}\n", srows)
+                results["snapshot_mysql"] = r
+                rep.add(f"snapshot of {srows:,} rows -> mysql ({args.threads} workers)", r["rows_per_s"], ups)
+                if r["rows"] < srows or r["exit"] != 0:
+                    failures.append(f"snapshot->mysql: {r['rows']} of {srows} rows, exit {r['exit']}")
+                if not args.smoke:
+                    big = 10_000_000
+                    load_sequence(src, "snap.big", big)
+                    results["snapshot_rss"] = snapshot_rss(tmp, src, big)
         if "verifycost" in only:
-            vc = verify_cost(tmp, preload=min(200_000, max(20_000, args.rows)), seconds=8 if args.smoke else 20)
-            results["verifycost"] = vc
-            for name in ("cli", "post"):
-                if 1 in vc[name]["exit_codes"] or not vc[name]["verify_runs"]:
-                    failures.append(f"verify under load ({name}): runs {vc[name]['verify_runs']}, "
-                                    f"exit codes {vc[name]['exit_codes']} (1: a false alarm)")
+            with part("verifycost"):
+                vc = verify_cost(tmp, preload=min(200_000, max(20_000, args.rows)), seconds=8 if args.smoke else 20)
+                results["verifycost"] = vc
+                for name in ("cli", "post"):
+                    if 1 in vc[name]["exit_codes"] or not vc[name]["verify_runs"]:
+                        failures.append(f"verify under load ({name}): runs {vc[name]['verify_runs']}, "
+                                        f"exit codes {vc[name]['exit_codes']} (1: a false alarm)")
         if "verify" in only:
-            vrows = args.rows if args.smoke else args.verify_rows
-            v = verify_runs(tmp, vrows, args.verify_lake_rows or None)
-            results["verify"] = v
-            rep.add(f"baseline: plain SELECT * of a {vrows:,}-row table (pymysql, 10k-row fetches)",
-                    v["select_rows_per_s"], None)
-            rep.add(f"verify -> mysql target, {vrows:,} equal rows (chunk checksums in both servers); "
-                    "ratio to the SELECT", v["mysql"]["rows_per_s"], v["select_rows_per_s"])
-            lk = v["lake"]
-            rep.add(f"verify -> lake, {lk['lake_rows']:,} equal rows (merged view through Spark); ratio to the SELECT",
-                    lk["rows_per_s"], v["select_rows_per_s"])
-            for name, r, want in (("mysql", v["mysql"], vrows), ("lake", lk, lk["lake_rows"])):
-                if r["status"] != "equal" or r["rows"] != want or r["exit"] != 0:
-                    failures.append(f"verify {name}: status {r['status']}, {r['rows']} of {want} rows, "
-                                    f"exit {r['exit']}{' ' + r['error'][-300:] if r.get('error') else ''}")
+            with part("verify"):
+                vrows = args.rows if args.smoke else args.verify_rows
+                v = verify_runs(tmp, vrows, args.verify_lake_rows or None)
+                results["verify"] = v
+                rep.add(f"baseline: plain SELECT * of a {vrows:,}-row table (pymysql, 10k-row fetches)",
+                        v["select_rows_per_s"], None)
+                rep.add(f"verify -> mysql target, {vrows:,} equal rows (chunk checksums in both servers); "
+                        "ratio to the SELECT", v["mysql"]["rows_per_s"], v["select_rows_per_s"])
+                lk = v["lake"]
+                rep.add(f"verify -> lake, {lk['lake_rows']:,} equal rows (merged view through Spark); ratio to the SELECT",
+                        lk["rows_per_s"], v["select_rows_per_s"])
+                for name, r, want in (("mysql", v["mysql"], vrows), ("lake", lk, lk["lake_rows"])):
+                    if r["status"] != "equal" or r["rows"] != want or r["exit"] != 0:
+                        failures.append(f"verify {name}: status {r['status']}, {r['rows']} of {want} rows, "
+                                        f"exit {r['exit']}{' ' + r['error'][-300:] if r.get('error') else ''}")
         if "apply" in only and "mysql" in only:  # (late: its lag run adds rows to the sources)
-            reset_target(target)
-            ar = apply_runs(tmp, servers, target, total, args.threads,
-                            lag_seconds=5 if args.smoke else 20, lag_rate=2000 if args.smoke else 10_000)
-            results["apply"] = ar
-            direct = results["mysql"]["rows_per_s"]
-            rep.add("capturer -> kafka -> applier -> mysql, end to end; ratio to capturer -> mysql",
-                    ar["end_to_end_rows_per_s"], direct)
-            rep.add("applier draining a full backlog -> mysql; ratio to capturer -> mysql", ar["drain_rows_per_s"],
-                    direct)
-            cpu_lines.append("apply end to end: " + ", ".join(f"{k} {v:.2f}" for k, v in
-                                                              ar["end_to_end_cpu_cores"].items()))
-            rep.add("applier draining, MySQL sender in its own process (process=true); ratio to capturer -> mysql",
-                    ar["drain_proc_rows_per_s"], direct)
-            cpu_lines.append("apply drain: " + ", ".join(f"{k} {v:.2f}" for k, v in ar["drain_cpu_cores"].items()))
-            cpu_lines.append("apply drain, process=true: " + ", ".join(f"{k} {v:.2f}" for k, v in
-                                                                       ar["drain_proc_cpu_cores"].items()))
-            if ar["lag"]["measured"] < ar["lag"]["txns"]:
-                failures.append(f"apply lag: {ar['lag']['measured']} of {ar['lag']['txns']} transactions seen "
-                                "at the target")
+            with part("apply"):
+                reset_target(target)
+                ar = apply_runs(tmp, servers, target, total, args.threads,
+                                lag_seconds=5 if args.smoke else 20, lag_rate=2000 if args.smoke else 10_000)
+                results["apply"] = ar
+                direct = results["mysql"]["rows_per_s"]
+                rep.add("capturer -> kafka -> applier -> mysql, end to end; ratio to capturer -> mysql",
+                        ar["end_to_end_rows_per_s"], direct)
+                rep.add("applier draining a full backlog -> mysql; ratio to capturer -> mysql", ar["drain_rows_per_s"],
+                        direct)
+                cpu_lines.append("apply end to end: " + ", ".join(f"{k} {v:.2f}" for k, v in
+                                                                  ar["end_to_end_cpu_cores"].items()))
+                rep.add("applier draining, MySQL sender in its own process (process=true); ratio to capturer -> mysql",
+                        ar["drain_proc_rows_per_s"], direct)
+                cpu_lines.append("apply drain: " + ", ".join(f"{k} {v:.2f}" for k, v in ar["drain_cpu_cores"].items()))
+                cpu_lines.append("apply drain, process=true: " + ", ".join(f"{k} {v:.2f}" for k, v in
+                                                                           ar["drain_proc_cpu_cores"].items()))
+                if ar["lag"]["measured"] < ar["lag"]["txns"]:
+                    failures.append(f"apply lag: {ar['lag']['measured']} of {ar['lag']['txns']} transactions seen "
+                                    "at the target")
         if "latency" in only and not args.smoke:
-            results["latency"] = latency_run(tmp, servers)
-            results["latency_20k"] = latency_run(tmp, servers, rate=20_000, name="latency-20k")
-            if "workers" in only:
-                results["latency_20k_workers"] = latency_run(tmp, servers, rate=20_000, name="latency-20k-workers",
-                                                             region_extra="process=true\n")
+            with part("latency"):
+                results["latency"] = latency_run(tmp, servers)
+                results["latency_20k"] = latency_run(tmp, servers, rate=20_000, name="latency-20k")
+                if "workers" in only:
+                    results["latency_20k_workers"] = latency_run(tmp, servers, rate=20_000, name="latency-20k-workers",
+                                                                 region_extra="process=true\n")
         if "bigtxn" in only and not args.smoke:
-            results["big_txn"] = big_txn_rss(tmp)
-            if "workers" in only:
-                results["big_txn_workers"] = big_txn_rss(tmp, region_extra="process=true\n", name="bigtxn-workers")
-            failures += [f"{k}: the transaction was not delivered" for k in ("big_txn", "big_txn_workers")
-                         if k in results and not results[k]["delivered"]]
+            with part("bigtxn"):
+                results["big_txn"] = big_txn_rss(tmp)
+                if "workers" in only:
+                    results["big_txn_workers"] = big_txn_rss(tmp, region_extra="process=true\n", name="bigtxn-workers")
+                failures += [f"{k}: the transaction was not delivered" for k in ("big_txn", "big_txn_workers")
+                             if k in results and not results[k]["delivered"]]
     finally:
         for m in servers + extra:
-            m.stop()
+            try:
+                m.stop()
+            except Exception as e:  # (keep stopping the others)
+                print(f"bench: stopping {m!r}: {e}", file=sys.stderr)
+        stopped = stop_processes()
+        if stopped:
+            print(f"bench: stopped processes left running: {stopped}", file=sys.stderr)
         if args.keep:
             print(f"servers' data, outputs and logs kept in {tmp}", file=sys.stderr)
         else:  # (gigabytes: the servers' data dirs and every run's output)
@@ -1879,15 +2034,15 @@ def main() -> int:
 
     results["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
     print(f"peak RSS of the bench process (capturer in-process, no JVM): {results['peak_rss_mb']} MB")
+    results["complete"] = not failures
+    if failures:
+        results["failures"] = failures
+    save()
+    if dest is not None:
+        print(f"\nwritten {dest}" + (" (incomplete: see failed_parts / failures in it)" if failures else ""))
     if failures:
         print("\nINCOMPLETE: " + "; ".join(failures))
         return 1
-    if not args.smoke:
-        full = only >= set(ap.get_default("only").split(","))
-        suffix = "" if full else "-" + "-".join(sorted(only))
-        dest = ROOT / "bench" / "results" / f"{dt.date.today().isoformat()}{suffix}.json"
-        dest.write_text(json.dumps(results, indent=2) + "\n")
-        print(f"\nwritten {dest}")
     return 0
 
 

@@ -405,6 +405,35 @@ class _Stmt:
     sql: str
 
 
+_GONE: Any = object()
+
+
+class _Overlay:
+    """A transaction's view of a table's rows: its own changes over the committed
+    rows, which it never changes (so a transaction costs what it touches, not the
+    table's size)."""
+
+    def __init__(self, base: dict[tuple[Any, ...], dict[str, Any]]):
+        self.base = base
+        self.own: dict[tuple[Any, ...], Any] = {}
+
+    def __contains__(self, key: tuple[Any, ...]) -> bool:
+        v = self.own.get(key)
+        return key in self.base if v is None else v is not _GONE
+
+    def __setitem__(self, key: tuple[Any, ...], row: dict[str, Any]) -> None:
+        self.own[key] = row
+
+    def pop(self, key: tuple[Any, ...]) -> dict[str, Any]:
+        v = self.own.get(key)
+        if v is None:
+            v = self.base[key]
+        elif v is _GONE:
+            raise KeyError(key)
+        self.own[key] = _GONE
+        return v
+
+
 class Txn:
     """A SQL transaction: statements change the tables' rows at commit; each
     binlog partition it touches gets one prewrite payload."""
@@ -414,12 +443,12 @@ class Txn:
         self.stmts: list[_Stmt] = []
         self.prewritten: list[tuple[Region, int, bytes, int]] = []
         self.txn_id = 0
-        self._view: dict[int, dict[tuple[Any, ...], dict[str, Any]]] = {}  # uncommitted rows per table
+        self._view: dict[int, _Overlay] = {}  # uncommitted rows per table
 
-    def _rows(self, t: Table) -> dict[tuple[Any, ...], dict[str, Any]]:
+    def _rows(self, t: Table) -> _Overlay:
         v = self._view.get(t.table_id)
         if v is None:
-            v = self._view[t.table_id] = {k: dict(r) for k, r in t.rows.items()}
+            v = self._view[t.table_id] = _Overlay(t.rows)
         return v
 
     def _full(self, t: Table, row: dict[str, Any]) -> dict[str, Any]:

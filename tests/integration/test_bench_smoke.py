@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from helpers import ROOT
@@ -26,3 +28,36 @@ def test_bench_smoke_every_row_arrives() -> None:
                  "capturer -> all four, each sender in its own process"):
         assert part in r.stdout
     assert "INCOMPLETE" not in r.stdout
+
+
+def _injected() -> list[str]:
+    out = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                if b"bench-injected-failure" in open(f"/proc/{d}/cmdline", "rb").read():
+                    out.append(d)
+            except OSError:
+                pass
+    return out
+
+
+def test_bench_part_that_fails_does_not_end_the_run(tmp_path: Path) -> None:
+    """A part that raises (with a process of its own still running) is marked in the results,
+    the parts after it still run, what was measured is written, and nothing is left running."""
+    out = tmp_path / "results.json"
+    r = subprocess.run(
+        [sys.executable, "bench/bench.py", "--rows", "2000", "--smoke", "--only", "file,workers",
+         "--fail-part", "file", "--out", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=600, env=dict(os.environ, PYTHONPATH=str(ROOT)),
+    )
+    assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "INCOMPLETE: file: failed (RuntimeError" in r.stdout
+    assert "part 'file' failed" in r.stderr and "bench-injected-failure" in r.stderr  # stopped, and said so
+    res = json.loads(out.read_text())
+    assert res["complete"] is False
+    assert "RuntimeError" in res["failed_parts"]["file"]
+    assert "file" not in res  # (no figure for the failed part)
+    assert res["file-workers"]["rows"] == 2000 + 2000 // 2 // 4 * 2 + 2000 // 2 // 10 * 2  # the next part ran
+    assert any(row[0].startswith("capturer -> file, regions in worker processes") for row in res["table"])
+    assert not _injected()
