@@ -78,26 +78,39 @@ def read_raw(pg: PostgresInstance, slot: str, rows: int, parse: bool) -> float:
     return rows / secs
 
 
-def measure(tmp: Path, inserts: int, run_until_delivered: Any) -> dict[str, Any]:
+def measure(tmp: Path, inserts: int, run_until_delivered: Any, variants: dict[str, str] | None = None,
+            raw: bool = True) -> dict[str, Any]:
+    """The three reads; ``variants``: more capturer runs (name -> lines added to the region's
+    section), each from a slot of its own."""
+    variants = variants or {}
     pg = PostgresInstance().start()
     try:
         with pg.connect() as c:
             c.execute(TABLE)
             c.execute("CREATE PUBLICATION b FOR ALL TABLES")
-            for s in ("raw", "parsed", "capturer_pg"):
+            for s in ("raw", "parsed", "capturer_pg", *(f"capturer_{v}" for v in variants)):
                 c.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (s,))
         t0 = time.perf_counter()
         total = load(pg, inserts, inserts // 4, inserts // 10)
         out: dict[str, Any] = {"rows": total, "load_seconds": round(time.perf_counter() - t0, 2)}
-        out["raw_stream_rows_per_s"] = round(read_raw(pg, "raw", total, parse=False))
-        out["pgoutput_parse_rows_per_s"] = round(read_raw(pg, "parsed", total, parse=True))
-        (tmp / "senders.cfg").write_text(f"[global]\ntype=local\n[local]\nfilepath={tmp / 'changes.jsonl'}\n")
-        (tmp / "config.cfg").write_text(
-            f"[global]\nbinlogCheckPointPath={tmp / 'cp.json'}\nsenderConfig={tmp / 'senders.cfg'}\n"
-            f"filterRuleDict=\nhttpPort={free_port()}\ncheckpointInterval=0.5\nlogLevel=warning\n"
-            f"[region:pg]\ntype=postgresql\nhost=127.0.0.1\nport={pg.port}\nuser=postgres\ndbname=postgres\n"
-            "publication=b\nslot=capturer_pg\nddl=false\n")
-        out["capturer"] = run_until_delivered(tmp / "config.cfg", total)
+        if raw:
+            cpu0 = time.process_time()
+            out["raw_stream_rows_per_s"] = round(read_raw(pg, "raw", total, parse=False))
+            out["raw_stream_rows_per_cpu_s"] = round(total / max(time.process_time() - cpu0, 1e-6))
+            cpu0 = time.process_time()
+            out["pgoutput_parse_rows_per_s"] = round(read_raw(pg, "parsed", total, parse=True))
+            out["pgoutput_parse_rows_per_cpu_s"] = round(total / max(time.process_time() - cpu0, 1e-6))
+        for name, slot, extra in (("capturer", "capturer_pg", ""),
+                                  *((f"capturer_{v}", f"capturer_{v}", e) for v, e in variants.items())):
+            d = tmp / name
+            d.mkdir()
+            (d / "senders.cfg").write_text(f"[global]\ntype=local\n[local]\nfilepath={d / 'changes.jsonl'}\n")
+            (d / "config.cfg").write_text(
+                f"[global]\nbinlogCheckPointPath={d / 'cp.json'}\nsenderConfig={d / 'senders.cfg'}\n"
+                f"filterRuleDict=\nhttpPort={free_port()}\ncheckpointInterval=0.5\nlogLevel=warning\n"
+                f"[region:pg]\ntype=postgresql\nhost=127.0.0.1\nport={pg.port}\nuser=postgres\ndbname=postgres\n"
+                f"publication=b\nslot={slot}\nddl=false\n{extra}")
+            out[name] = run_until_delivered(d / "config.cfg", total)
         return out
     finally:
         pg.destroy()

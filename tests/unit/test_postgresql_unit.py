@@ -9,6 +9,7 @@ import decimal
 import json
 import struct
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -18,7 +19,15 @@ from capturer.model import LsnPosition, format_lsn, parse_lsn, position_from_jso
 from capturer.regions.clock import LiftJournal, RegionClock
 from capturer.regions.postgresql import pgoutput as po
 from capturer.regions.postgresql import types as T
-from capturer.regions.postgresql.region import RelationJournal, RelDef, commit_tso, ddl_for, uk_name
+from capturer.regions.postgresql.region import (
+    _PG_C,
+    PostgresRegion,
+    RelationJournal,
+    RelDef,
+    commit_tso,
+    ddl_for,
+    uk_name,
+)
 
 
 def s(text: str) -> bytes:
@@ -267,3 +276,107 @@ def test_a_delivered_transaction_the_snapshot_does_not_see_makes_the_chunk_read_
     host._recent_xids[110] = 1200  # at xmax: not in the in-progress list, not visible either
     assert check(host, PgSnapshot.parse("100:110:"), (1300,))
     assert not check(host, PgSnapshot.parse("100:111:"), (1300,))  # all visible now
+
+
+# --- the C tuple decoder (capturer/_fastrows.c pg_plan) against the Python path ---------------
+
+_TYPED = [("id", T.INT4, -1, True), ("big", T.INT8, -1, False), ("txt", T.TEXT, -1, False),
+          ("vc", T.VARCHAR, 44, False), ("ok", T.BOOL, -1, False), ("price", T.NUMERIC, ((12 << 16) | 2) + 4, False),
+          ("wide", T.NUMERIC, -1, False), ("ts", T.TIMESTAMP, -1, False), ("tstz", T.TIMESTAMPTZ, -1, False),
+          ("d", T.DATE, -1, False), ("f", T.FLOAT8, -1, False), ("raw", T.BYTEA, -1, False),
+          ("tm", T.TIME, -1, False), ("doc", T.JSONB, -1, False), ("arr", 1007, -1, False), ("sm", T.INT2, -1, False)]
+
+_ROWS: list[list[tuple[str, str | None]]] = [
+    [("t", "1"), ("t", "-9223372036854775808"), ("t", "héllo \"q\" \\ ☃"), ("t", "x" * 40), ("t", "t"),
+     ("t", "-1234567890.12"), ("t", "1" + "0" * 80 + ".5"), ("t", "2026-01-01 12:00:00.123456"),
+     ("t", "2024-01-02 03:04:05.5+00"), ("t", "2024-02-29"), ("t", "1.5e300"), ("t", "\\x00ff"),
+     ("t", "24:00:00"), ("t", '{"a": [1, 2]}'), ("t", "{1,2}"), ("t", "-32768")],
+    # unrepresentable values (None, counted), other forms the parsers take, NULLs
+    [("t", "2"), ("n", None), ("t", ""), ("n", None), ("t", "f"), ("t", "NaN"), ("t", "-Infinity"),
+     ("t", "10000-01-01 00:00:00"), ("t", "2024-01-02 03:04:05.123456+05:30"), ("t", "0044-03-15 BC"),
+     ("t", "NaN"), ("t", "a\\\\b\\001"), ("t", "01:02:03.5"), ("n", None), ("n", None), ("t", "0")],
+    [("t", "3"), ("t", "0"), ("n", None), ("t", ""), ("n", None), ("t", "0.00"), ("t", "Infinity"),
+     ("t", "infinity"), ("t", "-infinity"), ("t", "infinity"), ("t", "-Infinity"), ("t", "\\x"),
+     ("t", "00:00:00"), ("t", "null"), ("t", "{}"), ("n", None)],
+    [("t", "4"), ("t", "7"), ("t", "a"), ("t", "b"), ("t", "t"), ("t", "5"), ("t", "-0.000001"),
+     ("t", "0001-01-01 00:00:00"), ("t", "9999-12-31 23:59:59.999999+00"), ("t", "0001-01-01"),
+     ("t", "-0"), ("n", None), ("t", "838:59:59"), ("t", "[]"), ("t", "{NULL}"), ("t", "1")],
+]
+
+
+class _Region:
+    """What PostgresRegion.image / _fast_change and _TxnBuilder.change use of a region."""
+
+    where = "pg test"
+    image = PostgresRegion.image
+    _fast_change = PostgresRegion._fast_change
+
+    def __init__(self) -> None:
+        self.unrepresentable = 0
+        self.ctx = SimpleNamespace(table_selected=lambda db, t: True)
+
+    def fill_toast(self, rel: RelDef, row: dict, cols: list, tup: object) -> None:
+        row.update({c: f"read {c}" for c in cols})
+
+
+class _Changes(list):
+    def append(self, ch, xid) -> None:  # type: ignore[override]
+        super().append((ch, xid))
+
+
+def _both(msg: bytes, r: RelDef) -> tuple[object, object]:
+    """(the Python path's changes and count, the C path's), or the exception each raised."""
+    from capturer.regions.postgresql.region import _TxnBuilder
+
+    out = []
+    for fast in (False, True):
+        reg = _Region()
+        b = SimpleNamespace(r=reg, changes=_Changes(), begin=SimpleNamespace(xid=9))
+        buf = b"w" + bytes(24) + msg
+        try:
+            if fast:
+                if not reg._fast_change(b, {r.relid: r}, buf, 25):
+                    out.append("declined")
+                    continue
+            else:
+                _TxnBuilder.change(b, r, po.parse(msg))
+            out.append((list(b.changes), reg.unrepresentable))
+        except Exception as e:  # (compared)
+            out.append(type(e).__name__)
+    return out[0], out[1]
+
+
+@pytest.mark.skipif(_PG_C is None, reason="the C extension is not built")
+def test_c_tuple_decoder_gives_what_the_python_path_gives() -> None:
+    r = RelDef(7, "s", "t", "f", tuple(po.Column(*c) for c in _TYPED), ("id",))
+    rid = struct.pack(">I", 7)
+    for n, row in enumerate(_ROWS):
+        other = _ROWS[(n + 1) % len(_ROWS)]
+        for msg in (b"I" + rid + b"N" + tup(*row), b"D" + rid + b"O" + tup(*row),
+                    b"D" + rid + b"K" + tup(row[0], *[("n", None)] * (len(row) - 1)),
+                    b"U" + rid + b"N" + tup(*row), b"U" + rid + b"O" + tup(*other) + b"N" + tup(*row),
+                    b"U" + rid + b"K" + tup(*other) + b"N" + tup(*row)):
+            py, c = _both(msg, r)
+            assert py == c, msg
+            assert isinstance(py, tuple) and py[0], msg
+    # a value of the first row, typed as the Python path types it, through C
+    (ch, _), = _both(b"I" + rid + b"N" + tup(*_ROWS[0]), r)[1][0]
+    assert ch.after["price"] == decimal.Decimal("-1234567890.12") and ch.after["ts"] == dt.datetime(2026, 1, 1, 12, 0, 0, 123456)
+    assert ch.after["tstz"] == dt.datetime(2024, 1, 2, 3, 4, 5, 500000) and ch.after["big"] == -(1 << 63)
+    # the counted unrepresentable values of the second row: numeric NaN and -Infinity, year 10000, a BC date, NaN
+    assert _both(b"I" + rid + b"N" + tup(*_ROWS[1]), r)[1][1] == 5
+    # unchanged TOASTed values: left to the general path (which takes them from the old row or reads them)
+    upd = b"U" + rid + b"N" + tup(("t", "1"), *[("u", None)] * (len(_TYPED) - 1))
+    assert _both(upd, r)[1] == "declined"
+    # a value its parser refuses, a cut message, a binary value: the general path says what is wrong
+    for bad in (b"I" + rid + b"N" + tup(("t", "x1"), *_ROWS[0][1:]),
+                b"I" + rid + b"N" + tup(*_ROWS[0])[:-3],
+                b"I" + rid + b"N" + struct.pack(">h", 1) + b"b" + struct.pack(">i", 1) + b"x",
+                b"I" + rid + b"X" + tup(*_ROWS[0])):
+        py, c = _both(bad, r)
+        assert c == "declined" and py in ("FatalSourceError", "ProtocolError"), (bad, py)
+    # a text that is not UTF-8 (surrogate escapes, as the Python path decodes it)
+    raw = b"I" + rid + b"N" + struct.pack(">h", 3) + b"t" + struct.pack(">i", 1) + b"5" + b"n" + b"t" + \
+        struct.pack(">i", 2) + b"\xff\xfe"
+    py, c = _both(raw, r)
+    assert py == c and c[0][0][0].after["txt"] == "\udcff\udcfe"

@@ -63,7 +63,7 @@ from capturer.model import (
     make_ts,
     parse_lsn,
 )
-from capturer.model.encode import qualified, quote_ident
+from capturer.model.encode import _fastrows, qualified, quote_ident
 from capturer.regions.base import (
     ChangeBuffer,
     ClockedRegion,
@@ -73,6 +73,7 @@ from capturer.regions.base import (
     require_start_kind,
 )
 from capturer.regions.postgresql import pgoutput as po
+from capturer.regions.postgresql import types as pgt
 from capturer.regions.postgresql.types import PgType, Unrepresentable, pg_time_to_unix_us, pg_type
 from capturer.regions.snaphost import SnapshotHostMixin
 
@@ -81,8 +82,31 @@ log = logging.getLogger(__name__)
 # fixed text forms of values on both connections (types.py parses them)
 SESSION_OPTIONS = "-c DateStyle=ISO -c TimeZone=UTC -c IntervalStyle=iso_8601 -c extra_float_digits=3 " \
                   "-c bytea_output=hex"
+# the C tuple decoder (capturer/_fastrows.c pg_plan; None where the extension is not built, or is an older build)
+_PG_C: Any = _fastrows if _fastrows is not None and hasattr(_fastrows, "pg_plan") else None
+
+
+def _c_kind(oid: int, t: PgType) -> int:
+    """The C decoder's kind for a column (0: it calls the column's parser)."""
+    p = t.parse
+    if p is pgt._text:
+        return 1
+    if p is int:
+        return 2
+    if p is pgt._bool:
+        return 3
+    if p is pgt._timestamp:
+        return 5 if oid == pgt.TIMESTAMPTZ else 4
+    if p is pgt._date:
+        return 6
+    if p is pgt._numeric:
+        return 7
+    return 0
+
+
 _FEEDBACK = struct.Struct(">cQQQqB")
 _XLOG_HEADER = struct.Struct(">QQq")
+_ROW_TAGS = (b"I", b"U", b"D")
 _KEEPALIVE = struct.Struct(">QqB")
 
 
@@ -120,6 +144,18 @@ class RelDef:
         if t is None:
             t = self._cache["types"] = [pg_type(c.type_oid, c.typmod) for c in self.columns]
         return t
+
+    @property
+    def plan(self) -> Any:
+        """The C decoder of this relation's tuples (None without the C build)."""
+        if _PG_C is None:
+            return None
+        p = self._cache.get("plan")
+        if p is None:
+            p = self._cache["plan"] = _PG_C.pg_plan(
+                tuple((c.name, _c_kind(c.type_oid, t), t.parse) for c, t in zip(self.columns, self.types)),
+                Unrepresentable)
+        return p
 
     @property
     def schema(self) -> TableSchema:
@@ -580,7 +616,10 @@ class PostgresRegion(SnapshotHostMixin, ClockedRegion):
                 sent_confirmed = self.confirmed
                 self._send_status(conn, received)
                 next_status = time.monotonic() + status_every
-            msg = po.parse(buf[1 + _XLOG_HEADER.size:])
+            off = 1 + _XLOG_HEADER.size
+            if txn is not None and buf[off:off + 1] in _ROW_TAGS and self._fast_change(txn, session, buf, off):
+                continue
+            msg = po.parse(buf[off:])
             if isinstance(msg, po.Begin):
                 txn = _TxnBuilder(self, msg)
             elif isinstance(msg, po.Commit):
@@ -609,6 +648,52 @@ class PostgresRegion(SnapshotHostMixin, ClockedRegion):
                     emptied = session.get(relid)
                     if emptied is not None:
                         txn.truncate(emptied)
+
+    def _fast_change(self, txn: _TxnBuilder, session: dict[int, RelDef], buf: bytes, off: int) -> bool:
+        """An INSERT, UPDATE or DELETE message at ``off`` through the C tuple decoder, as
+        ``po.parse`` and ``_TxnBuilder.change`` take it; False leaves it to them (no C build, a
+        relation not described, a table the filter leaves out, unchanged TOASTed values to fill,
+        anything the decoder refuses: the general path then says what is wrong)."""
+        if len(buf) < off + 6:
+            return False
+        rel = session.get(int.from_bytes(buf[off + 1:off + 5], "big"))
+        if rel is None or not self.ctx.table_selected(rel.db, rel.table):
+            return False
+        plan = rel.plan
+        if plan is None:
+            return False
+        tag, k, i = buf[off], buf[off + 5], off + 6
+        try:
+            if tag == 0x49:  # I
+                if k != 0x4E:
+                    return False
+                after, _, _, bad = plan.image(buf, i, False)
+                ch = RowChange(rel.schema, "insert", None, after)
+            elif tag == 0x44:  # D
+                if k not in (0x4B, 0x4F):
+                    return False
+                before, _, _, bad = plan.image(buf, i, k == 0x4B)
+                ch = RowChange(rel.schema, "delete", before, None)
+            else:  # U
+                old, bad = None, 0
+                if k in (0x4B, 0x4F):
+                    old, _, i, bad = plan.image(buf, i, k == 0x4B)
+                    if i >= len(buf):
+                        return False
+                    k, i = buf[i], i + 1
+                if k != 0x4E:
+                    return False
+                after, unchanged, _, bad_new = plan.image(buf, i, False)
+                if unchanged:  # (the old row's values, or a read of the table: the general path)
+                    return False
+                bad += bad_new
+                before = old if old is not None else {c: after[c] for c in rel.pk if c in after}
+                ch = RowChange(rel.schema, "update", before, after)
+        except ValueError:
+            return False
+        self.unrepresentable += bad
+        txn.changes.append(ch, txn.begin.xid)
+        return True
 
     def _record_boundary(self, insert_lsn: int) -> int:
         """The insert position as the end of the last record: at the start of a WAL page
