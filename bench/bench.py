@@ -298,6 +298,9 @@ def cpu_by_role() -> dict[str, float]:
         return {}
 
 
+CAPTURER_ROLES = ("capturer", "region workers", "sender processes")  # (cpu_by_role): the capturer's own processes
+
+
 def cpu_split(before: dict[str, float], after: dict[str, float], seconds: float) -> dict[str, float]:
     """Cores used on average by each role between two ``cpu_by_role`` samples."""
     return {k: round((v - before.get(k, 0.0)) / seconds, 2) for k, v in sorted(after.items())
@@ -340,6 +343,10 @@ def run_until_delivered(config: Path, expect_rows: int) -> dict[str, Any]:
     out = {"exit": code, "seconds": round(elapsed, 2), "rows": rows, "rows_per_s": round(rows / elapsed)}
     # cores used by each part until every row was delivered (the machine has 2)
     out["cpu_cores"] = cpu_split(cpu0, cpu1 or cpu_by_role(), elapsed)
+    cores = sum(v for k, v in out["cpu_cores"].items() if k in CAPTURER_ROLES)
+    if cores:  # what the capturer's work costs, comparable across machines
+        out["capturer_cores"] = round(cores, 2)
+        out["rows_per_capturer_cpu_s"] = round(out["rows_per_s"] / cores)
     if 10 in marks and 90 in marks and marks[90][0] > marks[10][0]:
         # steady state: the rate between 10 % and 90 % of the rows delivered (no connecting at
         # the start, no waiting for every region's last heartbeat at the end); sampled every 0.1 s
@@ -1155,14 +1162,19 @@ def big_txn_rss(tmp: Path, rows: int = 1_000_000, region_extra: str = "", name: 
 
 class Report:
     def __init__(self) -> None:
-        self.rows: list[tuple[str, float, float]] = []
+        self.rows: list[tuple[str, float, float, float | None]] = []
 
-    def add(self, label: str, rate: float, baseline: float | None) -> None:
-        self.rows.append((label, rate, rate / baseline if baseline else 1.0))
+    def add(self, label: str, rate: float, baseline: float | None, cpu: float | dict[str, Any] | None = None) -> None:
+        """``cpu``: rows per CPU-second of the capturer (its process, region workers and sender
+        processes; of the client process for a baseline), or a ``run_until_delivered`` result."""
+        if isinstance(cpu, dict):
+            cpu = cpu.get("rows_per_capturer_cpu_s")
+        self.rows.append((label, rate, rate / baseline if baseline else 1.0, cpu))
 
     def markdown(self) -> str:
-        out = ["| measure | rows/s | ratio to its baseline |", "|---|---:|---:|"]
-        out += [f"| {label} | {rate:,.0f} | {ratio:.2f} |" for label, rate, ratio in self.rows]
+        out = ["| measure | rows/s | ratio to its baseline | rows per capturer CPU-second |", "|---|---:|---:|---:|"]
+        out += [f"| {label} | {rate:,.0f} | {ratio:.2f} | {f'{cpu:,.0f}' if cpu else ''} |"
+                for label, rate, ratio, cpu in self.rows]
         return "\n".join(out)
 
 
@@ -1528,7 +1540,7 @@ def main() -> int:
         (tmp / name).mkdir()
         r = run_capturer(tmp / name, servers, senders_cfg, total, region_extra)
         results[name] = r
-        rep.add(label, r["rows_per_s"], baseline)
+        rep.add(label, r["rows_per_s"], baseline, r)
         if r.get("cpu_cores"):
             cpu_lines.append(f"{name}: " + ", ".join(f"{k} {v:.2f}" for k, v in r["cpu_cores"].items()))
         if r["rows"] != total or r["exit"] != 0:
@@ -1550,19 +1562,24 @@ def main() -> int:
             t.join()
         total = sum(written)
         results["load_seconds"] = round(time.perf_counter() - t0, 2)
+        c0 = time.process_time()  # (the reading process's CPU: rows per CPU-second)
         n, secs = baseline_decode(servers[0])
         decode = n / secs
         results["baseline_decode_rows_per_s"] = round(decode)
-        rep.add("baseline: python-mysql-replication decode, 1 region", decode, None)
+        rep.add("baseline: python-mysql-replication decode, 1 region", decode, None, n / (time.process_time() - c0))
+        c0 = time.process_time()
         n2, secs2 = baseline_decode(servers[0], fast=True)
         results["fast_decode_rows_per_s"] = round(n2 / secs2)
-        rep.add("fast row decoder, Python (same framing), 1 region", n2 / secs2, decode)
+        rep.add("fast row decoder, Python (same framing), 1 region", n2 / secs2, decode,
+                n2 / (time.process_time() - c0))
         from capturer.regions.mysql.rowdecode import c_decoder_built
 
         if c_decoder_built():
+            c0 = time.process_time()
             n3, secs3 = baseline_decode(servers[0], fast=True, use_c=True)
             results["fast_decode_c_rows_per_s"] = round(n3 / secs3)
-            rep.add("fast row decoder, C build (same framing), 1 region", n3 / secs3, decode)
+            rep.add("fast row decoder, C build (same framing), 1 region", n3 / secs3, decode,
+                    n3 / (time.process_time() - c0))
         if "file" in only:
             with part("file"):
                 e2e("file", f"[global]\ntype=local\n[local]\nfilepath={tmp / 'file' / 'changes.jsonl'}\n",
@@ -1669,16 +1686,38 @@ def main() -> int:
                 from pg_bench import measure as pg_measure
 
                 (tmp / "postgresql").mkdir()
-                r = pg_measure(tmp / "postgresql", inserts * 2, run_until_delivered)
+                pg_variants: dict[str, tuple[str, str]] = {}
+                pg_broker = None
+                if "kafka" in only and "confluent" in args.kafka_clients.split(","):
+                    from devtools.local_kafka import Broker
+
+                    pg_broker = Broker().start()
+                    extra.append(pg_broker)
+                    pg_variants["kafka"] = ("", f"[global]\ntype=kafka\n[kafka]\nservers={pg_broker.servers}\n"
+                                                "client=confluent\n")
+                r = pg_measure(tmp / "postgresql", inserts * 2, run_until_delivered, pg_variants)
+                if pg_broker is not None:
+                    pg_broker.kill()
                 results["postgresql"] = r
                 raw = r["raw_stream_rows_per_s"]
-                rep.add("PostgreSQL: raw pgoutput stream, framing only (baseline), 1 slot", raw, None)
-                rep.add("PostgreSQL: + pgoutput.parse of every message", r["pgoutput_parse_rows_per_s"], raw)
-                rep.add("PostgreSQL region -> file, end to end; ratio to the raw stream", r["capturer"]["rows_per_s"], raw)
+                rep.add("PostgreSQL: raw pgoutput stream, framing only (baseline), 1 slot", raw, None,
+                        r["raw_stream_rows_per_cpu_s"])
+                rep.add("PostgreSQL: + pgoutput.parse of every message", r["pgoutput_parse_rows_per_s"], raw,
+                        r["pgoutput_parse_rows_per_cpu_s"])
+                rep.add("PostgreSQL region -> file, end to end; ratio to the raw stream", r["capturer"]["rows_per_s"], raw,
+                        r["capturer"])
                 rep.add("PostgreSQL region -> file; ratio to MySQL (2 regions) -> file", r["capturer"]["rows_per_s"],
-                        results.get("file", {}).get("rows_per_s"))
-                if r["capturer"]["rows"] != r["rows"] or r["capturer"]["exit"] != 0:
-                    failures.append(f"postgresql: {r['capturer']['rows']} of {r['rows']} rows, exit {r['capturer']['exit']}")
+                        results.get("file", {}).get("rows_per_s"), r["capturer"])
+                if "capturer_kafka" in r:
+                    rep.add("PostgreSQL region -> kafka (confluent); ratio to the raw stream",
+                            r["capturer_kafka"]["rows_per_s"], raw, r["capturer_kafka"])
+                for name in ("capturer", *(f"capturer_{v}" for v in pg_variants)):
+                    if r[name]["rows"] != r["rows"] or r[name]["exit"] != 0:
+                        failures.append(f"postgresql ({name}): {r[name]['rows']} of {r['rows']} rows, "
+                                        f"exit {r[name]['exit']}")
+                    if r[name].get("cpu_cores"):
+                        cpu_lines.append(f"postgresql {name}: " + ", ".join(f"{k} {v:.2f}" for k, v in
+                                                                           r[name]["cpu_cores"].items()))
         if "mysql" in only:
             with part("mysql"):
                 target = MariaDBInstance(tmp / "target", server_id=99).start()
@@ -1721,9 +1760,10 @@ def main() -> int:
                 for client in args.kafka_clients.split(","):
                     broker = Broker().start()  # a fresh broker each: memory storage grows
                     extra.append(broker)
+                    c0 = time.process_time()
                     raw = baseline_producer(broker.servers, client, total)
                     results[f"baseline_producer_{client}_msgs_per_s"] = round(raw)
-                    rep.add(f"baseline: raw producer, {client}", raw, None)
+                    rep.add(f"baseline: raw producer, {client}", raw, None, total / (time.process_time() - c0))
                     kcfg = f"[global]\ntype=kafka\n[kafka]\nservers={broker.servers}\nclient={client}\n"
                     e2e(f"kafka-{client}", kcfg, total, raw, f"capturer -> kafka ({client})")
                     broker.kill()
@@ -1755,6 +1795,10 @@ def main() -> int:
                         e2e("kafka-confluent-proc", with_procs(kcfg), total, results["kafka-confluent"]["rows_per_s"],
                             "capturer -> kafka (confluent), sender in its own process; ratio to in-process")
                         broker.kill()
+                if "kafka-kafka-python" in results and "kafka-confluent" in results:
+                    rep.add("capturer -> kafka (kafka-python); ratio to the confluent sender",
+                            results["kafka-kafka-python"]["rows_per_s"], results["kafka-confluent"]["rows_per_s"],
+                            results["kafka-kafka-python"])
         if "spark" in only:
             with part("spark"):
                 raw = baseline_arrow_append(tmp, total)

@@ -78,10 +78,10 @@ def read_raw(pg: PostgresInstance, slot: str, rows: int, parse: bool) -> float:
     return rows / secs
 
 
-def measure(tmp: Path, inserts: int, run_until_delivered: Any, variants: dict[str, str] | None = None,
+def measure(tmp: Path, inserts: int, run_until_delivered: Any, variants: dict[str, tuple[str, str]] | None = None,
             raw: bool = True) -> dict[str, Any]:
-    """The three reads; ``variants``: more capturer runs (name -> lines added to the region's
-    section), each from a slot of its own."""
+    """The three reads; ``variants``: more capturer runs (name -> (lines added to the region's
+    section, the senders' configuration: "" for the file sender)), each from a slot of its own."""
     variants = variants or {}
     pg = PostgresInstance().start()
     try:
@@ -100,11 +100,11 @@ def measure(tmp: Path, inserts: int, run_until_delivered: Any, variants: dict[st
             cpu0 = time.process_time()
             out["pgoutput_parse_rows_per_s"] = round(read_raw(pg, "parsed", total, parse=True))
             out["pgoutput_parse_rows_per_cpu_s"] = round(total / max(time.process_time() - cpu0, 1e-6))
-        for name, slot, extra in (("capturer", "capturer_pg", ""),
-                                  *((f"capturer_{v}", f"capturer_{v}", e) for v, e in variants.items())):
+        for name, slot, (extra, senders) in (("capturer", "capturer_pg", ("", "")),
+                                             *((f"capturer_{v}", f"capturer_{v}", e) for v, e in variants.items())):
             d = tmp / name
             d.mkdir()
-            (d / "senders.cfg").write_text(f"[global]\ntype=local\n[local]\nfilepath={d / 'changes.jsonl'}\n")
+            (d / "senders.cfg").write_text(senders or f"[global]\ntype=local\n[local]\nfilepath={d / 'changes.jsonl'}\n")
             (d / "config.cfg").write_text(
                 f"[global]\nbinlogCheckPointPath={d / 'cp.json'}\nsenderConfig={d / 'senders.cfg'}\n"
                 f"filterRuleDict=\nhttpPort={free_port()}\ncheckpointInterval=0.5\nlogLevel=warning\n"

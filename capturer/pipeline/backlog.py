@@ -52,6 +52,7 @@ log = logging.getLogger(__name__)
 HEADER = struct.Struct("<IIqqB")  # payload length, crc32, offset, running rows, flags
 F_SCHEMA, F_ITEM, F_SAMEPOS = 1, 2, 4
 SEGMENT_BYTES = 64 << 20
+STALL_S = 1.0  # a sender that took nothing for this long has stopped reading (StreamLog._spill_helps)
 _SCHEMA_PREFIX = b"\x99\xa1s"  # a packed ["s", ...] value (9 elements): a table definition
 
 
@@ -505,6 +506,7 @@ class Cursor:
         self._inflight: collections.deque[tuple[int, str, int, Any, bool, StreamKey | None]] = collections.deque()
         self._reader: SegmentReader | None = None
         self.capacity = stream.capacity
+        self.last_take = time.monotonic()  # when it last took items (StreamLog._spill_helps)
 
     # WeightedQueue's face, for the sender loop and its status
     def __len__(self) -> int:
@@ -596,6 +598,8 @@ class StreamLog:
         self._last_pos: dict[str, Any] = {}
         self.evicted_to_disk = 0
         self.waits = 0  # times the appender waited (memory full, no room on disk)
+        self.paced_waits = 0  # times it waited for the senders to read what memory holds (_spill_helps)
+        self._pacing = False
         self.waiting_since = 0.0  # monotonic time the appender began to wait (0: not waiting)
         self.detach_log: list[str] = []
 
@@ -632,8 +636,11 @@ class StreamLog:
             while self._weight > self.capacity and len(self._mem) > 1:
                 if self._evict_locked():
                     continue
-                self.waits += 1
-                self.waiting_since = self.waiting_since or time.monotonic()
+                if self._pacing:  # every sender busy with what memory holds: the stream goes at their pace
+                    self.paced_waits += 1
+                else:
+                    self.waits += 1
+                    self.waiting_since = self.waiting_since or time.monotonic()
                 if stop is not None and stop.is_set():
                     raise Closed()
                 self._cond.wait(0.05)
@@ -641,6 +648,7 @@ class StreamLog:
                     raise Closed()
                 self._release_locked()
             self.waiting_since = 0.0
+            self._pacing = False
             self._cond.notify_all()
             return off
 
@@ -684,6 +692,9 @@ class StreamLog:
         b = self.backlog
         if b is None:
             return False
+        self._pacing = not self._spill_helps()
+        if self._pacing:
+            return False
         if b.full():
             b.release(self._min_acked() + 1)
             if b.full():
@@ -695,6 +706,18 @@ class StreamLog:
         self.evicted_to_disk += 1
         self._drop_locked()
         return True
+
+    def _spill_helps(self) -> bool:
+        """Whether writing the oldest item to the backlog serves anyone: a sender that has
+        read all memory holds (so the stream must go on for it) or one that has stopped
+        reading (paused, hung, failing: nothing taken for ``STALL_S``), which the stream
+        must not wait for. While every sender is busy reading what memory holds, writing
+        it out would only add the cost of writing and reading it back (the sender that
+        needs it is the one that is slow): the appender waits instead, as without a
+        backlog, until a sender catches up or stalls."""
+        now = time.monotonic()
+        head = self.next - 1
+        return any(c.next >= head or now - c.last_take > STALL_S for c in self._attached())
 
     def _detach_furthest_behind(self) -> None:
         cs = self._attached()
@@ -735,6 +758,8 @@ class StreamLog:
                 if c.detached or c.next >= self.next:
                     if self._closed:
                         raise Closed()
+                    if self._pacing and not c.detached:  # it has read all there is: the stream can go on now
+                        self._cond.notify_all()
                     remaining = None if deadline is None else deadline - time.monotonic()
                     if remaining is not None and remaining <= 0:
                         return []
@@ -753,6 +778,7 @@ class StreamLog:
                         out.append((e[0], e[1], e[2], e[4], e[5] + e[3]))
                         taken += e[3]
                         i += 1
+                    c.last_take = time.monotonic()
                     return out
                 # on disk: read it without holding the stream up
                 upto = self.base
@@ -765,6 +791,7 @@ class StreamLog:
         if c._reader is None:
             c._reader = SegmentReader(b, self.spill_rows, self.spill_dir)
         got = c._reader.read(c.next, upto, max_weight)
+        c.last_take = time.monotonic()
         c.read_from_backlog += len(got)
         return [(off, stream_key(item), item, samepos, rows + (item.weight if isinstance(item, Txn) else 1))
                 for off, rows, item, samepos in got]
@@ -822,6 +849,7 @@ class StreamLog:
             "backlog_dir": str(b.dir) if b is not None else "",
             "evicted_to_disk": self.evicted_to_disk,
             "waits": self.waits,
+            "paced_waits": self.paced_waits,
             "policy": self.full_policy if b is not None else "none",
         }
 
