@@ -215,9 +215,16 @@ class Filter:
             return replace(txn, ddl=None)
         spilled = isinstance(txn.changes, SpilledChanges)
         if not self.table_rules and not self.row_rules:
-            dbs = (s.db for s in txn.changes.schemas) if isinstance(txn.changes, SpilledChanges) \
-                else (ch.db for ch in txn.changes)
-            if all(db.lower() not in SYSTEM_SCHEMAS for db in dbs):
+            # one look per run of changes to the same table (their schema object is shared)
+            schemas: Any = txn.changes.schemas if isinstance(txn.changes, SpilledChanges) \
+                else (ch.schema for ch in txn.changes)
+            last = None
+            for s in schemas:
+                if s is not last:
+                    if s.db.lower() in SYSTEM_SCHEMAS:
+                        break
+                    last = s
+            else:
                 return txn
         if not self.row_rules and not spilled:
             # tables only: one decision per run of changes to the same table (a snapshot
