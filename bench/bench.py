@@ -249,7 +249,9 @@ def _role(pid: int, cmd: list[str]) -> str:
     if exe == "mariadbd":
         cnf = next((a for a in cmd if a.startswith("--defaults-file=")), "")
         return "sources" if re.fullmatch(r"r\d+", Path(cnf.split("=", 1)[-1]).parent.name) else "target"
-    if exe in ("postgres", "postmaster"):
+    if exe in ("postgres", "postmaster") or (cmd and cmd[0].startswith("postgres:")):  # (backends retitle)
+        return "sources"
+    if any("baikaldb_double" in a for a in cmd):
         return "sources"
     if exe == "tansu":
         return "broker"
@@ -1662,7 +1664,9 @@ def main() -> int:
                 results["baikaldb"] = r
                 mysql_file = results.get("file", {}).get("rows_per_s")
                 rep.add("BaikalDB (double, 1 partition x 2 regions) -> file; ratio to MySQL -> file",
-                        r["rows_per_s"], mysql_file)
+                        r["rows_per_s"], mysql_file, r)
+                if r.get("cpu_cores"):
+                    cpu_lines.append("baikaldb: " + ", ".join(f"{k} {v:.2f}" for k, v in r["cpu_cores"].items()))
                 if r["rows"] != info["rows"] or r["exit"] != 0:
                     failures.append(f"baikaldb: {r['rows']} of {info['rows']} rows, exit {r['exit']}")
         if "pgsnapshot" in only:
@@ -1826,6 +1830,9 @@ def main() -> int:
                     f"[spark]\nwarehouse={tmp / 'all' / 'wh'}\ncompaction_interval=0\nbatch_interval=1\n",
                     total, decode, "capturer -> all four at once (file, mysql, kafka/confluent, spark)")
                 broker.kill()
+                if "file" in results:
+                    rep.add("capturer -> all four at once; ratio to capturer -> file alone", results["all"]["rows_per_s"],
+                            results["file"]["rows_per_s"], results["all"])
                 if "ab" in only:
                     broker = Broker().start()
                     extra.append(broker)

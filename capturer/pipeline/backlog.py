@@ -52,6 +52,7 @@ log = logging.getLogger(__name__)
 HEADER = struct.Struct("<IIqqB")  # payload length, crc32, offset, running rows, flags
 F_SCHEMA, F_ITEM, F_SAMEPOS = 1, 2, 4
 SEGMENT_BYTES = 64 << 20
+DECODED_ROWS = 50_000  # rows of items read back kept decoded for the other senders reading there (Backlog.decoded)
 STALL_S = 1.0  # a sender that took nothing for this long has stopped reading (StreamLog._spill_helps)
 _SCHEMA_PREFIX = b"\x99\xa1s"  # a packed ["s", ...] value (9 elements): a table definition
 
@@ -148,6 +149,11 @@ class Backlog:
         # the first item the checkpoint on disk may still need (None: no limit): set at open
         # and after each checkpoint is written (``keep_for_checkpoint``)
         self.durable_below: int | None = None
+        # items read back lately, by offset: senders reading the same stretch decode it once
+        self._decoded: collections.OrderedDict[int, Item] = collections.OrderedDict()
+        self._decoded_rows = 0
+        self._decoded_lock = threading.Lock()
+        self.decoded_hits = 0
 
     # -- start-up --
     def open(self, mark: BacklogMark | None, need_from: int | None, read_only: bool = False) -> int:
@@ -327,6 +333,26 @@ class Backlog:
             self._file.close()
             self._file = None
 
+    def decoded(self, offset: int) -> Item | None:
+        """The item at ``offset`` if a reader decoded it lately (items are never changed
+        once made: memory hands the same objects to every sender too)."""
+        with self._decoded_lock:
+            item = self._decoded.get(offset)
+            if item is not None:
+                self.decoded_hits += 1
+            return item
+
+    def remember(self, offset: int, item: Item) -> None:
+        if isinstance(item, Txn) and not isinstance(item.changes, tuple):
+            return  # (a big transaction spilled to a reader's own files)
+        weight = item.weight if isinstance(item, Txn) else 1
+        with self._decoded_lock:
+            self._decoded[offset] = item
+            self._decoded_rows += weight
+            while self._decoded_rows > DECODED_ROWS and self._decoded:
+                _, old = self._decoded.popitem(last=False)
+                self._decoded_rows -= old.weight if isinstance(old, Txn) else 1
+
     def segment_for(self, offset: int) -> _Segment:
         """The segment that holds ``offset`` (the last one that begins at or before it)."""
         with self.lock:
@@ -441,7 +467,10 @@ class SegmentReader:
                 continue
             if off < start:
                 continue
-            item = self._decode(payload)
+            item = self.backlog.decoded(off)
+            if item is None:
+                item = self._decode(payload)
+                self.backlog.remember(off, item)
             out.append((off, rec[1], item, bool(flags & F_SAMEPOS)))
             weight += item.weight if isinstance(item, Txn) else 1
             start = off + 1
@@ -507,6 +536,7 @@ class Cursor:
         self._reader: SegmentReader | None = None
         self.capacity = stream.capacity
         self.last_take = time.monotonic()  # when it last took items (StreamLog._spill_helps)
+        self.idle = False  # waiting for items: it has read everything there is
 
     # WeightedQueue's face, for the sender loop and its status
     def __len__(self) -> int:
@@ -709,15 +739,21 @@ class StreamLog:
 
     def _spill_helps(self) -> bool:
         """Whether writing the oldest item to the backlog serves anyone: a sender that has
-        read all memory holds (so the stream must go on for it) or one that has stopped
+        read all there is and waits for more (so the stream must go on for it) or one that has stopped
         reading (paused, hung, failing: nothing taken for ``STALL_S``), which the stream
         must not wait for. While every sender is busy reading what memory holds, writing
         it out would only add the cost of writing and reading it back (the sender that
         needs it is the one that is slow): the appender waits instead, as without a
         backlog, until a sender catches up or stalls."""
         now = time.monotonic()
-        head = self.next - 1
-        return any(c.next >= head or now - c.last_take > STALL_S for c in self._attached())
+        head = self.next - 1  # (the item just appended)
+        for c in self._attached():
+            if now - c.last_take > STALL_S:
+                return True
+            # waiting for more with nothing in hand (not a batch it lingers over), and not just woken
+            if c.idle and c.next >= head and c.acked() >= c.next - 1:
+                return True
+        return False
 
     def _detach_furthest_behind(self) -> None:
         cs = self._attached()
@@ -758,13 +794,16 @@ class StreamLog:
                 if c.detached or c.next >= self.next:
                     if self._closed:
                         raise Closed()
-                    if self._pacing and not c.detached:  # it has read all there is: the stream can go on now
-                        self._cond.notify_all()
+                    if not c.detached and not c.idle:
+                        c.idle = True
+                        if self._pacing:  # it has read all there is: the stream can go on now
+                            self._cond.notify_all()
                     remaining = None if deadline is None else deadline - time.monotonic()
                     if remaining is not None and remaining <= 0:
                         return []
                     self._cond.wait(remaining if remaining is not None else 0.5)
                     continue
+                c.idle = False
                 if c.next >= self.base:
                     i = c.next - self.base
                     mem = self._mem

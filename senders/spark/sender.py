@@ -33,6 +33,7 @@ import re
 import threading
 import time
 import uuid
+from itertools import repeat
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -427,14 +428,16 @@ class SparkSender(Sender):
                       pa.field("_region", pa.string()), pa.field("_seq", pa.int32()),
                       pa.field("_sub", pa.int32())]
             fields += [pa.field(c, arrow_type(t)) for c, t in columns]
+            txns = [r[0] for r in rows]
             data: dict[str, list[Any]] = {
-                "_op": [r[3] for r in rows], "_commit_ts": [r[0].commit_ts for r in rows],
-                "_region": [r[0].region for r in rows], "_seq": [r[1] for r in rows], "_sub": [r[2] for r in rows],
+                "_op": [r[3] for r in rows], "_commit_ts": [t.commit_ts for t in txns],
+                "_region": [t.region for t in txns], "_seq": [r[1] for r in rows], "_sub": [r[2] for r in rows],
             }
             imgs = [r[5] for r in rows]
-            for c, t in columns:  # column by column: values Arrow takes as they are skip lake_value
-                vals = [img.get(c) for img in imgs]
-                if not {type(v) for v in vals} <= _AS_IS.get(t if not t.startswith("decimal") else "decimal", set()):
+            get = dict.get
+            for c, t in columns:  # column by column (map: the loop in C); values Arrow takes as they are skip lake_value
+                vals = list(map(get, imgs, repeat(c)))
+                if not set(map(type, vals)) <= _AS_IS.get(t if not t.startswith("decimal") else "decimal", set()):
                     vals = [lake.lake_value(v, t) for v in vals]
                 data[c] = vals
             table = pa.Table.from_pydict(data, schema=pa.schema(fields))

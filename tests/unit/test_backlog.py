@@ -98,6 +98,47 @@ def test_a_held_sender_does_not_hold_the_others_and_catches_up_from_disk(tmp_pat
     m.join()
 
 
+def test_two_held_senders_read_the_backlog_decoded_once(tmp_path: Path) -> None:
+    gate = threading.Event()
+    fast, slow1, slow2 = Recorder("fast"), Recorder("slow1", gate), Recorder("slow2", gate)
+    m, stream, b = make(tmp_path, [fast, slow1, slow2])
+    m.start()
+    for ts in range(1, 301):
+        m.dispatch(txn(ts))
+    wait(lambda: len(fast.got) == 300)
+    assert stream.evicted_to_disk > 200
+    gate.set()
+    wait(lambda: len(slow1.got) == 300 and len(slow2.got) == 300)
+    want = [("r", ts) for ts in range(1, 301)]
+    assert slow1.got == want and slow2.got == want
+    # what one decoded the other took as it was (or decoded itself once it had left the cache)
+    assert b.decoded_hits > 100
+    assert slow1.rows_got == slow2.rows_got and all(r["amount"] == decimal.Decimal("1.50") for r in slow2.rows_got)
+    m.stop()
+    m.join()
+
+
+def test_slow_but_busy_senders_pace_the_stream_instead_of_filling_the_backlog(tmp_path: Path) -> None:
+    """A sender busy with what memory holds, neither waiting for more nor stalled: the
+    backlog would only add a write and a read per item; the stream waits for it instead."""
+
+    class Slow(Recorder):
+        def send(self, batch: list[Txn]) -> None:
+            time.sleep(0.02)
+            super().send(batch)
+
+    a = Slow("a")
+    m, stream, b = make(tmp_path, [a])
+    m.start()
+    for ts in range(1, 301):
+        m.dispatch(txn(ts))
+    wait(lambda: len(a.got) == 300)
+    assert stream.evicted_to_disk == 0 and b.written_items == 0
+    assert stream.paced_waits > 0 and stream.waits == 0 and not stream.holding()
+    m.stop()
+    m.join()
+
+
 def test_without_a_backlog_a_held_sender_holds_the_stream(tmp_path: Path) -> None:
     gate = threading.Event()
     fast, slow = Recorder("fast"), Recorder("slow", gate)
