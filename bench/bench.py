@@ -1041,13 +1041,18 @@ def _descendants() -> dict[int, list[str]]:
     return {pid: procs[pid][1] for pid in family - {os.getpid()} if pid in procs}
 
 
-def stop_processes(keep: set[int] = frozenset(), grace: float = 10.0) -> list[str]:  # type: ignore[assignment]
+def stop_processes(keep: set[int] = frozenset(), grace: float = 10.0,  # type: ignore[assignment]
+                   spare_jvm: bool = False) -> list[str]:
     """Stop every process below this one but those in ``keep`` (and theirs): SIGTERM,
     then SIGKILL after ``grace`` s. Returns what was stopped, for the log. (A part that
-    failed half-way leaves what it started: a test double, an agent, an applier.)"""
+    failed half-way leaves what it started: a test double, an agent, an applier.)
+    ``spare_jvm``: not Spark's JVM either (the in-process session's, which later parts use)."""
     import signal
 
     procs = _descendants()
+    if spare_jvm:
+        keep = set(keep) | {pid for pid, cmd in procs.items()
+                            if cmd and (Path(cmd[0]).name == "java" or any("spark-submit" in a for a in cmd))}
     kept = set(keep)
     grew = True
     while grew:  # the kept ones' own children stay too
@@ -1529,7 +1534,7 @@ def main() -> int:
             results.setdefault("failed_parts", {})[name] = f"{type(e).__name__}: {e}"[:2000]
             failures.append(f"{name}: failed ({type(e).__name__}: {str(e)[:200]})")
             keep = {o.proc.pid for o in servers + extra if getattr(o, "proc", None) is not None}
-            stopped = stop_processes(keep)
+            stopped = stop_processes(keep, spare_jvm=True)
             if stopped:
                 print(f"bench: stopped what part {name!r} left running: {stopped}", file=sys.stderr)
         finally:
