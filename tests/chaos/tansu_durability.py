@@ -20,6 +20,12 @@ acknowledged ones. Measured on 2026-11-24:
   not idempotent with one request in flight lost none (8 restarts; also seeds
   9 and 10). No error was reported for the lost ones. Hence the sender's
   kafka-python producer is not idempotent.
+
+2026-11-26: the idempotent losses are Tansu's (a restart can cut a produce
+after the producer's sequence was stored and before the batch was; the retry is
+then answered DUPLICATE_SEQUENCE_NUMBER), and confluent loses the same way
+under SIGTERM: tests/chaos/kafka_python_idempotence.py reproduces it with
+either client, docs/tansu-idempotence.md explains it.
 """
 
 from __future__ import annotations
