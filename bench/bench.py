@@ -921,8 +921,11 @@ def compaction_seconds(tmp: Path, changes: int = 1_000_000, keys: int = 200_000)
 
 
 def latency_run(tmp: Path, servers: list[MariaDBInstance], rate: int = 5000, seconds: int = 20,
-                txn_rows: int = 50, region_extra: str = "", name: str = "latency") -> dict[str, Any]:
-    """Commit-to-acknowledgement latency (file sender) at a steady ``rate`` rows/s over 2 regions."""
+                txn_rows: int = 50, region_extra: str = "", name: str = "latency",
+                other_senders: str = "") -> dict[str, Any]:
+    """Commit-to-acknowledgement latency (file sender) at a steady ``rate`` rows/s over 2 regions.
+    ``other_senders``: "type1,type2\n<their sections>" to run next to the file sender (the
+    acknowledgement is then every sender's)."""
     d = tmp / name
     out = d / "changes.jsonl"
     run = sum(1 for p in tmp.glob("latency*") if p.is_dir())
@@ -930,7 +933,9 @@ def latency_run(tmp: Path, servers: list[MariaDBInstance], rate: int = 5000, sec
     regions = "".join(
         f"\n[region:r{i}]\nhost=127.0.0.1\nport={m.port}\nuser=root\npassword=\nserver_id={750 + i}\nstart=latest\n"
         f"{region_extra}" for i, m in enumerate(servers))
-    (d / "senders.cfg").write_text(f"[global]\ntype=local\n[local]\nfilepath={out}\n")
+    types, _, sections = other_senders.partition("\n")
+    (d / "senders.cfg").write_text(f"[global]\ntype=local{',' + types if types else ''}\n[local]\nfilepath={out}\n"
+                                   + sections)
     (d / "config.cfg").write_text(
         f"[global]\nbinlogCheckPointPath={d / 'cp.json'}\nsenderConfig={d / 'senders.cfg'}\n"
         f"filterRuleDict=\nhttpPort={free_port()}\nlogLevel=warning\n" + regions)
@@ -1525,6 +1530,7 @@ def main() -> int:
         """One part of the bench: if it fails, its error is kept in the results (``failed_parts``),
         the processes it left are stopped, and the run goes on with the next part."""
         t_part = time.perf_counter()
+        extra_before = len(extra)
         try:
             _FAIL_NEXT_RUN[:] = [name] if name == args.fail_part else []
             yield
@@ -1533,6 +1539,11 @@ def main() -> int:
                   file=sys.stderr)
             results.setdefault("failed_parts", {})[name] = f"{type(e).__name__}: {e}"[:2000]
             failures.append(f"{name}: failed ({type(e).__name__}: {str(e)[:200]})")
+            from devtools.local_kafka import Broker
+
+            for o in extra[extra_before:]:  # its brokers (a target it started stays: later parts use it)
+                if isinstance(o, Broker):
+                    o.kill()
             keep = {o.proc.pid for o in servers + extra if getattr(o, "proc", None) is not None}
             stopped = stop_processes(keep, spare_jvm=True)
             if stopped:
@@ -2009,6 +2020,20 @@ def main() -> int:
                                     "at the target")
         if "latency" in only and not args.smoke:
             with part("latency"):
+                if "all" in results and "mysql" in only:
+                    # every sender at half the rate all four reached: the latency they keep at that load
+                    from devtools.local_kafka import Broker
+
+                    half = max(1000, results["all"]["rows_per_s"] // 2 // 100 * 100)
+                    broker = Broker().start()
+                    extra.append(broker)
+                    results["latency_all_half"] = latency_run(
+                        tmp, servers, rate=half, name="latency-all",
+                        other_senders="mysql,kafka,spark\n"
+                        f"[mysql]\nhost=127.0.0.1\nport={target.port}\nuser=root\nthreadnum={args.threads}\n"
+                        f"[kafka]\nservers={broker.servers}\nclient=confluent\n"
+                        f"[spark]\nwarehouse={tmp / 'latency-all-wh'}\ncompaction_interval=0\nbatch_interval=0.02\n")
+                    broker.kill()
                 results["latency"] = latency_run(tmp, servers)
                 results["latency_20k"] = latency_run(tmp, servers, rate=20_000, name="latency-20k")
                 if "workers" in only:
@@ -2043,11 +2068,12 @@ def main() -> int:
     if cpu_lines:
         print(f"\ncores used during each run ({os.cpu_count()} here; 'machine' is every process on it):")
         print("\n".join(cpu_lines))
-    for key in ("latency", "latency_20k", "latency_20k_workers"):
+    for key in ("latency", "latency_20k", "latency_20k_workers", "latency_all_half"):
         if key in results:
             lat = results[key]
             print(f"\ncommit -> ack latency at {lat['rate_rows_per_s']} rows/s"
-                  f"{' (regions in worker processes)' if 'workers' in key else ''}: p50 {lat['p50_ms']} ms, "
+                  f"{' (regions in worker processes)' if 'workers' in key else ''}"
+                  f"{' (all four senders, half their rate)' if key == 'latency_all_half' else ''}: p50 {lat['p50_ms']} ms, "
                   f"p99 {lat['p99_ms']} ms (over {lat['measured']} transactions)")
     if "apply" in results:
         lat = results["apply"]["lag"]

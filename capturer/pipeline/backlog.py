@@ -347,6 +347,8 @@ class Backlog:
             return  # (a big transaction spilled to a reader's own files)
         weight = item.weight if isinstance(item, Txn) else 1
         with self._decoded_lock:
+            if offset in self._decoded:  # (two readers decoded it at once)
+                return
             self._decoded[offset] = item
             self._decoded_rows += weight
             while self._decoded_rows > DECODED_ROWS and self._decoded:
@@ -536,7 +538,6 @@ class Cursor:
         self._reader: SegmentReader | None = None
         self.capacity = stream.capacity
         self.last_take = time.monotonic()  # when it last took items (StreamLog._spill_helps)
-        self.idle = False  # waiting for items: it has read everything there is
 
     # WeightedQueue's face, for the sender loop and its status
     def __len__(self) -> int:
@@ -722,7 +723,7 @@ class StreamLog:
         b = self.backlog
         if b is None:
             return False
-        self._pacing = not self._spill_helps()
+        self._pacing = not self._spill_helps(off)
         if self._pacing:
             return False
         if b.full():
@@ -737,23 +738,16 @@ class StreamLog:
         self._drop_locked()
         return True
 
-    def _spill_helps(self) -> bool:
-        """Whether writing the oldest item to the backlog serves anyone: a sender that has
-        read all there is and waits for more (so the stream must go on for it) or one that has stopped
-        reading (paused, hung, failing: nothing taken for ``STALL_S``), which the stream
-        must not wait for. While every sender is busy reading what memory holds, writing
-        it out would only add the cost of writing and reading it back (the sender that
-        needs it is the one that is slow): the appender waits instead, as without a
-        backlog, until a sender catches up or stalls."""
+    def _spill_helps(self, off: int) -> bool:
+        """Whether writing the oldest item (``off``) to the backlog serves anyone: a
+        sender that is past it (it acknowledged it: the stream must go on for it) or one
+        that has stopped reading (paused, hung, failing: nothing taken for ``STALL_S``),
+        which the stream must not wait for. While every sender still needs it and is
+        busy reading (one sender, or all of them slower than the sources), writing it
+        out would only add the cost of writing and reading it back: the appender waits
+        instead, as without a backlog, until a sender passes it or stalls."""
         now = time.monotonic()
-        head = self.next - 1  # (the item just appended)
-        for c in self._attached():
-            if now - c.last_take > STALL_S:
-                return True
-            # waiting for more with nothing in hand (not a batch it lingers over), and not just woken
-            if c.idle and c.next >= head and c.acked() >= c.next - 1:
-                return True
-        return False
+        return any(c.acked() >= off or now - c.last_take > STALL_S for c in self._attached())
 
     def _detach_furthest_behind(self) -> None:
         cs = self._attached()
@@ -790,20 +784,17 @@ class StreamLog:
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             self._release_locked()
+            if self._pacing:  # (it may have acknowledged what the appender waits on)
+                self._cond.notify_all()
             while True:
                 if c.detached or c.next >= self.next:
                     if self._closed:
                         raise Closed()
-                    if not c.detached and not c.idle:
-                        c.idle = True
-                        if self._pacing:  # it has read all there is: the stream can go on now
-                            self._cond.notify_all()
                     remaining = None if deadline is None else deadline - time.monotonic()
                     if remaining is not None and remaining <= 0:
                         return []
                     self._cond.wait(remaining if remaining is not None else 0.5)
                     continue
-                c.idle = False
                 if c.next >= self.base:
                     i = c.next - self.base
                     mem = self._mem

@@ -380,3 +380,15 @@ def test_c_tuple_decoder_gives_what_the_python_path_gives() -> None:
         struct.pack(">i", 2) + b"\xff\xfe"
     py, c = _both(raw, r)
     assert py == c and c[0][0][0].after["txt"] == "\udcff\udcfe"
+
+
+def test_timestamps_python_3_10_cannot_read_are_rewritten_to_forms_it_can() -> None:
+    for text, want in (("2024-01-02 03:04:05.5", "2024-01-02 03:04:05.500000"),
+                       ("2024-01-02 03:04:05.5+00", "2024-01-02 03:04:05.500000+00:00"),
+                       ("2024-01-02 03:04:05-03", "2024-01-02 03:04:05-03:00"),
+                       ("1900-01-01 00:00:00+05:53:28", "1900-01-01 00:00:00+05:53:28"),
+                       ("2024-01-02 03:04:05.123456", "2024-01-02 03:04:05.123456"),
+                       ("10000-01-01 00:00:00", "10000-01-01 00:00:00")):  # (a year past 9999: left alone)
+        assert T._iso_for_310(text) == want
+        if not text.startswith("10000"):
+            assert dt.datetime.fromisoformat(want) == dt.datetime.fromisoformat(text)

@@ -42,6 +42,8 @@ from __future__ import annotations
 import datetime as dt
 import decimal
 import math
+import re
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -118,9 +120,27 @@ def _date(t: str) -> dt.date:
         raise Unrepresentable(t) from None  # a year past 9999
 
 
+_TS_TAIL = re.compile(r"(\.\d{1,6})?([+-]\d\d)?(:?\d\d)?(:?\d\d)?$")
+
+
+def _iso_for_310(t: str) -> str:
+    """Python 3.10's fromisoformat takes 3 or 6 fraction digits and +HH:MM offsets only:
+    PostgreSQL's other forms (".5", "+00", "+05:53:28") made into those."""
+    m = _TS_TAIL.search(t, 19)
+    if m is None or m.start() != 19:
+        return t
+    frac, hh, mm, ss = m.groups()
+    out = t[:19] + ((frac + "000000")[:7] if frac else "")
+    if hh:
+        out += hh + ":" + (mm or "00").lstrip(":") + (":" + ss.lstrip(":") if ss else "")
+    return out
+
+
 def _timestamp(t: str) -> dt.datetime:
     if t.endswith(" BC") or "infinity" in t:
         raise Unrepresentable(t)
+    if sys.version_info < (3, 11):
+        t = _iso_for_310(t)
     try:
         v = dt.datetime.fromisoformat(t)
     except ValueError:
