@@ -265,7 +265,17 @@ def test_setup_errors_name_the_setting(tmp_path: Path) -> None:
                               ).fetchone()[0]
             c.execute("CREATE TABLE moved (n int)")
             c.execute("INSERT INTO moved VALUES (1)")
-            c.execute("SELECT pg_replication_slot_advance('capturer_pg', pg_current_wal_lsn())")
+            # (the advance stops at what is flushed: under load it may take a second try to pass ``start``)
+            deadline = time.monotonic() + 30
+            while True:
+                c.execute("SELECT pg_replication_slot_advance('capturer_pg', pg_current_wal_lsn())")
+                moved = c.execute("SELECT confirmed_flush_lsn > %s::pg_lsn FROM pg_replication_slots "
+                                  "WHERE slot_name = 'capturer_pg'", (start,)).fetchone()[0]
+                if moved or time.monotonic() > deadline:
+                    break
+                c.execute("SELECT pg_switch_wal()")
+                time.sleep(0.5)
+            assert moved, "the test could not move the slot past its start"
         (tmp_path / "checkpoint.json").write_text(json.dumps(
             {"version": 1, "commit_ts": 1 << 40, "regions": {"pg": {"kind": "postgresql", "lsn": start}}}))
         out = run(config(tmp_path, pg_region("pg", p)))
