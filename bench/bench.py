@@ -136,9 +136,12 @@ def write_capturer_config(tmp: Path, servers: list[MariaDBInstance], senders_cfg
 
 
 def run_capturer(tmp: Path, servers: list[MariaDBInstance], senders_cfg: str, expect_rows: int,
-                 region_extra: str = "", extra_global: str = "") -> dict[str, Any]:
-    return run_until_delivered(write_capturer_config(tmp, servers, senders_cfg, region_extra, extra_global),
-                               expect_rows)
+                 region_extra: str = "", extra_global: str = "", ha: str = "") -> dict[str, Any]:
+    """``ha``: etcd endpoints: run as the active capturer of an [ha] group."""
+    cfg = write_capturer_config(tmp, servers, senders_cfg, region_extra, extra_global)
+    if ha:
+        cfg.write_text(cfg.read_text() + f"\n[ha]\nendpoints={ha}\nname=bench-{tmp.name}\nleaseSeconds=10\n")
+    return run_until_delivered(cfg, expect_rows, ha=bool(ha))
 
 
 def run_capturer_agents(tmp: Path, servers: list[MariaDBInstance], expect_rows: int) -> dict[str, Any]:
@@ -312,15 +315,36 @@ def cpu_split(before: dict[str, float], after: dict[str, float], seconds: float)
 _FAIL_NEXT_RUN: list[str] = []  # --fail-part (the bench's own test): the part's next capturer run fails
 
 
-def run_until_delivered(config: Path, expect_rows: int) -> dict[str, Any]:
-    """Run the capturer in-process until every sender has ``expect_rows`` rows."""
+def run_until_delivered(config: Path, expect_rows: int, ha: bool = False) -> dict[str, Any]:
+    """Run the capturer in-process until every sender has ``expect_rows`` rows (``ha``: as the
+    active capturer of the config's [ha] group: lease kept, checkpoints and journals in etcd,
+    every write checked against the lease)."""
     if _FAIL_NEXT_RUN:
         import subprocess
 
         name = _FAIL_NEXT_RUN.pop()
         subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)  # bench-injected-failure"])
         raise RuntimeError(f"--fail-part {name}: the part fails with a process of its own left running")
-    cap = Capturer(load_config(config))
+    node = None
+    if ha:
+        from capturer.ha.node import HaNode
+
+        node = HaNode(load_config(config), [], threading.Event())
+        won = node.coord.campaign(node._record("active"))
+        assert won is not None, "the bench's etcd group has an active capturer already"
+        cfg, restored = node.begin(*won)
+        cap = Capturer(cfg, rebuild_backlog=restored, ha=node)
+        node.attach(cap)
+    else:
+        cap = Capturer(load_config(config))
+    try:
+        return _run_cap(cap, expect_rows)
+    finally:
+        if node is not None:
+            node._resign()
+
+
+def _run_cap(cap: Capturer, expect_rows: int) -> dict[str, Any]:
     cpu0 = cpu_by_role()
     cpu1: dict[str, float] = {}
     t0 = time.perf_counter()
@@ -1112,6 +1136,104 @@ def with_procs(senders_cfg: str) -> str:
     return re.sub(r"^\[(local|mysql|kafka|spark)\]\n", "[\\1]\nprocess=true\n", senders_cfg, flags=re.M)
 
 
+def ha_takeovers(tmp: Path, servers: list[MariaDBInstance], n: int = 5, lease: int = 3) -> dict[str, Any]:
+    """Two capturer processes in an [ha] group (a private etcd), a file sender, a light load (~100
+    transactions/s): ``n`` times kill -9 of the active one, timing (1) until the standby says it is
+    active and (2) until the file grows again; the killed one comes back as a standby."""
+    import json as _json
+    import re
+    import signal
+    import subprocess
+    import urllib.request
+
+    from devtools.local_etcd import EtcdCluster
+
+    d = tmp / "ha-takeover"
+    d.mkdir()
+    etcd = EtcdCluster(d / "etcd", 1).start()
+    out = d / "out" / "changes.jsonl"
+    cfg = write_capturer_config(d, servers, f"[global]\ntype=local\n[local]\nfilepath={out}\nfsync=false\n",
+                                region_extra="start=latest\n")  # (not the main load's rows again)
+    cfg.write_text(re.sub(r"httpPort=\d+", "httpPort=0", cfg.read_text())
+                   + f"\n[ha]\nendpoints={etcd.endpoints}\nname=bench\nleaseSeconds={lease}\n")
+    logs = [d / "a.log", d / "b.log"]
+    procs: list[Any] = [None, None]
+
+    def start(i: int) -> None:
+        with open(logs[i], "ab") as f:
+            procs[i] = subprocess.Popen([sys.executable, "-m", "capturer", "--config", str(cfg)], stdout=f,
+                                        stderr=subprocess.STDOUT, cwd=str(ROOT))
+
+    def role(i: int) -> str:
+        ports = re.findall(r"status on http://127\.0\.0\.1:(\d+)", logs[i].read_text(errors="replace"))
+        if not ports:
+            return ""
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{ports[-1]}/status", timeout=2) as r:
+                return str((_json.loads(r.read()).get("ha") or {}).get("role", ""))
+        except (OSError, ValueError):
+            return ""
+
+    def size() -> int:
+        return out.stat().st_size if out.exists() else 0
+
+    def until(pred: Any, timeout: float) -> float:
+        t0 = time.monotonic()
+        while not pred():
+            if time.monotonic() - t0 > timeout:
+                raise RuntimeError("ha takeover: timed out")
+            time.sleep(0.05)
+        return time.monotonic() - t0
+
+    stop = threading.Event()
+
+    def load_loop() -> None:
+        c = servers[0].connect()
+        k = 900_000_000  # (above every region's keys of the main load)
+        while not stop.is_set():
+            k += 1
+            with c.cursor() as cur:
+                cur.execute("INSERT INTO bench.t (id, name) VALUES (%s, 'ha')", (k,))
+            c.commit()
+            time.sleep(0.01)
+        c.close()
+
+    active_s: list[float] = []
+    writing_s: list[float] = []
+    loader = threading.Thread(target=load_loop, daemon=True)
+    try:
+        start(0)
+        start(1)
+        until(lambda: sorted(role(i) for i in (0, 1)) == ["active", "standby"], 120)
+        loader.start()
+        for _ in range(n):
+            until(lambda: sorted(role(i) for i in (0, 1)) == ["active", "standby"], 120)
+            a = 0 if role(0) == "active" else 1
+            until(lambda: size() > 0, 60)
+            time.sleep(2)
+            procs[a].send_signal(signal.SIGKILL)
+            procs[a].wait()
+            t0 = time.monotonic()
+            before = size()
+            until(lambda a=a: role(1 - a) == "active", 120)
+            active_s.append(round(time.monotonic() - t0, 2))
+            until(lambda before=before: size() > before, 120)
+            writing_s.append(round(time.monotonic() - t0, 2))
+            start(a)
+    finally:
+        stop.set()
+        for p in procs:
+            if p is not None and p.poll() is None:
+                p.send_signal(signal.SIGKILL)
+                p.wait()
+        etcd.stop()
+    import statistics
+
+    return {"lease_seconds": lease, "takeovers": n, "to_active_s": active_s, "to_writing_s": writing_s,
+            "to_active_p50_s": statistics.median(active_s), "to_active_max_s": max(active_s),
+            "to_writing_p50_s": statistics.median(writing_s), "to_writing_max_s": max(writing_s)}
+
+
 def big_txn_rss(tmp: Path, rows: int = 1_000_000, region_extra: str = "", name: str = "bigtxn") -> dict[str, Any]:
     """One transaction of ``rows`` rows through the capturer (file sender) in its own
     process; its peak RSS (VmHWM) and time. With ``region_extra="process=true"`` the
@@ -1468,7 +1590,7 @@ def main() -> int:
     ap.add_argument("--smoke", action="store_true", help="assert completeness only (CI)")
     ap.add_argument("--threads", type=int, default=8, help="MySQL sender workers")
     ap.add_argument("--only", default="file,workers,agents,baikaldb,postgresql,snapshot,pgsnapshot,mysql,apply,kafka,"
-                    "spark,all,latency,bigtxn,senderprocs,independent,verify,verifycost",
+                    "spark,all,latency,bigtxn,senderprocs,independent,verify,verifycost,ha",
                     help="parts to run; 'ab' adds, to mysql and kafka, a run without this release's sender speed-ups "
                     "(Kafka: the Python message encoder instead of C; MySQL: updates as UPDATE statements instead of "
                     "upserts, and values as parameters with one phase per batch; file: the binlog read through an 8 KiB buffer instead of 256 KiB, and every table map "
@@ -1476,7 +1598,8 @@ def main() -> int:
                     "backlog); 'independent' (with mysql): the other senders' share with the MySQL target hung, "
                     "and senders catching up from the backlog; 'verify': python -m capturer verify of an equal table "
                     "against a MySQL target and the lake, next to a plain SELECT of it; 'verifycost': what verify "
-                    "(the CLI, and POST /verify in the capturer) costs a running capture under a steady load")
+                    "(the CLI, and POST /verify in the capturer) costs a running capture under a steady load; 'ha': all four as "
+                    "the active capturer of an [ha] group (ratio to all four), and takeover times (kill -9 of the active)")
     ap.add_argument("--verify-rows", type=int, default=1_000_000, help="rows of the table 'verify' compares "
                     "(--smoke: --rows)")
     ap.add_argument("--verify-lake-rows", type=int, default=0, help="rows of it in the lake (default: all)")
@@ -1554,9 +1677,9 @@ def main() -> int:
             save()
 
     def e2e(name: str, senders_cfg: str, total: int, baseline: float | None, label: str,
-            region_extra: str = "") -> None:
+            region_extra: str = "", ha: str = "") -> None:
         (tmp / name).mkdir()
-        r = run_capturer(tmp / name, servers, senders_cfg, total, region_extra)
+        r = run_capturer(tmp / name, servers, senders_cfg, total, region_extra, ha=ha)
         results[name] = r
         rep.add(label, r["rows_per_s"], baseline, r)
         if r.get("cpu_cores"):
@@ -1896,6 +2019,25 @@ def main() -> int:
                         total, results["all"]["rows_per_s"],
                         "capturer -> all four, each sender in its own process; ratio to all four in-process")
                     broker.kill()
+                if "ha" in only:
+                    from devtools.local_etcd import EtcdCluster
+
+                    etcd = EtcdCluster(tmp / "etcd-all", 1).start()
+                    extra.append(etcd)
+                    broker = Broker().start()
+                    extra.append(broker)
+                    reset_target(target)
+                    e2e("all-ha", "[global]\ntype=local,mysql,kafka,spark\n"
+                        f"[local]\nfilepath={tmp / 'all-ha' / 'changes.jsonl'}\n"
+                        f"[mysql]\nhost=127.0.0.1\nport={target.port}\nuser=root\nthreadnum={args.threads}\n"
+                        f"[kafka]\nservers={broker.servers}\nclient=confluent\n"
+                        f"[spark]\nwarehouse={tmp / 'all-ha' / 'wh'}\ncompaction_interval=0\nbatch_interval=1\n",
+                        total, results["all"]["rows_per_s"],
+                        "capturer -> all four as the active capturer of an [ha] group (etcd: lease, checkpoints, "
+                        "fenced writes); ratio to all four without [ha]", ha=etcd.endpoints)
+                    results["all_ha_vs_without"] = round(results["all-ha"]["rows_per_s"] / results["all"]["rows_per_s"], 3)
+                    broker.kill()
+                    etcd.stop()
                 if "workers" in only:
                     broker = Broker().start()
                     extra.append(broker)
@@ -2018,6 +2160,13 @@ def main() -> int:
                 if ar["lag"]["measured"] < ar["lag"]["txns"]:
                     failures.append(f"apply lag: {ar['lag']['measured']} of {ar['lag']['txns']} transactions seen "
                                     "at the target")
+        if "ha" in only:
+            with part("hatakeover"):
+                r = ha_takeovers(tmp, servers, n=2 if args.smoke else 5)
+                results["ha_takeover"] = r
+                print(f"ha takeovers (lease {r['lease_seconds']} s, kill -9 of the active): to the standby active "
+                      f"p50 {r['to_active_p50_s']} s max {r['to_active_max_s']} s; to the file written again p50 "
+                      f"{r['to_writing_p50_s']} s max {r['to_writing_max_s']} s")
         if "latency" in only and not args.smoke:
             with part("latency"):
                 if "all" in results and "mysql" in only:

@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         from capturer.ops.cli import status_cli
 
         return status_cli(argv[1:])
-    if argv and argv[0] in ("pause", "resume", "attach", "reload-filter", "stop"):
+    if argv and argv[0] in ("pause", "resume", "attach", "reload-filter", "stop", "handover"):
         from capturer.ops.cli import control_cli
 
         return control_cli(argv[0], argv[1:])
@@ -194,6 +194,8 @@ def main(argv: list[str] | None = None) -> int:
         extras = []
         if any(r.type == "postgresql" for r in cfg.regions):
             extras.append("postgresql")
+        if cfg.ha is not None:
+            extras.append("ha")
         for s in cfg.senders:
             if s.name == "spark":
                 extras.append("spark")
@@ -207,6 +209,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         return check_cli(cfg, args.connect)
 
+    if cfg.ha is not None:  # one of an active/standby group (capturer/ha)
+        if args.rebuild_backlog:
+            print("--rebuild-backlog does not go with [ha]: the active rebuilds its backlog from the sources at "
+                  "every takeover", file=sys.stderr)
+            return 2
+        from capturer.ha.node import run_node
+
+        return run_node(cfg, argv, _STOP)
     try:
         cap = Capturer(cfg, rebuild_backlog=args.rebuild_backlog)
     except (ConfigError, CheckpointError) as exc:

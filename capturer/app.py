@@ -18,11 +18,11 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from capturer import config
 from capturer.config import AppConfig
-from capturer.errors import CheckpointError, ConfigError, SourceError
+from capturer.errors import CapturerError, CheckpointError, ConfigError, Fenced, SourceError
 from capturer.model import Item, Txn, stream_key, ts_physical_ms
 from capturer.ops.status import StatusServer
 from capturer.pipeline.backlog import Backlog, BacklogMark, Cut, StreamLog
@@ -54,11 +54,21 @@ def verify_factories() -> dict[str, Any]:
     return factories()
 
 
+class HaHooks(Protocol):
+    """What the capturer needs of its high-availability node (capturer/ha/node.py)."""
+
+    def publish(self, cp: Checkpoint) -> None: ...
+    def status(self) -> dict[str, Any]: ...
+    def handover(self) -> tuple[int, dict[str, Any]]: ...
+
+
 class Capturer:
-    def __init__(self, cfg: AppConfig, rebuild_backlog: bool = False, check_only: bool = False):
+    def __init__(self, cfg: AppConfig, rebuild_backlog: bool = False, check_only: bool = False,
+                 ha: HaHooks | None = None):
         """Builds the pipeline; connects to nothing. ``check_only`` (``--check``): the
         backlog is checked, not repaired (nothing on disk changes)."""
         self.check_only = check_only
+        self.ha = ha  # high availability: the node this capturer is the active of (capturer/ha/node.py)
         if not cfg.senders:
             raise ConfigError(f"{cfg.sender_config_path}: no sender loaded: the config was read without the sender "
                               "catalog (use capturer.app.load_config)")
@@ -109,7 +119,7 @@ class Capturer:
         self.stream = self._open_stream(cp)
         self.manager = SenderManager(self.senders, cp, self.stop_event, self.stream)
         self.keeper = CheckpointKeeper(cfg.checkpoint_path, cfg.checkpoint_interval, cp, self.manager.advance,
-                                       self._checkpoint_written)
+                                       self._checkpoint_written, ha.publish if ha is not None else None)
         self.merge = MergeStage(self.queues, self._on_item, self.stop_event)
         self.status_server: StatusServer | None = None
         self.started_at = time.time()
@@ -299,7 +309,12 @@ class Capturer:
                     self.manager.acked_ts() >= self.manager.ddl_pending_ts
                 if ddl_due:
                     self.manager.ddl_pending_ts = 0
-                self.keeper.tick(ddl_due)
+                try:
+                    self.keeper.tick(ddl_due)
+                except Fenced as exc:
+                    self.failure = str(exc)
+                    log.error("stopping: %s", exc)
+                    break
                 if should_stop is not None and should_stop.is_set():
                     break
                 if self.stop_requested.is_set():
@@ -337,7 +352,7 @@ class Capturer:
             self.keeper.write()  # rewritten only if it changed: a start that failed leaves the file as it was
             log.info("final checkpoint: commit_ts=%d %s", self.checkpoint.commit_ts,
                      {r: str(p) for r, p in self.checkpoint.regions.items()})
-        except OSError as exc:
+        except (OSError, CapturerError) as exc:
             log.error("final checkpoint could not be written: %s", exc)
         if self.stream.backlog is not None:
             try:
@@ -351,7 +366,7 @@ class Capturer:
     #: POST endpoints (the status server checks the token before calling ``control``)
     CONTROL_HELP = ("POST /senders/<name>/pause, POST /senders/<name>/resume, POST /senders/<name>/attach, "
                     "POST /filter/reload, POST /snapshot {\"tables\": [...]}, POST /verify {\"senders\": [...], "
-                    "\"tables\": [...], \"wait\": 60}, POST /stop")
+                    "\"tables\": [...], \"wait\": 60}, POST /stop, POST /handover (with [ha])")
 
     def control(self, path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         """The control endpoints: ``CONTROL_HELP``."""
@@ -366,6 +381,10 @@ class Capturer:
             self.stop_requested.set()
             return 202, {"stopping": True, "detail": "regions and the merger stop, the senders drain what is "
                                                       "queued, then a final checkpoint is written"}
+        if path == "/handover":
+            if self.ha is None:
+                return 409, {"error": "no [ha] section in the config: there is no standby to hand over to"}
+            return self.ha.handover()
         if path == "/snapshot":
             return self._snapshot_endpoint(body)
         if path == "/verify":
@@ -627,6 +646,7 @@ class Capturer:
             },
             "senders": self.manager.status(),
             "verify": dict(self.verify_state),
+            "ha": self.ha.status() if self.ha is not None else {"role": "single"},
             "stream": self.stream.status(),
             "lag_ms_behind_sources": max(
                 0, int(time.time() * 1000) - ts_physical_ms(self.manager.acked_ts())

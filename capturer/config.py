@@ -120,6 +120,47 @@ GLOBAL_KEYS = [
         doc="token that unlocks the control endpoints of the status port (pause/resume a sender, reload the filter, snapshot, stop); empty = they are off"),
 ]
 
+def p_endpoints(v: str) -> tuple[str, ...]:
+    """Coordination service endpoints: ``http://host:port`` (or ``host:port``), separated by commas."""
+    out = []
+    for x in p_list(v):
+        m = re.fullmatch(r"(?:(https?)://)?(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):(\d{1,5})/?", x)
+        if not m or not 0 < int(m.group(3)) < 65536:
+            raise ValueError(f"expected http://host:port, got {x!r}")
+        out.append(f"{m.group(1) or 'http'}://{m.group(2)}:{int(m.group(3))}")
+    if not out:
+        raise ValueError("expected at least one endpoint (http://host:port)")
+    return tuple(out)
+
+
+def p_ha_name(v: str) -> str:
+    if not re.fullmatch(r"[A-Za-z0-9_.-]{1,100}", v):
+        raise ValueError("expected letters, digits, '_', '.' or '-' (it becomes part of the etcd keys)")
+    return v
+
+
+HA_KEYS = [
+    Key("endpoints", p_endpoints, required=True,
+        doc="etcd endpoints (http://host:port, comma-separated; every member of the cluster): with this section "
+            "the capturer runs as one of an active/standby group"),
+    Key("name", p_ha_name, "capturer",
+        doc="the group's name: capturers with the same name (and etcd) share one lease and one checkpoint"),
+    Key("leaseSeconds", p_int(2, 300), 10,
+        doc="the active's lease in etcd: a standby takes over this long after the active stopped renewing it"),
+    Key("id", p_str, "",
+        doc="this capturer's name in the group (default: host name and status port, or host name and pid "
+            "when httpPort=0); its local files live in <checkpoint dir>/ha-<id>/"),
+]
+
+
+@dataclass(frozen=True)
+class HaConfig:
+    endpoints: tuple[str, ...]
+    name: str
+    lease_seconds: int
+    id: str
+
+
 REGION_KEYS = [
     Key("type", p_choice("mysql", "mariadb"), "mysql", doc="region kind"),
     Key("host", p_nonempty, required=True),
@@ -416,6 +457,7 @@ class AppConfig:
     backlog_dir: Path | None = None  # None: <checkpoint>.backlog
     backlog_max_mb: int = 4096
     backlog_full: str = "block"
+    ha: HaConfig | None = None  # [ha]: active/standby (capturer/ha); None = a single process
 
     @property
     def backlog_path(self) -> Path:
@@ -430,6 +472,8 @@ class AppConfig:
             "http": f"{self.http_host}:{self.http_port}",
             "controlToken": "***" if self.control_token else "",
             "backlog": {"dir": str(self.backlog_path), "maxMB": self.backlog_max_mb, "full": self.backlog_full},
+            "ha": None if self.ha is None else {"endpoints": list(self.ha.endpoints), "name": self.ha.name,
+                                                "leaseSeconds": self.ha.lease_seconds, "id": self.ha.id},
             "regions": {r.name: r.masked() for r in self.regions},
             "senders": {s.name: {k: ("***" if k in s.secret and v else v) for k, v in s.options.items()}
                         for s in self.senders},
@@ -454,9 +498,9 @@ def load_config(path: Path | str, base_dir: Path | None = None, senders: SenderC
     base = base_dir or Path.cwd()
     ini = read_ini(path)
     for name, sec in ini.sections.items():
-        if name != "global" and not name.startswith("region:"):
+        if name not in ("global", "ha") and not name.startswith("region:"):
             raise ConfigError(
-                f"{path}:{sec.line}: unknown section [{name}]; expected [global] or [region:NAME]"
+                f"{path}:{sec.line}: unknown section [{name}]; expected [global], [region:NAME] or [ha]"
             )
     if "global" not in ini.sections:
         raise ConfigError(f"{path}: missing section [global]")
@@ -485,7 +529,13 @@ def load_config(path: Path | str, base_dir: Path | None = None, senders: SenderC
         backlog_full=g["backlogFull"],
         regions=tuple(regions),
         senders=sender_cfgs,
+        ha=_ha_config(ini) if "ha" in ini.sections else None,
     )
+
+
+def _ha_config(ini: IniFile) -> HaConfig:
+    h = parse_section(ini, "ha", HA_KEYS)
+    return HaConfig(endpoints=h["endpoints"], name=h["name"], lease_seconds=h["leaseSeconds"], id=h["id"].strip())
 
 
 def parse_regions(ini: IniFile, path: Path, allow_remote: bool = True) -> list[AnyRegionConfig]:

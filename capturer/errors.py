@@ -29,3 +29,15 @@ class SinkError(CapturerError):
     def __init__(self, msg: str, retriable: bool = True):
         super().__init__(msg)
         self.retriable = retriable
+
+
+#: every Fenced message says it (it crosses a sender process's pipe as text)
+FENCED_MARK = "another capturer took over"
+
+
+class Fenced(SinkError):
+    """High availability: this capturer lost its lease (another one may be active):
+    nothing more may be written anywhere. Never retried."""
+
+    def __init__(self, msg: str):
+        super().__init__(msg, retriable=False)

@@ -121,6 +121,14 @@ if [ "${NEED_MARIADB:-0}" = "1" ]; then
     fi
 fi
 
+# high availability's tests start private etcd servers (Debian's etcd-server)
+if [ "${NEED_ETCD:-0}" = "1" ]; then
+    if ! command -v etcd >/dev/null 2>&1 && [ ! -x /usr/bin/etcd ]; then
+        echo "bootstrap: installing etcd-server (etcd not found)" >&2
+        apt_install etcd-server || exit 1
+    fi
+fi
+
 # the test of an agent in a network namespace of its own uses ip (iproute2); as root only
 if [ "${NEED_IPROUTE:-0}" = "1" ] && [ "$(id -u)" = "0" ] && ! command -v ip >/dev/null 2>&1 \
         && [ ! -x /usr/sbin/ip ] && [ ! -x /sbin/ip ]; then

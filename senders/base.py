@@ -42,6 +42,7 @@ from typing import Any, ClassVar
 
 from capturer.errors import SinkError
 from capturer.model import Item, StreamKey, Txn, stream_key
+from capturer.util import fencing
 from capturer.util.bqueue import Closed, WeightedQueue
 from capturer.util.ini import Key
 
@@ -210,9 +211,11 @@ class Sender:
                 if not batch:
                     return
         first[0] = False
+        fencing.check(f"sender {self.name}")  # high availability: only the lease's holder writes
         self.send(batch)
 
     def _open_and_resume(self) -> None:
+        fencing.check(f"sender {self.name}")
         self.open()
         key = self.resume_key()
         if key is not None:

@@ -407,12 +407,37 @@ def connect_checks(cfg: AppConfig, built: Built, report: CheckReport, timeout: f
     assert built.cap is not None
     probes = [_region_probe(rc, r, cfg, timeout) for rc, r in zip(cfg.regions, built.kind_regions)]
     probes += [_sender_probe(s, f"[{s.name}] of {s.path}", cfg, timeout) for s in cfg.senders]
+    if cfg.ha is not None:
+        probes.append(_ha_probe(cfg, timeout))
     for out in run_probes(probes, timeout):
         report.unreachable += out.problems
         report.notes += out.notes
         if not out.problems:
             report.passed.append(f"{out.name}: {out.detail}" if out.detail else out.name)
     report.checked.append(f"{len(probes)} connection(s)")
+
+
+def _ha_probe(cfg: AppConfig, timeout: float) -> Probe:
+    """[ha]: every etcd endpoint answers; who is active now."""
+    from capturer.ha.coord import CoordinationError, Coordinator
+
+    assert cfg.ha is not None
+    hc = cfg.ha
+
+    def run(out: Outcome) -> None:
+        answered = []
+        for ep in hc.endpoints:
+            try:
+                Coordinator((ep,), hc.name, hc.lease_seconds, timeout=min(timeout, 3)).get("leader")
+                answered.append(ep)
+            except CoordinationError as exc:
+                out.problems.append(f"[ha] endpoints of {cfg.path}: {exc}")
+        if answered:
+            got = Coordinator(tuple(answered), hc.name, hc.lease_seconds, timeout=min(timeout, 3)).leader()
+            out.detail = (f"{len(answered)}/{len(hc.endpoints)} answered; active capturer of {hc.name!r}: "
+                          + (f"{got[0].get('id')} (epoch {got[1]})" if got else "none"))
+
+    return Probe(f"etcd ({', '.join(hc.endpoints)})", run, f"[ha] endpoints of {cfg.path}")
 
 
 def run_probes(probes: list[Probe], timeout: float) -> list[Outcome]:

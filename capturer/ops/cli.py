@@ -136,6 +136,17 @@ def render(url: str, d: dict[str, Any], health: dict[str, Any], old: dict[str, A
     ok = health.get("ok")
     out = [f"capturer at {url}   up {_secs(d.get('uptime_seconds'))}   "
            f"{'healthy' if ok else 'UNHEALTHY'}: {health.get('reason', '')}" + ("   (stopping)" if d.get("stopping") else "")]
+    ha = d.get("ha") or {}
+    if ha.get("role") in ("active", "standby"):
+        h = ha.get("holder") or {}
+        last = ha.get("last_takeover") or {}
+        out.append(f"ha          {ha['role']} ({ha.get('id')}) of group {ha.get('name')!r}   epoch {ha.get('epoch')}   "
+                   f"active: {h.get('id', 'none')}   last takeover: "
+                   + (f"{time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(last['at']))} UTC ({last.get('from')} -> "
+                      f"{last.get('to')})" if last.get("at") else "none")
+                   + (f"   etcd: {ha['etcd']['error']}" if (ha.get("etcd") or {}).get("error") else ""))
+    if ha.get("role") == "standby":
+        return "\n".join(out)
     cp = d["checkpoint"]
     lag = d.get("lag_ms_behind_sources")
     out.append(f"checkpoint  {_when(cp['commit_ts'])} UTC, written {_secs(cp.get('age_seconds'))} ago   "
@@ -237,7 +248,7 @@ def status_cli(argv: list[str]) -> int:
 
 def _get_status(url: str) -> dict[str, Any]:
     code, d = request(url, "/status", timeout=10)
-    if code != 200 or "checkpoint" not in d:
+    if code != 200 or ("checkpoint" not in d and (d.get("ha") or {}).get("role") != "standby"):
         raise CliError(f"{url}/status answered HTTP {code}: {d.get('error', '')}", 1)
     return d
 
@@ -249,6 +260,8 @@ CONTROL = {
     "reload-filter": "read filterRuleDict again (a file with an error changes nothing)",
     "stop": "stop the capturer gracefully (senders drain, a final checkpoint)",
     "attach": "attach a detached sender again (it goes on from the stream's head)",
+    "handover": "with [ha]: the active capturer drains, writes a final checkpoint, gives its lease up to a standby "
+                "and stays as a standby",
 }
 
 
@@ -261,7 +274,7 @@ def control_cli(verb: str, argv: list[str]) -> int:
     ap.add_argument("--token", help="the control token (default: $CAPTURER_CONTROL_TOKEN, else controlToken of "
                                     "the config)")
     args = ap.parse_args(argv)
-    path = {"reload-filter": "/filter/reload", "stop": "/stop"}.get(verb) or \
+    path = {"reload-filter": "/filter/reload", "stop": "/stop", "handover": "/handover"}.get(verb) or \
         f"/senders/{urllib.parse.quote(args.sender, safe='')}/{verb}"
     code, out = control_call(args.config, args.url, args.token, path, {})
     if code == 0:

@@ -58,6 +58,9 @@ class _Collector(Collector):
         up = GaugeMetricFamily("capturer_start_time_seconds", "when this capturer process started (unix time)")
         up.add_metric([], s.get("started_at") or 0)
         yield up
+        yield from _ha_metrics(s.get("ha") or {})
+        if (s.get("ha") or {}).get("role") == "standby":
+            return  # a standby runs no pipeline
         cp = GaugeMetricFamily("capturer_checkpoint_commit_ts", "checkpoint commit_ts (TSO)")
         cp.add_metric([], s["checkpoint"]["commit_ts"])
         yield cp
@@ -209,6 +212,33 @@ class _Collector(Collector):
                                       "behind (memory full and no room in the backlog)", value=st["waits"])
 
 
+def _ha_metrics(ha: dict[str, Any]) -> Iterator[Any]:
+    """High availability (capturer/ha): this capturer's role, the epoch, the last takeover."""
+    if ha.get("role") not in ("active", "standby"):
+        return
+    g = GaugeMetricFamily("capturer_ha_active", "1 if this capturer holds the lease and runs, 0 if it is a standby",
+                          labels=["id", "group"])
+    g.add_metric([str(ha.get("id")), str(ha.get("name"))], 1 if ha["role"] == "active" else 0)
+    yield g
+    g = GaugeMetricFamily("capturer_ha_epoch", "the epoch (fencing token) of the active capturer's lease")
+    g.add_metric([], ha.get("epoch") or 0)
+    yield g
+    g = GaugeMetricFamily("capturer_ha_lease_remaining_seconds", "how long this active capturer's lease surely lasts")
+    if ha.get("lease_remaining_seconds") is not None:
+        g.add_metric([], ha["lease_remaining_seconds"])
+    yield g
+    g = GaugeMetricFamily("capturer_ha_last_takeover_timestamp_seconds", "when the last takeover happened (unix time)")
+    if ha.get("last_takeover"):
+        g.add_metric([], ha["last_takeover"]["at"])
+    yield g
+    g = GaugeMetricFamily("capturer_ha_members", "capturers of the group that etcd knows are running")
+    g.add_metric([], len(ha.get("members") or []))
+    yield g
+    g = GaugeMetricFamily("capturer_ha_etcd_up", "0 while the last call to etcd failed")
+    g.add_metric([], 0 if (ha.get("etcd") or {}).get("error") else 1)
+    yield g
+
+
 def _verify_metrics(v: dict[str, Any]) -> Iterator[Any]:
     """The last ``verify`` (POST /verify): per sender and table, what it found."""
     run = GaugeMetricFamily("capturer_verify_running", "1 while a verify runs", value=1 if v.get("state") == "running"
@@ -292,7 +322,7 @@ def is_control_path(path: str) -> bool:
     parts = path.strip("/").split("/")
     if len(parts) == 3 and parts[0] == "senders" and parts[2] in ("pause", "resume", "attach"):
         return True
-    return path in ("/snapshot", "/filter/reload", "/stop", "/verify")
+    return path in ("/snapshot", "/filter/reload", "/stop", "/verify", "/handover")
 
 
 def _load_ui() -> dict[str, tuple[bytes, str]]:

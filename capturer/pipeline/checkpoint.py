@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import logging
 import os
 import threading
 import time
@@ -41,11 +42,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from capturer.errors import CheckpointError
+from capturer.errors import CapturerError, CheckpointError, Fenced
 from capturer.model import AnyPosition, StreamKey, key_from_json, key_to_json, position_from_json, ts_physical_ms
 from capturer.pipeline.backlog import BacklogMark
 from capturer.util import failpoints
 from capturer.util.durable import fsync_dir
+
+log = logging.getLogger(__name__)
 
 VERSION = 2
 VERSIONS = (1, 2)
@@ -246,8 +249,15 @@ class CheckpointKeeper:
     REFRESH = 60.0
 
     def __init__(self, path: Path, interval: float, current: Checkpoint,
-                 compute: Callable[[], Checkpoint], on_written: Callable[[Checkpoint], None]):
+                 compute: Callable[[], Checkpoint], on_written: Callable[[Checkpoint], None],
+                 publish: Callable[[Checkpoint], None] | None = None):
+        """``publish`` (high availability): called with each checkpoint before it is
+        written; Fenced stops the writes, CapturerError skips this one (nothing is
+        written, nothing pruned; the next tick tries again)."""
         self.path = path
+        self.publish = publish
+        self.publish_failures = 0
+        self.publish_error = ""
         self.interval = interval
         self.current = current
         self.compute = compute
@@ -272,6 +282,18 @@ class CheckpointKeeper:
             content = cp.content()
             if not force and content == self._content and time.time() - self.written_at < self.REFRESH:
                 return self.current
+            if self.publish is not None:
+                try:
+                    self.publish(cp)
+                    self.publish_error = ""
+                except Fenced:
+                    raise
+                except CapturerError as exc:
+                    self.publish_failures += 1
+                    if not self.publish_error:
+                        log.warning("checkpoint not written: %s (tried again every checkpointInterval)", exc)
+                    self.publish_error = str(exc)
+                    return self.current
             save_checkpoint(self.path, cp)
             self.current, self._content = cp, content
             self.written_at = time.time()

@@ -21,6 +21,13 @@ K = TypeVar("K")
 V = TypeVar("V")
 
 
+#: high availability (capturer/ha): called after every durable ``put`` with the journal's path and all its
+#: lines, under the journal's lock: the entry is in etcd before an item that depends on it leaves the region,
+#: so that a standby replaying from the last checkpoint gives that item the same commit_ts. It waits while
+#: etcd is unreachable and raises Fenced once this capturer lost its lease.
+REPLICATE: Callable[[Path, list[str]], None] | None = None
+
+
 class PositionJournal(Generic[K, V]):
     """``key -> value`` entries, each a JSON line of ``path`` (None: kept in memory only).
 
@@ -77,6 +84,8 @@ class PositionJournal(Generic[K, V]):
             if self.path is not None:
                 append_line(self.path, json.dumps(self.dump(key, value)))
             self._entries[key] = value
+            if REPLICATE is not None and self.path is not None:
+                REPLICATE(self.path, [json.dumps(self.dump(k, v)) for k, v in self._entries.items()])
             return True
 
     def forget(self, stale: Callable[[Mapping[K, V]], Iterable[K]]) -> int:

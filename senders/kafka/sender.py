@@ -581,6 +581,11 @@ class KafkaSender(Sender):
         self._skipped_logged = 0
         self.read_back_failures: dict[str, int] = {}  # topic -> read-backs failed in a row
         self.read_back_given_up: set[str] = set()  # topics written without skipping (READ_BACK_GIVE_UP)
+        # high availability: every message carries the writing capturer's epoch (a consumer drops a message of
+        # an older epoch than one it saw on the partition: a deposed capturer's client may still deliver
+        # what it held when it was paused)
+        epoch = int(options.get("ha_epoch") or 0)
+        self.epoch_header: list[tuple[str, bytes]] = [("capturer_epoch", str(epoch).encode())] if epoch else []
 
     def status(self) -> dict[str, Any]:
         st = super().status()
@@ -732,7 +737,7 @@ class KafkaSender(Sender):
         """Produce one message (of key ``mkey``) unless its partition holds it already: 1 or 0."""
         if self.marks.limits and not self.marks.keep((topic, part), mkey):
             return 0
-        client.produce(topic, part, key, value, headers)
+        client.produce(topic, part, key, value, headers + self.epoch_header)
         return 1
 
     def _send_txn(self, txn: Txn) -> int:
@@ -842,6 +847,9 @@ class KafkaSender(Sender):
                     parts[k] = parts.get(k, 0) + 1
             if self.marks.limits:  # (only while the replayed part is in hand)
                 msgs = self._unsent(txn, msgs)
+            if self.epoch_header:  # high availability: which capturer's epoch wrote it (after the others)
+                eh = self.epoch_header
+                msgs = [(t, p, k, v, h + eh) for t, p, k, v, h in msgs]
             client.produce_all(msgs)
             failpoints.hit("kafka.produce")
             n += len(msgs)

@@ -18,6 +18,7 @@ it, so what was written after the last checkpoint is not written again.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
@@ -236,10 +237,33 @@ class LocalSender(Sender):
         self._f: IO[bytes] | None = None
         self._size = 0
         self._rotated = 0  # the number of the newest rotated file (learnt at open)
+        self._lock_fd: int | None = None  # the flock on <path>.lock while open
+
+    def _lock(self) -> None:
+        """Become the file's one writer: an flock on ``<path>.lock`` (released by close,
+        or when the process ends, even by kill -9). Another capturer writing the same
+        file (high availability: a deposed one that still runs) makes this one wait."""
+        if self._lock_fd is not None:
+            return
+        lock = self.path.with_name(self.path.name + ".lock")
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            try:
+                holder = os.read(fd, 64).decode(errors="replace").strip() or "?"
+            finally:
+                os.close(fd)
+            raise SinkError(f"{self.path} is being written by another process (pid {holder}, {lock}): waiting for "
+                            "it to stop") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._lock_fd = fd
 
     def open(self) -> None:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._lock()
             self._rotated = self._rotation()
             self._cut_torn_tail()
             self._f = open(self.path, "ab")
@@ -390,3 +414,6 @@ class LocalSender(Sender):
 
     def close(self) -> None:
         self._close_file()
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None

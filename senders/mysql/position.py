@@ -47,6 +47,24 @@ from senders.sqlbuild import param_ident
 TABLE = "position"
 
 
+def fence_create_sql(meta_db: str) -> str:
+    """High availability: ``<meta_database>.fence``, one row per sender with the epoch of
+    the capturer that may write (see ``MySQLSender.fence_check``)."""
+    return (f"CREATE TABLE IF NOT EXISTS {quote_ident(meta_db)}.`fence` (sender VARCHAR(200) NOT NULL PRIMARY KEY, "
+            "epoch BIGINT UNSIGNED NOT NULL, "
+            "updated TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6) ON UPDATE CURRENT_TIMESTAMP(6)) "
+            "DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin")
+
+
+def fence_claim_sql(meta_db: str) -> str:
+    return (f"INSERT INTO {quote_ident(meta_db)}.`fence` (sender, epoch) VALUES (%s, %s) "
+            "ON DUPLICATE KEY UPDATE epoch = GREATEST(epoch, VALUES(epoch))")
+
+
+def fence_read_sql(meta_db: str, lock: bool) -> str:
+    return f"SELECT epoch FROM {quote_ident(meta_db)}.`fence` WHERE sender = %s" + (" LOCK IN SHARE MODE" if lock else "")
+
+
 def create_sql(meta_db: str) -> str:
     """The ``position`` table (no parameters: the name is not %-escaped)."""
     return (

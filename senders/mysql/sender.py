@@ -69,7 +69,7 @@ import pymysql
 import pymysql.cursors
 from pymysql.constants import CLIENT, SERVER_STATUS
 
-from capturer.errors import SinkError
+from capturer.errors import Fenced, SinkError
 from capturer.model import Ddl, RowChange, StreamKey, Txn, key_to_json, stream_key
 from capturer.model.encode import _fastrows, quote_ident
 from capturer.util import failpoints, mysqlconn
@@ -254,6 +254,7 @@ class Worker:
         try:
             while committed[0] < len(chunks):
                 last = committed[0] == len(chunks) - 1
+                self.s.fence_check(conn)  # high availability: a deposed capturer's chunk is rolled back
                 done = self._apply_ops(conn, chunks[committed[0]], mark if last else None)
                 failpoints.hit("mysql.commit")  # a chunk is about to be committed (the others' may be already)
                 conn.commit()
@@ -465,6 +466,8 @@ class MySQLSender(Sender):
         self.atomic = bool(options["txn_atomic"])
         self.target_db = options["database"] or None
         self.meta_db = options["meta_database"] or ""
+        # high availability: the active capturer's epoch (the fencing token; 0 = no HA)
+        self.epoch = int(options.get("ha_epoch") or 0)
         self.workers = [Worker(self, i) for i in range(self.n)]
         self.progress: dict[str, Ident] = {}
         self.progress_after_commit: dict[str, Ident] = {}
@@ -508,6 +511,8 @@ class MySQLSender(Sender):
                         "DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin"
                     )
                     cur.execute(position.create_sql(self.meta_db))
+                    if self.epoch:
+                        cur.execute(position.fence_create_sql(self.meta_db))
                 conn.commit()
             except pymysql.err.MySQLError as exc:
                 err = _classify(exc, f"creating {self.meta_db}.applied and .position on the target")
@@ -518,11 +523,50 @@ class MySQLSender(Sender):
                             "sender keeps no position in the target (set meta_database= to silence this)",
                             self.name, err)
                 self.meta_db = ""
+        if self.epoch:
+            self._claim_fence(conn)
         self._progress_loaded = False
         # a new run: its phases are named (run, phase), never those of an earlier run
         self._run_id, self._phase = secrets.randbits(63), 0
         self._whole = self._read_at = None
         self._read_since_open = False
+
+    # --- high availability: the fence row ------------------------------------
+    def _claim_fence(self, conn: pymysql.connections.Connection) -> None:
+        """Write this capturer's epoch into ``<meta_database>.fence`` (never lowering
+        it): from its commit on, a capturer with an older epoch has every chunk it
+        tries rolled back (``fence_check``). The update waits for the chunks a deposed
+        capturer has in flight (they hold the row shared): those commit before it."""
+        if not self.meta_db:
+            log.warning("sender %s: meta_database is empty: the target has no fence row, a deposed capturer is "
+                        "stopped only by its own lease check", self.name)
+            return
+        try:
+            with conn.cursor() as cur:
+                cur.execute(position.fence_claim_sql(self.meta_db), (self.name, self.epoch))
+                cur.execute(position.fence_read_sql(self.meta_db, lock=False), (self.name,))
+                row = cur.fetchone()
+            conn.commit()
+        except pymysql.err.MySQLError as exc:
+            self.workers[0].drop()
+            raise _classify(exc, f"writing the fence row ({self.meta_db}.fence)") from exc
+        if row is None or int(row[0]) != self.epoch:
+            raise Fenced(f"sender {self.name}: {self.meta_db}.fence holds epoch {row and row[0]}, newer than this "
+                         f"capturer's {self.epoch}: another capturer took over")
+        log.info("sender %s: fence row %s.fence at epoch %d", self.name, self.meta_db, self.epoch)
+
+    def fence_check(self, conn: pymysql.connections.Connection) -> None:
+        """In the chunk's own transaction, before its rows: the fence row read in share
+        mode still holds this capturer's epoch (held until the commit, so a takeover's
+        claim waits for it); Fenced (the chunk is rolled back) if a newer one is there."""
+        if not self.epoch or not self.meta_db:
+            return
+        with conn.cursor() as cur:
+            cur.execute(position.fence_read_sql(self.meta_db, lock=True), (self.name,))
+            row = cur.fetchone()
+        if row is None or int(row[0]) != self.epoch:
+            raise Fenced(f"sender {self.name}: not applied: {self.meta_db}.fence holds epoch {row and row[0]}, "
+                         f"this capturer's is {self.epoch} (another capturer took over)")
 
     def resume_key(self) -> StreamKey | None:
         """The key of the last transaction the target holds whole, read from
@@ -750,6 +794,8 @@ class MySQLSender(Sender):
         def run() -> None:
             conn = w.connect()
             try:
+                self.fence_check(conn)  # (a DDL commits on its own: checked just before it)
+                conn.commit()
                 with conn.cursor() as cur:
                     if use:
                         try:

@@ -17,6 +17,7 @@ import os
 import random
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import threading
@@ -317,6 +318,10 @@ class Plan:
     pace: float = 0.01  # seconds between a shard's transactions: a load the sinks can follow on 2 cores
     spark: bool = True
     kafka_client: str = "kafka-python"  # the Kafka sender's client (kafka-python is the default)
+    # high availability: two capturers in an [ha] group with a private etcd; this many kill -9 of the active
+    # one (the standby takes over; the killed one comes back as a standby). With it, kills must be 0 (a
+    # failpoint armed in a capturer that comes back as a standby would never be reached)
+    ha_takeovers: int = 0
 
 
 @dataclass
@@ -335,6 +340,7 @@ class Figures:
     status_ok: int = 0
     status_junk: int = 0
     elapsed: float = 0.0
+    takeovers: list[float] = field(default_factory=list)  # seconds from kill -9 of the active to the standby running
 
     def max_recovery(self) -> float:
         return max((r for _, r in self.recoveries), default=0.0)
@@ -349,6 +355,8 @@ class Figures:
             f"max recovery {worst[1]:.1f}s ({worst[0]}); status answers {self.status_ok} "
             f"(+{self.status_junk} junk requests); broker stops on SIGTERM took "
             f"{[round(x, 1) for x in self.broker_stops]} s; {self.elapsed:.0f}s"
+            + (f"; takeovers {len(self.takeovers)}: p50 {statistics.median(self.takeovers):.1f} s, max "
+               f"{max(self.takeovers):.1f} s" if self.takeovers else "")
         )
 
 
@@ -404,6 +412,12 @@ class ChaosRun:
         self.stop_load = threading.Event()
         self.threads: list[threading.Thread] = []
         self.cap: Capturer | None = None
+        self.ha = plan.ha_takeovers > 0
+        self.etcd: Any = None
+        self.standby: Capturer | None = None  # with ha: the other capturer of the group
+        self.http_port_b = free_port()
+        if self.ha:
+            self.cp = tmp / "etcd-checkpoint.json"  # the state in etcd, pulled for the checks
 
     # -- set-up / tear-down
     def __enter__(self) -> ChaosRun:
@@ -414,6 +428,10 @@ class ChaosRun:
             self.target = MariaDBInstance(self.tmp / "target", server_id=99, binlog=False).start()
             self.store = S3Store().start()
             self.broker = PersistentBroker(self.store).start()
+            if self.ha:
+                from devtools.local_etcd import EtcdCluster
+
+                self.etcd = EtcdCluster(self.tmp / "etcd", 1).start()
         except BaseException:
             self.__exit__()
             raise
@@ -424,8 +442,11 @@ class ChaosRun:
         self.stop_load.set()
         for t in self.threads:
             t.join(30)
-        if self.cap is not None:
-            self.cap.kill9()
+        for c in (self.cap, self.standby):
+            if c is not None:
+                c.kill9()
+        if self.etcd is not None:
+            self.etcd.stop()
         for srv in [*self.sources, self.target]:
             if srv is not None:
                 with contextlib.suppress(Exception):
@@ -450,18 +471,63 @@ class ChaosRun:
         regions = "".join(
             f"\n[region:r{i + 1}]\ntype=mysql\nhost=127.0.0.1\nport={m.port}\nuser=capturer\npassword=capturer\n"
             f"server_id={800 + i}\nheartbeat_ms=200\n" for i, m in enumerate(self.sources))
-        (t / "config.cfg").write_text(
-            f"[global]\nbinlogCheckPointPath={self.cp}\nsenderConfig={t / 'senderConfig.cfg'}\n"
-            f"filterRuleDict={t / 'filter_rule.txt'}\nhttpPort={self.http_port}\ncheckpointInterval=0.5\n"
-            f"spillRows={p.spill_rows}\nspillDir={t / 'spill'}\nlogLevel=info\n" + regions)
+        ha = f"\n[ha]\nendpoints={self.etcd.endpoints}\nname=chaos\nleaseSeconds=4\n" if self.ha else ""
+        for name, port in (("config.cfg", self.http_port), ("config-b.cfg", self.http_port_b)):
+            (t / name).write_text(
+                f"[global]\nbinlogCheckPointPath={t / 'checkpoint.json'}\nsenderConfig={t / 'senderConfig.cfg'}\n"
+                f"filterRuleDict={t / 'filter_rule.txt'}\nhttpPort={port}\ncheckpointInterval=0.5\n"
+                f"controlToken=chaos\nspillRows={p.spill_rows}\nspillDir={t / 'spill'}\nlogLevel=info\n"
+                + regions + ha)
+
+    # -- the checkpoint (with ha: the one the active capturer last wrote to etcd)
+    def cp_ts(self) -> int:
+        self._pull_state()
+        return checkpoint_ts(self.cp)
+
+    def _pull_state(self) -> None:
+        if not self.ha:
+            return
+        from capturer.ha.coord import CoordinationError, Coordinator, unpack_state
+
+        try:
+            got = Coordinator((self.etcd.endpoints,), "chaos", 4).get("state")
+        except CoordinationError:
+            return
+        if got is not None:
+            tmp = self.cp.with_name(self.cp.name + ".tmp")
+            tmp.write_text(json.dumps(unpack_state(got[0])["checkpoint"]))
+            tmp.replace(self.cp)
+
+    def _role(self, port: int) -> str:
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=5) as r:
+                return str((json.loads(r.read()).get("ha") or {}).get("role", ""))
+        except (OSError, ValueError):
+            return ""
+
+    def takeover(self) -> None:
+        """kill -9 of the active capturer: the standby takes over; the killed one comes back as a standby."""
+        assert self.cap is not None and self.standby is not None
+        nodes = [(self.cap, self.http_port), (self.standby, self.http_port_b)]
+        wait(lambda: sorted(self._role(port) for _, port in nodes) == ["active", "standby"], 120,
+             "one active and one standby capturer")
+        (active, _), (other, other_port) = sorted(nodes, key=lambda n: self._role(n[1]) != "active")
+        before = self.cp_ts()
+        active.kill9()
+        self.fig.faults["takeover (kill -9 of the active capturer)"] += 1
+        self.fig.takeovers.append(wait(lambda: self._role(other_port) == "active", 120, "the standby to take over"))
+        self.fig.recoveries.append(("takeover", wait(lambda: self.cp_ts() > before, 300, "progress after a takeover")))
+        active.start()
 
     # -- faults
     def _restart(self, label: str, failpoints: str = "") -> None:
         """Start the capturer again and time until its checkpoint moves past where it was."""
-        before = checkpoint_ts(self.cp)
+        before = self.cp_ts()
         assert self.cap is not None
         self.cap.start(failpoints)
-        self.fig.recoveries.append((label, wait(lambda: checkpoint_ts(self.cp) > before, 300, f"progress after {label}")))
+        self.fig.recoveries.append((label, wait(lambda: self.cp_ts() > before, 300, f"progress after {label}")))
 
     def kill_random(self) -> None:
         assert self.cap is not None
@@ -486,10 +552,10 @@ class ChaosRun:
         assert self.target is not None
         self.target.stop()
         time.sleep(self.plan.target_outage)
-        before = checkpoint_ts(self.cp)
+        before = self.cp_ts()
         self.target.start()
         self.fig.faults[f"MySQL target down {self.plan.target_outage:.0f}s"] += 1
-        self.fig.recoveries.append(("MySQL target back", wait(lambda: checkpoint_ts(self.cp) > before, 300,
+        self.fig.recoveries.append(("MySQL target back", wait(lambda: self.cp_ts() > before, 300,
                                                              "progress after the target came back")))
 
     def broker_restart(self) -> None:
@@ -499,10 +565,10 @@ class ChaosRun:
         if self.broker.killed_after_term:
             self.fig.faults["Kafka broker did not stop on SIGTERM in 120 s (killed)"] += 1
         time.sleep(self.rng.uniform(1, 4))
-        before = checkpoint_ts(self.cp)
+        before = self.cp_ts()
         self.broker.start()
         self.fig.faults["Kafka broker restarted"] += 1
-        self.fig.recoveries.append(("broker back", wait(lambda: checkpoint_ts(self.cp) > before, 300,
+        self.fig.recoveries.append(("broker back", wait(lambda: self.cp_ts() > before, 300,
                                                        "progress after the broker restart")))
 
     def source_restart(self) -> None:
@@ -514,9 +580,9 @@ class ChaosRun:
         time.sleep(self.rng.uniform(1, 3))
         m.start()
         w.paused.clear()
-        before = checkpoint_ts(self.cp)
+        before = self.cp_ts()
         self.fig.faults["source server restarted"] += 1
-        self.fig.recoveries.append((f"source r{i + 1} back", wait(lambda: checkpoint_ts(self.cp) > before, 300,
+        self.fig.recoveries.append((f"source r{i + 1} back", wait(lambda: self.cp_ts() > before, 300,
                                                                  "progress after the source restart")))
 
     def _trigger_ddl(self) -> None:
@@ -530,7 +596,7 @@ class ChaosRun:
         special = [lambda: self.kill_at("checkpoint.write", lambda: None),
                    lambda: self.kill_at("region.ddl", self._trigger_ddl),
                    lambda: self.kill_at("spill.chunk", self._trigger_big)]
-        kills: list[Callable[[], None]] = []
+        kills: list[Callable[[], None]] = [self.takeover] * p.ha_takeovers
         for k in range(p.kills):
             kills.append(special[k] if k < len(special) else
                          (self.kill_random if self.rng.random() < 0.6 else self.rng.choice(special)))
@@ -550,13 +616,16 @@ class ChaosRun:
         for t in self.threads:
             t.start()
         self.cap = Capturer(self.tmp / "config.cfg", self.tmp / "capturer.log").start()
-        wait(lambda: checkpoint_ts(self.cp) > 0, 180, "the first checkpoint")
+        if self.ha:  # both at once
+            self.standby = Capturer(self.tmp / "config-b.cfg", self.tmp / "capturer-b.log").start()
+        wait(lambda: self.cp_ts() > 0, 180, "the first checkpoint")
         hammer = StatusHammer(self.http_port, p.seed)
         hammer.start()
         try:
             for fault in self.schedule():
                 time.sleep(self.rng.uniform(*p.gap))
-                assert self.cap.alive(), f"the capturer died on its own; see {self.cap.log}"
+                for c in (self.cap, self.standby):
+                    assert c is None or c.alive(), f"a capturer died on its own; see {c.log if c else ''}"
                 fault()
             time.sleep(self.rng.uniform(*p.gap))
         finally:
@@ -567,7 +636,11 @@ class ChaosRun:
             hammer.join(10)
         assert not [e for w in self.loads for e in w.errors], [e for w in self.loads for e in w.errors]
         assert self.cap.alive(), f"the capturer died on its own; see {self.cap.log}"
-        wait(lambda: covers(self.cp, self.sources), 600, "every sender to acknowledge all source changes")
+        wait(lambda: (self._pull_state(), covers(self.cp, self.sources))[1], 600,
+             "every sender to acknowledge all source changes")
+        if self.standby is not None:
+            assert self.standby.alive(), f"a capturer died on its own; see {self.standby.log}"
+            assert self.standby.stop() == 0, f"unclean final stop; see {self.standby.log}"
         assert self.cap.stop() == 0, f"unclean final stop; see {self.cap.log}"
         f = self.fig
         f.rows_written = sum(w.rows for w in self.loads)
@@ -628,13 +701,14 @@ def duplicate_identities(items: list[tuple[tuple[Any, ...], str]]) -> tuple[int,
     return dups, bad
 
 
-class Rec(tuple):  # (topic, partition, offset, key, value, headers), with the attribute names of a consumer record
+class Rec(tuple):  # (topic, partition, offset, key, value, headers, timestamp ms), as a consumer record names them
     topic = property(lambda self: self[0])
     partition = property(lambda self: self[1])
     offset = property(lambda self: self[2])
     key = property(lambda self: self[3])
     value = property(lambda self: self[4])
     headers = property(lambda self: self[5])
+    timestamp = property(lambda self: self[6])
 
 
 def consume_fast(servers: str, idle: float = 15.0, first: float = 300.0) -> list[Rec]:
@@ -657,7 +731,7 @@ def consume_fast(servers: str, idle: float = 15.0, first: float = 300.0) -> list
                 if msg.error():
                     continue
                 out.append(Rec((msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value(),
-                                msg.headers() or [])))
+                                msg.headers() or [], msg.timestamp()[1])))
                 last = time.monotonic()
         return out
     finally:

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.integration
 
 def test_bench_smoke_every_row_arrives() -> None:
     r = subprocess.run(
-        [sys.executable, "bench/bench.py", "--rows", "5000", "--smoke", "--only", "file,mysql,apply,kafka,spark,all,senderprocs"],
+        [sys.executable, "bench/bench.py", "--rows", "5000", "--smoke", "--only", "file,mysql,apply,kafka,spark,all,senderprocs,ha"],
         cwd=ROOT, capture_output=True, text=True, timeout=900, env=dict(os.environ, PYTHONPATH=str(ROOT)),
     )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
@@ -25,7 +25,8 @@ def test_bench_smoke_every_row_arrives() -> None:
                  # process=true: each sender in a process of its own
                  "capturer -> file, sender in its own process", "capturer -> mysql, sender in its own process",
                  "capturer -> kafka (confluent), sender in its own process", "capturer -> spark, sender in its own process",
-                 "capturer -> all four, each sender in its own process"):
+                 "capturer -> all four, each sender in its own process",
+                 "capturer -> all four as the active capturer of an [ha] group", "ha takeovers (lease 3 s"):
         assert part in r.stdout
     assert "INCOMPLETE" not in r.stdout
 

@@ -283,6 +283,26 @@
       if (chart) { chart.destroy(); chart = null; chartKeys = ""; }
     }
     startedAt = d.started_at;
+    var ha = d.ha || {};
+    var haEl = $("ha");
+    haEl.hidden = ha.role !== "active" && ha.role !== "standby";
+    if (!haEl.hidden) {
+      var last = ha.last_takeover;
+      haEl.textContent = ha.role + " · epoch " + ha.epoch + (ha.role === "standby"
+        ? " · active: " + ((ha.holder || {}).id || "none") : "");
+      haEl.className = "badge " + (ha.role === "active" ? "ok" : "wait");
+      haEl.title = "group " + ha.name + " · this capturer: " + ha.id + " · last takeover: " +
+        (last ? new Date(last.at * 1000).toLocaleString() + " (" + (last.from || "none") + " → " + last.to + ")" : "none") +
+        ((ha.etcd || {}).error ? " · etcd: " + ha.etcd.error : "");
+    }
+    if (ha.role === "standby") {  // a standby runs no pipeline: nothing else to show
+      $("uptime").textContent = "up " + fmtSecs(d.uptime_seconds) + " · standby";
+      $("config").textContent = "config " + (d.config || "");
+      showBanner("Standby of group " + ha.name + ": the active capturer is " + ((ha.holder || {}).id || "none") +
+                 (ha.holder && ha.holder.port ? " (status port " + ha.holder.port + ")" : "") +
+                 "; this one takes over when its lease lapses.", false, 0);
+      return;
+    }
     var rates = record(d);
     lastData = d;
 

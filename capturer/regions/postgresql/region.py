@@ -42,6 +42,7 @@ How it reads:
 from __future__ import annotations
 
 import logging
+import re
 import select
 import struct
 import time
@@ -76,6 +77,7 @@ from capturer.regions.postgresql import pgoutput as po
 from capturer.regions.postgresql import types as pgt
 from capturer.regions.postgresql.types import PgType, Unrepresentable, pg_time_to_unix_us, pg_type
 from capturer.regions.snaphost import SnapshotHostMixin
+from capturer.util import fencing
 
 log = logging.getLogger(__name__)
 
@@ -535,6 +537,13 @@ class PostgresRegion(SnapshotHostMixin, ClockedRegion):
             msg = (res.error_message or b"").decode("utf-8", "replace").strip()
             if "does not exist" in msg and "publication" in msg:
                 raise FatalSourceError(f"{self.where}: {msg}")
+            held = re.search(r"is active for PID (\d+)", msg)
+            if held and fencing.GUARD.armed and not fencing.GUARD.lost:
+                # high availability: a deposed capturer (paused, cut off) still holds the slot; the lease is
+                # this one's, so its replication connection goes (else it would hold until wal_sender_timeout)
+                self._query("SELECT pg_terminate_backend(%s)", (int(held.group(1)),))
+                log.warning("%s: replication slot %r was held by backend %s (a capturer that lost its lease): "
+                            "terminated", self.where, self.cfg.slot, held.group(1))
             raise SourceError(f"{self.where}: START_REPLICATION: {msg}")
         log.info("%s: streaming from %s", self.where, format_lsn(start))
         self._stream(conn, start)

