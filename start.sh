@@ -9,6 +9,7 @@
 #                                and Java where missing; a part that still cannot run is skipped, saying why
 #   sh start.sh --demo baikaldb  the same with BaikalDB binlog tables (the test double's meta and stores)
 #   sh start.sh --demo postgresql  a MariaDB and a PostgreSQL region merged into one file
+#   sh start.sh --demo ha        two capturers in an active/standby group (a private etcd): kill -9 and handover
 #   sh start.sh --config PATH    another config (default conf/config.cfg)
 #   sh start.sh --agent          a region agent instead (config conf/agent.cfg; log/agent.log, log/agent.pid)
 #   sh start.sh --apply          an applier instead: the capturer's Kafka topics into MySQL, files, the lake
@@ -24,7 +25,7 @@ while [ $# -gt 0 ]; do
         --demo)
             DEMO=1
             case "${2:-}" in
-                mariadb|baikaldb|postgresql|full) DEMO_KIND=$2; shift ;;
+                mariadb|baikaldb|postgresql|full|ha) DEMO_KIND=$2; shift ;;
             esac ;;
         --demo=*) DEMO=1; DEMO_KIND=${1#--demo=} ;;
         --once) ONCE=1 ;;
@@ -51,7 +52,9 @@ fi
 NEED_MARIADB=$DEMO
 NEED_POSTGRES=0
 if [ "$DEMO" = "1" ] && [ "$DEMO_KIND" = "postgresql" ]; then NEED_POSTGRES=1; EXTRAS=postgresql; export EXTRAS; fi
-export NEED_MARIADB NEED_POSTGRES
+NEED_ETCD=0
+if [ "$DEMO" = "1" ] && [ "$DEMO_KIND" = "ha" ]; then NEED_ETCD=1; EXTRAS=ha; export EXTRAS; fi
+export NEED_MARIADB NEED_POSTGRES NEED_ETCD
 . "$ROOT/scripts/bootstrap.sh" || { echo "start.sh: set-up failed" >&2; exit 1; }
 PYBIN="$VENV/bin/python"
 

@@ -148,11 +148,11 @@ def main(argv: list[str] | None = None) -> int:
                          "of the sender furthest behind (each sender skips what it already has)")
     ap.add_argument("--print-extras", action="store_true",
                     help="print the setup.py extras the configured senders need (for start.sh)")
-    ap.add_argument("--demo", nargs="?", const="mariadb", choices=["mariadb", "baikaldb", "postgresql", "full"],
+    ap.add_argument("--demo", nargs="?", const="mariadb", choices=["mariadb", "baikaldb", "postgresql", "full", "ha"],
                     help="run the self-contained demo: two MariaDB regions (default); full: the same with all "
                          "four senders (file, MySQL, Kafka, Spark lake; what cannot run here is skipped); baikaldb: "
                          "BaikalDB binlog tables served by the test double; postgresql: a MariaDB and a "
-                         "PostgreSQL region")
+                         "PostgreSQL region; ha: two capturers in an active/standby group with a private etcd")
     ap.add_argument("--once", action="store_true", help="with --demo: exit when all demo rows arrived")
     ap.add_argument("--demo-dir", help="with --demo: where its servers live (default: data/demo)")
     args = ap.parse_args(argv)
@@ -177,6 +177,10 @@ def main(argv: list[str] | None = None) -> int:
             return run_baikaldb_demo(Path(args.demo_dir), once=args.once, stop=_STOP)
         if args.demo == "postgresql":
             return run_postgresql_demo(Path(args.demo_dir), once=args.once, stop=_STOP)
+        if args.demo == "ha":
+            from devtools.demo_ha import run_ha_demo
+
+            return run_ha_demo(Path(args.demo_dir), once=args.once, stop=_STOP)
         if args.demo == "full":
             from devtools.demo_full import run_full_demo
 

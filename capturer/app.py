@@ -275,6 +275,16 @@ class Capturer:
     def _checkpoint_written(self, cp: Checkpoint) -> None:
         """A checkpoint is on disk: lifts older than the rebuild point go, regions learn
         where their sources now resume (a PostgreSQL slot confirms it)."""
+        if self.ha is not None:
+            # high availability: a takeover reads the sources again from the sender furthest behind *in this
+            # checkpoint* (the backlog stays on this machine): nothing before that may be let go (a PostgreSQL
+            # slot confirmed past it, a lift forgotten)
+            floor = self._slowest_cut(cp)
+            self.journal.prune(floor)
+            for r in self.regions:
+                if r.name in floor:
+                    r.checkpointed(floor[r.name])
+            return
         self.journal.prune(self.manager.rebuild_cut().positions)
         if self.stream.backlog is not None:  # backlog segments go only once no checkpoint on disk needs them
             self.stream.backlog.keep_for_checkpoint(cp.senders, {s.name for s in self.senders},
@@ -282,6 +292,16 @@ class Capturer:
         for r in self.regions:
             if r.name in cp.regions:
                 r.checkpointed(cp.regions[r.name])
+
+    @staticmethod
+    def _slowest_cut(cp: Checkpoint) -> dict[str, Any]:
+        """Where the sources are read again from after a takeover from ``cp`` (as
+        ``_rebuild_backlog``): the cut of the attached sender furthest behind, over the
+        checkpoint's own positions."""
+        live = [sp for sp in cp.senders.values() if not sp.detached]
+        if not live:
+            return dict(cp.regions)
+        return {**cp.regions, **min(live, key=lambda sp: sp.offset).regions}
 
     def _find_failure(self) -> str:
         for r in self.regions:
@@ -609,6 +629,8 @@ class Capturer:
         if detached:
             return False, (f"sender(s) {', '.join(detached)} detached: the backlog reached backlogMaxMB while they "
                            "were behind; attach again with POST /senders/<name>/attach, then copy their tables")
+        if self.keeper.publish_error:
+            return False, f"checkpoint not written (etcd): {self.keeper.publish_error}"
         paused = [s.name for s in self.senders if s.paused]
         if paused:  # on purpose: healthy, but say so
             return True, f"ok; paused by an operator: {', '.join(paused)}"

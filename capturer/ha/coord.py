@@ -35,6 +35,11 @@ class CoordinationError(CapturerError):
     """etcd did not answer (every endpoint), or answered an error."""
 
 
+class CoordinationRefused(CoordinationError):
+    """etcd answered, and refused the request (too large, space quota reached, ...): trying
+    again the same way does not help."""
+
+
 def _b64(v: str | bytes) -> str:
     return base64.b64encode(v.encode() if isinstance(v, str) else v).decode()
 
@@ -58,6 +63,8 @@ class Coordinator:
         self.member_lease = 0
         self.calls = 0
         self.failovers = 0
+        self.revision = 0  # the highest store revision an answer carried
+        self._registered: dict[str, Any] | None = None
 
     # --- transport ------------------------------------------------------------
     def _post(self, path: str, payload: dict[str, Any]) -> dict[str, Any]:
@@ -75,15 +82,20 @@ class Coordinator:
             if r.status_code != 200:
                 # a member without a leader (its cluster lost quorum) answers 503: try another one
                 errors.append(f"{self.endpoints[k]}: HTTP {r.status_code} {r.text[:200]}")
-                if r.status_code >= 500:
+                if r.status_code >= 500 and "quota" not in r.text and "too large" not in r.text:
                     continue
-                raise CoordinationError(f"etcd {path}: {errors[-1]}")
+                raise CoordinationRefused(f"etcd {path}: {errors[-1]}")
+            try:
+                out: dict[str, Any] = r.json()
+            except ValueError:
+                errors.append(f"{self.endpoints[k]}: not JSON: {r.text[:200]!r}")
+                continue
             if k != self._current:
                 self.failovers += 1
                 log.info("etcd: now using %s", self.endpoints[k])
             self._current = k
             self.calls += 1
-            out: dict[str, Any] = r.json()
+            self.revision = max(self.revision, int((out.get("header") or {}).get("revision", 0) or 0))
             return out
         raise CoordinationError(f"etcd {path}: no endpoint answered ({'; '.join(errors)})")
 
@@ -181,13 +193,24 @@ class Coordinator:
             self.lease_id = 0
 
     def register(self, ident: str, record: dict[str, Any]) -> None:
-        """This capturer in ``members/`` (on a lease of its own, refreshed here)."""
+        """This capturer in ``members/`` (on a lease of its own, refreshed here; the key is
+        written again only when the record changed or the lease was lost: every write is a
+        revision etcd keeps until it is compacted)."""
         if self.member_lease and self.refresh(self.member_lease) is None:
             self.member_lease = 0
         if not self.member_lease:
             self.member_lease, _ = self.grant()
-        self._post("kv/put", {"key": _b64(self.key(f"members/{ident}")), "value": _b64(json.dumps(record)),
-                              "lease": self.member_lease})
+            self._registered = None
+        if record != self._registered:
+            self._post("kv/put", {"key": _b64(self.key(f"members/{ident}")), "value": _b64(json.dumps(record)),
+                                  "lease": self.member_lease})
+            self._registered = dict(record)
+
+    def compact(self, revision: int) -> None:
+        """Drop the history before ``revision`` (the state is rewritten every few seconds:
+        without compaction etcd grows until its space quota refuses every write)."""
+        if revision > 0:
+            self._post("kv/compaction", {"revision": revision, "physical": False})
 
     def unregister(self) -> None:
         if self.member_lease:

@@ -38,12 +38,13 @@ import socket
 import sys
 import threading
 import time
+import zlib
 from pathlib import Path
 from typing import Any
 
 from capturer.config import AppConfig
 from capturer.errors import FENCED_MARK, CapturerError, CheckpointError, ConfigError, Fenced
-from capturer.ha.coord import CoordinationError, Coordinator, pack_state, unpack_state
+from capturer.ha.coord import CoordinationError, CoordinationRefused, Coordinator, pack_state, unpack_state
 from capturer.ops.status import StatusServer
 from capturer.pipeline.checkpoint import Checkpoint
 from capturer.regions import journal
@@ -54,6 +55,14 @@ log = logging.getLogger(__name__)
 POLL = 0.5  # how often a standby looks at the leader key (seconds)
 DEFER_ENV = "CAPTURER_HA_DEFER_UNTIL"  # a node that handed over waits until then before campaigning
 MAX_STATE = 1_000_000  # bytes (etcd's default request limit is 1.5 MiB)
+COMPACT_EVERY = 300.0  # seconds: the active compacts etcd's history up to the revision it saw this long ago
+
+
+def _journal_text(raw: bytes) -> str:
+    try:
+        return zlib.decompress(raw).decode()
+    except zlib.error:
+        raise CoordinationError("a journal in etcd cannot be read (not zlib)") from None
 
 
 def default_id(port: int) -> str:
@@ -238,11 +247,15 @@ class HaNode:
             cfg, restored = self.begin(epoch, until)
         except Fenced as exc:
             self.step_down(str(exc))
-        except (CoordinationError, CheckpointError, OSError) as exc:
+        except (CoordinationError, OSError) as exc:  # etcd went away meanwhile: a standby again
+            log.error("ha: taking over failed: %s; giving the lease up, standing by again", exc)
+            self._resign()
+            self._exec_standby(defer=time.time() + self.hc.lease_seconds)
+        except CheckpointError as exc:  # the state cannot be used: every member would fail the same way
             log.error("ha: taking over failed: %s; giving the lease up", exc)
             self._resign()
             print(f"ha: taking over failed: {exc}", file=sys.stderr)
-            return 1
+            return 2
         from capturer.app import Capturer
 
         assert self.server is not None
@@ -257,12 +270,15 @@ class HaNode:
         self.attach(cap)
         try:
             cap.start()
+            cap.keeper.write(force=True)  # the restored state, in etcd under this epoch at once
         except OSError as exc:
             print(f"start-up failed: {exc}", file=sys.stderr)
             if cap.status_server is not None:
                 cap.shutdown()
             self._resign()
             return 2
+        except Fenced as exc:
+            self.step_down(str(exc))
         code = cap.run(should_stop=self.stop)
         if GUARD.lost or FENCED_MARK in (cap.failure or ""):
             self.step_down(GUARD.lost or cap.failure)
@@ -286,6 +302,7 @@ class HaNode:
         ka.epoch, lease = self.epoch, self.coord.lease_id
         quiet_until = 0.0
         n = 0
+        compact_at, next_compact = 0, time.monotonic() + COMPACT_EVERY
         while not self._ka_stop.wait(every):
             try:
                 until = ka.refresh(lease)
@@ -303,6 +320,10 @@ class HaNode:
                 if n % 4 == 1:
                     ka.register(self.id, self._record("active"))
                     self.members = ka.members()
+                if time.monotonic() >= next_compact:  # keep etcd's history short: compact what is old
+                    if compact_at:
+                        ka.compact(compact_at)
+                    compact_at, next_compact = ka.revision, time.monotonic() + COMPACT_EVERY
                 self.etcd_error = ""
             except CoordinationError as exc:
                 self.etcd_error = str(exc)
@@ -321,6 +342,10 @@ class HaNode:
         """This node may no longer write: refuse every write, kill the children, start again as a standby."""
         GUARD.lose(why or "stepped down")
         log.error("ha: %s steps down: %s; nothing more is written; it starts again as a standby", self.id, why)
+        try:  # a lease still running (a destination said another took over): let it go now
+            Coordinator(self.hc.endpoints, self.hc.name, self.hc.lease_seconds, timeout=1).revoke(self.coord.lease_id)
+        except CoordinationError:
+            pass
         self._exec_standby(defer=0.0)
 
     def _exec_standby(self, defer: float) -> None:
@@ -337,14 +362,15 @@ class HaNode:
         os.execv(sys.executable, [sys.executable, "-m", "capturer", *self.argv])
 
     def _resign(self) -> None:
-        journal.REPLICATE = None
+        """Give the lease up. Every write of this process is refused from now on (a thread the
+        shutdown left behind must not write after a standby took over)."""
+        GUARD.lose("it gave its lease up")
         self._ka_stop.set()
         try:
             self.coord.resign()
         except CoordinationError as exc:
             log.warning("ha: giving the lease up: %s (it expires within %d s)", exc, self.hc.lease_seconds)
         self.coord.unregister()
-        GUARD.disarm()
 
     # --- state --------------------------------------------------------------------
     def _restore(self) -> tuple[AppConfig, bool]:
@@ -356,7 +382,7 @@ class HaNode:
         self.local_dir.mkdir(parents=True)
         got = self.coord.get("state")
         restored = False
-        journals = {k[len("journal"):]: v.decode() for k, v in self.coord.get_prefix("journal.").items()}
+        journals = {k[len("journal"):]: _journal_text(v) for k, v in self.coord.get_prefix("journal.").items()}
         if got is not None:
             st = unpack_state(got[0])
             files: dict[str, str] = dict(st.get("files") or {})
@@ -391,7 +417,8 @@ class HaNode:
             backlog = backlog / f"ha-{_safe(self.id)}"
             if backlog.exists():
                 shutil.rmtree(backlog)
-        senders = tuple(dataclasses.replace(s, options={**s.options, "ha_epoch": self.epoch})
+        senders = tuple(dataclasses.replace(s, options={**s.options, "ha_epoch": self.epoch,
+                                                         "ha_lease": self.hc.lease_seconds})
                         for s in self.cfg.senders)
         cfg = dataclasses.replace(self.cfg, checkpoint_path=self.local_dir / cp_name, backlog_dir=backlog,
                                   http_port=self.port, senders=senders)
@@ -405,12 +432,15 @@ class HaNode:
         if path.parent != self.local_dir or not path.name.startswith(name + "."):
             return  # (not one of this capturer's side files)
         key = "journal" + path.name[len(name):]
+        value = zlib.compress(("\n".join(lines) + "\n").encode(), 6)
         with self._journal_lock:
             while True:
                 GUARD.check(f"journal {path.name}")
                 try:
-                    self._journal_coord.put_fenced({key: ("\n".join(lines) + "\n").encode()})
+                    self._journal_coord.put_fenced({key: value})
                     return
+                except CoordinationRefused:
+                    raise  # (too large, etcd full: the region stops with etcd's answer)
                 except CoordinationError as exc:
                     log.warning("ha: %s not in etcd yet (%s): the region waits", path.name, exc)
                     time.sleep(0.2)

@@ -282,18 +282,22 @@ class CheckpointKeeper:
             content = cp.content()
             if not force and content == self._content and time.time() - self.written_at < self.REFRESH:
                 return self.current
-            if self.publish is not None:
+            while self.publish is not None:
                 try:
                     self.publish(cp)
                     self.publish_error = ""
+                    break
                 except Fenced:
                     raise
                 except CapturerError as exc:
                     self.publish_failures += 1
                     if not self.publish_error:
-                        log.warning("checkpoint not written: %s (tried again every checkpointInterval)", exc)
+                        log.warning("checkpoint not written: %s (%s)", exc, "a forced one is tried until it is"
+                                    if force else "tried again every checkpointInterval")
                     self.publish_error = str(exc)
-                    return self.current
+                    if not force:
+                        return self.current
+                    time.sleep(0.5)  # a region's first position (pin_start): nothing leaves it before
             save_checkpoint(self.path, cp)
             self.current, self._content = cp, content
             self.written_at = time.time()

@@ -72,7 +72,7 @@ from pymysql.constants import CLIENT, SERVER_STATUS
 from capturer.errors import Fenced, SinkError
 from capturer.model import Ddl, RowChange, StreamKey, Txn, key_to_json, stream_key
 from capturer.model.encode import _fastrows, quote_ident
-from capturer.util import failpoints, mysqlconn
+from capturer.util import failpoints, fencing, mysqlconn
 from capturer.util.ini import Key, p_bool, p_choice, p_float, p_int, p_nonempty, p_str
 from senders.base import Sender
 from senders.mysql import position
@@ -180,10 +180,15 @@ class Worker:
         self.s = sender
         self.index = index
         self.conn: pymysql.connections.Connection | None = None
+        self.used = 0.0  # (monotonic) when the connection was last handed out
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"mysql-w{index}")
 
     # --- connection ---------------------------------------------------------
     def connect(self) -> pymysql.connections.Connection:
+        idle = self.s.idle_limit
+        if self.conn is not None and idle and time.monotonic() - self.used > idle:
+            self.drop()  # (the server has closed it by now: wait_timeout, below)
+        self.used = time.monotonic()
         if self.conn is None:
             o = self.s.options
             try:
@@ -201,6 +206,12 @@ class Worker:
                     # workers touch disjoint rows; READ COMMITTED avoids the gap locks
                     # that would make them deadlock on neighbouring keys
                     cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+                    if self.s.idle_limit:
+                        # high availability: a capturer frozen in a chunk's transaction (SIGSTOP, a frozen VM)
+                        # holds the fence row in share mode; the server closes its connection after this,
+                        # so the new active's claim waits that long at most, not the default 8 hours
+                        cur.execute(f"SET SESSION wait_timeout = {int(self.s.idle_limit) + 5}, "
+                                    "innodb_lock_wait_timeout = 10")
                 conn.commit()
             except pymysql.err.MySQLError as exc:
                 raise _classify(exc, f"connect to {o['host']}:{o['port']}") from exc
@@ -466,8 +477,10 @@ class MySQLSender(Sender):
         self.atomic = bool(options["txn_atomic"])
         self.target_db = options["database"] or None
         self.meta_db = options["meta_database"] or ""
-        # high availability: the active capturer's epoch (the fencing token; 0 = no HA)
+        # high availability: the active capturer's epoch (the fencing token; 0 = no HA), and how long a
+        # connection may sit idle (its server-side wait_timeout, a little above)
         self.epoch = int(options.get("ha_epoch") or 0)
+        self.idle_limit = max(15.0, 3.0 * float(options.get("ha_lease") or 0)) if self.epoch else 0.0
         self.workers = [Worker(self, i) for i in range(self.n)]
         self.progress: dict[str, Ident] = {}
         self.progress_after_commit: dict[str, Ident] = {}
@@ -796,6 +809,7 @@ class MySQLSender(Sender):
             try:
                 self.fence_check(conn)  # (a DDL commits on its own: checked just before it)
                 conn.commit()
+                fencing.check(f"sender {self.name}: DDL")  # (and the lease, right before it runs)
                 with conn.cursor() as cur:
                     if use:
                         try:

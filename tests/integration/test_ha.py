@@ -246,6 +246,7 @@ def test_takeovers_under_load_with_all_four_senders(rig: dict[str, Any], etcd: E
         active = one_active([a, b], 60)
         wait_for(lambda: streaming(active), 180, "every sender streaming after etcd's restart")
     wait_for(lambda: state_covers(etcd, rig), 240, "every sender to have everything")
+    final_epoch = active.status()["ha"]["epoch"]
     for n in (a, b):
         if n is not active:
             assert n.post("/stop").status_code == 202
@@ -268,7 +269,7 @@ def test_takeovers_under_load_with_all_four_senders(rig: dict[str, Any], etcd: E
         cur.execute("SELECT epoch FROM _capturer.fence WHERE sender='mysql'")
         (fence,) = cur.fetchone()
     conn.close()
-    assert int(fence) >= paused_epoch
+    assert int(fence) == final_epoch > paused_epoch  # raised by every takeover's MySQL sender
     dups = check_sinks(rig, senders)  # every sink equals the sources (and verify agrees)
     print("takeover figures:", json.dumps(figures), "duplicates per sink:", json.dumps(dups))
     # the file, the target and the lake skip what they hold; Kafka's repeats are messages a client held when
@@ -298,7 +299,7 @@ def test_planned_handover_and_what_operators_see(rig: dict[str, Any], etcd: Etcd
                              cwd=ROOT, capture_output=True, text=True, timeout=60)
         assert "standby" in cli.stdout and a.status()["ha"]["id"] in cli.stdout, (cli.stdout, cli.stderr)
         assert b.post("/handover").status_code == 409  # a standby has nothing to hand over
-        epoch = a.status()["ha"]["epoch"]
+        epoch, a_id = a.status()["ha"]["epoch"], a.status()["ha"]["id"]
         r = subprocess.run([sys.executable, "-m", "capturer", "handover", "--config", str(cfg), "--url",
                             f"http://127.0.0.1:{a.port()}", "--token", TOKEN], cwd=ROOT, capture_output=True,
                            text=True, timeout=60)
@@ -307,15 +308,76 @@ def test_planned_handover_and_what_operators_see(rig: dict[str, Any], etcd: Etcd
         wait_for(lambda: b.role() == "active", 30, "the standby to take over")
         gap = time.monotonic() - t0
         assert b.status()["ha"]["epoch"] > epoch
-        assert b.status()["ha"]["last_takeover"]["from"] == a.status().get("ha", {}).get("id", "?") or True
+        assert b.status()["ha"]["last_takeover"]["from"] == a_id
         wait_for(lambda: a.role() == "standby", 60, "the old active to stay as a standby")
         wait_for(lambda: streaming(b), 120, "streaming after the handover")
         print(f"handover: the standby ran {gap:.1f} s after the request")
         assert gap < LEASE + 5, gap
     wait_for(lambda: state_covers(etcd, rig), 120, "every sender to have everything")
-    assert "final checkpoint" in a.text()  # it drained and wrote a final checkpoint before it gave the lease up
+    # it drained and wrote a final checkpoint (to etcd: nothing else is written locally) before it gave the lease up
+    assert re.search(r"final checkpoint: commit_ts=\d+", a.text()) and "final checkpoint could not" not in a.text()
     for n in (a, b):
         assert n.post("/stop").status_code == 202
         assert n.proc is not None and n.proc.wait(60) == 0
     dups = check_sinks(rig, ["local", "mysql"])
     assert not any(dups.values()), dups
+
+
+def test_a_postgresql_takeover_while_a_sender_lags(tmp_path: Path, etcd: EtcdCluster,
+                                                    target: Any) -> None:
+    """A PostgreSQL source, the file sender paused (it lags, the backlog holds its share) while the MySQL
+    sender goes on: the slot is confirmed only up to the sender furthest behind in the state in etcd, so
+    the standby, which reads the source again from there, finds the WAL it needs. The pause itself goes
+    over to the new active (it stays paused until resumed there)."""
+    from capturer.ha.coord import unpack_state
+    from capturer.model import parse_lsn
+    from devtools.local_postgres import PostgresInstance
+    from devtools.pg_workload import Workload as PgWorkload
+    from devtools.pg_workload import apply_schema
+    from integration.test_postgresql import assert_equal, config, current_lsn, file_and_mysql, pg_region
+
+    pg = PostgresInstance().start()
+    try:
+        apply_schema(pg)
+        cfg = config(tmp_path, pg_region("pg", pg), file_and_mysql(tmp_path, target),
+                     f"controlToken={TOKEN}\nqueueRows=300\n")
+        ha_config(cfg, etcd.endpoints)
+        a = Node(cfg, tmp_path / "a.log").start()
+        a.wait_ready()
+        wait_for(lambda: a.role() == "active", 60, "the first capturer to be active")
+        b = Node(cfg, tmp_path / "b.log").start()
+        b.wait_ready()
+        wait_for(lambda: b.role() == "standby", 30, "the second to be a standby")
+        w = PgWorkload(pg, seed=35).start()
+        try:
+            wait_for(lambda: streaming(a), 120, "streaming")
+            assert a.post("/senders/local/pause").status_code == 200
+            time.sleep(8)  # the file falls behind; the MySQL sender and the checkpoint's source positions go on
+            st = a.status()
+            assert st["senders"]["local"]["stream_state"] == "paused", st["senders"]["local"]
+            a.kill9()
+            wait_for(lambda: b.role() == "active", LEASE + 15, "the standby to take over")
+            wait_for(lambda: (b.status().get("senders") or {}).get("local", {}).get("stream_state") == "paused",
+                     60, "the file sender to be paused on the new active too")
+            time.sleep(3)
+            assert b.post("/senders/local/resume").status_code == 200
+            time.sleep(3)
+        finally:
+            w.stop()
+        end = current_lsn(pg)
+
+        def covered() -> bool:
+            got = Coordinator((etcd.endpoints,), "test", LEASE).get("state")
+            if got is None:
+                return False
+            senders = unpack_state(got[0])["checkpoint"]["senders"]
+            return bool(senders) and all(parse_lsn(s["regions"]["pg"]["lsn"]) >= end for s in senders.values())
+
+        wait_for(covered, 180, "every sender to have everything")
+        assert b.role() == "active" and "FatalSourceError" not in b.text() and "Traceback" not in b.text(), \
+            b.text()[-3000:]
+        assert b.post("/stop").status_code == 202
+        assert b.proc is not None and b.proc.wait(60) == 0
+        assert_equal(pg, target, tmp_path)
+    finally:
+        pg.destroy()

@@ -120,3 +120,68 @@ def test_the_file_sender_has_one_writer(tmp_path: Path) -> None:
     a.close()
     b.open()  # once the first one is closed (or its process gone)
     b.close()
+
+
+class FakeCoord:
+    """What ``HaNode._restore`` reads of etcd: the state and the journal keys."""
+
+    def __init__(self, state: bytes | None, journals: dict[str, bytes]):
+        self.state, self.journals = state, journals
+        self.endpoints = ["http://x:1"]
+        self._current = 0
+        self.failovers = 0
+
+    def get(self, name: str) -> tuple[bytes, int] | None:
+        return (self.state, 5) if name == "state" and self.state is not None else None
+
+    def get_prefix(self, name: str) -> dict[str, bytes]:
+        return {k: v for k, v in self.journals.items() if k.startswith(name)}
+
+
+def test_a_takeover_rebuilds_the_local_files_from_etcd(tmp_path: Path) -> None:
+    import json
+    import threading
+    import zlib
+
+    from capturer.app import load_config
+    from capturer.ha.coord import pack_state
+    from capturer.ha.node import HaNode
+
+    cfg = load_config(write(tmp_path, BASE + "[ha]\nendpoints=127.0.0.1:1\nid=node/a\n"), tmp_path)
+    node = HaNode(cfg, [], threading.Event())
+    node.epoch = 42
+    old = '{"region": "a", "file": "bin.000001", "pos": 4, "commit_ts": 7}'
+    new = '{"region": "a", "file": "bin.000001", "pos": 9, "commit_ts": 8}'
+    cp = {"version": 2, "commit_ts": 5, "regions": {}, "region_ts": {}, "senders": {}}
+    state = pack_state({"version": 1, "checkpoint": cp, "files": {".lifts": old + "\n", ".paused": "local\n"},
+                        "epoch": 41, "holder": "b"})
+    # a lift journalled after that checkpoint reached etcd by itself (journal.REPLICATE)
+    node.coord = FakeCoord(state, {"journal.lifts": zlib.compress((old + "\n" + new + "\n").encode())})  # type: ignore[assignment]
+    (tmp_path / "ha-node_a").mkdir()
+    (tmp_path / "ha-node_a" / "stale.backlog").write_text("from an earlier run")  # never trusted
+    run_cfg, restored = node._restore()
+    d = tmp_path / "ha-node_a"
+    assert restored and run_cfg.checkpoint_path == d / "cp.json"
+    assert json.loads((d / "cp.json").read_text())["commit_ts"] == 5
+    assert (d / "cp.json.lifts").read_text().splitlines() == [old, new]  # the union, each line once
+    assert (d / "cp.json.paused").read_text() == "local\n"
+    assert not (d / "stale.backlog").exists()
+    assert all(s.options["ha_epoch"] == 42 and s.options["ha_lease"] == 10 for s in run_cfg.senders)
+    # a file name in the state that would leave the directory is refused
+    node.coord = FakeCoord(pack_state({"checkpoint": cp, "files": {"/../../x": "y"}}), {})  # type: ignore[assignment]
+    from capturer.ha.coord import CoordinationError
+
+    with pytest.raises(CoordinationError):
+        node._restore()
+
+
+def test_with_ha_the_sources_are_let_go_only_up_to_the_slowest_sender() -> None:
+    from capturer.app import Capturer
+    from capturer.pipeline.checkpoint import Checkpoint, SenderPosition
+
+    ahead, behind = Position("bin.000002", 500), Position("bin.000001", 100)
+    cp = Checkpoint(9, {"r": ahead, "q": ahead}, {}, {
+        "fast": SenderPosition(offset=90, regions={"r": ahead}),
+        "slow": SenderPosition(offset=10, regions={"r": behind}),
+        "gone": SenderPosition(offset=1, regions={"r": Position("bin.000001", 4)}, detached=True)})
+    assert Capturer._slowest_cut(cp) == {"r": behind, "q": ahead}

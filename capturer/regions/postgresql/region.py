@@ -538,7 +538,7 @@ class PostgresRegion(SnapshotHostMixin, ClockedRegion):
             if "does not exist" in msg and "publication" in msg:
                 raise FatalSourceError(f"{self.where}: {msg}")
             held = re.search(r"is active for PID (\d+)", msg)
-            if held and fencing.GUARD.armed and not fencing.GUARD.lost:
+            if held and fencing.GUARD.armed and not fencing.GUARD.lost and fencing.GUARD.remaining() > 0:
                 # high availability: a deposed capturer (paused, cut off) still holds the slot; the lease is
                 # this one's, so its replication connection goes (else it would hold until wal_sender_timeout)
                 self._query("SELECT pg_terminate_backend(%s)", (int(held.group(1)),))
