@@ -171,6 +171,10 @@ class HaNode:
 
     def handover(self) -> tuple[int, dict[str, Any]]:
         """POST /handover of the active: drain, final checkpoint, give the lease up, stay a standby."""
+        try:  # (asked now: the keep-alive refreshes its list only every few seconds)
+            self.members = Coordinator(self.hc.endpoints, self.hc.name, self.hc.lease_seconds).members()
+        except CoordinationError as exc:
+            return 503, {"error": f"etcd: {exc}"}
         others = [m for m in self.members if m.get("id") != self.id]
         if not others:
             return 409, {"error": "no standby is running to take over (members: only this capturer)"}

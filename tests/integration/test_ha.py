@@ -381,3 +381,13 @@ def test_a_postgresql_takeover_while_a_sender_lags(tmp_path: Path, etcd: EtcdClu
         assert_equal(pg, target, tmp_path)
     finally:
         pg.destroy()
+
+
+def test_the_ha_demo(tmp_path: Path) -> None:
+    """``sh start.sh --demo ha --once``'s program: two capturers, one config, a kill -9 and a handover;
+    the file equals the sources."""
+    r = subprocess.run([sys.executable, "-m", "capturer", "--demo", "ha", "--once", "--demo-dir", str(tmp_path / "d")],
+                       cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    assert "standby took over in" in r.stdout and "handover (HTTP 202)" in r.stdout, r.stdout[-3000:]
+    assert "OK: the file equals the sources" in r.stdout
