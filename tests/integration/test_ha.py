@@ -152,6 +152,17 @@ def ha_config(cfg: Path, endpoints: str) -> Path:
     return cfg
 
 
+def active_then_standby(cfg: Path, tmp: Path) -> tuple[Node, Node]:
+    """A capturer started alone (it becomes active), then a second one (a standby)."""
+    a = Node(cfg, tmp / "a.log").start()
+    a.wait_ready()
+    wait_for(lambda: a.role() == "active", 60, "the first capturer to be active")
+    b = Node(cfg, tmp / "b.log").start()
+    b.wait_ready()
+    wait_for(lambda: b.role() == "standby", 30, "the second to be a standby")
+    return a, b
+
+
 def one_active(nodes: list[Node], timeout: float = 60) -> Node:
     """Wait until exactly one node is active and the others are standbys; that one."""
     out: list[Node] = []
@@ -280,12 +291,7 @@ def test_takeovers_under_load_with_all_four_senders(rig: dict[str, Any], etcd: E
 def test_planned_handover_and_what_operators_see(rig: dict[str, Any], etcd: EtcdCluster) -> None:  # noqa: F811
     cfg = ha_config(configure(rig, ["local", "mysql"]), etcd.endpoints)
     tmp: Path = rig["tmp"]
-    a = Node(cfg, tmp / "a.log").start()
-    a.wait_ready()
-    wait_for(lambda: a.role() == "active", 30, "the first capturer to be active")
-    b = Node(cfg, tmp / "b.log").start()
-    b.wait_ready()
-    wait_for(lambda: b.role() == "standby", 30, "the second to be a standby")
+    a, b = active_then_standby(cfg, tmp)
     with Load(rig["sources"], pace=0.02):
         wait_for(lambda: streaming(a), 120, "streaming")
         st = b.status()
@@ -342,12 +348,7 @@ def test_a_postgresql_takeover_while_a_sender_lags(tmp_path: Path, etcd: EtcdClu
         cfg = config(tmp_path, pg_region("pg", pg), file_and_mysql(tmp_path, target),
                      f"controlToken={TOKEN}\nqueueRows=300\n")
         ha_config(cfg, etcd.endpoints)
-        a = Node(cfg, tmp_path / "a.log").start()
-        a.wait_ready()
-        wait_for(lambda: a.role() == "active", 60, "the first capturer to be active")
-        b = Node(cfg, tmp_path / "b.log").start()
-        b.wait_ready()
-        wait_for(lambda: b.role() == "standby", 30, "the second to be a standby")
+        a, b = active_then_standby(cfg, tmp_path)
         w = PgWorkload(pg, seed=35).start()
         try:
             wait_for(lambda: streaming(a), 120, "streaming")
