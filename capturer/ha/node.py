@@ -28,6 +28,7 @@ interval); ``POST /handover`` does the same and stays as a standby.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -345,6 +346,13 @@ class HaNode:
     def step_down(self, why: str) -> None:
         """This node may no longer write: refuse every write, kill the children, start again as a standby."""
         GUARD.lose(why or "stepped down")
+        if self.stop.is_set():  # asked to stop (SIGTERM) meanwhile: no standby again, no final checkpoint
+            log.error("ha: %s lost its lease while it stopped (%s): nothing more is written", self.id, why)
+            for pid in descendants(os.getpid()):
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+            logging.shutdown()
+            os._exit(1)
         log.error("ha: %s steps down: %s; nothing more is written; it starts again as a standby", self.id, why)
         try:  # a lease still running (a destination said another took over): let it go now
             Coordinator(self.hc.endpoints, self.hc.name, self.hc.lease_seconds, timeout=1).revoke(self.coord.lease_id)
