@@ -53,7 +53,7 @@ NEED_MARIADB=$DEMO
 NEED_POSTGRES=0
 if [ "$DEMO" = "1" ] && [ "$DEMO_KIND" = "postgresql" ]; then NEED_POSTGRES=1; EXTRAS=postgresql; export EXTRAS; fi
 NEED_ETCD=0
-if [ "$DEMO" = "1" ] && [ "$DEMO_KIND" = "ha" ]; then NEED_ETCD=1; EXTRAS=ha; export EXTRAS; fi
+if [ "$DEMO" = "1" ] && [ "$DEMO_KIND" = "ha" ]; then NEED_ETCD=1; fi
 export NEED_MARIADB NEED_POSTGRES NEED_ETCD
 . "$ROOT/scripts/bootstrap.sh" || { echo "start.sh: set-up failed" >&2; exit 1; }
 PYBIN="$VENV/bin/python"

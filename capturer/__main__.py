@@ -198,8 +198,6 @@ def main(argv: list[str] | None = None) -> int:
         extras = []
         if any(r.type == "postgresql" for r in cfg.regions):
             extras.append("postgresql")
-        if cfg.ha is not None:
-            extras.append("ha")
         for s in cfg.senders:
             if s.name == "spark":
                 extras.append("spark")

@@ -1,4 +1,8 @@
-"""The coordination service: etcd, over its HTTP (grpc-gateway) API through etcd3gw.
+"""The coordination service: etcd, over its HTTP/JSON gateway (``/v3/...``, the API etcd3gw
+speaks), with ``requests``. A client of its own, not etcd3gw's: one etcd3gw client talks to
+one endpoint, and this one needs to go to the next cluster member when one is down, to
+compare the leader key's create_revision in every write, and to time each lease renewal
+from before its request was sent.
 
 Keys, under ``/binlog-capturer/<name>/``:
 
