@@ -159,7 +159,9 @@ def active_then_standby(cfg: Path, tmp: Path) -> tuple[Node, Node]:
     wait_for(lambda: a.role() == "active", 60, "the first capturer to be active")
     b = Node(cfg, tmp / "b.log").start()
     b.wait_ready()
-    wait_for(lambda: b.role() == "standby", 30, "the second to be a standby")
+    # (a standby says "standby" from its start; who is active once it has asked etcd)
+    wait_for(lambda: b.role() == "standby" and bool((b.status().get("ha") or {}).get("holder")), 30,
+             "the second to be a standby that knows the active one")
     return a, b
 
 
