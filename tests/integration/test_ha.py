@@ -136,7 +136,11 @@ class Node(CapturerProcess):
             return {}
 
     def role(self) -> str:
-        return str((self.status().get("ha") or {}).get("role", ""))
+        """"active" only once the capturer itself serves the port (a node that has just won says
+        "active" on its standby port for a moment, while it restores its state)."""
+        st = self.status()
+        role = str((st.get("ha") or {}).get("role", ""))
+        return "taking over" if role == "active" and "senders" not in st else role
 
     def post(self, path: str) -> requests.Response:
         return requests.post(f"http://127.0.0.1:{self.port()}{path}", headers={"Authorization": f"Bearer {TOKEN}"},
