@@ -58,9 +58,9 @@ from __future__ import annotations
 import logging
 import random
 import re
-import secrets
 import threading
 import time
+import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -101,10 +101,22 @@ class Op:
     ch: RowChange
     db: str  # target database
     table: str
+    pos: int = -1  # its place in its lane's share of the phase (senders/mysql/position.py); -1: none kept
 
     @property
     def keyed(self) -> bool:
         return bool(self.ch.schema.pk or self.ch.schema.unique_keys)
+
+
+@dataclass(frozen=True, slots=True)
+class LaneMark:
+    """What a worker writes with every chunk of a lane's share: the lane's row of
+    ``<meta_database>.lanes`` (the phase, how many of the share are committed, and
+    the phase's manifest with the lane's first chunk)."""
+
+    phase: int
+    lane: int
+    manifest: bytes
 
 
 # the C build of pymysql's escaping (capturer/_fastrows.c) where it was built
@@ -227,15 +239,15 @@ class Worker:
             self.conn = None
 
     # --- applying -----------------------------------------------------------
-    def submit(self, units: list[list[Op]], atomic: bool, mark: position.Mark | None = None) -> Future[int]:
+    def submit(self, units: list[list[Op]], atomic: bool, mark: LaneMark | None = None) -> Future[int]:
         return self.pool.submit(self.apply, units, atomic, mark)
 
-    def apply(self, units: list[list[Op]], atomic: bool, mark: position.Mark | None = None) -> int:
+    def apply(self, units: list[list[Op]], atomic: bool, mark: LaneMark | None = None) -> int:
         """Apply and commit, in chunks (a unit each with ``atomic``, else ``commit_rows``
         rows); a deadlock or lock timeout is retried here, at once: the chunk that failed
-        was rolled back, and the chunks committed before it are not applied again (a
-        table without keys would get their rows twice). ``mark``: this worker's position
-        row for the phase, written in the transaction of the last chunk."""
+        was rolled back, and the chunks committed before it are not applied again.
+        ``mark``: the lane's row, written in the transaction of every chunk (how much of
+        the lane's share is committed: exactly what the target holds)."""
         if atomic:
             chunks = units
         else:
@@ -255,20 +267,29 @@ class Worker:
                 time.sleep(random.uniform(0.005, 0.05) * attempt)
         raise AssertionError("unreachable")
 
-    def _apply(self, chunks: list[list[Op]], committed: list[int], mark: position.Mark | None = None) -> None:
+    def _apply(self, chunks: list[list[Op]], committed: list[int], mark: LaneMark | None = None) -> None:
         """Apply ``chunks`` from ``committed[0]`` on, each in its own target
-        transaction; ``committed`` counts the chunks and rows committed. The last
-        chunk's transaction also writes ``mark`` (the worker's position row).
+        transaction; ``committed`` counts the chunks and rows committed. Each chunk's
+        transaction also writes ``mark`` (the lane's row; the manifest with the first).
         Failpoint ``mysql.commit``: before each chunk's commit (``eio``: the chunk is
         rolled back, the batch fails while other workers may have committed theirs)."""
         conn = self.connect()
         try:
             while committed[0] < len(chunks):
-                last = committed[0] == len(chunks) - 1
                 self.s.fence_check(conn)  # high availability: a deposed capturer's chunk is rolled back
-                done = self._apply_ops(conn, chunks[committed[0]], mark if last else None)
+                chunk = chunks[committed[0]]
+                done = self._apply_ops(conn, chunk)
                 failpoints.hit("mysql.commit")  # a chunk is about to be committed (the others' may be already)
-                conn.commit()
+                if mark is not None and self.s.meta_db and chunk and chunk[-1].pos >= 0:
+                    # the lane's row and the commit in one round trip (a statement each would cost a
+                    # transaction per source transaction with txn_atomic a third more time)
+                    with conn.cursor() as cur:
+                        cur.execute(self.s.lane_commit_sql, (self.s.name, mark.lane, mark.phase, chunk[-1].pos + 1,
+                                                             mark.manifest if committed[0] == 0 else None))
+                        while cur.nextset():
+                            pass
+                else:
+                    conn.commit()
                 committed[0] += 1
                 committed[1] += done
         except BaseException as exc:
@@ -283,11 +304,11 @@ class Worker:
                 self.drop()
             raise err from inner
 
-    def _apply_ops(self, conn: pymysql.connections.Connection, ops: list[Op],
-                   mark: position.Mark | None = None) -> int:
-        """Apply ``ops`` in the open transaction (not committed here): their statements,
-        the ``applied`` identities of tables without keys and, with ``mark``, the
-        worker's position row; the number of rows applied (replays skipped)."""
+    def _apply_ops(self, conn: pymysql.connections.Connection, ops: list[Op]) -> int:
+        """Apply ``ops`` in the open transaction (not committed here): their statements
+        and the ``applied`` identities of tables without keys; the number of rows
+        applied (replays skipped). (``_apply`` writes the lane's row with the commit:
+        ``done`` = the place of the chunk's last change + 1.)"""
         progress: dict[str, Ident] = {}
         todo = []
         for op in ops:
@@ -333,8 +354,6 @@ class Worker:
                     "region=VALUES(region), seq=VALUES(seq)",
                     (tkey, ident[0], ident[1], ident[2]),
                 )
-            if mark is not None and self.s.meta_db:
-                cur.execute(position.upsert_sql(self.s.meta_db), mark.params(self.s.name, self.index))
         for tkey, ident in progress.items():
             self.s.progress_after_commit[tkey] = ident
         return len(todo)
@@ -477,6 +496,7 @@ class MySQLSender(Sender):
         self.atomic = bool(options["txn_atomic"])
         self.target_db = options["database"] or None
         self.meta_db = options["meta_database"] or ""
+        self.lane_commit_sql = position.upsert_sql(self.meta_db) + ";\nCOMMIT" if self.meta_db else ""
         # high availability: the active capturer's epoch (the fencing token; 0 = no HA), and how long a
         # connection may sit idle (its server-side wait_timeout, a little above)
         self.epoch = int(options.get("ha_epoch") or 0)
@@ -485,16 +505,20 @@ class MySQLSender(Sender):
         self.progress: dict[str, Ident] = {}
         self.progress_after_commit: dict[str, Ident] = {}
         self._progress_loaded = False
-        # the position (senders/mysql/position.py): this open's run, the last phase number, and the key of
-        # the last transaction known whole at the target (read from it, or committed since)
-        self._run_id = 0
+        # the position (senders/mysql/position.py): the last phase number (across runs), what the target
+        # holds of the last phase while the stream hands it again, and the key of the last transaction
+        # known whole at the target (read from it, or committed since)
         self._phase = 0
+        self._resume: position.Resume | None = None
         self._whole: StreamKey | None = None
         self._read_at: StreamKey | None = None  # what resume_key() read at open
         self._read_since_open = False
         self.counters: dict[str, int] = {"phases": 0, "barriers": 0, "ddl_applied": 0, "ddl_skipped": 0,
                                          "replace_fallbacks": 0, "upsert_fallbacks": 0,
-                                         "replayed_skips": 0, "deadlock_retries": 0}
+                                         "replayed_skips": 0, "deadlock_retries": 0,
+                                         # changes handed again that the target holds (skipped), those of the
+                                         # last phase the target lacked (applied by their lanes), mismatches
+                                         "resume_skips": 0, "resume_applied": 0, "position_mismatches": 0}
         self._clock = threading.Lock()
 
     def count(self, what: str, n: int = 1) -> None:
@@ -506,6 +530,7 @@ class MySQLSender(Sender):
         st.update(self.counters)
         st["workers"] = self.n
         st["position"] = key_to_json(self._whole)  # the last transaction known whole at the target
+        st["phase"] = self._phase
         st["resumed_at"] = key_to_json(self._read_at)  # the target's position as read at open
         return st
 
@@ -528,7 +553,7 @@ class MySQLSender(Sender):
                         cur.execute(position.fence_create_sql(self.meta_db))
                 conn.commit()
             except pymysql.err.MySQLError as exc:
-                err = _classify(exc, f"creating {self.meta_db}.applied and .position on the target")
+                err = _classify(exc, f"creating {self.meta_db}.applied and .lanes on the target")
                 if err.retriable:
                     self.workers[0].drop()
                     raise err from exc
@@ -539,8 +564,7 @@ class MySQLSender(Sender):
         if self.epoch:
             self._claim_fence(conn)
         self._progress_loaded = False
-        # a new run: its phases are named (run, phase), never those of an earlier run
-        self._run_id, self._phase = secrets.randbits(63), 0
+        self._resume = None
         self._whole = self._read_at = None
         self._read_since_open = False
 
@@ -582,34 +606,61 @@ class MySQLSender(Sender):
                          f"this capturer's is {self.epoch} (another capturer took over)")
 
     def resume_key(self) -> StreamKey | None:
-        """The key of the last transaction the target holds whole, read from
-        ``<meta_database>.position`` (``position.whole_key``), or None (no position
-        there yet, or ``meta_database`` empty). Rows after it may be partly there:
-        keyed ones converge when applied again, those of tables without keys are
-        skipped by ``<meta_database>.applied``. Called after ``open()`` and before a
-        retried batch (the base drops what is at or below it)."""
+        """The key of the last transaction the target holds whole, read from the sender's
+        rows of ``<meta_database>.lanes`` (``position.Resume``), or None (nothing there
+        yet, or ``meta_database`` empty). Also keeps what the target holds of the last
+        phase: of the changes after the key that the stream hands again, ``send`` skips
+        exactly those the target has and completes the others lane by lane. Called after
+        ``open()`` and before a retried batch (the base drops what is at or below it)."""
         if not self.meta_db:
             return None
         conn = self.workers[0].connect()
         try:
             with conn.cursor() as cur:
                 cur.execute(position.select_sql(self.meta_db), (self.name,))
-                rows = [position.Row.from_db(r) for r in cur.fetchall()]
+                rows = cur.fetchall()
+                legacy = None
+                if not rows:
+                    legacy = self._legacy_key(cur)
             conn.commit()
         except pymysql.err.MySQLError as exc:
             self.workers[0].drop()
             raise _classify(exc, "reading the position") from exc
-        key = position.whole_key(rows)
+        try:
+            resume = position.Resume.read(rows, legacy)
+        except (ValueError, KeyError, TypeError, IndexError, zlib.error) as exc:
+            raise SinkError(f"sender {self.name}: {self.meta_db}.{position.LANES} holds a position that cannot be "
+                            f"read ({exc}); to re-apply from the checkpoint (converging), delete the sender's rows: "
+                            f"DELETE FROM {quote_ident(self.meta_db)}.`{position.LANES}` WHERE sender = "
+                            f"'{self.name}'", retriable=False) from exc
+        key = resume.key
+        self._phase = max(self._phase, resume.phase)
+        self._resume = resume if resume.manifest is not None and resume.manifest.start is not None else None
         if not self._read_since_open:
             self._read_since_open = True
             self._read_at = key
             if key is not None:
-                log.info("sender %s: the target holds the stream up to %s (%s.position)", self.name, key,
-                         self.meta_db)
-        # what this run committed since is at the target too (it is written with the next phase)
-        if key is not None and (self._whole is None or key > self._whole):
+                pending = resume.pending()
+                log.info("sender %s: the target holds the stream up to %s (%s.%s)%s", self.name, key, self.meta_db,
+                         position.LANES, f", and of phase {resume.phase} all but {sum(pending.values())} change(s) "
+                         f"on {len(pending)} lane(s)" if pending else "")
+        if not resume.complete:
+            self._whole = key  # (the phase in flight failed: nothing after its start is known whole)
+        elif key is not None and (self._whole is None or key > self._whole):
             self._whole = key
         return self._whole
+
+    def _legacy_key(self, cur: Any) -> StreamKey | None:
+        """The position the previous design kept (``<meta_database>.position``), for a
+        target that has no lane rows yet (upgraded): the stream is handed again after
+        it and what follows converges, as it did then."""
+        try:
+            cur.execute(position.legacy_select_sql(self.meta_db), (self.name,))
+        except pymysql.err.MySQLError as exc:
+            if exc.args and exc.args[0] == ER_NO_SUCH_TABLE:
+                return None
+            raise
+        return position.legacy_whole_key(cur.fetchall())
 
     def _load_progress(self) -> None:
         self.progress = {}
@@ -646,7 +697,10 @@ class MySQLSender(Sender):
         try:
             if not self._progress_loaded:
                 self._load_progress()
-            self._send(batch)
+            start = (0, 0)
+            if self._resume is not None:
+                start = self._recover(batch)
+            self._send(batch, start)
         except BaseException:
             self._progress_loaded = False  # a partial batch may have committed: re-read
             raise
@@ -654,20 +708,100 @@ class MySQLSender(Sender):
             self.progress.update(self.progress_after_commit)
             self.progress_after_commit = {}
 
-    def _send(self, batch: list[Txn]) -> None:
-        """Place the batch's changes phase by phase. A phase is applied by the workers
-        while the next one is placed (conflict keys, groups: computing only, nothing
-        sent); it is handed to them only after the one before has committed, so
-        phases never overlap at the target. Barriers (a change linking two groups,
-        a DDL) end a phase early.
+    def _recover(self, batch: list[Txn]) -> tuple[int, int]:
+        """The stream hands again the changes of the target's last phase
+        (``self._resume``): skip those the target holds, apply the others on the lanes
+        that had them, each from where it stopped, as that same phase (its lane rows
+        say how far each got, so a crash meanwhile resumes further on), and return
+        where the changes after the phase begin: (transaction, seq) in ``batch``. A
+        mismatch (the stream is not what the phase recorded) falls back to applying
+        the batch again from its start (the previous design: keyed rows converge)."""
+        r = self._resume
+        assert r is not None and r.manifest is not None
+        todo: dict[int, list[tuple[int, int, int]]] = {}  # lane -> [(txn, seq, place in the lane's share)]
+        skipped = 0
+        beyond: tuple[int, int] | None = None
+        for ti, txn in enumerate(batch):
+            if txn.ddl is not None:  # (a DDL is a phase of its own: past the last one)
+                beyond = (ti, 0)
+                break
+            total = len(txn.changes)
+            for seq in range(total):
+                got = r.find(txn.commit_ts, txn.region, total, seq)
+                if got is True or (isinstance(got, position.Place) and got.committed):
+                    skipped += 1
+                elif got is False:
+                    beyond = (ti, seq)
+                    break
+                elif got is None:
+                    self.count("position_mismatches")
+                    log.warning("sender %s: the stream handed again is not what phase %d of the target's position "
+                                "recorded (transaction %s of %s with %d change(s)); was the filter changed? Applying "
+                                "the batch again from its start: keyed rows converge, rows of tables without keys "
+                                "are skipped by %s.applied", self.name, r.phase, txn.commit_ts, txn.region, total,
+                                self.meta_db)
+                    self._resume = None
+                    return (0, 0)
+                else:
+                    todo.setdefault(got.lane, []).append((ti, seq, got.pos))
+            if beyond is not None:
+                break
+        self.count("resume_skips", skipped)
+        if todo:
+            blob = r.blob
+            futures: list[Future[int]] = []
+            for lane, items in sorted(todo.items()):
+                ops: list[Op] = []
+                units: list[list[Op]] = []
+                last_txn = -1
+                for ti, seq, pos in items:
+                    txn = batch[ti]
+                    ch = txn.changes[seq]
+                    op = Op((txn.commit_ts, txn.region, seq), ch, *self._target(ch), pos)
+                    if self.atomic and ti == last_txn:
+                        units[-1].append(op)
+                    else:
+                        units.append([op])
+                    last_txn = ti
+                    ops.append(op)
+                mark = LaneMark(r.phase, lane, blob)
+                futures.append(self.workers[lane % self.n].submit(units, self.atomic, mark))
+            try:
+                self._wait_phase(futures)
+            finally:
+                for f in futures:
+                    try:
+                        f.result()
+                    except BaseException:
+                        pass
+            for lane, items in todo.items():
+                r.done[lane] = max(r.done.get(lane, 0), items[-1][2] + 1)
+                self.count("resume_applied", len(items))
+            log.info("sender %s: phase %d completed where the target lacked it: %d change(s) on %d lane(s), %d "
+                     "skipped (at the target)", self.name, r.phase, sum(len(v) for v in todo.values()), len(todo),
+                     skipped)
+        if not r.pending():
+            self._advance(r.manifest.whole)
+        if beyond is None:
+            return (len(batch), 0)
+        self._resume = None
+        return beyond
 
-        Each worker with a share of a phase writes its position row with the share's
-        last rows (``position.Mark``: the phase's name and size, the key known whole
-        when it was handed out, and the key of the last transaction all of whose rows
-        it or an earlier phase holds); ``_whole`` moves once a phase has committed."""
+    def _send(self, batch: list[Txn], start: tuple[int, int] = (0, 0)) -> None:
+        """Place the batch's changes from ``start`` (transaction, seq) on phase by phase.
+        A phase is applied by the workers while the next one is placed (conflict keys,
+        groups, the manifest: computing only, nothing sent); it is handed to them only
+        after the one before has committed, so phases never overlap at the target.
+        Barriers (a change linking two groups, a DDL) end a phase early.
+
+        Each worker writes its lane's row with every chunk of its share
+        (``position``: the phase, how much of the share is committed, the manifest);
+        ``_whole`` moves once a phase has committed."""
         causality = Causality()
         lanes: dict[int, list[list[Op]]] = {}
         placed = [0]
+        keep = bool(self.meta_db)
+        placer: list[position.Placer | None] = [None]
         # the key of the last transaction whose every row is placed (in this phase or before)
         placed_whole: list[StreamKey | None] = [self._whole]
         # phases handed out: their futures and the key each makes whole
@@ -686,24 +820,42 @@ class MySQLSender(Sender):
                 futures: list[Future[int]] = []
                 in_flight.append((futures, placed_whole[0]))
                 self.count("phases")
-                mark = self._mark(len(lanes), placed_whole[0])
+                blob = b""
+                p = placer[0]
+                if p is not None:
+                    m = p.manifest
+                    self._phase += 1
+                    m.phase, m.before, m.whole = self._phase, self._whole, placed_whole[0]
+                    blob = m.encode()
                 for w, units in lanes.items():  # each listed as soon as it is submitted
+                    mark = LaneMark(self._phase, w, blob) if p is not None else None
                     futures.append(self.workers[w].submit(units, self.atomic, mark))
                 lanes.clear()
             causality.reset()
             placed[0] = 0
+            placer[0] = None
 
-        def place(keys: list[str], unit: list[Op]) -> None:
+        def place(keys: list[str], unit: list[Op], total: int) -> None:
             group = causality.place(keys)
             if group is None:  # the keys link two groups
                 self.count("barriers")
                 flush()
                 group = causality.place(keys)
                 assert group is not None
-            lanes.setdefault(stable_hash(group) % self.n, []).append(unit)
+            w = stable_hash(group) % self.n
+            lanes.setdefault(w, []).append(unit)
+            if keep:
+                p = placer[0]
+                if p is None:
+                    # (numbered when handed out, after the phase in flight: see flush)
+                    p = placer[0] = position.Placer(0, None)
+                for op in unit:
+                    op.pos = p.add(op.ident[0], op.ident[1], total, op.ident[2], w)
 
         try:
-            for txn in batch:
+            for ti in range(start[0], len(batch)):
+                txn = batch[ti]
+                first = start[1] if ti == start[0] else 0
                 key = stream_key(txn)
                 if txn.ddl is not None:
                     flush()
@@ -711,21 +863,24 @@ class MySQLSender(Sender):
                     self._apply_ddl(txn.ddl, key)
                     placed_whole[0] = key
                     continue
+                total = len(txn.changes)
                 if self.atomic:  # one target transaction: the whole source transaction at once
                     ops = [Op((txn.commit_ts, txn.region, i), ch, *self._target(ch))
-                           for i, ch in enumerate(txn.changes)]
+                           for i, ch in enumerate(txn.changes) if i >= first]
                     if ops:
                         keys = [k for op in ops for k in conflict_keys(op.ch, op.db, op.table)]
-                        place(keys, ops)
+                        place(keys, ops, total)
                         placed[0] += len(ops)
                 else:
                     ts, region, tdb = txn.commit_ts, txn.region, self.target_db
                     for i, ch in enumerate(txn.changes):  # a spilled transaction is read chunk by chunk
+                        if i < first:
+                            continue
                         if placed[0] >= self.phase_rows:  # bounded memory; the next phase is placed meanwhile
                             flush()
                         s = ch.schema
                         op = Op((ts, region, i), ch, tdb or s.db, s.table)
-                        place(conflict_keys(ch, op.db, op.table), [op])
+                        place(conflict_keys(ch, op.db, op.table), [op], total)
                         placed[0] += 1
                 placed_whole[0] = key
                 if placed[0] >= self.phase_rows:
@@ -742,13 +897,6 @@ class MySQLSender(Sender):
                         f.result()
                     except BaseException:
                         pass
-
-    def _mark(self, parts: int, whole: StreamKey | None) -> position.Mark | None:
-        """The next phase's position row (None without ``meta_database``)."""
-        if not self.meta_db:
-            return None
-        self._phase += 1
-        return position.Mark(self._run_id, self._phase, parts, self._whole, whole)
 
     def _advance(self, whole: StreamKey | None) -> None:
         """Every transaction up to ``whole`` is committed at the target."""
@@ -787,7 +935,7 @@ class MySQLSender(Sender):
 
     def _apply_ddl(self, ddl: Ddl, key: StreamKey) -> None:
         """Apply ``ddl`` (its stream key ``key``) on worker 0, every phase before it
-        committed, then write its position (worker 0's row, a phase of one) in a
+        committed, then write its position (lane 0's row, a phase without changes) in a
         transaction of its own: MySQL commits a DDL implicitly, so the two cannot share
         one (a crash in between applies it again: "already applied" is skipped)."""
         if self.options["ddl"] == "skip":
@@ -802,7 +950,10 @@ class MySQLSender(Sender):
             return
         use, sql = plan
         w = self.workers[0]
-        mark = self._mark(1, key)
+        mark: LaneMark | None = None
+        if self.meta_db:
+            self._phase += 1
+            mark = LaneMark(self._phase, 0, position.Manifest(self._phase, self._whole, key).encode())
 
         def run() -> None:
             conn = w.connect()
@@ -831,7 +982,7 @@ class MySQLSender(Sender):
                 self.count("ddl_applied")
                 if mark is not None:
                     with conn.cursor() as cur:
-                        cur.execute(position.upsert_sql(self.meta_db), mark.params(self.name, w.index))
+                        cur.execute(position.upsert_sql(self.meta_db), (self.name, 0, mark.phase, 0, mark.manifest))
                     conn.commit()
             except BaseException as exc:
                 err = _classify(exc, f"applying DDL {sql[:200]!r}")
