@@ -24,11 +24,14 @@ class FatalSourceError(SourceError):
 
 
 class SinkError(CapturerError):
-    """A sender could not deliver. ``retriable`` says whether trying again may help."""
+    """A sender could not deliver. ``retriable`` says whether trying again may help;
+    ``poll`` (seconds), that it waits for something that ends on its own (a lock
+    another process holds): tried again that often, without the growing back-off."""
 
-    def __init__(self, msg: str, retriable: bool = True):
+    def __init__(self, msg: str, retriable: bool = True, poll: float | None = None):
         super().__init__(msg)
         self.retriable = retriable
+        self.poll = poll
 
 
 #: every Fenced message says it (it crosses a sender process's pipe as text)

@@ -192,10 +192,13 @@ class Sender:
                     raise
                 self.retries += 1
                 self.state = "retrying"
-                log.warning("sender %s: %s failed (%s); retrying in %.1fs", self.name, what, exc, delay)
-                if self._stop.wait(delay) or not self._wait_while_paused():
+                wait = delay if exc.poll is None else exc.poll
+                if exc.poll is None or self.retries == 1 or self.retries % 50 == 0:
+                    log.warning("sender %s: %s failed (%s); retrying in %.1fs", self.name, what, exc, wait)
+                if self._stop.wait(wait) or not self._wait_while_paused():
                     return False
-                delay = min(delay * 2, self.max_backoff)
+                if exc.poll is None:
+                    delay = min(delay * 2, self.max_backoff)
 
     def _send_once_more(self, batch: list[Txn], first: list[bool]) -> None:
         """One attempt at a batch. A retry sends only what the destination does not

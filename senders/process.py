@@ -26,7 +26,7 @@ between batches, at most once a second, ``["hk"]`` for a sender that has
 housekeeping of its own (the Spark sender's compaction); ``["key"]`` before a
 batch is retried (the destination's position, ``resume_key()``); ``["close"]``
 at the end. Child -> capturer, one answer per open, per batch, per ``hk`` and
-per ``key``: ``["ok", status extras]`` or ``["err", retriable, message]``. The
+per ``key``: ``["ok", status extras]`` or ``["err", retriable, message, poll]``. The
 open message carries the checkpoint's ``resume_state`` (a seventh element) and the
 sender's name when it is not its type (an eighth: an applier's ``<name>.mysql``); the
 extras of its answer hold ``resume_key``, those of a batch's answer the sender's
@@ -161,7 +161,8 @@ class ProcessSender(Sender):
             self.close()
             raise SinkError(f"the sender's process answered {v!r:.80}")
         if v[0] == "err":
-            raise SinkError(str(v[2]), retriable=bool(v[1]))
+            poll = v[3] if len(v) > 3 and isinstance(v[3], (int, float)) else None
+            raise SinkError(str(v[2]), retriable=bool(v[1]), poll=poll)
         if len(v) > 1 and isinstance(v[1], dict):
             extras = dict(v[1])
             if "resume_key" in extras:
@@ -253,7 +254,7 @@ class ProcessSender(Sender):
 # --- the child process ----------------------------------------------------------
 def _err(exc: BaseException) -> list[Any]:
     if isinstance(exc, SinkError):
-        return ["err", exc.retriable, str(exc)]
+        return ["err", exc.retriable, str(exc), exc.poll]
     return ["err", False, f"{type(exc).__name__}: {exc}"]
 
 

@@ -254,8 +254,10 @@ class LocalSender(Sender):
                 holder = os.read(fd, 64).decode(errors="replace").strip() or "?"
             finally:
                 os.close(fd)
+            # (polled every 0.2 s: the writer, once it stops, frees the file at once; a takeover must not
+            # then sit in a growing back-off)
             raise SinkError(f"{self.path} is being written by another process (pid {holder}, {lock}): waiting for "
-                            "it to stop") from None
+                            "it to stop", poll=0.2) from None
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
         self._lock_fd = fd

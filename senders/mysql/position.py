@@ -89,6 +89,23 @@ def fence_read_sql(meta_db: str, lock: bool) -> str:
     return f"SELECT epoch FROM {quote_ident(meta_db)}.`fence` WHERE sender = %s" + (" LOCK IN SHARE MODE" if lock else "")
 
 
+def sessions_create_sql(meta_db: str) -> str:
+    """High availability: ``<meta_database>.sessions``, the target connections of each
+    capturer (by epoch), so that a new active one can end a deposed one's (frozen,
+    holding the fence row in open transactions) instead of waiting for them. ``boot``:
+    when the server started (connection ids start again at a restart)."""
+    return (f"CREATE TABLE IF NOT EXISTS {quote_ident(meta_db)}.`sessions` (sender VARCHAR(200) NOT NULL, "
+            "boot BIGINT NOT NULL, conn_id BIGINT UNSIGNED NOT NULL, epoch BIGINT UNSIGNED NOT NULL, "
+            "updated TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6) ON UPDATE CURRENT_TIMESTAMP(6), "
+            "PRIMARY KEY (sender, boot, conn_id)) DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin")
+
+
+def session_register_sql(meta_db: str) -> str:
+    """This connection's row (parameters: sender, boot, epoch)."""
+    return (f"INSERT INTO {param_ident(meta_db)}.`sessions` (sender, boot, conn_id, epoch) "
+            "VALUES (%s, %s, CONNECTION_ID(), %s) ON DUPLICATE KEY UPDATE epoch = VALUES(epoch)")
+
+
 def create_sql(meta_db: str) -> str:
     """The ``lanes`` table (no parameters: the name is not %-escaped)."""
     return (

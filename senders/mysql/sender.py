@@ -224,6 +224,8 @@ class Worker:
                         # so the new active's claim waits that long at most, not the default 8 hours
                         cur.execute(f"SET SESSION wait_timeout = {int(self.s.idle_limit) + 5}, "
                                     "innodb_lock_wait_timeout = 10")
+                    if self.s.sessions_kept:
+                        self.s.register_session(cur)
                 conn.commit()
             except pymysql.err.MySQLError as exc:
                 raise _classify(exc, f"connect to {o['host']}:{o['port']}") from exc
@@ -497,6 +499,7 @@ class MySQLSender(Sender):
         self.target_db = options["database"] or None
         self.meta_db = options["meta_database"] or ""
         self.lane_commit_sql = position.upsert_sql(self.meta_db) + ";\nCOMMIT" if self.meta_db else ""
+        self.sessions_kept = False  # high availability: <meta_database>.sessions exists (connections noted)
         # high availability: the active capturer's epoch (the fencing token; 0 = no HA), and how long a
         # connection may sit idle (its server-side wait_timeout, a little above)
         self.epoch = int(options.get("ha_epoch") or 0)
@@ -551,6 +554,7 @@ class MySQLSender(Sender):
                     cur.execute(position.create_sql(self.meta_db))
                     if self.epoch:
                         cur.execute(position.fence_create_sql(self.meta_db))
+                        cur.execute(position.sessions_create_sql(self.meta_db))
                 conn.commit()
             except pymysql.err.MySQLError as exc:
                 err = _classify(exc, f"creating {self.meta_db}.applied and .lanes on the target")
@@ -562,6 +566,16 @@ class MySQLSender(Sender):
                             self.name, err)
                 self.meta_db = ""
         if self.epoch:
+            if self.meta_db and not self.sessions_kept:
+                try:
+                    with conn.cursor() as cur:
+                        self.register_session(cur)  # (worker 0 connected before the table existed)
+                    conn.commit()
+                except pymysql.err.MySQLError as exc:
+                    self.workers[0].drop()
+                    raise _classify(exc, f"registering the connection in {self.meta_db}.sessions") from exc
+                self.sessions_kept = True
+            self._end_deposed_sessions(conn)
             self._claim_fence(conn)
         self._progress_loaded = False
         self._resume = None
@@ -569,6 +583,60 @@ class MySQLSender(Sender):
         self._read_since_open = False
 
     # --- high availability: the fence row ------------------------------------
+    def register_session(self, cur: Any) -> None:
+        """Note this connection in ``<meta_database>.sessions`` with this capturer's epoch
+        (a new active capturer ends a deposed one's connections: ``_end_deposed_sessions``)."""
+        cur.execute(position.session_register_sql(self.meta_db), (self.name, self._server_boot(cur), self.epoch))
+
+    @staticmethod
+    def _server_boot(cur: Any) -> int:
+        """When the target server started (its clock): connection ids are counted from then."""
+        cur.execute("SHOW GLOBAL STATUS LIKE 'Uptime'")
+        row = cur.fetchone()
+        cur.execute("SELECT UNIX_TIMESTAMP()")
+        (now,) = cur.fetchone()
+        return int(now) - int(row[1]) if row else 0
+
+    def _end_deposed_sessions(self, conn: pymysql.connections.Connection) -> None:
+        """Before claiming the fence row: end the target connections of every capturer of
+        an older epoch (``KILL CONNECTION``). A deposed capturer that is frozen (SIGSTOP,
+        a paused VM) holds the fence row in the open transactions of its chunks; killed,
+        they roll back at once, so the claim (and so this capturer's writes) need not wait
+        for its connections to time out. A capturer that comes back finds its connection
+        gone, and then the fence row with a newer epoch than its own."""
+        if not self.meta_db:
+            return
+        t0 = time.monotonic()
+        ended = 0
+        try:
+            with conn.cursor() as cur:
+                cur.execute(f"SELECT conn_id, boot FROM {quote_ident(self.meta_db)}.`sessions` "
+                            "WHERE sender = %s AND epoch < %s", (self.name, self.epoch))
+                rows = cur.fetchall()
+                boot = self._server_boot(cur)
+                cur.execute("SELECT CONNECTION_ID()")
+                (mine,) = cur.fetchone()
+                for conn_id, at in rows:
+                    if abs(int(at) - boot) > 5 or int(conn_id) == int(mine):
+                        continue  # (a connection of before the server's restart: its id means another now)
+                    try:
+                        cur.execute(f"KILL CONNECTION {int(conn_id)}")
+                        ended += 1
+                    except pymysql.err.MySQLError as exc:
+                        if not exc.args or exc.args[0] != 1094:  # (1094: gone already)
+                            log.warning("sender %s: cannot end connection %s of a deposed capturer: %s", self.name,
+                                        conn_id, exc)
+                cur.execute(f"DELETE FROM {quote_ident(self.meta_db)}.`sessions` WHERE sender = %s AND epoch < %s",
+                            (self.name, self.epoch))
+            conn.commit()
+        except pymysql.err.MySQLError as exc:
+            self.workers[0].drop()
+            raise _classify(exc, f"ending a deposed capturer's connections ({self.meta_db}.sessions)") from exc
+        if ended:
+            self.count("deposed_sessions_ended", ended)
+            log.info("sender %s: ended %d target connection(s) of a deposed capturer (%.2f s)", self.name, ended,
+                     time.monotonic() - t0)
+
     def _claim_fence(self, conn: pymysql.connections.Connection) -> None:
         """Write this capturer's epoch into ``<meta_database>.fence`` (never lowering
         it): from its commit on, a capturer with an older epoch has every chunk it

@@ -120,6 +120,40 @@ def test_retry_does_not_ack_until_delivered() -> None:
     s.join()
 
 
+class LockedSender(Sender):
+    """Waits for a lock another process holds (as the file sender does during a takeover)."""
+
+    max_backoff = 10.0
+
+    def __init__(self, fails: int) -> None:
+        super().__init__("locked", {})
+        self.fails = fails
+        self.tries: list[float] = []
+
+    def open(self) -> None:
+        from capturer.errors import SinkError
+
+        self.tries.append(time.monotonic())
+        if len(self.tries) <= self.fails:
+            raise SinkError("being written by another process", poll=0.05)
+
+
+def test_waiting_for_a_lock_polls_instead_of_backing_off() -> None:
+    """An error that says it polls (``SinkError.poll``) is tried again at that pace, not
+    after a back-off growing to ``max_backoff``: the file sender writes as soon as a
+    deposed capturer frees its lock (with back-off, the 6th try would come ~6 s late)."""
+    s = LockedSender(fails=6)
+    s.start(0)
+    deadline = time.time() + 5
+    while len(s.tries) < 7 and time.time() < deadline:
+        time.sleep(0.01)
+    assert len(s.tries) == 7 and s.retries == 6
+    gaps = [b - a for a, b in zip(s.tries, s.tries[1:])]
+    assert max(gaps) < 1.0 and s.tries[-1] - s.tries[0] < 2.0, gaps
+    s.stop()
+    s.join()
+
+
 def test_spark_sender_refuses_a_column_named_like_lake_metadata(tmp_path: Path) -> None:
     import pytest
 
