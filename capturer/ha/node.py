@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import logging
 import os
 import re
@@ -46,6 +47,7 @@ from typing import Any
 from capturer.config import AppConfig
 from capturer.errors import FENCED_MARK, CapturerError, CheckpointError, ConfigError, Fenced
 from capturer.ha.coord import CoordinationError, CoordinationRefused, Coordinator, pack_state, unpack_state
+from capturer.ha.keeper import LOST, LeaseKeeper
 from capturer.ops.status import StatusServer
 from capturer.pipeline.checkpoint import Checkpoint
 from capturer.regions import journal
@@ -55,6 +57,7 @@ log = logging.getLogger(__name__)
 
 POLL = 0.5  # how often a standby looks at the leader key (seconds)
 DEFER_ENV = "CAPTURER_HA_DEFER_UNTIL"  # a node that handed over waits until then before campaigning
+STEPDOWN_ENV = "CAPTURER_HA_STEP_DOWNS"  # this node's unplanned step-downs, across its re-executions
 MAX_STATE = 1_000_000  # bytes (etcd's default request limit is 1.5 MiB)
 COMPACT_EVERY = 300.0  # seconds: the active compacts etcd's history up to the revision it saw this long ago
 
@@ -121,6 +124,13 @@ class HaNode:
         self._handover = threading.Event()
         self._ka_stop = threading.Event()
         self.lease_renewals = 0
+        self.keeper: LeaseKeeper | None = None
+        # unplanned step-downs of this node (kept across its re-executions: STEPDOWN_ENV)
+        self.step_downs: dict[str, Any] = {}
+        try:
+            self.step_downs = dict(json.loads(os.environ.pop(STEPDOWN_ENV, "") or "{}"))
+        except (ValueError, TypeError):
+            pass
         self._journal_lock = threading.Lock()
         self._journal_coord = Coordinator(self.hc.endpoints, self.hc.name, self.hc.lease_seconds)
         try:
@@ -140,6 +150,8 @@ class HaNode:
             "lease_seconds": self.hc.lease_seconds,
             "lease_remaining_seconds": round(GUARD.remaining(), 2) if self.role == "active" else None,
             "lease_renewals": self.lease_renewals,
+            "step_downs": int(self.step_downs.get("count", 0)),
+            "last_step_down": self.step_downs.get("last"),
             "members": self.members,
             "last_takeover": self.takeovers[-1] if self.takeovers else None,
             "takeovers": self.takeovers[-10:],
@@ -302,44 +314,54 @@ class HaNode:
         return min(1.0, 0.2 * self.hc.lease_seconds)
 
     def _keepalive(self) -> None:
+        """Keep the lease from the keeper process (capturer/ha/keeper.py: renewals that a
+        busy interpreter cannot starve; the guard reads them from the file they share)
+        and watch: a lost or lapsed lease steps this node down; every few rounds, the
+        members' list and etcd's compaction (nothing there is urgent)."""
         every = max(0.2, self.hc.lease_seconds / 4)
         ka = Coordinator(self.hc.endpoints, self.hc.name, self.hc.lease_seconds)  # its own connection
-        ka.epoch, lease = self.epoch, self.coord.lease_id
-        quiet_until = 0.0
+        ka.epoch = self.epoch
+        keeper = LeaseKeeper(self.hc.endpoints, self.hc.name, self.hc.lease_seconds, self.coord.lease_id,
+                             self.epoch, self._margin(), GUARD.remaining() + time.monotonic())
+        GUARD.attach(keeper.shared, LOST)
+        keeper.start()
+        self.keeper = keeper
         n = 0
+        quiet_until = 0.0
         compact_at, next_compact = 0, time.monotonic() + COMPACT_EVERY
-        while not self._ka_stop.wait(every):
-            try:
-                until = ka.refresh(lease)
-                if until is None:
-                    GUARD.lose("etcd says its lease expired")
+        try:
+            while not self._ka_stop.wait(every):
+                self.lease_renewals = keeper.shared.renewals()
+                if GUARD.lost:
                     break
-                GUARD.extend(until - self._margin())
-                self.lease_renewals += 1
-                got = ka.leader()
-                if got is None or got[1] != self.epoch:
-                    GUARD.lose("the leader key is gone or another capturer's" if got is None or got[1] != self.epoch
-                               else "")
-                    break
-                n += 1
-                if n % 4 == 1:
-                    ka.register(self.id, self._record("active"))
-                    self.members = ka.members()
-                if time.monotonic() >= next_compact:  # keep etcd's history short: compact what is old
-                    if compact_at:
-                        ka.compact(compact_at)
-                    compact_at, next_compact = ka.revision, time.monotonic() + COMPACT_EVERY
-                self.etcd_error = ""
-            except CoordinationError as exc:
-                self.etcd_error = str(exc)
                 if GUARD.remaining() <= 0:
-                    GUARD.lose(f"etcd unreachable for the lease's length ({exc})")
+                    GUARD.lose("its lease ran out before it could be renewed")
                     break
-                if time.monotonic() >= quiet_until:
-                    log.warning("ha: renewing the lease: %s (the lease holds %.1f s more)", exc, GUARD.remaining())
-                    quiet_until = time.monotonic() + 10
-            if GUARD.lost:
-                break
+                if not keeper.alive() and not self._ka_stop.is_set():
+                    log.warning("ha: the lease keeper process ended (code %s); starting it again",
+                                keeper.proc.returncode if keeper.proc else None)
+                    if keeper.starts >= 5:
+                        GUARD.lose(LOST[4])
+                        break
+                    keeper.start()
+                n += 1
+                try:
+                    if n % 4 == 1:
+                        ka.register(self.id, self._record("active"))
+                        self.members = ka.members()
+                    if time.monotonic() >= next_compact:  # keep etcd's history short: compact what is old
+                        if compact_at:
+                            ka.compact(compact_at)
+                        compact_at, next_compact = ka.revision, time.monotonic() + COMPACT_EVERY
+                    self.etcd_error = ""
+                except CoordinationError as exc:
+                    self.etcd_error = str(exc)
+                    if time.monotonic() >= quiet_until:
+                        log.warning("ha: etcd: %s (the lease holds %.1f s more)", exc, GUARD.remaining())
+                        quiet_until = time.monotonic() + 10
+        finally:
+            if GUARD.lost or self._ka_stop.is_set():
+                keeper.stop()
         if GUARD.lost and not self._ka_stop.is_set():
             self.step_down(GUARD.lost)
 
@@ -354,6 +376,8 @@ class HaNode:
             logging.shutdown()
             os._exit(1)
         log.error("ha: %s steps down: %s; nothing more is written; it starts again as a standby", self.id, why)
+        self.step_downs = {"count": int(self.step_downs.get("count", 0)) + 1,
+                           "last": {"at": round(time.time(), 3), "epoch": self.epoch, "why": why or "stepped down"}}
         try:  # a lease still running (a destination said another took over): let it go now
             Coordinator(self.hc.endpoints, self.hc.name, self.hc.lease_seconds, timeout=1).revoke(self.coord.lease_id)
         except CoordinationError:
@@ -368,6 +392,8 @@ class HaNode:
                 pass
         if defer:
             os.environ[DEFER_ENV] = str(defer)
+        if self.step_downs:
+            os.environ[STEPDOWN_ENV] = json.dumps(self.step_downs)
         logging.shutdown()
         sys.stdout.flush()
         sys.stderr.flush()

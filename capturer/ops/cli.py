@@ -144,6 +144,8 @@ def render(url: str, d: dict[str, Any], health: dict[str, Any], old: dict[str, A
                    f"active: {h.get('id', 'none')}   last takeover: "
                    + (f"{time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(last['at']))} UTC ({last.get('from')} -> "
                       f"{last.get('to')})" if last.get("at") else "none")
+                   + (f"   step-downs: {ha['step_downs']} (last: {(ha.get('last_step_down') or {}).get('why')})"
+                      if ha.get("step_downs") else "")
                    + (f"   etcd: {ha['etcd']['error']}" if (ha.get("etcd") or {}).get("error") else ""))
     if ha.get("role") == "standby":
         return "\n".join(out)

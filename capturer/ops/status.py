@@ -237,6 +237,8 @@ def _ha_metrics(ha: dict[str, Any]) -> Iterator[Any]:
     g = GaugeMetricFamily("capturer_ha_etcd_up", "0 while the last call to etcd failed")
     g.add_metric([], 0 if (ha.get("etcd") or {}).get("error") else 1)
     yield g
+    yield CounterMetricFamily("capturer_ha_step_downs", "times this capturer lost its lease unplanned and stepped "
+                              "down (a handover or a stop is not one)", value=int(ha.get("step_downs") or 0))
 
 
 def _verify_metrics(v: dict[str, Any]) -> Iterator[Any]:

@@ -16,8 +16,16 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Protocol
 
 from capturer.errors import Fenced
+
+
+class LeaseSource(Protocol):
+    """Where the lease's renewals land when another process makes them (capturer/ha/keeper.py):
+    (valid until on the monotonic clock, 0 or why it is lost)."""
+
+    def read(self) -> tuple[float, int]: ...
 
 
 class LeaseGuard:
@@ -25,38 +33,67 @@ class LeaseGuard:
         self.armed = False
         self.epoch = 0
         self._valid_until = 0.0
-        self.lost = ""  # why the lease is gone ("" while it is held)
+        self._lost = ""  # why the lease is gone ("" while it is held)
         self._lock = threading.Lock()
+        self._source: LeaseSource | None = None
+        self._reasons: dict[int, str] = {}
+
+    def attach(self, source: LeaseSource | None, reasons: dict[int, str] | None = None) -> None:
+        """Read renewals (and a loss) from ``source`` at every check, as well as ``extend``."""
+        self._source, self._reasons = source, dict(reasons or {})
+
+    def _sync(self) -> None:
+        src = self._source
+        if src is None:
+            return
+        until, state = src.read()
+        if until > self._valid_until and not self._lost:
+            self._valid_until = until
+        if state and self.armed and not self._lost:
+            self._lost = self._reasons.get(state, f"lost ({state})")
+
+    @property
+    def lost(self) -> str:
+        """Why the lease is gone ("" while it is held)."""
+        self._sync()
+        return self._lost
+
+    @lost.setter
+    def lost(self, why: str) -> None:
+        self._lost = why
 
     def arm(self, epoch: int, valid_until: float) -> None:
         with self._lock:
-            self.armed, self.epoch, self._valid_until, self.lost = True, epoch, valid_until, ""
+            self.armed, self.epoch, self._valid_until, self._lost = True, epoch, valid_until, ""
 
     def extend(self, valid_until: float) -> None:
         with self._lock:
-            if not self.lost:
+            if not self._lost:
                 self._valid_until = max(self._valid_until, valid_until)
 
     def lose(self, why: str) -> None:
         with self._lock:
-            if self.armed and not self.lost:
-                self.lost = why
+            if self.armed and not self._lost:
+                self._lost = why
 
     def disarm(self) -> None:
         with self._lock:
-            self.armed, self.epoch, self.lost = False, 0, ""
+            self.armed, self.epoch, self._lost = False, 0, ""
+            self._source = None
 
     def remaining(self) -> float:
+        self._sync()
         return self._valid_until - time.monotonic()
 
     def check(self, what: str) -> None:
         """Raise Fenced if this process may no longer write (``what``: who asks)."""
         if not self.armed:
             return
-        if self.lost:
-            raise Fenced(f"{what}: not written: this capturer is no longer the active one ({self.lost})")
+        self._sync()
+        if self._lost:
+            raise Fenced(f"{what}: not written: this capturer is no longer the active one ({self._lost})")
         if time.monotonic() >= self._valid_until:
-            self.lost = "its lease ran out before it could be renewed"
+            self._lost = "its lease ran out before it could be renewed"
             raise Fenced(f"{what}: not written: this capturer's lease (epoch {self.epoch}) ran out")
 
 

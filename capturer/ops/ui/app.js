@@ -293,6 +293,7 @@
       haEl.className = "badge " + (ha.role === "active" ? "ok" : "wait");
       haEl.title = "group " + ha.name + " · this capturer: " + ha.id + " · last takeover: " +
         (last ? new Date(last.at * 1000).toLocaleString() + " (" + (last.from || "none") + " → " + last.to + ")" : "none") +
+        (ha.step_downs ? " · step-downs: " + ha.step_downs + " (last: " + ((ha.last_step_down || {}).why || "") + ")" : "") +
         ((ha.etcd || {}).error ? " · etcd: " + ha.etcd.error : "");
     }
     if (ha.role === "standby") {  // a standby runs no pipeline: nothing else to show
