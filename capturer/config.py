@@ -268,6 +268,9 @@ POSTGRES_KEYS = [
         doc="send MySQL DDL for new and changed tables (CREATE TABLE on first sight, ALTER TABLE, TRUNCATE)"),
     Key("toast_fill", p_bool, True,
         doc="read unchanged TOASTed values (absent from the log under REPLICA IDENTITY DEFAULT) from the table"),
+    Key("toast_wait_ms", p_int(0, 600_000), 5000,
+        doc="how long a TOAST fill waits for its transaction to become visible to other sessions (it can be "
+            "delivered before: under load, or a synchronous standby) before it reads anyway"),
     Key("snapshot", p_choice("never", "initial", "when_needed"), "never",
         doc="copy the published tables the filter selects: never; initial (on a first start); when_needed (also "
             "when the checkpoint's changes are gone from the slot: each table is emptied downstream first)"),
@@ -301,6 +304,7 @@ class PostgresRegionConfig:
     sslmode: str = "prefer"
     ddl: bool = True
     toast_fill: bool = True
+    toast_wait_ms: int = 5000
     snapshot: str = "never"
     snapshot_workers: int = 2
     snapshot_chunk_rows: int = 20_000

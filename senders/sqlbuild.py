@@ -27,17 +27,22 @@ identifier is doubled), or literals (``literal=True``).
   lost, where the upsert converges. With parameters (``literal=False``):
   ``UPDATE ... WHERE <old key>`` (for a target known to hold the row). A table
   without a key: ``UPDATE ... LIMIT 1`` either way (its snapshot copy is a
-  TRUNCATE plus its rows, so the target always holds it).
+  TRUNCATE plus its rows, so the target always holds it). A partial image
+  (``RowChange.absent``: columns left out) is always the ``UPDATE``: an insert
+  would make the absent columns up (NULL or their defaults).
 * delete -> ``DELETE ... WHERE <key>``
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from functools import lru_cache
 from typing import Any
 
 from capturer.model import RowChange, TableSchema
+
+log = logging.getLogger(__name__)
 from capturer.model.encode import quote_ident, sql_literal, sql_param
 
 Stmt = tuple[str, list[Any]]  # (text, parameters)
@@ -156,7 +161,7 @@ def build(ch: RowChange, target_db: str | None = None, literal: bool = False) ->
         return t.insert([ch], upsert=bool(s.pk))
     if ch.op == "delete":
         return t.delete(ch)
-    if literal and s.pk and ch.after is not None and all(c in ch.after for c in s.pk):
+    if literal and s.pk and ch.after is not None and all(c in ch.after for c in s.pk) and not ch.absent:
         # converges whether or not the target already holds the old row (see above)
         sql, _ = t.insert([ch], upsert=True)
         before, after = ch.before or {}, ch.after
@@ -164,3 +169,22 @@ def build(ch: RowChange, target_db: str | None = None, literal: bool = False) ->
             sql = f"{t.delete(ch)[0]}; {sql}"
         return sql, []
     return t.update(ch)
+
+
+def skip_partial(ch: RowChange, count: Callable[[str, int], None], why: str) -> bool:
+    """Whether an update its ``UPDATE ... WHERE <old key>`` could not apply (``why``: no
+    row at the old key, or its new key taken) must be left out instead of inserted or
+    replaced: its image leaves columns out (``RowChange.absent``), and inserting it
+    would make them up. Counted (``partial_skipped``) and logged with the table and
+    key. A PostgreSQL region sends such an image only for a row deleted or moved by a
+    later transaction, which then carries the row's newer state (a delete, or a whole
+    image at its next key): leaving it out converges; anything else is repaired by
+    copying the table again (docs/regions-postgresql.md)."""
+    absent = ch.absent
+    if not absent:
+        return False
+    count("partial_skipped", 1)
+    key = {c: (ch.after or {}).get(c) for c in ch.schema.pk}
+    log.warning("an update of %s.%s (new key %s) leaves out column(s) %s and %s: not inserted (their values are not "
+                "known); partial_skipped counts it", ch.schema.db, ch.schema.table, key, ", ".join(absent), why)
+    return True

@@ -427,6 +427,18 @@ class RowChange:
         return self.schema.table
 
     @property
+    def absent(self) -> tuple[str, ...]:
+        """Columns of the table an update's new image leaves out (a partial image: an
+        unchanged TOASTed value of a PostgreSQL row gone since, a MySQL
+        ``binlog_row_image=MINIMAL``); () for a whole image, an insert or a delete.
+        A column left out is not NULL: its value is unknown, and no sender makes one up."""
+        after = self.after
+        cols = self.schema.columns
+        if self.op != "update" or after is None or len(after) == len(cols):
+            return ()
+        return tuple(c for c in cols if c not in after)
+
+    @property
     def image(self) -> dict[str, Any]:
         """The row as it is after the change (the before image for a delete)."""
         img = self.after if self.after is not None else self.before

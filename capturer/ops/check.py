@@ -753,11 +753,34 @@ def _postgres_source(region: Any, rc: PostgresRegionConfig, out: Outcome) -> Non
                                     f"may not read {', '.join(unreadable[:5])}"
                                     + (f" ({len(unreadable) - 5} more)" if len(unreadable) > 5 else "")
                                     + f": GRANT SELECT ON ... TO {quote_pg(user)}")
+        _toast_advice(region, rc, out)
         if not out.problems:
             out.detail = f"PostgreSQL {version}, wal_level {wal_level}, role {user}" + \
                 (f", slot {slot}" if rows else "")
     finally:
         region._after_attempt()
+
+
+def _toast_advice(region: Any, rc: PostgresRegionConfig, out: Outcome) -> None:
+    """Published tables under REPLICA IDENTITY DEFAULT with columns PostgreSQL may TOAST:
+    an update that leaves such a value unchanged does not log it, and the region reads
+    it back from the table (``toast_fill``); REPLICA IDENTITY FULL logs it with the old
+    row (docs/regions-postgresql.md weighs the two)."""
+    tables = [f"{db}.{t}" for db, t in region._query(
+        "SELECT p.schemaname::text, p.tablename::text FROM pg_publication_tables p "
+        "JOIN pg_namespace n ON n.nspname = p.schemaname JOIN pg_class c ON c.relnamespace = n.oid "
+        "AND c.relname = p.tablename WHERE p.pubname = %s AND c.relreplident = 'd' AND EXISTS (SELECT 1 FROM "
+        "pg_attribute a WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped AND a.attlen = -1 "
+        "AND a.attstorage <> 'p') ORDER BY 1, 2", (rc.publication,)) if region.ctx.table_selected(db, t)]
+    if not tables:
+        return
+    names = ", ".join(tables[:5]) + (f" ({len(tables) - 5} more)" if len(tables) > 5 else "")
+    fill = ("the region reads them back from the table by key once the transaction is visible (toast_fill)"
+            if rc.toast_fill else "toast_fill = false: those changes leave the values out")
+    out.notes.append(f"{region.where}: {names}: REPLICA IDENTITY DEFAULT with columns PostgreSQL may TOAST: an update "
+                     f"that leaves such a value unchanged does not log it; {fill}. ALTER TABLE ... REPLICA IDENTITY "
+                     "FULL logs it with the old row (no read back; more WAL per update and delete: see "
+                     "docs/regions-postgresql.md)")
 
 
 def _baikal_source(rc: BaikalRegionConfig, out: Outcome, timeout: float) -> None:

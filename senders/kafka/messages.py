@@ -156,6 +156,11 @@ def canal_message(txn: Txn, seq: int, ch: RowChange, op: str) -> bytes:
 
 
 def sql_message(txn: Txn, seq: int, ch: RowChange, op: str) -> bytes:
+    if ch.absent:
+        # a partial image (columns left out) is UPDATE ... WHERE <old key> (``build``), both halves of a key
+        # change alike (the second changes nothing): a DELETE then an INSERT would lose the absent values
+        sql, _ = build(ch, literal=True)
+        return sql.encode()
     if op == "d" and ch.op != "delete":  # the delete half of a key change
         ch = RowChange(ch.schema, "delete", ch.before, None)
     elif op == "c" and ch.op not in ("insert", "read"):

@@ -130,10 +130,12 @@ def apply_change(state: State, d: dict[str, Any], counter: list[int]) -> None:
     if not d.get("pk"):
         _keyless(t, d["before"], d["after"], counter)
         return
-    if d["before"] is not None:
-        t.pop(_key(d, d["before"]), None)
-    if d["after"] is not None:
-        t[_key(d, d["after"])] = d["after"]
+    old = t.pop(_key(d, d["before"]), None) if d["before"] is not None else None
+    after = d["after"]
+    if after is not None:
+        # an update's image may leave columns out (an unchanged TOASTed value of a PostgreSQL row
+        # gone since, a MySQL binlog_row_image=MINIMAL): they keep the values the row had
+        t[_key(d, after)] = {**old, **after} if old is not None and d["op"] == "update" else after
 
 
 def rebuild(changes: Iterator[dict[str, Any]]) -> State:

@@ -75,6 +75,7 @@ from capturer.regions.base import (
 )
 from capturer.regions.postgresql import pgoutput as po
 from capturer.regions.postgresql import types as pgt
+from capturer.regions.postgresql.snapshot import PgSnapshot
 from capturer.regions.postgresql.types import PgType, Unrepresentable, pg_time_to_unix_us, pg_type
 from capturer.regions.snaphost import SnapshotHostMixin
 from capturer.util import fencing
@@ -315,6 +316,13 @@ class PostgresRegion(SnapshotHostMixin, ClockedRegion):
         self.unrepresentable = 0
         self.toast_filled = 0
         self.toast_missing = 0
+        self.toast_waits = 0  # transactions whose fill waited for them to become visible
+        self.toast_wait_ms = 0.0  # how long those waits took, in all
+        self.toast_wait_timeouts = 0  # waits given up after toast_wait_ms (the fill read anyway)
+        # the visibility of the transaction being decoded, checked once for all its fills (_await_visible)
+        self._snapshot_fn = "pg_current_snapshot()"
+        self._last_snap: PgSnapshot | None = None
+        self._xid_checked: int | None = None
         self.ddl_sent = 0
         self._warned: set[tuple[str, str]] = set()
         self.rels_known: dict[int, RelDef] = {}  # relid -> the definition the targets were given
@@ -381,9 +389,13 @@ class PostgresRegion(SnapshotHostMixin, ClockedRegion):
         """Check the server, publication and slot; the LSN to start after."""
         import psycopg
 
-        (wal_level, self._block, self._segment), = self._query(
+        (wal_level, self._block, self._segment, version), = self._query(
             "SELECT current_setting('wal_level'), current_setting('wal_block_size')::int, "
-            "(SELECT setting::bigint FROM pg_settings WHERE name = 'wal_segment_size')")
+            "(SELECT setting::bigint FROM pg_settings WHERE name = 'wal_segment_size'), "
+            "current_setting('server_version_num')::int")
+        # pg_current_snapshot() is PostgreSQL 13's name for txid_current_snapshot() (as in snapshot.py)
+        self._snapshot_fn = "pg_current_snapshot()" if int(version) >= 130000 else "txid_current_snapshot()"
+        self._last_snap, self._xid_checked = None, None
         if wal_level != "logical":
             raise FatalSourceError(
                 f"{self.where}: wal_level is {wal_level!r}; logical decoding needs wal_level = logical "
@@ -924,12 +936,66 @@ class PostgresRegion(SnapshotHostMixin, ClockedRegion):
                 raise po.ProtocolError(f"{self.where}: a binary value in {rel.db}.{rel.table}")
         return out, unchanged
 
-    def fill_toast(self, rel: RelDef, row: dict[str, Any], cols: list[str], tup: po.Tuple) -> None:
+    def _await_visible(self, xid: int) -> bool:
+        """Wait until transaction ``xid`` (delivered: it committed) is visible to new
+        snapshots of the ordinary connection; False if it is not after ``toast_wait_ms``.
+
+        PostgreSQL's walsender sends a transaction once its commit record is flushed,
+        which can be before the committing backend leaves the ProcArray (under CPU
+        load, for a while; a synchronous standby holds it there until it answers).
+        A read in that window sees the row as it was before the transaction: no row at
+        a new key, the old value of a column. So the fill first takes a snapshot
+        (``pg_current_snapshot()``) and checks ``xid`` against it as the snapshot
+        engine's chunk reads do (``PgSnapshot.visible``: not in progress, below xmax);
+        once a snapshot sees it, every later one does (a completed transaction never
+        comes back into the ProcArray), so the fill's own read, a later statement,
+        sees it too. Checked once per transaction (the answer is kept for its other
+        rows), and not at all when the last snapshot taken already sees it (a
+        capturer behind the source). Waits are counted in ``toast_waits`` and
+        ``toast_wait_ms``; one given up in ``toast_wait_timeouts`` (with a warning)."""
+        if xid == self._xid_checked:
+            return True
+        if self._last_snap is not None and self._last_snap.visible(xid):
+            self._xid_checked = xid
+            return True
+        started = time.monotonic()
+        deadline = started + self.cfg.toast_wait_ms / 1000.0
+        delay, waited = 0.0005, False
+        while True:
+            (text,), = self._query(f"SELECT {self._snapshot_fn}::text")
+            self._last_snap = snap = PgSnapshot.parse(str(text))
+            if snap.visible(xid):
+                break
+            if not waited:
+                waited = True
+                self.toast_waits += 1
+            if time.monotonic() >= deadline or self.ctx.stop.wait(delay):
+                self.toast_wait_ms += (time.monotonic() - started) * 1000.0
+                if not self.ctx.stop.is_set():
+                    self.toast_wait_timeouts += 1
+                    log.warning("%s: transaction %d stayed invisible to other sessions for %d ms after it was "
+                                "delivered (a synchronous standby that does not answer?): its unchanged TOASTed "
+                                "values are read anyway (toast_wait_ms)", self.where, xid, self.cfg.toast_wait_ms)
+                self._xid_checked = xid  # (once per transaction: its other rows do not wait again)
+                return False
+            delay = min(delay * 2, 0.02)
+        if waited:
+            self.toast_wait_ms += (time.monotonic() - started) * 1000.0
+        self._xid_checked = xid
+        return True
+
+    def fill_toast(self, rel: RelDef, row: dict[str, Any], cols: list[str], tup: po.Tuple, xid: int) -> None:
         """Unchanged TOASTed values (not in the log under REPLICA IDENTITY DEFAULT): read
-        from the table by key. The row's current value: the same one unless a later
-        transaction changed it, and then that transaction carries the newer value too.
-        A row gone since keeps the columns out of the image (senders then leave
-        them as they are)."""
+        from the table by the row's new key, once transaction ``xid`` (the one being
+        decoded) is visible to the read (``_await_visible``: never before, or a row
+        that exists would look gone). The value read is the row's current one: the
+        same one unless a later transaction changed it, and then that transaction
+        carries the newer value too. A row deleted or moved to another key since
+        (by a later transaction, which the stream delivers after this one) keeps the
+        columns out of the image and counts in ``toast_missing``; so does a read that
+        fails (the table or a column renamed, dropped or retyped since), and every
+        such update when ``toast_fill`` is off or the table has no primary key.
+        Senders never make up values for columns left out (docs/senders.md)."""
         texts = {c.name: text for c, (kind, text) in zip(rel.columns, tup) if kind == po.TEXT}
         if not self.cfg.toast_fill or not rel.pk or not all(k in texts for k in rel.pk):
             self.toast_missing += 1
@@ -942,6 +1008,7 @@ class PostgresRegion(SnapshotHostMixin, ClockedRegion):
         keyvals = [texts[k] for k in rel.pk]
         import psycopg
 
+        self._await_visible(xid)
         try:
             got = self._query(f"SELECT {sel} FROM {quote_pg(rel.db)}.{quote_pg(rel.table)} WHERE {where} LIMIT 1",
                               keyvals)
@@ -1027,6 +1094,9 @@ class PostgresRegion(SnapshotHostMixin, ClockedRegion):
             "unrepresentable_values": self.unrepresentable,
             "toast_filled": self.toast_filled,
             "toast_missing": self.toast_missing,
+            "toast_waits": self.toast_waits,
+            "toast_wait_ms": round(self.toast_wait_ms, 1),
+            "toast_wait_timeouts": self.toast_wait_timeouts,
             "ddl_sent": self.ddl_sent,
         })
         snap = self.snapshot_status()
@@ -1098,7 +1168,7 @@ class _TxnBuilder:
                 old, _ = r.image(rel, m.old, only_present=m.old_kind == "K")
             after, unchanged = r.image(rel, m.new, old if m.old_kind == "O" else None)
             if unchanged:
-                r.fill_toast(rel, after, unchanged, m.new)
+                r.fill_toast(rel, after, unchanged, m.new, self.begin.xid)
             before = old if old is not None else {k: after[k] for k in rel.pk if k in after}
             ch = RowChange(rel.schema, "update", before, after)
         self.changes.append(ch, self.begin.xid)
