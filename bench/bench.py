@@ -1897,6 +1897,16 @@ def main() -> int:
                             "capturer -> mysql, values as parameters and no placing during apply; ratio to this release")
                     finally:
                         msender._sql_tuples, msender.MySQLSender.phase_rows = real_tuples, real_phase
+                if "atomic" in only:  # whole source transactions, with the lanes' exact position and without it
+                    for name, extra_cfg in (("mysql-atomic", "txn_atomic=true\n"),
+                                            ("mysql-atomic-nopos", "txn_atomic=true\nmeta_database=\n"),
+                                            ("mysql-atomic-2", "txn_atomic=true\n")):
+                        reset_target(target)
+                        e2e(name, mysql_cfg + extra_cfg, total, results["mysql"]["rows_per_s"],
+                            f"capturer -> mysql, {extra_cfg.strip().replace(chr(10), ', ')}; ratio to rows")
+                    pos = (results["mysql-atomic"]["rows_per_s"] + results["mysql-atomic-2"]["rows_per_s"]) / 2
+                    rep.add("txn_atomic: the lanes' position (rows per commit) vs no position (A-B-A)", pos,
+                            results["mysql-atomic-nopos"]["rows_per_s"])
                 if "senderprocs" in only:
                     reset_target(target)
                     e2e("mysql-proc", with_procs(mysql_cfg), total, results["mysql"]["rows_per_s"],
