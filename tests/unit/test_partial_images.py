@@ -6,12 +6,16 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
+from types import SimpleNamespace
 from typing import Any, cast
 
 import pymysql
 import pytest
 
 from capturer.model import LsnPosition, RowChange, TableSchema, Txn
+from capturer.regions.postgresql.region import PostgresRegion
+from capturer.regions.postgresql.snapshot import PgSnapshot
 from senders.kafka.messages import change_events, sql_message
 from senders.local.replay import rebuild
 from senders.mysql.sender import Op, Worker
@@ -143,3 +147,42 @@ def test_file_replay_keeps_the_absent_columns_of_a_row_it_holds() -> None:
                line("update", {"id": 3}, {"id": 3, "n": 1, "big": None})]
     state = rebuild(iter(json.loads(json.dumps(c)) for c in changes))
     assert state[("d", "t")] == {(2,): {"id": 2, "n": 5, "big": "B"}, (3,): {"id": 3, "n": 1, "big": None}}
+
+
+class FakeRegion:
+    """What ``PostgresRegion._await_visible`` uses: snapshots answered from a list."""
+
+    def __init__(self, snapshots: list[str], wait_ms: int = 200):
+        self.snapshots, self.queries = snapshots, 0
+        self.cfg = SimpleNamespace(toast_wait_ms=wait_ms)
+        self.ctx = SimpleNamespace(stop=threading.Event())
+        self.where = "region pg"
+        self._snapshot_fn = "pg_current_snapshot()"
+        self._last_snap: PgSnapshot | None = None
+        self._xid_checked: int | None = None
+        self.toast_waits, self.toast_wait_ms, self.toast_wait_timeouts = 0, 0.0, 0
+
+    def _query(self, sql: str, params: Any = None) -> list[tuple[Any, ...]]:
+        assert sql == "SELECT pg_current_snapshot()::text"
+        self.queries += 1
+        return [(self.snapshots.pop(0) if len(self.snapshots) > 1 else self.snapshots[0],)]
+
+    def visible(self, xid: int) -> bool:
+        return PostgresRegion._await_visible(cast(Any, self), xid)
+
+
+def test_the_toast_fill_waits_once_per_transaction_until_it_is_visible() -> None:
+    """A transaction in progress in the snapshot (its commit record sent, not visible
+    yet) is looked at again until it is not; the answer holds for its other rows, and
+    a later transaction the last snapshot already sees costs no query at all."""
+    r = FakeRegion(["100:102:100", "100:102:100", "101:101:"])  # xid 100 in progress twice, then done
+    assert r.visible(100) and r.queries == 3
+    assert r.toast_waits == 1 and r.toast_wait_ms > 0 and r.toast_wait_timeouts == 0
+    assert r.visible(100) and r.queries == 3  # its next rows: no query
+    r.snapshots = ["105:105:"]
+    assert r.visible(99) and r.queries == 3  # below the last snapshot's xmin: seen already
+    assert r.visible(103) and r.queries == 4 and r.toast_waits == 1  # newer: one look, visible at once
+    r = FakeRegion(["100:100:"])  # at xmax: not completed yet in that snapshot
+    assert r.visible(100) is False and r.toast_wait_timeouts == 1 and r.toast_waits == 1
+    assert 150 <= r.toast_wait_ms < 2000
+    assert r.visible(100) and r.queries > 1  # (given up once for the transaction: its other rows do not wait)

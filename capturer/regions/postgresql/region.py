@@ -952,7 +952,8 @@ class PostgresRegion(SnapshotHostMixin, ClockedRegion):
         sees it too. Checked once per transaction (the answer is kept for its other
         rows), and not at all when the last snapshot taken already sees it (a
         capturer behind the source). Waits are counted in ``toast_waits`` and
-        ``toast_wait_ms``; one given up in ``toast_wait_timeouts`` (with a warning)."""
+        ``toast_wait_ms``; one given up in ``toast_wait_timeouts`` (with a warning;
+        the transaction's other rows then read at once: True)."""
         if xid == self._xid_checked:
             return True
         if self._last_snap is not None and self._last_snap.visible(xid):
