@@ -212,32 +212,42 @@ class Manifest:
 
 class Placer:
     """Builds a phase's manifest while the sender places its changes, with each
-    change's place in its lane's share."""
+    change's place in its lane's share (kept cheap: it runs once per change)."""
 
-    __slots__ = ("manifest", "counts")
+    __slots__ = ("phase", "before", "_txns", "_cur", "lanes", "counts")
 
-    def __init__(self, phase: int, before: StreamKey | None):
-        self.manifest = Manifest(phase, before, None)
-        self.counts: dict[int, int] = {}
+    def __init__(self, phase: int, before: StreamKey | None, threads: int = 256):
+        self.phase, self.before = phase, before
+        self._txns: list[list[Any]] = []
+        self._cur: list[Any] | None = None  # the entry of the transaction being placed
+        self.lanes = bytearray()
+        self.counts = [0] * threads
 
-    def add(self, commit_ts: int, region: str, total: int, seq: int, lane: int) -> int:
-        m = self.manifest
-        t = m.txns[-1] if m.txns else None
-        if t is not None and t[0] == commit_ts and t[1] == region and t[4] == seq:
-            m.txns[-1] = (t[0], t[1], t[2], t[3], seq + 1)
+    def add(self, commit_ts: int, region: str, total: int, seq: int, lane: int, n: int = 1) -> int:
+        """Hand out changes ``seq .. seq + n - 1`` of a transaction on ``lane`` (stream
+        order); the place in the lane's share of the first."""
+        cur = self._cur
+        if cur is not None and cur[4] == seq and cur[0] == commit_ts and cur[1] == region:
+            cur[4] = seq + n
         else:
-            m.txns.append((commit_ts, region, total, seq, seq + 1))
-        ident = (commit_ts, region, seq)
-        if m.start is None:
-            m.start = ident
-        m.end = ident
-        m.lanes.append(lane)
-        pos = self.counts.get(lane, 0)
-        self.counts[lane] = pos + 1
+            self._cur = cur = [commit_ts, region, total, seq, seq + n]
+            self._txns.append(cur)
+        if n == 1:
+            self.lanes.append(lane)
+        else:
+            self.lanes.extend(bytes((lane,)) * n)
+        pos = self.counts[lane]
+        self.counts[lane] = pos + n
         return pos
 
+    def manifest(self, whole: StreamKey | None) -> Manifest:
+        txns = [(t[0], t[1], t[2], t[3], t[4]) for t in self._txns]
+        first, last = txns[0], txns[-1]
+        return Manifest(self.phase, self.before, whole, (first[0], first[1], first[3]), (last[0], last[1], last[4] - 1),
+                        txns, self.lanes)
+
     def __len__(self) -> int:
-        return len(self.manifest.lanes)
+        return len(self.lanes)
 
 
 @dataclass(slots=True)

@@ -24,9 +24,10 @@ idempotent by SQL: their rows go through one worker in order, and the identity
 ``(commit_ts, region, seq)`` of the last applied row is stored per table in
 ``<meta_database>.applied`` in the same transaction, so a replay skips them.
 
-``txn_atomic=true`` applies each source transaction as one target transaction
-(whole transactions are routed by the union of their keys), so readers never
-see half a transaction, at the cost of smaller statements and more commits.
+``txn_atomic=true`` applies whole source transactions only: each target
+transaction holds one or more of them, never a part (whole transactions are
+routed by the union of their keys; consecutive ones of a worker go together up
+to ``commit_rows`` rows), so readers never see half a transaction.
 
 **The position in the target** (``senders.mysql.position``; issue 30: nothing
 applied twice after ``kill -9`` or a retried batch). Every worker with a share
@@ -245,13 +246,20 @@ class Worker:
         return self.pool.submit(self.apply, units, atomic, mark)
 
     def apply(self, units: list[list[Op]], atomic: bool, mark: LaneMark | None = None) -> int:
-        """Apply and commit, in chunks (a unit each with ``atomic``, else ``commit_rows``
-        rows); a deadlock or lock timeout is retried here, at once: the chunk that failed
+        """Apply and commit, in chunks (with ``atomic`` whole units, as many as fit in
+        ``commit_rows`` rows, a bigger one alone; else ``commit_rows`` rows); a deadlock or lock timeout is retried here, at once: the chunk that failed
         was rolled back, and the chunks committed before it are not applied again.
         ``mark``: the lane's row, written in the transaction of every chunk (how much of
         the lane's share is committed: exactly what the target holds)."""
         if atomic:
-            chunks = units
+            # whole source transactions only: consecutive units together up to commit_rows rows (a bigger
+            # one alone), so that small transactions do not cost a target commit (and a lane row) each
+            chunks: list[list[Op]] = []
+            for unit in units:
+                if chunks and len(chunks[-1]) + len(unit) <= self.s.commit_rows:
+                    chunks[-1].extend(unit)
+                else:
+                    chunks.append(list(unit))
         else:
             ops = [op for unit in units for op in unit]
             chunks = [ops[i : i + self.s.commit_rows] for i in range(0, len(ops), self.s.commit_rows)]
@@ -891,10 +899,9 @@ class MySQLSender(Sender):
                 blob = b""
                 p = placer[0]
                 if p is not None:
-                    m = p.manifest
                     self._phase += 1
-                    m.phase, m.before, m.whole = self._phase, self._whole, placed_whole[0]
-                    blob = m.encode()
+                    p.phase, p.before = self._phase, self._whole
+                    blob = p.manifest(placed_whole[0]).encode()
                 for w, units in lanes.items():  # each listed as soon as it is submitted
                     mark = LaneMark(self._phase, w, blob) if p is not None else None
                     futures.append(self.workers[w].submit(units, self.atomic, mark))
@@ -916,9 +923,12 @@ class MySQLSender(Sender):
                 p = placer[0]
                 if p is None:
                     # (numbered when handed out, after the phase in flight: see flush)
-                    p = placer[0] = position.Placer(0, None)
-                for op in unit:
-                    op.pos = p.add(op.ident[0], op.ident[1], total, op.ident[2], w)
+                    p = placer[0] = position.Placer(0, None, self.n)
+                head = unit[0].ident
+                pos = p.add(head[0], head[1], total, head[2], w, len(unit))
+                for op in unit:  # (a unit: consecutive changes of one transaction)
+                    op.pos = pos
+                    pos += 1
 
         try:
             for ti in range(start[0], len(batch)):

@@ -47,8 +47,7 @@ def phase_of(changes: list[tuple[int, str, int, int, int]], before: StreamKey | 
     p = Placer(number, before)
     for ts, region, total, seq, lane in changes:
         p.add(ts, region, total, seq, lane)
-    p.manifest.whole = whole
-    return p.manifest
+    return p.manifest(whole)
 
 
 def test_the_manifest_round_trips_and_places_each_change_in_its_lanes_share() -> None:
