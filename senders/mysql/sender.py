@@ -78,7 +78,7 @@ from capturer.util.ini import Key, p_bool, p_choice, p_float, p_int, p_nonempty,
 from senders.base import Sender
 from senders.mysql import position
 from senders.mysql.causality import Causality, conflict_keys, stable_hash
-from senders.sqlbuild import Render, Stmt, Table, converted, param_ident
+from senders.sqlbuild import Render, Stmt, Table, converted, param_ident, skip_partial
 
 log = logging.getLogger(__name__)
 
@@ -432,10 +432,11 @@ class Worker:
             self._update_one_by_one(cur, run)
             return
         if head.keyed:
-            missing = [op for op, n in zip(run, counts) if n == 0]
+            missing = [op for op, n in zip(run, counts)
+                       if n == 0 and not skip_partial(op.ch, self.s.count, "found no row at its old key")]
             if missing:
                 # no row at the old key: the target is ahead (a replay) or lost it;
-                # upserting the new image converges either way
+                # upserting the new image converges either way (a whole one: a partial one is skipped)
                 self.s.count("upsert_fallbacks", len(missing))
                 self._insert(cur, missing)
 
@@ -448,11 +449,13 @@ class Worker:
             except pymysql.err.IntegrityError as exc:
                 if exc.args[0] != ER_DUP_ENTRY:
                     raise
+                if skip_partial(op.ch, self.s.count, "its new key is taken"):
+                    continue  # (the target holds a row there already: never replaced by a partial one)
                 self.s.count("replace_fallbacks", 1)
                 cur.execute(*t.delete(op.ch))
                 self._insert(cur, [op], verb="REPLACE")
                 continue
-            if n == 0:
+            if n == 0 and not skip_partial(op.ch, self.s.count, "found no row at its old key"):
                 self.s.count("upsert_fallbacks", 1)
                 self._insert(cur, [op])
 

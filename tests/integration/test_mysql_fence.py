@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import pymysql
 import pytest
 
 from capturer.errors import SinkError
@@ -62,7 +63,7 @@ def test_a_new_active_ends_a_frozen_deposed_capturers_transactions_instead_of_wa
     assert new.counters["deposed_sessions_ended"] >= 1
 
     # the frozen one wakes: its transaction is gone (rolled back), and it may write nothing more
-    with pytest.raises(Exception):
+    with pytest.raises(pymysql.err.MySQLError):
         conn.commit()
     with pytest.raises(SinkError):
         old.send([txn(12, 4, "late")])
