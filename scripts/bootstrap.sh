@@ -1,7 +1,8 @@
 # Sourced by start.sh, tests/run.sh and bench/run.sh (POSIX sh).
 # Makes sure a virtualenv exists in .venv with this project installed, and
 # (when NEED_MARIADB=1) that mariadbd is installed, (when NEED_POSTGRES=1) PostgreSQL, (when NEED_CHROMIUM=1)
-# Chromium, (when NEED_IPROUTE=1, as root) iproute2. Idempotent and quick when
+# Chromium, (when NEED_IPROUTE=1, as root) iproute2, (when NEED_KAFKA=1) a Java runtime, Maven and the jars of
+# the private Apache Kafka broker (devtools/local_kafka.py, resolved once from Maven Central into a cache). Idempotent and quick when
 # nothing changed.
 
 ROOT=${ROOT:-$(pwd)}
@@ -93,6 +94,20 @@ case ",$EXTRAS," in
             apt_install openjdk-17-jre-headless || exit 1
         fi ;;
 esac
+
+# the private Apache Kafka broker of the tests, the full demo and the bench (devtools/local_kafka.py):
+# java runs it, mvn resolves its jars from Maven Central once (cached; later starts resolve nothing)
+if [ "${NEED_KAFKA:-0}" = "1" ]; then
+    if ! command -v java >/dev/null 2>&1; then
+        echo "bootstrap: installing a Java runtime for Apache Kafka (java not found)" >&2
+        apt_install openjdk-17-jre-headless || exit 1
+    fi
+    if ! command -v mvn >/dev/null 2>&1; then
+        echo "bootstrap: installing maven (resolves Apache Kafka's jars)" >&2
+        apt_install maven || exit 1
+    fi
+    "$VENV/bin/python" -m devtools.local_kafka --fetch >/dev/null || exit 1
+fi
 
 # PostgreSQL regions' tests and benchmarks start private servers (initdb + postgres with wal_level=logical)
 if [ "${NEED_POSTGRES:-0}" = "1" ]; then

@@ -13,10 +13,72 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from devtools.local_kafka import Broker  # noqa: F401  (the tests' broker)
+from devtools.local_kafka import Broker
 from devtools.local_mariadb import MariaDBInstance, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+class SharedBroker(Broker):
+    """The one Apache Kafka broker (JVM) of a pytest run, lent to tests that do not break it.
+
+    ``kill()`` and ``stop()`` give it back (they do nothing), so a test written for a broker of its own
+    can take this one unchanged; ``shutdown()`` ends it (at the end of the run). A test that stops,
+    kills, pauses or restarts its broker starts a ``Broker()`` of its own instead."""
+
+    def kill(self) -> None:
+        pass
+
+    def stop(self, timeout: float = 60) -> None:
+        pass
+
+    def shutdown(self) -> None:
+        Broker.kill(self)
+        Broker.cleanup(self)
+
+    def cleanup(self) -> None:
+        self.shutdown()
+
+
+_SHARED: list[SharedBroker] = []
+
+
+def shared_broker() -> SharedBroker:
+    """The run's shared broker, started at the first call and emptied at each: every topic but Kafka's
+    own (``__*``) and every consumer group deleted, so a test sees only what it writes itself."""
+    if _SHARED and _SHARED[0].proc is not None and _SHARED[0].proc.poll() is None:
+        empty_broker(_SHARED[0].servers)
+        return _SHARED[0]
+    if _SHARED:
+        _SHARED.pop().shutdown()
+    _SHARED.append(SharedBroker().start())
+    return _SHARED[0]
+
+
+def empty_broker(servers: str, timeout: float = 60) -> None:
+    """Delete every topic but the broker's own and every consumer group; return once metadata shows none."""
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": servers})
+    groups = [g.group_id for g in admin.list_consumer_groups(request_timeout=30).result(timeout).valid]
+    if groups:
+        for f in admin.delete_consumer_groups(groups, request_timeout=30).values():
+            try:
+                f.result(timeout)
+            except Exception:
+                pass  # (a group of a consumer left running by a failed test; its topics go anyway)
+    topics = [t for t in admin.list_topics(timeout=30).topics if not t.startswith("__")]
+    if topics:
+        for f in admin.delete_topics(topics, operation_timeout=30).values():
+            try:
+                f.result(timeout)
+            except Exception:
+                pass  # (already gone)
+    deadline = time.monotonic() + timeout
+    while any(not t.startswith("__") for t in admin.list_topics(timeout=30).topics):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the shared broker still has topics {topics} after deleting them")
+        time.sleep(0.1)
 
 
 def start_servers(tmp: Path, n: int, **kw: Any) -> list[MariaDBInstance]:

@@ -1,6 +1,6 @@
 #!/bin/sh
 # The one test command: sets everything up on a fresh machine (virtualenv, Python packages, mariadb-server,
-# postgresql, etcd-server, chromium, a Java runtime for Spark and, as root, iproute2 via apt-get where missing), then runs
+# postgresql, etcd-server, chromium, a Java runtime for Spark and Apache Kafka, Maven (Kafka's jars) and, as root, iproute2 via apt-get where missing), then runs
 # the unit and integration tests. Lint (ruff) runs first, in seconds, before anything heavy is installed;
 # the type check (mypy) right after the project is installed, before the servers. Extra arguments go to pytest:
 #   sh tests/run.sh -k merger        sh tests/run.sh --runslow  (every slow case too)
@@ -24,7 +24,7 @@ echo "tests/run.sh: mypy" >&2
 "$VENV/bin/mypy" || { echo "tests/run.sh: mypy failed" >&2; exit 1; }
 
 # 3. the servers the integration tests start privately, then the tests
-NEED_MARIADB=1 NEED_POSTGRES=1 NEED_CHROMIUM=1 NEED_IPROUTE=1 NEED_ETCD=1
-export NEED_MARIADB NEED_POSTGRES NEED_CHROMIUM NEED_IPROUTE NEED_ETCD
+NEED_MARIADB=1 NEED_POSTGRES=1 NEED_CHROMIUM=1 NEED_IPROUTE=1 NEED_ETCD=1 NEED_KAFKA=1
+export NEED_MARIADB NEED_POSTGRES NEED_CHROMIUM NEED_IPROUTE NEED_ETCD NEED_KAFKA
 . "$ROOT/scripts/bootstrap.sh" || { echo "tests/run.sh: set-up failed" >&2; exit 1; }
 exec "$VENV/bin/python" -m pytest tests "$@"

@@ -15,8 +15,8 @@ in order.
 * a ``TRUNCATE`` (a snapshot's, or the source's) also goes to the table's own
   topic, in every partition, without a key: Debezium's ``op: "t"`` in json,
   Canal's ``TRUNCATE`` in canal, the statement in sql, a DDL change in protobuf.
-* delivery: ``acks=all``; confluent-kafka's producer is idempotent, kafka-python's
-  is not (see _KafkaPython) and keeps one request in flight. A batch is acknowledged
+* delivery: ``acks=all``; both clients' producers are idempotent (kafka-python's
+  since 2026-11-27, see _KafkaPython) and kafka-python's keeps one request in flight. A batch is acknowledged
   only when the broker has acknowledged every message in it. On failure the
   producer is dropped and the batch sent again by a new one.
 * no duplicates (``read_back=true``, the default; senders/kafka/positions.py): before
@@ -30,14 +30,14 @@ in order.
   transaction's rows may be in some partitions and not yet in others, so the
   skipping is per partition, not per transaction. Once the replayed part is past
   (the transaction in hand is above every mark) nothing is checked per message.
-  Left: kafka-python's own retry of a request whose answer was lost (its producer
-  is not idempotent) writes that request twice (measured:
-  tests/integration/test_kafka_exactly_once.py::test_lost_produce_answers); the
+  A client's own retry of a request whose answer was lost is deduplicated by the
+  broker (idempotent producers; measured:
+  tests/integration/test_kafka_exactly_once.py::test_lost_produce_answers). The
   topics must have this sender as their only writer; see the manual (Senders: Kafka).
 
   Why not a transactional producer (``client=confluent``)? Its atomicity needs a
-  broker that enforces transactions (Tansu, our test broker, does not: aborted
-  records stay visible), so it could not be verified here; it would add a
+  broker that enforces transactions (Tansu, our test broker until 2026-11-27, did
+  not: aborted records stayed visible; issue 45 brings them on Apache Kafka); it would add a
   commit round trip per batch; consumers would need ``isolation.level=
   read_committed``; and after ``kill -9`` the replayed batch would still be written
   again (a new producer aborts the open transaction, but the stream replays from
@@ -194,16 +194,16 @@ class _KafkaPython(_Client):
         self._read = _ConfluentReader(servers) if _confluent_available() else None
         self.servers = servers
         common = {"bootstrap_servers": servers.split(","), "request_timeout_ms": 15000}
-        # Not idempotent: kafka-python's idempotent producer lost acknowledged
-        # messages across broker restarts in our probe (tests/chaos/
-        # tansu_durability.py: 298 of 150,000 after 9 graceful restarts; none
-        # without idempotence). One request in flight keeps the order of a
-        # partition through retries (so a partition holds a prefix of what was
-        # sent to it, which the read-back relies on); a request the broker wrote
-        # but whose answer was lost is written again by the client's own retry,
-        # and the copies carry the same (region, commit_ts, seq) headers.
+        # Idempotent: a request the broker wrote but whose answer was lost is not
+        # written again by the client's own retry (the broker answers
+        # DUPLICATE_SEQUENCE_NUMBER). It was off until 2026-11-27 because the
+        # test broker then, Tansu, lost acknowledged idempotent batches across
+        # restarts (docs/tansu-idempotence.md); on Apache Kafka the reproducer
+        # (tests/chaos/kafka_python_idempotence.py) lost none. One request in
+        # flight keeps the order of a partition through retries (so a partition
+        # holds a prefix of what was sent to it, which the read-back relies on).
         self.producer = KafkaProducer(
-            **common, acks="all", enable_idempotence=False, max_in_flight_requests_per_connection=1,
+            **common, acks="all", enable_idempotence=True, max_in_flight_requests_per_connection=1,
             linger_ms=opts["linger_ms"],
             batch_size=256 * 1024, max_block_ms=15000, delivery_timeout_ms=60000,
             compression_type=None if opts["compression"] == "none" else opts["compression"],
@@ -383,13 +383,25 @@ class _ConfluentReader:
         return self._reader
 
     def offsets(self, topic: str, partitions: Sequence[int]) -> dict[int, tuple[int, int]]:
-        from confluent_kafka import KafkaException, TopicPartition
+        from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
+        leader_unknown = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
+                           KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_PARTITION}
         c = self._consumer()
-        try:
-            return {p: tuple(c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)) for p in partitions}
-        except KafkaException as exc:
-            raise SinkError(f"topic {topic!r}: cannot list its offsets: {exc}") from exc
+        # a topic just created has no leader for a moment (Apache Kafka answers NOT_LEADER_FOR_PARTITION
+        # or LEADER_NOT_AVAILABLE until its leader is known): retriable errors are retried for up to 10 s
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                return {p: tuple(c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)) for p in partitions}
+            except KafkaException as exc:
+                err = exc.args[0] if exc.args else None
+                code = err.code() if isinstance(err, KafkaError) else None
+                if (code in leader_unknown or getattr(err, "retriable", lambda: False)()) \
+                        and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                    continue
+                raise SinkError(f"topic {topic!r}: cannot list its offsets: {exc}") from exc
 
     def last_records(self, topic: str, starts: dict[int, int], timeout: float,
                      patient: Collection[int] = ()) -> dict[int, Record]:

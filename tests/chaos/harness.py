@@ -1,12 +1,11 @@
 """The reliability suite's machinery: real servers, a continuous workload, a
 seeded schedule of faults, and a row-for-row check of every sink.
 
-Everything is real: two MariaDB source regions, a MariaDB target, a Tansu
-Kafka-protocol broker, local Spark and the capturer as a child process
-(``python -m capturer``, as ``start.sh`` runs it). The one stand-in is the
-*storage* under the broker: Tansu's only persistent engines here are S3 and
-PostgreSQL (this build lacks the latter), so it keeps its log in moto's S3
-server, which lets a broker restart keep the topics, as a real cluster does.
+Everything is real: two MariaDB source regions, a MariaDB target, an Apache
+Kafka broker (devtools/local_kafka.py; a restart keeps its topics), local Spark
+and the capturer as a child process (``python -m capturer``, as ``start.sh``
+runs it). Until 2026-11-27 the broker was Tansu, a Kafka-protocol lookalike
+keeping its log in moto's S3 server (docs/tansu-idempotence.md).
 """
 
 from __future__ import annotations
@@ -45,70 +44,23 @@ CHAOS_SCHEMA = SCHEMA + [
 # ----------------------------------------------------------------------------- servers
 
 
-class S3Store:
-    """moto's S3 server on 127.0.0.1: the storage Tansu keeps its log in."""
+class PersistentBroker(Broker):
+    """The suite's Apache Kafka broker (a JVM of its own; a restart keeps every topic), with the
+    figures of its restarts: how long each SIGTERM stop took, and how many did not finish in time."""
 
     def __init__(self) -> None:
-        import uuid
-
-        self.port = free_port()
-        self.server: Any = None
-        # moto keeps its buckets in the process, across servers: a bucket of its own per
-        # run, or a broker reads the topics of the run before (same names, same keys)
-        self.bucket = f"tansu-{uuid.uuid4().hex[:12]}"
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self) -> S3Store:
-        import logging
-
-        import boto3
-        from moto.server import ThreadedMotoServer
-
-        logging.getLogger("werkzeug").setLevel(logging.ERROR)
-        self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
-        self.server.start()
-        boto3.client("s3", endpoint_url=self.url, aws_access_key_id="chaos", aws_secret_access_key="chaos",
-                     region_name="us-east-1").create_bucket(Bucket=self.bucket)
-        return self
-
-    def stop(self) -> None:
-        if self.server is not None:
-            self.server.stop()
-            self.server = None
-
-
-class PersistentBroker(Broker):
-    """Tansu on S3 storage, on a fixed port: a restart keeps every topic."""
-
-    def __init__(self, store: S3Store):
         super().__init__()
-        self.store = store
         self.killed_after_term = 0  # stops that SIGTERM did not finish in time
         self.stop_seconds: list[float] = []
 
-    @property  # type: ignore[override]
-    def storage(self) -> str:
-        return f"s3://{self.store.bucket}/"
-
-    def env(self) -> dict[str, str]:
-        return dict(os.environ, AWS_ENDPOINT=self.store.url, AWS_ACCESS_KEY_ID="chaos", AWS_SECRET_ACCESS_KEY="chaos",
-                    AWS_DEFAULT_REGION="us-east-1", AWS_ALLOW_HTTP="true")
-
-    def stop_gracefully(self) -> None:
-        """SIGTERM and wait. Tansu on S3 storage loses messages it has acknowledged
-        when it is killed with SIGKILL (a broker limit, measured with
-        tests/chaos/tansu_durability.py: 923 to 4,445 of 150,000 acknowledged
-        messages gone after kill -9, none after SIGTERM), so the broker-restart fault
-        stops it the way an operator restarts a broker; a capturer outage with
-        ``kill -9`` is what this suite kills."""
+    def stop_gracefully(self, timeout: float = 120) -> None:
+        """SIGTERM and wait for a clean shutdown, as an operator restarts a broker (SIGKILL after
+        ``timeout`` seconds, counted in killed_after_term)."""
         if self.proc is not None:
             t0 = time.monotonic()
             self.proc.terminate()
             try:
-                self.proc.wait(120)
+                self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
@@ -402,7 +354,6 @@ class ChaosRun:
         self.fig = Figures()
         self.sources: list[MariaDBInstance] = []
         self.target: MariaDBInstance | None = None
-        self.store: S3Store | None = None
         self.broker: PersistentBroker | None = None
         self.cp = tmp / "checkpoint.json"
         self.out = tmp / "out" / "changes.jsonl"
@@ -426,8 +377,7 @@ class ChaosRun:
             for m in self.sources:
                 m.execute(*CHAOS_SCHEMA)
             self.target = MariaDBInstance(self.tmp / "target", server_id=99, binlog=False).start()
-            self.store = S3Store().start()
-            self.broker = PersistentBroker(self.store).start()
+            self.broker = PersistentBroker().start()
             if self.ha:
                 from devtools.local_etcd import EtcdCluster
 
@@ -452,9 +402,7 @@ class ChaosRun:
                 with contextlib.suppress(Exception):
                     srv.stop()
         if self.broker is not None:
-            self.broker.kill()
-        if self.store is not None:
-            self.store.stop()
+            self.broker.cleanup()
 
     def _write_config(self) -> None:
         p, t = self.plan, self.tmp
@@ -725,7 +673,7 @@ def consume_fast(servers: str, idle: float = 15.0, first: float = 300.0) -> list
         c.assign(tps)
         out: list[Rec] = []
         last = time.monotonic()
-        # the broker reads a big log back from its store slowly: wait long for the first message
+        # wait long for the first message (a broker just restarted can take a while to lead again)
         while time.monotonic() - last < (idle if out else first):
             for msg in c.consume(10_000, timeout=0.5):
                 if msg.error():

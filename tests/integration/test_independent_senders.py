@@ -1,5 +1,5 @@
 """Senders that never hold each other back (issue 30), with real servers: two MariaDB
-sources under a steady load, a MariaDB target, a Tansu broker, the file and the lake.
+sources under a steady load, a MariaDB target, an Apache Kafka broker, the file and the lake.
 
 * a MySQL target hung (SIGSTOP) under load: the file, Kafka and the lake go on at the
   load's pace; the target catches up from the backlog afterwards;
@@ -82,14 +82,14 @@ def rig(tmp_path: Path) -> Iterator[dict[str, Any]]:
     for m in sources:
         m.execute(*SCHEMA)
     target = MariaDBInstance(tmp_path / "target", server_id=99, binlog=False).start()
-    broker = Broker().start()
+    broker = Broker().start()  # a broker of its own: tests here SIGSTOP it and stop it
     try:
         yield {"sources": sources, "target": target, "broker": broker, "tmp": tmp_path}
     finally:
         for p in (getattr(broker, "proc", None),):
             if p is not None and p.poll() is None:
                 os.kill(p.pid, signal.SIGCONT)
-        broker.kill()
+        broker.cleanup()
         for srv in [*sources, target]:
             try:
                 if srv.proc is not None and srv.proc.poll() is None:

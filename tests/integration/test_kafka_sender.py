@@ -1,4 +1,4 @@
-"""MySQL -> Kafka against a real Kafka-protocol broker (Tansu)."""
+"""MySQL -> Kafka against a real Apache Kafka broker (devtools/local_kafka.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import Broker, CapturerProcess, checkpoint_covers, consume_all, wait_for, write_config
+from helpers import Broker, CapturerProcess, checkpoint_covers, consume_all, shared_broker, wait_for, write_config
 from workload import SCHEMA, Workload
 
 from senders.kafka.sender import partition_for
@@ -20,9 +20,7 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture
 def broker() -> Iterator[Broker]:
-    b = Broker().start()
-    yield b
-    b.kill()
+    yield shared_broker()  # the run's one Apache Kafka broker, emptied for this test
 
 
 def kafka_senders(servers: str, **extra: object) -> str:
@@ -159,23 +157,13 @@ def test_broker_down_at_start_then_up_costs_nothing(tmp_path: Path, two_servers,
 
 @pytest.mark.slow  # CI time (the chaos suite's quick run restarts the broker under load, every sender)
 def test_broker_restarted_mid_load(tmp_path: Path, two_servers) -> None:  # type: ignore[no-untyped-def]
-    """The broker goes away under load and comes back (Tansu keeping its log in an
-    S3 store, stopped with SIGTERM as an operator restarts a broker: Tansu loses
-    acknowledged messages on SIGKILL, see tests/chaos/tansu_durability.py). While it
-    is away the checkpoint must not pass what Kafka has not acknowledged; afterwards
-    every row is in Kafka. A local sender runs alongside (fan-out) and tells each
-    row's commit_ts.
-
-    (It used a memory broker killed and restarted empty until 2026-11-24; Tansu
-    acknowledges a produce to a topic it does not have without keeping it, so a
-    non-idempotent producer with a cached topic writes into the void there. No real
-    broker does that, and an empty broker after a restart is not a real outage.)"""
-    from chaos.harness import PersistentBroker, S3Store
-
+    """The broker goes away under load and comes back (a broker of its own, stopped with
+    SIGTERM as an operator restarts a broker; its log kept). While it is away the
+    checkpoint must not pass what Kafka has not acknowledged; afterwards every row is
+    in Kafka. A local sender runs alongside (fan-out) and tells each row's commit_ts."""
     for m in two_servers:
         m.execute("CREATE DATABASE d", "CREATE TABLE d.t (id INT PRIMARY KEY, v INT)")
-    store = S3Store().start()
-    broker = PersistentBroker(store).start()
+    broker = Broker().start()
     senders = kafka_senders(broker.servers).replace("type=kafka", "type=kafka,local")
     senders += f"[local]\nfilepath={tmp_path / 'out' / 'changes.jsonl'}\n"
     cfg = write_config(tmp_path, two_servers, senders=senders)
@@ -184,7 +172,7 @@ def test_broker_restarted_mid_load(tmp_path: Path, two_servers) -> None:  # type
         for i in range(300):
             two_servers[i % 2].execute(f"INSERT INTO d.t VALUES ({i}, {i})")
         time.sleep(2)
-        broker.stop_gracefully()
+        broker.stop()
         for i in range(300, 600):
             two_servers[i % 2].execute(f"INSERT INTO d.t VALUES ({i}, {i})")
         time.sleep(3)
@@ -194,8 +182,7 @@ def test_broker_restarted_mid_load(tmp_path: Path, two_servers) -> None:  # type
         recs = consume_all(broker.servers, ["capturer.d.t"])
     finally:
         assert proc.stop() == 0
-        broker.kill()
-        store.stop()
+        broker.cleanup()
     from helpers import read_lines
 
     commit_ts = {x["after"]["id"]: x["commit_ts"] for x in read_lines(tmp_path) if x["op"] == "insert"}

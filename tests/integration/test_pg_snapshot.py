@@ -1,4 +1,4 @@
-"""Snapshots of PostgreSQL regions (real PostgreSQL, MariaDB target, Tansu, local Spark):
+"""Snapshots of PostgreSQL regions (real PostgreSQL, MariaDB target, Apache Kafka, local Spark):
 existing rows copied while writes go on, kill -9 in the middle, on demand, and
 when the slot lost what the checkpoint needs."""
 
@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import requests
-from helpers import Broker, CapturerProcess, verify_equal, wait_for
+from helpers import CapturerProcess, shared_broker, verify_equal, wait_for
 
 from devtools.local_mariadb import MariaDBInstance
 from devtools.local_postgres import PostgresInstance
@@ -89,7 +89,7 @@ def test_initial_snapshot_under_writes_and_kill9_every_sender(tmp_path: Path, pg
     pytest.importorskip("pyspark")
     apply_schema(pg)
     w = fill(pg, 200, seed=21)
-    broker = Broker().start()
+    broker = shared_broker()
     try:
         senders = (file_and_mysql(tmp_path, target) + f"[kafka]\nservers={broker.servers}\nclient=confluent\n"
                    f"[spark]\nmaster=local[1]\nwarehouse={tmp_path / 'wh'}\nbatch_interval=0.3\ncompaction_interval=0\n")

@@ -292,14 +292,14 @@ def test_every_sender_with_the_region_in_a_worker_process(tmp_path: Path, pg: Po
     pytest.importorskip("pyspark")
     import requests
     from chaos.harness import consume_fast
-    from helpers import Broker
+    from helpers import shared_broker
 
     from integration.test_snapshot import rebuild_kafka
     from senders.spark.lakecli import verify
     from senders.spark.sender import build_session
 
     apply_schema(pg)
-    broker = Broker().start()
+    broker = shared_broker()
     wh = tmp_path / "wh"
     senders = (f"[global]\ntype=local,mysql,kafka,spark\n[local]\nfilepath={tmp_path / 'out' / 'changes.jsonl'}\n"
                f"[mysql]\nhost=127.0.0.1\nport={target.port}\nuser=root\npassword=\nthreadnum=4\n"

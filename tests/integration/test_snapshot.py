@@ -1,4 +1,4 @@
-"""Initial and on-demand snapshots (real MariaDB sources and target, Tansu, local Spark)."""
+"""Initial and on-demand snapshots (real MariaDB sources and target, Apache Kafka, local Spark)."""
 
 from __future__ import annotations
 
@@ -17,11 +17,11 @@ import pytest
 import requests
 from helpers import (
     ROOT,
-    Broker,
     CapturerProcess,
     checkpoint_covers,
     consume_all,
     read_lines,
+    shared_broker,
     start_servers,
     verify_equal,
     wait_for,
@@ -186,7 +186,7 @@ def test_initial_snapshot_with_concurrent_writes_every_sender(tmp_path: Path, ta
     from senders.spark.lakecli import verify
 
     (m,) = start_servers(tmp_path, 1)
-    broker = Broker().start()
+    broker = shared_broker()
     wh = tmp_path / "wh"
     try:
         m.execute(*SCHEMA, *EXTRA)
@@ -789,7 +789,7 @@ def test_tables_several_regions_deliver_are_copied_in_one_step(tmp_path: Path, t
     The file, the MySQL target, Kafka and the lake end equal to the union of the shards."""
     pytest.importorskip("pyspark")
     servers = start_servers(tmp_path, 2)
-    broker = Broker().start()
+    broker = shared_broker()
     try:
         for i, m in enumerate(servers):
             m.execute("CREATE DATABASE d", "CREATE TABLE d.t (id INT PRIMARY KEY, v INT)",

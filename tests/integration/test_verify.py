@@ -1,5 +1,5 @@
 """``verify`` (issue 31) with real servers: two MariaDB sources under load, a MariaDB
-target, a Tansu broker, the file and the lake; the capturer as ``python -m capturer``.
+target, an Apache Kafka broker, the file and the lake; the capturer as ``python -m capturer``.
 
 * every sink equal: exit 0, every table of every sender "equal";
 * then one planted difference of each kind in each sink (a missing row, an extra row,
@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 import requests
-from helpers import ROOT, Broker, CapturerProcess, checkpoint_covers, start_servers, wait_for
+from helpers import ROOT, CapturerProcess, checkpoint_covers, shared_broker, start_servers, wait_for
 from workload import SCHEMA, assert_target_equals_sources, file_state_equals
 
 from devtools.local_mariadb import MariaDBInstance, free_port
@@ -87,7 +87,7 @@ def rig(tmp_path: Path):  # type: ignore[no-untyped-def]
                     f"'-12:34:56', 0x00ff{k:02x}, b'101{k % 2}', 'b,c', '{{\"a\": [1, {k}]}}', 'ünï {k}')"
                     for k in range(8)])
     target = MariaDBInstance(tmp_path / "target", server_id=99, binlog=False).start()
-    broker = Broker().start()
+    broker = shared_broker()
     port = free_port()
     (tmp_path / "senderConfig.cfg").write_text(
         "[global]\ntype=local,mysql,kafka,spark\n"
@@ -357,7 +357,7 @@ def test_kafka_canal_and_protobuf_formats_and_the_file_in_sql_format(tmp_path: P
     family of app.types); a file in format=sql is "cannot check" (exit 3), not "equal"."""
     [src] = start_servers(tmp_path, 1)
     src.execute(*SCHEMA, *TYPES)
-    broker = Broker().start()
+    broker = shared_broker()
     try:
         (tmp_path / "senderConfig.cfg").write_text(
             "[global]\ntype=kafka,local\n"
@@ -396,7 +396,7 @@ def test_both_kafka_clients_read_the_same_topics_back() -> None:
 
     from senders.kafka.verify import KafkaMessage, _Confluent, _KafkaPython
 
-    broker = Broker().start()
+    broker = shared_broker()
     try:
         admin = AdminClient({"bootstrap.servers": broker.servers})
         admin.create_topics([NewTopic("vt", 3, 1)])["vt"].result(30)
