@@ -27,6 +27,7 @@ from capturer.util.ini import (
     parse_section,
     read_ini,
 )
+from capturer.util.mysqlconn import SSL_KEYS, check_ssl_keys, tls_kwargs
 
 log = logging.getLogger(__name__)
 
@@ -175,6 +176,7 @@ REGION_KEYS = [
     Key("heartbeat_lag_ms", p_int(0, 600_000), 1000,
         doc="how far behind the source clock an idle heartbeat promises"),
     Key("connect_timeout", p_float(0.5, 600), 10.0),
+    *SSL_KEYS,
     Key("decoder", p_choice("fast", "library"), "fast",
         doc="row decoder: fast (planned per table) or library (python-mysql-replication)"),
     Key("snapshot", p_choice("never", "initial", "when_needed"), "never",
@@ -401,6 +403,10 @@ class RegionConfig:
     heartbeat_ms: int = 500
     heartbeat_lag_ms: int = 1000
     connect_timeout: float = 10.0
+    ssl_mode: str = "preferred"
+    ssl_ca: str = ""
+    ssl_cert: str = ""
+    ssl_key: str = ""
     decoder: str = "fast"
     snapshot: str = "never"
     snapshot_method: str = "auto"
@@ -416,8 +422,12 @@ class RegionConfig:
             "type": self.type, "host": self.host, "port": self.port, "user": self.user,
             "password": "***" if self.password else "", "server_id": self.server_id,
             "start": self.start, "heartbeat_ms": self.heartbeat_ms,
-            "heartbeat_lag_ms": self.heartbeat_lag_ms, "snapshot": self.snapshot,
+            "heartbeat_lag_ms": self.heartbeat_lag_ms, "snapshot": self.snapshot, "ssl_mode": self.ssl_mode,
         }
+
+    def tls(self) -> dict[str, Any]:
+        """pymysql's TLS arguments for this source."""
+        return tls_kwargs(self.ssl_mode, self.ssl_ca, self.ssl_cert, self.ssl_key)
 
 
 AnyRegionConfig = RegionConfig | BaikalRegionConfig | RemoteRegionConfig | PostgresRegionConfig
@@ -581,6 +591,7 @@ def parse_regions(ini: IniFile, path: Path, allow_remote: bool = True) -> list[A
                 raise ConfigError(f"{ini.where(name, 'type')}: bad value {kind.value!r}: expected one of "
                                   "mysql, mariadb, baikaldb, postgresql" + (", remote" if allow_remote else ""))
             v = parse_section(ini, name, keys)
+            check_ssl_keys(ini, name, v)
             regions.append(RegionConfig(name=rname, **{k: v[k] for k in v}))
     if not regions:
         raise ConfigError(f"{path}: no [region:NAME] section; configure at least one source")

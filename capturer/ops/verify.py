@@ -228,10 +228,11 @@ class MySQLSource(_Source):
 
     kind = "mysql"
 
-    def __init__(self, region: str, host: str, port: int, user: str, password: str, timeout: float = 10.0):
+    def __init__(self, region: str, host: str, port: int, user: str, password: str, timeout: float = 10.0,
+                 tls: dict[str, Any] | None = None):
         self.region = region
         self._args = {"host": host, "port": port, "user": user, "password": password, "charset": "utf8mb4",
-                      "connect_timeout": timeout, "autocommit": True}
+                      "connect_timeout": timeout, "autocommit": True, **(tls or {})}
         self.where = f"{host}:{port}"
         self._conns = PerThread(self._connect)
 
@@ -966,7 +967,7 @@ def build(cfg: Any, factories: dict[str, ReaderFactory], acked: Acked, options: 
     unreadable: dict[str, str] = {}
     for r in cfg.regions:
         if isinstance(r, RegionConfig):
-            sources[r.name] = MySQLSource(r.name, r.host, r.port, r.user, r.password, r.connect_timeout)
+            sources[r.name] = MySQLSource(r.name, r.host, r.port, r.user, r.password, r.connect_timeout, r.tls())
         elif isinstance(r, PostgresRegionConfig):
             from psycopg.conninfo import make_conninfo
 

@@ -70,11 +70,12 @@ import pymysql
 import pymysql.cursors
 from pymysql.constants import CLIENT, SERVER_STATUS
 
-from capturer.errors import Fenced, SinkError
+from capturer.errors import ConfigError, Fenced, SinkError
 from capturer.model import Ddl, RowChange, StreamKey, Txn, key_to_json, stream_key
 from capturer.model.encode import _fastrows, quote_ident
 from capturer.util import failpoints, fencing, mysqlconn
 from capturer.util.ini import Key, p_bool, p_choice, p_float, p_int, p_nonempty, p_str
+from capturer.util.mysqlconn import SSL_KEYS
 from senders.base import Sender
 from senders.mysql import position
 from senders.mysql.causality import Causality, conflict_keys, stable_hash
@@ -210,6 +211,7 @@ class Worker:
                     charset="utf8mb4", autocommit=False, connect_timeout=o["connect_timeout"],
                     read_timeout=o["timeout"], write_timeout=o["timeout"],
                     client_flag=CLIENT.MULTI_STATEMENTS | CLIENT.FOUND_ROWS, cursorclass=FastCursor,
+                    **mysqlconn.tls_kwargs(o["ssl_mode"], o["ssl_ca"], o["ssl_cert"], o["ssl_key"]),
                 )
                 with conn.cursor() as cur:
                     # binlog TIMESTAMPs are UTC; keep 0 in an AUTO_INCREMENT column; allow what
@@ -229,6 +231,10 @@ class Worker:
                         self.s.register_session(cur)
                 conn.commit()
             except pymysql.err.MySQLError as exc:
+                tls = mysqlconn.explain_tls(exc, f"sender {self.s.name} ({o['host']}:{o['port']}, [{self.s.name}])",
+                                            o["ssl_mode"], o["ssl_ca"])
+                if tls is not None:
+                    raise SinkError(tls, retriable=False) from exc  # (a wrong CA or mode does not heal by retrying)
                 raise _classify(exc, f"connect to {o['host']}:{o['port']}") from exc
             self.conn = conn
         return self.conn
@@ -498,12 +504,15 @@ class MySQLSender(Sender):
                 "empty disables both"),
         Key("connect_timeout", p_float(0.5, 600), 5.0),
         Key("timeout", p_float(1, 86_400), 600.0, doc="read/write timeout of one statement (s)"),
+        *SSL_KEYS,
     ]
     batch_rows = 20_000
     commit_rows = 5_000
 
     def __init__(self, name: str, options: dict[str, Any], queue_rows: int = 100_000):
         super().__init__(name, options, queue_rows)
+        if bool(options.get("ssl_cert")) != bool(options.get("ssl_key")):
+            raise ConfigError(f"[{name}]: ssl_cert and ssl_key go together (a client certificate for mutual TLS)")
         self.n = int(options["threadnum"])
         self.stmt_rows = int(options["batch_rows"])
         self.atomic = bool(options["txn_atomic"])

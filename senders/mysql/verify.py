@@ -30,7 +30,9 @@ class MySQLTargetReader:
         o = self.o
         return mysqlconn.connect_utc(host=o["host"], port=o["port"], user=o["user"], password=o["password"],
                                      charset="utf8mb4", autocommit=True, connect_timeout=o["connect_timeout"],
-                                     read_timeout=o["timeout"])
+                                     read_timeout=o["timeout"],
+                                     **mysqlconn.tls_kwargs(o.get("ssl_mode", "preferred"), o.get("ssl_ca", ""),
+                                                            o.get("ssl_cert", ""), o.get("ssl_key", "")))
 
     def _query(self, sql: str, args: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         with self._conns.get().cursor() as cur:

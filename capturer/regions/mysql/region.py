@@ -173,6 +173,7 @@ class MySQLRegion(SnapshotHostMixin, ClockedRegion):
             "passwd": self.cfg.password,
             "connect_timeout": self.cfg.connect_timeout,
             "read_timeout": max(30.0, self.cfg.heartbeat_ms / 1000 * 20),
+            **self.cfg.tls(),
         }
 
     def _connect(self) -> pymysql.connections.Connection:
@@ -182,9 +183,13 @@ class MySQLRegion(SnapshotHostMixin, ClockedRegion):
                 password=self.cfg.password, charset="utf8mb4", autocommit=True,
                 connect_timeout=self.cfg.connect_timeout, read_timeout=30,
                 sql_mode="",  # SHOW CREATE TABLE and parameters read the same whatever the server's mode
+                **self.cfg.tls(),
             )
         except pymysql.err.OperationalError as exc:
             code = exc.args[0] if exc.args else 0
+            tls = mysqlconn.explain_tls(exc, f"{self.where} [region:{self.name}]", self.cfg.ssl_mode, self.cfg.ssl_ca)
+            if tls is not None:
+                raise FatalSourceError(tls) from None  # (a wrong CA or mode does not heal by retrying)
             if code in (1045, 1044):  # access denied
                 raise FatalSourceError(f"{self.where}: {exc.args[1]}") from None
             raise SourceError(f"{self.where}: cannot connect: {exc}") from exc

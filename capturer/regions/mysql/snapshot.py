@@ -93,6 +93,7 @@ from capturer.regions.snapshot import (
     split_key,
 )
 from capturer.util.binlogpos import binlog_end
+from capturer.util.mysqlconn import mariadb_tls_kwargs
 
 log = logging.getLogger(__name__)
 
@@ -289,7 +290,9 @@ class Reader:
             self._errors: tuple[type[BaseException], ...] = (mariadb.Error,)
             try:
                 self.conn: Any = mariadb.connect(host=cfg.host, port=cfg.port, user=cfg.user, password=cfg.password,
-                                                 connect_timeout=int(max(1, cfg.connect_timeout)), autocommit=True)
+                                                 connect_timeout=int(max(1, cfg.connect_timeout)), autocommit=True,
+                                                 **mariadb_tls_kwargs(cfg.ssl_mode, cfg.ssl_ca, cfg.ssl_cert,
+                                                                      cfg.ssl_key))
             except mariadb.Error as exc:
                 raise SourceError(f"{self.where}: snapshot connection failed: {exc}") from None
         else:
@@ -301,7 +304,8 @@ class Reader:
             self._errors = (pymysql.err.MySQLError,)
             try:
                 self.conn = mysqlconn.connect(host=cfg.host, port=cfg.port, user=cfg.user, password=cfg.password,
-                                            charset="utf8mb4", autocommit=True, connect_timeout=cfg.connect_timeout)
+                                            charset="utf8mb4", autocommit=True, connect_timeout=cfg.connect_timeout,
+                                            **cfg.tls())
             except pymysql.err.MySQLError as exc:
                 raise SourceError(f"{self.where}: snapshot connection failed: {exc}") from None
         self.execute("SET time_zone = '+00:00'")
