@@ -13,6 +13,9 @@ second start resolves nothing and needs no network. Needs ``java`` (17+) and ``m
     b.kill()                  # SIGKILL (its log kept too, recovered at the next start())
     b.cleanup()               # stop and delete its directory (also done at interpreter exit)
 
+    c = Cluster(3).start()    # three nodes, each broker and controller: replication factor 3,
+    c.servers                 # min.insync.replicas 2; c.brokers[i].kill()/.start() moves leaders
+
 Until 2026-11-27 this module started Tansu, a Kafka-protocol lookalike (docs/tansu-idempotence.md says
 what it taught us); the class keeps the API it had.
 """
@@ -123,6 +126,17 @@ def unavailable() -> str:
     return ""
 
 
+def new_cluster_id() -> str:
+    """A random cluster id as kafka-storage wants it (a UUID, URL-safe base64, no padding), never one
+    that starts with "-" (kafka-storage would take it for an option, as Kafka's own Uuid avoids)."""
+    import base64
+
+    while True:
+        cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cid.startswith("-"):
+            return cid
+
+
 def _str(s: str) -> bytes:
     b = s.encode()
     return struct.pack(">h", len(b)) + b
@@ -165,10 +179,15 @@ class Broker:
     ``broker.log`` (the JVM's output and the broker's warnings)."""
 
     def __init__(self, port: int = 0, *, partitions: int = 1, auto_create: bool = True,
-                 settings: dict[str, str] | None = None, directory: Path | None = None):
+                 settings: dict[str, str] | None = None, directory: Path | None = None,
+                 node_id: int = 1, controller_port: int = 0, voters: str = "", cluster_id: str = ""):
         self._fixed_port = bool(port)
         self.port = port or free_port()
-        self.controller_port = free_port()
+        self.controller_port = controller_port or free_port()
+        # a member of a Cluster: its node id, the quorum's voters ("1@host:port,...") and the shared id
+        self.node_id = node_id
+        self.voters = voters
+        self.cluster_id = cluster_id or new_cluster_id()
         self.partitions = partitions
         self.auto_create = auto_create
         self.settings = dict(settings or {})
@@ -190,8 +209,8 @@ class Broker:
         """server.properties: one node, fast start-up, replication of internal topics 1."""
         p = {
             "process.roles": "broker,controller",
-            "node.id": "1",
-            "controller.quorum.voters": f"1@127.0.0.1:{self.controller_port}",
+            "node.id": str(self.node_id),
+            "controller.quorum.voters": self.voters or f"{self.node_id}@127.0.0.1:{self.controller_port}",
             "listeners": f"PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}",
             "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port}",
             "controller.listener.names": "CONTROLLER",
@@ -227,13 +246,9 @@ class Broker:
         (self.dir / "log4j2.properties").write_text(LOG4J2.format(log=self.log_file))
         if (self.dir / "data" / "meta.properties").exists():
             return
-        cluster_id = uuid.uuid4().bytes
-        import base64
-
-        cid = base64.urlsafe_b64encode(cluster_id).decode().rstrip("=")
         r = subprocess.run([java(), *JVM_OPTS, "-cp", classpath(),
                             f"-Dlog4j2.configurationFile={self.dir / 'log4j2.properties'}",
-                            STORAGE_MAIN, "format", "-t", cid, "-c", str(self.dir / "server.properties")],
+                            STORAGE_MAIN, "format", "-t", self.cluster_id, "-c", str(self.dir / "server.properties")],
                            capture_output=True, text=True, timeout=120)
         if r.returncode != 0:
             raise RuntimeError(f"kafka-storage format failed: {(r.stdout + r.stderr)[-2000:]}")
@@ -243,6 +258,11 @@ class Broker:
         metadata request listing itself. Raises RuntimeError with the end of broker.log when it exits or
         does not answer within ``timeout`` seconds."""
         t0 = time.monotonic()
+        self.launch()
+        return self.wait_ready(t0 + timeout, t0)
+
+    def launch(self) -> None:
+        """Format the storage the first time and start the JVM; do not wait (see wait_ready)."""
         self.dir.mkdir(parents=True, exist_ok=True)
         self._format()
         out = open(self.log_file, "ab")
@@ -252,17 +272,23 @@ class Broker:
             stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
         )
         out.close()
-        deadline = t0 + timeout
+
+    def wait_ready(self, deadline: float, t0: float | None = None) -> Broker:
+        """Return once the launched broker answers a metadata request (see start)."""
+        t0 = time.monotonic() if t0 is None else t0
         while time.monotonic() < deadline:
+            if self.proc is None:
+                raise RuntimeError("Apache Kafka was not launched")
             if self.proc.poll() is not None:
                 rc = self.proc.returncode
                 self.proc = None
-                if not self.start_seconds and "Address already in use" in self._tail():
+                if not self.start_seconds and not self.voters and "Address already in use" in self._tail():
                     # a port picked for it was taken meanwhile: new ones (a first start only)
                     if not self._fixed_port:
                         self.port = free_port()
                     self.controller_port = free_port()
-                    return self.start(max(1.0, deadline - time.monotonic()))
+                    self.launch()
+                    continue
                 raise RuntimeError(f"Apache Kafka exited with {rc} at start:\n{self._tail()}")
             try:
                 if metadata_brokers("127.0.0.1", self.port) > 0:
@@ -272,7 +298,8 @@ class Broker:
                 pass
             time.sleep(0.1)
         self.kill()
-        raise RuntimeError(f"Apache Kafka did not answer on {self.servers} in {timeout:.0f} s:\n{self._tail()}")
+        raise RuntimeError(f"Apache Kafka did not answer on {self.servers} in {time.monotonic() - t0:.0f} s:\n"
+                           f"{self._tail()}")
 
     def _tail(self, n: int = 4000) -> str:
         try:
@@ -305,6 +332,59 @@ class Broker:
         self.kill()
         if self._own_dir:
             shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class Cluster:
+    """``n`` Apache Kafka nodes on 127.0.0.1, each a broker and a controller (a KRaft quorum of ``n``),
+    for tests that need leader changes: replication factor min(3, n) for new and internal topics,
+    ``min.insync.replicas`` min(2, n). ``brokers[i]`` is node i + 1, a Broker (stop, kill and start one
+    to move its partitions' leadership to the others). ``servers`` lists every node."""
+
+    def __init__(self, n: int = 3, *, partitions: int = 3, auto_create: bool = True,
+                 settings: dict[str, str] | None = None):
+        ports = [free_port() for _ in range(n)]
+        cports = [free_port() for _ in range(n)]
+        voters = ",".join(f"{i + 1}@127.0.0.1:{c}" for i, c in enumerate(cports))
+        rf, isr = str(min(3, n)), str(min(2, n))
+        common = {"default.replication.factor": rf, "min.insync.replicas": isr,
+                  "offsets.topic.replication.factor": rf, "transaction.state.log.replication.factor": rf,
+                  "transaction.state.log.min.isr": isr, "share.coordinator.state.topic.replication.factor": rf,
+                  "share.coordinator.state.topic.min.isr": isr, **(settings or {})}
+        cid = new_cluster_id()
+        self.brokers = [Broker(ports[i], partitions=partitions, auto_create=auto_create, settings=common,
+                               node_id=i + 1, controller_port=cports[i], voters=voters, cluster_id=cid)
+                        for i in range(n)]
+
+    @property
+    def servers(self) -> str:
+        return ",".join(b.servers for b in self.brokers)
+
+    def start(self, timeout: float = 180) -> Cluster:
+        """Start every node at once (a quorum forms only when a majority runs) and return once each
+        answers and the metadata lists all of them."""
+        t0 = time.monotonic()
+        deadline = t0 + timeout
+        for b in self.brokers:
+            b.launch()
+        for b in self.brokers:
+            b.wait_ready(deadline, t0)
+        while metadata_brokers("127.0.0.1", self.brokers[0].port) < len(self.brokers):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the cluster did not list {len(self.brokers)} brokers in {timeout:.0f} s")
+            time.sleep(0.1)
+        return self
+
+    def stop(self) -> None:
+        for b in self.brokers:
+            b.stop()
+
+    def kill(self) -> None:
+        for b in self.brokers:
+            b.kill()
+
+    def cleanup(self) -> None:
+        for b in self.brokers:
+            b.cleanup()
 
 
 def main() -> int:

@@ -7,7 +7,10 @@ the broker was at fault, not the client. It now runs Apache Kafka
 
     .venv/bin/python tests/chaos/kafka_python_idempotence.py [--client kafka-python|confluent]
         [--idempotent|--no-idempotent] [--in-flight N] [--seed N] [--messages N] [--rate N]
-        [--restarts N] [--signal TERM|KILL] [--log FILE]
+        [--restarts N] [--signal TERM|KILL] [--cluster] [--log FILE]
+
+--cluster: three brokers (replication factor 3, min.insync.replicas 2); each
+restart stops one of them at random, so its partitions' leaders move.
 
 Measured on 2026-11-27 against Apache Kafka 4.4.0 (kafka-python 3.0.12,
 confluent-kafka 2.16.1), 8 restarts per run, --messages 100000 (sending goes on
@@ -15,8 +18,10 @@ until the last restart is over): 0 lost and 0 duplicated in every run:
 kafka-python idempotent in-flight 1, SIGTERM seed 1 (796,609 acknowledged),
 SIGKILL seeds 1 and 3 (376,016; 453,004); in-flight 5, SIGKILL seed 2
 (390,084); confluent idempotent in-flight 5, SIGKILL seed 1 (376,972);
-kafka-python not idempotent, SIGKILL seed 1 (599,754). The figures below are
-Tansu's.
+kafka-python not idempotent, SIGKILL seed 1 (599,754); --cluster (leaders
+moving): kafka-python idempotent in-flight 1, SIGKILL seed 1 (192,776) and
+SIGTERM seed 2 (334,952); confluent in-flight 5, SIGKILL seed 1 (203,528).
+The figures below are Tansu's.
 
 One producer (acks=all, retries left at the client's default, linger 5 ms)
 sends the numbers 1, 2, ... to the 3 partitions of topic "t" (number % 3) at
@@ -119,15 +124,26 @@ def main() -> int:
     ap.add_argument("--restarts", type=int, default=6)
     ap.add_argument("--signal", choices=("TERM", "KILL"), default="TERM",
                     help="how the broker is stopped: SIGTERM (a clean shutdown) or SIGKILL (kill -9)")
+    ap.add_argument("--cluster", action="store_true",
+                    help="three brokers (replication factor 3, min.insync.replicas 2): each restart stops one "
+                         "chosen at random, so the leadership of its partitions moves to the others and back")
     ap.add_argument("--log", help="write the producer's debug log to this file")
     a = ap.parse_args()
 
-    broker = PersistentBroker()
-    broker.start()
-    atexit.register(broker.cleanup)  # also when the probe fails half way
-    servers = f"127.0.0.1:{broker.port}"
+    from devtools.local_kafka import Broker, Cluster
+
+    nodes: list[Broker]
+    if a.cluster:
+        cluster = Cluster(3).start()
+        atexit.register(cluster.cleanup)  # also when the probe fails half way
+        nodes, servers = cluster.brokers, cluster.servers
+    else:
+        broker = PersistentBroker()
+        broker.start()
+        atexit.register(broker.cleanup)
+        nodes, servers = [broker], broker.servers
     admin = AdminClient({"bootstrap.servers": servers})
-    admin.create_topics([NewTopic("t", 3, 1)])["t"].result(15)
+    admin.create_topics([NewTopic("t", 3, len(nodes))])["t"].result(15)
     del admin  # (its reconnection chatter would fill stderr)
 
     acked: set[int] = set()
@@ -142,7 +158,7 @@ def main() -> int:
             logging.getLogger("kafka").addHandler(h)
             logging.getLogger("kafka").setLevel(logging.INFO)
             logging.getLogger("kafka.producer").setLevel(logging.DEBUG)
-        p = KafkaProducer(bootstrap_servers=[servers], acks="all", enable_idempotence=a.idempotent,
+        p = KafkaProducer(bootstrap_servers=servers.split(","), acks="all", enable_idempotence=a.idempotent,
                           max_in_flight_requests_per_connection=a.in_flight, linger_ms=5,
                           request_timeout_ms=15000, delivery_timeout_ms=300_000)
 
@@ -202,13 +218,14 @@ def main() -> int:
     def restarter() -> None:
         rnd = random.Random(a.seed)
         while restarts[0] < a.restarts and not stop.wait(rnd.uniform(0.3, 2.0)):
+            node = rnd.choice(nodes)
             if a.signal == "KILL":
-                broker.kill()
+                node.kill()
             else:
-                broker.stop_gracefully()  # SIGTERM, wait for the exit
+                node.stop()  # SIGTERM, wait for the exit
             restarts[0] += 1
             time.sleep(rnd.uniform(0.1, 1.0))
-            broker.start()
+            node.start()
 
     t = threading.Thread(target=restarter, daemon=True)
     t.start()
@@ -235,12 +252,13 @@ def main() -> int:
                 offsets[m.partition()].append(m.offset())  # type: ignore[index,arg-type]
                 last = time.time()
     c.close()
-    broker.cleanup()
+    for node in nodes:
+        node.cleanup()
 
     missing = sorted(acked - set(got))
     dups = sorted(n for n, k in got.items() if k > 1)
     cfg = (f"{a.client}, idempotent={a.idempotent}, in-flight={a.in_flight}, seed={a.seed}: "
-           f"{n} sent, {restarts[0]} SIG{a.signal} restarts, {len(acked)} acknowledged, "
+           f"{n} sent, {restarts[0]} SIG{a.signal} restarts{' of one of 3 brokers' if a.cluster else ''}, {len(acked)} acknowledged, "
            f"{len(failed)} failed, {len(missing)} acknowledged but missing "
            f"({len(set(missing) & no_offset)} of them acknowledged as DUPLICATE_SEQUENCE_NUMBER), {len(dups)} duplicated")
     print(cfg)
