@@ -510,7 +510,7 @@ def _mysql_source(region: Any, rc: RegionConfig, out: Outcome, cfg: AppConfig) -
             version, server_id, user = cur.fetchone()
             account = _account(str(user))
             cur.execute("SHOW GLOBAL VARIABLES WHERE Variable_name IN "
-                        "('log_bin','binlog_format','binlog_row_image','binlog_row_metadata')")
+                        "('log_bin','binlog_format','binlog_row_image','binlog_row_metadata','log_bin_compress')")
             variables = {str(k).lower(): str(v) for k, v in cur.fetchall()}
             try:
                 check_server(variables, where)
