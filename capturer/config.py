@@ -661,6 +661,9 @@ def load_sender_config(path: Path, catalog: SenderCatalog) -> tuple[SenderConfig
     for n in names:
         keys = list(catalog.keys(n))
         opts = parse_section(ini, n, keys)
+        check = getattr(catalog, "check", None)  # a sender's checks across its keys (senders/__init__.py)
+        if check is not None:
+            check(n, opts, lambda key, _n=n: ini.where(_n, key))
         out.append(SenderConfig(n, opts, path, frozenset(k.name for k in keys if k.secret)))
     # sections of senders not in type= are validated too, so a typo is found now
     for name in ini.sections:

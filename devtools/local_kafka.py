@@ -13,6 +13,11 @@ second start resolves nothing and needs no network. Needs ``java`` (17+) and ``m
     b.kill()                  # SIGKILL (its log kept too, recovered at the next start())
     b.cleanup()               # stop and delete its directory (also done at interpreter exit)
 
+    t = make_tls(dir)         # a test CA (openssl) and a broker certificate for 127.0.0.1/localhost
+    b = Broker(sasl_ssl=SaslSsl(t, {"alice": "pw"})).start()
+    b.secure_servers          # "127.0.0.1:<port>": a SASL_SSL listener (PLAIN and SCRAM-SHA-512 users);
+                              # b.servers stays the PLAINTEXT one
+
     c = Cluster(3).start()    # three nodes, each broker and controller: replication factor 3,
     c.servers                 # min.insync.replicas 2; c.brokers[i].kill()/.start() moves leaders
 
@@ -35,6 +40,7 @@ import subprocess
 import tempfile
 import time
 import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from devtools.local_mariadb import free_port
@@ -168,6 +174,53 @@ def _recv(s: socket.socket, n: int) -> bytes:
     return buf
 
 
+@dataclass(frozen=True)
+class Tls:
+    """Files of a test CA and of a broker certificate it signed (see make_tls)."""
+
+    dir: Path
+    ca: Path  # the CA's certificate (PEM): a client's ssl_ca
+    ca_key: Path
+    keystore: Path  # the broker's private key (PKCS#8) and certificate in one PEM file (ssl.keystore.type=PEM)
+
+
+def make_tls(directory: Path, hosts: tuple[str, ...] = ("127.0.0.1", "localhost"), days: int = 2) -> Tls:
+    """A self-signed CA and a broker certificate it signed for ``hosts`` (IP addresses and DNS names
+    in its subjectAltName), made with the ``openssl`` CLI in ``directory``."""
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        raise RuntimeError("openssl is not on PATH (apt-get install openssl)")
+
+    def run(*args: str) -> None:
+        r = subprocess.run([openssl, *args], cwd=d, capture_output=True, text=True, timeout=60)
+        if r.returncode != 0:
+            raise RuntimeError(f"openssl {args[0]} failed: {r.stderr[-1500:]}")
+
+    san = ",".join(f"IP:{h}" if h.replace(".", "").isdigit() or ":" in h else f"DNS:{h}" for h in hosts)
+    (d / "san.ext").write_text(f"subjectAltName={san}\nbasicConstraints=CA:FALSE\n")
+    run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem", "-days", str(days),
+        "-subj", "/CN=capturer test CA")
+    run("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "broker.key", "-out", "broker.csr",
+        "-subj", f"/CN={hosts[0]}")
+    run("x509", "-req", "-in", "broker.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+        "-out", "broker.crt", "-days", str(days), "-extfile", "san.ext")
+    run("pkcs8", "-topk8", "-nocrypt", "-in", "broker.key", "-out", "broker.p8")  # Kafka's PEM keystore: PKCS#8
+    keystore = d / "broker-keystore.pem"
+    keystore.write_text((d / "broker.p8").read_text() + (d / "broker.crt").read_text())
+    return Tls(d, d / "ca.pem", d / "ca.key", keystore)
+
+
+@dataclass(frozen=True)
+class SaslSsl:
+    """A SASL_SSL listener: TLS with ``tls``'s broker certificate; ``users`` (name -> password) may log
+    in with PLAIN and with SCRAM-SHA-512 (the SCRAM credentials are written at format time)."""
+
+    tls: Tls
+    users: dict[str, str] = field(default_factory=dict)
+
+
 class Broker:
     """One Apache Kafka broker (KRaft, broker and controller in one JVM) on 127.0.0.1.
 
@@ -176,13 +229,17 @@ class Broker:
     ``num.partitions`` (topics created by auto-creation or without a count); ``auto_create`` is
     ``auto.create.topics.enable``. ``settings`` adds or overrides server.properties lines. ``directory``
     (default: a new temporary one, deleted at cleanup() or at exit) holds the log, server.properties and
-    ``broker.log`` (the JVM's output and the broker's warnings)."""
+    ``broker.log`` (the JVM's output and the broker's warnings). ``sasl_ssl`` adds a SASL_SSL listener
+    on ``secure_port`` (``secure_servers``); the PLAINTEXT one stays (readiness, and tests' own checks)."""
 
     def __init__(self, port: int = 0, *, partitions: int = 1, auto_create: bool = True,
                  settings: dict[str, str] | None = None, directory: Path | None = None,
-                 node_id: int = 1, controller_port: int = 0, voters: str = "", cluster_id: str = ""):
+                 node_id: int = 1, controller_port: int = 0, voters: str = "", cluster_id: str = "",
+                 sasl_ssl: SaslSsl | None = None):
         self._fixed_port = bool(port)
         self.port = port or free_port()
+        self.sasl_ssl = sasl_ssl
+        self.secure_port = free_port() if sasl_ssl is not None else 0
         self.controller_port = controller_port or free_port()
         # a member of a Cluster: its node id, the quorum's voters ("1@host:port,...") and the shared id
         self.node_id = node_id
@@ -200,6 +257,13 @@ class Broker:
     @property
     def servers(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def secure_servers(self) -> str:
+        """The SASL_SSL listener (a Broker made with ``sasl_ssl``)."""
+        if self.sasl_ssl is None:
+            raise RuntimeError("this broker has no SASL_SSL listener (Broker(sasl_ssl=...))")
+        return f"127.0.0.1:{self.secure_port}"
 
     @property
     def log_file(self) -> Path:
@@ -237,6 +301,22 @@ class Broker:
             "num.recovery.threads.per.data.dir": "2",
             "log.segment.bytes": str(256 * 1024 * 1024),
         }
+        if self.sasl_ssl is not None:
+            t, users = self.sasl_ssl.tls, self.sasl_ssl.users
+            p["listeners"] += f",SASL_SSL://127.0.0.1:{self.secure_port}"
+            p["advertised.listeners"] += f",SASL_SSL://127.0.0.1:{self.secure_port}"
+            p["listener.security.protocol.map"] += ",SASL_SSL:SASL_SSL"
+            plain = " ".join(f'user_{u}="{pw}"' for u, pw in users.items())
+            p.update({
+                "sasl.enabled.mechanisms": "PLAIN,SCRAM-SHA-512",
+                "listener.name.sasl_ssl.plain.sasl.jaas.config":
+                    f"org.apache.kafka.common.security.plain.PlainLoginModule required {plain};",
+                "listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config":
+                    "org.apache.kafka.common.security.scram.ScramLoginModule required;",
+                "listener.name.sasl_ssl.ssl.keystore.type": "PEM",
+                "listener.name.sasl_ssl.ssl.keystore.location": str(t.keystore),
+                "listener.name.sasl_ssl.ssl.client.auth": "none",
+            })
         p.update(self.settings)
         return p
 
@@ -248,10 +328,18 @@ class Broker:
             return
         r = subprocess.run([java(), *JVM_OPTS, "-cp", classpath(),
                             f"-Dlog4j2.configurationFile={self.dir / 'log4j2.properties'}",
-                            STORAGE_MAIN, "format", "-t", self.cluster_id, "-c", str(self.dir / "server.properties")],
+                            STORAGE_MAIN, "format", "-t", self.cluster_id, "-c", str(self.dir / "server.properties"),
+                            *self._scram_args()],
                            capture_output=True, text=True, timeout=120)
         if r.returncode != 0:
             raise RuntimeError(f"kafka-storage format failed: {(r.stdout + r.stderr)[-2000:]}")
+
+    def _scram_args(self) -> list[str]:
+        """``--add-scram`` for each SASL_SSL user (SCRAM-SHA-512 credentials in the bootstrap metadata)."""
+        if self.sasl_ssl is None:
+            return []
+        return [a for u, pw in self.sasl_ssl.users.items()
+                for a in ("--add-scram", f"SCRAM-SHA-512=[name={u},password={pw}]")]
 
     def start(self, timeout: float = 120) -> Broker:
         """Start the JVM (formatting the storage the first time) and return once the broker answers a
@@ -287,6 +375,8 @@ class Broker:
                     if not self._fixed_port:
                         self.port = free_port()
                     self.controller_port = free_port()
+                    if self.sasl_ssl is not None:
+                        self.secure_port = free_port()
                     self.launch()
                     continue
                 raise RuntimeError(f"Apache Kafka exited with {rc} at start:\n{self._tail()}")

@@ -72,5 +72,12 @@ class Catalog:
     def keys(self, name: str) -> list[Key]:
         return sender_keys(name)
 
+    def check(self, name: str, opts: dict[str, Any], where: Any) -> None:
+        """A sender's checks across its keys at config time (its class's ``check_options(opts,
+        where)``, where it has one; ``where(key)`` names file, line, section and key)."""
+        fn = getattr(sender_class(name), "check_options", None)
+        if fn is not None:
+            fn(opts, where)
+
 
 CATALOG = Catalog()

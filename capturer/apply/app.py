@@ -32,7 +32,7 @@ from typing import Any
 from capturer.apply.config import ApplyConfig
 from capturer.apply.consumer import Consumer, make_consumer
 from capturer.apply.regroup import TP, BadMessage, Msg, Regrouper, owned_by
-from capturer.errors import CapturerError, SourceError
+from capturer.errors import CapturerError, FatalSourceError, SourceError
 from capturer.model import Heartbeat, Item, StreamKey, Txn, stream_key, ts_physical_ms
 from capturer.util.bqueue import WeightedQueue
 from senders import sender_class
@@ -127,7 +127,8 @@ class Applier:
         code = 0
         try:
             if self.consumer is None:
-                self.consumer = make_consumer(self.cfg.client, self.cfg.servers, self.cfg.group)
+                self.consumer = make_consumer(self.cfg.client, self.cfg.servers, self.cfg.group, self.cfg.security,
+                                              f"applier {self.cfg.name}", where=f"[global] of {self.cfg.path}")
             self._wait_for_spine(stop)
             self.state = "running"
             last_commit = time.monotonic()
@@ -185,6 +186,8 @@ class Applier:
         while not stop.is_set():
             try:
                 topics = self.consumer.topics()
+            except FatalSourceError:
+                raise  # a refused login, a certificate the CA did not sign: retrying cannot help
             except SourceError as exc:
                 topics, self.kafka_error = {}, str(exc)
             if self.cfg.txn_topic in topics:

@@ -18,7 +18,8 @@ def _kafka_probe(cfg: ApplyConfig, timeout: float) -> cc.Probe:
     def run(out: cc.Outcome) -> None:
         from capturer.apply.consumer import make_consumer
 
-        c = make_consumer(cfg.client, cfg.servers, cfg.group)
+        c = make_consumer(cfg.client, cfg.servers, cfg.group, cfg.security,
+                          f"applier {cfg.name}", max(0.5, timeout - 2), f"[global] of {cfg.path}")
         try:
             topics = c.topics()
         finally:

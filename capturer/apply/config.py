@@ -6,13 +6,14 @@ section and key."""
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from capturer.config import SenderCatalog, SenderConfig, load_sender_config
 from capturer.errors import ConfigError
 from capturer.util.ini import Key, p_choice, p_float, p_int, p_list, p_nonempty, p_str, parse_section, read_ini
+from senders.kafka.security import SECURITY_KEYS, check_security, security_of
 
 APPLY_SENDERS = ("mysql", "local", "spark")
 """The senders an applier drives (Kafka to Kafka is the broker's own job: MirrorMaker)."""
@@ -51,6 +52,9 @@ KEYS = [
     Key("maxBufferedRows", p_int(1000, 100_000_000), 1_000_000,
         doc="rows of incomplete transactions held in memory before table partitions read ahead are paused"),
     Key("logLevel", p_choice("debug", "info", "warning", "error"), "info"),
+    # SASL and TLS to Kafka, as the capturer's [kafka] sender (senders/kafka/security.py): the consumer and
+    # the dead-letter producer
+    *SECURITY_KEYS,
 ]
 
 
@@ -74,6 +78,7 @@ class ApplyConfig:
     max_buffered_rows: int
     log_level: str
     senders: tuple[SenderConfig, ...]
+    security: dict[str, Any] = field(default_factory=dict)  # SECURITY_KEYS: SASL and TLS to Kafka
 
     @property
     def group(self) -> str:
@@ -83,6 +88,8 @@ class ApplyConfig:
         return {"name": self.name, "servers": self.servers, "txn_topic": self.txn_topic, "format": self.format,
                 "client": self.client, "tables": list(self.tables), "http": f"{self.http_host}:{self.http_port}",
                 "on_bad_message": self.on_bad_message,
+                **{k: ("***" if k == "sasl_password" and v else v) for k, v in self.security.items()
+                   if v != security_of({})[k]},
                 "senders": {s.name: {k: ("***" if k in s.secret and v else v) for k, v in s.options.items()}
                             for s in self.senders}}
 
@@ -98,6 +105,11 @@ class _ApplyCatalog:
 
     def keys(self, name: str) -> list[Key]:
         return list(self.inner.keys(name))
+
+    def check(self, name: str, opts: dict[str, Any], where: Any) -> None:
+        check = getattr(self.inner, "check", None)
+        if check is not None:
+            check(name, opts, where)
 
 
 def load_apply_config(path: Path | str, catalog: SenderCatalog, base_dir: Path | None = None) -> ApplyConfig:
@@ -116,7 +128,9 @@ def load_apply_config(path: Path | str, catalog: SenderCatalog, base_dir: Path |
     sp = sp if sp.is_absolute() else (base_dir or Path.cwd()) / sp
     if g["on_bad_message"] == "dead_letter" and not g["dead_letter_topic"]:
         raise ConfigError(f"{ini.where('global', 'dead_letter_topic')}: on_bad_message=dead_letter needs a topic")
+    check_security(g, lambda key: ini.where("global", key))
     senders = load_sender_config(sp, _ApplyCatalog(catalog))
     return ApplyConfig(path, g["name"], g["servers"], g["txn_topic"], g["format"], g["client"], tuple(g["tables"]),
                        g["untabled_ddl"], sp, g["httpHost"], g["httpPort"], g["on_bad_message"], g["dead_letter_topic"],
-                       g["commitInterval"], g["queueRows"], g["maxBufferedRows"], g["logLevel"], senders)
+                       g["commitInterval"], g["queueRows"], g["maxBufferedRows"], g["logLevel"], senders,
+                       security_of(g))

@@ -20,7 +20,8 @@ from collections.abc import Iterable
 from typing import Any, Protocol
 
 from capturer.apply.regroup import TP, Msg
-from capturer.errors import SourceError
+from capturer.errors import FatalSourceError, SourceError
+from senders.kafka.security import Watch, kafka_python_conf, librdkafka_conf
 
 log = logging.getLogger(__name__)
 
@@ -53,17 +54,26 @@ def _dl_headers(msg: Msg, why: str) -> list[tuple[str, bytes]]:
 
 
 class KafkaPythonConsumer:
-    def __init__(self, servers: str, group: str):
+    def __init__(self, servers: str, group: str, security: dict[str, Any] | None = None, who: str = "applier",
+                 timeout: float = 15.0, where: str = ""):
         from kafka import KafkaConsumer
 
         self.servers = servers
+        self.security = kafka_python_conf(security or {})
+        extra: dict[str, Any] = {"bootstrap_timeout_ms": int(timeout * 1000)} \
+            if "bootstrap_timeout_ms" in KafkaConsumer.DEFAULT_CONFIG else {}
+        watch = Watch()
         try:
-            self.c = KafkaConsumer(
-                bootstrap_servers=servers.split(","), group_id=group, enable_auto_commit=False,
-                auto_offset_reset="earliest", isolation_level="read_committed", request_timeout_ms=15000,
-                session_timeout_ms=6000, heartbeat_interval_ms=2000, max_poll_records=5000,
-                fetch_max_bytes=32 * 1024 * 1024)
+            with watch.kafka_python():
+                self.c = KafkaConsumer(
+                    bootstrap_servers=servers.split(","), group_id=group, enable_auto_commit=False,
+                    auto_offset_reset="earliest", isolation_level="read_committed", request_timeout_ms=15000,
+                    session_timeout_ms=6000, heartbeat_interval_ms=2000, max_poll_records=5000,
+                    fetch_max_bytes=32 * 1024 * 1024, **extra, **self.security)
         except Exception as exc:
+            why = watch.explain(who, security or {}, exc, where)
+            if why is not None:  # a refused login, a certificate the CA did not sign: retrying cannot help
+                raise FatalSourceError(why) from None
             raise SourceError(f"cannot reach Kafka at {servers}: {exc}") from exc
         self.assigned: list[Any] = []
         self._paused: set[TP] = set()
@@ -150,7 +160,8 @@ class KafkaPythonConsumer:
 
         if self._producer is None:
             self._producer = KafkaProducer(bootstrap_servers=self.servers.split(","), acks="all",
-                                           enable_idempotence=False, max_in_flight_requests_per_connection=1)
+                                           enable_idempotence=False, max_in_flight_requests_per_connection=1,
+                                           **self.security)
         self._producer.send(topic, value=msg.value, key=msg.key, headers=_dl_headers(msg, why)).get(timeout=30)
 
     def close(self) -> None:
@@ -162,12 +173,18 @@ class KafkaPythonConsumer:
 
 
 class ConfluentConsumer:
-    def __init__(self, servers: str, group: str):
+    def __init__(self, servers: str, group: str, security: dict[str, Any] | None = None, who: str = "applier",
+                 timeout: float = 15.0, where: str = ""):
         import confluent_kafka
 
         self.servers = servers
+        self.opts = security or {}
+        self.security = librdkafka_conf(self.opts)
+        self.who, self.where = who, where
+        self.timeout = timeout
+        self.watch = Watch()  # the client's errors (error_cb, served by poll): a refused login, a failed handshake
         self.c = confluent_kafka.Consumer({
-            "bootstrap.servers": servers, "group.id": group, "enable.auto.commit": False,
+            **self.security, "error_cb": self.watch, "bootstrap.servers": servers, "group.id": group, "enable.auto.commit": False,
             "auto.offset.reset": "earliest", "isolation.level": "read_committed",
             "session.timeout.ms": 6000, "heartbeat.interval.ms": 2000, "enable.partition.eof": False})
         self.assigned: set[TP] = set()
@@ -177,10 +194,21 @@ class ConfluentConsumer:
         from confluent_kafka import KafkaException
 
         try:
-            md = self.c.list_topics(timeout=10)
+            md = self.c.list_topics(timeout=self.timeout)
         except KafkaException as exc:
+            if not self.assigned:
+                self.c.poll(0)  # serves error_cb (nothing assigned: no message is taken)
+            self._fatal(exc)
             raise SourceError(f"Kafka at {self.servers}: cannot list topics: {exc}") from exc
         return {t: len(m.partitions) for t, m in md.topics.items() if m.error is None}
+
+    def _fatal(self, exc: BaseException | None = None) -> None:
+        """FatalSourceError where the client said its login was refused or the broker's certificate
+        did not verify: retrying cannot help."""
+        why = self.watch.explain(self.who, self.opts, exc, self.where)
+        if why is not None:
+            raise FatalSourceError(why)
+        self.watch.texts.clear()
 
     def add(self, tps: Iterable[TP]) -> None:
         from confluent_kafka import OFFSET_STORED, TopicPartition
@@ -200,6 +228,8 @@ class ConfluentConsumer:
         # the first message waits up to ``timeout``, the rest is what is there already: consume(n, t)
         # alone would wait its whole timeout for fewer than n messages (latency at a light load)
         first = self.c.poll(timeout)
+        if self.watch.texts:
+            self._fatal()
         if first is None:
             return out
         append = out.append
@@ -264,7 +294,7 @@ class ConfluentConsumer:
         import confluent_kafka
 
         if self._producer is None:
-            self._producer = confluent_kafka.Producer({"bootstrap.servers": self.servers, "acks": "all",
+            self._producer = confluent_kafka.Producer({**self.security, "bootstrap.servers": self.servers, "acks": "all",
                                                        "enable.idempotence": True})
         errors: list[str] = []
         self._producer.produce(topic, msg.value, msg.key, headers=_dl_headers(msg, why),
@@ -280,16 +310,19 @@ class ConfluentConsumer:
                 self._producer.flush(5)
 
 
-def make_consumer(client: str, servers: str, group: str) -> Consumer:
+def make_consumer(client: str, servers: str, group: str, security: dict[str, Any] | None = None,
+                  who: str = "applier", timeout: float = 15.0, where: str = "") -> Consumer:
+    """``security``: the SASL and TLS keys (senders/kafka/security.py); ``who``: names the applier, and
+    ``where`` where its settings are, in errors; ``timeout``: seconds to wait for a first answer from Kafka."""
     if client == "confluent":
         try:
             import confluent_kafka  # noqa: F401
         except ImportError:
             raise SourceError("client=confluent needs confluent-kafka: .venv/bin/pip install confluent-kafka") from None
-        return ConfluentConsumer(servers, group)
+        return ConfluentConsumer(servers, group, security, who, timeout, where)
     try:
         import kafka  # noqa: F401
     except ImportError:
         raise SourceError("client=kafka-python needs the project's 'kafka' extra: .venv/bin/pip install -e '.[kafka]' "
                           "(start.sh installs it)") from None
-    return KafkaPythonConsumer(servers, group)
+    return KafkaPythonConsumer(servers, group, security, who, timeout, where)

@@ -883,14 +883,21 @@ def _mysql_target(s: SenderConfig, cfg: AppConfig, out: Outcome) -> None:
 def _kafka_target(s: SenderConfig, out: Outcome, timeout: float) -> None:
     """A metadata answer from the bootstrap servers, with the client the sender is
     configured with, within its own time limit (before the probe's)."""
+    from senders.kafka.security import Watch
+
     servers = s.options["servers"]
     wait = max(0.5, timeout - 2)  # (kafka-python takes a while past its own limit)
+    watch = Watch()  # what the client said: a refused login, a certificate the CA did not sign
     try:
         if s.options["client"] == "confluent":
-            brokers = _confluent_brokers(servers, wait)
+            brokers = _confluent_brokers(servers, wait, s.options, watch)
         else:
-            brokers = _kafka_python_brokers(servers, wait)
+            brokers = _kafka_python_brokers(servers, wait, s.options, watch)
     except Exception as exc:  # each client's own error types
+        explained = watch.explain(f"sender {s.name} ({servers})", s.options, exc, f"[{s.name}] of {s.path}")
+        if explained is not None:
+            out.problems.append(explained)
+            return
         why = str(exc) if str(exc).startswith(type(exc).__name__) else f"{type(exc).__name__}: {exc}"
         out.problems.append(f"sender {s.name} ({servers}): no metadata answer within {wait:g} s ({why}); check "
                             f"servers in [{s.name}] of {s.path}")
@@ -898,30 +905,38 @@ def _kafka_target(s: SenderConfig, out: Outcome, timeout: float) -> None:
     out.detail = f"{brokers} broker(s) answered ({s.options['client']})"
 
 
-def _confluent_brokers(servers: str, wait: float) -> int:
+def _confluent_brokers(servers: str, wait: float, opts: dict[str, Any] | None = None, watch: Any = None) -> int:
     from confluent_kafka.admin import AdminClient
 
-    conf: dict[str, Any] = {"bootstrap.servers": servers, "logger": log}
-    return len(AdminClient(conf).list_topics(timeout=wait).brokers)
+    from senders.kafka.security import librdkafka_conf
+
+    conf: dict[str, Any] = {**librdkafka_conf(opts or {}), "bootstrap.servers": servers, "logger": log}
+    if watch is not None:
+        conf["error_cb"] = watch
+    admin = AdminClient(conf)
+    try:
+        return len(admin.list_topics(timeout=wait).brokers)
+    except Exception:
+        admin.poll(0)  # serves error_cb: what the broker connections said
+        raise
 
 
-def _kafka_python_brokers(servers: str, wait: float) -> int:
+def _kafka_python_brokers(servers: str, wait: float, opts: dict[str, Any] | None = None, watch: Any = None) -> int:
     from kafka.admin import KafkaAdminClient
 
-    kw: dict[str, Any] = {"bootstrap_servers": servers.split(","), "request_timeout_ms": int(wait * 1000)}
+    from senders.kafka.security import Watch, kafka_python_conf
+
+    kw: dict[str, Any] = {"bootstrap_servers": servers.split(","), "request_timeout_ms": int(wait * 1000),
+                          **kafka_python_conf(opts or {})}
     if "bootstrap_timeout_ms" in KafkaAdminClient.DEFAULT_CONFIG:
         kw["bootstrap_timeout_ms"] = int(wait * 1000)
-    quiet = logging.getLogger("kafka")  # it logs every failed attempt; the outcome says it once
-    level = quiet.level
-    quiet.setLevel(logging.CRITICAL)
-    try:
+    # it logs every failed attempt; the outcome says it once (what it said goes to the watch)
+    with (watch or Watch()).kafka_python(quiet=True):
         client = KafkaAdminClient(**kw)
         try:
             return len(client.describe_cluster().get("brokers", []))
         finally:
             client.close()
-    finally:
-        quiet.setLevel(level)
 
 
 def _spark_target(s: SenderConfig, cfg: AppConfig, out: Outcome) -> None:

@@ -75,6 +75,7 @@ from senders.kafka.messages import (
     truncate_message,
 )
 from senders.kafka.positions import END_POS, Marks, MsgKey, Record, message_key, read_marks, row_key
+from senders.kafka.security import SECURITY_KEYS, Watch, check_security, kafka_python_conf, librdkafka_conf
 
 log = logging.getLogger(__name__)
 
@@ -191,9 +192,14 @@ class _KafkaPython(_Client):
         from kafka.admin import KafkaAdminClient
 
         # the read-back goes through confluent-kafka where it is installed (see _ConfluentReader)
-        self._read = _ConfluentReader(servers) if _confluent_available() else None
+        self._read = _ConfluentReader(servers, opts) if _confluent_available() else None
         self.servers = servers
-        common = {"bootstrap_servers": servers.split(","), "request_timeout_ms": 15000}
+        self.security = kafka_python_conf(opts)
+        common = {"bootstrap_servers": servers.split(","), "request_timeout_ms": 15000, **self.security}
+        if "bootstrap_timeout_ms" in KafkaAdminClient.DEFAULT_CONFIG:
+            common["bootstrap_timeout_ms"] = 15000
+        # the admin client first: a broker that refuses the login or the TLS handshake fails it in 15 s
+        self.admin = KafkaAdminClient(**common)
         # Idempotent: a request the broker wrote but whose answer was lost is not
         # written again by the client's own retry (the broker answers
         # DUPLICATE_SEQUENCE_NUMBER). It was off until 2026-11-27 because the
@@ -204,11 +210,10 @@ class _KafkaPython(_Client):
         # holds a prefix of what was sent to it, which the read-back relies on).
         self.producer = KafkaProducer(
             **common, acks="all", enable_idempotence=True, max_in_flight_requests_per_connection=1,
-            linger_ms=opts["linger_ms"],
+            linger_ms=opts["linger_ms"], max_request_size=opts.get("max_message_bytes", 1_048_576),
             batch_size=256 * 1024, max_block_ms=15000, delivery_timeout_ms=60000,
             compression_type=None if opts["compression"] == "none" else opts["compression"],
         )
-        self.admin = KafkaAdminClient(**common)
         from kafka.record import util as record_util
 
         if getattr(record_util, "crc32c_c", None) is None:
@@ -269,7 +274,7 @@ class _KafkaPython(_Client):
             self._reader = KafkaConsumer(
                 bootstrap_servers=self.servers.split(","), group_id=None, enable_auto_commit=False,
                 isolation_level="read_committed", auto_offset_reset="earliest", request_timeout_ms=15000,
-                session_timeout_ms=6000, heartbeat_interval_ms=2000)
+                session_timeout_ms=6000, heartbeat_interval_ms=2000, **self.security)
         return self._reader
 
     def offsets(self, topic: str, partitions: Sequence[int]) -> dict[int, tuple[int, int]]:
@@ -364,8 +369,9 @@ class _ConfluentReader:
 
     _reader: Any = None  # the consumer, made when first needed
 
-    def __init__(self, servers: str):
+    def __init__(self, servers: str, opts: dict[str, Any] | None = None):
         self.servers = servers
+        self.security = librdkafka_conf(opts or {})
 
     def _fresh(self) -> Any:
         import confluent_kafka
@@ -373,7 +379,7 @@ class _ConfluentReader:
         # group.id only because the client wants one: no group is joined (assign, never subscribe)
         # and nothing is committed
         return confluent_kafka.Consumer({
-            "bootstrap.servers": self.servers, "group.id": "capturer-read-back", "enable.auto.commit": False,
+            **self.security, "bootstrap.servers": self.servers, "group.id": "capturer-read-back", "enable.auto.commit": False,
             "isolation.level": "read_committed", "enable.partition.eof": True, "auto.offset.reset": "earliest",
             "session.timeout.ms": 6000, "heartbeat.interval.ms": 2000})
 
@@ -451,19 +457,24 @@ def _confluent_available() -> bool:
 
 
 class _Confluent(_Client):
-    def __init__(self, servers: str, opts: dict[str, Any]):
+    def __init__(self, servers: str, opts: dict[str, Any], watch: Watch | None = None):
         import confluent_kafka
         from confluent_kafka.admin import AdminClient
 
-        self._read = _ConfluentReader(servers)
+        self._read = _ConfluentReader(servers, opts)
 
         self.servers = servers
         self.reports = _Reports()
         self._since_poll = 0
+        self.watch = watch or Watch()  # the producer's errors (error_cb): a refused login, a failed TLS handshake
         self.producer = confluent_kafka.Producer(self.conf(servers, opts))
-        self.admin = AdminClient({"bootstrap.servers": servers})
+        self.admin = AdminClient({**librdkafka_conf(opts), "bootstrap.servers": servers})
         # fail fast when no broker answers, like kafka-python's constructor does
-        md = self.producer.list_topics(timeout=10)
+        try:
+            md = self.producer.list_topics(timeout=10)
+        except Exception:
+            self.producer.poll(0)  # serves error_cb: what the broker connections said
+            raise
         if not md.brokers:
             raise SinkError(f"no broker reachable at {servers}")
 
@@ -473,8 +484,10 @@ class _Confluent(_Client):
         # so "nothing left and no error reported" means every message was acknowledged.
         # Idempotent: the producer's own retries write nothing twice and keep each
         # partition's order, so a partition holds a prefix of what was sent to it.
-        return {"bootstrap.servers": servers, "acks": "all", "enable.idempotence": True,
+        return {**librdkafka_conf(opts), "error_cb": self.watch,
+                "bootstrap.servers": servers, "acks": "all", "enable.idempotence": True,
                 "linger.ms": opts["linger_ms"], "message.timeout.ms": timeout_ms,
+                "message.max.bytes": opts.get("max_message_bytes", 1_048_576),
                 "compression.type": opts["compression"], "queue.buffering.max.messages": 1_000_000,
                 "delivery.report.only.error": True, "on_delivery": self.reports}
 
@@ -576,6 +589,10 @@ class KafkaSender(Sender):
         Key("read_back", p_bool, True, doc="read the last message of each partition back before writing to it "
             "with a new producer, and skip what Kafka holds already (no duplicates after a crash or a retry; "
             "needs read access to the topics); false = at least once"),
+        Key("max_message_bytes", p_int(1024, 1_000_000_000), 1_048_576,
+            doc="the largest message the producer sends (a row bigger stops the sender with an error naming it, "
+                "never dropped); the topics' max.message.bytes (the broker's message.max.bytes) must allow it too"),
+        *SECURITY_KEYS,
     ]
     batch_rows = 20_000
 
@@ -599,6 +616,11 @@ class KafkaSender(Sender):
         epoch = int(options.get("ha_epoch") or 0)
         self.epoch_header: list[tuple[str, bytes]] = [("capturer_epoch", str(epoch).encode())] if epoch else []
 
+    @staticmethod
+    def check_options(opts: dict[str, Any], where: Callable[[str], str]) -> None:
+        """At config time: the SASL and TLS keys (senders/kafka/security.py)."""
+        check_security(opts, where)
+
     def status(self) -> dict[str, Any]:
         st = super().status()
         st.update({"messages": self.messages, "client": self.options["client"], "format": self.fmt,
@@ -611,6 +633,18 @@ class KafkaSender(Sender):
         self._parts = {}
 
     def _new_client(self, servers: str) -> _Client:
+        watch = Watch()
+        try:
+            with watch.kafka_python():
+                return self._new_client_watched(servers, watch)
+        except Exception as exc:
+            # a refused login or a certificate the CA did not sign: retrying cannot help
+            why = watch.explain("", self.options, exc, f"[{self.name}]")
+            if why is not None:
+                raise SinkError(why, retriable=False) from None
+            raise
+
+    def _new_client_watched(self, servers: str, watch: Watch) -> _Client:
         try:
             if self.options["client"] == "confluent":
                 try:
@@ -618,7 +652,7 @@ class KafkaSender(Sender):
                 except ImportError:
                     raise SinkError("client=confluent needs confluent-kafka: "
                                     ".venv/bin/pip install confluent-kafka", retriable=False) from None
-                return _Confluent(servers, self.options)
+                return _Confluent(servers, self.options, watch)
             try:
                 import kafka  # noqa: F401
             except ImportError:
@@ -669,8 +703,9 @@ class KafkaSender(Sender):
             n = self.client.partitions(topic)
             if n == 0:
                 if not self.options["create_topics"]:
-                    raise SinkError(f"topic {topic!r} does not exist and create_topics=false",
-                                    retriable=False)
+                    raise SinkError(f"topic {topic!r} does not exist and create_topics = false "
+                                    f"in [{self.name}]: create the topic on the broker (kafka-topics.sh --create "
+                                    f"--topic {topic}), or set create_topics = true", retriable=False)
                 self.client.create_topic(topic, self.options["partitions"], self.options["replication_factor"])
                 deadline = time.monotonic() + 15
                 while n == 0 and time.monotonic() < deadline:
@@ -721,11 +756,13 @@ class KafkaSender(Sender):
             for txn in batch:
                 sent += self._send_txn(txn)
             self._flush_or_raise(self.client)
-        except SinkError:
+        except SinkError as exc:
             self.close()  # a fresh producer for the retry
+            self._raise_if_too_large(batch, exc)
             raise
         except Exception as exc:
             self.close()
+            self._raise_if_too_large(batch, exc)
             raise SinkError(f"produce failed: {exc}") from exc
         self.messages += sent
         self.marks.batch_done()
@@ -733,6 +770,40 @@ class KafkaSender(Sender):
             log.info("sender %s: %d messages Kafka held already were not sent again (%d so far)", self.name,
                      self.marks.skipped - self._skipped_logged, self.marks.skipped)
             self._skipped_logged = self.marks.skipped
+
+    def _raise_if_too_large(self, batch: list[Txn], exc: BaseException) -> None:
+        """A message bigger than Kafka takes (the producer's max_message_bytes, or the topic's
+        max.message.bytes on the broker): a fatal SinkError naming the table, the key and the sizes,
+        since sending it again cannot succeed, and dropping it would lose a row without a word."""
+        low = str(exc).lower()
+        if not ("message size too large" in low or "messagesizetoolarge" in low or "msg_size_too_large" in low
+                or "message_too_large" in low or "too large" in low and "message" in low):
+            return
+        biggest: tuple[int, str, str, str] | None = None  # (size, table, key, topic)
+        now_ms = int(time.time() * 1000)
+        for txn in batch:
+            if txn.ddl is not None or not txn.changes:
+                continue
+            seq0 = 0
+            for part in _slices(txn.changes, SLICE_ROWS):
+                for topic, _p, key, value, headers in self.row_messages(txn, part, seq0, self.encoder(now_ms)):
+                    size = len(key or b"") + len(value or b"") + sum(len(k) + len(v) for k, v in headers)
+                    if biggest is None or size > biggest[0]:
+                        ch = part[int(headers[2][1]) - seq0]
+                        biggest = (size, f"{ch.db}.{ch.table}", (key or b"").decode("utf-8", "replace")[:200], topic)
+                seq0 += len(part)
+        limit = self.options.get("max_message_bytes", 1_048_576)
+        if biggest is None:
+            raise SinkError(f"a message bigger than Kafka takes (max_message_bytes = {limit} "
+                            f"in [{self.name}], and the topics' max.message.bytes on the broker): {exc}",
+                            retriable=False) from None
+        size, table, shown, topic = biggest
+        raise SinkError(
+            f"a row of table {table} (key {shown or '(none)'}) is a message of about {size} bytes, "
+            f"more than Kafka takes: the producer's limit is max_message_bytes = {limit} (in [{self.name}]), and "
+            f"topic {topic!r} may have a lower max.message.bytes on the broker (its default is the broker's "
+            f"message.max.bytes, 1048588): raise both, or keep such rows out with the filter; the sender stops "
+            f"rather than drop it ({exc})", retriable=False) from None
 
     @staticmethod
     def _flush_or_raise(client: _Client) -> None:

@@ -28,6 +28,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from senders.kafka.security import Watch, kafka_python_conf, librdkafka_conf
+
 _TOPIC_BAD = re.compile(r"[^a-zA-Z0-9._-]")
 Name = tuple[str, str]
 
@@ -161,11 +163,14 @@ def _headers(raw: Any) -> dict[str, str]:
 class _Confluent:
     """Every partition of the topics it is given, read on from where it stopped."""
 
-    def __init__(self, servers: str):
+    def __init__(self, servers: str, opts: dict[str, Any] | None = None, who: str = "verify: sender kafka"):
         import confluent_kafka
 
+        self.opts = opts or {}
+        self.who = who
+        self.watch = Watch()  # the client's errors (error_cb): a refused login, a failed TLS handshake
         self.c = confluent_kafka.Consumer({
-            "bootstrap.servers": servers, "group.id": "capturer-verify", "enable.auto.commit": False,
+            **librdkafka_conf(self.opts), "error_cb": self.watch, "bootstrap.servers": servers, "group.id": "capturer-verify", "enable.auto.commit": False,
             "isolation.level": "read_committed", "enable.partition.eof": True, "auto.offset.reset": "earliest",
             "session.timeout.ms": 6000, "heartbeat.interval.ms": 2000})
         self.next: dict[tuple[str, int], int] = {}  # where each assigned partition's reading goes on
@@ -173,7 +178,15 @@ class _Confluent:
     def read(self, topics: Sequence[str], apply: Any, timeout: float) -> None:
         from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-        md = self.c.list_topics(timeout=10)  # every topic: asking for one could make a broker create it
+        try:
+            md = self.c.list_topics(timeout=10)  # every topic: asking for one could make a broker create it
+        except KafkaException as exc:
+            if not self.next:
+                self.c.poll(0)  # serves error_cb (nothing assigned yet: no message is taken)
+            why = self.watch.explain(self.who, self.opts, exc, "[kafka] of the senderConfig")
+            if why is not None:
+                raise RuntimeError(why) from None
+            raise
         for topic in topics:
             t = md.topics.get(topic)
             for p in sorted(t.partitions) if t is not None and t.error is None else []:
@@ -218,12 +231,24 @@ class _KafkaPython:
     """The same with kafka-python (where confluent-kafka is not installed): read until a
     poll returns nothing and every partition's position is at its end offset."""
 
-    def __init__(self, servers: str):
+    def __init__(self, servers: str, opts: dict[str, Any] | None = None, who: str = "verify: sender kafka"):
         from kafka import KafkaConsumer
 
-        self.c = KafkaConsumer(bootstrap_servers=servers.split(","), group_id=None, enable_auto_commit=False,
-                               isolation_level="read_committed", auto_offset_reset="earliest",
-                               request_timeout_ms=15000, session_timeout_ms=6000, heartbeat_interval_ms=2000)
+        opts = opts or {}
+        extra: dict[str, Any] = {"bootstrap_timeout_ms": 15000} \
+            if "bootstrap_timeout_ms" in KafkaConsumer.DEFAULT_CONFIG else {}
+        watch = Watch()
+        try:
+            with watch.kafka_python():
+                self.c = KafkaConsumer(bootstrap_servers=servers.split(","), group_id=None, enable_auto_commit=False,
+                                       isolation_level="read_committed", auto_offset_reset="earliest",
+                                       request_timeout_ms=15000, session_timeout_ms=6000, heartbeat_interval_ms=2000,
+                                       **extra, **kafka_python_conf(opts))
+        except Exception as exc:
+            why = watch.explain(who, opts, exc, "[kafka] of the senderConfig")
+            if why is not None:
+                raise RuntimeError(why) from None
+            raise
         self.next: dict[tuple[str, int], int] = {}
 
     def read(self, topics: Sequence[str], apply: Any, timeout: float) -> None:
@@ -280,9 +305,9 @@ class KafkaReader:
     def _reader(self) -> Any:
         if self._client is None:
             try:
-                self._client = _Confluent(self.o["servers"])
+                self._client = _Confluent(self.o["servers"], self.o, f"verify: sender {self.name}")
             except ImportError:
-                self._client = _KafkaPython(self.o["servers"])
+                self._client = _KafkaPython(self.o["servers"], self.o, f"verify: sender {self.name}")
         return self._client
 
     def destination(self, db: str, table: str) -> tuple[str, str]:
