@@ -187,11 +187,14 @@ def test_missing_topic_and_too_large_row(secure: dict[str, Any], tmp_path: Path)
     m.execute("CREATE DATABASE big", "CREATE TABLE big.docs (id INT PRIMARY KEY, body LONGTEXT)")
     procs: dict[str, CapturerProcess] = {}
     try:
-        for i, (name, extra) in enumerate([("missing", "create_topics=false\n"),
-                                           ("large", "max_message_bytes=4000000\n")]):
+        # missing: create_topics = false; large: the broker refuses it (the producer's limit raised);
+        # limit: the producer's own limit (kafka-python's, max_message_bytes at its default) refuses it
+        for i, (name, client, extra) in enumerate([("missing", "confluent", "create_topics=false\n"),
+                                                   ("large", "confluent", "max_message_bytes=4000000\n"),
+                                                   ("limit", "kafka-python", "")]):
             d = tmp_path / name
             d.mkdir()
-            cfg = write_config(d, sources, senders=kafka_section(b.servers, "confluent", name, "", extra))
+            cfg = write_config(d, sources, senders=kafka_section(b.servers, client, name, "", extra))
             cfg.write_text(cfg.read_text().replace("server_id=800", f"server_id={820 + i}"))
             procs[name] = CapturerProcess(cfg, d / "capturer.log").start()
         for p in procs.values():
@@ -209,6 +212,9 @@ def test_missing_topic_and_too_large_row(secure: dict[str, Any], tmp_path: Path)
         assert "create_topics = false" in log and re.search(r"topic 'missing\.[a-z_.]+' does not exist", log), log[-3000:]
         log = procs["large"].log.read_text(errors="replace")
         assert "big.docs" in log and "key" in log and "max_message_bytes = 4000000" in log, log[-3000:]
+        assert re.search(r"a message of about 15\d{5} bytes", log), log[-3000:]
+        log = procs["limit"].log.read_text(errors="replace")
+        assert "big.docs" in log and "max_message_bytes = 1048576" in log, log[-3000:]
         assert re.search(r"a message of about 15\d{5} bytes", log), log[-3000:]
         # the rows before it were written, the big row is not there (the capturer stopped on it: its
         # checkpoint stays before it, so a restart with the limits raised sends it)
