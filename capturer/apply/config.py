@@ -13,7 +13,7 @@ from typing import Any
 from capturer.config import SenderCatalog, SenderConfig, load_sender_config
 from capturer.errors import ConfigError
 from capturer.util.ini import Key, p_choice, p_float, p_int, p_list, p_nonempty, p_str, parse_section, read_ini
-from senders.kafka.security import SECURITY_KEYS, check_security, security_of
+from capturer.util.kafkasec import SECURITY_KEYS, check_security, security_of
 
 APPLY_SENDERS = ("mysql", "local", "spark")
 """The senders an applier drives (Kafka to Kafka is the broker's own job: MirrorMaker)."""
@@ -52,7 +52,7 @@ KEYS = [
     Key("maxBufferedRows", p_int(1000, 100_000_000), 1_000_000,
         doc="rows of incomplete transactions held in memory before table partitions read ahead are paused"),
     Key("logLevel", p_choice("debug", "info", "warning", "error"), "info"),
-    # SASL and TLS to Kafka, as the capturer's [kafka] sender (senders/kafka/security.py): the consumer and
+    # SASL and TLS to Kafka, as the capturer's [kafka] sender (capturer/util/kafkasec.py): the consumer and
     # the dead-letter producer
     *SECURITY_KEYS,
 ]

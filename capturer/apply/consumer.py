@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 from capturer.apply.regroup import TP, Msg
 from capturer.errors import FatalSourceError, SourceError
-from senders.kafka.security import Watch, kafka_python_conf, librdkafka_conf
+from capturer.util.kafkasec import Watch, kafka_python_conf, librdkafka_conf
 
 log = logging.getLogger(__name__)
 
@@ -312,7 +312,7 @@ class ConfluentConsumer:
 
 def make_consumer(client: str, servers: str, group: str, security: dict[str, Any] | None = None,
                   who: str = "applier", timeout: float = 15.0, where: str = "") -> Consumer:
-    """``security``: the SASL and TLS keys (senders/kafka/security.py); ``who``: names the applier, and
+    """``security``: the SASL and TLS keys (capturer/util/kafkasec.py); ``who``: names the applier, and
     ``where`` where its settings are, in errors; ``timeout``: seconds to wait for a first answer from Kafka."""
     if client == "confluent":
         try:

@@ -883,7 +883,7 @@ def _mysql_target(s: SenderConfig, cfg: AppConfig, out: Outcome) -> None:
 def _kafka_target(s: SenderConfig, out: Outcome, timeout: float) -> None:
     """A metadata answer from the bootstrap servers, with the client the sender is
     configured with, within its own time limit (before the probe's)."""
-    from senders.kafka.security import Watch
+    from capturer.util.kafkasec import Watch
 
     servers = s.options["servers"]
     wait = max(0.5, timeout - 2)  # (kafka-python takes a while past its own limit)
@@ -908,7 +908,7 @@ def _kafka_target(s: SenderConfig, out: Outcome, timeout: float) -> None:
 def _confluent_brokers(servers: str, wait: float, opts: dict[str, Any] | None = None, watch: Any = None) -> int:
     from confluent_kafka.admin import AdminClient
 
-    from senders.kafka.security import librdkafka_conf
+    from capturer.util.kafkasec import librdkafka_conf
 
     conf: dict[str, Any] = {**librdkafka_conf(opts or {}), "bootstrap.servers": servers, "logger": log}
     if watch is not None:
@@ -924,7 +924,7 @@ def _confluent_brokers(servers: str, wait: float, opts: dict[str, Any] | None = 
 def _kafka_python_brokers(servers: str, wait: float, opts: dict[str, Any] | None = None, watch: Any = None) -> int:
     from kafka.admin import KafkaAdminClient
 
-    from senders.kafka.security import Watch, kafka_python_conf
+    from capturer.util.kafkasec import Watch, kafka_python_conf
 
     kw: dict[str, Any] = {"bootstrap_servers": servers.split(","), "request_timeout_ms": int(wait * 1000),
                           **kafka_python_conf(opts or {})}

@@ -62,6 +62,7 @@ from capturer.model.encode import _fallback, _fastrows, dumps_compact
 from capturer.model.spill import SpilledChanges
 from capturer.util import failpoints
 from capturer.util.ini import Key, p_bool, p_choice, p_int, p_nonempty, p_str
+from capturer.util.kafkasec import SECURITY_KEYS, Watch, check_security, kafka_python_conf, librdkafka_conf
 from senders.base import Sender
 from senders.kafka.messages import (
     FORMATS,
@@ -75,7 +76,6 @@ from senders.kafka.messages import (
     truncate_message,
 )
 from senders.kafka.positions import END_POS, Marks, MsgKey, Record, message_key, read_marks, row_key
-from senders.kafka.security import SECURITY_KEYS, Watch, check_security, kafka_python_conf, librdkafka_conf
 
 log = logging.getLogger(__name__)
 
@@ -618,7 +618,7 @@ class KafkaSender(Sender):
 
     @staticmethod
     def check_options(opts: dict[str, Any], where: Callable[[str], str]) -> None:
-        """At config time: the SASL and TLS keys (senders/kafka/security.py)."""
+        """At config time: the SASL and TLS keys (capturer/util/kafkasec.py)."""
         check_security(opts, where)
 
     def status(self) -> dict[str, Any]:

@@ -28,7 +28,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from senders.kafka.security import Watch, kafka_python_conf, librdkafka_conf
+from capturer.util.kafkasec import Watch, kafka_python_conf, librdkafka_conf
 
 _TOPIC_BAD = re.compile(r"[^a-zA-Z0-9._-]")
 Name = tuple[str, str]

@@ -1,4 +1,4 @@
-"""The Kafka security keys (senders/kafka/security.py): what each library is given, what config
+"""The Kafka security keys (capturer/util/kafkasec.py): what each library is given, what config
 time refuses (naming file, line, section and key), and the errors explained naming the setting."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pytest
 from capturer import config
 from capturer.apply.config import load_apply_config
 from capturer.errors import ConfigError
+from capturer.util.kafkasec import explain, kafka_python_conf, librdkafka_conf, masked
 from senders import CATALOG
-from senders.kafka.security import explain, kafka_python_conf, librdkafka_conf, masked
 
 
 def sasl_ssl(ca: str, **kw: object) -> dict[str, object]:

@@ -89,6 +89,7 @@ def test_confluent_reports_undelivered_messages_without_success_reports() -> Non
 
     import confluent_kafka
 
+    from capturer.util.kafkasec import Watch
     from senders.kafka.sender import _Confluent, _ConfluentReader, _Reports
 
     with socket.socket() as s:
@@ -100,6 +101,7 @@ def test_confluent_reports_undelivered_messages_without_success_reports() -> Non
     before = threads()
     c = _Confluent.__new__(_Confluent)  # without __init__'s "is a broker there" probe
     c.reports, c._since_poll = _Reports(), 0
+    c.watch = Watch()
     c._read = _ConfluentReader(f"127.0.0.1:{port}")  # lazy: no consumer until a read-back
     conf = c.conf(f"127.0.0.1:{port}", {"linger_ms": 5, "compression": "none"}, timeout_ms=1500)
     assert conf["delivery.report.only.error"] is True
