@@ -6,7 +6,11 @@ FASTROWS = Extension("capturer._fastrows", ["capturer/_fastrows.c"], optional=Tr
                      extra_compile_args=["-O2"])
 
 # the Spark sender (a Parquet lake); its session also needs Java (sh start.sh installs one)
-SPARK = ["pyspark>=4.0,<5", "pyarrow>=14", "pandas<3"]
+SPARK = ["pyspark>=4.0,<5", "pyarrow>=14", "pandas<3", "deltalake>=1,<2"]
+# [spark] table_format=delta: Delta Lake 4.4.0 (senders/spark/deltajars.py, its jars resolved by Maven) runs on
+# Spark 4.2 only, so this extra pins PySpark 4.2 (no Delta release supports PySpark 4.3 yet); deltalake
+# (delta-rs) is the independent reader of the tests and of lake users without a JVM
+DELTA = ["pyspark>=4.2,<4.3", "pyarrow>=14", "pandas<3", "deltalake>=1,<2"]
 
 setup(
     name="binlog-capturer",
@@ -15,7 +19,8 @@ setup(
     python_requires=">=3.10",
     packages=find_packages(include=["capturer", "capturer.*", "senders", "senders.*", "devtools", "devtools.*"]),
     # the status page (GET /) and its vendored chart library
-    package_data={"capturer": ["ops/ui/*.html", "ops/ui/*.js", "ops/ui/*.css", "ops/ui/vendor/*", "apply/ui/*"]},
+    package_data={"capturer": ["ops/ui/*.html", "ops/ui/*.js", "ops/ui/*.css", "ops/ui/vendor/*", "apply/ui/*"],
+                  "senders": ["spark/delta-pom.xml"]},
     install_requires=[
         "PyMySQL>=1.2,<1.3",  # senders/mysql/sender.py FastCursor overrides Cursor._mogrify (1.2.x)
         "mysql-replication==1.0.17",
@@ -38,11 +43,12 @@ setup(
         # PostgreSQL regions (type=postgresql): libpq through psycopg 3's low-level pq API
         "postgresql": ["psycopg[binary]>=3.2,<4"],
         "spark": SPARK,
+        "delta": DELTA,
         # sh start.sh --demo full: the client the demo produces and consumes with, and the lake (with the
         # spark extra; start.sh adds Java, and Maven for the private Apache Kafka broker's jars)
         "demo": ["confluent-kafka>=2.3", *SPARK],
         "test": ["kafka-python>=3.0,<4", "crc32c>=2.3", "lz4", "zstandard", "orjson>=3.9", "ruff==0.17.6", "mypy>=1.10,<3", "psycopg[binary]>=3.2,<4", "pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100", "requests>=2.28", "confluent-kafka>=2.3",
-                 "websocket-client>=1.6"],  # drives headless Chromium (DevTools protocol) in the status page test
+                 "websocket-client>=1.6", "deltalake>=1,<2"],  # drives headless Chromium (DevTools protocol) in the status page test
     },
     ext_modules=[FASTROWS],
     entry_points={"console_scripts": ["capturer=capturer.__main__:main"]},

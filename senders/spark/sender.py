@@ -76,6 +76,10 @@ _AS_IS: dict[str, set[type]] = {
 
 class SparkSender(Sender):
     KEYS: ClassVar[list[Key]] = [
+        Key("table_format", p_choice("changelog", "delta"), "changelog",
+            doc="changelog = a Parquet changelog per table read through our merge-on-read views; delta = one "
+                "Delta Lake table per source table holding its current state, kept by MERGE "
+                "(senders/spark/deltasink.py; needs the delta extra)"),
         Key("master", p_nonempty, "local[*]", doc="Spark master: local[*], local[N] or spark://host:port"),
         Key("warehouse", p_nonempty, "./data/spark-warehouse", doc="where the lake tables live"),
         Key("database", p_nonempty, "cdc", doc="catalog database of the lake tables"),
@@ -88,6 +92,14 @@ class SparkSender(Sender):
         Key("app_name", p_str, "binlog-capturer"),
         Key("conf.*", p_str, doc="any Spark setting, e.g. conf.spark.driver.memory=2g"),
     ]
+
+    def __new__(cls, name: str, options: dict[str, Any], queue_rows: int = 100_000) -> SparkSender:
+        # table_format=delta: the Delta Lake sender (a subclass, imported only then)
+        if cls is SparkSender and options.get("table_format", "changelog") == "delta":
+            from senders.spark.deltasink import DeltaSender
+
+            return super().__new__(DeltaSender)
+        return super().__new__(cls)
 
     def __init__(self, name: str, options: dict[str, Any], queue_rows: int = 100_000):
         super().__init__(name, options, max(queue_rows, int(options["batch_rows"]) * 2))

@@ -1,0 +1,233 @@
+"""MariaDB -> the Spark sender with ``table_format=delta`` (real local Spark with the Delta
+Lake runtime, one session shared by the module): the Delta tables, read by Spark SQL and,
+independently, by the ``deltalake`` (delta-rs) package in a process of its own, equal the
+sources; kill -9 between a table's MERGE and the checkpoint never applies a change twice.
+
+Skipped where the installed PySpark is not the Spark minor version the pinned Delta release
+runs on (``deltajars.incompatible()``: e.g. PySpark 4.3 with Delta 4.4.0), or where Java, the
+cached jars or Maven, or ``deltalake`` are missing."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import ROOT, CapturerProcess, checkpoint_covers, wait_for, write_config
+from workload import SCHEMA, TABLES, Workload
+
+from capturer.util import failpoints
+from senders.spark import deltajars, lake
+from senders.spark.lakecli import canon, source_rows
+
+pytestmark = pytest.mark.integration
+pytest.importorskip("pyspark")
+pytest.importorskip("deltalake")
+if deltajars.incompatible():
+    pytest.skip(deltajars.incompatible(), allow_module_level=True)
+if shutil.which("java") is None or (not (deltajars.cache_dir() / "lib" / ".complete").exists()
+                                    and shutil.which("mvn") is None):
+    pytest.skip("table_format=delta needs java, and mvn or the cached Delta jars", allow_module_level=True)
+
+CONF = "conf.spark.driver.memory=512m\nconf.spark.sql.shuffle.partitions=2\n"
+
+
+@pytest.fixture(scope="module")
+def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    from senders.spark.deltasink import build_delta_session
+
+    s = build_delta_session({"master": "local[2]", "conf.*": {"spark.driver.memory": "512m"}},
+                            tmp_path_factory.mktemp("sparkhome"))
+    yield s
+    s.stop()
+
+
+def delta_senders(wh: Path, **extra: object) -> str:
+    opts: dict[str, object] = {"table_format": "delta", "master": "local[2]", "warehouse": wh,
+                               "batch_interval": 1.0}
+    opts.update(extra)
+    return "[global]\ntype=spark\n[spark]\n" + "".join(f"{k}={v}\n" for k, v in opts.items()) + CONF
+
+
+def sources(servers: list[Any]) -> list[dict[str, Any]]:
+    return [{"host": "127.0.0.1", "port": m.port, "user": "root", "password": ""} for m in servers]
+
+
+def want_rows(servers: list[Any], db: str, table: str) -> tuple[list[str], Counter[tuple[str, ...]]]:
+    cols: list[str] = []
+    rows: Counter[tuple[str, ...]] = Counter()
+    for src in sources(servers):
+        cols, got = source_rows(src, db, table)
+        rows.update(got)
+    return cols, rows
+
+
+def spark_rows(spark: Any, wh: Path, db: str, table: str, cols: list[str]) -> Counter[tuple[str, ...]]:
+    from senders.spark.verify import DeltaReader
+
+    r = DeltaReader("spark", {"warehouse": str(wh), "database": "cdc", "table_format": "delta"}, [])
+    r._spark = spark
+    return Counter(tuple(canon(row[c]) for c in cols) for row in r.rows((db, table), cols))
+
+
+# the independent reader: delta-rs (DataFusion through QueryBuilder, which honours column mapping),
+# in a process of its own (no JVM, no code of the sender)
+_DELTARS = r"""
+import json, sys
+from collections import Counter
+import deltalake, pyarrow as pa
+from senders.spark.lakecli import canon
+path, cols, keyless = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3] == "1"
+dt = deltalake.DeltaTable(path)
+t = pa.table(deltalake.QueryBuilder().register("t", dt).execute("SELECT * FROM t").read_all())
+c = Counter()
+for r in t.to_pylist():
+    c[tuple(canon(r[x]) for x in cols)] += (-1 if r["_op"] == "d" else 1) if keyless else 1
+print(json.dumps({"rows": [[list(k), n] for k, n in c.items() if n > 0], "version": dt.version(),
+                  "txn": {a: dt.transaction_version(a) for a in json.loads(sys.argv[4])}}))
+"""
+
+
+def deltars_rows(wh: Path, db: str, table: str, cols: list[str], app_ids: tuple[str, ...] = ()
+                 ) -> tuple[Counter[tuple[str, ...]], dict[str, Any]]:
+    tdir = wh / lake.table_name(db, table)
+    keyless = not json.loads((tdir / "_capturer.json").read_text())["pk"]
+    out = subprocess.run([sys.executable, "-c", _DELTARS, str(tdir), json.dumps(cols), "1" if keyless else "0",
+                          json.dumps(list(app_ids))], capture_output=True, text=True, cwd=str(ROOT), timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    d = json.loads(out.stdout)
+    return Counter({tuple(k): n for k, n in d["rows"]}), d
+
+
+def assert_equal(spark: Any, wh: Path, servers: list[Any], db: str, table: str) -> None:
+    cols, want = want_rows(servers, db, table)
+    got = spark_rows(spark, wh, db, table, cols)
+    assert got == want, f"{db}.{table} by Spark SQL: missing {list((want - got).items())[:3]}, " \
+                        f"extra {list((got - want).items())[:3]}"
+    rs, _ = deltars_rows(wh, db, table, cols)
+    assert rs == want, f"{db}.{table} by deltalake: missing {list((want - rs).items())[:3]}, " \
+                       f"extra {list((rs - want).items())[:3]}"
+
+
+def commit_keys(tdir: Path) -> list[tuple[int, list[Any]]]:
+    """(txnVersion, stream key) of every commit of the sender, in log order."""
+    out = []
+    for f in sorted((tdir / "_delta_log").glob("[0-9]*.json")):
+        txn, meta = None, None
+        for line in f.read_text().splitlines():
+            a = json.loads(line)
+            txn = a.get("txn", {}).get("version", txn)
+            meta = (a.get("commitInfo") or {}).get("userMetadata", meta)
+        if txn is not None:
+            out.append((txn, json.loads(meta)["capturer_key"]))
+    return out
+
+
+def test_workload_types_and_ddl_equal_the_sources(tmp_path: Path, two_servers, spark, capturer_running) -> None:  # type: ignore[no-untyped-def]
+    for m in two_servers:
+        m.execute(*SCHEMA)
+    m1 = two_servers[0]
+    m1.execute(
+        "CREATE DATABASE ty",
+        """CREATE TABLE ty.t (id INT PRIMARY KEY, d DECIMAL(20,6), dt6 DATETIME(6), ts TIMESTAMP(6) NULL,
+           j JSON, b BLOB, bits BIT(5), s VARCHAR(50), u BIGINT UNSIGNED, dd DATE, tm TIME(3), f DOUBLE,
+           e ENUM('x','y'), st SET('a','b','c'), y YEAR, gone INT, old_name VARCHAR(10))""",
+        "CREATE TABLE ty.trunc (id INT PRIMARY KEY, v INT)",
+        "CREATE TABLE ty.dropped (id INT PRIMARY KEY)",
+    )
+    wh = tmp_path / "wh"
+    cfg = write_config(tmp_path, two_servers, senders=delta_senders(wh))
+    t0 = time.monotonic()
+    with capturer_running(cfg) as cap:
+        loads = [Workload(m, i + 1, 70 + i) for i, m in enumerate(two_servers)]
+        threads = [w.thread(150) for w in loads]
+        m1.execute(
+            "SET time_zone='+00:00'",
+            """INSERT INTO ty.t VALUES (1, -12345678901234.123456, '2024-02-29 23:59:59.999999',
+               '2024-01-02 03:04:05.123456', '{"k": [1]}', X'00ff', b'10101', 'héllo 😀', 18446744073709551615,
+               '1999-12-31', '-838:59:59.000', 1.5e300, 'y', 'a,c', 2155, 7, 'o'), (2, NULL, NULL, NULL, NULL, NULL,
+               NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL), (5, 5, NULL, NULL, NULL, NULL,
+               NULL, 'five', NULL, NULL, NULL, NULL, NULL, NULL, NULL, 5, 'five')""",
+            "UPDATE ty.t SET id = 10, s = 'moved' WHERE id = 5",  # a key change
+            "BEGIN", "DELETE FROM ty.t WHERE id = 1", "ROLLBACK",
+            "ALTER TABLE ty.t ADD COLUMN added VARCHAR(10) DEFAULT 'dflt'",
+            "INSERT INTO ty.t (id, added) VALUES (3, 'new')",
+            "UPDATE ty.t SET added = 'set' WHERE id IN (1, 2)",
+            "ALTER TABLE ty.t DROP COLUMN gone",
+            "ALTER TABLE ty.t RENAME COLUMN old_name TO new_name",
+            "INSERT INTO ty.t (id, new_name) VALUES (4, 'renamed')",
+            "DELETE FROM ty.t WHERE id = 2",
+            "INSERT INTO ty.trunc VALUES (1, 1), (2, 2)",
+            "TRUNCATE TABLE ty.trunc",
+            "INSERT INTO ty.trunc VALUES (3, 3)",
+            "INSERT INTO ty.dropped VALUES (1)",
+        )
+        wait_for(lambda: (wh / "ty__dropped" / "_delta_log").is_dir(), 120, "ty.dropped's Delta table")
+        m1.execute("DROP TABLE ty.dropped")
+        for t in threads:
+            t.join()
+        assert not any(w.errors for w in loads), [w.errors for w in loads]
+        wait_for(lambda: checkpoint_covers(tmp_path, two_servers), 180, "Delta to catch up")
+        st = cap.senders[0].status()
+        print(f"load + catch-up: {time.monotonic() - t0:.1f}s; {st['merges']} MERGEs of {st['merged_rows']} "
+              f"changes in {st['merge_seconds']:.1f}s")
+    for table in TABLES:
+        assert_equal(spark, wh, two_servers, "app", table)
+    for table in ("t", "trunc"):
+        assert_equal(spark, wh, [m1], "ty", table)
+    assert not (wh / "ty__dropped").exists()
+    types = dict(spark.read.format("delta").load(str(wh / "ty__t")).dtypes)
+    assert types["dt6"] == "timestamp_ntz" and types["u"] == "decimal(20,0)" and types["d"] == "decimal(38,6)"
+    assert "gone" not in types and "new_name" in types and "old_name" not in types
+    # every commit of the sender carries its txn pair; versions and keys only grow
+    for table in TABLES:
+        keys = commit_keys(wh / f"app__{table}")
+        assert keys and [k for k, _ in keys] == sorted({k for k, _ in keys})
+        assert [k for _, k in keys] == sorted(k for _, k in keys)
+        _, d = deltars_rows(wh, "app", table, [], (f"binlog-capturer/spark/app__{table}",))
+        assert d["txn"][f"binlog-capturer/spark/app__{table}"] == keys[-1][0]
+
+
+def test_kill9_between_merge_and_checkpoint_applies_nothing_twice(
+        tmp_path: Path, two_servers, spark, monkeypatch: pytest.MonkeyPatch) -> None:
+    for m in two_servers:
+        m.execute(*SCHEMA)
+    wh = tmp_path / "wh"
+    cfg = write_config(tmp_path, two_servers, senders=delta_senders(wh))
+    log = tmp_path / "capturer.log"
+    loads = [Workload(m, i + 1, 90 + i) for i, m in enumerate(two_servers)]
+    threads = [w.thread(10**7) for w in loads]  # until stopped, after the kills (the kills need batches)
+    t0 = time.monotonic()
+    # twice: the capturer kills itself right after a table's MERGE committed (often between the
+    # tables of one batch), before any checkpoint holds that batch
+    for n in (4, 3):
+        monkeypatch.setenv(failpoints.ENV, f"spark.committed=kill@{n}")
+        proc = CapturerProcess(cfg, log).start()
+        assert proc.proc is not None
+        assert proc.proc.wait(240) == -9
+    monkeypatch.delenv(failpoints.ENV)
+    for w in loads:
+        w.stop.set()
+    proc = CapturerProcess(cfg, log).start()
+    for t in threads:
+        t.join(60)
+    assert not any(w.errors for w in loads), [w.errors for w in loads]
+    wait_for(lambda: checkpoint_covers(tmp_path, two_servers), 240, "catch-up after the kills")
+    assert proc.stop() == 0
+    print(f"load, 2 kills and a catch-up: {time.monotonic() - t0:.1f}s; {sum(w.txns for w in loads)} source "
+          f"transactions")
+    for table in TABLES:
+        assert_equal(spark, wh, two_servers, "app", table)
+        keys = commit_keys(wh / f"app__{table}")
+        assert [k for _, k in keys] == sorted(k for _, k in keys), f"{table}: a commit went back in the stream"
+        assert len({tuple(k) for _, k in keys}) == len(keys), f"{table}: a batch was merged twice"
+    # the append-only table: each change identity once (a replayed change would be appended again)
+    ids = spark.read.format("delta").load(str(wh / "app__log")).select("_commit_ts", "_region", "_seq", "_sub")
+    assert ids.count() == ids.distinct().count() > 0

@@ -1,0 +1,74 @@
+"""table_format=delta without Spark: the DDL parser, the position read back from a Delta log,
+the choice of sender and reader by table_format, and the PySpark/Delta version check."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from senders.spark import deltajars
+from senders.spark.deltasink import DeltaSender, parse_alter, read_position
+from senders.spark.sender import SparkSender
+from senders.spark.verify import DeltaReader, LakeReader
+
+
+def test_parse_alter() -> None:
+    assert parse_alter("ALTER TABLE t DROP COLUMN a, DROP INDEX i, DROP `b c`") == [("drop", "a", ""),
+                                                                                   ("drop", "b c", "")]
+    assert parse_alter("alter table d.t rename column x to y") == [("rename", "x", "y")]
+    assert parse_alter("ALTER TABLE t CHANGE old new VARCHAR(10), CHANGE same same INT") == [("rename", "old", "new")]
+    assert parse_alter("ALTER TABLE t RENAME TO u") == [("rename_table", "", "u")]
+    assert parse_alter("ALTER TABLE t ADD COLUMN c INT, MODIFY d BIGINT") == []
+    assert parse_alter("ALTER TABLE t /* x */ DROP PRIMARY KEY") == []
+
+
+def _commit(logdir: Path, n: int, *actions: dict[str, object]) -> None:
+    logdir.mkdir(parents=True, exist_ok=True)
+    (logdir / f"{n:020d}.json").write_text("".join(json.dumps(a) + "\n" for a in actions))
+
+
+def test_read_position_takes_the_newest_commit_of_the_app(tmp_path: Path) -> None:
+    log = tmp_path / "_delta_log"
+    assert read_position(tmp_path, "a") == (0, None, True)
+    _commit(log, 0, {"commitInfo": {"operation": "CREATE TABLE"}})
+    _commit(log, 1, {"commitInfo": {"userMetadata": json.dumps({"capturer_key": [5, "r1", 0]})}},
+            {"txn": {"appId": "a", "version": 5}})
+    _commit(log, 2, {"commitInfo": {"userMetadata": json.dumps({"capturer_key": [9, "r2", 0]})}},
+            {"txn": {"appId": "a", "version": 9}})
+    _commit(log, 3, {"commitInfo": {"operation": "OPTIMIZE"}})  # someone else's commit
+    _commit(log, 4, {"txn": {"appId": "b", "version": 100}})
+    assert read_position(tmp_path, "a") == (9, (9, "r2", 0), True)
+    assert read_position(tmp_path, "b") == (100, None, False)  # no key: not exact
+    assert read_position(tmp_path, "c") == (0, None, True)
+
+
+def _opts(tmp_path: Path, fmt: str) -> dict[str, object]:
+    return {"table_format": fmt, "warehouse": str(tmp_path), "database": "cdc", "batch_rows": 10,
+            "batch_interval": 0, "compaction_interval": 0, "writer": "arrow", "master": "local[1]"}
+
+
+def test_table_format_chooses_the_sender_and_the_reader(tmp_path: Path) -> None:
+    assert type(SparkSender("s", _opts(tmp_path, "changelog"))) is SparkSender
+    d = SparkSender("s", _opts(tmp_path, "delta"))
+    assert isinstance(d, DeltaSender) and d.app_id("db__t") == "binlog-capturer/s/db__t"
+    assert d.resume_key() is None
+    assert type(LakeReader("s", _opts(tmp_path, "changelog"), [])) is LakeReader
+    assert type(LakeReader("s", _opts(tmp_path, "delta"), [])) is DeltaReader
+
+
+def test_a_pyspark_the_delta_release_does_not_run_on_is_named() -> None:
+    assert deltajars.incompatible(deltajars.SPARK_MINOR + ".1") == ""
+    why = deltajars.incompatible("4.3.0")
+    assert "PySpark 4.3.0" in why and f"Spark {deltajars.SPARK_MINOR}" in why and "[delta]" in why
+
+
+def test_open_refuses_an_incompatible_pyspark(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from capturer.errors import SinkError
+
+    monkeypatch.setattr(deltajars, "incompatible", lambda: "table_format=delta: no")
+    s = SparkSender("s", _opts(tmp_path, "delta"))
+    with pytest.raises(SinkError, match="table_format=delta: no") as e:
+        s.open()
+    assert not e.value.retriable
