@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
+import importlib
 import importlib.util
 import logging
 import os
@@ -96,9 +97,10 @@ class SparkSender(Sender):
     def __new__(cls, name: str, options: dict[str, Any], queue_rows: int = 100_000) -> SparkSender:
         # table_format=delta: the Delta Lake sender (a subclass, imported only then)
         if cls is SparkSender and options.get("table_format", "changelog") == "delta":
-            from senders.spark.deltasink import DeltaSender
-
-            return super().__new__(DeltaSender)
+            # loaded by name, as the registry loads a sender (senders/__init__.py): the Delta sender is a
+            # subclass of this one, so this module does not import it
+            delta: type[SparkSender] = importlib.import_module("senders.spark.deltasink").DeltaSender
+            return super().__new__(delta)
         return super().__new__(cls)
 
     def __init__(self, name: str, options: dict[str, Any], queue_rows: int = 100_000):
