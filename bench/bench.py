@@ -18,6 +18,7 @@ import json
 import os
 import random
 import re
+import signal
 import sys
 import tempfile
 import threading
@@ -1589,6 +1590,31 @@ def apply_lag(d: Path, servers: list[MariaDBInstance], target: MariaDBInstance, 
             "p50_ms": pct(0.50), "p99_ms": pct(0.99), "max_ms": pct(1.0)}
 
 
+class _PartWatchdog:
+    """A part that hangs says where: after ``seconds`` every thread's stack and the processes the bench
+    started go to stderr, then SIGTERM ends the run the usual way (results written, processes stopped)."""
+
+    def __init__(self, name: str, seconds: float) -> None:
+        self.name, self.done = name, threading.Event()
+        threading.Thread(target=self._watch, args=(seconds,), daemon=True, name=f"watchdog-{name}").start()
+
+    def _watch(self, seconds: float) -> None:
+        if self.done.wait(seconds):
+            return
+        import faulthandler
+
+        print(f"\nbench: part {self.name!r} still running after {seconds:.0f} s; its threads:", file=sys.stderr,
+              flush=True)
+        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+        for pid, cmd in sorted(_descendants().items()):
+            print(f"bench: process {pid}: {' '.join(cmd)[:300]}", file=sys.stderr)
+        sys.stderr.flush()
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    def cancel(self) -> None:
+        self.done.set()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=200_000, help="inserts per run (split over regions)")
@@ -1614,8 +1640,10 @@ def main() -> int:
     ap.add_argument("--out", help="where the results go (default: bench/results/<date>[-<parts>].json; "
                     "--smoke: nowhere)")
     ap.add_argument("--fail-part", default="", help=argparse.SUPPRESS)  # the bench's own test: that part fails
+    ap.add_argument("--part-timeout", type=float, default=0, help="a part running longer than this many seconds "
+                    "prints every thread's stack and the processes it started, and the run ends as on SIGTERM "
+                    "(what was measured is written, every process stopped); 0: no limit")
     args = ap.parse_args()
-    import signal
 
     # SIGTERM (a CI timeout, kill) ends the run as Ctrl-C does: what was measured is written, every process stopped
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -1659,6 +1687,7 @@ def main() -> int:
         the processes it left are stopped, and the run goes on with the next part."""
         t_part = time.perf_counter()
         extra_before = len(extra)
+        watchdog = _PartWatchdog(name, args.part_timeout) if args.part_timeout > 0 else None
         try:
             _FAIL_NEXT_RUN[:] = [name] if name == args.fail_part else []
             yield
@@ -1677,6 +1706,8 @@ def main() -> int:
             if stopped:
                 print(f"bench: stopped what part {name!r} left running: {stopped}", file=sys.stderr)
         finally:
+            if watchdog is not None:
+                watchdog.cancel()
             _FAIL_NEXT_RUN.clear()
             results.setdefault("part_seconds", {})[name] = round(time.perf_counter() - t_part, 1)
             save()

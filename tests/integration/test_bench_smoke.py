@@ -14,12 +14,18 @@ from helpers import ROOT
 pytestmark = pytest.mark.integration
 
 
-def test_bench_smoke_every_row_arrives() -> None:
-    r = subprocess.run(
-        [sys.executable, "bench/bench.py", "--rows", "5000", "--smoke", "--only", "file,mysql,apply,kafka,spark,all,senderprocs,ha"],
-        cwd=ROOT, capture_output=True, text=True, timeout=900, env=dict(os.environ, PYTHONPATH=str(ROOT)),
-    )
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+def test_bench_smoke_every_row_arrives(tmp_path: Path) -> None:
+    # a part that hangs prints its threads' stacks and ends the run (--part-timeout) well before pytest's own
+    # timeout would end this test and lose the bench's output: stdout and stderr go to files kept for the report
+    out, err = tmp_path / "stdout", tmp_path / "stderr"
+    with out.open("w") as o, err.open("w") as e:
+        rc = subprocess.run(
+            [sys.executable, "bench/bench.py", "--rows", "5000", "--smoke", "--part-timeout", "150",
+             "--only", "file,mysql,apply,kafka,spark,all,senderprocs,ha"],
+            cwd=ROOT, stdout=o, stderr=e, text=True, timeout=560, env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        ).returncode
+    r = subprocess.CompletedProcess([], rc, out.read_text(), err.read_text())
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-6000:]
     for part in ("capturer -> file", "capturer -> mysql", "capturer -> kafka (kafka-python)",
                  "capturer -> kafka (confluent)", "capturer -> spark", "capturer -> all four at once",
                  # process=true: each sender in a process of its own
