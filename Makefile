@@ -1,8 +1,10 @@
 # Shortcuts for the common developer commands (each is one line of the README's; the scripts set themselves up).
-.PHONY: test test-all lint typecheck demo demo-full check check-connect bench
+.PHONY: test test-fast test-all lint typecheck demo demo-full check check-connect bench
 
 test:          ## the tests CI runs (sets up everything)
 	sh tests/run.sh
+test-fast:     ## lint, types, unit tests and one end-to-end test (< 5 minutes; for every change)
+	sh tests/fast.sh
 test-all:      ## every test, the slow ones too (the chaos suite's full run)
 	sh tests/run.sh --runslow
 lint:          ## ruff
