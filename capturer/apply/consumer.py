@@ -211,12 +211,36 @@ class ConfluentConsumer:
         self.watch.texts.clear()
 
     def add(self, tps: Iterable[TP]) -> None:
-        from confluent_kafka import OFFSET_STORED, TopicPartition
+        """Read these partitions too, each from the group's committed offset, else its beginning.
+
+        The committed offsets are fetched here, with retries, and the partitions assigned at them:
+        assigned at OFFSET_STORED, librdkafka fetches them itself, and a fetch answered with a
+        request-level NOT_COORDINATOR (a broker whose group coordinator is still loading: any fresh
+        or restarted broker) leaves the partition waiting forever, no error, no message
+        (librdkafka issue 5586; it hung an applier here)."""
+        from confluent_kafka import OFFSET_BEGINNING, KafkaException, TopicPartition
 
         new = [tp for tp in tps if tp not in self.assigned]
-        if new:
-            self.c.incremental_assign([TopicPartition(t, p, OFFSET_STORED) for t, p in new])
-            self.assigned.update(new)
+        if not new:
+            return
+        deadline = time.monotonic() + 4 * self.timeout
+        while True:
+            try:
+                got = self.c.committed([TopicPartition(t, p) for t, p in new], timeout=self.timeout)
+                bad = [tp for tp in got if tp.error is not None]
+                if not bad:
+                    break
+                why: Any = bad[0].error
+            except KafkaException as exc:
+                why = exc
+            if time.monotonic() > deadline:
+                raise SourceError(f"Kafka at {self.servers}: cannot read the committed offsets of "
+                                  f"{', '.join(f'{t}[{p}]' for t, p in new)}: {why}")
+            log.warning("Kafka consumer: committed offsets not read yet (%s); retrying", why)
+            time.sleep(0.5)
+        self.c.incremental_assign([TopicPartition(tp.topic, tp.partition,
+                                                  tp.offset if tp.offset >= 0 else OFFSET_BEGINNING) for tp in got])
+        self.assigned.update(new)
 
     def poll(self, max_msgs: int, timeout: float) -> list[Msg]:
         from confluent_kafka import KafkaError
