@@ -428,10 +428,11 @@ class Cluster:
     """``n`` Apache Kafka nodes on 127.0.0.1, each a broker and a controller (a KRaft quorum of ``n``),
     for tests that need leader changes: replication factor min(3, n) for new and internal topics,
     ``min.insync.replicas`` min(2, n). ``brokers[i]`` is node i + 1, a Broker (stop, kill and start one
-    to move its partitions' leadership to the others). ``servers`` lists every node."""
+    to move its partitions' leadership to the others; ``node``: a Broker subclass to make them of).
+    ``servers`` lists every node."""
 
     def __init__(self, n: int = 3, *, partitions: int = 3, auto_create: bool = True,
-                 settings: dict[str, str] | None = None):
+                 settings: dict[str, str] | None = None, node: type[Broker] = Broker):
         ports = [free_port() for _ in range(n)]
         cports = [free_port() for _ in range(n)]
         voters = ",".join(f"{i + 1}@127.0.0.1:{c}" for i, c in enumerate(cports))
@@ -441,7 +442,7 @@ class Cluster:
                   "transaction.state.log.min.isr": isr, "share.coordinator.state.topic.replication.factor": rf,
                   "share.coordinator.state.topic.min.isr": isr, **(settings or {})}
         cid = new_cluster_id()
-        self.brokers = [Broker(ports[i], partitions=partitions, auto_create=auto_create, settings=common,
+        self.brokers = [node(ports[i], partitions=partitions, auto_create=auto_create, settings=common,
                                node_id=i + 1, controller_port=cports[i], voters=voters, cluster_id=cid)
                         for i in range(n)]
 

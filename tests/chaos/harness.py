@@ -48,8 +48,8 @@ class PersistentBroker(Broker):
     """The suite's Apache Kafka broker (a JVM of its own; a restart keeps every topic), with the
     figures of its restarts: how long each SIGTERM stop took, and how many did not finish in time."""
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
         self.killed_after_term = 0  # stops that SIGTERM did not finish in time
         self.stop_seconds: list[float] = []
 
@@ -67,6 +67,56 @@ class PersistentBroker(Broker):
                 self.killed_after_term += 1
             self.stop_seconds.append(time.monotonic() - t0)
             self.proc = None
+
+
+class ChaosKafka:
+    """The suite's Kafka: one broker, or a cluster of three (replication factor 3, ``min.insync.replicas``
+    2) whose faults move partition leaders: a broker killed or stopped hands its leaderships to the
+    others, and the controller hands them back (preferred leader election every few seconds) once it
+    is back. Every node keeps its log across restarts."""
+
+    def __init__(self, n: int) -> None:
+        from devtools.local_kafka import Cluster
+
+        self.cluster = None if n == 1 else Cluster(
+            n, node=PersistentBroker, settings={"leader.imbalance.check.interval.seconds": "5",
+                                                "leader.imbalance.per.broker.percentage": "0"})
+        self.brokers: list[PersistentBroker] = ([PersistentBroker()] if self.cluster is None
+                                                else self.cluster.brokers)  # type: ignore[assignment]
+
+    @property
+    def servers(self) -> str:
+        return ",".join(b.servers for b in self.brokers)
+
+    def start(self) -> ChaosKafka:
+        if self.cluster is not None:
+            self.cluster.start()
+        else:
+            self.brokers[0].start()
+        return self
+
+    @property
+    def killed_after_term(self) -> int:
+        return sum(b.killed_after_term for b in self.brokers)
+
+    @property
+    def stop_seconds(self) -> list[float]:
+        return [x for b in self.brokers for x in b.stop_seconds]
+
+    def leaders_on(self, broker: PersistentBroker) -> set[tuple[str, int]]:
+        """The partitions ``broker`` leads, as another running broker's metadata says (empty with one)."""
+        from confluent_kafka.admin import AdminClient
+
+        others = [o.servers for o in self.brokers if o is not broker and o.proc is not None]
+        if not others:
+            return set()
+        md = AdminClient({"bootstrap.servers": ",".join(others)}).list_topics(timeout=30)
+        return {(t, p) for t, tm in md.topics.items() for p, pm in tm.partitions.items()
+                if pm.leader == broker.node_id}
+
+    def cleanup(self) -> None:
+        for b in self.brokers:
+            b.cleanup()
 
 
 # ----------------------------------------------------------------------------- workload
@@ -262,7 +312,9 @@ class Plan:
     seed: int
     kills: int  # kill -9 in total (random moments + at failpoints)
     target_outage: float  # seconds the MySQL target is down
-    broker_restarts: int = 1
+    broker_restarts: int = 1  # a broker stopped with SIGTERM (of a cluster: one at random) and started again
+    broker_kills: int = 0  # a broker killed with SIGKILL (kill -9) and started again
+    kafka_brokers: int = 1  # 3: a cluster (replication factor 3, min.insync.replicas 2); its faults move leaders
     source_restarts: int = 1
     gap: tuple[float, float] = (3.0, 7.0)  # seconds of load between faults
     big_rows: int = 600
@@ -293,6 +345,7 @@ class Figures:
     status_junk: int = 0
     elapsed: float = 0.0
     takeovers: list[float] = field(default_factory=list)  # seconds from kill -9 of the active to the standby running
+    leader_moves: int = 0  # partitions whose leader moved away from a broker that was stopped or killed
 
     def max_recovery(self) -> float:
         return max((r for _, r in self.recoveries), default=0.0)
@@ -306,7 +359,8 @@ class Figures:
             f"rows diverged {self.diverged}; duplicates (identified by region, commit_ts, seq) {self.duplicates}; "
             f"max recovery {worst[1]:.1f}s ({worst[0]}); status answers {self.status_ok} "
             f"(+{self.status_junk} junk requests); broker stops on SIGTERM took "
-            f"{[round(x, 1) for x in self.broker_stops]} s; {self.elapsed:.0f}s"
+            f"{[round(x, 1) for x in self.broker_stops]} s; partition leaders moved {self.leader_moves}; "
+            f"{self.elapsed:.0f}s"
             + (f"; takeovers {len(self.takeovers)}: p50 {statistics.median(self.takeovers):.1f} s, max "
                f"{max(self.takeovers):.1f} s" if self.takeovers else "")
         )
@@ -354,7 +408,7 @@ class ChaosRun:
         self.fig = Figures()
         self.sources: list[MariaDBInstance] = []
         self.target: MariaDBInstance | None = None
-        self.broker: PersistentBroker | None = None
+        self.broker: ChaosKafka | None = None
         self.cp = tmp / "checkpoint.json"
         self.out = tmp / "out" / "changes.jsonl"
         self.wh = tmp / "wh"
@@ -377,7 +431,7 @@ class ChaosRun:
             for m in self.sources:
                 m.execute(*CHAOS_SCHEMA)
             self.target = MariaDBInstance(self.tmp / "target", server_id=99, binlog=False).start()
-            self.broker = PersistentBroker().start()
+            self.broker = ChaosKafka(self.plan.kafka_brokers).start()
             if self.ha:
                 from devtools.local_etcd import EtcdCluster
 
@@ -412,7 +466,7 @@ class ChaosRun:
             f"[global]\ntype={','.join(senders)}\n"
             f"[local]\nfilepath={self.out}\nrotate_mb=4\n"
             f"[mysql]\nhost=127.0.0.1\nport={self.target.port}\nuser=root\npassword=\nthreadnum=4\n"
-            f"[kafka]\nservers={self.broker.servers}\nclient={p.kafka_client}\n"
+            f"[kafka]\nservers={self.broker.servers}\nclient={p.kafka_client}\nreplication_factor={p.kafka_brokers}\n"
             f"[spark]\nmaster=local[1]\nwarehouse={self.wh}\nbatch_interval=1\ncompaction_interval=0\n"
         )
         (t / "filter_rule.txt").write_text("")
@@ -506,18 +560,35 @@ class ChaosRun:
         self.fig.recoveries.append(("MySQL target back", wait(lambda: self.cp_ts() > before, 300,
                                                              "progress after the target came back")))
 
-    def broker_restart(self) -> None:
+    def broker_restart(self, kill: bool = False) -> None:
+        """A broker (of a cluster: one at random) stopped with SIGTERM, or killed with SIGKILL, and
+        started again after 1-4 s. With one broker the capturer's Kafka sender waits for it; in a
+        cluster its leaderships move to the others and back once it returns."""
         assert self.broker is not None
-        self.broker.stop_gracefully()
-        self.fig.broker_stops = list(self.broker.stop_seconds)
-        if self.broker.killed_after_term:
-            self.fig.faults["Kafka broker did not stop on SIGTERM in 120 s (killed)"] += 1
+        b = self.rng.choice(self.broker.brokers)
+        led = self.broker.leaders_on(b)
+        if kill:
+            b.kill()
+        else:
+            b.stop_gracefully()
+            self.fig.broker_stops = list(self.broker.stop_seconds)
+            if self.broker.killed_after_term:
+                self.fig.faults["Kafka broker did not stop on SIGTERM in 120 s (killed)"] += 1
+        if len(self.broker.brokers) > 1:  # the partitions it led are led by others (after its session lapses)
+            deadline = time.monotonic() + 30
+            while self.broker.leaders_on(b) and time.monotonic() < deadline:
+                time.sleep(0.5)
+            self.fig.leader_moves += len(led) - len(self.broker.leaders_on(b))
         time.sleep(self.rng.uniform(1, 4))
         before = self.cp_ts()
-        self.broker.start()
-        self.fig.faults["Kafka broker restarted"] += 1
+        b.start()
+        of = f" (1 of {len(self.broker.brokers)})" if len(self.broker.brokers) > 1 else ""
+        self.fig.faults[f"Kafka broker {'killed (kill -9)' if kill else 'restarted'}{of}"] += 1
         self.fig.recoveries.append(("broker back", wait(lambda: self.cp_ts() > before, 300,
                                                        "progress after the broker restart")))
+
+    def broker_kill(self) -> None:
+        self.broker_restart(kill=True)
 
     def source_restart(self) -> None:
         i = self.rng.randrange(len(self.sources))
@@ -549,7 +620,8 @@ class ChaosRun:
             kills.append(special[k] if k < len(special) else
                          (self.kill_random if self.rng.random() < 0.6 else self.rng.choice(special)))
         others: list[Callable[[], None]] = [self.target_outage]
-        others += [self.broker_restart] * p.broker_restarts + [self.source_restart] * p.source_restarts
+        others += [self.broker_restart] * p.broker_restarts + [self.broker_kill] * p.broker_kills
+        others += [self.source_restart] * p.source_restarts
         faults = kills + others
         self.rng.shuffle(faults)
         return faults
@@ -659,27 +731,44 @@ class Rec(tuple):  # (topic, partition, offset, key, value, headers, timestamp m
     timestamp = property(lambda self: self[6])
 
 
-def consume_fast(servers: str, idle: float = 15.0, first: float = 300.0) -> list[Rec]:
-    """Every message of every topic from the beginning (confluent-kafka: the test's
-    own reading must not take longer than the run)."""
-    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+def consume_fast(servers: str, idle: float = 60.0, first: float = 300.0) -> list[Rec]:
+    """Every committed message of every topic, from the beginning to the end offsets the broker gives
+    when the read starts (the capturer is stopped by then), read as our consumers read (read_committed);
+    confluent-kafka fetches all partitions at once. It ends when each partition reached its end, or,
+    if a partition never does (a fault the check must show), ``idle`` seconds after the last message."""
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
     c = Consumer({"bootstrap.servers": servers, "group.id": f"chaos-check-{time.time_ns()}",
-                  "enable.auto.commit": False, "session.timeout.ms": 6000, "heartbeat.interval.ms": 2000})
+                  "enable.auto.commit": False, "session.timeout.ms": 6000, "heartbeat.interval.ms": 2000,
+                  "isolation.level": "read_committed", "enable.partition.eof": True})
     try:
         md = c.list_topics(timeout=30)
         tps = [TopicPartition(t, p, OFFSET_BEGINNING) for t, tm in md.topics.items() if not t.startswith("__")
                for p in tm.partitions]
+        # the end of each partition now; for a read_committed reader the last stable offset, which
+        # equals it once no transaction is open (librdkafka answers from the leader, after retries)
+        ends = {}
+        for tp in tps:
+            low, high = c.get_watermark_offsets(tp, timeout=60, cached=False)
+            if high > low:
+                ends[(tp.topic, tp.partition)] = high
         c.assign(tps)
         out: list[Rec] = []
         last = time.monotonic()
+        pending = set(ends)
         # wait long for the first message (a broker just restarted can take a while to lead again)
-        while time.monotonic() - last < (idle if out else first):
+        while pending and time.monotonic() - last < (idle if out else first):
             for msg in c.consume(10_000, timeout=0.5):
-                if msg.error():
+                err = msg.error()
+                key = (msg.topic(), msg.partition())
+                if err is not None:  # the end of a partition (past any transaction markers), or a retried error
+                    if err.code() == KafkaError._PARTITION_EOF and msg.offset() >= ends.get(key, 0):
+                        pending.discard(key)
                     continue
                 out.append(Rec((msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value(),
                                 msg.headers() or [], msg.timestamp()[1])))
+                if msg.offset() + 1 >= ends.get(key, 0):
+                    pending.discard(key)
                 last = time.monotonic()
         return out
     finally:

@@ -47,12 +47,16 @@ def run_plan(tmp_path: Path, plan: Plan, capsys: pytest.CaptureFixture[str]) -> 
     # a takeover is the lease (4 s here) plus the standby's poll and start
     assert all(t < 4 + 15 for t in fig.takeovers), fig.takeovers
     assert fig.big_txns > 0 and fig.status_ok > 0
+    if plan.kafka_brokers > 1 and plan.broker_kills + plan.broker_restarts:
+        assert fig.leader_moves > 0  # a broker fault in a cluster moved partition leaders
 
 
 @pytest.mark.timeout(900)
 def test_chaos_quick(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     seed = int(os.environ.get("CHAOS_SEED", "7"))
-    run_plan(tmp_path, Plan(seed=seed, kills=3, target_outage=8, gap=(2.0, 4.0)), capsys)
+    # the broker killed (kill -9) and started again: the sender's idempotent producer retries what it lost
+    run_plan(tmp_path, Plan(seed=seed, kills=3, target_outage=8, broker_restarts=0, broker_kills=1,
+                            gap=(2.0, 4.0)), capsys)
 
 
 @pytest.mark.slow
@@ -61,17 +65,19 @@ def test_chaos_full(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     seed = int(os.environ.get("CHAOS_SEED", "20261123"))
     # the default client unless CHAOS_KAFKA_CLIENT says otherwise (both write nothing twice)
     client = os.environ.get("CHAOS_KAFKA_CLIENT", "kafka-python")
-    run_plan(tmp_path, Plan(seed=seed, kills=20, target_outage=60, broker_restarts=2, source_restarts=2,
-                            gap=(3.0, 8.0), kafka_client=client), capsys)
+    # three brokers (replication factor 3, min.insync.replicas 2): each broker fault moves partition leaders
+    run_plan(tmp_path, Plan(seed=seed, kills=20, target_outage=60, broker_restarts=2, broker_kills=2,
+                            kafka_brokers=3, source_restarts=2, gap=(3.0, 8.0), kafka_client=client), capsys)
 
 
 @pytest.mark.timeout(900)
 def test_chaos_ha_quick(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Two capturers in an [ha] group (a private etcd), all four senders, takeovers by kill -9 of the
-    active one among a target outage and a broker restart (docs/ha.md, issue 35)."""
+    active one among a target outage and a broker of three killed (its partitions' leaders move to the
+    others and back: docs/ha.md, issue 35, issue 45)."""
     seed = int(os.environ.get("CHAOS_SEED", "35"))
     run_plan(tmp_path, Plan(seed=seed, kills=0, ha_takeovers=3, target_outage=5, source_restarts=0,
-                            gap=(3.0, 5.0)), capsys)
+                            broker_restarts=0, broker_kills=1, kafka_brokers=3, gap=(3.0, 5.0)), capsys)
 
 
 @pytest.mark.slow
@@ -79,4 +85,4 @@ def test_chaos_ha_quick(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
 def test_chaos_ha_full(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     seed = int(os.environ.get("CHAOS_SEED", "3535"))
     run_plan(tmp_path, Plan(seed=seed, kills=0, ha_takeovers=16, target_outage=30, broker_restarts=2,
-                            source_restarts=2, gap=(3.0, 8.0)), capsys)
+                            broker_kills=2, kafka_brokers=3, source_restarts=2, gap=(3.0, 8.0)), capsys)
