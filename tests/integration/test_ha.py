@@ -224,6 +224,21 @@ def test_takeovers_under_load_with_all_four_senders(rig: dict[str, Any], etcd: E
         wait_for(lambda: streaming(active), 180, "every sender streaming")
         epoch1 = active.status()["ha"]["epoch"]
 
+        # 0. leadership holds on a loaded host: two CPU-busy processes beside the group for several lease
+        # lengths change no epoch and cause no step-down (the lease is kept by a process of its own)
+        burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+        try:
+            time.sleep(4 * LEASE)
+            loaded = [n.status()["ha"] for n in (a, b)]
+        finally:
+            for p in burners:
+                p.kill()
+                p.wait()
+        figures["epochs_under_cpu_load"] = [h["epoch"] - epoch1 for h in loaded]
+        assert [h["epoch"] for h in loaded] == [epoch1, epoch1], loaded
+        assert [h.get("step_downs", 0) for h in loaded] == [0, 0], loaded
+        assert active.role() == "active"
+
         # 1. kill -9 of the active: the standby takes over within the lease and a few seconds
         other = b if active is a else a
         active.kill9()
