@@ -160,7 +160,7 @@ class KafkaPythonConsumer:
 
         if self._producer is None:
             self._producer = KafkaProducer(bootstrap_servers=self.servers.split(","), acks="all",
-                                           enable_idempotence=False, max_in_flight_requests_per_connection=1,
+                                           enable_idempotence=True, max_in_flight_requests_per_connection=1,
                                            **self.security)
         self._producer.send(topic, value=msg.value, key=msg.key, headers=_dl_headers(msg, why)).get(timeout=30)
 
