@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 
 pytest.importorskip("confluent_kafka")
-from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, TopicPartition  # noqa: E402
+from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, TopicPartition
 
-from capturer.apply.consumer import ConfluentConsumer  # noqa: E402
-from capturer.errors import SourceError  # noqa: E402
+from capturer.apply.consumer import ConfluentConsumer
+from capturer.errors import SourceError
 
 
 class StandIn:
