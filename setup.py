@@ -2,8 +2,12 @@ from setuptools import Extension, find_packages, setup
 
 # The C row decoder is optional: where it cannot be built (no compiler or
 # Python headers) the install still succeeds and the Python decoder is used.
-FASTROWS = Extension("capturer._fastrows", ["capturer/_fastrows.c"], optional=True,
-                     extra_compile_args=["-O2"])
+# One module built from capturer/_native/, one C file per concern (capturer/_native/fastrows.h lists them).
+NATIVE = ["module", "mysql_rows", "baikaldb_rows", "pg_images", "json", "sql", "kafka", "wire"]
+FASTROWS = Extension("capturer._fastrows", [f"capturer/_native/{n}.c" for n in NATIVE], optional=True,
+                     depends=["capturer/_native/fastrows.h"],
+                     # the files' shared names stay inside the module (only PyInit__fastrows is exported)
+                     extra_compile_args=["-O2", "-fvisibility=hidden"])
 
 # the Spark sender (a Parquet lake); its session also needs Java (sh start.sh installs one)
 SPARK = ["pyspark>=4.0,<5", "pyarrow>=14", "pandas<3", "deltalake>=1,<2"]

@@ -49,16 +49,16 @@ if [ "${BOOTSTRAP_LINT_ONLY:-0}" = "1" ]; then
     return 0
 fi
 
-# the C parts (capturer/_fastrows.c: row decoder, JSON, SQL escaping) need a C
+# the C parts (capturer/_native/*.c: row decoders, JSON, SQL escaping, wire format) need a C
 # compiler and Python's headers; without them the install still works, slower
 if ! command -v cc >/dev/null 2>&1 && ! command -v gcc >/dev/null 2>&1; then
-    echo "bootstrap: installing a C compiler for capturer/_fastrows.c" >&2
+    echo "bootstrap: installing a C compiler for capturer/_native/*.c" >&2
     apt_install gcc python3-dev || echo "bootstrap: no C compiler; using the pure-Python decoder" >&2
 fi
 
 # (re)install when setup.py or the C source changed; each extra (test, spark, confluent) once on top
 EXTRAS=${EXTRAS:-}
-SUM="$(cat "$ROOT/setup.py" "$ROOT/capturer/_fastrows.c" | cksum | cut -d' ' -f1)"
+SUM="$(cat "$ROOT/setup.py" "$ROOT"/capturer/_native/*.[ch] | cksum | cut -d' ' -f1)"
 STAMP="$VENV/.capturer-installed"
 if [ "$(cat "$STAMP" 2>/dev/null)" != "$SUM" ]; then
     echo "bootstrap: installing the project into $VENV" >&2

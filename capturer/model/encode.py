@@ -95,7 +95,7 @@ def _default(v: Any) -> Any:
 _ENCODER = json.JSONEncoder(ensure_ascii=False, default=_default)
 _ENCODER_COMPACT = json.JSONEncoder(ensure_ascii=False, default=_default, separators=(",", ":"))
 
-try:  # the C extension (capturer/_fastrows.c: encoder, row decoders, SQL escaping, murmur2),
+try:  # the C extension (capturer/_native/: encoder, row decoders, SQL escaping, murmur2),
     # built by setup.py where a compiler is present; everything that uses it takes it from here
     _fastrows: Any = importlib.import_module("capturer._fastrows")
 except ImportError:  # pragma: no cover - depends on the build

@@ -102,7 +102,7 @@ def _ext_hook(code: int, data: bytes) -> Any:
 _Decimal = decimal.Decimal
 _fromisoformat = dt.datetime.fromisoformat
 
-# the C build (capturer/_fastrows.c) packs and unpacks rows and the common extension values
+# the C build (capturer/_native/) packs and unpacks rows and the common extension values
 # (the same bytes and values as the Python path below: tests/unit/test_agent_wire.py compares them)
 _fast: Any = _fastrows if _fastrows is not None and hasattr(_fastrows, "wire_rows") else None
 _EXT_HOOK: Any = _ext_hook

@@ -155,9 +155,9 @@ def test_position_identity_is_kept_for_the_checkpoint_floor() -> None:
     assert hb.position is t.position
 
 
-@pytest.mark.skipif(wire._fast is None, reason="the C build of capturer/_fastrows.c is not here")
+@pytest.mark.skipif(wire._fast is None, reason="the C build of capturer/_native/ is not here")
 def test_the_c_build_writes_and_reads_exactly_what_the_python_path_does(monkeypatch: pytest.MonkeyPatch) -> None:
-    """wire_rows / wire_unrows / wire_ext (capturer/_fastrows.c) against the Python path:
+    """wire_rows / wire_unrows / wire_ext (capturer/_native/) against the Python path:
     the same bytes for every value type and odd image shapes, the same values back."""
     import random
 
@@ -218,7 +218,7 @@ def test_the_c_build_writes_and_reads_exactly_what_the_python_path_does(monkeypa
         d.rows([[1, 9, None, [1, 2]]])  # an unknown op
 
 
-@pytest.mark.skipif(wire._fast is None, reason="the C build of capturer/_fastrows.c is not here")
+@pytest.mark.skipif(wire._fast is None, reason="the C build of capturer/_native/ is not here")
 def test_the_c_reader_reads_what_msgpack_reads_and_refuses_what_it_refuses() -> None:
     """wire_unpack against msgpack.unpackb (with the wire's hook) on random values, and on
     them cut short or with bytes changed: the same value, or both refuse (never a crash)."""

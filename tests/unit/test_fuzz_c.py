@@ -1,4 +1,4 @@
-"""Fuzzing the C module (capturer/_fastrows.c) against its Python specifications.
+"""Fuzzing the C module (capturer/_native/) against its Python specifications.
 
 What is fuzzed, each from VALID inputs that are then mutated:
 

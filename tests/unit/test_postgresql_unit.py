@@ -278,7 +278,7 @@ def test_a_delivered_transaction_the_snapshot_does_not_see_makes_the_chunk_read_
     assert not check(host, PgSnapshot.parse("100:111:"), (1300,))  # all visible now
 
 
-# --- the C tuple decoder (capturer/_fastrows.c pg_plan) against the Python path ---------------
+# --- the C tuple decoder (capturer/_native/ pg_plan) against the Python path ---------------
 
 _TYPED = [("id", T.INT4, -1, True), ("big", T.INT8, -1, False), ("txt", T.TEXT, -1, False),
           ("vc", T.VARCHAR, 44, False), ("ok", T.BOOL, -1, False), ("price", T.NUMERIC, ((12 << 16) | 2) + 4, False),

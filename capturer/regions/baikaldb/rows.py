@@ -20,7 +20,7 @@ or false is a value (never replaced by the column default). Values:
 Field numbers the table version does not know are reported to the caller (a
 newer schema: refetch it); numbers of dropped columns are skipped.
 
-``RowPlan.decode`` is the specification; ``capturer/_fastrows.c``
+``RowPlan.decode`` is the specification; ``capturer/_native/``
 (``baikal_rows``) is the same decoder in C, used when it was built.
 """
 

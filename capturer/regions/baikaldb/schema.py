@@ -33,7 +33,7 @@ TYPE_NAMES = {
 }
 
 # How a value is written in a row (BaikalDB's primitive_to_other_type), as the
-# decoder's kinds. The numbers are shared with capturer/_fastrows.c.
+# decoder's kinds. The numbers are shared with capturer/_native/.
 K_SINT32, K_SINT64, K_UINT, K_BOOL, K_FLOAT, K_DOUBLE = 1, 2, 3, 4, 5, 6
 K_TEXT, K_BYTES, K_DATETIME, K_DATE, K_TIME, K_TIMESTAMP = 7, 8, 9, 10, 11, 12
 

@@ -13,7 +13,7 @@ compares both on every column type), with two deliberate differences that
 ``set()``, not ``None`` (the library cannot tell it from NULL otherwise), and
 an empty binary string is ``b""``, not ``""``.
 
-``capturer/_fastrows.c`` is the same decoder in C, used when it was built
+``capturer/_native/`` is the same decoder in C, used when it was built
 (``Plan.rows``); this module's Python functions are its fallback and its
 specification.
 
@@ -33,7 +33,7 @@ from typing import Any
 from pymysql.charset import charset_by_name
 from pymysqlreplication.constants import FIELD_TYPE as T
 
-# the C build of this decoder (capturer/_fastrows.c, where setup.py could build it); None without it
+# the C build of this decoder (capturer/_native/, where setup.py could build it); None without it
 from capturer.model.encode import _fastrows
 
 Decoder = Callable[[bytes, int], tuple[Any, int]]
@@ -277,7 +277,7 @@ _INT_SIZES = {T.TINY: 1, T.SHORT: 2, T.INT24: 3, T.LONG: 4, T.LONGLONG: 8}
 
 
 def column_spec(c: Any) -> tuple[Any, ...] | None:
-    """The column as the C decoder's spec (kinds as in _fastrows.c); None = unknown type."""
+    """The column as the C decoder's spec (kinds as in capturer/_native/mysql_rows.c); None = unknown type."""
     t = c.type
     if t in _INT_SIZES:
         return (1, _INT_SIZES[t], int(bool(c.unsigned)))

@@ -85,7 +85,7 @@ log = logging.getLogger(__name__)
 # fixed text forms of values on both connections (types.py parses them)
 SESSION_OPTIONS = "-c DateStyle=ISO -c TimeZone=UTC -c IntervalStyle=iso_8601 -c extra_float_digits=3 " \
                   "-c bytea_output=hex"
-# the C tuple decoder (capturer/_fastrows.c pg_plan; None where the extension is not built, or is an older build)
+# the C tuple decoder (capturer/_native/ pg_plan; None where the extension is not built, or is an older build)
 _PG_C: Any = _fastrows if _fastrows is not None and hasattr(_fastrows, "pg_plan") else None
 
 

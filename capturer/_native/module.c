@@ -1,0 +1,83 @@
+/*
+ * module.c (capturer._fastrows): the module init and its method table, every Python-visible name of the
+ * C extension in one place; the code is in the other files of capturer/_native/ (one concern each, listed
+ * in fastrows.h). Built by setup.py as the one extension capturer._fastrows; optional (the Python paths
+ * are used where it is not built).
+ */
+#include "fastrows.h"
+#include <datetime.h>
+
+PyObject *Decimal = NULL;
+PyObject *Epoch = NULL;
+
+static PyMethodDef module_methods[] = {
+    {"sql_literals", (PyCFunction)sql_literals, METH_VARARGS,
+     "sql_literals(values, no_backslash_escapes, fallback) -> tuple of SQL literals as pymysql writes them;\n"
+     "fallback(value) (pymysql's Connection.escape) for any other type"},
+    {"sql_tuples", (PyCFunction)sql_tuples, METH_VARARGS,
+     "sql_tuples(rows, cols, no_backslash_escapes, fallback) -> str: '(v, ...), (v, ...)', the values of cols\n"
+     "of each row (a dict) as pymysql writes them; fallback(value) (Connection.escape) for any other type"},
+    {"murmur2", (PyCFunction)murmur2, METH_O, "murmur2(data: bytes) -> int (Kafka's partitioner hash)"},
+    {"baikal_plan", (PyCFunction)baikal_plan, METH_VARARGS,
+     "baikal_plan(((field_id, name, kind), ...), known_field_ids, encoding) -> a BaikalDB row decoder"},
+    {"pg_plan", (PyCFunction)pg_plan, METH_VARARGS,
+     "pg_plan(((name, kind, parser), ...), Unrepresentable) -> a pgoutput tuple decoder for one relation"},
+    {"json_lines", (PyCFunction)json_lines, METH_VARARGS,
+     "json_lines(prefix, changes, piece, fallback, seq0, txn_rows) -> bytes: the file sender's JSON lines of\n"
+     "changes (seq numbered from seq0), each ending in a newline; piece(schema) -> (bytes, bytes)"},
+    {"kafka_json", (PyCFunction)kafka_json, METH_VARARGS,
+     "kafka_json(changes, seq0, txn_rows, (head, mid, tail, tail_last, end), piece, fallback, (h_region, h_ts),\n"
+     "tombstones) -> [(topic, partition, key, value, headers)]: the Kafka sender's json messages of changes"},
+    {"json_dumps", (PyCFunction)json_dumps, METH_VARARGS,
+     "json_dumps(obj, fallback, b64_keys=None, compact=False, as_bytes=False, rows=None) -> str (or its UTF-8\n"
+     "bytes): json.dumps(obj, ensure_ascii=False, default=fallback) for row values; the columns of base64-encoded\n"
+     "values in the row images (the dicts under obj's keys in rows) are added to b64_keys"},
+    {"wire_rows", (PyCFunction)wire_rows, METH_VARARGS,
+     "wire_rows(changes, sid_of, op_codes, fallback) -> bytes: the msgpack array of the changes as the wire format\n"
+     "writes rows ([sid, op, before, after], an image as its values in column order when its keys are the columns)"},
+    {"wire_unrows", (PyCFunction)wire_unrows, METH_VARARGS,
+     "wire_unrows(rows, schemas, RowChange, ops) -> [RowChange]: the wire format's rows back (schemas: sid ->\n"
+     "(schema, columns))"},
+    {"wire_ext", (PyCFunction)wire_ext, METH_VARARGS,
+     "wire_ext(code, data): the wire format's extension values (the common ones in C)"},
+    {"wire_setup", (PyCFunction)wire_setup, METH_VARARGS, "wire_setup(msgpack.ExtType, python_ext_hook)"},
+    {"wire_unpack", (PyCFunction)wire_unpack, METH_O,
+     "wire_unpack(data) -> the one msgpack value of data, as wire.unpackb reads it (extension values made in C)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef moddef = {
+    PyModuleDef_HEAD_INIT, "_fastrows", "Binlog rows-event decoder and row JSON encoder (C)", -1, module_methods,
+};
+
+PyMODINIT_FUNC PyInit__fastrows(void) {
+    PyDateTime_IMPORT;
+    if (!PyDateTimeAPI) return NULL;
+    if (fr_mysql_rows_datetime() < 0 || fr_baikaldb_rows_datetime() < 0 || fr_pg_images_datetime() < 0
+        || fr_json_datetime() < 0 || fr_wire_datetime() < 0) return NULL;
+    PyObject *decmod = PyImport_ImportModule("decimal");
+    if (!decmod) return NULL;
+    Decimal = PyObject_GetAttrString(decmod, "Decimal");
+    Py_DECREF(decmod);
+    if (!Decimal) return NULL;
+    Epoch = PyDateTime_FromDateAndTime(1970, 1, 1, 0, 0, 0, 0);
+    if (!Epoch) return NULL;
+    S_schema = PyUnicode_InternFromString("schema");
+    S_op = PyUnicode_InternFromString("op");
+    S_before = PyUnicode_InternFromString("before");
+    S_after = PyUnicode_InternFromString("after");
+    if (!S_schema || !S_op || !S_before || !S_after) return NULL;
+    if (PyType_Ready(&PlanType) < 0) return NULL;
+    if (PyType_Ready(&BPlanType) < 0) return NULL;
+    if (PyType_Ready(&PgPlanType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&moddef);
+    if (!m) return NULL;
+    Py_INCREF(&PlanType);
+    if (PyModule_AddObject(m, "Plan", (PyObject *)&PlanType) < 0) {
+        Py_DECREF(&PlanType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    PyModule_AddIntConstant(m, "VERSION", 3);
+    return m;
+}

@@ -1,0 +1,639 @@
+/*
+ * wire.c (capturer._fastrows): the wire format's rows and values (capturer/model/wire.py) as msgpack, both
+ * ways, for the agents' streams, the sender processes' pipes and the backlog.
+ * Python-visible: wire_rows, wire_unrows, wire_ext, wire_unpack, wire_setup.
+ */
+#include "fastrows.h"
+#include <datetime.h>
+
+FR_DATETIME_IMPORT(fr_wire_datetime)
+
+/* The wire format's rows (capturer/model/wire.py) as msgpack, in C: what    */
+/* Encoder._rows + packb and Decoder.rows + unpackb's ext_hook do in Python, */
+/* for the agents' streams, the sender processes' pipes and the backlog.     */
+/* Extension types: 1 Decimal, 2 datetime, 3 date, 4 time, 5 timedelta,      */
+/* 6 set, 7 integer beyond 64 bits (see wire.py). A value of another type,   */
+/* or an aware datetime/time, goes to the caller's fallback (wire._default). */
+
+static PyObject *WireExtType = NULL;  /* msgpack.ExtType, set by wire_setup */
+
+static int mp_put_u8(Buf *b, unsigned char c) { return buf_put(b, (const char *)&c, 1); }
+
+static int mp_put_be(Buf *b, unsigned char tag, uint64_t v, int nbytes) {
+    unsigned char t[9];
+    t[0] = tag;
+    for (int i = 0; i < nbytes; i++) t[1 + i] = (unsigned char)(v >> (8 * (nbytes - 1 - i)));
+    return buf_put(b, (const char *)t, 1 + nbytes);
+}
+
+static int mp_array(Buf *b, Py_ssize_t n) {
+    if (n < 16) return mp_put_u8(b, (unsigned char)(0x90 | n));
+    if (n < 65536) return mp_put_be(b, 0xdc, (uint64_t)n, 2);
+    return mp_put_be(b, 0xdd, (uint64_t)n, 4);
+}
+
+static int mp_map(Buf *b, Py_ssize_t n) {
+    if (n < 16) return mp_put_u8(b, (unsigned char)(0x80 | n));
+    if (n < 65536) return mp_put_be(b, 0xde, (uint64_t)n, 2);
+    return mp_put_be(b, 0xdf, (uint64_t)n, 4);
+}
+
+static int mp_str(Buf *b, const char *s, Py_ssize_t n) {
+    int rc;
+    if (n < 32) rc = mp_put_u8(b, (unsigned char)(0xa0 | n));
+    else if (n < 256) rc = mp_put_be(b, 0xd9, (uint64_t)n, 1);
+    else if (n < 65536) rc = mp_put_be(b, 0xda, (uint64_t)n, 2);
+    else rc = mp_put_be(b, 0xdb, (uint64_t)n, 4);
+    return rc < 0 ? -1 : buf_put(b, s, n);
+}
+
+static int mp_bin(Buf *b, const char *s, Py_ssize_t n) {
+    int rc;
+    if (n < 256) rc = mp_put_be(b, 0xc4, (uint64_t)n, 1);
+    else if (n < 65536) rc = mp_put_be(b, 0xc5, (uint64_t)n, 2);
+    else rc = mp_put_be(b, 0xc6, (uint64_t)n, 4);
+    return rc < 0 ? -1 : buf_put(b, s, n);
+}
+
+static int mp_ext(Buf *b, int code, const char *s, Py_ssize_t n) {
+    unsigned char t[6];
+    int tn;
+    if (n == 1) { t[0] = 0xd4; tn = 1; }
+    else if (n == 2) { t[0] = 0xd5; tn = 1; }
+    else if (n == 4) { t[0] = 0xd6; tn = 1; }
+    else if (n == 8) { t[0] = 0xd7; tn = 1; }
+    else if (n == 16) { t[0] = 0xd8; tn = 1; }
+    else if (n < 256) { t[0] = 0xc7; t[1] = (unsigned char)n; tn = 2; }
+    else if (n < 65536) { t[0] = 0xc8; t[1] = (unsigned char)(n >> 8); t[2] = (unsigned char)n; tn = 3; }
+    else { t[0] = 0xc9; t[1] = (unsigned char)(n >> 24); t[2] = (unsigned char)(n >> 16);
+           t[3] = (unsigned char)(n >> 8); t[4] = (unsigned char)n; tn = 5; }
+    t[tn++] = (unsigned char)(signed char)code;
+    if (buf_put(b, (const char *)t, tn) < 0) return -1;
+    return buf_put(b, s, n);
+}
+
+static int mp_int(Buf *b, PyObject *o) {
+    int overflow = 0;
+    long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
+    if (v == -1 && PyErr_Occurred()) return -1;
+    if (overflow > 0) {
+        unsigned long long u = PyLong_AsUnsignedLongLong(o);
+        if (u == (unsigned long long)-1 && PyErr_Occurred()) return -2; /* beyond 64 bits */
+        return mp_put_be(b, 0xcf, u, 8);
+    }
+    if (overflow < 0) return -2;
+    if (v >= 0) {
+        if (v < 128) return mp_put_u8(b, (unsigned char)v);
+        if (v < 256) return mp_put_be(b, 0xcc, (uint64_t)v, 1);
+        if (v < 65536) return mp_put_be(b, 0xcd, (uint64_t)v, 2);
+        if (v < 4294967296LL) return mp_put_be(b, 0xce, (uint64_t)v, 4);
+        return mp_put_be(b, 0xcf, (uint64_t)v, 8);
+    }
+    if (v >= -32) return mp_put_u8(b, (unsigned char)(signed char)v);
+    if (v >= -128) return mp_put_be(b, 0xd0, (uint64_t)(uint8_t)(int8_t)v, 1);
+    if (v >= -32768) return mp_put_be(b, 0xd1, (uint64_t)(uint16_t)(int16_t)v, 2);
+    if (v >= -2147483648LL) return mp_put_be(b, 0xd2, (uint64_t)(uint32_t)(int32_t)v, 4);
+    return mp_put_be(b, 0xd3, (uint64_t)v, 8);
+}
+
+/* "YYYY-MM-DD[THH:MM:SS[.ffffff]]" as datetime.isoformat() writes a naive value */
+static char *iso_date(char *p, PyObject *o) {
+    p = fmt_uint(p, (unsigned)PyDateTime_GET_YEAR(o), 4);
+    *p++ = '-';
+    p = fmt_uint(p, (unsigned)PyDateTime_GET_MONTH(o), 2);
+    *p++ = '-';
+    return fmt_uint(p, (unsigned)PyDateTime_GET_DAY(o), 2);
+}
+
+static char *iso_time(char *p, int h, int m, int sec, int us) {
+    p = fmt_uint(p, (unsigned)h, 2);
+    *p++ = ':';
+    p = fmt_uint(p, (unsigned)m, 2);
+    *p++ = ':';
+    p = fmt_uint(p, (unsigned)sec, 2);
+    if (us) {
+        *p++ = '.';
+        p = fmt_uint(p, (unsigned)us, 6);
+    }
+    return p;
+}
+
+static int mp_value(Buf *b, PyObject *o, PyObject *fallback, int depth);
+
+static int mp_fallback(Buf *b, PyObject *o, PyObject *fallback, int depth) {
+    /* wire._default(o): an ExtType, bytes, or raises TypeError */
+    PyObject *r = PyObject_CallOneArg(fallback, o);
+    if (!r) return -1;
+    int rc;
+    if (WireExtType && PyObject_TypeCheck(r, (PyTypeObject *)WireExtType) && PyTuple_Check(r) && PyTuple_GET_SIZE(r) == 2) {
+        long code = PyLong_AsLong(PyTuple_GET_ITEM(r, 0));
+        PyObject *data = PyTuple_GET_ITEM(r, 1);
+        if ((code == -1 && PyErr_Occurred()) || !PyBytes_Check(data)) {
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "fallback gave a bad ExtType");
+            rc = -1;
+        } else {
+            rc = mp_ext(b, (int)code, PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data));
+        }
+    } else if (r == o) {
+        PyErr_SetString(PyExc_TypeError, "fallback returned its argument");
+        rc = -1;
+    } else {
+        rc = mp_value(b, r, fallback, depth + 1);
+    }
+    Py_DECREF(r);
+    return rc;
+}
+
+static int mp_value(Buf *b, PyObject *o, PyObject *fallback, int depth) {
+    if (depth > 64) {
+        PyErr_SetString(PyExc_ValueError, "nesting too deep");
+        return -1;
+    }
+    if (o == Py_None) return mp_put_u8(b, 0xc0);
+    if (o == Py_True) return mp_put_u8(b, 0xc3);
+    if (o == Py_False) return mp_put_u8(b, 0xc2);
+    if (PyUnicode_Check(o)) {
+        Py_ssize_t n;
+        const char *s = PyUnicode_AsUTF8AndSize(o, &n);
+        if (s) return mp_str(b, s, n);
+        PyErr_Clear();  /* a lone surrogate: kept as the Python encoder keeps it (surrogatepass) */
+        PyObject *enc = PyUnicode_AsEncodedString(o, "utf-8", "surrogatepass");
+        if (!enc) return -1;
+        int rc = mp_str(b, PyBytes_AS_STRING(enc), PyBytes_GET_SIZE(enc));
+        Py_DECREF(enc);
+        return rc;
+    }
+    if (PyLong_Check(o)) {
+        int rc = mp_int(b, o);
+        if (rc == -2) {
+            PyErr_Clear();
+            return mp_fallback(b, o, fallback, depth);
+        }
+        return rc;
+    }
+    if (PyFloat_Check(o)) {
+        union { double d; uint64_t u; } x;
+        x.d = PyFloat_AS_DOUBLE(o);
+        return mp_put_be(b, 0xcb, x.u, 8);
+    }
+    if (PyBytes_Check(o)) return mp_bin(b, PyBytes_AS_STRING(o), PyBytes_GET_SIZE(o));
+    if (Decimal && Py_TYPE(o) == (PyTypeObject *)Decimal) {
+        PyObject *t = PyObject_Str(o);
+        if (!t) return -1;
+        Py_ssize_t n;
+        const char *s = PyUnicode_AsUTF8AndSize(t, &n);
+        int rc = s ? mp_ext(b, 1, s, n) : -1;
+        Py_DECREF(t);
+        return rc;
+    }
+    if (PyDateTime_CheckExact(o) && ((PyDateTime_DateTime *)o)->hastzinfo == 0) {
+        char tmp[40];
+        char *p = iso_date(tmp, o);
+        *p++ = 'T';
+        p = iso_time(p, PyDateTime_DATE_GET_HOUR(o), PyDateTime_DATE_GET_MINUTE(o), PyDateTime_DATE_GET_SECOND(o),
+                     PyDateTime_DATE_GET_MICROSECOND(o));
+        if (PyDateTime_DATE_GET_FOLD(o)) return mp_fallback(b, o, fallback, depth);
+        return mp_ext(b, 2, tmp, p - tmp);
+    }
+    if (PyDate_CheckExact(o)) {
+        char tmp[16];
+        char *p = iso_date(tmp, o);
+        return mp_ext(b, 3, tmp, p - tmp);
+    }
+    if (PyTime_CheckExact(o) && ((PyDateTime_Time *)o)->hastzinfo == 0 && !PyDateTime_TIME_GET_FOLD(o)) {
+        char tmp[24];
+        char *p = iso_time(tmp, PyDateTime_TIME_GET_HOUR(o), PyDateTime_TIME_GET_MINUTE(o),
+                           PyDateTime_TIME_GET_SECOND(o), PyDateTime_TIME_GET_MICROSECOND(o));
+        return mp_ext(b, 4, tmp, p - tmp);
+    }
+    if (PyList_Check(o) || PyTuple_Check(o)) {
+        PyObject *seq = o;
+        Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+        if (mp_array(b, n) < 0) return -1;
+        for (Py_ssize_t i = 0; i < n; i++)
+            if (mp_value(b, PySequence_Fast_GET_ITEM(seq, i), fallback, depth + 1) < 0) return -1;
+        return 0;
+    }
+    if (PyDict_Check(o)) {
+        if (mp_map(b, PyDict_GET_SIZE(o)) < 0) return -1;
+        Py_ssize_t pos = 0;
+        PyObject *k, *v;
+        while (PyDict_Next(o, &pos, &k, &v)) {
+            if (mp_value(b, k, fallback, depth + 1) < 0 || mp_value(b, v, fallback, depth + 1) < 0) return -1;
+        }
+        return 0;
+    }
+    return mp_fallback(b, o, fallback, depth);
+}
+
+/* the image as its values in the schema's column order if its keys are those columns in that order */
+static int mp_image(Buf *b, PyObject *img, PyObject *cols, PyObject *fallback) {
+    if (img == Py_None) return mp_put_u8(b, 0xc0);
+    if (!PyDict_CheckExact(img)) return mp_value(b, img, fallback, 1);
+    Py_ssize_t n = PyTuple_GET_SIZE(cols);
+    int same = PyDict_GET_SIZE(img) == n;
+    if (same) {
+        Py_ssize_t pos = 0, i = 0;
+        PyObject *k, *v;
+        while (PyDict_Next(img, &pos, &k, &v)) {
+            PyObject *c = PyTuple_GET_ITEM(cols, i++);
+            if (k != c) {
+                int eq = PyObject_RichCompareBool(k, c, Py_EQ);
+                if (eq < 0) return -1;
+                if (!eq) { same = 0; break; }
+            }
+        }
+    }
+    if (!same) return mp_value(b, img, fallback, 1);
+    if (mp_array(b, n) < 0) return -1;
+    Py_ssize_t pos = 0;
+    PyObject *k, *v;
+    while (PyDict_Next(img, &pos, &k, &v))
+        if (mp_value(b, v, fallback, 2) < 0) return -1;
+    return 0;
+}
+
+PyObject *S_schema, *S_op, *S_before, *S_after;
+
+/* wire_rows(changes, sid_of, op_codes, fallback) -> bytes: the msgpack array of the
+   changes' [sid, op, before, after]; sid_of(schema) -> int (called once per run of one
+   schema), op_codes a dict op -> int */
+PyObject *wire_rows(PyObject *self, PyObject *args) {
+    PyObject *changes, *sid_of, *op_codes, *fallback;
+    if (!PyArg_ParseTuple(args, "OOO!O", &changes, &sid_of, &PyDict_Type, &op_codes, &fallback)) return NULL;
+    PyObject *seq = PySequence_Fast(changes, "changes must be a sequence");
+    if (!seq) return NULL;
+    Buf b = {NULL, 0, 0};
+    PyObject *last_schema = NULL, *cols = NULL, *out = NULL;
+    long sid = 0;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    if (mp_array(&b, n) < 0) goto fail;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *ch = PySequence_Fast_GET_ITEM(seq, i);
+        PyObject *schema = PyObject_GetAttr(ch, S_schema);
+        if (!schema) goto fail;
+        if (schema != last_schema) {
+            PyObject *r = PyObject_CallOneArg(sid_of, schema);
+            PyObject *c = r ? PyObject_GetAttrString(schema, "columns") : NULL;
+            if (!r || !c || !PyTuple_Check(c)) {
+                if (c && !PyTuple_Check(c)) PyErr_SetString(PyExc_TypeError, "schema.columns must be a tuple");
+                Py_XDECREF(r);
+                Py_XDECREF(c);
+                Py_DECREF(schema);
+                goto fail;
+            }
+            sid = PyLong_AsLong(r);
+            Py_DECREF(r);
+            if (sid == -1 && PyErr_Occurred()) { Py_DECREF(c); Py_DECREF(schema); goto fail; }
+            Py_XDECREF(last_schema);
+            Py_XDECREF(cols);
+            last_schema = schema;  /* (keeps the reference) */
+            cols = c;
+        } else {
+            Py_DECREF(schema);
+        }
+        PyObject *op = PyObject_GetAttr(ch, S_op);
+        if (!op) goto fail;
+        PyObject *code = PyDict_GetItemWithError(op_codes, op);
+        Py_DECREF(op);
+        if (!code) {
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_KeyError, "unknown op");
+            goto fail;
+        }
+        PyObject *before = PyObject_GetAttr(ch, S_before);
+        if (!before) goto fail;
+        PyObject *after = PyObject_GetAttr(ch, S_after);
+        if (!after) { Py_DECREF(before); goto fail; }
+        int rc = mp_array(&b, 4);
+        if (rc == 0) rc = sid < 128 && sid >= 0 ? mp_put_u8(&b, (unsigned char)sid)
+                                              : mp_put_be(&b, sid < 256 ? 0xcc : sid < 65536 ? 0xcd : 0xce,
+                                                          (uint64_t)(uint32_t)sid, sid < 256 ? 1 : sid < 65536 ? 2 : 4);
+        if (rc == 0) rc = mp_int(&b, code);
+        if (rc == 0) rc = mp_image(&b, before, cols, fallback);
+        if (rc == 0) rc = mp_image(&b, after, cols, fallback);
+        Py_DECREF(before);
+        Py_DECREF(after);
+        if (rc < 0) goto fail;
+    }
+    out = PyBytes_FromStringAndSize(b.p ? b.p : "", b.n);
+fail:
+    PyMem_Free(b.p);
+    Py_XDECREF(last_schema);
+    Py_XDECREF(cols);
+    Py_DECREF(seq);
+    return out;
+}
+
+/* --- decoding --- */
+static int parse_digits(const char *s, Py_ssize_t n, Py_ssize_t at, int count, int *out) {
+    if (at + count > n) return -1;
+    int v = 0;
+    for (int i = 0; i < count; i++) {
+        char c = s[at + i];
+        if (c < '0' || c > '9') return -1;
+        v = v * 10 + (c - '0');
+    }
+    *out = v;
+    return 0;
+}
+
+/* HH:MM:SS[.ffffff] at s[at..n) exactly; -1 if it is not that */
+static int parse_hms(const char *s, Py_ssize_t n, Py_ssize_t at, int *h, int *m, int *sec, int *us) {
+    if (parse_digits(s, n, at, 2, h) || at + 2 >= n || s[at + 2] != ':' || parse_digits(s, n, at + 3, 2, m)
+        || at + 5 >= n || s[at + 5] != ':' || parse_digits(s, n, at + 6, 2, sec))
+        return -1;
+    *us = 0;
+    if (at + 8 == n) return 0;
+    if (s[at + 8] != '.' || at + 15 != n || parse_digits(s, n, at + 9, 6, us)) return -1;
+    return 0;
+}
+
+/* wire_ext(code, data): what wire._ext_hook gives; the common naive forms parsed here,
+   anything else by the Python hook (slow) */
+static PyObject *WireSlowHook = NULL;
+
+static PyObject *ext_make(int code, const char *s, Py_ssize_t n) {
+    if (code == 1) {
+        PyObject *str = PyUnicode_DecodeUTF8(s, n, "strict");
+        if (!str) return NULL;
+        PyObject *d = PyObject_CallOneArg(Decimal, str);
+        Py_DECREF(str);
+        return d;
+    }
+    int y, mo, d, h, mi, sec, us;
+    if (code == 2 && n >= 19 && s[10] == 'T' && !parse_digits(s, n, 0, 4, &y) && s[4] == '-'
+        && !parse_digits(s, n, 5, 2, &mo) && s[7] == '-' && !parse_digits(s, n, 8, 2, &d)
+        && !parse_hms(s, n, 11, &h, &mi, &sec, &us))
+        return PyDateTime_FromDateAndTime(y, mo, d, h, mi, sec, us);
+    if (code == 3 && n == 10 && !parse_digits(s, n, 0, 4, &y) && s[4] == '-' && !parse_digits(s, n, 5, 2, &mo)
+        && s[7] == '-' && !parse_digits(s, n, 8, 2, &d))
+        return PyDate_FromDate(y, mo, d);
+    if (code == 4 && !parse_hms(s, n, 0, &h, &mi, &sec, &us))
+        return PyTime_FromTime(h, mi, sec, us);
+    if (!WireSlowHook) {
+        PyErr_SetString(PyExc_RuntimeError, "wire_setup was not called");
+        return NULL;
+    }
+    return PyObject_CallFunction(WireSlowHook, "iy#", code, s, n);
+}
+
+PyObject *wire_ext(PyObject *self, PyObject *args) {
+    int code;
+    const char *s;
+    Py_ssize_t n;
+    if (!PyArg_ParseTuple(args, "iy#", &code, &s, &n)) return NULL;
+    return ext_make(code, s, n);
+}
+
+/* wire_unrows(rows, schemas, row_change, ops) -> list of RowChange: Decoder.rows; schemas
+   a dict sid -> (schema, columns), ops a tuple of op names. ValueError for a bad row. */
+static PyObject *image_of(PyObject *v, PyObject *cols) {
+    if (v == Py_None || !PyList_CheckExact(v)) return Py_NewRef(v);
+    Py_ssize_t n = PyList_GET_SIZE(v);
+    if (n != PyTuple_GET_SIZE(cols)) {
+        PyErr_SetString(PyExc_ValueError, "a row image does not match its schema's columns");
+        return NULL;
+    }
+    PyObject *d = _PyDict_NewPresized(n);
+    if (!d) return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (PyDict_SetItem(d, PyTuple_GET_ITEM(cols, i), PyList_GET_ITEM(v, i)) < 0) {
+            Py_DECREF(d);
+            return NULL;
+        }
+    }
+    return d;
+}
+
+PyObject *wire_unrows(PyObject *self, PyObject *args) {
+    PyObject *rows, *schemas, *row_change, *ops;
+    if (!PyArg_ParseTuple(args, "O!O!O!O!", &PyList_Type, &rows, &PyDict_Type, &schemas, &PyType_Type, &row_change,
+                          &PyTuple_Type, &ops))
+        return NULL;
+    PyTypeObject *rt = (PyTypeObject *)row_change;
+    Py_ssize_t n = PyList_GET_SIZE(rows);
+    PyObject *out = PyList_New(n);
+    if (!out) return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *r = PyList_GET_ITEM(rows, i);
+        if (!PyList_CheckExact(r) || PyList_GET_SIZE(r) != 4) goto bad;
+        PyObject *ent = PyDict_GetItemWithError(schemas, PyList_GET_ITEM(r, 0));
+        if (!ent) {
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "a row of an unknown schema");
+            goto fail;
+        }
+        if (!PyTuple_Check(ent) || PyTuple_GET_SIZE(ent) != 2) goto bad;
+        PyObject *schema = PyTuple_GET_ITEM(ent, 0), *cols = PyTuple_GET_ITEM(ent, 1);
+        long op = PyLong_AsLong(PyList_GET_ITEM(r, 1));
+        if (op == -1 && PyErr_Occurred()) goto fail;
+        if (op < 0 || op >= PyTuple_GET_SIZE(ops) || !PyTuple_Check(cols)) goto bad;
+        PyObject *b = image_of(PyList_GET_ITEM(r, 2), cols);
+        if (!b) goto fail;
+        PyObject *a = image_of(PyList_GET_ITEM(r, 3), cols);
+        if (!a) { Py_DECREF(b); goto fail; }
+        /* a RowChange without running the dataclass's __init__ (it only assigns its four slots) */
+        PyObject *ch = rt->tp_alloc(rt, 0);
+        if (!ch || PyObject_GenericSetAttr(ch, S_schema, schema) < 0
+            || PyObject_GenericSetAttr(ch, S_op, PyTuple_GET_ITEM(ops, op)) < 0
+            || PyObject_GenericSetAttr(ch, S_before, b) < 0 || PyObject_GenericSetAttr(ch, S_after, a) < 0) {
+            Py_XDECREF(ch);
+            Py_DECREF(b);
+            Py_DECREF(a);
+            goto fail;
+        }
+        Py_DECREF(b);
+        Py_DECREF(a);
+        PyList_SET_ITEM(out, i, ch);
+    }
+    return out;
+bad:
+    PyErr_SetString(PyExc_ValueError, "a bad row change");
+fail:
+    Py_DECREF(out);
+    return NULL;
+}
+
+
+/* wire_unpack(data) -> the value: msgpack.unpackb(data, ext_hook=wire._ext_hook,
+   unicode_errors="surrogatepass", raw=False, strict_map_key=False) for the values the
+   wire format holds, with its extension types 1-4 made here (5-7 by the Python hook).
+   Every read is bounds-checked; malformed data raises ValueError. */
+typedef struct {
+    const unsigned char *p, *end;
+} Rd;
+
+static int rd_need(Rd *r, Py_ssize_t n) {
+    if (r->end - r->p < n) {
+        PyErr_SetString(PyExc_ValueError, "truncated msgpack data");
+        return -1;
+    }
+    return 0;
+}
+
+static uint64_t rd_be(Rd *r, int n) {
+    uint64_t v = 0;
+    for (int i = 0; i < n; i++) v = (v << 8) | r->p[i];
+    r->p += n;
+    return v;
+}
+
+static PyObject *rd_value(Rd *r, int depth);
+
+static PyObject *rd_str(Rd *r, Py_ssize_t n) {
+    if (rd_need(r, n) < 0) return NULL;
+    PyObject *o = PyUnicode_DecodeUTF8((const char *)r->p, n, "surrogatepass");
+    r->p += n;
+    return o;
+}
+
+static PyObject *rd_bin(Rd *r, Py_ssize_t n) {
+    if (rd_need(r, n) < 0) return NULL;
+    PyObject *o = PyBytes_FromStringAndSize((const char *)r->p, n);
+    r->p += n;
+    return o;
+}
+
+static PyObject *rd_array(Rd *r, Py_ssize_t n, int depth) {
+    if (n > r->end - r->p) {  /* every element takes at least one byte */
+        PyErr_SetString(PyExc_ValueError, "truncated msgpack data");
+        return NULL;
+    }
+    PyObject *l = PyList_New(n);
+    if (!l) return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *v = rd_value(r, depth + 1);
+        if (!v) {
+            Py_DECREF(l);
+            return NULL;
+        }
+        PyList_SET_ITEM(l, i, v);
+    }
+    return l;
+}
+
+static PyObject *rd_map(Rd *r, Py_ssize_t n, int depth) {
+    if (n > (r->end - r->p) / 2) {
+        PyErr_SetString(PyExc_ValueError, "truncated msgpack data");
+        return NULL;
+    }
+    PyObject *d = PyDict_New();
+    if (!d) return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *k = rd_value(r, depth + 1);
+        if (!k) goto fail;
+        PyObject *v = rd_value(r, depth + 1);
+        if (!v) {
+            Py_DECREF(k);
+            goto fail;
+        }
+        int rc = PyDict_SetItem(d, k, v);  /* an unhashable key: TypeError, as msgpack gives */
+        Py_DECREF(k);
+        Py_DECREF(v);
+        if (rc < 0) goto fail;
+    }
+    return d;
+fail:
+    Py_DECREF(d);
+    return NULL;
+}
+
+static PyObject *rd_ext(Rd *r, int code, Py_ssize_t n) {
+    if (rd_need(r, n) < 0) return NULL;
+    const char *s = (const char *)r->p;
+    r->p += n;
+    return ext_make(code, s, n);
+}
+
+static PyObject *rd_value(Rd *r, int depth) {
+    if (depth > 512) {
+        PyErr_SetString(PyExc_ValueError, "msgpack data nested too deeply");
+        return NULL;
+    }
+    if (rd_need(r, 1) < 0) return NULL;
+    unsigned char t = *r->p++;
+    if (t <= 0x7f) return PyLong_FromLong(t);
+    if (t >= 0xe0) return PyLong_FromLong((signed char)t);
+    if ((t & 0xe0) == 0xa0) return rd_str(r, t & 0x1f);
+    if ((t & 0xf0) == 0x90) return rd_array(r, t & 0x0f, depth);
+    if ((t & 0xf0) == 0x80) return rd_map(r, t & 0x0f, depth);
+    int n;
+    switch (t) {
+    case 0xc0: Py_RETURN_NONE;
+    case 0xc2: Py_RETURN_FALSE;
+    case 0xc3: Py_RETURN_TRUE;
+    case 0xc4: case 0xc5: case 0xc6:
+        n = t == 0xc4 ? 1 : t == 0xc5 ? 2 : 4;
+        if (rd_need(r, n) < 0) return NULL;
+        return rd_bin(r, (Py_ssize_t)rd_be(r, n));
+    case 0xc7: case 0xc8: case 0xc9: {
+        n = t == 0xc7 ? 1 : t == 0xc8 ? 2 : 4;
+        if (rd_need(r, n + 1) < 0) return NULL;
+        Py_ssize_t len = (Py_ssize_t)rd_be(r, n);
+        int code = (signed char)*r->p++;
+        return rd_ext(r, code, len);
+    }
+    case 0xca: {
+        if (rd_need(r, 4) < 0) return NULL;
+        union { uint32_t u; float f; } x;
+        x.u = (uint32_t)rd_be(r, 4);
+        return PyFloat_FromDouble(x.f);
+    }
+    case 0xcb: {
+        if (rd_need(r, 8) < 0) return NULL;
+        union { uint64_t u; double d; } x;
+        x.u = rd_be(r, 8);
+        return PyFloat_FromDouble(x.d);
+    }
+    case 0xcc: case 0xcd: case 0xce: case 0xcf:
+        n = 1 << (t - 0xcc);
+        if (rd_need(r, n) < 0) return NULL;
+        return PyLong_FromUnsignedLongLong(rd_be(r, n));
+    case 0xd0: if (rd_need(r, 1) < 0) return NULL; return PyLong_FromLong((int8_t)rd_be(r, 1));
+    case 0xd1: if (rd_need(r, 2) < 0) return NULL; return PyLong_FromLong((int16_t)rd_be(r, 2));
+    case 0xd2: if (rd_need(r, 4) < 0) return NULL; return PyLong_FromLong((int32_t)rd_be(r, 4));
+    case 0xd3: if (rd_need(r, 8) < 0) return NULL; return PyLong_FromLongLong((int64_t)rd_be(r, 8));
+    case 0xd4: case 0xd5: case 0xd6: case 0xd7: case 0xd8: {
+        if (rd_need(r, 1) < 0) return NULL;
+        int code = (signed char)*r->p++;
+        return rd_ext(r, code, (Py_ssize_t)1 << (t - 0xd4));
+    }
+    case 0xd9: case 0xda: case 0xdb:
+        n = t == 0xd9 ? 1 : t == 0xda ? 2 : 4;
+        if (rd_need(r, n) < 0) return NULL;
+        return rd_str(r, (Py_ssize_t)rd_be(r, n));
+    case 0xdc: case 0xdd:
+        n = t == 0xdc ? 2 : 4;
+        if (rd_need(r, n) < 0) return NULL;
+        return rd_array(r, (Py_ssize_t)rd_be(r, n), depth);
+    case 0xde: case 0xdf:
+        n = t == 0xde ? 2 : 4;
+        if (rd_need(r, n) < 0) return NULL;
+        return rd_map(r, (Py_ssize_t)rd_be(r, n), depth);
+    default:  /* 0xc1: never used */
+        PyErr_Format(PyExc_ValueError, "bad msgpack type byte 0x%02x", t);
+        return NULL;
+    }
+}
+
+PyObject *wire_unpack(PyObject *self, PyObject *arg) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
+    Rd r = {(const unsigned char *)view.buf, (const unsigned char *)view.buf + view.len};
+    PyObject *v = rd_value(&r, 0);
+    if (v && r.p != r.end) {
+        Py_DECREF(v);
+        v = NULL;
+        PyErr_SetString(PyExc_ValueError, "extra data after a msgpack value");
+    }
+    PyBuffer_Release(&view);
+    return v;
+}
+
+/* wire_setup(ext_type, slow_hook): msgpack.ExtType, and the Python ext hook for what wire_ext leaves */
+PyObject *wire_setup(PyObject *self, PyObject *args) {
+    PyObject *ext, *hook;
+    if (!PyArg_ParseTuple(args, "OO", &ext, &hook)) return NULL;
+    Py_XSETREF(WireExtType, Py_NewRef(ext));
+    Py_XSETREF(WireSlowHook, Py_NewRef(hook));
+    Py_RETURN_NONE;
+}
