@@ -109,34 +109,58 @@ def check_cli(cfg: AppConfig, connect: bool) -> int:
     return report.exit_code
 
 
+# every sub-command of ``python -m capturer`` and what it does (``--help`` lists them; each has its own --help)
+SUBCOMMANDS = {
+    "verify": "compare every sink with the sources, table by table (exit 0 equal, 1 a difference)",
+    "apply": "an applier: read the capturer's Kafka topics into its own senders (a MySQL target, ...)",
+    "status": "print a running capturer's status (its HTTP port)",
+    "snapshot": "ask a running capturer to copy tables (an initial or incremental snapshot)",
+    "pause": "pause a sender of a running capturer",
+    "resume": "resume a paused sender",
+    "attach": "attach a detached sender again (it catches up from its position)",
+    "reload-filter": "read the filter rules again without a restart",
+    "stop": "stop a running capturer cleanly (drain, final checkpoint)",
+    "handover": "hand the active role of an [ha] group to a standby",
+}
+
+
+def _subcommand(name: str, argv: list[str]) -> int:
+    if name == "snapshot":
+        return snapshot_cli(argv)
+    if name == "verify":
+        setup_logging("warning")
+        from capturer.app import load_config as load_app_config
+        from capturer.app import verify_factories
+        from capturer.ops.verify import verify_cli
+
+        return verify_cli(argv, load_app_config, verify_factories())
+    if name == "apply":
+        from capturer.apply.app import apply_main
+
+        return apply_main(argv, _STOP)
+    if name == "status":
+        from capturer.ops.cli import status_cli
+
+        return status_cli(argv)
+    from capturer.ops.cli import control_cli
+
+    return control_cli(name, argv)
+
+
 def main(argv: list[str] | None = None) -> int:
     # first thing: a SIGTERM during start-up must still mean "stop cleanly"
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
     tune()
     argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] == "snapshot":
-        return snapshot_cli(argv[1:])
-    if argv and argv[0] == "verify":
-        setup_logging("warning")
-        from capturer.app import load_config as load_app_config
-        from capturer.app import verify_factories
-        from capturer.ops.verify import verify_cli
-
-        return verify_cli(argv[1:], load_app_config, verify_factories())
-    if argv and argv[0] == "apply":
-        from capturer.apply.app import apply_main
-
-        return apply_main(argv[1:], _STOP)
-    if argv and argv[0] == "status":
-        from capturer.ops.cli import status_cli
-
-        return status_cli(argv[1:])
-    if argv and argv[0] in ("pause", "resume", "attach", "reload-filter", "stop", "handover"):
-        from capturer.ops.cli import control_cli
-
-        return control_cli(argv[0], argv[1:])
-    ap = argparse.ArgumentParser(prog="capturer", description="Ordered binlog capturer")
+    if argv and argv[0] in SUBCOMMANDS:
+        return _subcommand(argv[0], argv[1:])
+    ap = argparse.ArgumentParser(
+        prog="capturer", description="Ordered binlog capturer: with no sub-command, runs the capturer of --config.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="sub-commands (python -m capturer COMMAND --help for each one's options):\n"
+               + "".join(f"  {name:<14} {what}\n" for name, what in SUBCOMMANDS.items())
+               + "\nan agent (a region read on another host): python -m capturer.agent --config AGENT.cfg")
     ap.add_argument("--config", default="conf/config.cfg", help="path to config.cfg")
     ap.add_argument("--check", action="store_true",
                     help="refuse what a start would refuse (config, filter, checkpoint, journals, paths, TLS files, "
