@@ -456,7 +456,8 @@ class HaNode:
             if backlog.exists():
                 shutil.rmtree(backlog)
         senders = tuple(dataclasses.replace(s, options={**s.options, "ha_epoch": self.epoch,
-                                                         "ha_lease": self.hc.lease_seconds})
+                                                         "ha_lease": self.hc.lease_seconds,
+                                                         "ha_group": self.hc.name})
                         for s in self.cfg.senders)
         cfg = dataclasses.replace(self.cfg, checkpoint_path=self.local_dir / cp_name, backlog_dir=backlog,
                                   http_port=self.port, senders=senders)

@@ -148,6 +148,7 @@ READ_BACK_STALL = 15.0  # seconds a partition may give nothing from where its re
 
 
 class _Client(Protocol):
+    producer: Any
     """What the sender needs from a Kafka client library."""
 
     def partitions(self, topic: str) -> int: ...
@@ -164,6 +165,18 @@ class _Client(Protocol):
 
     def flush(self, timeout: float) -> list[str]: ...
     def close(self) -> None: ...
+
+    def begin(self) -> None:
+        """Begin a Kafka transaction (transactional producers only)."""
+        self.producer.begin_transaction()
+
+    def commit(self) -> None:
+        """Commit the transaction begun: its messages become visible to read_committed readers."""
+        self.producer.commit_transaction()
+
+    def abort(self) -> None:
+        """Abort the transaction begun: read_committed readers never see its messages."""
+        self.producer.abort_transaction()
 
     # reading back (senders/kafka/positions.py); a client without these (a test double) reads nothing back
     def offsets(self, topic: str, partitions: Sequence[int]) -> dict[int, tuple[int, int]]:
@@ -208,8 +221,10 @@ class _KafkaPython(_Client):
         # (tests/chaos/kafka_python_idempotence.py) lost none. One request in
         # flight keeps the order of a partition through retries (so a partition
         # holds a prefix of what was sent to it, which the read-back relies on).
+        tid = opts.get("_transactional_id")
         self.producer = KafkaProducer(
             **common, acks="all", enable_idempotence=True, max_in_flight_requests_per_connection=1,
+            **({"transactional_id": tid, "transaction_timeout_ms": 60000} if tid else {}),
             linger_ms=opts["linger_ms"], max_request_size=opts.get("max_message_bytes", 1_048_576),
             batch_size=256 * 1024, max_block_ms=15000, delivery_timeout_ms=60000,
             compression_type=None if opts["compression"] == "none" else opts["compression"],
@@ -222,6 +237,8 @@ class _KafkaPython(_Client):
                         "or the project's 'kafka' extra")
         self.futures: list[tuple[Any, Message]] = []
         self._failed: list[Failure] = []
+        if tid:  # fences an older producer of the same id, aborts its open transaction
+            self.producer.init_transactions()
 
     def partitions(self, topic: str) -> int:
         # ask the admin client first: a producer metadata request for a missing
@@ -477,6 +494,8 @@ class _Confluent(_Client):
             raise
         if not md.brokers:
             raise SinkError(f"no broker reachable at {servers}")
+        if opts.get("_transactional_id"):  # fences an older producer of the same id, aborts its open transaction
+            self.producer.init_transactions(60)
 
     def conf(self, servers: str, opts: dict[str, Any], timeout_ms: int = 60_000) -> dict[str, Any]:
         # Delivery reports only for failures: a success costs no Python call. flush()
@@ -489,7 +508,9 @@ class _Confluent(_Client):
                 "linger.ms": opts["linger_ms"], "message.timeout.ms": timeout_ms,
                 "message.max.bytes": opts.get("max_message_bytes", 1_048_576),
                 "compression.type": opts["compression"], "queue.buffering.max.messages": 1_000_000,
-                "delivery.report.only.error": True, "on_delivery": self.reports}
+                "delivery.report.only.error": True, "on_delivery": self.reports,
+                **({"transactional.id": opts["_transactional_id"], "transaction.timeout.ms": 60000}
+                   if opts.get("_transactional_id") else {})}
 
     def partitions(self, topic: str) -> int:
         md = self.admin.list_topics(timeout=10)  # all topics: never auto-creates one
@@ -554,6 +575,12 @@ class _Confluent(_Client):
     def failures(self) -> list[Failure]:
         return self.reports.take_failed()
 
+    def commit(self) -> None:
+        self.producer.commit_transaction(60)
+
+    def abort(self) -> None:
+        self.producer.abort_transaction(30)
+
     def offsets(self, topic: str, partitions: Sequence[int]) -> dict[int, tuple[int, int]]:
         return self._read.offsets(topic, partitions)
 
@@ -586,6 +613,10 @@ class KafkaSender(Sender):
         Key("create_topics", p_bool, True, doc="create missing topics"),
         Key("compression", p_choice("none", "gzip", "lz4", "zstd", "snappy"), "none"),
         Key("linger_ms", p_int(0, 10_000), 5),
+        Key("transactional", p_bool, False, doc="each batch is one Kafka transaction (read_committed consumers "
+            "see all of it or none); with [ha] the new active fences the deposed one at the broker"),
+        Key("transactional_id", p_str, "", doc="transactional id prefix; empty = capturer.<ha group or "
+            "sender name>; the producer's id is <prefix>.<sender name>"),
         Key("read_back", p_bool, True, doc="read the last message of each partition back before writing to it "
             "with a new producer, and skip what Kafka holds already (no duplicates after a crash or a retry; "
             "needs read access to the topics); false = at least once"),
@@ -614,6 +645,14 @@ class KafkaSender(Sender):
         # an older epoch than one it saw on the partition: a deposed capturer's client may still deliver
         # what it held when it was paused)
         epoch = int(options.get("ha_epoch") or 0)
+        self.transactional = bool(options.get("transactional"))
+        self.transactional_id = ""
+        if self.transactional:
+            # with [ha] the group's: the id is the same on every node of the group, so a new active's
+            # init_transactions fences the deposed one at the broker (and aborts its open transaction)
+            prefix = options.get("transactional_id") or f"capturer.{options.get('ha_group') or name}"
+            self.transactional_id = f"{prefix}.{name}"
+            self.options = {**self.options, "_transactional_id": self.transactional_id}
         self.epoch_header: list[tuple[str, bytes]] = [("capturer_epoch", str(epoch).encode())] if epoch else []
 
     @staticmethod
@@ -753,14 +792,20 @@ class KafkaSender(Sender):
         assert self.client is not None
         sent = 0
         try:
+            if self.transactional:
+                self.client.begin()
             for txn in batch:
                 sent += self._send_txn(txn)
             self._flush_or_raise(self.client)
+            if self.transactional:
+                self.client.commit()
         except SinkError as exc:
+            self._abort_or_fenced(exc)
             self.close()  # a fresh producer for the retry
             self._raise_if_too_large(batch, exc)
             raise
         except Exception as exc:
+            self._abort_or_fenced(exc)
             self.close()
             self._raise_if_too_large(batch, exc)
             raise SinkError(f"produce failed: {exc}") from exc
@@ -770,6 +815,27 @@ class KafkaSender(Sender):
             log.info("sender %s: %d messages Kafka held already were not sent again (%d so far)", self.name,
                      self.marks.skipped - self._skipped_logged, self.marks.skipped)
             self._skipped_logged = self.marks.skipped
+
+    def _abort_or_fenced(self, exc: BaseException) -> None:
+        """A failed transactional batch: abort its transaction (read_committed readers never see
+        it; the retry writes the batch again in a new one). Fenced (another producer of the same
+        transactional id, a new active capturer, called init_transactions): stop for good."""
+        if not self.transactional:
+            return
+        text = f"{type(exc).__name__} {exc}".lower()
+        if "fenced" in text or "invalid_producer_epoch" in text or "invalidproducerepoch" in text:
+            self.close()
+            log.error("sender %s: fenced at the broker: another producer of transactional id %r (a new active "
+                      "capturer) took over; this capturer's open transaction is aborted and it stops writing",
+                      self.name, self.transactional_id)
+            raise SinkError(f"[{self.name}] fenced: transactional id {self.transactional_id!r} is used by a newer "
+                            f"producer (a new active capturer)", retriable=False) from None
+        client = self.client
+        if client is not None:
+            try:
+                client.abort()
+            except Exception as abort_exc:  # a new producer's init_transactions aborts it anyway
+                log.warning("sender %s: abort of the failed batch's transaction failed: %s", self.name, abort_exc)
 
     def _raise_if_too_large(self, batch: list[Txn], exc: BaseException) -> None:
         """A message bigger than Kafka takes (the producer's max_message_bytes, or the topic's
