@@ -35,15 +35,11 @@ in order.
   tests/integration/test_kafka_exactly_once.py::test_lost_produce_answers). The
   topics must have this sender as their only writer; see the manual (Senders: Kafka).
 
-  Why not a transactional producer (``client=confluent``)? Its atomicity needs a
-  broker that enforces transactions (Tansu, our test broker until 2026-11-27, did
-  not: aborted records stayed visible; issue 45 brings them on Apache Kafka); it would add a
-  commit round trip per batch; consumers would need ``isolation.level=
-  read_committed``; and after ``kill -9`` the replayed batch would still be written
-  again (a new producer aborts the open transaction, but the stream replays from
-  the checkpoint, which may be behind batches already committed). The read-back
-  works with both clients, on any broker whose fetch reports the true end of a
-  partition, and needs no consumer settings.
+  ``transactional=true`` (both clients): each batch is one Kafka transaction
+  (aborted on failure, so read_committed readers see it whole or not at all); the
+  read-back reads read_committed, so it learns the last committed position. The
+  transactional id is ``<prefix>.<sender>``, the prefix being the HA group's where
+  there is one: a new active's init_transactions fences the deposed one.
 * ``client=confluent`` uses confluent-kafka (librdkafka) when it is installed.
 """
 
