@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 import requests
 from chaos.harness import compare, consume_fast, duplicate_identities, source_json
-from helpers import Broker, CapturerProcess, checkpoint_covers, start_servers, verify_equal, wait_for
+from helpers import Broker, CapturerProcess, checkpoint_covers, shared_broker, start_servers, verify_equal, wait_for
 from workload import SCHEMA, TABLES, Workload, assert_target_equals_sources, file_state_equals
 
 from devtools.local_mariadb import MariaDBInstance, free_port
@@ -76,20 +76,26 @@ class Load:
         return sum(w.rows for w in self.loads)
 
 
+# the tests that hang (SIGSTOP) or stop their broker: a broker of their own; the others borrow the run's
+OWN_BROKER = {"test_a_hung_broker_holds_back_nobody", "test_a_mysql_target_hung_for_a_minute_and_a_broker_down_for_two"}
+
+
 @pytest.fixture()
-def rig(tmp_path: Path) -> Iterator[dict[str, Any]]:
+def rig(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[dict[str, Any]]:
     sources = start_servers(tmp_path, 2)
     for m in sources:
         m.execute(*SCHEMA)
     target = MariaDBInstance(tmp_path / "target", server_id=99, binlog=False).start()
-    broker = Broker().start()  # a broker of its own: tests here SIGSTOP it and stop it
+    own = request.node.originalname in OWN_BROKER
+    broker = Broker().start() if own else shared_broker()  # (shared: emptied for this test)
     try:
         yield {"sources": sources, "target": target, "broker": broker, "tmp": tmp_path}
     finally:
-        for p in (getattr(broker, "proc", None),):
-            if p is not None and p.poll() is None:
-                os.kill(p.pid, signal.SIGCONT)
-        broker.cleanup()
+        if own:
+            for p in (getattr(broker, "proc", None),):
+                if p is not None and p.poll() is None:
+                    os.kill(p.pid, signal.SIGCONT)
+            broker.cleanup()
         for srv in [*sources, target]:
             try:
                 if srv.proc is not None and srv.proc.poll() is None:
