@@ -218,6 +218,9 @@ class _KafkaPython(_Client):
         # flight keeps the order of a partition through retries (so a partition
         # holds a prefix of what was sent to it, which the read-back relies on).
         tid = opts.get("_transactional_id")
+        if tid and not hasattr(KafkaProducer, "init_transactions"):  # kafka-python < 2.1
+            raise SinkError("transactional = true needs a kafka-python with transactional producers (2.1 or "
+                            "later): .venv/bin/pip install -U kafka-python, or client = confluent", retriable=False)
         self.producer = KafkaProducer(
             **common, acks="all", enable_idempotence=True, max_in_flight_requests_per_connection=1,
             **({"transactional_id": tid, "transaction_timeout_ms": 60000} if tid else {}),
