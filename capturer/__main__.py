@@ -223,8 +223,8 @@ def main(argv: list[str] | None = None) -> int:
         if any(r.type == "postgresql" for r in cfg.regions):
             extras.append("postgresql")
         for s in cfg.senders:
-            if s.name == "spark":
-                extras.append("spark")
+            if s.name == "spark":  # table_format=delta: Delta's runtime needs PySpark 4.2 (the delta extra)
+                extras.append("delta" if s.options.get("table_format") == "delta" else "spark")
             if s.name == "kafka":
                 extras.append("confluent" if s.options.get("client") == "confluent" else "kafka")
         print(",".join(extras))
