@@ -19,6 +19,41 @@ local_mariadb.REDO_LOG_SIZE = "32M"
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--runslow", action="store_true", help="also run tests marked slow")
+    parser.addoption("--durations-file", default=None, metavar="PATH",
+                     help="write every test's setup, call and teardown time (slowest first) and each file's total "
+                          "to PATH (tests/run.sh: tests/artifacts/durations.txt)")
+
+
+class _DurationsFile:
+    """Every phase of every test with its time, written at the end of the run: the console shows the slowest
+    40 (--durations=40 in pytest.ini), this file shows where all the rest of the time goes."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.rows: list[tuple[float, str, str]] = []
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        self.rows.append((report.duration, report.when, report.nodeid.replace("\n", "\\n")))
+
+    def pytest_sessionfinish(self) -> None:
+        per_file: dict[str, float] = {}
+        for d, _, nodeid in self.rows:
+            f = nodeid.split("::", 1)[0]
+            per_file[f] = per_file.get(f, 0.0) + d
+        total = sum(per_file.values())
+        lines = [f"# {len({n for _, _, n in self.rows})} tests, {total:.1f} s in setup + call + teardown", "",
+                 "# per file (setup + call + teardown)"]
+        lines += [f"{d:9.2f}s  {f}" for f, d in sorted(per_file.items(), key=lambda x: -x[1])]
+        lines += ["", "# per phase, slowest first"]
+        lines += [f"{d:9.2f}s {w:<8} {n}" for d, w, n in sorted(self.rows, key=lambda r: -r[0])]
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.write_text("\n".join(lines) + "\n")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    path = config.getoption("--durations-file")
+    if path:
+        config.pluginmanager.register(_DurationsFile(Path(path)), "durations-file")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -4,6 +4,8 @@
 # the unit and integration tests. Lint (ruff) runs first, in seconds, before anything heavy is installed;
 # the type check (mypy) right after the project is installed, before the servers. Extra arguments go to pytest:
 #   sh tests/run.sh -k merger        sh tests/run.sh --runslow  (every slow case too)
+# The console shows the slowest 40 tests; tests/artifacts/durations.txt gets every test's setup, call and
+# teardown time and each file's total (slowest first), so a run shows where all of its time went.
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT" || exit 1
@@ -27,4 +29,4 @@ echo "tests/run.sh: mypy" >&2
 NEED_MARIADB=1 NEED_POSTGRES=1 NEED_CHROMIUM=1 NEED_IPROUTE=1 NEED_ETCD=1 NEED_KAFKA=1
 export NEED_MARIADB NEED_POSTGRES NEED_CHROMIUM NEED_IPROUTE NEED_ETCD NEED_KAFKA
 . "$ROOT/scripts/bootstrap.sh" || { echo "tests/run.sh: set-up failed" >&2; exit 1; }
-exec "$VENV/bin/python" -m pytest tests "$@"
+exec "$VENV/bin/python" -m pytest tests --durations-file=tests/artifacts/durations.txt "$@"
