@@ -17,6 +17,61 @@ from devtools import local_mariadb
 local_mariadb.REDO_LOG_SIZE = "32M"
 
 
+class _DataDirTemplate:
+    """The tests' MariaDB servers start from a copy of one data directory that ``mariadb-install-db`` made
+    once per pytest run, instead of running it for each of the few hundred servers a run starts (measured
+    2026-11-28: 0.47 s per start + stop instead of 1.05-1.29 s). Only servers with the default settings (no
+    ``extra`` options, the same redo log size) get the copy; the others install as before. The copy is the
+    same files mariadb-install-db writes (system tables, InnoDB system tablespace, redo log); the binary log
+    directory is not copied, so a server starts with its own first binlog file. MARIADB_TEMPLATE=0 turns it off."""
+
+    def __init__(self) -> None:
+        self.dir: Path | None = None
+        self.redo = ""
+        self.failed = False
+
+    def data(self) -> Path | None:
+        import atexit
+        import shutil
+        import subprocess
+        import tempfile
+
+        if self.failed or os.environ.get("MARIADB_TEMPLATE") == "0":  # (0: every server installs its own)
+            return None
+        if self.dir is None or self.redo != local_mariadb.REDO_LOG_SIZE:
+            base = Path(tempfile.mkdtemp(prefix="capturer-mariadb-template-"))
+            atexit.register(shutil.rmtree, base, True)
+            tpl = local_mariadb.MariaDBInstance(base / "tpl", server_id=1)
+            tpl._write_cnf()
+            install = shutil.which("mariadb-install-db") or shutil.which("mysql_install_db")
+            res = subprocess.run([install or "mariadb-install-db", f"--defaults-file={tpl.cnf}",
+                                  "--auth-root-authentication-method=normal", "--skip-test-db"],
+                                 capture_output=True, text=True) if install else None
+            if res is None or res.returncode != 0 or not (tpl.basedir / "data" / "mysql").is_dir():
+                self.failed = True  # each server installs its own, and says why if that fails too
+                return None
+            self.dir, self.redo = tpl.basedir / "data", local_mariadb.REDO_LOG_SIZE
+        return self.dir
+
+
+_TEMPLATE = _DataDirTemplate()
+_start_once = local_mariadb.MariaDBInstance._start_once
+
+
+def _start_once_from_template(self: local_mariadb.MariaDBInstance, timeout: float) -> local_mariadb.MariaDBInstance:
+    import shutil
+
+    datadir = self.basedir / "data"
+    if not self.extra and not datadir.exists():
+        tpl = _TEMPLATE.data()
+        if tpl is not None:
+            shutil.copytree(tpl, datadir, symlinks=True)
+    return _start_once(self, timeout)
+
+
+local_mariadb.MariaDBInstance._start_once = _start_once_from_template  # type: ignore[method-assign]
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--runslow", action="store_true", help="also run tests marked slow")
     parser.addoption("--durations-file", default=None, metavar="PATH",
