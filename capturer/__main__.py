@@ -219,15 +219,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"config error: {exc}", file=sys.stderr)
         return 2
     if args.print_extras:
-        extras = []
-        if any(r.type == "postgresql" for r in cfg.regions):
-            extras.append("postgresql")
-        for s in cfg.senders:
-            if s.name == "spark":  # table_format=delta: Delta's runtime needs PySpark 4.2 (the delta extra)
-                extras.append("delta" if s.options.get("table_format") == "delta" else "spark")
-            if s.name == "kafka":
-                extras.append("confluent" if s.options.get("client") == "confluent" else "kafka")
-        print(",".join(extras))
+        from capturer.app import sender_extra
+        from capturer.regions import kind as region_kind
+
+        extras = [region_kind(r.type).extra for r in cfg.regions] + [sender_extra(s.name, s.options)
+                                                                   for s in cfg.senders]
+        print(",".join(dict.fromkeys(e for e in extras if e)))
         return 0
     setup_logging(cfg.log_level)
     log = logging.getLogger("capturer")

@@ -35,7 +35,7 @@ from capturer.regions.base import RegionContext
 from capturer.regions.clock import LiftJournal
 from capturer.util.bqueue import WeightedQueue
 from capturer.util.durable import rewrite_lines
-from senders import CATALOG, sender_class
+from senders import CATALOG, check_module, extra, sender_class
 from senders.process import ProcessSender
 
 log = logging.getLogger(__name__)
@@ -52,6 +52,16 @@ def verify_factories() -> dict[str, Any]:
     from senders import verify_factories as factories
 
     return factories()
+
+
+def sender_checks(name: str) -> Any:
+    """Sender kind ``name``'s preflight checks (senders/<kind>/check.py), or None."""
+    return check_module(name)
+
+
+def sender_extra(name: str, options: dict[str, Any]) -> str:
+    """The setup.py extra sender ``name`` needs with ``options`` (start.sh installs it)."""
+    return extra(name, options)
 
 
 class HaHooks(Protocol):

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from capturer.ops.verify import ABSENT, KINDS, canon
+from capturer.model.compare import ABSENT, KINDS, canon
 from senders.kafka.verify import KafkaMessage, rebuild_kafka  # noqa: F401  (re-exported for the demos)
 
 TableName = tuple[str, str]

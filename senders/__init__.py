@@ -1,56 +1,71 @@
-"""Sender registry: the names used in senderConfig.cfg ``[global] type=``.
+"""Sender registry: the names used in senderConfig.cfg ``[global] type=``, each the
+folder of one kind (``senders/<kind>/``, its descriptor ``KIND`` in its
+``__init__.py``: senders/kind.py says what one holds). Adding a kind is its folder
+and one line here.
 
-Sender modules are imported on first use; heavy clients (kafka, pyspark) are
-imported inside their sender, not here.
+Descriptors are light: a kind's sender module, and its client library (kafka,
+pyspark), is imported on first use.
 """
 
 from __future__ import annotations
 
 import importlib
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
+
+from senders.kind import SenderKind, load
 
 if TYPE_CHECKING:
     from capturer.util.ini import Key
     from senders.base import Sender
 
-_REGISTRY: dict[str, str] = {
-    "local": "senders.local.sender:LocalSender",
-    "mysql": "senders.mysql.sender:MySQLSender",
-    "kafka": "senders.kafka.sender:KafkaSender",
-    "spark": "senders.spark.sender:SparkSender",
+_KINDS: dict[str, str] = {
+    "local": "senders.local",
+    "mysql": "senders.mysql",
+    "kafka": "senders.kafka",
+    "spark": "senders.spark",
+    "webhook": "senders.webhook",
 }
 
 
-# what ``verify`` reads each sender's destination with (capturer/ops/verify.py)
-_VERIFY: dict[str, str] = {
-    "local": "senders.local.verify:FileReader",
-    "mysql": "senders.mysql.verify:MySQLTargetReader",
-    "kafka": "senders.kafka.verify:KafkaReader",
-    "spark": "senders.spark.verify:LakeReader",
-}
+def known_senders() -> list[str]:
+    return sorted(_KINDS)
+
+
+def kind(name: str) -> SenderKind:
+    """The descriptor of sender kind ``name`` (KeyError naming the known ones)."""
+    try:
+        package = _KINDS[name]
+    except KeyError:
+        raise KeyError(f"unknown sender {name!r}; known: {', '.join(known_senders())}") from None
+    k: SenderKind = importlib.import_module(package).KIND
+    return k
+
+
+def sender_class(name: str) -> type[Sender]:
+    cls: type[Sender] = load(kind(name).sender)
+    return cls
 
 
 def verify_reader(name: str, options: dict[str, Any], regions: list[tuple[str, str, str]]) -> Any:
     """The reader ``verify`` compares sender ``name``'s destination with (imported on use)."""
-    mod, cls = _VERIFY[name].split(":")
-    return getattr(importlib.import_module(mod), cls)(name, options, regions)
+    return load(kind(name).verify)(name, options, regions)
 
 
 def verify_factories() -> dict[str, Any]:
-    return dict.fromkeys(_VERIFY, verify_reader)
+    """``verify``'s reader factory per kind that can be read back."""
+    return {n: verify_reader for n in known_senders() if kind(n).verify}
 
 
-def known_senders() -> list[str]:
-    return sorted(_REGISTRY)
+def extra(name: str, options: Mapping[str, Any]) -> str:
+    """The setup.py extra sender ``name`` needs with these options ("" for none)."""
+    return kind(name).extra(options)
 
 
-def sender_class(name: str) -> type[Sender]:
-    try:
-        target = _REGISTRY[name]
-    except KeyError:
-        raise KeyError(f"unknown sender {name!r}; known: {', '.join(known_senders())}") from None
-    mod, cls = target.split(":")
-    return getattr(importlib.import_module(mod), cls)
+def check_module(name: str) -> Any:
+    """The kind's preflight checks (``offline``, ``probe``: senders/kind.py), or None."""
+    target = kind(name).check
+    return load(target) if target else None
 
 
 def sender_keys(name: str) -> list[Key]:

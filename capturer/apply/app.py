@@ -416,9 +416,11 @@ def apply_main(argv: list[str], stop: threading.Event) -> int:
         print(f"config error: {exc}", file=sys.stderr)
         return 2
     if args.print_extras:
-        extras = ["confluent" if cfg.client == "confluent" else "kafka"]
-        extras += ["spark"] if any(s.name == "spark" for s in cfg.senders) else []
-        print(",".join(extras))
+        from senders import extra
+
+        extras = ["confluent" if cfg.client == "confluent" else "kafka"]  # the applier's own consumer
+        extras += [extra(s.name, s.options) for s in cfg.senders]
+        print(",".join(dict.fromkeys(e for e in extras if e)))
         return 0
     logging.basicConfig(level=getattr(logging, cfg.log_level.upper()), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -55,7 +55,7 @@ def check_apply(cfg: ApplyConfig, connect: bool, timeout: float = cc.CONNECT_TIM
     notes: list[str] = []
     if connect and not problems:
         probes = [_kafka_probe(cfg, timeout)]
-        probes += [cc._sender_probe(s, f"[{s.name}] of {s.path}", app_like, timeout) for s in cfg.senders]
+        probes += [cc._sender_probe(s, app_like, timeout) for s in cfg.senders]
         for out in cc.run_probes(probes, timeout):
             unreachable += out.problems
             notes += out.notes

@@ -31,11 +31,6 @@ table, each sender's destination with the sources (docs/verify.md):
 from __future__ import annotations
 
 import argparse
-import base64
-import binascii
-import datetime as dt
-import decimal
-import hashlib
 import json
 import logging
 import sys
@@ -44,432 +39,18 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
-from capturer.model import AnyPosition, LsnPosition, Position
-from capturer.model.encode import format_timedelta, quote_ident
-from capturer.util import mysqlconn, rowsum
-from capturer.util.binlogpos import binlog_end
-from capturer.util.perthread import PerThread
+from capturer.model import AnyPosition, rowsum
+from capturer.model.compare import (
+    ReaderFactory,
+    SinkReader,
+    SourceUnreachable,
+    TableMeta,
+    digest,
+)
 
 log = logging.getLogger(__name__)
-
-# information_schema DATA_TYPE -> how its values are compared
-KINDS = {
-    **dict.fromkeys(("tinyint", "smallint", "mediumint", "int", "integer", "bigint", "year"), "int"),
-    **dict.fromkeys(("decimal", "numeric"), "decimal"),
-    **dict.fromkeys(("float", "double", "real"), "float"),
-    **dict.fromkeys(("datetime", "timestamp"), "datetime"),
-    "date": "date", "time": "time", "bit": "bit", "set": "set", "json": "json",
-    **dict.fromkeys(("binary", "varbinary", "tinyblob", "blob", "mediumblob", "longblob"), "bytes"),
-}
-
-
-class _Absent:
-    """A column the sink's row does not have at all (not the same as NULL)."""
-
-    def __repr__(self) -> str:
-        return "<absent>"
-
-
-ABSENT = _Absent()
-
-
-def canon(v: Any, kind: str) -> Any:
-    """One hashable form for equal values of a column of this ``kind`` (see KINDS;
-    anything else is text), whichever sink they came from."""
-    if v is None or v is ABSENT:
-        return v
-    try:
-        if kind == "int":
-            return int(v)
-        if kind == "decimal":
-            return (v if isinstance(v, decimal.Decimal) else decimal.Decimal(str(v))).normalize()
-        if kind == "float":
-            return float(v)
-        if kind == "datetime":
-            v = dt.datetime.fromisoformat(v) if isinstance(v, str) else v
-            return v.astimezone(dt.UTC).replace(tzinfo=None) if isinstance(v, dt.datetime) and v.tzinfo else v
-        if kind == "date":
-            return dt.date.fromisoformat(v) if isinstance(v, str) else v
-        if kind == "time":
-            return format_timedelta(v) if isinstance(v, dt.timedelta) else str(v)
-        if kind == "bytes":
-            # JSON sinks carry binary values as base64 (listed in the message's "b64")
-            return base64.b64decode(v, validate=True) if isinstance(v, str) else bytes(v)
-        if kind == "bit":
-            if isinstance(v, (bytes, bytearray)):
-                return int.from_bytes(v, "big")
-            return int(v, 2) if isinstance(v, str) else int(v)  # JSON: the bit string
-        if kind == "set":
-            items = v if isinstance(v, (set, frozenset)) else (str(v).split(",") if v else [])
-            return ",".join(sorted(str(x) for x in items))
-        if kind == "json":
-            return json.dumps(json.loads(v) if isinstance(v, (str, bytes)) else v, sort_keys=True)
-    except (ValueError, TypeError, ArithmeticError, binascii.Error):
-        return ("not a value of its type", repr(v))  # never equal to a source value
-    if isinstance(v, (bytes, bytearray, memoryview)):
-        return bytes(v).decode("utf-8", "replace")
-    return str(v)
-
-
-def show_value(v: Any) -> str:
-    if isinstance(v, decimal.Decimal):
-        return format(v, "f")
-    if isinstance(v, bytes):
-        return "0x" + v.hex()
-    if isinstance(v, dt.datetime):
-        return v.isoformat(sep=" ")
-    if isinstance(v, dt.date):
-        return v.isoformat()
-    return repr(v)
-
-
-@dataclass
-class TableMeta:
-    """A source table as verify compares it: columns in order, their kinds, its key."""
-
-    db: str
-    table: str
-    columns: list[str]
-    kinds: dict[str, str]
-    pk: list[str]
-    pg_types: dict[str, str] = field(default_factory=dict)  # PostgreSQL: column -> format_type
-
-    @property
-    def name(self) -> str:
-        return f"{self.db}.{self.table}"
-
-    def canon_row(self, row: dict[str, Any]) -> tuple[Any, ...]:
-        """The row's values in column order, canonical; columns the source does not
-        have (with a value) make it differ from every source row."""
-        extra = tuple(sorted(c for c in row if c not in self.kinds and row[c] is not None))
-        vals = tuple(canon(row.get(c, ABSENT), self.kinds[c]) for c in self.columns)
-        return vals + ((("extra columns",) + extra,) if extra else ())
-
-    def canon_key(self, row: dict[str, Any]) -> tuple[Any, ...]:
-        return tuple(canon(row.get(c, ABSENT), self.kinds[c]) for c in self.pk)
-
-    def show(self, row: tuple[Any, ...] | None) -> str:
-        if row is None:
-            return "(none)"
-        names = self.columns + ["?"] * (len(row) - len(self.columns))
-        text = ", ".join(f"{c}={show_value(v)}" for c, v in zip(names, row))
-        return "{" + (text if len(text) <= 300 else text[:297] + "...") + "}"
-
-    def show_diff(self, want: tuple[Any, ...], got: tuple[Any, ...]) -> str:
-        """The columns that differ: ``col: source X, sink Y``."""
-        names = self.columns + ["?"] * (max(len(want), len(got)) - len(self.columns))
-        out = [f"{c}: source {show_value(a)}, sink {show_value(b)}"
-               for c, a, b in zip(names, want + (None,) * len(names), got + (None,) * len(names)) if a != b]
-        text = "; ".join(out)
-        return text if len(text) <= 400 else text[:397] + "..."
-
-    def show_key(self, key: tuple[Any, ...]) -> str:
-        return "(" + ", ".join(f"{c}={show_value(v)}" for c, v in zip(self.pk, key)) + ")"
-
-
-def digest(row: tuple[Any, ...]) -> bytes:
-    """A 16-byte digest of a canonical row (its repr is deterministic: ints, Decimals,
-    datetimes, bytes, strings, None)."""
-    return hashlib.blake2b(repr(row).encode("utf-8", "surrogatepass"), digest_size=16).digest()
-
-
-# --- what verify needs of a sink (implemented in senders/<kind>/verify.py) ------------
-
-class SinkReader(Protocol):
-    """A sender's destination, read back. ``rows`` gives a destination table's rows as
-    ``{column: value}`` (None: the table does not exist there); ``refresh`` makes the
-    next reads see what was written since. Optional (the MySQL target):
-    ``checksum(dest, columns, where, args)``, ``select(dest, columns, where, args)``
-    and ``keys_rows(dest, columns, pk, keys)``."""
-
-    name: str
-    kind: str
-
-    def destination(self, db: str, table: str) -> tuple[str, str]: ...
-
-    def where(self, dest: tuple[str, str]) -> str: ...
-
-    def refresh(self) -> None: ...
-
-    def rows(self, dest: tuple[str, str], columns: Sequence[str]) -> Iterable[dict[str, Any]] | None: ...
-
-    def close(self) -> None: ...
-
-
-ReaderFactory = Callable[[str, dict[str, Any], list[tuple[str, str, str]]], SinkReader]
-
-
-# --- sources --------------------------------------------------------------------------
-
-class SourceUnreachable(Exception):
-    pass
-
-
-class _Source:
-    """A region's server read over SQL: a connection per thread (``_connect``), all
-    closed by ``close``."""
-
-    _conns: PerThread
-
-    def _connect(self) -> Any:
-        raise NotImplementedError
-
-    def _conn(self) -> Any:
-        return self._conns.get()
-
-    def close(self) -> None:
-        self._conns.close()
-
-
-class MySQLSource(_Source):
-    """A MySQL/MariaDB region's server, read over SQL (UTC, consistent reads per statement)."""
-
-    kind = "mysql"
-
-    def __init__(self, region: str, host: str, port: int, user: str, password: str, timeout: float = 10.0,
-                 tls: dict[str, Any] | None = None):
-        self.region = region
-        self._args = {"host": host, "port": port, "user": user, "password": password, "charset": "utf8mb4",
-                      "connect_timeout": timeout, "autocommit": True, **(tls or {})}
-        self.where = f"{host}:{port}"
-        self._conns = PerThread(self._connect)
-
-    def _connect(self) -> Any:
-        try:
-            return mysqlconn.connect_utc(**self._args)
-        except Exception as exc:
-            raise SourceUnreachable(f"region {self.region} ({self.where}): {exc}") from exc
-
-    def query(self, sql: str, args: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        with self._conn().cursor() as cur:
-            cur.execute(sql, tuple(args))
-            return list(cur.fetchall())
-
-    def tables(self) -> list[tuple[str, str]]:
-        return [(str(d), str(t)) for d, t in self.query(
-            "SELECT TABLE_SCHEMA, TABLE_NAME FROM information_schema.TABLES WHERE TABLE_TYPE='BASE TABLE' "
-            "AND TABLE_SCHEMA NOT IN ('mysql','information_schema','performance_schema','sys')")]
-
-    def meta(self, db: str, table: str) -> TableMeta | None:
-        rows = self.query("SELECT COLUMN_NAME, DATA_TYPE, COLUMN_KEY FROM information_schema.COLUMNS "
-                          "WHERE TABLE_SCHEMA=%s AND TABLE_NAME=%s ORDER BY ORDINAL_POSITION", (db, table))
-        if not rows:
-            return None
-        pk = [str(r[0]) for r in self.query(
-            "SELECT COLUMN_NAME FROM information_schema.KEY_COLUMN_USAGE WHERE TABLE_SCHEMA=%s AND TABLE_NAME=%s "
-            "AND CONSTRAINT_NAME='PRIMARY' ORDER BY ORDINAL_POSITION", (db, table))]
-        return TableMeta(db, table, [str(r[0]) for r in rows],
-                         {str(r[0]): KINDS.get(str(r[1]).lower(), "text") for r in rows}, pk)
-
-    def _select(self, meta: TableMeta, where: str, args: Sequence[Any], limit: int = 0,
-                ordered: bool = True) -> list[dict[str, Any]]:
-        sql = rowsum.select_sql(f"{quote_ident(meta.db)}.{quote_ident(meta.table)}", meta.columns, where,
-                                meta.pk if ordered else (), limit)
-        return [dict(zip(meta.columns, r)) for r in self.query(sql, args)]
-
-    def chunks(self, meta: TableMeta, size: int) -> Iterator[list[dict[str, Any]]]:
-        if not meta.pk:  # no key: the whole table, streamed
-            import pymysql.cursors
-
-            with self._conn().cursor(pymysql.cursors.SSCursor) as cur:
-                cur.execute(rowsum.select_sql(f"{quote_ident(meta.db)}.{quote_ident(meta.table)}",
-                                              meta.columns, "1=1"))
-                while True:
-                    got = cur.fetchmany(size)
-                    if not got:
-                        return
-                    yield [dict(zip(meta.columns, r)) for r in got]
-        last: list[Any] | None = None
-        while True:
-            where, args = rowsum.range_sql(meta.pk, last, None)
-            rows = self._select(meta, where, args, size)
-            if not rows:
-                return
-            yield rows
-            if len(rows) < size:
-                return
-            last = [rows[-1][c] for c in meta.pk]
-
-    def rows_for_keys(self, meta: TableMeta, keys: Sequence[tuple[Any, ...]]) -> list[dict[str, Any]]:
-        out: list[dict[str, Any]] = []
-        for i in range(0, len(keys), 500):
-            where, args = rowsum.keys_sql(meta.pk, keys[i:i + 500])
-            out += self._select(meta, where, args, ordered=False)
-        return out
-
-    def position(self) -> Position:
-        try:
-            got = binlog_end(self.query)  # (MySQL 8.4 has only SHOW BINARY LOG STATUS)
-        except Exception:
-            got = None
-        if got is not None:
-            return Position(*got)
-        raise SourceUnreachable(f"region {self.region} ({self.where}): no binlog position (is the binlog on, "
-                                "and has the user BINLOG MONITOR / REPLICATION CLIENT?)")
-
-    # the chunked checksum path (both ends MySQL)
-    def boundary(self, meta: TableMeta, lo: Sequence[Any] | None, step: int) -> list[Any] | None:
-        where, args = rowsum.range_sql(meta.pk, lo, None)
-        got = self.query(rowsum.boundary_sql(f"{quote_ident(meta.db)}.{quote_ident(meta.table)}", meta.pk, where,
-                                             step), args)
-        return list(got[0]) if got else None
-
-    def checksum(self, meta: TableMeta, where: str, args: Sequence[Any]) -> tuple[int, int]:
-        got = self.query(rowsum.checksum_sql(f"{quote_ident(meta.db)}.{quote_ident(meta.table)}", meta.columns,
-                                             where), args)
-        return int(got[0][0]), int(got[0][1])
-
-    def select(self, meta: TableMeta, where: str, args: Sequence[Any]) -> list[dict[str, Any]]:
-        return self._select(meta, where, args, ordered=False)
-
-
-
-# PostgreSQL: the MySQL type code a column travels as (capturer/regions/postgresql/types.py) -> kind
-_PG_CODE_KINDS = {1: "int", 2: "int", 3: "int", 8: "int", 4: "float", 5: "float", 246: "decimal", 10: "date",
-                  18: "datetime", 19: "time", 245: "json", 16: "bit"}
-
-
-class PostgresSource(_Source):
-    """A PostgreSQL region's database. Values are read in their text form and parsed by
-    the region's own parsers, so they are what the region delivers (bool as 1/0,
-    timestamptz as UTC, ...)."""
-
-    kind = "postgresql"
-
-    def __init__(self, region: str, conninfo: str, where: str):
-        self.region = region
-        self._conninfo = conninfo
-        self.where = where
-        self._conns = PerThread(self._connect)
-        self._types: dict[tuple[str, str], list[Any]] = {}
-        self._oids: dict[tuple[str, str], list[int]] = {}
-
-    def _connect(self) -> Any:
-        import psycopg
-
-        try:
-            conn = psycopg.connect(self._conninfo, autocommit=True)
-        except Exception as exc:
-            raise SourceUnreachable(f"region {self.region} ({self.where}): {exc}") from exc
-        conn.execute("SET DateStyle=ISO; SET TimeZone=UTC; SET IntervalStyle=iso_8601; SET extra_float_digits=3")
-        return conn
-
-    def query(self, sql: str, args: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        return list(self._conn().execute(sql, tuple(args)).fetchall())
-
-    def tables(self) -> list[tuple[str, str]]:
-        return [(str(s), str(t)) for s, t in self.query(
-            "SELECT table_schema, table_name FROM information_schema.tables WHERE table_type='BASE TABLE' "
-            "AND table_schema NOT IN ('pg_catalog', 'information_schema')")]
-
-    def meta(self, db: str, table: str) -> TableMeta | None:
-        from capturer.regions.postgresql.types import pg_type
-
-        rows = self.query(
-            "SELECT a.attname, a.atttypid, a.atttypmod, format_type(a.atttypid, a.atttypmod), "
-            "COALESCE(a.attnum = ANY(i.indkey), false), "
-            "CASE WHEN i.indkey IS NULL THEN 0 ELSE array_position(i.indkey::int2[], a.attnum) END "
-            "FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace "
-            "LEFT JOIN pg_index i ON i.indrelid = c.oid AND i.indisprimary "
-            "WHERE n.nspname = %s AND c.relname = %s AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
-            (db, table))
-        if not rows:
-            return None
-        types = [pg_type(int(r[1]), int(r[2])) for r in rows]
-        self._types[(db, table)] = types
-        self._oids[(db, table)] = sorted({int(r[1]) for r in rows})
-        kinds = {}
-        for r, t in zip(rows, types):
-            kinds[str(r[0])] = "bytes" if t.binary else _PG_CODE_KINDS.get(t.code, "text")
-        pk = [str(r[0]) for r in sorted((r for r in rows if r[4]), key=lambda r: int(r[5] or 0))]
-        return TableMeta(db, table, [str(r[0]) for r in rows], kinds, pk,
-                         pg_types={str(r[0]): str(r[3]) for r in rows})
-
-    def _select(self, meta: TableMeta, where: str, args: Sequence[Any], limit: int = 0,
-                ordered: bool = True) -> list[dict[str, Any]]:
-        from capturer.regions.postgresql.types import parse_value
-
-        types = self._types.get((meta.db, meta.table)) or []
-        q = _pg_ident
-        # every value in its type's text output, as pgoutput sends it (a cast to text is not
-        # always that: boolean 'true', char(n) trimmed, inet without /32): loaded as text
-        from psycopg.types.string import TextLoader
-
-        cur = self._conn().cursor()
-        for oid in self._oids.get((meta.db, meta.table), ()):
-            cur.adapters.register_loader(oid, TextLoader)  # this cursor's only
-        cols = ", ".join(q(c) for c in meta.columns)
-        sql = f"SELECT {cols} FROM {q(meta.db)}.{q(meta.table)} WHERE {where}"
-        if ordered and meta.pk:
-            sql += " ORDER BY " + ", ".join(q(c) for c in meta.pk)
-        if limit:
-            sql += f" LIMIT {int(limit)}"
-        out = []
-        for r in cur.execute(sql, tuple(args)).fetchall():
-            out.append({c: (None if v is None else parse_value(t, v)) for c, t, v in zip(meta.columns, types, r)})
-        return out
-
-    def _key_cond(self, meta: TableMeta) -> str:
-        return "(" + ", ".join(_pg_ident(c) for c in meta.pk) + ")"
-
-    def _key_args(self, meta: TableMeta) -> str:
-        return "(" + ", ".join(f"%s::{meta.pg_types[c]}" for c in meta.pk) + ")"
-
-    def chunks(self, meta: TableMeta, size: int) -> Iterator[list[dict[str, Any]]]:
-        last: tuple[Any, ...] | None = None
-        offset = 0
-        while True:
-            if not meta.pk:  # no key: pages of the whole table (REPLICA IDENTITY FULL tables)
-                rows = self._select(meta, "true", (), 0, ordered=False) if offset == 0 else []
-                if rows:
-                    for i in range(0, len(rows), size):
-                        yield rows[i:i + size]
-                return
-            if last is None:
-                rows = self._select(meta, "true", (), size)
-            else:
-                rows = self._select(meta, f"{self._key_cond(meta)} > {self._key_args(meta)}",
-                                    [_pg_arg(v) for v in last], size)
-            if not rows:
-                return
-            yield rows
-            if len(rows) < size:
-                return
-            last = tuple(rows[-1][c] for c in meta.pk)
-
-    def rows_for_keys(self, meta: TableMeta, keys: Sequence[tuple[Any, ...]]) -> list[dict[str, Any]]:
-        out: list[dict[str, Any]] = []
-        for i in range(0, len(keys), 500):
-            part = keys[i:i + 500]
-            where = f"{self._key_cond(meta)} IN ({', '.join([self._key_args(meta)] * len(part))})"
-            out += self._select(meta, where, [_pg_arg(v) for k in part for v in k], ordered=False)
-        return out
-
-    def position(self) -> LsnPosition:
-        from capturer.model import parse_lsn
-
-        return LsnPosition(parse_lsn(str(self.query("SELECT pg_current_wal_lsn()::text")[0][0])))
-
-
-
-def _pg_ident(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
-
-
-def _pg_arg(v: Any) -> Any:
-    """A key value as a text parameter (cast to the column's type in the SQL)."""
-    if v is None:
-        return None
-    if isinstance(v, bytes):
-        return "\\x" + v.hex()
-    if isinstance(v, dt.datetime):
-        return v.isoformat(sep=" ")
-    if isinstance(v, decimal.Decimal):
-        return format(v, "f")
-    return str(v)
-
 
 # --- results --------------------------------------------------------------------------
 
@@ -959,24 +540,19 @@ def build(cfg: Any, factories: dict[str, ReaderFactory], acked: Acked, options: 
           filt: Any = None, progress: Callable[[dict[str, Any]], None] | None = None,
           stop: threading.Event | None = None) -> tuple[Verifier, list[SinkReader]]:
     """A Verifier for ``cfg`` (an AppConfig): its regions as sources, its senders' readers."""
-    from capturer.config import PostgresRegionConfig, RegionConfig
     from capturer.pipeline.filter import load_filter
+    from capturer.regions import kind as region_kind
+    from capturer.regions.kind import load
 
     filt = filt if filt is not None else load_filter(cfg.filter_path)
     sources: dict[str, Any] = {}
     unreadable: dict[str, str] = {}
     for r in cfg.regions:
-        if isinstance(r, RegionConfig):
-            sources[r.name] = MySQLSource(r.name, r.host, r.port, r.user, r.password, r.connect_timeout, r.tls())
-        elif isinstance(r, PostgresRegionConfig):
-            from psycopg.conninfo import make_conninfo
-
-            ci = make_conninfo("", host=r.host, port=r.port, user=r.user, password=r.password or None,
-                               dbname=r.dbname, sslmode=r.sslmode, connect_timeout=int(max(1, r.connect_timeout)))
-            sources[r.name] = PostgresSource(r.name, ci, f"{r.host}:{r.port}/{r.dbname}")
+        k = region_kind(r.type)
+        if k.verify:
+            sources[r.name] = load(k.verify)(r)
         else:
-            unreadable[r.name] = (f"a {r.type} region" + (": no SQL front end" if r.type == "baikaldb"
-                                                          else ": its source is reached through an agent"))
+            unreadable[r.name] = f"a {r.type} region: {k.no_verify or 'verify cannot read its source'}"
     readers: dict[str, SinkReader] = {}
     for s in cfg.senders:
         if options.senders is not None and s.name not in options.senders:
@@ -1093,6 +669,9 @@ def verify_cli(argv: list[str], load_config: Callable[[Any], Any], factories: di
         return 2
     opts = Options(senders=args.sender, tables=tables, wait=args.wait, rounds=max(1, args.rounds),
                    chunk_rows=max(100, args.chunk_rows))
+    for c in cfg.senders:
+        if c.name not in factories and (args.sender is None or c.name in args.sender):
+            print(f"verify: sender {c.name}: not compared: verify cannot read its destination back", file=sys.stderr)
     try:
         def progress(d: dict[str, Any]) -> None:
             print(json.dumps({"progress": d}), file=sys.stderr, flush=True)

@@ -1,13 +1,45 @@
 """Store regions: each reads one source's log and yields committed transactions
-in its own commit order, plus heartbeats, into a bounded queue."""
+in its own commit order, plus heartbeats, into a bounded queue.
+
+The registry: ``[region:NAME] type =`` -> the folder of its kind
+(``capturer/regions/<kind>/``, its descriptor ``KIND``: capturer/regions/kind.py
+says what one holds). Adding a kind is its folder and one line here (and, until its
+keys move into its folder, its keys in capturer/config.py)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from capturer.regions.kind import RegionKind, load
 
 if TYPE_CHECKING:
     from capturer.config import AnyRegionConfig
     from capturer.regions.base import Region, RegionContext
+
+_KINDS: dict[str, str] = {
+    "mysql": "capturer.regions.mysql",
+    "mariadb": "capturer.regions.mysql",
+    "postgresql": "capturer.regions.postgresql",
+    "baikaldb": "capturer.regions.baikaldb",
+    "remote": "capturer.regions.remote",
+}
+
+
+def kind(region_type: str) -> RegionKind:
+    """The descriptor of region type ``region_type`` (ValueError naming the known ones)."""
+    try:
+        package = _KINDS[region_type]
+    except KeyError:
+        raise ValueError(f"unknown region type {region_type!r}; known: {', '.join(sorted(_KINDS))}") from None
+    k: RegionKind = importlib.import_module(package).KIND
+    return k
+
+
+def check_module(region_type: str) -> Any:
+    """The kind's preflight checks (capturer/regions/kind.py), or None."""
+    target = kind(region_type).check
+    return load(target) if target else None
 
 
 def make_region(cfg: AnyRegionConfig, ctx: RegionContext) -> Region:
@@ -17,24 +49,5 @@ def make_region(cfg: AnyRegionConfig, ctx: RegionContext) -> Region:
         from capturer.regions.remote.worker import WorkerRegion
 
         return WorkerRegion(cfg, ctx)
-    if cfg.type in ("mysql", "mariadb"):
-        from capturer.model import Position
-        from capturer.regions.base import require_start_kind
-
-        require_start_kind(ctx, cfg.name, cfg.type, Position)
-        from capturer.regions.mysql.region import MySQLRegion
-
-        return MySQLRegion(cfg, ctx)  # type: ignore[arg-type]
-    if cfg.type == "remote":
-        from capturer.regions.remote.region import RemoteRegion
-
-        return RemoteRegion(cfg, ctx)
-    if cfg.type == "postgresql":
-        from capturer.regions.postgresql.region import PostgresRegion
-
-        return PostgresRegion(cfg, ctx)
-    if cfg.type == "baikaldb":
-        from capturer.regions.baikaldb.region import BaikalRegion
-
-        return BaikalRegion(cfg, ctx)
-    raise ValueError(f"unknown region type {cfg.type!r}")
+    region: Region = load(kind(cfg.type).factory)(cfg, ctx)
+    return region

@@ -1,6 +1,6 @@
 """The MySQL sender's target, read back for ``verify`` (capturer/ops/verify.py).
 
-The same SQL as on the sources (capturer/util/rowsum.py): chunk checksums are
+The same SQL as on the sources (capturer/model/rowsum.py): chunk checksums are
 computed by the target server; only the rows of chunks that differ travel. The
 target table of a source ``db.table`` is the sender's: ``database=`` (when set)
 in place of ``db``. TIMESTAMPs are read in UTC, as the sender writes them."""
@@ -10,8 +10,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from capturer.model import rowsum
 from capturer.model.encode import quote_ident
-from capturer.util import mysqlconn, rowsum
+from capturer.util import mysqlconn
 from capturer.util.perthread import PerThread
 
 NO_TABLE = (1146, 1049)  # table / database does not exist

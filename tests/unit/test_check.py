@@ -291,7 +291,7 @@ def test_a_postgresql_region_with_a_binlog_position_in_the_checkpoint(box: Box) 
 
 
 def test_grants_as_mariadb_and_mysql_list_them() -> None:
-    from capturer.ops.check import Grants
+    from capturer.util.grants import Grants
 
     g = Grants.parse([
         "GRANT USAGE ON *.* TO `u`@`%` IDENTIFIED BY PASSWORD '*0123'",

@@ -42,7 +42,8 @@ MAY_IMPORT_DEVTOOLS = {"capturer/__main__.py"}
 # what every region kind may use besides the shared layer and its own folder
 REGION_COMMON = ("capturer.regions.base", "capturer.regions.clock", "capturer.regions.ddl", "capturer.regions.journal",
                  "capturer.regions", "capturer.regions.snapshot", "capturer.regions.snaphost",  # the snapshot engine
-                 "capturer.config")  # its section of the config
+                 "capturer.config",  # its section of the config
+                 "capturer.regions.kind")  # its descriptor (KIND)
 
 
 def imports(path: Path) -> list[tuple[int, str]]:
@@ -121,6 +122,21 @@ def test_a_region_kind_imports_only_the_shared_layer_the_region_base_and_itself(
                 if kind_dir.name == "remote" and _in(mod, "capturer.regions", "capturer.config", "capturer.agent"):
                     continue  # the remote kind runs any region kind (in a worker process or an agent)
                 bad.append(f"{rel}:{line}: imports {mod}")
+    assert not bad, "\n".join(bad)
+
+
+# the wings that reach kinds only through the registries (capturer/regions/__init__.py, senders/__init__.py)
+KIND_BLIND = ("capturer/ops/", "capturer/ha/", "capturer/apply/", "capturer/__main__.py", "capturer/config.py",
+              "capturer/pipeline/")
+KIND_PACKAGES = tuple(f"capturer.regions.{d.name}" for d in (ROOT / "capturer/regions").iterdir()
+                      if (d / "__init__.py").exists()) + \
+    tuple(f"senders.{d.name}" for d in (ROOT / "senders").iterdir() if (d / "__init__.py").exists())
+
+
+def test_ops_ha_apply_config_and_the_command_line_reach_kinds_only_through_the_registries() -> None:
+    assert "capturer.regions.postgresql" in KIND_PACKAGES and "senders.kafka" in KIND_PACKAGES
+    bad = [f"{rel}:{line}: imports {mod}" for rel, p in _files("capturer") if rel.startswith(KIND_BLIND)
+           for line, mod in imports(p) if _in(mod, *KIND_PACKAGES)]
     assert not bad, "\n".join(bad)
 
 

@@ -10,9 +10,8 @@ import decimal
 import itertools
 from typing import Any
 
-from capturer.model import Position
+from capturer.model import Position, compare, rowsum
 from capturer.ops import verify as v
-from capturer.util import rowsum
 
 
 def test_range_sql_compound_key_spelled_out() -> None:
@@ -28,13 +27,13 @@ def test_range_sql_compound_key_spelled_out() -> None:
 
 
 def test_canon_compares_values_not_text() -> None:
-    assert v.canon("19.990", "decimal") == v.canon(decimal.Decimal("19.99"), "decimal")
-    assert v.canon("AP8=", "bytes") == b"\x00\xff"
-    assert v.canon("2026-01-02T03:04:05+01:00", "datetime") == dt.datetime(2026, 1, 2, 2, 4, 5)
-    assert v.canon("0101", "bit") == 5 == v.canon(b"\x05", "bit")
-    assert v.canon('{"b": 1, "a": [1]}', "json") == v.canon('{"a":[1],"b":1}', "json")
-    assert v.canon("not a number", "int") != v.canon(0, "int")  # never equal to a source value
-    assert v.canon("1", "text") != v.canon(1, "int")
+    assert compare.canon("19.990", "decimal") == compare.canon(decimal.Decimal("19.99"), "decimal")
+    assert compare.canon("AP8=", "bytes") == b"\x00\xff"
+    assert compare.canon("2026-01-02T03:04:05+01:00", "datetime") == dt.datetime(2026, 1, 2, 2, 4, 5)
+    assert compare.canon("0101", "bit") == 5 == compare.canon(b"\x05", "bit")
+    assert compare.canon('{"b": 1, "a": [1]}', "json") == compare.canon('{"a":[1],"b":1}', "json")
+    assert compare.canon("not a number", "int") != compare.canon(0, "int")  # never equal to a source value
+    assert compare.canon("1", "text") != compare.canon(1, "int")
 
 
 class FakeSource:
@@ -58,13 +57,13 @@ class FakeSource:
     def tables(self) -> list[tuple[str, str]]:
         return [("d", "t")]
 
-    def meta(self, db: str, table: str) -> v.TableMeta:
-        return v.TableMeta(db, table, ["id", "x"], {"id": "int", "x": "decimal"}, ["id"])
+    def meta(self, db: str, table: str) -> compare.TableMeta:
+        return compare.TableMeta(db, table, ["id", "x"], {"id": "int", "x": "decimal"}, ["id"])
 
-    def chunks(self, meta: v.TableMeta, size: int) -> Any:
+    def chunks(self, meta: compare.TableMeta, size: int) -> Any:
         yield [dict(r) for _, r in sorted(self.rows.items())]
 
-    def rows_for_keys(self, meta: v.TableMeta, keys: Any) -> list[dict[str, Any]]:
+    def rows_for_keys(self, meta: compare.TableMeta, keys: Any) -> list[dict[str, Any]]:
         if self.on_read is not None:
             self.on_read(next(self.reads))
         return [dict(self.rows[k[0]]) for k in keys if k[0] in self.rows]
@@ -169,10 +168,10 @@ def test_a_row_that_keeps_changing_is_unsettled() -> None:
 
 def test_keyless_tables_compare_as_multisets() -> None:
     class Keyless(FakeSource):
-        def meta(self, db: str, table: str) -> v.TableMeta:
-            return v.TableMeta(db, table, ["id", "x"], {"id": "int", "x": "decimal"}, [])
+        def meta(self, db: str, table: str) -> compare.TableMeta:
+            return compare.TableMeta(db, table, ["id", "x"], {"id": "int", "x": "decimal"}, [])
 
-        def chunks(self, meta: v.TableMeta, size: int) -> Any:
+        def chunks(self, meta: compare.TableMeta, size: int) -> Any:
             yield [{"id": 1, "x": 1}, {"id": 1, "x": 1}, {"id": 2, "x": 2}]
 
     src = Keyless({})
@@ -213,9 +212,9 @@ def test_kafka_state_from_json_canal_and_protobuf_messages_alike() -> None:
         RowChange(bag, "insert", None, {"msg": "a"}),
         RowChange(bag, "delete", {"msg": "a"}, None),
     ]
-    meta = v.TableMeta("shop", "orders", ["id", "amount", "raw"], {"id": "int", "amount": "decimal", "raw": "bytes"},
+    meta = compare.TableMeta("shop", "orders", ["id", "amount", "raw"], {"id": "int", "amount": "decimal", "raw": "bytes"},
                        ["id"])
-    meta_log = v.TableMeta("shop", "log", ["msg"], {"msg": "text"}, [])
+    meta_log = compare.TableMeta("shop", "log", ["msg"], {"msg": "text"}, [])
     for fmt in ("json", "canal", "protobuf"):
         st = KafkaState(fmt)
         off = 0

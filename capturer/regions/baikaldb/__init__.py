@@ -12,5 +12,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from capturer.regions.kind import RegionKind
+
+KIND = RegionKind("baikaldb", "capturer.regions.baikaldb.region:BaikalRegion", check="capturer.regions.baikaldb.check",
+                  no_verify="no SQL front end", journal=True)
+
 if TYPE_CHECKING:
     from capturer.regions.baikaldb.region import BaikalRegion  # noqa: F401

@@ -45,7 +45,7 @@ from capturer.model import (
     ts_physical_ms,
 )
 from capturer.model.encode import qualified, quote_ident
-from capturer.regions.base import ChangeBuffer, ClockedRegion, RegionContext, close_quietly
+from capturer.regions.base import ChangeBuffer, ClockedRegion, RegionContext, close_quietly, require_start_kind
 from capturer.regions.clock import RegionClock
 from capturer.regions.ddl import ddl_target, is_data_ddl, is_ignorable
 from capturer.regions.mysql import tablemap
@@ -170,6 +170,7 @@ class MySQLRegion(SnapshotHostMixin, ClockedRegion):
     clock: RegionClock
 
     def __init__(self, cfg: RegionConfig, ctx: RegionContext):
+        require_start_kind(ctx, cfg.name, cfg.type, Position)
         super().__init__(cfg.name, ctx)
         self.cfg = cfg
         self.where = f"region {cfg.name} ({cfg.host}:{cfg.port})"

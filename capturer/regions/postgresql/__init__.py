@@ -1,1 +1,8 @@
 """PostgreSQL regions: logical decoding with the built-in pgoutput plugin."""
+
+from capturer.regions.kind import RegionKind
+
+KIND = RegionKind("postgresql", "capturer.regions.postgresql.region:PostgresRegion",
+                  check="capturer.regions.postgresql.check",
+                  verify="capturer.regions.postgresql.verify:source",
+                  extra="postgresql", journal=True)

@@ -1,1 +1,6 @@
 """Regions served by region agents (type=remote) and by worker processes (process=true)."""
+
+from capturer.regions.kind import RegionKind
+
+KIND = RegionKind("remote", "capturer.regions.remote.region:RemoteRegion", check="capturer.regions.remote.check",
+                  no_verify="its source is reached through an agent")

@@ -1,0 +1,188 @@
+"""What ``verify`` (capturer/ops/verify.py) compares, shared with the kinds that read
+for it: one canonical form per column kind (``canon``), a source table as compared
+(``TableMeta``), the contract of a sink's reader (``SinkReader``, implemented in
+senders/<kind>/verify.py) and the base of a source's reader (``SqlSource``,
+implemented in capturer/regions/<kind>/verify.py)."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import datetime as dt
+import decimal
+import hashlib
+import json
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from capturer.model.encode import format_timedelta
+from capturer.util.perthread import PerThread
+
+# information_schema DATA_TYPE -> how its values are compared
+KINDS = {
+    **dict.fromkeys(("tinyint", "smallint", "mediumint", "int", "integer", "bigint", "year"), "int"),
+    **dict.fromkeys(("decimal", "numeric"), "decimal"),
+    **dict.fromkeys(("float", "double", "real"), "float"),
+    **dict.fromkeys(("datetime", "timestamp"), "datetime"),
+    "date": "date", "time": "time", "bit": "bit", "set": "set", "json": "json",
+    **dict.fromkeys(("binary", "varbinary", "tinyblob", "blob", "mediumblob", "longblob"), "bytes"),
+}
+
+
+class _Absent:
+    """A column the sink's row does not have at all (not the same as NULL)."""
+
+    def __repr__(self) -> str:
+        return "<absent>"
+
+
+ABSENT = _Absent()
+
+
+def canon(v: Any, kind: str) -> Any:
+    """One hashable form for equal values of a column of this ``kind`` (see KINDS;
+    anything else is text), whichever sink they came from."""
+    if v is None or v is ABSENT:
+        return v
+    try:
+        if kind == "int":
+            return int(v)
+        if kind == "decimal":
+            return (v if isinstance(v, decimal.Decimal) else decimal.Decimal(str(v))).normalize()
+        if kind == "float":
+            return float(v)
+        if kind == "datetime":
+            v = dt.datetime.fromisoformat(v) if isinstance(v, str) else v
+            return v.astimezone(dt.UTC).replace(tzinfo=None) if isinstance(v, dt.datetime) and v.tzinfo else v
+        if kind == "date":
+            return dt.date.fromisoformat(v) if isinstance(v, str) else v
+        if kind == "time":
+            return format_timedelta(v) if isinstance(v, dt.timedelta) else str(v)
+        if kind == "bytes":
+            # JSON sinks carry binary values as base64 (listed in the message's "b64")
+            return base64.b64decode(v, validate=True) if isinstance(v, str) else bytes(v)
+        if kind == "bit":
+            if isinstance(v, (bytes, bytearray)):
+                return int.from_bytes(v, "big")
+            return int(v, 2) if isinstance(v, str) else int(v)  # JSON: the bit string
+        if kind == "set":
+            items = v if isinstance(v, (set, frozenset)) else (str(v).split(",") if v else [])
+            return ",".join(sorted(str(x) for x in items))
+        if kind == "json":
+            return json.dumps(json.loads(v) if isinstance(v, (str, bytes)) else v, sort_keys=True)
+    except (ValueError, TypeError, ArithmeticError, binascii.Error):
+        return ("not a value of its type", repr(v))  # never equal to a source value
+    if isinstance(v, (bytes, bytearray, memoryview)):
+        return bytes(v).decode("utf-8", "replace")
+    return str(v)
+
+
+def show_value(v: Any) -> str:
+    if isinstance(v, decimal.Decimal):
+        return format(v, "f")
+    if isinstance(v, bytes):
+        return "0x" + v.hex()
+    if isinstance(v, dt.datetime):
+        return v.isoformat(sep=" ")
+    if isinstance(v, dt.date):
+        return v.isoformat()
+    return repr(v)
+
+
+@dataclass
+class TableMeta:
+    """A source table as verify compares it: columns in order, their kinds, its key."""
+
+    db: str
+    table: str
+    columns: list[str]
+    kinds: dict[str, str]
+    pk: list[str]
+    pg_types: dict[str, str] = field(default_factory=dict)  # PostgreSQL: column -> format_type
+
+    @property
+    def name(self) -> str:
+        return f"{self.db}.{self.table}"
+
+    def canon_row(self, row: dict[str, Any]) -> tuple[Any, ...]:
+        """The row's values in column order, canonical; columns the source does not
+        have (with a value) make it differ from every source row."""
+        extra = tuple(sorted(c for c in row if c not in self.kinds and row[c] is not None))
+        vals = tuple(canon(row.get(c, ABSENT), self.kinds[c]) for c in self.columns)
+        return vals + ((("extra columns",) + extra,) if extra else ())
+
+    def canon_key(self, row: dict[str, Any]) -> tuple[Any, ...]:
+        return tuple(canon(row.get(c, ABSENT), self.kinds[c]) for c in self.pk)
+
+    def show(self, row: tuple[Any, ...] | None) -> str:
+        if row is None:
+            return "(none)"
+        names = self.columns + ["?"] * (len(row) - len(self.columns))
+        text = ", ".join(f"{c}={show_value(v)}" for c, v in zip(names, row))
+        return "{" + (text if len(text) <= 300 else text[:297] + "...") + "}"
+
+    def show_diff(self, want: tuple[Any, ...], got: tuple[Any, ...]) -> str:
+        """The columns that differ: ``col: source X, sink Y``."""
+        names = self.columns + ["?"] * (max(len(want), len(got)) - len(self.columns))
+        out = [f"{c}: source {show_value(a)}, sink {show_value(b)}"
+               for c, a, b in zip(names, want + (None,) * len(names), got + (None,) * len(names)) if a != b]
+        text = "; ".join(out)
+        return text if len(text) <= 400 else text[:397] + "..."
+
+    def show_key(self, key: tuple[Any, ...]) -> str:
+        return "(" + ", ".join(f"{c}={show_value(v)}" for c, v in zip(self.pk, key)) + ")"
+
+
+def digest(row: tuple[Any, ...]) -> bytes:
+    """A 16-byte digest of a canonical row (its repr is deterministic: ints, Decimals,
+    datetimes, bytes, strings, None)."""
+    return hashlib.blake2b(repr(row).encode("utf-8", "surrogatepass"), digest_size=16).digest()
+
+
+# --- what verify needs of a sink (implemented in senders/<kind>/verify.py) ---
+
+class SinkReader(Protocol):
+    """A sender's destination, read back. ``rows`` gives a destination table's rows as
+    ``{column: value}`` (None: the table does not exist there); ``refresh`` makes the
+    next reads see what was written since. Optional (the MySQL target):
+    ``checksum(dest, columns, where, args)``, ``select(dest, columns, where, args)``
+    and ``keys_rows(dest, columns, pk, keys)``."""
+
+    name: str
+    kind: str
+
+    def destination(self, db: str, table: str) -> tuple[str, str]: ...
+
+    def where(self, dest: tuple[str, str]) -> str: ...
+
+    def refresh(self) -> None: ...
+
+    def rows(self, dest: tuple[str, str], columns: Sequence[str]) -> Iterable[dict[str, Any]] | None: ...
+
+    def close(self) -> None: ...
+
+
+ReaderFactory = Callable[[str, dict[str, Any], list[tuple[str, str, str]]], SinkReader]
+
+
+# --- what verify needs of a source (capturer/regions/<kind>/verify.py) ---
+
+class SourceUnreachable(Exception):
+    pass
+
+
+class SqlSource:
+    """A region's server read over SQL: a connection per thread (``_connect``), all
+    closed by ``close``."""
+
+    _conns: PerThread
+
+    def _connect(self) -> Any:
+        raise NotImplementedError
+
+    def _conn(self) -> Any:
+        return self._conns.get()
+
+    def close(self) -> None:
+        self._conns.close()

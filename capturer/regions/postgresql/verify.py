@@ -1,0 +1,166 @@
+"""A PostgreSQL region's source, read over SQL by ``verify`` (capturer/ops/verify.py)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from capturer.config import PostgresRegionConfig
+from capturer.model import LsnPosition
+from capturer.model.compare import SourceUnreachable, SqlSource, TableMeta
+from capturer.util.perthread import PerThread
+
+
+def source(r: PostgresRegionConfig) -> PostgresSource:
+    """``verify``'s reader of region ``r``'s database."""
+    from psycopg.conninfo import make_conninfo
+
+    ci = make_conninfo("", host=r.host, port=r.port, user=r.user, password=r.password or None,
+                       dbname=r.dbname, sslmode=r.sslmode, connect_timeout=int(max(1, r.connect_timeout)))
+    return PostgresSource(r.name, ci, f"{r.host}:{r.port}/{r.dbname}")
+
+
+_PG_CODE_KINDS = {1: "int", 2: "int", 3: "int", 8: "int", 4: "float", 5: "float", 246: "decimal", 10: "date",
+                  18: "datetime", 19: "time", 245: "json", 16: "bit"}
+
+
+class PostgresSource(SqlSource):
+    """A PostgreSQL region's database. Values are read in their text form and parsed by
+    the region's own parsers, so they are what the region delivers (bool as 1/0,
+    timestamptz as UTC, ...)."""
+
+    kind = "postgresql"
+
+    def __init__(self, region: str, conninfo: str, where: str):
+        self.region = region
+        self._conninfo = conninfo
+        self.where = where
+        self._conns = PerThread(self._connect)
+        self._types: dict[tuple[str, str], list[Any]] = {}
+        self._oids: dict[tuple[str, str], list[int]] = {}
+
+    def _connect(self) -> Any:
+        import psycopg
+
+        try:
+            conn = psycopg.connect(self._conninfo, autocommit=True)
+        except Exception as exc:
+            raise SourceUnreachable(f"region {self.region} ({self.where}): {exc}") from exc
+        conn.execute("SET DateStyle=ISO; SET TimeZone=UTC; SET IntervalStyle=iso_8601; SET extra_float_digits=3")
+        return conn
+
+    def query(self, sql: str, args: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        return list(self._conn().execute(sql, tuple(args)).fetchall())
+
+    def tables(self) -> list[tuple[str, str]]:
+        return [(str(s), str(t)) for s, t in self.query(
+            "SELECT table_schema, table_name FROM information_schema.tables WHERE table_type='BASE TABLE' "
+            "AND table_schema NOT IN ('pg_catalog', 'information_schema')")]
+
+    def meta(self, db: str, table: str) -> TableMeta | None:
+        from capturer.regions.postgresql.types import pg_type
+
+        rows = self.query(
+            "SELECT a.attname, a.atttypid, a.atttypmod, format_type(a.atttypid, a.atttypmod), "
+            "COALESCE(a.attnum = ANY(i.indkey), false), "
+            "CASE WHEN i.indkey IS NULL THEN 0 ELSE array_position(i.indkey::int2[], a.attnum) END "
+            "FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "LEFT JOIN pg_index i ON i.indrelid = c.oid AND i.indisprimary "
+            "WHERE n.nspname = %s AND c.relname = %s AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
+            (db, table))
+        if not rows:
+            return None
+        types = [pg_type(int(r[1]), int(r[2])) for r in rows]
+        self._types[(db, table)] = types
+        self._oids[(db, table)] = sorted({int(r[1]) for r in rows})
+        kinds = {}
+        for r, t in zip(rows, types):
+            kinds[str(r[0])] = "bytes" if t.binary else _PG_CODE_KINDS.get(t.code, "text")
+        pk = [str(r[0]) for r in sorted((r for r in rows if r[4]), key=lambda r: int(r[5] or 0))]
+        return TableMeta(db, table, [str(r[0]) for r in rows], kinds, pk,
+                         pg_types={str(r[0]): str(r[3]) for r in rows})
+
+    def _select(self, meta: TableMeta, where: str, args: Sequence[Any], limit: int = 0,
+                ordered: bool = True) -> list[dict[str, Any]]:
+        from capturer.regions.postgresql.types import parse_value
+
+        types = self._types.get((meta.db, meta.table)) or []
+        q = _pg_ident
+        # every value in its type's text output, as pgoutput sends it (a cast to text is not
+        # always that: boolean 'true', char(n) trimmed, inet without /32): loaded as text
+        from psycopg.types.string import TextLoader
+
+        cur = self._conn().cursor()
+        for oid in self._oids.get((meta.db, meta.table), ()):
+            cur.adapters.register_loader(oid, TextLoader)  # this cursor's only
+        cols = ", ".join(q(c) for c in meta.columns)
+        sql = f"SELECT {cols} FROM {q(meta.db)}.{q(meta.table)} WHERE {where}"
+        if ordered and meta.pk:
+            sql += " ORDER BY " + ", ".join(q(c) for c in meta.pk)
+        if limit:
+            sql += f" LIMIT {int(limit)}"
+        out = []
+        for r in cur.execute(sql, tuple(args)).fetchall():
+            out.append({c: (None if v is None else parse_value(t, v)) for c, t, v in zip(meta.columns, types, r)})
+        return out
+
+    def _key_cond(self, meta: TableMeta) -> str:
+        return "(" + ", ".join(_pg_ident(c) for c in meta.pk) + ")"
+
+    def _key_args(self, meta: TableMeta) -> str:
+        return "(" + ", ".join(f"%s::{meta.pg_types[c]}" for c in meta.pk) + ")"
+
+    def chunks(self, meta: TableMeta, size: int) -> Iterator[list[dict[str, Any]]]:
+        last: tuple[Any, ...] | None = None
+        offset = 0
+        while True:
+            if not meta.pk:  # no key: pages of the whole table (REPLICA IDENTITY FULL tables)
+                rows = self._select(meta, "true", (), 0, ordered=False) if offset == 0 else []
+                if rows:
+                    for i in range(0, len(rows), size):
+                        yield rows[i:i + size]
+                return
+            if last is None:
+                rows = self._select(meta, "true", (), size)
+            else:
+                rows = self._select(meta, f"{self._key_cond(meta)} > {self._key_args(meta)}",
+                                    [_pg_arg(v) for v in last], size)
+            if not rows:
+                return
+            yield rows
+            if len(rows) < size:
+                return
+            last = tuple(rows[-1][c] for c in meta.pk)
+
+    def rows_for_keys(self, meta: TableMeta, keys: Sequence[tuple[Any, ...]]) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        for i in range(0, len(keys), 500):
+            part = keys[i:i + 500]
+            where = f"{self._key_cond(meta)} IN ({', '.join([self._key_args(meta)] * len(part))})"
+            out += self._select(meta, where, [_pg_arg(v) for k in part for v in k], ordered=False)
+        return out
+
+    def position(self) -> LsnPosition:
+        from capturer.model import parse_lsn
+
+        return LsnPosition(parse_lsn(str(self.query("SELECT pg_current_wal_lsn()::text")[0][0])))
+
+
+
+def _pg_ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _pg_arg(v: Any) -> Any:
+    """A key value as a text parameter (cast to the column's type in the SQL)."""
+    if v is None:
+        return None
+    if isinstance(v, bytes):
+        return "\\x" + v.hex()
+    if isinstance(v, dt.datetime):
+        return v.isoformat(sep=" ")
+    if isinstance(v, decimal.Decimal):
+        return format(v, "f")
+    return str(v)
