@@ -1,0 +1,202 @@
+"""The webhook sender: each batch of whole transactions is one HTTP ``POST`` to
+``url``, its body the changes as JSON lines (the file sender's format: one line per
+row change, ``(region, commit_ts, seq)`` identifies each), acknowledged by a 2xx.
+
+Contract with the receiver (docs/senders.md "Webhook"):
+
+* headers: ``Content-Type: application/x-ndjson``; ``Idempotency-Key``, the same
+  for every attempt at the same batch (a digest of the sender's name and the
+  batch's first and last stream keys); ``X-Capturer-Position``, the stream key
+  ``[commit_ts, region, sub]`` of the batch's last transaction, as JSON;
+  ``X-Capturer-Rows`` and ``X-Capturer-Txns``; ``Authorization`` when
+  ``auth_header`` is set.
+* a 2xx means the batch is durable at the receiver; 408, 425, 429 and 5xx (and no
+  answer within ``timeout``) are retried with capped exponential back-off
+  (``Retry-After`` in seconds is honoured); any other answer stops the sender with
+  the status and the start of the body (redirects are not followed: a POST must not
+  turn into a GET).
+* ``position_url`` (optional): a ``GET`` answering ``{"position": [commit_ts,
+  region, sub]}`` (or ``{"position": null}``, or 404, for nothing yet) with the
+  last position the receiver stored. At start, and before a failed batch is
+  retried, the sender resumes after it: a receiver that stores each batch and its
+  position atomically gets every change exactly once, even after a kill -9 between
+  its answer and the capturer's checkpoint. Without it, delivery is at least once:
+  a batch the receiver took just before a crash is posted again (the same
+  changes; the receiver can drop them by their identity or by the batch's key
+  when the batch is the same).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+from typing import Any, ClassVar
+from urllib.parse import urlsplit, urlunsplit
+
+import requests
+
+from capturer.errors import ConfigError, SinkError
+from capturer.model import StreamKey, Txn, key_from_json, stream_key
+from capturer.util.ini import Key, p_bool, p_float, p_int, p_str
+from senders.base import Sender
+from senders.local.sender import txn_blocks_json
+
+log = logging.getLogger(__name__)
+
+RETRIED = frozenset({408, 425, 429})
+
+
+def p_url(v: str) -> str:
+    parts = urlsplit(v)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError("expected an http:// or https:// URL with a host")
+    return v
+
+
+def shown(url: str) -> str:
+    """``url`` without a password in it (user:password@host)."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    netloc = f"{parts.username}:***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+
+def batch_key(sender: str, batch: list[Txn]) -> str:
+    """The batch's idempotency key: the same for every attempt at the same transactions."""
+    first, last = stream_key(batch[0]), stream_key(batch[-1])
+    return hashlib.sha256(json.dumps([sender, list(first), list(last)]).encode()).hexdigest()[:32]
+
+
+class WebhookSender(Sender):
+    KEYS: ClassVar[list[Key]] = [
+        Key("url", p_url, required=True, doc="where each batch is POSTed (http:// or https://)"),
+        Key("position_url", p_str, "",
+            doc="GET: the last position the receiver stored ({\"position\": [commit_ts, region, sub]}); the sender "
+                "resumes after it (exactly once with a receiver that stores batch and position atomically). Empty: "
+                "at least once"),
+        Key("auth_header", p_str, "", secret=True, doc="the Authorization header's value (e.g. Bearer <token>)"),
+        Key("timeout", p_float(0.1, 3600), 30.0, doc="seconds for one request (connect and answer)"),
+        Key("batch_rows", p_int(1, 1_000_000), 1000, doc="rows per POST (a transaction is never split)"),
+        Key("linger_ms", p_int(0, 60_000), 100, doc="wait this long for a batch to fill"),
+        Key("max_backoff", p_float(0.1, 3600), 30.0, doc="the longest wait between retries (seconds)"),
+        Key("tls_ca", p_str, "", doc="PEM file of the CA that signed the receiver's certificate; empty = system's"),
+        Key("tls_verify", p_bool, True, doc="check the receiver's certificate and name (false: only for tests)"),
+        Key("tls_cert", p_str, "", doc="PEM client certificate, for receivers that require one"),
+        Key("tls_key", p_str, "", doc="PEM key of tls_cert"),
+    ]
+
+    def __init__(self, name: str, options: dict[str, Any], queue_rows: int = 100_000):
+        super().__init__(name, options, queue_rows)
+        self.url = str(options["url"])
+        self.position_url = str(options["position_url"])
+        self.timeout = float(options["timeout"])
+        self.batch_rows = int(options["batch_rows"])
+        self.linger = int(options["linger_ms"]) / 1000
+        self.max_backoff = float(options["max_backoff"])
+        self.posts = 0
+        self.refused = 0  # answers that were retried (408/425/429/5xx, no answer)
+        self._session: requests.Session | None = None
+
+    @staticmethod
+    def check_options(opts: dict[str, Any], where: Any) -> None:
+        if bool(opts["tls_cert"]) != bool(opts["tls_key"]):
+            raise ConfigError(f"{where('tls_cert' if opts['tls_cert'] else 'tls_key')}: tls_cert and tls_key go "
+                              "together (a client certificate)")
+        if opts["position_url"]:
+            try:
+                p_url(opts["position_url"])
+            except ValueError as exc:
+                raise ConfigError(f"{where('position_url')}: {exc}") from None
+
+    # --- the contract -------------------------------------------------------
+    def open(self) -> None:
+        s = requests.Session()
+        s.headers["User-Agent"] = "binlog-capturer webhook sender"
+        if self.options["auth_header"]:
+            s.headers["Authorization"] = str(self.options["auth_header"])
+        s.verify = str(self.options["tls_ca"]) if self.options["tls_ca"] else bool(self.options["tls_verify"])
+        if self.options["tls_cert"]:
+            s.cert = (str(self.options["tls_cert"]), str(self.options["tls_key"]))
+        self._session = s
+
+    def resume_key(self) -> StreamKey | None:
+        if not self.position_url:
+            return None
+        r = self._request("GET", self.position_url, "reading the receiver's position", None, {})
+        if r.status_code == 404:
+            return None
+        try:
+            body = r.json()
+            return key_from_json(body.get("position") if isinstance(body, dict) else body)
+        except ValueError as exc:
+            raise SinkError(f"sender {self.name}: {shown(self.position_url)} answered {r.text[:200]!r}: expected "
+                            f"{{\"position\": [commit_ts, region, sub]}} or {{\"position\": null}} ({exc})",
+                            retriable=False) from None
+
+    def send(self, batch: list[Txn]) -> None:
+        body = b"".join(block for t in batch for block in txn_blocks_json(t))
+        rows = sum(len(t.changes) for t in batch)
+        headers = {
+            "Content-Type": "application/x-ndjson",
+            "Idempotency-Key": batch_key(self.name, batch),
+            "X-Capturer-Position": json.dumps(list(stream_key(batch[-1]))),
+            "X-Capturer-Rows": str(rows),
+            "X-Capturer-Txns": str(len(batch)),
+        }
+        self._request("POST", self.url, f"posting {len(batch)} transaction(s), {rows} row(s)", body, headers)
+        self.posts += 1
+
+    def close(self) -> None:
+        if self._session is not None:
+            self._session.close()
+            self._session = None
+
+    def status(self) -> dict[str, Any]:
+        return {**super().status(), "url": shown(self.url), "posts": self.posts, "refused": self.refused}
+
+    # --- HTTP ---------------------------------------------------------------
+    def _request(self, method: str, url: str, what: str, body: bytes | None, headers: dict[str, str]
+                 ) -> requests.Response:
+        if self._session is None:
+            self.open()
+        assert self._session is not None
+        where = f"sender {self.name} ({method} {shown(url)})"
+        try:
+            r = self._session.request(method, url, data=body, headers=headers, timeout=self.timeout,
+                                      allow_redirects=False)
+        except requests.exceptions.SSLError as exc:
+            raise SinkError(f"{where}: TLS failed ({_short(exc)}): check tls_ca (and tls_cert, tls_key) in [{self.name}]",
+                            retriable=False) from None
+        except requests.exceptions.RequestException as exc:
+            self.refused += 1
+            raise SinkError(f"{where}: {what}: no answer ({_short(exc)})") from None
+        code = r.status_code
+        if 200 <= code < 300 or (method == "GET" and code == 404):
+            return r
+        text = " ".join(r.text[:200].split())
+        if code in RETRIED or code >= 500:
+            self.refused += 1
+            wait = _retry_after(r.headers.get("Retry-After"), self.max_backoff)
+            raise SinkError(f"{where}: {what}: the receiver answered {code} {r.reason} ({text!r}); retrying", poll=wait)
+        hint = {401: "check auth_header", 403: "check auth_header", 404: "check url",
+                413: "the batch is too big for it: lower batch_rows"}.get(code, "")
+        raise SinkError(f"{where}: {what}: the receiver answered {code} {r.reason} ({text!r})"
+                        + (f"; {hint} in [{self.name}]" if hint else "")
+                        + ("; redirects are not followed: set url to where it points" if 300 <= code < 400 else ""),
+                        retriable=False)
+
+
+def _retry_after(value: str | None, cap: float) -> float | None:
+    """``Retry-After`` in seconds (capped), or None to back off as usual."""
+    if value and re.fullmatch(r"\d{1,6}", value.strip()):
+        return min(float(value), cap)
+    return None
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc)
+    return text if len(text) <= 200 else text[:197] + "..."
