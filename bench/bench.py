@@ -329,8 +329,9 @@ def run_until_delivered(config: Path, expect_rows: int, ha: bool = False) -> dic
     node = None
     if ha:
         from capturer.ha.node import HaNode
+        from capturer.ops.status import StatusServer
 
-        node = HaNode(load_config(config), ["--config", str(config)], threading.Event())
+        node = HaNode(load_config(config), ["--config", str(config)], threading.Event(), Capturer, StatusServer)
         won = node.coord.campaign(node._record("active"))
         assert won is not None, "the bench's etcd group has an active capturer already"
         cfg, restored = node.begin(*won)

@@ -87,9 +87,10 @@ def snapshot_cli(argv: list[str]) -> int:
 
 def check_cli(cfg: AppConfig, connect: bool) -> int:
     """``--check [--connect]`` of a loaded config: problems on stderr, "config OK" on stdout."""
+    from capturer.app import check_root
     from capturer.ops.check import run_check
 
-    report = run_check(cfg, connect=connect)
+    report = run_check(cfg, check_root(), connect=connect)
     for line in report.problems:
         print(f"error: {line}", file=sys.stderr)
     if not report.problems:
@@ -131,9 +132,10 @@ def _subcommand(name: str, argv: list[str]) -> int:
         setup_logging("warning")
         from capturer.app import load_config as load_app_config
         from capturer.app import verify_factories
+        from capturer.ha.check import published_checkpoint
         from capturer.ops.verify import verify_cli
 
-        return verify_cli(argv, load_app_config, verify_factories())
+        return verify_cli(argv, load_app_config, verify_factories(), published_checkpoint)
     if name == "apply":
         from capturer.apply.app import apply_main
 
@@ -238,8 +240,9 @@ def main(argv: list[str] | None = None) -> int:
                   "every takeover", file=sys.stderr)
             return 2
         from capturer.ha.node import run_node
+        from capturer.ops.status import StatusServer
 
-        return run_node(cfg, argv, _STOP)
+        return run_node(cfg, argv, _STOP, Capturer, StatusServer)
     try:
         cap = Capturer(cfg, rebuild_backlog=args.rebuild_backlog)
     except (ConfigError, CheckpointError) as exc:

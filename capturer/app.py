@@ -23,7 +23,9 @@ from typing import Any, Protocol
 from capturer import config
 from capturer.config import AppConfig
 from capturer.errors import CapturerError, CheckpointError, ConfigError, Fenced, SourceError
+from capturer.ha.check import probes as ha_probes
 from capturer.model import Item, Txn, stream_key, ts_physical_ms
+from capturer.ops.check import Root
 from capturer.ops.status import StatusServer
 from capturer.pipeline.backlog import Backlog, BacklogMark, Cut, StreamLog
 from capturer.pipeline.checkpoint import Checkpoint, CheckpointKeeper, load_checkpoint
@@ -54,9 +56,9 @@ def verify_factories() -> dict[str, Any]:
     return factories()
 
 
-def sender_checks(name: str) -> Any:
-    """Sender kind ``name``'s preflight checks (senders/<kind>/check.py), or None."""
-    return check_module(name)
+def check_root() -> Root:
+    """What ``--check`` needs of this root (capturer/ops/check.py ``Root``)."""
+    return Root(lambda cfg: Capturer(cfg, check_only=True), check_module, ha_probes)
 
 
 def sender_extra(name: str, options: dict[str, Any]) -> str:

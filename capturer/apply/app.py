@@ -427,8 +427,9 @@ def apply_main(argv: list[str], stop: threading.Event) -> int:
     log.info("applier config: %s", json.dumps(cfg.masked(), default=str))
     if args.check:
         from capturer.apply.check import check_apply
+        from senders import check_module
 
-        return check_apply(cfg, args.connect)
+        return check_apply(cfg, args.connect, check_module)
     app = Applier(cfg)
     try:
         app.start()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+from collections.abc import Callable
 from typing import Any, cast
 
 from capturer.apply.config import ApplyConfig
@@ -37,7 +38,9 @@ def _kafka_probe(cfg: ApplyConfig, timeout: float) -> cc.Probe:
     return cc.Probe(f"kafka ({cfg.servers})", run, f"check servers in [global] of {cfg.path}")
 
 
-def check_apply(cfg: ApplyConfig, connect: bool, timeout: float = cc.CONNECT_TIMEOUT) -> int:
+def check_apply(cfg: ApplyConfig, connect: bool, sender_checks: Callable[[str], Any],
+                timeout: float = cc.CONNECT_TIMEOUT) -> int:
+    """``sender_checks(name)``: a sender kind's check module (the registry's, from the applier's root)."""
     problems: list[str] = []
     module = "confluent_kafka" if cfg.client == "confluent" else "kafka"
     if importlib.util.find_spec(module) is None:
@@ -49,13 +52,13 @@ def check_apply(cfg: ApplyConfig, connect: bool, timeout: float = cc.CONNECT_TIM
         ini = None
     app_like = cast(Any, cfg)  # the sender checks need queue_rows and the sender file, which it has
     for s in cfg.senders:
-        problems += cc._sender_offline(s, ini, app_like)
+        problems += cc._sender_offline(s, ini, app_like, sender_checks)
     unreachable: list[str] = []
     passed: list[str] = []
     notes: list[str] = []
     if connect and not problems:
         probes = [_kafka_probe(cfg, timeout)]
-        probes += [cc._sender_probe(s, app_like, timeout) for s in cfg.senders]
+        probes += [cc._sender_probe(s, app_like, timeout, sender_checks) for s in cfg.senders]
         for out in cc.run_probes(probes, timeout):
             unreachable += out.problems
             notes += out.notes

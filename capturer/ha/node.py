@@ -41,6 +41,7 @@ import sys
 import threading
 import time
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +49,6 @@ from capturer.config import AppConfig
 from capturer.errors import FENCED_MARK, CapturerError, CheckpointError, ConfigError, Fenced
 from capturer.ha.coord import CoordinationError, CoordinationRefused, Coordinator, pack_state, unpack_state
 from capturer.ha.keeper import LOST, LeaseKeeper
-from capturer.ops.status import StatusServer
 from capturer.pipeline.checkpoint import Checkpoint
 from capturer.regions import journal
 from capturer.util.fencing import GUARD
@@ -100,8 +100,17 @@ def descendants(pid: int) -> list[int]:
 
 
 class HaNode:
-    def __init__(self, cfg: AppConfig, argv: list[str], stop: threading.Event):
+    """``make_capturer(cfg, rebuild_backlog=, ha=)`` builds the capturer an active runs
+    (capturer.app.Capturer) and ``status_server(host, port, snapshot, health, control,
+    token, allowed_hosts)`` the standby's status port (capturer.ops.status.StatusServer):
+    both handed in by the command line, the composition root, so this module names
+    neither."""
+
+    def __init__(self, cfg: AppConfig, argv: list[str], stop: threading.Event, make_capturer: Callable[..., Any],
+                 status_server: Callable[..., Any]):
         assert cfg.ha is not None
+        self.make_capturer = make_capturer
+        self.status_server = status_server
         self.cfg = cfg
         self.hc = cfg.ha
         self.argv = argv
@@ -118,7 +127,7 @@ class HaNode:
         self.members: list[dict[str, Any]] = []
         self.takeovers: list[dict[str, Any]] = []
         self.etcd_error = ""
-        self.server: StatusServer | None = None
+        self.server: Any = None  # the standby's status server
         self.port = cfg.http_port
         self.cap: Any = None
         self._handover = threading.Event()
@@ -200,7 +209,7 @@ class HaNode:
     # --- standby --------------------------------------------------------------------
     def run(self) -> int:
         try:
-            self.server = StatusServer(self.cfg.http_host, self.cfg.http_port, self._standby_snapshot,
+            self.server = self.status_server(self.cfg.http_host, self.cfg.http_port, self._standby_snapshot,
                                        self._standby_health, self._standby_control, self.cfg.control_token,
                                        self.cfg.http_allowed_hosts)
         except OSError as exc:
@@ -273,12 +282,10 @@ class HaNode:
             self._resign()
             print(f"ha: taking over failed: {exc}", file=sys.stderr)
             return 2
-        from capturer.app import Capturer
-
         assert self.server is not None
         self.server.stop()  # the capturer serves the same port from now on
         try:
-            cap = Capturer(cfg, rebuild_backlog=restored, ha=self)
+            cap = self.make_capturer(cfg, rebuild_backlog=restored, ha=self)
         except (ConfigError, CheckpointError) as exc:
             log.error("ha: start-up refused: %s", exc)
             print(f"start-up refused: {exc}", file=sys.stderr)
@@ -516,9 +523,10 @@ class HaNode:
         self.coord.put_fenced({"takeovers": json.dumps(self.takeovers).encode()})
 
 
-def run_node(cfg: AppConfig, argv: list[str], stop: threading.Event) -> int:
+def run_node(cfg: AppConfig, argv: list[str], stop: threading.Event, make_capturer: Callable[..., Any],
+             status_server: Callable[..., Any]) -> int:
     try:
-        node = HaNode(cfg, argv, stop)
+        node = HaNode(cfg, argv, stop, make_capturer, status_server)
     except (ImportError, CapturerError) as exc:
         print(f"start-up refused: [ha]: {exc}", file=sys.stderr)
         return 2

@@ -42,11 +42,11 @@ import logging
 import re
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from capturer import app
 from capturer.config import AnyRegionConfig, AppConfig, SenderConfig
 from capturer.errors import CapturerError, CheckpointError, ConfigError
 from capturer.regions import check_module as region_checks
@@ -82,19 +82,36 @@ class CheckReport:
 # --- the whole check ------------------------------------------------------------------
 
 
-def run_check(cfg: AppConfig, connect: bool = False, timeout: float = CONNECT_TIMEOUT) -> CheckReport:
+def _no_probes(cfg: AppConfig, timeout: float) -> list[Probe]:
+    return []
+
+
+@dataclass(frozen=True)
+class Root:
+    """What the check needs of the composition root (``capturer.app.check_root()``), handed
+    in so that this module names neither the Capturer nor a sender kind: ``build(cfg)``
+    the Capturer a start builds (``check_only``), ``sender_checks(name)`` a sender kind's
+    check module (senders/<kind>/check.py) or None, ``probes(cfg, timeout)`` more
+    ``--connect`` probes (etcd for ``[ha]``)."""
+
+    build: Callable[[AppConfig], Any]
+    sender_checks: Callable[[str], Any]
+    probes: Callable[[AppConfig, float], list[Probe]] = _no_probes
+
+
+def run_check(cfg: AppConfig, root: Root, connect: bool = False, timeout: float = CONNECT_TIMEOUT) -> CheckReport:
     """``--check`` (and ``--connect``) of a loaded config. Secrets of the config never
     appear in the report."""
     report = CheckReport()
-    built = build(cfg, report)
+    built = build(cfg, report, root)
     try:
-        report.problems += offline_problems(cfg, report)
+        report.problems += offline_problems(cfg, report, root.sender_checks)
         if connect:
             if built.cap is None:
                 report.notes.append("--connect: nothing was tried: a start stops at the problem above before it "
                                     "connects to anything")
             else:
-                connect_checks(cfg, built, report, timeout)
+                connect_checks(cfg, built, report, root, timeout)
     finally:
         built.release()
     log.info("checked: %s", "; ".join(report.checked))
@@ -110,7 +127,7 @@ class Built:
     its kind builds it (a ``process = true`` region's worker builds the kind's region
     in its own process: it is built here too, with the same context)."""
 
-    cap: app.Capturer | None
+    cap: Any  # the Capturer (None: a start would refuse)
     kind_regions: list[Any] = field(default_factory=list)
 
     def release(self) -> None:
@@ -130,12 +147,12 @@ class Built:
                 log.debug("sender %s: release: %s", s.name, exc)
 
 
-def build(cfg: AppConfig, report: CheckReport) -> Built:
+def build(cfg: AppConfig, report: CheckReport, root: Root) -> Built:
     """``Capturer(cfg)`` as a start builds it, with the backlog opened read-only. A
     refusal goes into ``report.problems`` worded as a start words it."""
     report.problems += _journal_bytes(cfg)
     try:
-        cap = app.Capturer(cfg, check_only=True)
+        cap = root.build(cfg)
     except (ConfigError, CheckpointError) as exc:
         msg = str(exc)
         if isinstance(exc, CheckpointError) and str(cfg.checkpoint_path) not in msg:
@@ -200,7 +217,7 @@ def _journal_bytes(cfg: AppConfig) -> list[str]:
 # --- what a start finds only later --------------------------------------------------
 
 
-def offline_problems(cfg: AppConfig, report: CheckReport) -> list[str]:
+def offline_problems(cfg: AppConfig, report: CheckReport, sender_checks: Callable[[str], Any]) -> list[str]:
     """Paths the capturer and its senders write, TLS files, client libraries and Java:
     what the Capturer's constructor does not look at, and a start finds later (then a
     stage fails). Independent of whether the Capturer could be built."""
@@ -228,7 +245,7 @@ def offline_problems(cfg: AppConfig, report: CheckReport) -> list[str]:
             out += checks.offline(_region_check(rc, None, cfg, ini))
     sender_ini = _ini(cfg.sender_config_path)
     for s in cfg.senders:
-        out += _sender_offline(s, sender_ini, cfg)
+        out += _sender_offline(s, sender_ini, cfg, sender_checks)
     report.checked += ["paths to write", "TLS files", "client libraries", "Java for Spark"]
     return out
 
@@ -249,7 +266,8 @@ _TLS_OPTION = re.compile(r"(ssl|tls).*(ca|ca_?file|cert|cert_?file|key|key_?file
                          r"file|path)$", re.I)
 
 
-def _sender_offline(s: SenderConfig, ini: IniFile | None, cfg: AppConfig) -> list[str]:
+def _sender_offline(s: SenderConfig, ini: IniFile | None, cfg: AppConfig, sender_checks: Callable[[str], Any]
+                    ) -> list[str]:
     """TLS files a sender's options name, and its kind's own offline checks."""
     out = []
     opts = s.options
@@ -258,7 +276,7 @@ def _sender_offline(s: SenderConfig, ini: IniFile | None, cfg: AppConfig) -> lis
             why = unreadable(Path(value).expanduser())
             if why:
                 out.append(f"{_where(ini, s.path, s.name, key)} = {value}: {why}")
-    checks = app.sender_checks(s.name)
+    checks = sender_checks(s.name)
     if checks is not None and hasattr(checks, "offline"):
         out += checks.offline(_sender_check(s, ini, cfg))
     return out
@@ -273,42 +291,19 @@ def _sender_check(s: SenderConfig, ini: IniFile | None, cfg: AppConfig, timeout:
 # --- --connect ---------------------------------------------------------------------
 
 
-def connect_checks(cfg: AppConfig, built: Built, report: CheckReport, timeout: float = CONNECT_TIMEOUT) -> None:
+def connect_checks(cfg: AppConfig, built: Built, report: CheckReport, root: Root, timeout: float = CONNECT_TIMEOUT
+                   ) -> None:
     """Every source and destination at once, each within ``timeout`` seconds."""
     assert built.cap is not None
     probes = [_region_probe(rc, r, cfg, timeout) for rc, r in zip(cfg.regions, built.kind_regions)]
-    probes += [_sender_probe(s, cfg, timeout) for s in cfg.senders]
-    if cfg.ha is not None:
-        probes.append(_ha_probe(cfg, timeout))
+    probes += [_sender_probe(s, cfg, timeout, root.sender_checks) for s in cfg.senders]
+    probes += root.probes(cfg, timeout)
     for out in run_probes(probes, timeout):
         report.unreachable += out.problems
         report.notes += out.notes
         if not out.problems:
             report.passed.append(f"{out.name}: {out.detail}" if out.detail else out.name)
     report.checked.append(f"{len(probes)} connection(s)")
-
-
-def _ha_probe(cfg: AppConfig, timeout: float) -> Probe:
-    """[ha]: every etcd endpoint answers; who is active now."""
-    from capturer.ha.coord import CoordinationError, Coordinator
-
-    assert cfg.ha is not None
-    hc = cfg.ha
-
-    def run(out: Outcome) -> None:
-        answered = []
-        for ep in hc.endpoints:
-            try:
-                Coordinator((ep,), hc.name, hc.lease_seconds, timeout=min(timeout, 3)).get("leader")
-                answered.append(ep)
-            except CoordinationError as exc:
-                out.problems.append(f"[ha] endpoints of {cfg.path}: {exc}")
-        if answered:
-            got = Coordinator(tuple(answered), hc.name, hc.lease_seconds, timeout=min(timeout, 3)).leader()
-            out.detail = (f"{len(answered)}/{len(hc.endpoints)} answered; active capturer of {hc.name!r}: "
-                          + (f"{got[0].get('id')} (epoch {got[1]})" if got else "none"))
-
-    return Probe(f"etcd ({', '.join(hc.endpoints)})", run, f"[ha] endpoints of {cfg.path}")
 
 
 def run_probes(probes: list[Probe], timeout: float) -> list[Outcome]:
@@ -364,9 +359,9 @@ def _region_probe(rc: AnyRegionConfig, region: Any, cfg: AppConfig, timeout: flo
 # --- destinations ---
 
 
-def _sender_probe(s: SenderConfig, cfg: AppConfig, timeout: float) -> Probe:
+def _sender_probe(s: SenderConfig, cfg: AppConfig, timeout: float, sender_checks: Callable[[str], Any]) -> Probe:
     """The kind's ``--connect`` probe (a kind without one: its config was checked)."""
-    checks = app.sender_checks(s.name)
+    checks = sender_checks(s.name)
     if checks is not None and hasattr(checks, "probe"):
         p: Probe = checks.probe(_sender_check(s, _ini(s.path), cfg, timeout))
         return p

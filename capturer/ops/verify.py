@@ -584,37 +584,20 @@ def close_all(v: Verifier, readers: Iterable[SinkReader]) -> None:
         src.close()
 
 
-def checkpoint_acked(path: Any, ha: Any = None) -> Acked:
+def checkpoint_acked(path: Any, ha: Callable[[], Any] | None = None) -> Acked:
     """Each sender's acknowledged positions as the checkpoint file holds them (with
-    ``[ha]``, ``ha``: as the active capturer last wrote them to etcd)."""
+    ``[ha]``, ``ha()``: the checkpoint the active capturer last wrote to etcd)."""
     from capturer.pipeline.checkpoint import load_checkpoint
 
     def acked() -> dict[str, dict[str, AnyPosition]]:
         try:
-            cp = load_checkpoint(path) if ha is None else _ha_checkpoint(ha)
+            cp = load_checkpoint(path) if ha is None else ha()
         except Exception:
             return {}
         if cp is None:
             return {}
         return {n: dict(sp.regions) for n, sp in cp.senders.items()}
     return acked
-
-
-def _ha_checkpoint(hc: Any) -> Any:
-    """The checkpoint the active capturer of an [ha] group last wrote to etcd (None: none yet)."""
-    import tempfile
-    from pathlib import Path
-
-    from capturer.ha.coord import Coordinator, unpack_state
-    from capturer.pipeline.checkpoint import load_checkpoint
-
-    got = Coordinator(hc.endpoints, hc.name, hc.lease_seconds).get("state")
-    if got is None:
-        return None
-    with tempfile.TemporaryDirectory() as d:
-        p = Path(d) / "checkpoint.json"
-        p.write_text(json.dumps(unpack_state(got[0])["checkpoint"]))
-        return load_checkpoint(p)
 
 
 def parse_tables(items: Sequence[str]) -> list[tuple[str, str]]:
@@ -636,7 +619,10 @@ def print_report(report: Report, out: Any = sys.stdout) -> None:
           + f" in {report.finished - report.started:.1f}s", file=out)
 
 
-def verify_cli(argv: list[str], load_config: Callable[[Any], Any], factories: dict[str, ReaderFactory]) -> int:
+def verify_cli(argv: list[str], load_config: Callable[[Any], Any], factories: dict[str, ReaderFactory],
+               ha_checkpoint: Callable[[Any], Any] | None = None) -> int:
+    """``ha_checkpoint(cfg.ha)``: the checkpoint an [ha] group's active capturer last
+    published (capturer/ha/check.py, handed in by the command line)."""
     ap = argparse.ArgumentParser(prog="capturer verify",
                                  description="Compare every sender's destination with the sources, while capture "
                                              "goes on. Exit: 0 equal, 1 different, 2 bad config or unreachable, "
@@ -676,7 +662,7 @@ def verify_cli(argv: list[str], load_config: Callable[[Any], Any], factories: di
         def progress(d: dict[str, Any]) -> None:
             print(json.dumps({"progress": d}), file=sys.stderr, flush=True)
 
-        v, readers = build(cfg, factories, checkpoint_acked(cfg.checkpoint_path, cfg.ha), opts,
+        v, readers = build(cfg, factories, checkpoint_acked(cfg.checkpoint_path, None if cfg.ha is None or ha_checkpoint is None else (lambda: ha_checkpoint(cfg.ha))), opts,
                            progress=progress if args.progress else None)
     except (ConfigError, OSError, ImportError) as exc:
         print(f"verify: {exc}", file=sys.stderr)

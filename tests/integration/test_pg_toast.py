@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from helpers import CapturerProcess, verify_equal, wait_for
 
-from capturer.app import load_config
+from capturer.app import check_root, load_config
 from capturer.ops.check import run_check
 from devtools.local_mariadb import MariaDBInstance
 from devtools.local_postgres import PostgresInstance
@@ -221,7 +221,7 @@ def test_check_connect_advises_replica_identity_full_for_toastable_tables(tmp_pa
         c.execute("CREATE TABLE public.narrow (id int PRIMARY KEY, n bigint)")
         c.execute("CREATE PUBLICATION capturer_pg FOR ALL TABLES")
     (tmp_path / "out").mkdir()
-    report = run_check(load_config(config(tmp_path, pg_region("pg", pg))), connect=True)
+    report = run_check(load_config(config(tmp_path, pg_region("pg", pg))), check_root(), connect=True)
     advice = [n for n in report.notes if "REPLICA IDENTITY DEFAULT" in n]
     assert len(advice) == 1, (report.notes, report.problems)
     assert "public.toasted:" in advice[0] and "REPLICA IDENTITY FULL" in advice[0], advice

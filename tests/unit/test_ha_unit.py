@@ -143,12 +143,13 @@ def test_a_takeover_rebuilds_the_local_files_from_etcd(tmp_path: Path) -> None:
     import threading
     import zlib
 
-    from capturer.app import load_config
+    from capturer.app import Capturer, load_config
     from capturer.ha.coord import pack_state
     from capturer.ha.node import HaNode
+    from capturer.ops.status import StatusServer
 
     cfg = load_config(write(tmp_path, BASE + "[ha]\nendpoints=127.0.0.1:1\nid=node/a\n"), tmp_path)
-    node = HaNode(cfg, [], threading.Event())
+    node = HaNode(cfg, [], threading.Event(), Capturer, StatusServer)
     node.epoch = 42
     old = '{"region": "a", "file": "bin.000001", "pos": 4, "commit_ts": 7}'
     new = '{"region": "a", "file": "bin.000001", "pos": 9, "commit_ts": 8}'

@@ -140,6 +140,25 @@ def test_ops_ha_apply_config_and_the_command_line_reach_kinds_only_through_the_r
     assert not bad, "\n".join(bad)
 
 
+def test_no_arrow_runs_back_up_to_the_roots_or_across_the_wings() -> None:
+    """app.py and the command line are the roots: what they build (ops/, ha/) gets the
+    Capturer, the status server and the registries handed in, and names neither them
+    nor each other; util/ sits below model/."""
+    bad = []
+    for rel, p in _files("capturer"):
+        for line, mod in imports(p):
+            if rel.startswith(("capturer/ops/", "capturer/ha/", "capturer/regions/", "capturer/pipeline/",
+                               "capturer/config.py")) and _in(mod, "capturer.app", "capturer.__main__"):
+                bad.append(f"{rel}:{line}: imports {mod}")
+            if rel.startswith("capturer/ops/") and _in(mod, "capturer.ha"):
+                bad.append(f"{rel}:{line}: imports {mod}")
+            if rel.startswith("capturer/ha/") and _in(mod, "capturer.ops"):
+                bad.append(f"{rel}:{line}: imports {mod}")
+            if rel.startswith("capturer/util/") and _in(mod, "capturer.model"):
+                bad.append(f"{rel}:{line}: imports {mod}")
+    assert not bad, "\n".join(bad)
+
+
 def test_only_the_command_line_imports_devtools_and_nothing_imports_tests() -> None:
     bad = []
     for top in ("capturer", "senders", "devtools", "bench"):
