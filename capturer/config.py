@@ -54,6 +54,10 @@ def p_peers(v: str) -> tuple[str, ...]:
     return peers
 
 
+def p_peers_or_empty(v: str) -> tuple[str, ...]:
+    return p_peers(v) if v.strip() else ()
+
+
 def p_ids(v: str) -> tuple[int, ...]:
     out = []
     for x in (x.strip() for x in v.split(",")):
@@ -166,6 +170,10 @@ REGION_KEYS = [
     Key("type", p_choice("mysql", "mariadb"), "mysql", doc="region kind"),
     Key("host", p_nonempty, required=True),
     Key("port", p_int(1, 65535), 3306),
+    Key("replicas", p_peers_or_empty, (),
+        doc="the source's other servers, host:port[,host:port...]: when host is unreachable or no longer the "
+            "primary (read_only=ON), the region reads the one of them that is (failover, resumed from the GTID "
+            "position; see docs/regions-mysql.md#failover)"),
     Key("user", p_nonempty, required=True),
     Key("password", p_str, "", secret=True),
     Key("server_id", p_int(1, 4294967295), required=True,
@@ -400,6 +408,7 @@ class RegionConfig:
     password: str = field(repr=False)
     server_id: int
     start: str = "earliest"
+    replicas: tuple[str, ...] = ()
     heartbeat_ms: int = 500
     heartbeat_lag_ms: int = 1000
     connect_timeout: float = 10.0
@@ -421,7 +430,7 @@ class RegionConfig:
         return {
             "type": self.type, "host": self.host, "port": self.port, "user": self.user,
             "password": "***" if self.password else "", "server_id": self.server_id,
-            "start": self.start, "heartbeat_ms": self.heartbeat_ms,
+            "replicas": ",".join(self.replicas), "start": self.start, "heartbeat_ms": self.heartbeat_ms,
             "heartbeat_lag_ms": self.heartbeat_lag_ms, "snapshot": self.snapshot, "ssl_mode": self.ssl_mode,
         }
 

@@ -167,7 +167,10 @@ class Position:
     """A resume point in a MySQL/MariaDB binlog: the byte offset *after* a transaction.
 
     Ordered by (file, pos); binlog file names sort in creation order
-    (``name.000001`` < ``name.000002``). ``gtid`` is informational. ``snapshot``:
+    (``name.000001`` < ``name.000002``) of one server. ``gtid``: the source's GTID
+    state after the transaction (MariaDB ``domain-server-seq`` per domain, or a MySQL
+    GTID set; '' where unknown): where a region resumes on another server of the
+    topology (failover, capturer/regions/mysql/gtid.py); not compared. ``snapshot``:
     the progress of a running table snapshot at this point (kept in the checkpoint
     only, not in every change)."""
 

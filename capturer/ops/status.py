@@ -91,6 +91,10 @@ class _Collector(Collector):
                                 labels=["region", "kind", "state"])
         rerr = GaugeMetricFamily("capturer_region_failing", "1 while the region reconnects or has failed",
                                  labels=["region"])
+        rfo = CounterMetricFamily("capturer_region_failovers", "changes of the server a region reads (a primary "
+                                  "failed over to a replica), where the region has several", labels=["region"])
+        rsrv = GaugeMetricFamily("capturer_region_server", "1 for the server the region reads now",
+                                 labels=["region", "server"])
         for name, r in s["regions"].items():
             rlag.add_metric([name], r["lag_seconds"])
             rtx.add_metric([name], r["txns"])
@@ -100,7 +104,11 @@ class _Collector(Collector):
             for st in sorted(set(REGION_STATES) | {r["state"]}):
                 rst.add_metric([name, r.get("kind", ""), st], 1 if st == r["state"] else 0)
             rerr.add_metric([name], 1 if r["state"] in ("reconnecting", "failed") else 0)
-        yield from (rlag, rtx, rrow, rq, rre, rst, rerr)
+            if "failovers" in r:
+                rfo.add_metric([name], r["failovers"])
+            if r.get("server"):
+                rsrv.add_metric([name, r["server"]], 1)
+        yield from (rlag, rtx, rrow, rq, rre, rst, rerr, rfo, rsrv)
         merger = s.get("merger") or {}
         wm = GaugeMetricFamily("capturer_merger_watermark_ts", "the merge's watermark (TSO): the lowest newest "
                                                                "commit_ts over the regions")

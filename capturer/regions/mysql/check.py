@@ -74,7 +74,7 @@ def _source(c: RegionCheck, out: Outcome) -> None:
                                          "SHARE MODE NOWAIT); before MySQL 8.0.22 that needs the LOCK TABLES "
                                          "privilege as well as SELECT")
         if logs is not None:
-            _binlog_position(c, logs, out)
+            _binlog_position(c, logs, out, conn)
         if not out.problems:
             out.detail = (f"{version}, server_id {server_id}, binlog " +
                           "/".join(variables.get(k, "-") for k in ("binlog_format", "binlog_row_image",
@@ -85,7 +85,7 @@ def _source(c: RegionCheck, out: Outcome) -> None:
         conn.close()
 
 
-def _binlog_position(c: RegionCheck, logs: list[str], out: Outcome) -> None:
+def _binlog_position(c: RegionCheck, logs: list[str], out: Outcome, conn: pymysql.connections.Connection) -> None:
     region, rc = c.region, c.config
     where = region.where
     if not logs:
@@ -97,6 +97,15 @@ def _binlog_position(c: RegionCheck, logs: list[str], out: Outcome) -> None:
             return
         text = (f"{where}: the checkpoint's position {pos} ({c.checkpoint_path}) is no longer on the server "
                 f"(purged?); the oldest binlog is {logs[0]}")
+        if pos.gtid:  # another server's file:pos (a failover) or purged: its GTIDs decide
+            with conn.cursor() as cur:
+                region._identify(cur)
+                lost = region._gtid_problem(cur, [(name, 0) for name in logs], pos.gtid)
+            if not lost:
+                out.notes.append(f"{where}: the checkpoint's position {pos} is not in this server's binlogs, but "
+                                 "the server holds its GTIDs: a start resumes after them (failover)")
+                return
+            text = f"{lost} ({c.checkpoint_path})"
         if rc.snapshot == "when_needed":
             out.notes.append(text + ": snapshot = when_needed: a start copies every selected table again")
         else:

@@ -7,6 +7,13 @@ XID or COMMIT), and emits them with a commit_ts from ``RegionClock``. While
 idle the server sends heartbeat events every ``heartbeat_ms``; each becomes a
 ``Heartbeat`` so that the merge never stalls. Rolled-back InnoDB work is never
 written to the binlog, so it never leaves the region.
+
+Each position carries the source's GTID state (``gtid.py``). With ``replicas``
+configured the region reads the primary (``read_only=OFF``) among its servers;
+on a server whose binlog is not the position's (a promoted replica, a moved VIP)
+it starts the dump from that GTID state instead (``auto_position``), or stops
+with an error naming the server and the GTIDs when the server does not hold
+them (docs/regions-mysql.md#failover).
 """
 
 from __future__ import annotations
@@ -49,6 +56,14 @@ from capturer.regions.base import ChangeBuffer, ClockedRegion, RegionContext, cl
 from capturer.regions.clock import RegionClock
 from capturer.regions.ddl import ddl_target, is_data_ddl, is_ignorable
 from capturer.regions.mysql import tablemap
+from capturer.regions.mysql.gtid import (
+    GtidTracker,
+    maria_behind,
+    maria_contains,
+    maria_purged,
+    mysql_behind,
+    mysql_purged,
+)
 from capturer.regions.mysql.rowdecode import fast_rows, normalise_library_row
 from capturer.regions.mysql.snapshot import (
     MySQLSnapshotter,
@@ -172,8 +187,19 @@ class MySQLRegion(SnapshotHostMixin, ClockedRegion):
     def __init__(self, cfg: RegionConfig, ctx: RegionContext):
         require_start_kind(ctx, cfg.name, cfg.type, Position)
         super().__init__(cfg.name, ctx)
+        # the configured servers: host first, then the replicas (failover, docs/regions-mysql.md#failover);
+        # self.cfg is the configuration as applied to the server read now (its host and port)
+        self.config = cfg
+        self.servers = [(cfg.host, cfg.port)] + [(h.rsplit(":", 1)[0].strip("[]"), int(h.rsplit(":", 1)[1]))
+                                                 for h in cfg.replicas]
         self.cfg = cfg
         self.where = f"region {cfg.name} ({cfg.host}:{cfg.port})"
+        self.mariadb = True  # the server's flavour (MariaDB GTIDs, or MySQL GTID sets), known once connected
+        self.gtid = GtidTracker(True)  # the GTID state of the stream (Position.gtid)
+        self._gtid_start = ""  # set: the stream starts from this GTID state (on a server the file:pos is not of)
+        self._server_seen: tuple[str, int, str] | None = None  # (host, port, server identity) last read
+        self.failovers: list[dict[str, Any]] = []  # the last changes of server: when, from, to, at which GTIDs
+        self.failover_count = 0
         self._clock_offset_ms = 0.0
         self._schemas: dict[tuple[str, str, tuple[str, ...]], TableSchema] = {}
         self._ukeys: dict[tuple[str, str], tuple[tuple[str, ...], tuple[tuple[str, ...], ...]]] = {}
@@ -195,6 +221,48 @@ class MySQLRegion(SnapshotHostMixin, ClockedRegion):
             **self.cfg.tls(),
         }
 
+    def _use_server(self, i: int) -> None:
+        host, port = self.servers[i]
+        self.cfg = dataclasses.replace(self.config, host=host, port=port)
+        self.where = f"region {self.name} ({host}:{port})"
+
+    def _connect_primary(self) -> pymysql.connections.Connection:
+        """A connection to the server to read: the one read last if it is still
+        reachable and (with replicas configured) the primary, else the first of the
+        others that is. The primary is the server with ``read_only=OFF`` (a promoted
+        replica has it turned off; a replica keeps it on). Without replicas the one
+        host is used as it is (a VIP: whatever server it leads to)."""
+        if len(self.servers) == 1:
+            return self._connect()
+        cur_host = (self.cfg.host, self.cfg.port)
+        first = self.servers.index(cur_host) if cur_host in self.servers else 0
+        tried: list[str] = []
+        for k in range(len(self.servers)):
+            i = (first + k) % len(self.servers)
+            self._use_server(i)
+            try:
+                conn = self._connect()
+            except FatalSourceError:
+                raise
+            except SourceError as exc:
+                tried.append(f"{self.servers[i][0]}:{self.servers[i][1]}: unreachable ({exc.__cause__ or exc})")
+                continue
+            try:
+                with conn.cursor() as cur:
+                    cur.execute("SELECT @@GLOBAL.read_only")
+                    ro = str(cur.fetchone()[0]).upper() in ("1", "ON")
+            except pymysql.err.MySQLError as exc:
+                close_quietly(conn)
+                tried.append(f"{self.servers[i][0]}:{self.servers[i][1]}: {exc}")
+                continue
+            if not ro:
+                return conn
+            close_quietly(conn)
+            tried.append(f"{self.servers[i][0]}:{self.servers[i][1]}: read_only=ON (a replica)")
+        self._use_server(first)
+        raise SourceError(f"region {self.name}: no primary among its servers ({'; '.join(tried)}); "
+                          "waiting for one (a replica promoted: read_only=OFF)")
+
     def _connect(self) -> pymysql.connections.Connection:
         try:
             return mysqlconn.connect(
@@ -215,7 +283,7 @@ class MySQLRegion(SnapshotHostMixin, ClockedRegion):
 
     def _prepare(self) -> Position:
         """Check the server, measure its clock, and decide where to read from."""
-        conn = self._connect()
+        conn = self._connect_primary()
         try:
             with conn.cursor() as cur:
                 cur.execute(
@@ -238,23 +306,45 @@ class MySQLRegion(SnapshotHostMixin, ClockedRegion):
                 logs = [(str(r[0]), int(r[1])) for r in cur.fetchall()]
                 if not logs:
                     raise FatalSourceError(f"{self.where}: the server lists no binary logs")
+                ident = self._identify(cur)
+                self._gtid_start = ""
                 if self.position is not None:
                     names = dict(logs)
-                    if self.position.file in names:
+                    here = self._gtid_at(cur, self.position) if self.position.file in names else None
+                    if self.position.file in names and (not self.mariadb or not self.position.gtid
+                                                        or (here is not None and maria_contains(here, self.position.gtid))):
+                        # this server's own file:pos (MariaDB: its binlog has our GTIDs right there)
+                        self.gtid.reset(here if here is not None else self.position.gtid)
+                        self._note_server(ident, by_gtid=False)
                         self._start_snapshot(cur, fresh=False)
                         return self.position
+                    lost = self._gtid_problem(cur, logs, self.position.gtid) if self.position.gtid else ""
+                    if self.position.gtid and not lost:
+                        # another server (a promoted replica, a VIP moved): it holds our GTIDs, go on after them
+                        if any(p.state in ("pending", "running") for p in self.snap_progress):
+                            raise FatalSourceError(
+                                f"{self.where}: the region changed server (to {self.cfg.host}:{self.cfg.port}) "
+                                "while a snapshot was running, which is not supported yet; restart the "
+                                "capturer with snapshot=when_needed after deleting the checkpoint, or finish "
+                                "the snapshot on the old server")
+                        self._gtid_start = self.position.gtid
+                        self.gtid.reset(self.position.gtid)
+                        self._note_server(ident, by_gtid=True)
+                        return self.position
+                    if not lost:
+                        lost = (f"{self.where}: resume position {self.position} is no longer on the "
+                                f"server (purged?); the oldest binlog is {logs[0][0]}. Rows between "
+                                "would be lost")
                     if self.cfg.snapshot != "when_needed":
                         raise FatalSourceError(
-                            f"{self.where}: resume position {self.position} is no longer on the "
-                            f"server (purged?); the oldest binlog is {logs[0][0]}. Rows between "
-                            "would be lost; re-seed the destinations and delete the checkpoint "
-                            "to start over (or set snapshot=when_needed in this region to copy "
+                            f"{lost}; re-seed the destinations and delete the checkpoint "
+                            "to start over (or set snapshot = when_needed in this region to copy "
                             "every table again and go on from the current position)."
                         )
-                    log.warning("%s: resume position %s is no longer on the server (oldest binlog %s); "
-                                "snapshot=when_needed: copying every selected table again (each emptied "
+                    log.warning("%s; snapshot=when_needed: copying every selected table again (each emptied "
                                 "downstream first: rows deleted in the gap go too) and reading the binlog "
-                                "from its current end", self.where, self.position, logs[0][0])
+                                "from its current end", lost)
+                    self._note_server(ident, by_gtid=True)
                     with self._lock:
                         self.position = None
                         self.snap_progress = ()
@@ -262,6 +352,8 @@ class MySQLRegion(SnapshotHostMixin, ClockedRegion):
                     purged = True
                 else:
                     purged = False
+                if not purged:
+                    self._note_server(ident, by_gtid=False)
                 if self.cfg.snapshot in ("initial", "when_needed"):
                     self._start_snapshot(cur, fresh=True, at=self._binlog_end(cur), truncate=purged)
                     assert self.position is not None  # the snapshot's start, set by _start_snapshot
@@ -274,6 +366,8 @@ class MySQLRegion(SnapshotHostMixin, ClockedRegion):
                 else:
                     file, _, off = start.rpartition(":")
                     pos = Position(file, int(off))
+                pos = Position(pos.file, pos.pos, self._start_gtid(cur, pos))
+                self.gtid.reset(pos.gtid)
                 # durable before anything is emitted: a crash before the first checkpoint
                 # resumes here, not from a new "latest" (changes between would be lost)
                 self.ctx.pin_start(self.name, pos)
@@ -290,7 +384,102 @@ class MySQLRegion(SnapshotHostMixin, ClockedRegion):
         got = binlog_end(query)
         if got is None:
             raise FatalSourceError(f"{self.where}: the server reports no binlog position (is log_bin on?)")
-        return Position(*got)
+        pos = Position(*got)
+        return Position(pos.file, pos.pos, self._start_gtid(cur, pos, at_end=True))
+
+    # --- GTIDs and failover -------------------------------------------------
+    def _identify(self, cur: Any) -> str:
+        """The server's flavour (``self.mariadb``) and identity (server_id, and MySQL's server_uuid)."""
+        cur.execute("SELECT VERSION(), @@GLOBAL.server_id")
+        version, sid = cur.fetchone()
+        self.mariadb = "mariadb" in str(version).lower()
+        self.gtid.mariadb = self.mariadb
+        ident = f"server_id {sid}"
+        if not self.mariadb:
+            try:
+                cur.execute("SELECT @@GLOBAL.server_uuid")
+                ident += f", server_uuid {cur.fetchone()[0]}"
+            except pymysql.err.MySQLError:
+                pass
+        return ident
+
+    def _gtid_at(self, cur: Any, pos: Position) -> str | None:
+        """MariaDB: the GTID state of this server's binlog at ``pos`` (BINLOG_GTID_POS);
+        None where it has none there (not a position of this server's binlog), or on MySQL."""
+        if not self.mariadb:
+            return None
+        try:
+            cur.execute("SELECT BINLOG_GTID_POS(%s, %s)", (pos.file, pos.pos))
+            row = cur.fetchone()
+        except pymysql.err.MySQLError:
+            return None
+        return None if row is None or row[0] is None else str(row[0])
+
+    def _start_gtid(self, cur: Any, pos: Position, at_end: bool = False) -> str:
+        """The GTID state at a first start's position: MariaDB's BINLOG_GTID_POS; MySQL's
+        gtid_executed where the position is the binlog's end, else unknown ('')."""
+        if self.mariadb:
+            return self._gtid_at(cur, pos) or ""
+        if not at_end:
+            return ""
+        try:
+            cur.execute("SELECT @@GLOBAL.gtid_executed")
+            row = cur.fetchone()
+        except pymysql.err.MySQLError:
+            return ""
+        return "" if row is None or row[0] is None else str(row[0]).replace("\n", "")
+
+    def _gtid_problem(self, cur: Any, logs: list[tuple[str, int]], ours: str) -> str:
+        """Why this server cannot go on right after the GTID state ``ours`` ('' when it
+        can): it has not reached it (it was behind when it was promoted), or it purged
+        the binlogs after it. (``_identify`` first: the flavour.)"""
+        server = f"{self.cfg.host}:{self.cfg.port}"
+        if self.mariadb:
+            cur.execute("SELECT @@GLOBAL.gtid_binlog_pos")
+            theirs = str(cur.fetchone()[0] or "")
+            behind = maria_behind(ours, theirs)
+            if behind:
+                return (f"region {self.name}: server {server} does not hold the region's GTID position {ours} "
+                        f"(it has not reached {', '.join(behind)}: its gtid_binlog_pos is {theirs or 'empty'}; "
+                        "it was behind when it was promoted). Transactions the region already passed on are "
+                        "not in its history")
+            oldest = self._gtid_at(cur, Position(logs[0][0], 4)) or ""
+            gone = maria_purged(ours, oldest)
+            if gone:
+                return (f"region {self.name}: server {server} no longer has the binlogs after the region's GTID "
+                        f"position {ours} (its oldest binlog {logs[0][0]} starts at {oldest}: purged). Rows "
+                        "between would be lost")
+            return ""
+        cur.execute("SELECT @@GLOBAL.gtid_executed, @@GLOBAL.gtid_purged")
+        executed, purged = (str(x or "").replace("\n", "") for x in cur.fetchone())
+        missing = mysql_behind(ours, executed)
+        if missing:
+            return (f"region {self.name}: server {server} does not hold the region's GTID position {ours} "
+                    f"(it lacks {missing}: its gtid_executed is {executed or 'empty'}; it was behind when it was "
+                    "promoted). Transactions the region already passed on are not in its history")
+        unread = mysql_purged(ours, purged)
+        if unread:
+            return (f"region {self.name}: server {server} purged GTIDs the region has not read ({unread}; its "
+                    f"gtid_purged is {purged}). Rows between would be lost")
+        return ""
+
+    def _note_server(self, ident: str, by_gtid: bool) -> None:
+        """The region reads this server now: a failover when it is not the one read before."""
+        now = (self.cfg.host, self.cfg.port, ident)
+        before, self._server_seen = self._server_seen, now
+        if before is None and not by_gtid:
+            return
+        if before == now:
+            return
+        came = f"{before[0]}:{before[1]} ({before[2]})" if before else "the checkpoint's server"
+        entry = {"at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "from": came,
+                 "to": f"{now[0]}:{now[1]} ({ident})",
+                 "gtid": self.position.gtid if self.position is not None else ""}
+        self.failovers.append(entry)
+        del self.failovers[:-20]
+        self.failover_count += 1
+        log.warning("%s: failover: reading %s now (was %s), resuming after GTID %s", self.where, entry["to"],
+                    came, entry["gtid"] or "-")
 
     # --- table metadata -----------------------------------------------------
     def _keys_from_server(self, db: str, table: str) -> tuple[tuple[str, ...], tuple[tuple[str, ...], ...]]:
@@ -394,6 +583,11 @@ class MySQLRegion(SnapshotHostMixin, ClockedRegion):
 
     def status(self) -> dict[str, Any]:
         d = super().status()
+        d["server"] = f"{self.cfg.host}:{self.cfg.port}"
+        d["servers"] = [f"{h}:{p}" for h, p in self.servers]
+        d["gtid"] = self.gtid.state
+        d["failovers"] = self.failover_count
+        d["failover_history"] = list(self.failovers)
         snap = self.snapshot_status()
         if snap is not None:
             d["snapshot"] = snap
@@ -595,18 +789,20 @@ class MySQLRegion(SnapshotHostMixin, ClockedRegion):
             server_id=self.cfg.server_id,
             resume_stream=True,
             blocking=True,
-            log_file=start.file,
-            log_pos=start.pos,
+            # a position of this server: its (file, pos); another server's: after its GTID state (failover)
+            log_file=None if self._gtid_start else start.file,
+            log_pos=None if self._gtid_start else start.pos,
+            auto_position=self._gtid_start or None,
             only_events=_EVENTS,
             filter_non_implemented_events=False,  # (a compressed event must be seen: COMPRESSED_EVENTS)
             slave_heartbeat=self.cfg.heartbeat_ms / 1000,
-            is_mariadb=False,
+            is_mariadb=bool(self._gtid_start) and self.mariadb,
             enable_logging=False,
             # decoder=fast: table maps parsed once per definition too; library: the library's own, unchanged
             pymysql_wrapper=tablemap.connect if self.cfg.decoder == "fast" else mysqlconn.connect,
         )
         self.state = "streaming"
-        log.info("%s: reading from %s", self.where, start)
+        log.info("%s: reading from %s", self.where, f"after GTID {self._gtid_start}" if self._gtid_start else start)
         # a first heartbeat at the floor tells the merger this region is alive
         with self._lock:
             self._alive(self.position)
@@ -619,8 +815,7 @@ class MySQLRegion(SnapshotHostMixin, ClockedRegion):
                     if not txn.open:
                         # the server has sent everything: the stream position is at a
                         # transaction boundary, past any trailing non-transaction events
-                        self._heartbeat(Position(str(stream.log_file), int(stream.log_pos),
-                                                 self.position.gtid if self.position else ""))
+                        self._heartbeat(Position(str(stream.log_file), int(stream.log_pos), self.gtid.state))
                     continue
                 if type(ev) is NotImplementedEvent:
                     if ev.event_type in COMPRESSED_EVENTS:
@@ -695,7 +890,7 @@ class MySQLRegion(SnapshotHostMixin, ClockedRegion):
             self.spilled_txns += 1
         with self._lock:
             self._apply_requests()
-            pos = Position(str(stream.log_file), int(stream.log_pos), gtid, self.snap_progress)
+            pos = Position(str(stream.log_file), int(stream.log_pos), self.gtid.advance(gtid), self.snap_progress)
             self.clock.at(pos)  # (items a run before a crash inserted before this point raised the clock)
             ts = self.clock.commit(int(source_ts), pos)
             txn = Txn(self.name, ts, pos, rows, ddl, int(source_ts), gtid)
