@@ -28,13 +28,14 @@ from capturer.model import Item, Txn, stream_key, ts_physical_ms
 from capturer.ops.check import Root
 from capturer.ops.status import StatusServer
 from capturer.pipeline.backlog import Backlog, BacklogMark, Cut, StreamLog
-from capturer.pipeline.checkpoint import Checkpoint, CheckpointKeeper, load_checkpoint
+from capturer.pipeline.checkpoint import Checkpoint, CheckpointKeeper, StateDir, load_checkpoint
 from capturer.pipeline.fanout import SenderManager
 from capturer.pipeline.filter import load_filter
 from capturer.pipeline.merger import MergeStage
 from capturer.regions import make_region
 from capturer.regions.base import RegionContext
 from capturer.regions.clock import LiftJournal
+from capturer.regions.group import RegionGroup
 from capturer.util.bqueue import WeightedQueue
 from capturer.util.durable import rewrite_lines
 from senders import CATALOG, check_module, extra, sender_class
@@ -111,27 +112,31 @@ class Capturer:
             senders={n: dataclasses.replace(sp, regions={r: p for r, p in sp.regions.items() if r in names},
                                             region_ts={r: t for r, t in sp.region_ts.items() if r in names})
                      for n, sp in cp.senders.items()})
-        self.journal = LiftJournal(cfg.checkpoint_path.with_name(cfg.checkpoint_path.name + ".lifts"))
+        self.state_dir = StateDir(cfg.checkpoint_path)
+        self.journal = LiftJournal(self.state_dir.side(StateDir.LIFTS))
         self.queues: dict[str, WeightedQueue[Item]] = {
             r.name: WeightedQueue(cfg.queue_rows) for r in cfg.regions
         }
         self._floors = {r.name: cp.floor(r.name) for r in cfg.regions}  # where each region's clock starts
+        self.group = RegionGroup()  # work across the regions (coordinated copies, on-demand snapshots)
         self.regions = [
             make_region(r, RegionContext(self.queues[r.name], cp.regions.get(r.name),
                                          cp.floor(r.name), self.journal, self.stop_event,
                                          cfg.spill_rows, cfg.spill_dir, cfg.checkpoint_path,
-                                         self._table_selected, self.pin_start, self.tables_elsewhere,
-                                         peer=self.snapshot_peer, filter_path=cfg.filter_path,
+                                         self._table_selected, self.pin_start, self.group.tables_elsewhere,
+                                         peer=self.group.peer, filter_path=cfg.filter_path,
                                          config_path=cfg.path))
             for r in cfg.regions
         ]
+        self.group.regions = self.regions
         self.senders = [ProcessSender(s.name, s.options, cfg.queue_rows, cfg.log_level, cfg.spill_rows, cfg.spill_dir)
                         if s.options.get("process") else sender_class(s.name)(s.name, s.options, cfg.queue_rows)
                         for s in cfg.senders]
         self.stream = self._open_stream(cp)
         self.manager = SenderManager(self.senders, cp, self.stop_event, self.stream)
         self.keeper = CheckpointKeeper(cfg.checkpoint_path, cfg.checkpoint_interval, cp, self.manager.advance,
-                                       self._checkpoint_written, ha.publish if ha is not None else None)
+                                       self._checkpoint_written, ha.publish if ha is not None else None,
+                                       due=self.manager.ddl_acknowledged)
         self.merge = MergeStage(self.queues, self._on_item, self.stop_event)
         self.status_server: StatusServer | None = None
         self.started_at = time.time()
@@ -142,7 +147,7 @@ class Capturer:
         self._verify_proc: Any = None  # the running verify's process (POST /verify)
         self._verify_lock = threading.Lock()
         # senders an operator paused stay paused across restarts (as a paused connector does)
-        self.paused_path = cfg.checkpoint_path.with_name(cfg.checkpoint_path.name + ".paused")
+        self.paused_path = self.state_dir.side(StateDir.PAUSED)
         # a region silent (not even a heartbeat) for this long holds the merge back
         self._silence = {r.name: max(3.0, 3 * getattr(r, "heartbeat_ms", 1000) / 1000) for r in cfg.regions}
         self._restore_paused()
@@ -264,26 +269,6 @@ class Capturer:
         log.info("region %s: start position %s written to %s before anything is sent", region, position,
                  self.cfg.checkpoint_path)
 
-    def snapshot_peer(self, name: str) -> Any:
-        """The region ``name`` if it copies tables in this process (a coordinated copy of a
-        table several regions deliver needs every one of them here); else None."""
-        from capturer.regions.snaphost import SnapshotHostMixin
-
-        r = next((x for x in getattr(self, "regions", ()) if x.name == name), None)
-        return r if isinstance(r, SnapshotHostMixin) else None
-
-    def tables_elsewhere(self, region: str, tables: list[tuple[str, str]]) -> dict[tuple[str, str], list[str]]:
-        """For each of ``tables``: the other regions (MySQL/MariaDB, PostgreSQL, local or
-        served by agents) that deliver a table of that name (it exists on their server
-        and the filter selects it)."""
-        out: dict[tuple[str, str], list[str]] = {}
-        for r in self.regions:
-            if r.name == region or not hasattr(r, "tables_info"):
-                continue
-            for t in r.tables_info(tables):
-                out.setdefault(t, []).append(r.name)
-        return out
-
     def _checkpoint_written(self, cp: Checkpoint) -> None:
         """A checkpoint is on disk: lifts older than the rebuild point go, regions learn
         where their sources now resume (a PostgreSQL slot confirms it)."""
@@ -337,12 +322,8 @@ class Capturer:
                 if self.failure:
                     log.error("stopping: %s", self.failure)
                     break
-                ddl_due = bool(self.manager.ddl_pending_ts) and \
-                    self.manager.acked_ts() >= self.manager.ddl_pending_ts
-                if ddl_due:
-                    self.manager.ddl_pending_ts = 0
                 try:
-                    self.keeper.tick(ddl_due)
+                    self.keeper.tick()
                 except Fenced as exc:
                     self.failure = str(exc)
                     log.error("stopping: %s", exc)
@@ -563,68 +544,8 @@ class Capturer:
 
     def request_snapshot(self, tables: list[str], region: str | None = None,
                          truncate: bool = False) -> dict[str, Any]:
-        """Copy tables again while streaming, in every MySQL/MariaDB or PostgreSQL region that has
-        them (or only ``region``). Everything is checked before any region starts:
-        ValueError for a bad name, a server without snapshots, or a copy that would
-        empty a table other regions also deliver (``truncate``, or a keyless table);
-        LookupError if no region has a table; SourceError if a source does not
-        answer (nothing started then either)."""
-        from capturer.pipeline.filter import split_table_name
-        from capturer.regions.remote.region import RemoteRegion
-        from capturer.regions.snaphost import SnapshotHostMixin
-        from capturer.regions.snapshot import truncate_conflict
-
-        names = list(dict.fromkeys(split_table_name(t) for t in tables))
-        every = [r for r in self.regions if isinstance(r, SnapshotHostMixin)]
-        regions = every
-        # regions served by agents take no on-demand snapshot here, but their tables count as holders
-        pool: list[Any] = every + [r for r in self.regions if isinstance(r, RemoteRegion)]
-        if region is not None:
-            regions = [r for r in regions if r.name == region]
-            if not regions:
-                raise LookupError(f"no MySQL/MariaDB or PostgreSQL region named {region!r}")
-        if not regions:
-            raise LookupError("snapshots are for MySQL/MariaDB and PostgreSQL regions (not BaikalDB); none is "
-                              "configured")
-        # 1. what the regions asked deliver; the others only when a copy empties a
-        # table downstream (another region's rows are at stake then): an unrelated
-        # region that does not answer must not fail the request
-        info = {r.name: r.tables_info(names) for r in regions}
-        have = {r.name: [t for t in names if t in info[r.name]] for r in regions}
-        found = {t for ts in have.values() for t in ts}
-        missing = [f"{db}.{t}" for db, t in names if (db, t) not in found]
-        if not found:
-            raise LookupError(f"no region has (or the filter selects) {', '.join(missing)}")
-        if truncate or any(info[r.name][t] for r in regions for t in have[r.name]):
-            for r in pool:
-                if r.name not in info:
-                    info[r.name] = r.tables_info(names)
-        # 2. a copy that empties a table downstream must be the table's only source
-        for r in regions:
-            for t in have[r.name]:
-                if not (truncate or info[r.name][t]):
-                    continue
-                holders = [x.name for x in pool if t in info[x.name]]
-                # the holders copy it in one coordinated step (capturer/regions/snaphost.py), if they all can
-                outside = [h for h in holders if self.snapshot_peer(h) is None]
-                if len(holders) > 1 and outside:
-                    why = ("the request truncates it" if truncate else
-                           "it has no key, so its copy starts with a TRUNCATE") + \
-                        f", and region(s) {', '.join(outside)} (served by an agent) cannot take part in the " \
-                        "coordinated copy that needs"
-                    raise ValueError("snapshot refused: " + truncate_conflict(t[0], t[1], holders, why))
-        # 3. every server can give a consistent-snapshot position
-        for r in regions:
-            if have[r.name]:
-                r.check_snapshot_support()
-        # 4. then start: no I/O, and never waiting on a region's emission lock
-        out: dict[str, Any] = {}
-        for r in regions:
-            if have[r.name]:
-                out[r.name] = {"run": r.start_snapshot_request(have[r.name], truncate),
-                               "tables": [f"{db}.{t}" for db, t in have[r.name]]}
-        log.info("on-demand snapshot requested: %s%s", out, f"; not found: {missing}" if missing else "")
-        return {"regions": out, "missing": missing, "truncate": truncate}
+        """Copy tables again while streaming (capturer/regions/group.py ``request_snapshot``)."""
+        return self.group.request_snapshot(tables, region, truncate)
 
     # --- status -------------------------------------------------------------
     def health(self) -> tuple[bool, str]:

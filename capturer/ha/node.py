@@ -49,7 +49,7 @@ from capturer.config import AppConfig
 from capturer.errors import FENCED_MARK, CapturerError, CheckpointError, ConfigError, Fenced
 from capturer.ha.coord import CoordinationError, CoordinationRefused, Coordinator, pack_state, unpack_state
 from capturer.ha.keeper import LOST, LeaseKeeper
-from capturer.pipeline.checkpoint import Checkpoint
+from capturer.pipeline.checkpoint import Checkpoint, StateDir
 from capturer.regions import journal
 from capturer.util.fencing import GUARD
 
@@ -448,10 +448,8 @@ class HaNode:
                         st["checkpoint"].get("commit_ts"))
         elif self.cfg.checkpoint_path.exists():
             # the first start of a group: the checkpoint of the single capturer it was before
-            for p in self.cfg.checkpoint_path.parent.iterdir():
-                if p.is_file() and (p.name == cp_name or p.name.startswith(cp_name + ".")) and \
-                        not p.name.endswith(".tmp"):
-                    shutil.copy2(p, self.local_dir / p.name)
+            for p in [self.cfg.checkpoint_path, *StateDir(self.cfg.checkpoint_path).side_files().values()]:
+                shutil.copy2(p, self.local_dir / p.name)
             restored = True
             log.warning("ha: no state in etcd yet: starting from %s (the checkpoint of the capturer before HA)",
                         self.cfg.checkpoint_path)
@@ -474,10 +472,10 @@ class HaNode:
         """journal.REPLICATE while active: a journal's lines to etcd (``journal<suffix>``), fenced;
         waits while etcd does not answer, Fenced once the lease is gone."""
         assert self.cap is not None
-        name = self.cap.cfg.checkpoint_path.name
-        if path.parent != self.local_dir or not path.name.startswith(name + "."):
+        suffix = StateDir(self.cap.cfg.checkpoint_path).suffix_of(path)
+        if suffix is None or path.parent != self.local_dir:
             return  # (not one of this capturer's side files)
-        key = "journal" + path.name[len(name):]
+        key = "journal" + suffix
         value = zlib.compress(("\n".join(lines) + "\n").encode(), 6)
         with self._journal_lock:
             while True:
@@ -498,10 +496,7 @@ class HaNode:
         GUARD.check("checkpoint")
         assert self.cap is not None
         path = self.cap.cfg.checkpoint_path
-        files = {}
-        for p in sorted(path.parent.iterdir()):
-            if p.is_file() and p.name.startswith(path.name + ".") and not p.name.endswith(".tmp"):
-                files[p.name[len(path.name):]] = p.read_text(encoding="utf-8")
+        files = {suffix: p.read_text(encoding="utf-8") for suffix, p in StateDir(path).side_files().items()}
         raw = pack_state({"version": 1, "checkpoint": cp.to_json(), "files": files, "epoch": self.epoch,
                           "holder": self.id, "written_at": time.time()})
         if len(raw) > MAX_STATE:

@@ -237,9 +237,46 @@ def save_checkpoint(path: Path, cp: Checkpoint) -> None:
     fsync_dir(path.parent)
 
 
+class StateDir:
+    """The checkpoint file and its side files, named and listed in one place: each
+    side file is ``<checkpoint>.<suffix>`` next to it (the lift journal ``.lifts``,
+    the paused senders ``.paused``, a region kind's journal ``.<type>.<region>``);
+    ``.tmp`` files are writes in progress and the backlog (``.backlog``) is a
+    directory, so neither is one. High availability ships exactly these to etcd and
+    back (capturer/ha/node.py)."""
+
+    LIFTS = ".lifts"
+    PAUSED = ".paused"
+
+    def __init__(self, checkpoint_path: Path):
+        self.path = checkpoint_path
+
+    def side(self, suffix: str) -> Path:
+        """The side file ``suffix`` (it starts with a dot)."""
+        return self.path.with_name(self.path.name + suffix)
+
+    def suffix_of(self, p: Path) -> str | None:
+        """The suffix of ``p`` if it is one of this checkpoint's side files, else None."""
+        name = self.path.name
+        if p.parent != self.path.parent or not p.name.startswith(name + ".") or p.name.endswith(".tmp"):
+            return None
+        return p.name[len(name):]
+
+    def side_files(self) -> dict[str, Path]:
+        """Every side file on disk now, by suffix."""
+        out: dict[str, Path] = {}
+        if not self.path.parent.is_dir():
+            return out
+        for p in sorted(self.path.parent.iterdir()):
+            suffix = self.suffix_of(p)
+            if suffix is not None and p.is_file():
+                out[suffix] = p
+        return out
+
+
 class CheckpointKeeper:
     """The one policy that writes the checkpoint: every ``interval`` seconds, soon
-    after a DDL every sender acknowledged (``tick(ddl_due=True)``), when a region
+    after a DDL every sender acknowledged (``due()``: ``SenderManager.ddl_acknowledged``), when a region
     pins its first position (``write(force=True)``), and a final one at shutdown.
     ``compute`` gives the checkpoint as of now (it never moves backwards: the
     SenderManager's positions only grow); ``on_written`` is told once it is on
@@ -250,11 +287,12 @@ class CheckpointKeeper:
 
     def __init__(self, path: Path, interval: float, current: Checkpoint,
                  compute: Callable[[], Checkpoint], on_written: Callable[[Checkpoint], None],
-                 publish: Callable[[Checkpoint], None] | None = None):
+                 publish: Callable[[Checkpoint], None] | None = None, due: Callable[[], bool] = lambda: False):
         """``publish`` (high availability): called with each checkpoint before it is
         written; Fenced stops the writes, CapturerError skips this one (nothing is
         written, nothing pruned; the next tick tries again)."""
         self.path = path
+        self.due = due
         self.publish = publish
         self.publish_failures = 0
         self.publish_error = ""
@@ -268,9 +306,9 @@ class CheckpointKeeper:
         self._content = current.content()
         self.lock = threading.RLock()  # the run loop's writes and a region's pin
 
-    def tick(self, ddl_due: bool = False) -> bool:
-        """Write if it is due; True if it was."""
-        if ddl_due or time.monotonic() - self._last >= self.interval:
+    def tick(self) -> bool:
+        """Write if it is due (the interval passed, or ``due()`` says so); True if it was."""
+        if self.due() or time.monotonic() - self._last >= self.interval:
             self.write()
             return True
         return False

@@ -141,6 +141,15 @@ class SenderManager:
         live = self.attached()
         return min(s.acked_ts for s in live) if live else self.dispatched_ts
 
+    def ddl_acknowledged(self) -> bool:
+        """True once (then cleared) when every attached sender acknowledged past the
+        last DDL handed out: the checkpoint is then written at once (a restart must
+        not replay a DDL the destinations applied). The keeper's commit policy asks it."""
+        due = bool(self.ddl_pending_ts) and self.acked_ts() >= self.ddl_pending_ts
+        if due:
+            self.ddl_pending_ts = 0
+        return due
+
     def advance(self) -> Checkpoint:
         """The checkpoint as of now: the backlog fsync'd, every sender's position, and
         where the sources resume."""
