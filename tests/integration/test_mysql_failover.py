@@ -8,7 +8,9 @@ the region names the replica (``replicas = ...``). Writes go to two replication 
 SET GLOBAL read_only=OFF``) and written to; the region finds it and goes on after its GTID
 position: the file sender's lines replayed equal the new primary's tables, no change twice,
 each key's changes in order. A replica that was behind (its SQL thread stopped before the
-last writes) stops the region with an error naming the region, the server and the GTIDs.
+last writes) stops the region with an error naming the region, the server and the GTIDs; with
+``snapshot = when_needed`` (and writes to it after its promotion, which take the sequence
+numbers the region read from the old primary) the region copies the tables again from it.
 """
 
 from __future__ import annotations
@@ -188,6 +190,52 @@ def test_a_replica_that_was_behind_stops_the_region_with_what_to_do(tmp_path: Pa
         assert "region r1" in err and f"127.0.0.1:{replica.port}" in err, err
         assert ours in err and theirs in err and "snapshot = when_needed" in err, err
         assert len([x for x in read_lines(tmp_path) if x["op"] != "ddl"]) == sum(want.values())  # nothing more
+    finally:
+        primary.kill()
+        replica.stop()
+
+
+def _final(lines: list[dict[str, Any]]) -> dict[tuple[str, int], int]:
+    """The tables as the lines leave them, a TRUNCATE included (a copy made again)."""
+    rows: dict[tuple[str, int], int] = {}
+    for x in lines:
+        if x["op"] == "ddl":
+            if x["sql"].upper().startswith("TRUNCATE") and x["db"] == "d":
+                rows = {k: v for k, v in rows.items() if k[0] != x["table"]}
+            continue
+        if x["db"] != "d":
+            continue
+        img = x["after"] or x["before"]
+        key = (x["table"], int(img["id"]))
+        if x["op"] == "delete":
+            rows.pop(key, None)
+        else:
+            rows[key] = int(x["after"]["n"])
+    return rows
+
+
+def test_snapshot_when_needed_takes_over_from_a_replica_that_was_behind(tmp_path: Path) -> None:
+    primary, replica = _pair(tmp_path)
+    try:
+        cfg = write_config(tmp_path, [primary], filter_text="include d.*\n",
+                           region_extra=f"replicas = 127.0.0.1:{replica.port}\nsnapshot = when_needed\n")
+        log = tmp_path / "capturer.log"
+        p = CapturerProcess(cfg, log).start()
+        p.wait_ready()
+        _write(primary, 0, 100)
+        _catch_up(replica, primary)
+        replica.execute("STOP SLAVE SQL_THREAD")
+        _write(primary, 100, 20)
+        wait_for(lambda: _final(read_lines(tmp_path)) == _source(primary), 60, "the capturer to read the last writes")
+        primary.kill()
+        _promote(replica)
+        assert _source(replica) != _final(read_lines(tmp_path))  # it misses what the region passed on last
+        _write(replica, 120, 50)
+        want = _source(replica)
+        wait_for(lambda: _final(read_lines(tmp_path)) == want, 60, "the output to equal the new primary")
+        text = log.read_text()
+        assert "does not hold the region's GTID position" in text and "snapshot=when_needed: copying" in text
+        assert p.stop() == 0
     finally:
         primary.kill()
         replica.stop()

@@ -51,6 +51,9 @@ def test_mariadb_behind_purged_contains() -> None:
     assert maria_behind(ours, "0-2-200,1-2-31") == []  # further on, written by the new primary
     assert maria_behind(ours, "0-1-100,1-1-30") == ["0-1-105"]
     assert maria_behind(ours, "0-1-105") == ["1-1-30"]  # a domain it never saw
+    # further on, but without our 1-1-30: promoted at 1-1-25, it wrote 1-2-26.. in its place
+    assert maria_behind(ours, "0-2-200,1-2-40", "0-1-105,0-2-200,1-1-25,1-2-40") == ["1-1-30"]
+    assert maria_behind(ours, "0-2-200,1-2-40", "0-1-105,0-2-200,1-1-30,1-2-40") == []
     assert maria_purged(ours, "0-1-90,1-1-30") == []
     assert maria_purged(ours, "0-1-106") == ["0-1-105"]  # 106 starts its oldest binlog: 106 itself is gone
     assert maria_contains("0-1-105,1-1-30", "1-1-30")  # an old checkpoint kept its last GTID only
@@ -101,14 +104,17 @@ def problem(gtid: str, mariadb: bool, answers: dict[str, tuple[Any, ...]]) -> st
 
 
 def test_a_server_that_was_behind_or_purged_is_named_with_the_gtids() -> None:
-    ok = problem("0-1-105,1-1-30", True, {"SELECT @@GLOBAL.gtid_binlog_pos": ("0-2-120,1-1-30",),
+    ok = problem("0-1-105,1-1-30", True, {"SELECT @@GLOBAL.gtid_binlog_pos": ("0-2-120,1-1-30", "0-1-105,1-1-30"),
                                           "SELECT BINLOG_GTID_POS": ("0-1-50,1-1-10",)})
     assert ok == ""
-    behind = problem("0-1-105,1-1-30", True, {"SELECT @@GLOBAL.gtid_binlog_pos": ("0-1-100,1-1-30",),
+    behind = problem("0-1-105,1-1-30", True, {"SELECT @@GLOBAL.gtid_binlog_pos": ("0-1-100,1-1-30", ""),
                                               "SELECT BINLOG_GTID_POS": ("",)})
     assert "region r1" in behind and "10.0.0.2:3306" in behind and "0-1-105,1-1-30" in behind
-    assert "has not reached 0-1-105" in behind and "0-1-100,1-1-30" in behind
-    purged = problem("0-1-105", True, {"SELECT @@GLOBAL.gtid_binlog_pos": ("0-1-300",),
+    assert "lacks 0-1-105" in behind and "0-1-100,1-1-30" in behind
+    diverged = problem("0-1-105", True, {"SELECT @@GLOBAL.gtid_binlog_pos": ("0-2-120", "0-1-100,0-2-120"),
+                                         "SELECT BINLOG_GTID_POS": ("",)})
+    assert "lacks 0-1-105" in diverged and "of its own in their place" in diverged
+    purged = problem("0-1-105", True, {"SELECT @@GLOBAL.gtid_binlog_pos": ("0-1-300", "0-1-300"),
                                        "SELECT BINLOG_GTID_POS": ("0-1-200",)})
     assert "purged" in purged and "b.000001 starts at 0-1-200" in purged
     # MySQL: GTID sets (unverified against a server)

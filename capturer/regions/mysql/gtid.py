@@ -51,11 +51,22 @@ def format_maria(state: dict[int, tuple[int, int]]) -> str:
     return ",".join(f"{d}-{s}-{n}" for d, (s, n) in sorted(state.items()))
 
 
-def maria_behind(ours: str, theirs: str) -> list[str]:
+def maria_behind(ours: str, theirs: str, state: str = "") -> list[str]:
     """Our GTIDs that a server at ``theirs`` (its gtid_binlog_pos) has not reached:
-    its domain's seq below ours, or the domain unknown to it."""
+    its domain's seq below ours, or the domain unknown to it; and, given its
+    ``gtid_binlog_state`` (the last seq of each domain and server), those it never
+    had though it went further: it was behind when it was promoted and wrote
+    transactions of its own with the same sequence numbers (a domain's seq only
+    grows, so the server that wrote ours also wrote everything of its before it)."""
     mine, have = parse_maria(ours), parse_maria(theirs)
-    return [f"{d}-{s}-{n}" for d, (s, n) in sorted(mine.items()) if have.get(d, (0, 0))[1] < n]
+    last: dict[tuple[int, int], int] = {}
+    for part in (p.strip() for p in state.replace("\n", ",").split(",")):
+        m = _MARIA.match(part)
+        if m is not None:
+            d, s, n = (int(x) for x in m.groups())
+            last[(d, s)] = max(n, last.get((d, s), 0))
+    return [f"{d}-{s}-{n}" for d, (s, n) in sorted(mine.items())
+            if have.get(d, (0, 0))[1] < n or (state and last.get((d, s), 0) < n)]
 
 
 def maria_purged(ours: str, oldest: str) -> list[str]:

@@ -435,14 +435,15 @@ class MySQLRegion(SnapshotHostMixin, ClockedRegion):
         the binlogs after it. (``_identify`` first: the flavour.)"""
         server = f"{self.cfg.host}:{self.cfg.port}"
         if self.mariadb:
-            cur.execute("SELECT @@GLOBAL.gtid_binlog_pos")
-            theirs = str(cur.fetchone()[0] or "")
-            behind = maria_behind(ours, theirs)
+            cur.execute("SELECT @@GLOBAL.gtid_binlog_pos, @@GLOBAL.gtid_binlog_state")
+            theirs, state = (str(x or "") for x in cur.fetchone())
+            behind = maria_behind(ours, theirs, state)
             if behind:
                 return (f"region {self.name}: server {server} does not hold the region's GTID position {ours} "
-                        f"(it has not reached {', '.join(behind)}: its gtid_binlog_pos is {theirs or 'empty'}; "
-                        "it was behind when it was promoted). Transactions the region already passed on are "
-                        "not in its history")
+                        f"(its binlog lacks {', '.join(behind)}: its gtid_binlog_pos is {theirs or 'empty'}, "
+                        f"gtid_binlog_state {state or 'empty'}; it was behind when it was promoted, and may have "
+                        "written transactions of its own in their place). Transactions the region already passed "
+                        "on are not in its history")
             oldest = self._gtid_at(cur, Position(logs[0][0], 4)) or ""
             gone = maria_purged(ours, oldest)
             if gone:
@@ -856,6 +857,16 @@ class MySQLRegion(SnapshotHostMixin, ClockedRegion):
                         self._forget(db, table, q)
                         gtid = txn.finish_empty()
                         self._commit(stream, ev.timestamp, gtid, (), Ddl(db, q, table, schema_db))
+        except pymysql.err.OperationalError as exc:
+            if self._gtid_start and exc.args and exc.args[0] == 1236:
+                # the server's own check of a GTID start (strict mode): not in its binlog, or diverged
+                raise FatalSourceError(
+                    f"region {self.name}: server {self.cfg.host}:{self.cfg.port} refuses to send its binlog after "
+                    f"the region's GTID position {self._gtid_start}: {exc.args[1] if len(exc.args) > 1 else exc}. "
+                    "Rows would be lost or passed on twice; re-seed the destinations and delete the checkpoint "
+                    "to start over (or set snapshot = when_needed in this region to copy every table again "
+                    "and go on from the current position)") from None
+            raise
         finally:
             stream.close()
 
