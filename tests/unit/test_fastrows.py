@@ -231,7 +231,7 @@ def test_c_sql_literals_equal_pymysql() -> None:
     with and without NO_BACKSLASH_ESCAPES (no server needed: defer_connect)."""
     import pymysql
 
-    from senders.mysql.sender import _NO_BACKSLASH, FastCursor
+    from senders.mysql.worker import _NO_BACKSLASH, FastCursor
 
     conn = pymysql.connect(defer_connect=True, charset="utf8mb4")
     values: list[Any] = [
@@ -308,7 +308,7 @@ def test_c_sql_tuples_equal_pymysql() -> None:
     import pymysql
 
     from capturer._fastrows import sql_tuples
-    from senders.mysql.sender import _NO_BACKSLASH
+    from senders.mysql.worker import _NO_BACKSLASH
 
     conn = pymysql.connect(defer_connect=True, charset="utf8mb4")
     pool: list[Any] = [

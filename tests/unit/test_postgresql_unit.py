@@ -19,15 +19,8 @@ from capturer.model import LsnPosition, format_lsn, parse_lsn, position_from_jso
 from capturer.regions.clock import LiftJournal, RegionClock
 from capturer.regions.postgresql import pgoutput as po
 from capturer.regions.postgresql import types as T
-from capturer.regions.postgresql.region import (
-    _PG_C,
-    PostgresRegion,
-    RelationJournal,
-    RelDef,
-    commit_tso,
-    ddl_for,
-    uk_name,
-)
+from capturer.regions.postgresql.region import PostgresRegion, commit_tso
+from capturer.regions.postgresql.relations import _PG_C, RelationJournal, RelDef, ddl_for, uk_name
 
 
 def s(text: str) -> bytes:

@@ -27,7 +27,7 @@ from capturer.regions.base import (
 )
 from capturer.regions.clock import LiftJournal
 from capturer.regions.postgresql import pgoutput as po
-from capturer.regions.postgresql.region import RelationJournal, RelDef
+from capturer.regions.postgresql.relations import RelationJournal, RelDef
 from capturer.util.bqueue import WeightedQueue
 
 

@@ -11,7 +11,7 @@ from capturer.config import PostgresRegionConfig
 from capturer.errors import CheckpointError
 from capturer.model import LsnPosition, parse_lsn
 from capturer.regions.base import require_start_kind
-from capturer.regions.postgresql.region import quote_pg
+from capturer.regions.postgresql.relations import quote_pg
 from capturer.util.probe import Outcome, Probe, RegionCheck
 
 

@@ -1,0 +1,219 @@
+"""PostgreSQL relations as the region keeps them: a relation's definition (``RelDef``,
+from pgoutput's Relation message and the catalog's keys, with its C decoding plan),
+its journal by LSN (``RelationJournal``, ``<checkpoint>.postgresql.<region>``), and
+the MySQL DDL made from a new or changed definition (``create_table_sql``,
+``ddl_for``)."""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from capturer.model import TableSchema, format_lsn, parse_lsn
+from capturer.model.encode import _fastrows, qualified, quote_ident
+from capturer.regions.base import PositionJournal
+from capturer.regions.postgresql import pgoutput as po
+from capturer.regions.postgresql import types as pgt
+from capturer.regions.postgresql.types import PgType, Unrepresentable, pg_type
+
+# the C tuple decoder (capturer/_native/ pg_plan; None where the extension is not built, or is an older build)
+_PG_C: Any = _fastrows if _fastrows is not None and hasattr(_fastrows, "pg_plan") else None
+
+
+def _c_kind(oid: int, t: PgType) -> int:
+    """The C decoder's kind for a column (0: it calls the column's parser)."""
+    p = t.parse
+    if p is pgt._text:
+        return 1
+    if p is int:
+        return 2
+    if p is pgt._bool:
+        return 3
+    if p is pgt._timestamp:
+        return 5 if oid == pgt.TIMESTAMPTZ else 4
+    if p is pgt._date:
+        return 6
+    if p is pgt._numeric:
+        return 7
+    return 0
+
+
+def quote_pg(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+@dataclass(frozen=True)
+class RelDef:
+    """One version of a source table: its relation message plus its keys."""
+
+    relid: int
+    db: str  # the PostgreSQL schema (namespace): the "database" downstream
+    table: str
+    replident: str
+    columns: tuple[po.Column, ...]
+    pk: tuple[str, ...]
+    unique_keys: tuple[tuple[str, ...], ...] = ()
+    _cache: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def types(self) -> list[PgType]:
+        t = self._cache.get("types")
+        if t is None:
+            t = self._cache["types"] = [pg_type(c.type_oid, c.typmod) for c in self.columns]
+        return t
+
+    @property
+    def plan(self) -> Any:
+        """The C decoder of this relation's tuples (None without the C build)."""
+        if _PG_C is None:
+            return None
+        p = self._cache.get("plan")
+        if p is None:
+            p = self._cache["plan"] = _PG_C.pg_plan(
+                tuple((c.name, _c_kind(c.type_oid, t), t.parse) for c, t in zip(self.columns, self.types)),
+                Unrepresentable)
+        return p
+
+    @property
+    def schema(self) -> TableSchema:
+        s = self._cache.get("schema")
+        if s is None:
+            s = self._cache["schema"] = TableSchema(
+                self.db, self.table, tuple(c.name for c in self.columns), self.pk, self.unique_keys,
+                tuple(t.code for t in self.types), tuple(t.column_info() for t in self.types))
+        return s
+
+    def same_shape(self, other: RelDef) -> bool:
+        return (self.db, self.table, self.columns, self.pk, self.unique_keys) == \
+            (other.db, other.table, other.columns, other.pk, other.unique_keys)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"relid": self.relid, "db": self.db, "table": self.table, "replident": self.replident,
+                "columns": [[c.name, c.type_oid, c.typmod, c.key] for c in self.columns],
+                "pk": list(self.pk), "unique_keys": [list(u) for u in self.unique_keys]}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> RelDef:
+        return cls(int(d["relid"]), str(d["db"]), str(d["table"]), str(d.get("replident", "d")),
+                   tuple(po.Column(str(n), int(o), int(m), bool(k)) for n, o, m, k in d["columns"]),
+                   tuple(d.get("pk", ())), tuple(tuple(u) for u in d.get("unique_keys", ())))
+
+
+class RelationJournal(PositionJournal[tuple[int, int], RelDef]):
+    """The table definitions the region sent downstream, keyed by the LSN from
+    which each applies (the end LSN of the transaction that first used it) and the
+    table's relid: ``{lsn, rel}`` lines, fsync'd before the DDL leaves; a restart at
+    LSN L starts from the newest definition of each table at or before L."""
+
+    what = "relation journal"
+
+    def parse(self, d: Any) -> tuple[tuple[int, int], RelDef]:
+        rel = RelDef.from_json(d["rel"])
+        return (parse_lsn(d["lsn"]), rel.relid), rel
+
+    def dump(self, key: tuple[int, int], value: RelDef) -> dict[str, Any]:
+        return {"lsn": format_lsn(key[0]), "rel": value.to_json()}
+
+    @staticmethod
+    def _newest(entries: Iterable[tuple[tuple[int, int], RelDef]], lsn: int) -> dict[int, tuple[int, int]]:
+        """relid -> the key of its newest definition at or before ``lsn``."""
+        out: dict[int, tuple[int, int]] = {}
+        for key, _ in sorted(entries, key=lambda e: e[0][0]):  # (stable: the later line wins a tie)
+            if key[0] <= lsn:
+                out[key[1]] = key
+        return out
+
+    def state_at(self, lsn: int) -> dict[int, RelDef]:
+        entries = dict(self.items())
+        return {relid: entries[key] for relid, key in self._newest(entries.items(), lsn).items()}
+
+    def record(self, lsn: int, rel: RelDef) -> None:
+        self.put((lsn, rel.relid), rel)
+
+    def prune(self, lsn: int) -> None:
+        """Keep the newest definition of each table at or before ``lsn`` and everything after it."""
+        def stale(entries: Mapping[tuple[int, int], RelDef]) -> list[tuple[int, int]]:
+            keep = set(self._newest(entries.items(), lsn).values())
+            return [k for k in entries if k[0] <= lsn and k not in keep]
+        self.forget(stale)
+
+
+def _column_sql(c: po.Column, t: PgType, keys: set[str], pk: tuple[str, ...]) -> str:
+    """A column definition: key columns (primary or unique) get a type MySQL can index."""
+    sql = (t.key_sql or t.sql) if c.name in keys else t.sql
+    return f"{quote_ident(c.name)} {sql}{' NOT NULL' if c.name in pk else ' NULL'}"
+
+
+def _key_set(rel: RelDef) -> set[str]:
+    return set(rel.pk) | {c for uk in rel.unique_keys for c in uk}
+
+
+def uk_name(cols: tuple[str, ...]) -> str:
+    """A unique key's index name downstream, from its columns (stable across versions)."""
+    return "uk_{:08x}".format(zlib.crc32("\x1f".join(cols).encode("utf-8", "surrogatepass")))
+
+
+def _cols(cols: tuple[str, ...]) -> str:
+    return "(" + ", ".join(quote_ident(c) for c in cols) + ")"
+
+
+def create_table_sql(rel: RelDef) -> str:
+    keys = _key_set(rel)
+    parts = [_column_sql(c, t, keys, rel.pk) for c, t in zip(rel.columns, rel.types)]
+    if rel.pk:
+        parts.append("PRIMARY KEY " + _cols(rel.pk))
+    for uk in rel.unique_keys:
+        parts.append(f"UNIQUE KEY {quote_ident(uk_name(uk))} " + _cols(uk))
+    return (f"CREATE TABLE IF NOT EXISTS {qualified(rel.db, rel.table)} (\n  " + ",\n  ".join(parts)
+            + "\n) DEFAULT CHARSET=utf8mb4")
+
+
+def ddl_for(old: RelDef | None, new: RelDef, defaults: dict[str, str] | None = None) -> list[tuple[str, str, str]]:
+    """MySQL statements ``(db, sql, table)`` that bring a target from ``old`` to ``new``.
+    ``defaults``: SQL literals of added columns' values in existing rows (PostgreSQL
+    gives rows that were there the column's default without logging a change)."""
+    if old is None:
+        return [(new.db, f"CREATE DATABASE IF NOT EXISTS {quote_ident(new.db)}", ""),
+                (new.db, create_table_sql(new), new.table)]
+    out: list[tuple[str, str, str]] = []
+    if (old.db, old.table) != (new.db, new.table):
+        if old.db != new.db:
+            out.append((new.db, f"CREATE DATABASE IF NOT EXISTS {quote_ident(new.db)}", ""))
+        out.append((new.db, f"RENAME TABLE {qualified(old.db, old.table)} TO {qualified(new.db, new.table)}",
+                    new.table))
+    old_keys, keys = _key_set(old), _key_set(new)
+    before = {c.name: (i, c) for i, c in enumerate(old.columns)}
+    after = {c.name: (i, c) for i, c in enumerate(new.columns)}
+    old_types = dict(zip((c.name for c in old.columns), old.types))
+    types = dict(zip((c.name for c in new.columns), new.types))
+    # keys first go (an index on a column that changes or goes), then columns, then keys come
+    clauses = [f"DROP INDEX {quote_ident(uk_name(u))}" for u in old.unique_keys if u not in new.unique_keys]
+    if old.pk and old.pk != new.pk:
+        clauses.append("DROP PRIMARY KEY")
+    gone = [n for n in before if n not in after]
+    added = [n for n in after if n not in before]
+    if len(gone) == 1 and len(added) == 1 and len(old.columns) == len(new.columns):
+        (oi, oc), (ni, nc) = before[gone[0]], after[added[0]]
+        if oi == ni and (oc.type_oid, oc.typmod) == (nc.type_oid, nc.typmod):  # a column renamed in place
+            clauses.append(f"CHANGE COLUMN {quote_ident(oc.name)} " + _column_sql(nc, types[nc.name], keys, new.pk))
+            gone, added = [], []
+    clauses += [f"DROP COLUMN {quote_ident(n)}" for n in gone]
+    for n in after:
+        if n in added:
+            d = (defaults or {}).get(n)
+            clauses.append("ADD COLUMN " + _column_sql(after[n][1], types[n], keys, new.pk)
+                           + (f" DEFAULT {d}" if d is not None else ""))
+        elif n in before:
+            was = _column_sql(before[n][1], old_types[n], old_keys, old.pk)
+            now = _column_sql(after[n][1], types[n], keys, new.pk)
+            if was != now:  # its type, or its being in a key (an indexable type, NOT NULL), changed
+                clauses.append("MODIFY COLUMN " + now)
+    if new.pk and old.pk != new.pk:
+        clauses.append("ADD PRIMARY KEY " + _cols(new.pk))
+    clauses += [f"ADD UNIQUE KEY {quote_ident(uk_name(u))} " + _cols(u)
+                for u in new.unique_keys if u not in old.unique_keys]
+    if clauses:
+        out.append((new.db, f"ALTER TABLE {qualified(new.db, new.table)} " + ", ".join(clauses), new.table))
+    return out
