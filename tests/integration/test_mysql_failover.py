@@ -7,7 +7,8 @@ the region names the replica (``replicas = ...``). Writes go to two replication 
 ``kill -9`` while the capturer reads, the replica promoted (``STOP SLAVE; RESET SLAVE ALL;
 SET GLOBAL read_only=OFF``) and written to; the region finds it and goes on after its GTID
 position: the file sender's lines replayed equal the new primary's tables, no change twice,
-each key's changes in order. A replica that was behind (its SQL thread stopped before the
+each key's changes in order, and the MySQL sender's target equals them; a restart with the old
+primary still gone reads the new one from the checkpoint's own file:pos. A replica that was behind (its SQL thread stopped before the
 last writes) stops the region with an error naming the region, the server and the GTIDs; with
 ``snapshot = when_needed`` (and writes to it after its promotion, which take the sequence
 numbers the region read from the old primary) the region copies the tables again from it.
@@ -61,16 +62,17 @@ def _catch_up(replica: MariaDBInstance, primary: MariaDBInstance) -> None:
     assert _one(replica, f"SELECT MASTER_GTID_WAIT('{pos}', 30)") == 0, "the replica did not catch up"
 
 
-def _write(m: MariaDBInstance, start: int, count: int, ids: int = 20, pad: int = 0) -> None:
+def _write(m: MariaDBInstance, start: int, count: int, ids: int = 20, pad: int = 0, base: int = 0) -> None:
     """``count`` transactions from number ``start`` on: each bumps one key's n (inserting it the first
-    time) and sets its pad to ``pad`` bytes, alternately in domain 0 (table t) and domain 1 (table u)."""
+    time) and sets its pad to ``pad`` bytes, alternately in domain 0 (table t) and domain 1 (table u); keys
+    from ``base`` on."""
     conn = m.connect()
     try:
         with conn.cursor() as cur:
             for k in range(start, start + count):
                 table, domain = ("t", 0) if k % 2 == 0 else ("u", 1)
                 cur.execute(f"SET SESSION gtid_domain_id = {domain}")
-                cur.execute(f"INSERT INTO d.{table} VALUES ({k % ids}, 1, REPEAT('{k % 10}', {pad})) "
+                cur.execute(f"INSERT INTO d.{table} VALUES ({base + k % ids}, 1, REPEAT('{k % 10}', {pad})) "
                             f"ON DUPLICATE KEY UPDATE n = n + 1, pad = REPEAT('{k % 10}', {pad})")
     finally:
         conn.close()
@@ -124,8 +126,11 @@ def _promote(m: MariaDBInstance) -> None:
 
 def test_the_region_follows_a_promoted_replica(tmp_path: Path) -> None:
     primary, replica = _pair(tmp_path)
+    target = MariaDBInstance(tmp_path / "target", server_id=9).start()
     try:
-        cfg = write_config(tmp_path, [primary], region_extra=f"replicas = 127.0.0.1:{replica.port}\n")
+        senders = (f"[global]\ntype=local,mysql\n[local]\nfilepath={tmp_path / 'out' / 'changes.jsonl'}\n"
+                   f"[mysql]\nhost=127.0.0.1\nport={target.port}\nuser=root\npassword=\nthreadnum=4\n")
+        cfg = write_config(tmp_path, [primary], senders=senders, region_extra=f"replicas = 127.0.0.1:{replica.port}\n")
         log = tmp_path / "capturer.log"
         p = CapturerProcess(cfg, log).start()
         p.wait_ready()
@@ -159,12 +164,28 @@ def test_the_region_follows_a_promoted_replica(tmp_path: Path) -> None:
         assert at != last, (at, last)  # the failover was in the middle of the stream
         text = log.read_text()
         assert "failover: reading 127.0.0.1" in text
+        wait_for(lambda: _source(target) == want, 60, "the MySQL target to equal the new primary")
         print(f"failover at GTID {at} (the old primary had written up to {last}); {len(rows)} keys, "
               f"{len(read_lines(tmp_path))} lines; kill -> output equal {followed:.1f}s; region gtid {st['gtid']}")
+        assert p.stop() == 0
+
+        # a restart while the old primary is gone: the checkpoint's file:pos is the new primary's own
+        p = CapturerProcess(cfg, log).start()
+        p.wait_ready()
+        _write(replica, 2000, 100, base=100)  # (other keys: 1 and 3 were deleted, their lines would repeat)
+        want = _source(replica)
+        wait_for(lambda: _replay(read_lines(tmp_path))[0] == want and _source(target) == want, 60,
+                 "the output to equal the new primary after a restart")
+        assert not _replay(read_lines(tmp_path))[1]
+        st = _status(log)["regions"]["r1"]
+        assert st["server"] == f"127.0.0.1:{replica.port}" and st["failovers"] == 0, st
+        # (from the new primary's own file:pos: its binlog holds the checkpoint's GTIDs right there)
+        assert re.findall(r"reading from (\S+)", log.read_text())[-1].startswith("mariadb-bin."), log.read_text()[-3000:]
         assert p.stop() == 0
     finally:
         primary.kill()
         replica.stop()
+        target.stop()
 
 
 def test_a_replica_that_was_behind_stops_the_region_with_what_to_do(tmp_path: Path) -> None:
