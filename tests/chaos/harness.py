@@ -346,6 +346,7 @@ class Figures:
     elapsed: float = 0.0
     takeovers: list[float] = field(default_factory=list)  # seconds from kill -9 of the active to the standby running
     leader_moves: int = 0  # partitions whose leader moved away from a broker that was stopped or killed
+    check_seconds: dict[str, float] = field(default_factory=dict)  # how long each sink's comparison took
 
     def max_recovery(self) -> float:
         return max((r for _, r in self.recoveries), default=0.0)
@@ -360,7 +361,7 @@ class Figures:
             f"max recovery {worst[1]:.1f}s ({worst[0]}); status answers {self.status_ok} "
             f"(+{self.status_junk} junk requests); broker stops on SIGTERM took "
             f"{[round(x, 1) for x in self.broker_stops]} s; partition leaders moved {self.leader_moves}; "
-            f"{self.elapsed:.0f}s"
+            f"{self.elapsed:.0f}s; checks (s) {self.check_seconds}"
             + (f"; takeovers {len(self.takeovers)}: p50 {statistics.median(self.takeovers):.1f} s, max "
                f"{max(self.takeovers):.1f} s" if self.takeovers else "")
         )
@@ -779,6 +780,7 @@ def check_sinks(run: ChaosRun) -> list[str]:
     """Every sink against the sources; fills the figures; returns the problems."""
     problems: list[str] = []
     f = run.fig
+    t0 = time.monotonic()
     want = {t: source_json(run.sources, t) for t in TABLES}
 
     # the file: replayed in order, copies collapsed by identity
@@ -797,8 +799,10 @@ def check_sinks(run: ChaosRun) -> list[str]:
         f.lost += lost
         f.diverged += div
         problems += [why] if why else []
+    f.check_seconds["file"] = round(time.monotonic() - t0, 1)
 
     # the MySQL target, row for row
+    t0 = time.monotonic()
     from workload import rows_of
 
     assert run.target is not None
@@ -814,7 +818,10 @@ def check_sinks(run: ChaosRun) -> list[str]:
         f.diverged += div
         problems += [why] if why else []
 
+    f.check_seconds["mysql"] = round(time.monotonic() - t0, 1)
+
     # Kafka, replayed by key
+    t0 = time.monotonic()
     from integration.test_snapshot import rebuild_kafka
 
     assert run.broker is not None
@@ -839,10 +846,14 @@ def check_sinks(run: ChaosRun) -> list[str]:
         if why:
             problems += kafka_trail(records, raw, t, want[t], state_k.get(("app", t), []))
 
+    f.check_seconds["kafka"] = round(time.monotonic() - t0, 1)
+
     # the lake, through its merge-on-read views (in a child: its own JVM), and its changelogs' identities
     if run.plan.spark:
+        t0 = time.monotonic()
         problems += check_lake(run)
         f.duplicates["spark"] = lake_changelog_duplicates(run.wh)
+        f.check_seconds["lake"] = round(time.monotonic() - t0, 1)
     return problems
 
 

@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -24,13 +25,27 @@ pytest.importorskip("pyspark")
 def run_plan(tmp_path: Path, plan: Plan, capsys: pytest.CaptureFixture[str]) -> None:
     with ChaosRun(tmp_path, plan) as run:
         fig = run.run()
-        problems = check_sinks(run)
-        # the product's own check (python -m capturer verify) must agree with the harness's comparison
-        verified = subprocess.run([sys.executable, "-m", "capturer", "verify", "--config", str(tmp_path / "config.cfg"),
-                                   "--json", "--wait", "60"], capture_output=True, text=True, timeout=900,
-                                  cwd=Path(__file__).resolve().parents[2])
+        t0 = time.monotonic()
+        # the product's own check (python -m capturer verify) must agree with the harness's comparison; both
+        # only read (the capturer has stopped), so verify runs beside the harness's comparison instead of
+        # after it (each starts a Spark session of its own; issue 46). Its output goes to files (no pipe to fill)
+        vout, verr = tmp_path / "verify.stdout", tmp_path / "verify.stderr"
+        with vout.open("w") as o, verr.open("w") as e:
+            proc = subprocess.Popen([sys.executable, "-m", "capturer", "verify", "--config",
+                                     str(tmp_path / "config.cfg"), "--json", "--wait", "60"],
+                                    stdout=o, stderr=e, text=True, cwd=Path(__file__).resolve().parents[2])
+        try:
+            problems = check_sinks(run)
+            t_check = time.monotonic() - t0
+            proc.wait(900)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        verified = subprocess.CompletedProcess(proc.args, proc.returncode, vout.read_text(), verr.read_text())
     with capsys.disabled():
-        print(f"\n[seed {plan.seed}] {fig.text()}")
+        print(f"\n[seed {plan.seed}] {fig.text()}; the harness's checks {t_check:.0f} s, done with verify "
+              f"beside them {time.monotonic() - t0:.0f} s")
     assert not problems, "\n".join(problems)
     assert verified.returncode == 0, (verified.stdout[-4000:], verified.stderr[-2000:])
     report = json.loads(verified.stdout)
@@ -54,9 +69,11 @@ def run_plan(tmp_path: Path, plan: Plan, capsys: pytest.CaptureFixture[str]) -> 
 @pytest.mark.timeout(900)
 def test_chaos_quick(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     seed = int(os.environ.get("CHAOS_SEED", "7"))
-    # the broker killed (kill -9) and started again: the sender's idempotent producer retries what it lost
+    # the broker killed (kill -9) and started again: the sender's idempotent producer retries what it lost.
+    # 1-2 s of load between faults (2-4 s until 2026-11-28): the load never stops, each fault still meets a
+    # capturer that recovered under it, and the run is ~10 s shorter (issue 46)
     run_plan(tmp_path, Plan(seed=seed, kills=3, target_outage=8, broker_restarts=0, broker_kills=1,
-                            gap=(2.0, 4.0)), capsys)
+                            gap=(1.0, 2.0)), capsys)
 
 
 @pytest.mark.slow
@@ -76,8 +93,10 @@ def test_chaos_ha_quick(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
     active one among a target outage and a broker of three killed (its partitions' leaders move to the
     others and back: docs/ha.md, issue 35, issue 45)."""
     seed = int(os.environ.get("CHAOS_SEED", "35"))
+    # 1.5-3 s of load between faults (3-5 s until 2026-11-28; each takeover still first waits for one active
+    # and one standby capturer)
     run_plan(tmp_path, Plan(seed=seed, kills=0, ha_takeovers=3, target_outage=5, source_restarts=0,
-                            broker_restarts=0, broker_kills=1, kafka_brokers=3, gap=(3.0, 5.0)), capsys)
+                            broker_restarts=0, broker_kills=1, kafka_brokers=3, gap=(1.5, 3.0)), capsys)
 
 
 @pytest.mark.slow
