@@ -38,7 +38,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 from capturer.errors import SinkError
 from capturer.model import Item, StreamKey, Txn, stream_key
@@ -47,6 +47,26 @@ from capturer.util.bqueue import Closed, WeightedQueue
 from capturer.util.ini import Key
 
 log = logging.getLogger(__name__)
+
+
+class Inbox(Protocol):
+    """Where a sender takes its work from: ``(dispatch number, item)`` pairs in stream
+    order, bounded by rows. Handed to the sender once, before it starts (``attach``):
+    the capturer's SenderManager hands it a cursor into the stream
+    (capturer/pipeline/backlog.py ``Cursor``), an applier a queue of its own; a sender
+    built alone keeps the ``WeightedQueue`` it starts with. Optional:
+    ``skip_through(key)`` (the destination holds the stream up to ``key``)."""
+
+    capacity: int
+
+    @property
+    def weight(self) -> int: ...
+
+    def __len__(self) -> int: ...
+
+    def get_many(self, max_weight: int, timeout: float | None = None) -> list[tuple[int, Item]]: ...
+
+    def close(self) -> None: ...
 
 
 class Sender:
@@ -61,7 +81,8 @@ class Sender:
         self.name = name
         self.options = options
         # (dispatch number, item) pairs in stream order, from the SenderManager
-        self.queue: WeightedQueue[tuple[int, Item]] = WeightedQueue(queue_rows)
+        self.queue: Inbox = WeightedQueue(queue_rows)
+        self._attached = False
         self.acked_ts = 0
         self.acked_seq = 0
         self.rows = 0
@@ -109,6 +130,13 @@ class Sender:
         """Release resources. Called once, from the sender's thread."""
 
     # --- machinery ----------------------------------------------------------
+    def attach(self, inbox: Inbox) -> None:
+        """Hand the sender the inbox it takes its work from: once, before ``start``."""
+        if self._attached or self._thread.is_alive():
+            raise RuntimeError(f"sender {self.name}: its inbox is handed once, before it starts")
+        self.queue = inbox
+        self._attached = True
+
     def start(self, acked_ts: int) -> None:
         self.acked_ts = acked_ts
         self._acked_state = self.resume_state  # kept until a batch of this run is acknowledged

@@ -48,6 +48,7 @@ import msgpack
 
 from capturer.errors import SinkError
 from capturer.model import Txn, wire
+from capturer.util.bqueue import WeightedQueue
 from capturer.util.memory import tune
 from senders import sender_class
 from senders.base import Sender
@@ -85,7 +86,7 @@ class ProcessSender(Sender):
         # batching as the real sender would batch (some set it from their options); making one opens nothing
         probe = sender_class(self.kind)(name, {k: v for k, v in options.items() if k != "process"}, queue_rows)
         self.batch_rows, self.linger, self.max_backoff = probe.batch_rows, probe.linger, probe.max_backoff
-        self.queue = type(self.queue)(probe.queue.capacity)
+        self.queue = WeightedQueue(probe.queue.capacity)  # (its own, before any inbox is attached)
         self.log_level = log_level
         self.spill_rows, self.spill_dir = spill_rows, spill_dir
         self.proc: subprocess.Popen[bytes] | None = None

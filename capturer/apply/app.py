@@ -27,7 +27,7 @@ import logging
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from capturer.apply.config import ApplyConfig
 from capturer.apply.consumer import Consumer, make_consumer
@@ -76,7 +76,7 @@ def make_senders(cfg: ApplyConfig) -> list[Sender]:
             s = ProcessSender(name, sc.options, cfg.queue_rows, cfg.log_level, kind=sc.name)
         else:
             s = sender_class(sc.name)(name, {k: v for k, v in sc.options.items() if k != "process"}, cfg.queue_rows)
-        s.queue = _SenderQueue(s.queue.capacity)
+        s.attach(_SenderQueue(s.queue.capacity))
         out.append(s)
     return out
 
@@ -262,7 +262,7 @@ class Applier:
             self.seq += 1
             w = txn.weight
             for s in self.senders:
-                q = s.queue
+                q = cast(_SenderQueue, s.queue)  # (attached by make_senders)
                 # room first (the loop is this queue's only writer): a sender that fails meanwhile
                 # never drains it, and the wait must see that
                 while len(q) and q.weight + w > q.capacity:

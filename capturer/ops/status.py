@@ -346,7 +346,17 @@ def _load_ui() -> dict[str, tuple[bytes, str]]:
 
 
 class _Server(ThreadingHTTPServer):
+    """The status port's server; StatusServer sets what its requests answer with."""
+
     daemon_threads = True
+    snapshot: Snapshot
+    healthy: Callable[[], tuple[bool, str]]
+    control: Control | None
+    token: str
+    allowed_hosts: tuple[str, ...]
+    check_host: bool
+    registry: CollectorRegistry
+    ui: dict[str, tuple[bytes, str]]
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         """A client that resets its connection is not an error; anything else goes to
@@ -359,6 +369,114 @@ class _Server(ThreadingHTTPServer):
 
 
 Control = Callable[[str, dict[str, Any]], tuple[int, dict[str, Any]]]
+
+
+class _Handler(BaseHTTPRequestHandler):
+    """One request; what it answers with is its server's (``_Server``): the snapshot, health,
+    control and metrics callbacks, the token and the Host check."""
+
+    server: _Server
+
+    def log_message(self, fmt: str, *args: Any) -> None:  # quiet
+        log.debug("http: " + fmt, *args)
+
+    def _send(self, code: int, body: bytes, ctype: str, headers: tuple[tuple[str, str], ...] = ()) -> None:
+        try:
+            self.send_response(code)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            for k, v in headers:
+                self.send_header(k, v)
+            self.end_headers()
+            self.wfile.write(body)
+        except ConnectionError:  # the client went away before its answer: not our error
+            self.close_connection = True
+
+    timeout = 30  # a client that sends nothing (or too slowly) is dropped
+
+    def _json(self, code: int, d: dict[str, Any]) -> None:
+        self._send(code, json.dumps(d, default=str).encode(), "application/json",
+                   (("Cache-Control", "no-store"),))
+
+    def _refuse_host(self) -> bool:
+        if self.server.check_host and not host_allowed(self.headers.get("Host"), self.server.allowed_hosts):
+            self._json(403, {"error": "this status port answers only to 127.0.0.1, localhost, [::1] and "
+                                      "the names in httpAllowedHosts (a Host of another name is refused: "
+                                      "DNS rebinding)"})
+            return True
+        return False
+
+    def do_POST(self) -> None:
+        path = self.path.split("?", 1)[0]
+        if self._refuse_host():
+            return
+        if path in READ_ONLY or path in UI_FILES:
+            self._send(405, json.dumps({"error": f"{path} is read-only: use GET"}).encode(),
+                       "application/json", (("Allow", "GET"),))
+            return
+        control = self.server.control
+        if not is_control_path(path) or control is None:
+            self._json(404, {"error": "not found; control endpoints: POST /senders/<name>/pause, "
+                                      "/senders/<name>/resume, /senders/<name>/attach, /filter/reload, /snapshot, /stop"})
+            return
+        token = self.server.token
+        if not token:
+            self._json(403, {"error": "control endpoints are off: set controlToken in [global] of the "
+                                      "config to enable them"})
+            return
+        given = self.headers.get("Authorization", "")
+        given = given[7:] if given.startswith("Bearer ") else self.headers.get("X-Capturer-Token", "")
+        if not hmac.compare_digest(given.encode(), token.encode()):
+            log.warning("http: POST %s from %s refused: missing or wrong token", path, self.client_address[0])
+            self._json(401, {"error": "missing or wrong token (Authorization: Bearer <controlToken>)"})
+            return
+        try:
+            n = int(self.headers.get("Content-Length") or 0)
+            if n < 0:
+                raise ValueError(n)
+        except ValueError:
+            self._json(400, {"error": "bad Content-Length"})
+            return
+        if n > MAX_BODY:
+            self._json(413, {"error": f"body larger than {MAX_BODY} bytes"})
+            return
+        try:
+            body = json.loads(self.rfile.read(n) or b"{}")
+            if not isinstance(body, dict):
+                raise ValueError("the body must be a JSON object")
+        except ValueError as exc:
+            self._json(400, {"error": f"bad JSON body: {exc}"})
+            return
+        try:
+            code, out = control(path, body)
+        except Exception as exc:
+            log.exception("http POST %s failed", path)
+            code, out = 500, {"error": str(exc)}
+        log.info("http: POST %s from %s: %d", path, self.client_address[0], code)
+        self._json(code, out)
+
+    def do_GET(self) -> None:
+        path = self.path.split("?", 1)[0]
+        if self._refuse_host():
+            return
+        try:
+            if path == "/status":
+                self._send(200, json.dumps(self.server.snapshot(), indent=2, default=str).encode(), "application/json",
+                           (("Cache-Control", "no-store"),))
+            elif path == "/health":
+                ok, why = self.server.healthy()
+                self._json(200 if ok else 503, {"ok": ok, "reason": why})
+            elif path == "/metrics":
+                self._send(200, generate_latest(self.server.registry), CONTENT_TYPE_LATEST)
+            elif path in self.server.ui:
+                body, ctype = self.server.ui[path]
+                self._send(200, body, ctype, PAGE_HEADERS + (("Cache-Control", "no-cache"),))
+            else:
+                self._json(404, {"error": "not found; try / (the status page), /status, /health, "
+                                          "/metrics"})
+        except Exception as exc:
+            log.exception("http %s failed", path)
+            self._json(500, {"error": str(exc)})
 
 
 class StatusServer:
@@ -377,7 +495,6 @@ class StatusServer:
             ProcessCollector(registry=self.registry)  # process_cpu_seconds_total, process_resident_memory_bytes
         except Exception:
             log.debug("no process metrics here", exc_info=True)
-        registry = self.registry
         ui = _load_ui() if pages is None else pages
         check_host = _is_loopback(host)
         if not check_host:
@@ -385,113 +502,16 @@ class StatusServer:
                         "network%s; keep 127.0.0.1 and reach it through an SSH tunnel or a TLS proxy", host,
                         ", and the control token travels in clear text" if token else "")
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, fmt: str, *args: Any) -> None:  # quiet
-                log.debug("http: " + fmt, *args)
-
-            def _send(self, code: int, body: bytes, ctype: str, headers: tuple[tuple[str, str], ...] = ()) -> None:
-                try:
-                    self.send_response(code)
-                    self.send_header("Content-Type", ctype)
-                    self.send_header("Content-Length", str(len(body)))
-                    for k, v in headers:
-                        self.send_header(k, v)
-                    self.end_headers()
-                    self.wfile.write(body)
-                except ConnectionError:  # the client went away before its answer: not our error
-                    self.close_connection = True
-
-            timeout = 30  # a client that sends nothing (or too slowly) is dropped
-
-            def _json(self, code: int, d: dict[str, Any]) -> None:
-                self._send(code, json.dumps(d, default=str).encode(), "application/json",
-                           (("Cache-Control", "no-store"),))
-
-            def _refuse_host(self) -> bool:
-                if check_host and not host_allowed(self.headers.get("Host"), allowed_hosts):
-                    self._json(403, {"error": "this status port answers only to 127.0.0.1, localhost, [::1] and "
-                                              "the names in httpAllowedHosts (a Host of another name is refused: "
-                                              "DNS rebinding)"})
-                    return True
-                return False
-
-            def do_POST(self) -> None:
-                path = self.path.split("?", 1)[0]
-                if self._refuse_host():
-                    return
-                if path in READ_ONLY or path in UI_FILES:
-                    self._send(405, json.dumps({"error": f"{path} is read-only: use GET"}).encode(),
-                               "application/json", (("Allow", "GET"),))
-                    return
-                if not is_control_path(path) or control is None:
-                    self._json(404, {"error": "not found; control endpoints: POST /senders/<name>/pause, "
-                                              "/senders/<name>/resume, /senders/<name>/attach, /filter/reload, /snapshot, /stop"})
-                    return
-                if not token:
-                    self._json(403, {"error": "control endpoints are off: set controlToken in [global] of the "
-                                              "config to enable them"})
-                    return
-                given = self.headers.get("Authorization", "")
-                given = given[7:] if given.startswith("Bearer ") else self.headers.get("X-Capturer-Token", "")
-                if not hmac.compare_digest(given.encode(), token.encode()):
-                    log.warning("http: POST %s from %s refused: missing or wrong token", path, self.client_address[0])
-                    self._json(401, {"error": "missing or wrong token (Authorization: Bearer <controlToken>)"})
-                    return
-                try:
-                    n = int(self.headers.get("Content-Length") or 0)
-                    if n < 0:
-                        raise ValueError(n)
-                except ValueError:
-                    self._json(400, {"error": "bad Content-Length"})
-                    return
-                if n > MAX_BODY:
-                    self._json(413, {"error": f"body larger than {MAX_BODY} bytes"})
-                    return
-                try:
-                    body = json.loads(self.rfile.read(n) or b"{}")
-                    if not isinstance(body, dict):
-                        raise ValueError("the body must be a JSON object")
-                except ValueError as exc:
-                    self._json(400, {"error": f"bad JSON body: {exc}"})
-                    return
-                try:
-                    code, out = control(path, body)
-                except Exception as exc:
-                    log.exception("http POST %s failed", path)
-                    code, out = 500, {"error": str(exc)}
-                log.info("http: POST %s from %s: %d", path, self.client_address[0], code)
-                self._json(code, out)
-
-            def do_GET(self) -> None:
-                path = self.path.split("?", 1)[0]
-                if self._refuse_host():
-                    return
-                try:
-                    if path == "/status":
-                        self._send(200, json.dumps(snapshot(), indent=2, default=str).encode(), "application/json",
-                                   (("Cache-Control", "no-store"),))
-                    elif path == "/health":
-                        ok, why = healthy()
-                        self._json(200 if ok else 503, {"ok": ok, "reason": why})
-                    elif path == "/metrics":
-                        self._send(200, generate_latest(registry), CONTENT_TYPE_LATEST)
-                    elif path in ui:
-                        body, ctype = ui[path]
-                        self._send(200, body, ctype, PAGE_HEADERS + (("Cache-Control", "no-cache"),))
-                    else:
-                        self._json(404, {"error": "not found; try / (the status page), /status, /health, "
-                                                  "/metrics"})
-                except Exception as exc:
-                    log.exception("http %s failed", path)
-                    self._json(500, {"error": str(exc)})
-
         try:
-            self.httpd = _Server((host, port), Handler)
+            self.httpd = _Server((host, port), _Handler)
         except OSError as exc:  # port taken, address not local, name unknown
             err = OSError(f"cannot serve the status port on {host}:{port} (httpHost, httpPort): "
                           f"{exc.strerror or exc}")
             err.errno = exc.errno
             raise err from None
+        self.httpd.snapshot, self.httpd.healthy, self.httpd.control = snapshot, healthy, control
+        self.httpd.token, self.httpd.allowed_hosts, self.httpd.check_host = token, allowed_hosts, check_host
+        self.httpd.registry, self.httpd.ui = self.registry, ui
         self.port = int(self.httpd.server_address[1])
         self.host = host
         self._thread = threading.Thread(target=self.httpd.serve_forever, name="http", daemon=True)

@@ -38,7 +38,7 @@ class Drain(Protocol):
     pipeline does not import the senders: only app.py names both)."""
 
     name: str
-    queue: Any  # the manager gives it a Cursor
+    queue: Any  # its inbox: the manager attaches a Cursor
     acked_ts: int
     acked_seq: int
     error: BaseException | None
@@ -47,6 +47,8 @@ class Drain(Protocol):
 
     @property
     def paused(self) -> bool: ...
+
+    def attach(self, inbox: Any) -> None: ...
 
     def start(self, acked_ts: int) -> None: ...
 
@@ -108,8 +110,9 @@ class SenderManager:
                     log.error("sender %s is detached (the backlog limit was reached while it was behind): it "
                               "receives nothing until an operator attaches it again (POST /senders/%s/attach)",
                               s.name, s.name)
-            s.queue = stream.cursor(s.name, begin, skip, cut, _acked_of(s), detached)
-            self.cursors[s.name] = s.queue
+            cursor = stream.cursor(s.name, begin, skip, cut, _acked_of(s), detached)
+            s.attach(cursor)
+            self.cursors[s.name] = cursor
         gone = sorted(set(start.senders) - {s.name for s in self.senders})
         for name in gone:
             log.warning("the checkpoint has a position for sender %s, which senderConfig no longer has: "
