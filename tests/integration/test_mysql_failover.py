@@ -19,6 +19,8 @@ from __future__ import annotations
 import json
 import re
 import signal
+import subprocess
+import sys
 import time
 import urllib.request
 from collections import Counter
@@ -26,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import CapturerProcess, read_lines, wait_for, write_config
+from helpers import ROOT, CapturerProcess, read_lines, wait_for, write_config
 
 from devtools.local_mariadb import MariaDBInstance
 
@@ -211,6 +213,11 @@ def test_a_replica_that_was_behind_stops_the_region_with_what_to_do(tmp_path: Pa
         assert "region r1" in err and f"127.0.0.1:{replica.port}" in err, err
         assert ours in err and theirs in err and "snapshot = when_needed" in err, err
         assert len([x for x in read_lines(tmp_path) if x["op"] != "ddl"]) == sum(want.values())  # nothing more
+        # --check --connect finds the primary among the servers and says the same
+        r = subprocess.run([sys.executable, "-m", "capturer", "--config", str(cfg), "--check", "--connect"],
+                           capture_output=True, text=True, cwd=str(ROOT), timeout=120)
+        assert r.returncode == 3 and "does not hold the region's GTID position" in r.stderr, r.stdout + r.stderr
+        assert f"127.0.0.1:{replica.port}" in r.stderr and ours in r.stderr, r.stderr
     finally:
         primary.kill()
         replica.stop()

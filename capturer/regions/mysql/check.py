@@ -8,6 +8,7 @@ from __future__ import annotations
 import pymysql
 
 from capturer.errors import FatalSourceError
+from capturer.regions.mysql.gtid import maria_contains
 from capturer.regions.mysql.region import check_server
 from capturer.util.grants import Grants, account
 from capturer.util.probe import Outcome, Probe, RegionCheck
@@ -26,8 +27,9 @@ _BINLOG_MONITOR = {"BINLOG MONITOR", "REPLICATION CLIENT"}
 
 def _source(c: RegionCheck, out: Outcome) -> None:
     region, rc = c.region, c.config
+    # the region's own connection (FatalSourceError: access denied): with replicas, to the primary among them
+    conn = region._connect_primary()
     where = region.where
-    conn = region._connect()  # the region's own connection (FatalSourceError: access denied)
     try:
         with conn.cursor() as cur:
             cur.execute("SELECT VERSION(), @@server_id, CURRENT_USER()")
@@ -93,8 +95,14 @@ def _binlog_position(c: RegionCheck, logs: list[str], out: Outcome, conn: pymysq
         return
     pos = region.ctx.start  # the checkpoint's position for the region
     if pos is not None:
-        if pos.file in logs:
+        if pos.file in logs and not pos.gtid:
             return
+        if pos.file in logs:  # this server's own file:pos? (MariaDB: its binlog has the GTIDs right there)
+            with conn.cursor() as cur:
+                region._identify(cur)
+                here = region._gtid_at(cur, pos)
+            if not region.mariadb or (here is not None and maria_contains(here, pos.gtid)):
+                return
         text = (f"{where}: the checkpoint's position {pos} ({c.checkpoint_path}) is no longer on the server "
                 f"(purged?); the oldest binlog is {logs[0]}")
         if pos.gtid:  # another server's file:pos (a failover) or purged: its GTIDs decide
@@ -102,7 +110,7 @@ def _binlog_position(c: RegionCheck, logs: list[str], out: Outcome, conn: pymysq
                 region._identify(cur)
                 lost = region._gtid_problem(cur, [(name, 0) for name in logs], pos.gtid)
             if not lost:
-                out.notes.append(f"{where}: the checkpoint's position {pos} is not in this server's binlogs, but "
+                out.notes.append(f"{where}: the checkpoint's position {pos} is not of this server's binlog, but "
                                  "the server holds its GTIDs: a start resumes after them (failover)")
                 return
             text = f"{lost} ({c.checkpoint_path})"
