@@ -149,14 +149,7 @@ def _subcommand(name: str, argv: list[str]) -> int:
     return control_cli(name, argv)
 
 
-def main(argv: list[str] | None = None) -> int:
-    # first thing: a SIGTERM during start-up must still mean "stop cleanly"
-    signal.signal(signal.SIGTERM, _on_signal)
-    signal.signal(signal.SIGINT, _on_signal)
-    tune()
-    argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] in SUBCOMMANDS:
-        return _subcommand(argv[0], argv[1:])
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="capturer", description="Ordered binlog capturer: with no sub-command, runs the capturer of --config.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -181,6 +174,10 @@ def main(argv: list[str] | None = None) -> int:
                          "PostgreSQL region; ha: two capturers in an active/standby group with a private etcd")
     ap.add_argument("--once", action="store_true", help="with --demo: exit when all demo rows arrived")
     ap.add_argument("--demo-dir", help="with --demo: where its servers live (default: data/demo)")
+    return ap
+
+
+def _parse(ap: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
     args = ap.parse_args(argv)
     # options that would be silently ignored are refused (exit code 2, as argparse does)
     if not args.demo and (args.once or args.demo_dir is not None):
@@ -194,24 +191,39 @@ def main(argv: list[str] | None = None) -> int:
     if not args.config.strip():
         ap.error("--config: empty path")
     args.demo_dir = args.demo_dir or "data/demo"
+    return args
 
+
+def _demo(args: argparse.Namespace) -> int:
+    setup_logging("info")
+    from devtools.demo import run_baikaldb_demo, run_demo, run_postgresql_demo
+
+    if args.demo == "baikaldb":
+        return run_baikaldb_demo(Path(args.demo_dir), once=args.once, stop=_STOP)
+    if args.demo == "postgresql":
+        return run_postgresql_demo(Path(args.demo_dir), once=args.once, stop=_STOP)
+    if args.demo == "ha":
+        from devtools.demo_ha import run_ha_demo
+
+        return run_ha_demo(Path(args.demo_dir), once=args.once, stop=_STOP)
+    if args.demo == "full":
+        from devtools.demo_full import run_full_demo
+
+        return run_full_demo(Path(args.demo_dir), once=args.once, stop=_STOP)
+    return run_demo(Path(args.demo_dir), once=args.once, stop=_STOP)
+
+
+def main(argv: list[str] | None = None) -> int:
+    # first thing: a SIGTERM during start-up must still mean "stop cleanly"
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
+    tune()
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in SUBCOMMANDS:
+        return _subcommand(argv[0], argv[1:])
+    args = _parse(_parser(), argv)
     if args.demo:
-        setup_logging("info")
-        from devtools.demo import run_baikaldb_demo, run_demo, run_postgresql_demo
-
-        if args.demo == "baikaldb":
-            return run_baikaldb_demo(Path(args.demo_dir), once=args.once, stop=_STOP)
-        if args.demo == "postgresql":
-            return run_postgresql_demo(Path(args.demo_dir), once=args.once, stop=_STOP)
-        if args.demo == "ha":
-            from devtools.demo_ha import run_ha_demo
-
-            return run_ha_demo(Path(args.demo_dir), once=args.once, stop=_STOP)
-        if args.demo == "full":
-            from devtools.demo_full import run_full_demo
-
-            return run_full_demo(Path(args.demo_dir), once=args.once, stop=_STOP)
-        return run_demo(Path(args.demo_dir), once=args.once, stop=_STOP)
+        return _demo(args)
 
     from capturer.app import Capturer, load_config
 
@@ -243,6 +255,13 @@ def main(argv: list[str] | None = None) -> int:
         from capturer.ops.status import StatusServer
 
         return run_node(cfg, argv, _STOP, Capturer, StatusServer)
+    return _run(cfg, args)
+
+
+def _run(cfg: AppConfig, args: argparse.Namespace) -> int:
+    """One capturer (no [ha]): built, started, run until stopped or failed."""
+    from capturer.app import Capturer
+
     try:
         cap = Capturer(cfg, rebuild_backlog=args.rebuild_backlog)
     except (ConfigError, CheckpointError) as exc:
@@ -255,7 +274,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"start-up refused: {exc} (config {args.config}; python -m capturer --config {args.config} --check "
               "lists every problem)", file=sys.stderr)
         return 2
-    stop = _STOP
     try:
         cap.start()
     except OSError as exc:
@@ -263,11 +281,10 @@ def main(argv: list[str] | None = None) -> int:
         if cap.status_server is not None:  # something did start: stop it (a final checkpoint)
             cap.shutdown()
         return 2
-    code = cap.run(should_stop=stop)
+    code = cap.run(should_stop=_STOP)
     if code:
         print(f"capturer stopped on failure: {cap.failure}", file=sys.stderr)
     return code
-
 
 if __name__ == "__main__":
     sys.exit(main())
