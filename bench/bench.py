@@ -1631,10 +1631,13 @@ def main() -> int:
                     "and senders catching up from the backlog; 'verify': python -m capturer verify of an equal table "
                     "against a MySQL target and the lake, next to a plain SELECT of it; 'verifycost': what verify "
                     "(the CLI, and POST /verify in the capturer) costs a running capture under a steady load; 'ha': all four as "
-                    "the active capturer of an [ha] group (ratio to all four), and takeover times (kill -9 of the active)")
+                    "the active capturer of an [ha] group (ratio to all four), and takeover times (kill -9 of the active); "
+                    "'peers' (not in the default): beside Debezium in Kafka Connect (bench/peers.py)")
     ap.add_argument("--verify-rows", type=int, default=1_000_000, help="rows of the table 'verify' compares "
                     "(--smoke: --rows)")
     ap.add_argument("--verify-lake-rows", type=int, default=0, help="rows of it in the lake (default: all)")
+    ap.add_argument("--peers-snapshot-rows", type=int, default=1_000_000, help="peers: rows of the snapshot table "
+                    "(0: no snapshot run)")
     ap.add_argument("--kafka-clients", default="kafka-python,confluent", help="Kafka clients to run")
     ap.add_argument("--keep", action="store_true", help="keep the temporary directory (servers' data, outputs, "
                     "logs); removed at the end otherwise")
@@ -2254,6 +2257,14 @@ def main() -> int:
                 if "workers" in only:
                     results["latency_20k_workers"] = latency_run(tmp, servers, rate=20_000, name="latency-20k-workers",
                                                                  region_extra="process=true\n")
+        if "peers" in only:  # (bench/peers.py: beside Debezium; not in the default parts: a Connect JVM)
+            with part("peers"):
+                import peers
+
+                results["peers"] = peers.run(tmp / "peers", servers, {"c": inserts * 2, "u": updates * 2,
+                                             "d": deletes * 2}, args.peers_snapshot_rows, load_sequence)
+                failures += results["peers"]["problems"]
+                print(peers.summary(results["peers"]))
         if "bigtxn" in only and not args.smoke:
             with part("bigtxn"):
                 results["big_txn"] = big_txn_rss(tmp)

@@ -1,13 +1,14 @@
-"""Kafka Connect standalone with Debezium's MySQL connector: the peer the bench runs beside the capturer.
+"""Kafka Connect standalone with Debezium's MariaDB connector: the peer the bench runs beside the capturer.
 
 Apache Kafka Connect |CONNECT_VERSION| (``org.apache.kafka:connect-runtime``) and Debezium
-|DEBEZIUM_VERSION| (``io.debezium:debezium-connector-mysql``; ``debezium-connector-mariadb`` is not
-served by this machine's Maven mirror, so the MySQL connector reads MariaDB), resolved from Maven Central
-by ``devtools/connect/pom.xml`` once into ``~/.cache/binlog-capturer/connect-<v>-debezium-<v>/lib``
+|DEBEZIUM_VERSION| (``io.debezium:debezium-connector-mariadb``: 3.6.x of it is not on Maven Central, 3.5.0
+is; the MySQL connector 3.6.1 sends MySQL 8.4's ``SHOW BINARY LOG STATUS``, which MariaDB 10.11 refuses),
+and Debezium 3.5 needs Connect 4.1 (4.4 moved a class it uses), resolved from Maven Central by
+``devtools/connect/pom.xml`` once into ``~/.cache/binlog-capturer/connect-<v>-<connector>-<v>/lib``
 (``$CAPTURER_KAFKA_CACHE`` overrides the parent), as ``devtools/local_kafka.py`` does for the broker.
 Only jars and configuration files: no code of theirs is in ours.
 
-    c = Connect(broker.servers).start([debezium_mysql("peer0", m, server_id=801, prefix="dbz0", ...)])
+    c = Connect(broker.servers).start([debezium_mariadb("peer0", m, server_id=801, prefix="dbz0", ...)])
     c.pid                     # the Connect JVM (CPU, RSS)
     c.status("peer0")         # the REST API's /connectors/peer0/status
     c.stop()                  # SIGTERM (SIGKILL after a timeout); c.cleanup() deletes its directory too
@@ -17,12 +18,9 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import fcntl
-import hashlib
 import json
 import os
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
@@ -31,11 +29,13 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from devtools.local_kafka import java
+from devtools import jvm
+from devtools.jvm import java
 from devtools.local_mariadb import MariaDBInstance, free_port
 
-CONNECT_VERSION = "4.4.0"
-DEBEZIUM_VERSION = "3.6.1.Final"
+CONNECT_VERSION = "4.1.1"  # Debezium 3.5 is built on Kafka 4.1 (4.4 moved classes it uses)
+DEBEZIUM_VERSION = "3.5.0.Final"
+CONNECTOR = "debezium-connector-mariadb"
 POM = Path(__file__).resolve().parent / "connect" / "pom.xml"
 STANDALONE_MAIN = "org.apache.kafka.connect.cli.ConnectStandalone"
 DEFAULT_HEAP = "1g"
@@ -56,38 +56,15 @@ logger.dbz.level = INFO
 
 def cache_dir() -> Path:
     base = os.environ.get("CAPTURER_KAFKA_CACHE") or str(Path.home() / ".cache" / "binlog-capturer")
-    return Path(base) / f"connect-{CONNECT_VERSION}-debezium-{DEBEZIUM_VERSION}"
+    return Path(base) / f"connect-{CONNECT_VERSION}-{CONNECTOR}-{DEBEZIUM_VERSION}"
 
 
 def classpath() -> str:
-    """Connect's and the connector's jars (``<cache>/lib/*``), resolved with Maven the first time (a file
-    lock: one process resolves, the others wait). Raises RuntimeError with Maven's error."""
-    cache = cache_dir()
-    lib = cache / "lib"
-    want = hashlib.sha256(POM.read_bytes() + CONNECT_VERSION.encode() + DEBEZIUM_VERSION.encode()).hexdigest()
-    stamp = lib / ".complete"
-    if stamp.exists() and stamp.read_text().strip() == want:
-        return f"{lib}/*"
-    cache.mkdir(parents=True, exist_ok=True)
-    with open(cache / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if stamp.exists() and stamp.read_text().strip() == want:
-            return f"{lib}/*"
-        mvn = shutil.which("mvn")
-        if mvn is None:
-            raise RuntimeError("Kafka Connect's jars are resolved with Maven, and mvn is not on PATH")
-        tmp = Path(tempfile.mkdtemp(prefix="lib.", dir=cache))
-        r = subprocess.run([mvn, "-q", "-B", "-f", str(POM), "dependency:copy-dependencies",
-                            f"-Dconnect.version={CONNECT_VERSION}", f"-Ddebezium.version={DEBEZIUM_VERSION}",
-                            f"-DoutputDirectory={tmp}", "-DincludeScope=runtime"],
-                           capture_output=True, text=True, timeout=900)
-        if r.returncode != 0 or not any(tmp.glob(f"debezium-connector-mysql-{DEBEZIUM_VERSION}.jar")):
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise RuntimeError(f"mvn could not resolve Kafka Connect / Debezium's jars:\n{(r.stdout + r.stderr)[-3000:]}")
-        shutil.rmtree(lib, ignore_errors=True)
-        tmp.rename(lib)
-        stamp.write_text(want + "\n")
-    return f"{lib}/*"
+    """Connect's and the connector's jars (``<cache>/lib/*``), resolved with Maven the first time
+    (devtools/jvm.py: a file lock, a checksum stamp). Raises RuntimeError with Maven's error."""
+    return jvm.resolve_jars(cache_dir(), POM, {"connect.version": CONNECT_VERSION, "debezium.version": DEBEZIUM_VERSION,
+                                                "debezium.connector": CONNECTOR},
+                            f"{CONNECTOR}-{DEBEZIUM_VERSION}.jar", "Kafka Connect / Debezium's jars")
 
 
 def unavailable() -> str:
@@ -106,23 +83,21 @@ DBZ_USER, DBZ_PASSWORD = "debezium", "dbz-pw"
 
 def grant_debezium(m: MariaDBInstance) -> None:
     """The connector's login on ``m``: a user with a password and the grants Debezium's docs list."""
-    m.execute(f"CREATE USER IF NOT EXISTS '{DBZ_USER}'@'%' IDENTIFIED BY '{DBZ_PASSWORD}'",
-              f"GRANT SELECT, RELOAD, SHOW DATABASES, REPLICATION SLAVE, REPLICATION CLIENT, BINLOG MONITOR "
-              f"ON *.* TO '{DBZ_USER}'@'%'")
+    m.create_capture_user(DBZ_USER, DBZ_PASSWORD, host="%", more_grants="SHOW DATABASES, REPLICATION CLIENT")
 
 
-def debezium_mysql(name: str, m: MariaDBInstance, *, server_id: int, prefix: str, servers: str,
+def debezium_mariadb(name: str, m: MariaDBInstance, *, server_id: int, prefix: str, servers: str,
                    tables: str = "bench.t", snapshot_mode: str = "no_data", **extra: str) -> dict[str, str]:
-    """A Debezium MySQL connector's configuration reading MariaDB ``m`` (as the user grant_debezium made).
+    """A Debezium MariaDB connector's configuration reading MariaDB ``m`` (as the user grant_debezium made).
 
-    ``snapshot_mode``: ``no_data`` records the schema and streams from the binlog's current end (3.6 has no
-    ``never``: it answers that value with a config error, which Connect 4.4 turns into a
-    NullPointerException); ``initial`` snapshots the tables, then streams. Topics: ``<prefix>.<db>.<table>``; the schema history
+    ``snapshot_mode``: ``no_data`` records the schema and streams from the binlog's current end; ``never``
+    reads the binlog from its first file (the schema from its DDL); ``initial`` snapshots the tables, then
+    streams. Topics: ``<prefix>.<db>.<table>``; the schema history
     in ``<prefix>.schema-history`` (Kafka, as in production); schema changes not published."""
     db = tables.split(".", 1)[0]
     cfg = {
         "name": name,
-        "connector.class": "io.debezium.connector.mysql.MySqlConnector",
+        "connector.class": "io.debezium.connector.mariadb.MariaDbConnector",
         "tasks.max": "1",
         "database.hostname": "127.0.0.1",
         "database.port": str(m.port),
@@ -140,7 +115,7 @@ def debezium_mysql(name: str, m: MariaDBInstance, *, server_id: int, prefix: str
         "tombstones.on.delete": "false",
     }
     cfg.update(extra)
-    return {k: v for k, v in cfg.items() if v != ""}  # (an empty value: Connect 4.4 validation NPE)
+    return {k: v for k, v in cfg.items() if v != ""}  # (an empty value: a validation NPE in Connect)
 
 
 class Connect:
@@ -192,13 +167,10 @@ class Connect:
             f = self.dir / f"{c['name']}.properties"
             f.write_text("".join(f"{k}={v}\n" for k, v in c.items()))
             files.append(str(f))
-        out = open(self.log_file, "ab")
-        self.proc = subprocess.Popen(
+        self.proc = jvm.launch(
             [java(), f"-Xms{self.heap}", f"-Xmx{self.heap}", "-Djava.awt.headless=true", "-XX:+ExitOnOutOfMemoryError",
              f"-Dlog4j2.configurationFile={self.dir / 'log4j2.properties'}", "-cp", classpath(),
-             STANDALONE_MAIN, str(self.dir / "worker.properties"), *files],
-            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        out.close()
+             STANDALONE_MAIN, str(self.dir / "worker.properties"), *files], self.log_file)
         deadline = time.monotonic() + timeout
         try:
             for c in connectors:
@@ -241,28 +213,15 @@ class Connect:
         return "\n".join(out)
 
     def tail(self, n: int = 4000) -> str:
-        try:
-            return self.log_file.read_text(errors="replace")[-n:]
-        except OSError:
-            return ""
+        return jvm.tail(self.log_file, n)
 
     def stop(self, timeout: float = 30) -> None:
-        if self.proc is not None:
-            with contextlib.suppress(ProcessLookupError):
-                self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-            self.proc = None
+        jvm.stop(self.proc, timeout)
+        self.proc = None
 
     def kill(self) -> None:
-        if self.proc is not None:
-            with contextlib.suppress(ProcessLookupError):
-                self.proc.kill()
-            self.proc.wait()
-            self.proc = None
+        jvm.kill(self.proc)
+        self.proc = None
 
     def cleanup(self) -> None:
         self.kill()

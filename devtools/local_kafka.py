@@ -28,12 +28,8 @@ what it taught us); the class keeps the API it had.
 from __future__ import annotations
 
 import atexit
-import contextlib
-import fcntl
-import hashlib
 import os
 import shutil
-import signal
 import socket
 import struct
 import subprocess
@@ -43,6 +39,8 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from devtools import jvm
+from devtools.jvm import java
 from devtools.local_mariadb import free_port
 
 KAFKA_VERSION = "4.4.0"
@@ -73,50 +71,12 @@ def cache_dir() -> Path:
 
 
 def classpath() -> str:
-    """The broker's classpath (``<cache>/lib/*``), resolving the jars with Maven the first time.
-
-    Safe to call from several processes at once (a file lock; one resolves, the others wait and reuse).
-    The cache is complete once ``lib/.complete`` holds the pom's checksum, so an edited pom resolves again.
-    Raises RuntimeError naming what is missing (java, mvn) or Maven's own error."""
-    cache = cache_dir()
-    lib = cache / "lib"
-    want = hashlib.sha256(POM.read_bytes() + KAFKA_VERSION.encode()).hexdigest()
-    stamp = lib / ".complete"
-    if stamp.exists() and stamp.read_text().strip() == want:
-        return f"{lib}/*"
-    cache.mkdir(parents=True, exist_ok=True)
-    with open(cache / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if stamp.exists() and stamp.read_text().strip() == want:
-            return f"{lib}/*"
-        mvn = shutil.which("mvn")
-        if mvn is None:
-            raise RuntimeError("Apache Kafka's jars are resolved with Maven, and mvn is not on PATH "
-                               "(apt-get install maven, or run scripts/bootstrap.sh with NEED_KAFKA=1)")
-        tmp = Path(tempfile.mkdtemp(prefix="lib.", dir=cache))
-        r = subprocess.run([mvn, "-q", "-B", "-f", str(POM), "dependency:copy-dependencies",
-                            f"-Dkafka.version={KAFKA_VERSION}", f"-DoutputDirectory={tmp}", "-DincludeScope=runtime"],
-                           capture_output=True, text=True, timeout=900)
-        if r.returncode != 0 or not any(tmp.glob(f"kafka_2.13-{KAFKA_VERSION}.jar")):
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise RuntimeError(f"mvn could not resolve Apache Kafka {KAFKA_VERSION}'s jars:\n"
-                               f"{(r.stdout + r.stderr)[-3000:]}")
-        shutil.rmtree(lib, ignore_errors=True)
-        tmp.rename(lib)
-        stamp.write_text(want + "\n")
-    return f"{lib}/*"
-
-
-def java() -> str:
-    """The java binary ($JAVA_HOME/bin/java, else the one on PATH)."""
-    home = os.environ.get("JAVA_HOME")
-    if home and (Path(home) / "bin" / "java").exists():
-        return str(Path(home) / "bin" / "java")
-    j = shutil.which("java")
-    if j is None:
-        raise RuntimeError("Apache Kafka needs a Java runtime (17+), and java is not on PATH "
-                           "(apt-get install openjdk-17-jre-headless)")
-    return j
+    """The broker's classpath (``<cache>/lib/*``), resolving the jars with Maven the first time
+    (devtools/jvm.py: a file lock, a checksum stamp). Raises RuntimeError naming what is missing (java,
+    mvn) or Maven's own error."""
+    return jvm.resolve_jars(cache_dir(), POM, {"kafka.version": KAFKA_VERSION}, f"kafka_2.13-{KAFKA_VERSION}.jar",
+                            f"Apache Kafka {KAFKA_VERSION}'s jars",
+                            " (apt-get install maven, or run scripts/bootstrap.sh with NEED_KAFKA=1)")
 
 
 def unavailable() -> str:
@@ -353,13 +313,9 @@ class Broker:
         """Format the storage the first time and start the JVM; do not wait (see wait_ready)."""
         self.dir.mkdir(parents=True, exist_ok=True)
         self._format()
-        out = open(self.log_file, "ab")
-        self.proc = subprocess.Popen(
+        self.proc = jvm.launch(
             [java(), *JVM_OPTS, "-cp", classpath(), f"-Dlog4j2.configurationFile={self.dir / 'log4j2.properties'}",
-             BROKER_MAIN, str(self.dir / "server.properties")],
-            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-        )
-        out.close()
+             BROKER_MAIN, str(self.dir / "server.properties")], self.log_file)
 
     def wait_ready(self, deadline: float, t0: float | None = None) -> Broker:
         """Return once the launched broker answers a metadata request (see start)."""
@@ -392,30 +348,17 @@ class Broker:
                            f"{self._tail()}")
 
     def _tail(self, n: int = 4000) -> str:
-        try:
-            return self.log_file.read_text(errors="replace")[-n:]
-        except OSError:
-            return ""
+        return jvm.tail(self.log_file, n)
 
     def stop(self, timeout: float = 60) -> None:
         """SIGTERM and wait for a clean shutdown (SIGKILL after ``timeout`` seconds). The log stays."""
-        if self.proc is not None:
-            with contextlib.suppress(ProcessLookupError):
-                self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-            self.proc = None
+        jvm.stop(self.proc, timeout)
+        self.proc = None
 
     def kill(self) -> None:
         """SIGKILL (as kill -9). The log stays; the next start() recovers it."""
-        if self.proc is not None:
-            with contextlib.suppress(ProcessLookupError):
-                self.proc.kill()
-            self.proc.wait()
-            self.proc = None
+        jvm.kill(self.proc)
+        self.proc = None
 
     def cleanup(self) -> None:
         """Kill the broker and delete its directory (when this object made it)."""

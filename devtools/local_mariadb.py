@@ -257,10 +257,13 @@ class MariaDBInstance:
         finally:
             conn.close()
 
-    def create_capture_user(self, user: str = "capturer", password: str = "capturer") -> None:
+    def create_capture_user(self, user: str = "capturer", password: str = "capturer", host: str = "127.0.0.1",
+                            more_grants: str = "") -> None:
+        """A login that reads the binlog and the tables (``more_grants``: more privileges, comma-separated)."""
         self.execute(
-            f"CREATE USER IF NOT EXISTS '{user}'@'127.0.0.1' IDENTIFIED BY '{password}'",
-            f"GRANT REPLICATION SLAVE, BINLOG MONITOR, SELECT, RELOAD ON *.* TO '{user}'@'127.0.0.1'",
+            f"CREATE USER IF NOT EXISTS '{user}'@'{host}' IDENTIFIED BY '{password}'",
+            f"GRANT REPLICATION SLAVE, BINLOG MONITOR, SELECT, RELOAD{', ' + more_grants if more_grants else ''} "
+            f"ON *.* TO '{user}'@'{host}'",
         )
 
     def stop(self, timeout: float = 30.0) -> None:
