@@ -40,7 +40,8 @@ class _DataDirTemplate:
             return None
         if self.dir is None or self.redo != local_mariadb.REDO_LOG_SIZE:
             base = Path(tempfile.mkdtemp(prefix="capturer-mariadb-template-"))
-            atexit.register(shutil.rmtree, base, True)
+            pid = os.getpid()  # (a forked child that exits must not remove it)
+            atexit.register(lambda: os.getpid() == pid and shutil.rmtree(base, True))
             tpl = local_mariadb.MariaDBInstance(base / "tpl", server_id=1)
             tpl._write_cnf()
             install = shutil.which("mariadb-install-db") or shutil.which("mysql_install_db")
