@@ -212,11 +212,13 @@ class CapturerProcess:
         return self.proc.wait(timeout)
 
 
-def consume_all(servers: str, topics: list[str] | None = None, idle: float = 3.0) -> list[Any]:
-    """Every message of the given topics (default: all), from the beginning."""
+def consume_all(servers: str, topics: list[str] | None = None, idle: float = 3.0, committed: bool = False) -> list[Any]:
+    """Every message of the given topics (default: all), from the beginning; ``committed``: read_committed
+    (what our consumers see), else read_uncommitted (also the messages of open and aborted transactions)."""
     from kafka import KafkaConsumer, TopicPartition
 
     c = KafkaConsumer(bootstrap_servers=servers, enable_auto_commit=False, group_id=None,
+                      isolation_level="read_committed" if committed else "read_uncommitted",
                       session_timeout_ms=6000, heartbeat_interval_ms=2000)
     try:
         names = topics if topics is not None else sorted(t for t in c.topics() if not t.startswith("__"))

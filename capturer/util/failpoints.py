@@ -5,7 +5,8 @@ Off unless the environment variable ``CAPTURER_FAILPOINTS`` is set; then
 ``NAME=ACTION@WHEN``:
 
 * ``ACTION``: ``kill`` (SIGKILL this process: a crash at exactly that moment),
-  ``enospc`` (raise ``OSError(ENOSPC)``: a full disk) or ``eio``.
+  ``stop`` (SIGSTOP this process: frozen at exactly that moment until something
+  sends it SIGCONT), ``enospc`` (raise ``OSError(ENOSPC)``: a full disk) or ``eio``.
 * ``WHEN``: ``N`` (the N-th hit, 1-based), ``N-M`` (hits N to M), ``N-`` (from
   the N-th on) or ``*`` (every hit).
 
@@ -16,7 +17,8 @@ renamed), ``region.ddl`` (a region is about to emit a DDL), ``spill.chunk``
 ``backlog.write`` (a record was appended to a backlog segment), ``mysql.commit`` (a MySQL sender worker is
 about to commit a chunk), ``spark.stage`` / ``spark.commit`` / ``spark.committed`` (the lake's batch: its
 files staged, its commit line about to be written, committed but not yet published), ``kafka.produce`` (after
-each produce call of the Kafka sender), ``snapshot.begin`` / ``snapshot.chunk_read`` (a table's copy starts;
+each produce call of the Kafka sender), ``kafka.commit`` (a transactional Kafka sender's batch is
+acknowledged, its transaction not committed yet), ``snapshot.begin`` / ``snapshot.chunk_read`` (a table's copy starts;
 a chunk was read, not delivered), ``snapshot.group`` (a coordinated copy of a table several regions
 deliver sent its TRUNCATE, not its rows yet).
 
@@ -31,7 +33,7 @@ import signal
 import threading
 
 ENV = "CAPTURER_FAILPOINTS"
-_ACTIONS = ("kill", "enospc", "eio")
+_ACTIONS = ("kill", "stop", "enospc", "eio")
 
 
 class FailpointError(ValueError):
@@ -89,5 +91,8 @@ def hit(name: str) -> None:
         return
     if action == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
+    if action == "stop":
+        os.kill(os.getpid(), signal.SIGSTOP)  # returns once the process is continued
+        return
     code = errno.ENOSPC if action == "enospc" else errno.EIO
     raise OSError(code, f"{os.strerror(code)} (injected at failpoint {name}, hit {n})")

@@ -39,7 +39,10 @@ in order.
   (aborted on failure, so read_committed readers see it whole or not at all); the
   read-back reads read_committed, so it learns the last committed position. The
   transactional id is ``<prefix>.<sender>``, the prefix being the HA group's where
-  there is one: a new active's init_transactions fences the deposed one.
+  there is one: a new active's init_transactions fences the deposed one. A fenced
+  producer (told by the clients' error codes and classes, ``txn_failure``) raises
+  ``Fenced``: never retried (a new producer would fence the new active in turn); an HA
+  node steps down, a capturer without ``[ha]`` stops naming the transactional id.
 * ``client=confluent`` uses confluent-kafka (librdkafka) when it is installed.
 """
 
@@ -47,16 +50,16 @@ from __future__ import annotations
 
 import logging
 import re
-import threading
+import sys
 import time
 from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import Any, ClassVar, Protocol, cast
 
-from capturer.errors import SinkError
+from capturer.errors import FENCED_MARK, Fenced, SinkError
 from capturer.model import Ddl, RowChange, StreamKey, TableSchema, Txn, schema_json, stream_key, ts_physical_ms
 from capturer.model.encode import _fallback, _fastrows, dumps_compact
 from capturer.model.spill import SpilledChanges
-from capturer.util import failpoints
+from capturer.util import failpoints, fencing
 from capturer.util.ini import Key, p_bool, p_choice, p_int, p_nonempty, p_str
 from capturer.util.kafkasec import SECURITY_KEYS, Watch, check_security, kafka_python_conf, librdkafka_conf
 from senders.base import Sender
@@ -143,6 +146,52 @@ READ_BACK_STALL = 15.0  # seconds a partition may give nothing from where its re
 # (a broker on slow storage takes seconds to answer a fetch: too short a wait steps back for nothing)
 
 
+FENCED, UNAUTHORIZED = "fenced", "unauthorized"
+
+
+def _exceptions(exc: BaseException | None) -> Iterator[BaseException]:
+    """``exc`` and the exceptions it was raised from or during (each once)."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        yield exc
+        exc = exc.__cause__ or exc.__context__
+
+
+def txn_failure(exc: BaseException | None, more: Sequence[object] = ()) -> tuple[str, object] | None:
+    """What a transactional producer's failure means, by the clients' error codes and classes (never
+    by text): FENCED (another producer of the transactional id initialised it: it holds the id now),
+    UNAUTHORIZED (the principal may not use the transactional id), None (anything else: retried);
+    with the error that says it. ``more``: errors the client reported otherwise (delivery reports,
+    its transaction state)."""
+    for e in [*_exceptions(exc), *more]:
+        args = getattr(e, "args", None)
+        err = args[0] if type(e).__name__ == "KafkaException" and args else e
+        if type(err).__name__ == "KafkaError" and "confluent_kafka" in sys.modules:  # confluent-kafka's
+            from confluent_kafka import KafkaError
+
+            if not isinstance(err, KafkaError):
+                continue
+            c = err.code()
+            # librdkafka reports a fencing as _FENCED (fatal); the broker's PRODUCER_FENCED, and
+            # INVALID_PRODUCER_EPOCH when it is fatal (an abortable one is e.g. a transaction the
+            # coordinator timed out, which a new transaction recovers from), say the same
+            if c in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED) or \
+                    (c == KafkaError.INVALID_PRODUCER_EPOCH and err.fatal()):
+                return FENCED, err
+            if c == KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED:
+                return UNAUTHORIZED, err
+            continue
+        if type(e).__module__ == "kafka.errors":  # kafka-python's error classes
+            import kafka.errors as ke
+
+            if isinstance(e, ke.ProducerFencedError):
+                return FENCED, e
+            if isinstance(e, ke.TransactionalIdAuthorizationFailedError):
+                return UNAUTHORIZED, e
+    return None
+
+
 class _Client(Protocol):
     producer: Any
     """What the sender needs from a Kafka client library."""
@@ -190,6 +239,11 @@ class _Client(Protocol):
     def failures(self) -> list[Failure]:
         """The messages the producer reported as not delivered since the last call (after
         ``close()``: also those it gave up on at the close)."""
+        return []
+
+    def txn_errors(self) -> list[object]:
+        """Errors of the transactional producer reported other than by a raised exception (delivery
+        reports, its transaction state), for ``txn_failure``."""
         return []
 
 
@@ -283,6 +337,20 @@ class _KafkaPython(_Client):
         out, self._failed = self._failed, []
         return out
 
+    def txn_errors(self) -> list[object]:
+        tm = getattr(self.producer, "_transaction_manager", None)
+        if tm is None or not getattr(tm, "transactional_id", None):
+            return []
+        # a fenced producer's produce request may fail with INVALID_PRODUCER_EPOCH: the client then asks the
+        # coordinator for its epoch again (KIP-360), whose answer says whether another producer fenced it
+        # (state FATAL_ERROR, last error ProducerFencedError): waited for, briefly
+        bumping = getattr(tm, "is_bumping_epoch", lambda: False)
+        deadline = time.monotonic() + 10
+        while bumping() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        last = getattr(tm, "last_error", None)
+        return [last() if isinstance(last, type) else last] if last is not None else []
+
     def _consumer(self) -> Any:
         if self._reader is None:
             from kafka import KafkaConsumer
@@ -352,28 +420,50 @@ class _Reports:
     """The producer's delivery callback: collects failures. An object of its own, not
     a method of the client: a producer whose callback held its client would be in a
     reference cycle with it, and a cycle through the C producer is never collected, so
-    every closed client (one per retry) would leave a producer retrying a broker forever."""
+    every closed client (one per retry) would leave a producer retrying a broker forever.
+
+    No lock: the callback runs only in the thread that calls the producer's poll() or
+    flush(), the sender's, which also takes what it collected. (A lock held here hung a
+    fenced producer's flush for good: confluent-kafka 2.16 calls the callback with an error
+    already set, so the lock's acquisition raised SystemError after acquiring it, and the
+    next message's callback waited for it forever.)"""
 
     def __init__(self) -> None:
         self.errors: list[str] = []
         self.failed: list[Failure] = []
-        self.lock = threading.Lock()
+        self.fatal: list[Any] = []  # the fatal KafkaErrors reported (e.g. _FENCED), the first of each code
 
     def __call__(self, err: Any, msg: Any) -> None:
         if err is not None:
-            with self.lock:
-                self.errors.append(str(err))
-                self.failed.append((msg.topic(), msg.partition(), msg.headers(), msg.value() is None))
+            self.errors.append(str(err))
+            self.failed.append((msg.topic(), msg.partition(), msg.headers(), msg.value() is None))
+            if err.fatal() and all(e.code() != err.code() for e in self.fatal):
+                self.fatal.append(err)
 
     def take(self) -> list[str]:
-        with self.lock:
-            errors, self.errors = self.errors, []
+        errors, self.errors = self.errors, []
         return errors
 
     def take_failed(self) -> list[Failure]:
-        with self.lock:
-            failed, self.failed = self.failed, []
+        failed, self.failed = self.failed, []
         return failed
+
+
+def _librdkafka_call(fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` (a confluent-kafka producer's poll or flush), whatever it raises turned into
+    an exception: on a fenced producer confluent-kafka 2.16 raises the KafkaError object itself
+    (not an exception class: no ``except`` clause naming a class catches it), or SystemError."""
+    try:
+        return fn(*args)
+    except Exception:
+        raise
+    except:  # noqa: E722 - the only clause that catches a raised non-exception object
+        import confluent_kafka
+
+        got = sys.exc_info()[1]
+        if isinstance(got, confluent_kafka.KafkaError):
+            raise confluent_kafka.KafkaException(got) from None
+        raise SinkError(f"producer: {got!r}") from None
 
 
 class _ConfluentReader:
@@ -544,11 +634,11 @@ class _Confluent(_Client):
                                       headers=cast("list[tuple[str, str | bytes | None]]", headers))
                 break
             except BufferError:
-                self.producer.poll(0.05)
+                _librdkafka_call(self.producer.poll, 0.05)
         self._since_poll += 1
         if self._since_poll >= 256:  # serve delivery callbacks now and then, not per message
             self._since_poll = 0
-            self.producer.poll(0)
+            _librdkafka_call(self.producer.poll, 0)
 
     def produce_all(self, messages: list[Message]) -> None:
         produce = self.producer.produce
@@ -562,10 +652,10 @@ class _Confluent(_Client):
         self._since_poll += len(messages)
         if self._since_poll >= 8192:
             self._since_poll = 0
-            self.producer.poll(0)
+            _librdkafka_call(self.producer.poll, 0)
 
     def flush(self, timeout: float) -> list[str]:
-        left = self.producer.flush(timeout)
+        left = _librdkafka_call(self.producer.flush, timeout)
         errors = self.reports.take()
         if left:
             errors.append(f"{left} messages not acknowledged in time")
@@ -573,6 +663,9 @@ class _Confluent(_Client):
 
     def failures(self) -> list[Failure]:
         return self.reports.take_failed()
+
+    def txn_errors(self) -> list[object]:
+        return list(self.reports.fatal)
 
     def commit(self) -> None:
         self.producer.commit_transaction(60)
@@ -589,11 +682,11 @@ class _Confluent(_Client):
 
     def close(self) -> None:
         try:
-            if self.producer.flush(5):
+            if _librdkafka_call(self.producer.flush, 5):
                 # given up on: purged, reported as failures (a request in flight may still land: then
                 # the retry writes it again, a duplicate, never a gap)
                 self.producer.purge()
-                self.producer.flush(1)
+                _librdkafka_call(self.producer.flush, 1)
         finally:
             self._read.close()
 
@@ -680,6 +773,9 @@ class KafkaSender(Sender):
             why = watch.explain("", self.options, exc, f"[{self.name}]")
             if why is not None:
                 raise SinkError(why, retriable=False) from None
+            found = txn_failure(exc) if self.transactional else None
+            if found is not None and found[0] == UNAUTHORIZED:  # init_transactions refused
+                raise self._txn_error(*found) from None
             raise
 
     def _new_client_watched(self, servers: str, watch: Watch) -> _Client:
@@ -797,6 +893,11 @@ class KafkaSender(Sender):
                 sent += self._send_txn(txn)
             self._flush_or_raise(self.client)
             if self.transactional:
+                if sent:
+                    failpoints.hit("kafka.commit")
+                # high availability: a capturer deposed while its transaction was open (paused past its lease)
+                # must not commit it before the new active's init_transactions has fenced it at the broker
+                fencing.check(f"sender {self.name}")
                 self.client.commit()
         except SinkError as exc:
             self._abort_or_fenced(exc)
@@ -818,23 +919,37 @@ class KafkaSender(Sender):
     def _abort_or_fenced(self, exc: BaseException) -> None:
         """A failed transactional batch: abort its transaction (read_committed readers never see
         it; the retry writes the batch again in a new one). Fenced (another producer of the same
-        transactional id, a new active capturer, called init_transactions): stop for good."""
+        transactional id, a new active capturer, called init_transactions; told by the clients' error
+        codes and classes, see ``txn_failure``): ``Fenced``, never retried (a retry's new producer
+        would fence the new active in turn). A transactional id the principal may not use: fatal."""
         if not self.transactional:
             return
-        text = f"{type(exc).__name__} {exc}".lower()
-        if "fenced" in text or "invalid_producer_epoch" in text or "invalidproducerepoch" in text:
-            self.close()
-            log.error("sender %s: fenced at the broker: another producer of transactional id %r (a new active "
-                      "capturer) took over; this capturer's open transaction is aborted and it stops writing",
-                      self.name, self.transactional_id)
-            raise SinkError(f"[{self.name}] fenced: transactional id {self.transactional_id!r} is used by a newer "
-                            f"producer (a new active capturer)", retriable=False) from None
         client = self.client
-        if client is not None:
+        found = txn_failure(exc, client.txn_errors() if client is not None else ())
+        if found is None and client is not None:
             try:
                 client.abort()
             except Exception as abort_exc:  # a new producer's init_transactions aborts it anyway
-                log.warning("sender %s: abort of the failed batch's transaction failed: %s", self.name, abort_exc)
+                found = txn_failure(abort_exc, client.txn_errors())
+                if found is None:
+                    log.warning("sender %s: abort of the failed batch's transaction failed: %s", self.name, abort_exc)
+        if found is not None:
+            self.close()
+            raise self._txn_error(*found) from None
+
+    def _txn_error(self, kind: str, err: object) -> SinkError:
+        """Fenced, or the fatal error of a transactional id the broker refuses (``err``: the client's error)."""
+        tid = self.transactional_id
+        if kind == FENCED:
+            log.error("sender %s: fenced at the broker: a newer producer of transactional id %r started; this "
+                      "capturer's open transaction is aborted and it writes nothing more", self.name, tid)
+            return Fenced(f"[{self.name}] fenced at the broker: a newer producer of transactional id {tid!r} started "
+                          f"({FENCED_MARK}, or another process uses the same transactional id); this capturer's "
+                          f"open transaction is aborted and it writes nothing more ({err})")
+        return SinkError(f"[{self.name}] the broker refuses transactional id {tid!r} "
+                         f"(TRANSACTIONAL_ID_AUTHORIZATION_FAILED): grant this principal WRITE and DESCRIBE on "
+                         f"TransactionalId {tid!r} (or its prefix), or set transactional_id in [{self.name}] to "
+                         f"an allowed prefix ({err})", retriable=False)
 
     def _raise_if_too_large(self, batch: list[Txn], exc: BaseException) -> None:
         """A message bigger than Kafka takes (the producer's max_message_bytes, or the topic's

@@ -11,6 +11,9 @@ capturers with the same config, one active, the others standby.
   nothing (no Kafka message of its epoch produced after the pause began, its MySQL
   chunks refused by the fence row) and comes back as a standby; etcd killed and
   started again -> capture goes on; every sink equals the sources, duplicates counted;
+* with ``[kafka] transactional = true``, the active frozen mid-transaction (its batch
+  acknowledged, not committed), the takeover's init_transactions fences it at the broker:
+  after SIGCONT nothing of its open transaction is visible read_committed, and it steps down;
 * a planned handover (POST /handover): the standby runs within the lease, the old
   active stays as a standby; status, /metrics and the status CLI show the roles.
 """
@@ -32,10 +35,11 @@ from typing import Any
 import pytest
 import requests
 from chaos.harness import consume_fast
-from helpers import ROOT, CapturerProcess, checkpoint_covers, wait_for
+from helpers import ROOT, CapturerProcess, checkpoint_covers, consume_all, wait_for
 
 from capturer.errors import Fenced
 from capturer.ha.coord import CoordinationError, Coordinator
+from capturer.util import failpoints
 from devtools.local_etcd import EtcdCluster
 from integration.test_independent_senders import TOKEN, Load, check_sinks, configure, rig  # noqa: F401
 
@@ -307,6 +311,85 @@ def test_takeovers_under_load_with_all_four_senders(rig: dict[str, Any], etcd: E
     # the file, the target and the lake skip what they hold; Kafka's repeats are messages a client held when
     # its capturer lost the lease (identified by their headers, the same change twice)
     assert dups["local"] == 0 and dups["mysql"] == 0 and dups["spark"] == 0, dups
+
+
+def proc_state(node: Node) -> str:
+    """The process's state letter in /proc (``T``: stopped)."""
+    assert node.proc is not None
+    try:
+        stat = Path(f"/proc/{node.proc.pid}/stat").read_text()
+    except OSError:
+        return "?"
+    return stat[stat.rindex(")") + 2]
+
+
+def test_a_paused_transactional_active_is_fenced_at_the_broker(rig: dict[str, Any], etcd: EtcdCluster,  # noqa: F811
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """``transactional = true``, under load: the active freezes itself mid-transaction (failpoint
+    ``kafka.commit=stop``: a batch all acknowledged, its commit not sent), the standby takes over (its
+    init_transactions fences the frozen producer and aborts its transaction at the broker), then
+    SIGCONT: not one message of the frozen capturer's open transaction, nor anything it produced after,
+    is visible to a read_committed reader (they are in the log: a read_uncommitted reader sees them),
+    it steps down to a standby, and Kafka holds every change once."""
+    cfg = ha_config(configure(rig, ["kafka"]), etcd.endpoints)
+    sc: Path = rig["tmp"] / "senderConfig.cfg"
+    sc.write_text(sc.read_text() + "transactional=true\n")  # ([kafka] is the last section)
+    tmp: Path = rig["tmp"]
+    monkeypatch.setenv(failpoints.ENV, "kafka.commit=stop@3")  # the first node only
+    a = Node(cfg, tmp / "a.log").start()
+    monkeypatch.delenv(failpoints.ENV)
+    a.wait_ready()
+    wait_for(lambda: a.role() == "active", 60, "the first capturer to be active")  # (no load yet: no batch)
+    b = Node(cfg, tmp / "b.log").start()
+    b.wait_ready()
+    wait_for(lambda: b.role() == "standby" and bool((b.status().get("ha") or {}).get("holder")), 30,
+             "the second to be a standby that knows the active one")
+    paused_epoch = a.status()["ha"]["epoch"]
+    t0 = time.monotonic()
+    with Load(rig["sources"], pace=0.02):
+        wait_for(lambda: proc_state(a) == "T", 60, "the active to freeze itself mid-transaction")
+        frozen_at = time.time()
+        try:
+            wait_for(lambda: b.role() == "active", LEASE + 15, "the standby to take over from the frozen one")
+            took_over = time.monotonic() - t0
+            # its Kafka sender has made its producer (init_transactions: the frozen one is fenced) and written
+            wait_for(lambda: ((b.status().get("senders") or {}).get("kafka") or {}).get("messages", 0) > 0, 60,
+                     "the new active's Kafka sender to write")
+        finally:
+            assert a.proc is not None
+            os.kill(a.proc.pid, signal.SIGCONT)
+        wait_for(lambda: a.role() == "standby", 60, "the frozen capturer to come back as a standby")
+        assert a.proc.poll() is None and "steps down" in a.text()
+        time.sleep(1)
+    wait_for(lambda: state_covers(etcd, rig), 120, "every change in Kafka")
+    for n in (a, b):
+        assert n.post("/stop").status_code == 202
+    for n in (a, b):
+        assert n.proc is not None and n.proc.wait(60) == 0, n.text()[-3000:]
+
+    old = str(paused_epoch).encode()
+    committed = consume_fast(rig["broker"].servers, idle=5.0, first=60.0)
+    written = consume_all(rig["broker"].servers, committed=False)
+
+    def of_old(records: list[Any]) -> set[tuple[str, int, int]]:
+        return {(r.topic, r.partition, r.offset) for r in records if dict(r.headers).get("capturer_epoch") == old}
+
+    aborted = of_old(written) - of_old(committed)
+    assert aborted, "the frozen capturer's open transaction was not in the log: the test proves nothing"
+    # nothing of the frozen one's committed messages comes after its aborted ones in any partition,
+    # nor was produced after it froze
+    first_aborted: dict[tuple[str, int], int] = {}
+    for t, p, off in aborted:
+        first_aborted[(t, p)] = min(off, first_aborted.get((t, p), off))
+    after = [k for k in of_old(committed) if k[2] > first_aborted.get(k[:2], 1 << 62)]
+    assert not after, after[:5]
+    late = [r for r in committed if dict(r.headers).get("capturer_epoch") == old and r.timestamp / 1000 > frozen_at]
+    assert not late, late[:3]
+    fenced = "fenced at the broker" in a.text()
+    dups = check_sinks(rig, ["kafka"])  # Kafka equals the sources (and verify agrees)
+    print(f"takeover {took_over:.1f}s; {len(aborted)} messages of the frozen capturer's open transaction aborted; "
+          f"it learned it was deposed from {'the broker (Fenced)' if fenced else 'its lease'}; duplicates {dups}")
+    assert dups["kafka"] == 0, dups  # read_committed: the new active skipped exactly what was committed
 
 
 def test_planned_handover_and_what_operators_see(rig: dict[str, Any], etcd: EtcdCluster) -> None:  # noqa: F811

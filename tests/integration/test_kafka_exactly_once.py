@@ -173,6 +173,33 @@ def stop_load(loads: list[Workload], threads: list[threading.Thread], scratch: S
         assert not w.errors, w.errors
 
 
+def crash_mid_load(tmp_path: Path, cfg: Path, log: Path, monkeypatch: pytest.MonkeyPatch, rng: random.Random,
+                   crashes: int, failpoint_crash: int | None) -> CapturerProcess:
+    """The capturer started, then ``crashes`` times, once the run has acknowledged a batch (mid-load,
+    mid-delivery): ``kill -9`` from outside after a random 0.3-2 s, or, at crash number
+    ``failpoint_crash``, a run that kills itself between two produce calls of a batch (messages in
+    flight; failpoint ``kafka.produce=kill@N``); started again each time. The last run, ready and 2 s in."""
+    proc = CapturerProcess(cfg, log).start()
+    for crash in range(crashes):
+        before = acked_ts(tmp_path)
+        proc.wait_ready()
+        wait_for(lambda: acked_ts(tmp_path) > before, 120, "the sender to acknowledge a batch")
+        if crash == failpoint_crash:
+            proc.kill9()
+            monkeypatch.setenv(failpoints.ENV, f"kafka.produce=kill@{rng.randrange(30, 120)}")
+            proc = CapturerProcess(cfg, log).start()
+            monkeypatch.delenv(failpoints.ENV)
+            assert proc.proc is not None
+            proc.proc.wait(120)
+        else:
+            time.sleep(rng.uniform(0.3, 2.0))
+            proc.kill9()
+        proc = CapturerProcess(cfg, log).start()
+    proc.wait_ready()
+    time.sleep(2)
+    return proc
+
+
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("client,process", [
     ("confluent", False),
@@ -192,26 +219,7 @@ def test_kill9_mid_load_no_duplicates_nothing_lost(tmp_path: Path, two_servers: 
     log = tmp_path / "capturer.log"
     loads, threads, scratch = start_load(two_servers)
     t0 = time.monotonic()
-    proc = CapturerProcess(cfg, log).start()
-    for crash in range(3):
-        before = acked_ts(tmp_path)
-        proc.wait_ready()
-        # mid-load and mid-delivery: once this run has acknowledged something
-        wait_for(lambda: acked_ts(tmp_path) > before, 120, "the sender to acknowledge a batch")
-        if crash == 1 and not process:
-            # the next one kills itself between two produce calls of a batch, with messages in flight
-            proc.kill9()
-            monkeypatch.setenv(failpoints.ENV, f"kafka.produce=kill@{rng.randrange(30, 120)}")
-            proc = CapturerProcess(cfg, log).start()
-            monkeypatch.delenv(failpoints.ENV)
-            assert proc.proc is not None
-            proc.proc.wait(120)
-        else:
-            time.sleep(rng.uniform(0.3, 2.0))
-            proc.kill9()
-        proc = CapturerProcess(cfg, log).start()
-    proc.wait_ready()
-    time.sleep(2)
+    proc = crash_mid_load(tmp_path, cfg, log, monkeypatch, rng, 3, None if process else 1)
     stop_load(loads, threads, scratch)
     wait_for(lambda: checkpoint_covers(tmp_path, two_servers), 300, "Kafka to catch up")
     assert proc.stop() == 0
