@@ -9,11 +9,11 @@ pyspark), is imported on first use.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from senders.kind import SenderKind, load
+from capturer.util.dotted import kind_of, load
+from senders.kind import SenderKind
 
 if TYPE_CHECKING:
     from capturer.util.ini import Key
@@ -34,11 +34,7 @@ def known_senders() -> list[str]:
 
 def kind(name: str) -> SenderKind:
     """The descriptor of sender kind ``name`` (KeyError naming the known ones)."""
-    try:
-        package = _KINDS[name]
-    except KeyError:
-        raise KeyError(f"unknown sender {name!r}; known: {', '.join(known_senders())}") from None
-    k: SenderKind = importlib.import_module(package).KIND
+    k: SenderKind = kind_of(_KINDS, name, "sender")
     return k
 
 

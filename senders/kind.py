@@ -19,7 +19,6 @@ paths, so naming it imports no client library:
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -27,13 +26,6 @@ from typing import Any
 
 def _no_extra(options: Mapping[str, Any]) -> str:
     return ""
-
-
-def load(target: str) -> Any:
-    """The object a ``"module:name"`` (or ``"module"``) path names, imported now."""
-    mod, _, name = target.partition(":")
-    m = importlib.import_module(mod)
-    return getattr(m, name) if name else m
 
 
 @dataclass(frozen=True)

@@ -542,7 +542,7 @@ def build(cfg: Any, factories: dict[str, ReaderFactory], acked: Acked, options: 
     """A Verifier for ``cfg`` (an AppConfig): its regions as sources, its senders' readers."""
     from capturer.pipeline.filter import load_filter
     from capturer.regions import kind as region_kind
-    from capturer.regions.kind import load
+    from capturer.util.dotted import load
 
     filt = filt if filt is not None else load_filter(cfg.filter_path)
     sources: dict[str, Any] = {}

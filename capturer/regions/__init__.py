@@ -8,10 +8,10 @@ keys move into its folder, its keys in capturer/config.py)."""
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Any
 
-from capturer.regions.kind import RegionKind, load
+from capturer.regions.kind import RegionKind
+from capturer.util.dotted import kind_of, load
 
 if TYPE_CHECKING:
     from capturer.config import AnyRegionConfig
@@ -28,11 +28,7 @@ _KINDS: dict[str, str] = {
 
 def kind(region_type: str) -> RegionKind:
     """The descriptor of region type ``region_type`` (ValueError naming the known ones)."""
-    try:
-        package = _KINDS[region_type]
-    except KeyError:
-        raise ValueError(f"unknown region type {region_type!r}; known: {', '.join(sorted(_KINDS))}") from None
-    k: RegionKind = importlib.import_module(package).KIND
+    k: RegionKind = kind_of(_KINDS, region_type, "region type", ValueError)
     return k
 
 

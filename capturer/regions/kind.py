@@ -22,16 +22,7 @@ no client library:
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
-from typing import Any
-
-
-def load(target: str) -> Any:
-    """The object a ``"module:name"`` (or ``"module"``) path names, imported now."""
-    mod, _, name = target.partition(":")
-    m = importlib.import_module(mod)
-    return getattr(m, name) if name else m
 
 
 @dataclass(frozen=True)

@@ -11,13 +11,12 @@ import json
 import random
 import threading
 import time
-from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import CapturerProcess, checkpoint_covers, start_servers, wait_for, write_config
+from helpers import CapturerProcess, checkpoint_covers, wait_for, write_config
 from workload import SCHEMA, Workload, file_state_equals
 
 from devtools.local_mariadb import MariaDBInstance
@@ -70,15 +69,9 @@ class StoringReceiver:
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
 
-@pytest.fixture
-def two(tmp_path: Path) -> Iterator[list[MariaDBInstance]]:
-    servers = start_servers(tmp_path, 2)
-    yield servers
-    for m in servers:
-        m.stop()
-
-
-def test_kill9_under_load_every_change_reaches_the_receiver_once(tmp_path: Path, two: list[MariaDBInstance]) -> None:
+def test_kill9_under_load_every_change_reaches_the_receiver_once(tmp_path: Path,
+                                                                 two_servers: list[MariaDBInstance]) -> None:
+    two = two_servers
     for m in two:
         for stmt in SCHEMA:
             m.execute(stmt)
