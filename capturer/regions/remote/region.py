@@ -373,7 +373,8 @@ class RemoteRegion(Region):
                       "bytes": self.bytes, "status_age_seconds":
                           round(time.time() - self.agent_status_at, 1) if self.agent_status_at else None,
                       "region_status": self.agent_status}
-        for k in ("decoded_fast", "decoded_library"):  # the agent's region decodes
+        # the agent's region decodes; a MySQL/MariaDB one: which server it reads, its failovers
+        for k in ("decoded_fast", "decoded_library", "server", "servers", "gtid", "failovers", "failover_history"):
             if k in self.agent_status:
                 d[k] = self.agent_status[k]
         return d
