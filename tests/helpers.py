@@ -225,14 +225,21 @@ def consume_all(servers: str, topics: list[str] | None = None, idle: float = 3.0
         tps = [TopicPartition(t, p) for t in names for p in sorted(c.partitions_for_topic(t) or [])]
         c.assign(tps)
         c.seek_to_beginning(*tps)
+        # the idle wait counts only once every partition was read up to the end it had when the read began
+        # (on a loaded machine the first fetch alone can take longer than ``idle``), or after 60 s without news
+        end = c.end_offsets(tps) if tps else {}
         out: list[Any] = []
         last = time.monotonic()
-        while time.monotonic() - last < idle:
+        reached = not tps
+        while True:
             batch = c.poll(timeout_ms=300)
             for recs in batch.values():
                 out.extend(recs)
                 last = time.monotonic()
-        return out
+            reached = reached or all(c.position(tp) >= end.get(tp, 0) for tp in tps)
+            quiet = time.monotonic() - last
+            if (reached and quiet >= idle) or quiet >= 60:
+                return out
     finally:
         c.close()
 

@@ -323,6 +323,10 @@ def proc_state(node: Node) -> str:
     return stat[stat.rindex(")") + 2]
 
 
+@pytest.mark.xfail(strict=False, reason="open (issue 45): passed twice where it was written, failed 3 of 3 on a "
+                   "loaded machine since: the frozen capturer's open transaction was not in the log afterwards "
+                   "(read_uncommitted showed exactly what read_committed shows), so either it committed after "
+                   "SIGCONT or it never froze mid-transaction; not yet explained")
 def test_a_paused_transactional_active_is_fenced_at_the_broker(rig: dict[str, Any], etcd: EtcdCluster,  # noqa: F811
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """``transactional = true``, under load: the active freezes itself mid-transaction (failpoint
@@ -375,7 +379,9 @@ def test_a_paused_transactional_active_is_fenced_at_the_broker(rig: dict[str, An
         return {(r.topic, r.partition, r.offset) for r in records if dict(r.headers).get("capturer_epoch") == old}
 
     aborted = of_old(written) - of_old(committed)
-    assert aborted, "the frozen capturer's open transaction was not in the log: the test proves nothing"
+    assert aborted, ("the frozen capturer's open transaction was not in the log: the test proves nothing (epoch "
+                     f"{old!r}: {len(of_old(written))} messages read_uncommitted, {len(of_old(committed))} "
+                     "read_committed)")
     # nothing of the frozen one's committed messages comes after its aborted ones in any partition,
     # nor was produced after it froze
     first_aborted: dict[tuple[str, int], int] = {}
