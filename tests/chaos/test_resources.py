@@ -192,7 +192,7 @@ def test_binlog_purged_while_down_is_fatal_naming_region_and_positions(tmp_path:
         text = r.stdout + r.stderr + (tmp_path / "capturer.log").read_text()
         assert r.returncode == 1, text[-3000:]
         assert "r1" in text and resume["file"] in text and str(resume["pos"]) in text and oldest in text
-        assert "snapshot=when_needed" in text and "delete the checkpoint" in text  # the documented ways out
+        assert "snapshot = when_needed" in text and "delete the checkpoint" in text  # the documented ways out
         assert (tmp_path / "checkpoint.json").read_bytes() == cp_before  # not moved past the gap
     finally:
         for x in servers:
