@@ -129,7 +129,9 @@ def read_lines(tmp: Path) -> list[dict[str, Any]]:
 
     out = []
     for p in output_files(tmp / "out" / "changes.jsonl"):
-        out.extend(json.loads(line) for line in p.read_text().splitlines())
+        # a line is whole once its newline is written: a running capturer may be in the middle of the last one
+        lines = p.read_bytes().split(b"\n")[:-1]
+        out.extend(json.loads(line) for line in lines if line)
     return out
 
 
