@@ -287,7 +287,7 @@ class Reader:
                                            "is not installed (pip install mariadb; it needs libmariadb-dev)") from None
         if mariadb is not None:
             self.kind, self.ph = "mariadb", "?"
-            self._errors: tuple[type[BaseException], ...] = (mariadb.Error,)
+            self._errors: tuple[type[BaseException], ...] = (mariadb.Error, StreamCutShort)
             try:
                 self.conn: Any = mariadb.connect(host=cfg.host, port=cfg.port, user=cfg.user, password=cfg.password,
                                                  connect_timeout=int(max(1, cfg.connect_timeout)), autocommit=True,
@@ -375,8 +375,23 @@ class Reader:
                 if not rows:
                     break
                 yield rows
+            if self.kind == "mariadb":
+                self._raise_cut_short()
         finally:
             cur.close()
+
+    def _raise_cut_short(self) -> None:
+        """(MariaDB Connector/Python) Raise the error that ended an unbuffered result.
+        Its unbuffered cursor (1.1) reads an error the server sends in the middle of
+        the rows (a lock wait timeout or a locking read's NOWAIT, a KILL QUERY,
+        max_statement_time) as the end of the rows, silently: a copy would miss every
+        row after it (and under the watermark method, rows whose transactions are
+        before the position read next would be lost). The server still has the
+        statement's errors in its diagnostics area: SHOW ERRORS reads them."""
+        rows = self.execute("SHOW ERRORS")
+        if rows:
+            level, code, message = rows[0][0], int(rows[0][1]), str(rows[0][2])
+            raise StreamCutShort(code, f"{level} {code}: {message} (the rows read stopped there)")
 
     def errno(self, exc: BaseException) -> int:
         for attr in ("errno",):
@@ -449,6 +464,15 @@ _NOWAIT_TRIES = 5
 # errors of a locking read that only mean "read it again": lock wait timeout, deadlock,
 # NOWAIT found a lock (MySQL 3572; MariaDB reports 1205 for it)
 LOCK_ERRORS = (1205, 1213, 3572)
+
+
+class StreamCutShort(Exception):
+    """The server ended a streamed result with an error (``errno``) that the client
+    library did not raise (see ``Reader._raise_cut_short``)."""
+
+    def __init__(self, errno: int, message: str):
+        super().__init__(errno, message)
+        self.errno = errno
 
 
 def list_tables(reader: Reader, selected: Callable[[str, str], bool]) -> list[tuple[str, str]]:
