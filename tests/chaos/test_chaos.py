@@ -87,6 +87,7 @@ def test_chaos_full(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
                             kafka_brokers=3, source_restarts=2, gap=(3.0, 8.0), kafka_client=client), capsys)
 
 
+@pytest.mark.slow  # (~2 min; the default run's HA takeovers under load: test_ha.py)
 @pytest.mark.timeout(900)
 def test_chaos_ha_quick(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Two capturers in an [ha] group (a private etcd), all four senders, takeovers by kill -9 of the

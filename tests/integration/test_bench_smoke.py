@@ -14,26 +14,37 @@ from helpers import ROOT
 pytestmark = pytest.mark.integration
 
 
-def test_bench_smoke_every_row_arrives(tmp_path: Path) -> None:
+# The default run (~25 s): each sender kind and all four at once; --runslow: the full smoke list (~100 s),
+# the applier, the lake alone, each sender in a process of its own and the [ha] parts too
+SOME = ["capturer -> file", "capturer -> mysql", "capturer -> kafka (kafka-python)", "capturer -> kafka (confluent)",
+        "capturer -> all four at once"]
+PARTS = {
+    "some": ("file,mysql,kafka,all", SOME),
+    "all": ("file,mysql,apply,kafka,spark,all,senderprocs,ha", [
+        *SOME, "capturer -> spark",
+        # process=true: each sender in a process of its own
+        "capturer -> file, sender in its own process", "capturer -> mysql, sender in its own process",
+        "capturer -> kafka (confluent), sender in its own process", "capturer -> spark, sender in its own process",
+        "capturer -> all four, each sender in its own process",
+        "capturer -> all four as the active capturer of an [ha] group", "ha takeovers (lease 3 s"]),
+}
+
+
+@pytest.mark.parametrize("which", ["some", pytest.param("all", marks=pytest.mark.slow)])
+def test_bench_smoke_every_row_arrives(tmp_path: Path, which: str) -> None:
     # a part that hangs prints its threads' stacks and ends the run (--part-timeout) well before pytest's own
     # timeout would end this test and lose the bench's output: stdout and stderr go to files kept for the report
+    only, parts = PARTS[which]
     out, err = tmp_path / "stdout", tmp_path / "stderr"
     with out.open("w") as o, err.open("w") as e:
         rc = subprocess.run(
-            [sys.executable, "bench/bench.py", "--rows", "5000", "--smoke", "--part-timeout", "150",
-             "--only", "file,mysql,apply,kafka,spark,all,senderprocs,ha"],
+            [sys.executable, "bench/bench.py", "--rows", "5000", "--smoke", "--part-timeout", "150", "--only", only],
             cwd=ROOT, stdout=o, stderr=e, text=True, timeout=560, env=dict(os.environ, PYTHONPATH=str(ROOT)),
         ).returncode
     r = subprocess.CompletedProcess([], rc, out.read_text(), err.read_text())
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-6000:]
-    for part in ("capturer -> file", "capturer -> mysql", "capturer -> kafka (kafka-python)",
-                 "capturer -> kafka (confluent)", "capturer -> spark", "capturer -> all four at once",
-                 # process=true: each sender in a process of its own
-                 "capturer -> file, sender in its own process", "capturer -> mysql, sender in its own process",
-                 "capturer -> kafka (confluent), sender in its own process", "capturer -> spark, sender in its own process",
-                 "capturer -> all four, each sender in its own process",
-                 "capturer -> all four as the active capturer of an [ha] group", "ha takeovers (lease 3 s"):
-        assert part in r.stdout
+    for part in parts:
+        assert part in r.stdout, part
     assert "INCOMPLETE" not in r.stdout
 
 

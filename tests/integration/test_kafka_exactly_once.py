@@ -203,7 +203,9 @@ def crash_mid_load(tmp_path: Path, cfg: Path, log: Path, monkeypatch: pytest.Mon
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("client,process", [
     ("confluent", False),
-    ("kafka-python", False),
+    # kafka-python's read-back after kill -9 (~35 s) with --runslow; the default run reads it back in
+    # test_kafka_sender and the chaos quick case
+    pytest.param("kafka-python", False, marks=pytest.mark.slow),
     # a sender process: the same positions through the process boundary (slow: with --runslow)
     pytest.param("confluent", True, marks=pytest.mark.slow),
 ])

@@ -202,7 +202,9 @@ def test_the_applier_and_verify_skip_an_aborted_transaction(broker: Broker, tmp_
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("client", ["confluent", "kafka-python"])
+# the default client in the default run; kafka-python's (~1 min) with --runslow (its transactions: the
+# fencing and aborted-batch tests above run both clients)
+@pytest.mark.parametrize("client", ["confluent", pytest.param("kafka-python", marks=pytest.mark.slow)])
 def test_kill9_mid_transaction_nothing_lost_nothing_twice(tmp_path: Path, two_servers: list[MariaDBInstance],
                                                           broker: Broker, monkeypatch: pytest.MonkeyPatch,
                                                           client: str) -> None:
