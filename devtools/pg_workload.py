@@ -126,8 +126,9 @@ def apply_schema(pg: PostgresInstance) -> None:
 class Workload:
     """Random transactions over the tables (a thread; ``stop()`` ends it)."""
 
-    def __init__(self, pg: PostgresInstance, seed: int = 7, big_txn_rows: int = 0):
+    def __init__(self, pg: PostgresInstance, seed: int = 7, big_txn_rows: int = 0, pace: float = 0.0):
         self.pg = pg
+        self.pace = pace  # seconds between transactions (0: as fast as the server takes them)
         self.rng = random.Random(seed)
         self.next_id = 1
         self.done = threading.Event()
@@ -152,6 +153,8 @@ class Workload:
             with self.pg.connect(autocommit=False) as c:
                 while not self.done.is_set():
                     self.step(c)
+                    if self.pace:
+                        self.done.wait(self.pace)
         except BaseException as exc:
             self.error = exc
 

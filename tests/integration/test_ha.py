@@ -323,10 +323,10 @@ def proc_state(node: Node) -> str:
     return stat[stat.rindex(")") + 2]
 
 
-@pytest.mark.xfail(strict=False, reason="open (issue 45): passed twice where it was written, failed 3 of 3 on a "
-                   "loaded machine since: the frozen capturer's open transaction was not in the log afterwards "
-                   "(read_uncommitted showed exactly what read_committed shows), so either it committed after "
-                   "SIGCONT or it never froze mid-transaction; not yet explained")
+@pytest.mark.xfail(strict=False, reason="open (issue 45): fails about 1 run in 4 here: the frozen capturer's open "
+                   "transaction is not in the log as aborted afterwards (read_uncommitted shows what read_committed "
+                   "shows; in a failing run its last transaction of the epoch was followed by a marker and read as "
+                   "committed, and it learned of the takeover from its lease, not from the broker); not yet explained")
 def test_a_paused_transactional_active_is_fenced_at_the_broker(rig: dict[str, Any], etcd: EtcdCluster,  # noqa: F811
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """``transactional = true``, under load: the active freezes itself mid-transaction (failpoint
@@ -371,7 +371,14 @@ def test_a_paused_transactional_active_is_fenced_at_the_broker(rig: dict[str, An
     for n in (a, b):
         assert n.proc is not None and n.proc.wait(60) == 0, n.text()[-3000:]
 
-    old = str(paused_epoch).encode()
+    # the epoch of the frozen transaction: the one the frozen capturer last became active with (on a loaded
+    # machine its lease can lapse before the freeze, and it be active again in a later epoch: the transaction
+    # it froze in is then of that epoch, not of the one it had when the load began)
+    became = [int(x) for x in re.findall(r"is now the active capturer of group .* \(epoch (\d+)\)", a.text())]
+    assert became, a.text()[-3000:]
+    old = str(became[-1]).encode()
+    if became[-1] != paused_epoch:
+        print(f"the frozen capturer was active in epochs {became} (epoch {paused_epoch} when the load began)")
     committed = consume_fast(rig["broker"].servers, idle=5.0, first=60.0)
     written = consume_all(rig["broker"].servers, committed=False)
 
@@ -459,7 +466,9 @@ def test_a_postgresql_takeover_while_a_sender_lags(tmp_path: Path, etcd: EtcdClu
                      f"controlToken={TOKEN}\nqueueRows=300\n")
         ha_config(cfg, etcd.endpoints)
         a, b = active_then_standby(cfg, tmp_path)
-        w = PgWorkload(pg, seed=35).start()
+        # paced: what is tested is where the slot and the senders stand, not the volume (unpaced, 20 s of it
+        # wrote 445 MB of WAL and 850k changes here: 2.5 min of catching up and comparing)
+        w = PgWorkload(pg, seed=35, pace=0.005).start()
         try:
             wait_for(lambda: streaming(a), 120, "streaming")
             assert a.post("/senders/local/pause").status_code == 200
