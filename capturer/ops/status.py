@@ -95,6 +95,12 @@ class _Collector(Collector):
                                   "failed over to a replica), where the region has several", labels=["region"])
         rsrv = GaugeMetricFamily("capturer_region_server", "1 for the server the region reads now",
                                  labels=["region", "server"])
+        rhb = CounterMetricFamily("capturer_region_heartbeats", "heartbeats a region passed on (an idle or "
+                                  "filtered-only source's position moves with them)", labels=["region"])
+        rhba = GaugeMetricFamily("capturer_region_heartbeat_age_seconds", "seconds since the region's newest "
+                                 "heartbeat", labels=["region"])
+        rwal = GaugeMetricFamily("capturer_postgresql_slot_wal_held_bytes", "WAL the server keeps for the "
+                                 "region's replication slot (insert position - restart_lsn)", labels=["region"])
         for name, r in s["regions"].items():
             rlag.add_metric([name], r["lag_seconds"])
             rtx.add_metric([name], r["txns"])
@@ -108,7 +114,12 @@ class _Collector(Collector):
                 rfo.add_metric([name], r["failovers"])
             if r.get("server"):
                 rsrv.add_metric([name, r["server"]], 1)
-        yield from (rlag, rtx, rrow, rq, rre, rst, rerr, rfo, rsrv)
+            rhb.add_metric([name], r.get("heartbeats", 0))
+            if r.get("heartbeat_age_seconds") is not None:
+                rhba.add_metric([name], r["heartbeat_age_seconds"])
+            if r.get("slot_wal_held_bytes") is not None:
+                rwal.add_metric([name], r["slot_wal_held_bytes"])
+        yield from (rlag, rtx, rrow, rq, rre, rst, rerr, rfo, rsrv, rhb, rhba, rwal)
         merger = s.get("merger") or {}
         wm = GaugeMetricFamily("capturer_merger_watermark_ts", "the merge's watermark (TSO): the lowest newest "
                                                                "commit_ts over the regions")

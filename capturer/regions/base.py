@@ -71,6 +71,9 @@ class Region:
         self.last_commit_ts = ctx.floor
         self.last_source_time = 0.0  # source clock (s) of the newest event seen
         self.caught_up_at = 0.0  # local time when the source last said "nothing more"
+        self.heartbeats = 0  # heartbeats passed on (each a promise; most move the position too)
+        self.last_heartbeat_at = 0.0  # local time of the newest one
+        self._heartbeats_logged = (0.0, 0)  # (when the last "heartbeats" line was logged, the count then)
         self._thread = threading.Thread(target=self._run, name=f"region-{name}", daemon=True)
 
     def start(self) -> None:
@@ -81,6 +84,9 @@ class Region:
 
     def join(self, timeout: float | None = None) -> None:
         self._thread.join(timeout)
+
+    #: a line "heartbeats: N in the last S s, position P" at INFO at most this often (the first one at once)
+    HEARTBEAT_LOG_SECONDS = 60.0
 
     #: errors that mean "try again from the last position" (a kind adds its driver's)
     RETRYABLE: tuple[type[BaseException], ...] = (SourceError, OSError)
@@ -150,9 +156,24 @@ class Region:
         for now (the lag then reads 0 for a while)."""
         if position is not None:
             self.position = position
+        now = time.time()
         if caught_up:
-            self.caught_up_at = time.time()
+            self.caught_up_at = now
         self._emit(Heartbeat(self.name, ts, position))
+        self.heartbeats += 1
+        self.last_heartbeat_at = now
+        logged_at, logged = self._heartbeats_logged
+        if now - logged_at >= self.HEARTBEAT_LOG_SECONDS:
+            self._heartbeats_logged = (now, self.heartbeats)
+            span = f"in the last {now - logged_at:.0f} s" if logged_at else "since the start"
+            log.info("%s: heartbeats: %d %s, position %s%s", self.where or f"region {self.name}",
+                     self.heartbeats - logged, span, self.position if self.position is not None else "-",
+                     self.heartbeat_note())
+
+    def heartbeat_note(self) -> str:
+        """What the periodic heartbeats line adds for this kind (e.g. how far the
+        PostgreSQL slot is confirmed): "" or text starting with "; "."""
+        return ""
 
     def state_file(self, kind: str) -> Path | None:
         """Where this region keeps a state file of its own: next to the checkpoint, as
@@ -196,6 +217,8 @@ class Region:
             "queue_items": len(self.ctx.out),
             "queue_rows": self.ctx.out.weight,
             "reconnects": self.reconnects,
+            "heartbeats": self.heartbeats,
+            "heartbeat_age_seconds": round(time.time() - self.last_heartbeat_at, 3) if self.last_heartbeat_at else None,
             "spilled_txns": self.spilled_txns,
             "decoded_fast": getattr(self, "fast_events", 0),
             "decoded_library": getattr(self, "library_events", 0),

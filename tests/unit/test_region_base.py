@@ -5,6 +5,7 @@ buffer that spills, the checkpoint's position-kind check."""
 from __future__ import annotations
 
 import json
+import logging
 import threading
 from pathlib import Path
 from typing import Any
@@ -210,6 +211,31 @@ def test_heartbeats_and_delivered_transactions_move_the_region() -> None:
     assert [type(i).__name__ for i in items] == ["Heartbeat", "Txn", "Txn"]
     assert items[0].commit_ts < items[1].commit_ts < items[2].commit_ts  # type: ignore[union-attr]
     assert (r.position, r.last_commit_ts, r.txns) == (Position("f", 70), items[2].commit_ts, 2)  # type: ignore[union-attr]
+
+
+def test_heartbeats_are_counted_shown_and_logged_at_most_once_a_period(caplog: pytest.LogCaptureFixture) -> None:
+    """Operators see that heartbeats fire: counted, their age in the status, and a line
+    at INFO at the first one and then at most once per ``HEARTBEAT_LOG_SECONDS`` (with
+    how many fired since and where the region stands)."""
+    caplog.set_level(logging.INFO, logger="capturer.regions.base")
+    r = Clocked(ctx())
+    assert r.status()["heartbeats"] == 0 and r.status()["heartbeat_age_seconds"] is None
+    for i in range(5):
+        r._clock_heartbeat(2_000 + i, Position("f", 50 + i))
+    r._alive(Position("f", 60))  # (a position moved past filtered-out work: a heartbeat too)
+
+    def lines() -> list[str]:
+        return [x.getMessage() for x in caplog.records if "heartbeats:" in x.getMessage()]
+
+    assert lines() == ["region r: heartbeats: 1 since the start, position f:50"]
+    st = r.status()
+    assert st["heartbeats"] == 6 and 0 <= st["heartbeat_age_seconds"] < 60, st
+    when, count = r._heartbeats_logged
+    r._heartbeats_logged = (when - r.HEARTBEAT_LOG_SECONDS, count)  # a period went by
+    r._clock_heartbeat(3_000, Position("f", 70))
+    r._clock_heartbeat(3_001, Position("f", 80))
+    assert lines()[1:] == ["region r: heartbeats: 6 in the last 60 s, position f:70"]
+    assert r.status()["heartbeats"] == 8
 
 
 # --- lifecycle: what an attempt and a run held ----------------------------------------

@@ -126,7 +126,12 @@
       cell(tr, 0, "c-name", n);
       cell(tr, 1, "c-kind muted", r.kind || "");
       badge(tr, 2, "c-state", r.state);
-      cell(tr, 3, "c-position pos", r.position_text || "–");
+      var pos = cell(tr, 3, "c-position pos", r.position_text || "–");
+      // heartbeats: an idle or filtered-only source's position moves with them (operators check they fire)
+      if (r.heartbeats) pos.appendChild(el("div", "muted", "heartbeat " + fmtSecs(r.heartbeat_age_seconds) + " ago, " +
+        fmtInt(r.heartbeats) + " in all"));
+      if (r.slot_wal_held_bytes !== undefined && r.slot_wal_held_bytes !== null)
+        pos.appendChild(el("div", "muted", "slot holds " + fmtBytes(r.slot_wal_held_bytes) + " of WAL"));
       cell(tr, 4, "c-lag num", fmtSecs(r.lag_seconds));
       if (waiting.indexOf(n) >= 0) tr.children[4].appendChild(el("div", "muted", "merge waits for it"));
       cell(tr, 5, "c-rate num", fmtRate(rates["region " + n]));

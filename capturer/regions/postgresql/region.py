@@ -118,6 +118,8 @@ class PostgresRegion(SnapshotHostMixin, ClockedRegion):
         self.toast_waits = 0  # transactions whose fill waited for them to become visible
         self.toast_wait_ms = 0.0  # how long those waits took, in all
         self.toast_wait_timeouts = 0  # waits given up after toast_wait_ms (the fill read anyway)
+        # WAL the server keeps for the slot (insert position - restart_lsn), as the newest heartbeat probe read it
+        self.slot_wal_held: int | None = None
         # the visibility of the transaction being decoded, checked once for all its fills (_await_visible)
         self._snapshot_fn = "pg_current_snapshot()"
         self._last_snap: PgSnapshot | None = None
@@ -388,10 +390,13 @@ class PostgresRegion(SnapshotHostMixin, ClockedRegion):
                 if txn is None and now >= next_hb:
                     next_hb = now + hb_every
                     if probe is None:
-                        (lsn, clock_ms), = self._query(
+                        (lsn, clock_ms, held), = self._query(
                             "SELECT pg_current_wal_insert_lsn()::text, "
-                            "(extract(epoch from clock_timestamp()) * 1000)::bigint")
+                            "(extract(epoch from clock_timestamp()) * 1000)::bigint, "
+                            "(SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), restart_lsn)::bigint "
+                            "FROM pg_replication_slots WHERE slot_name = %s)", (self.cfg.slot,))
                         probe = (self._record_boundary(parse_lsn(lsn)), int(clock_ms))
+                        self.slot_wal_held = None if held is None else max(0, int(held))
                         self._send_status(conn, received, reply=True)
                         next_status = now + status_every
                 if now >= next_status or self.confirmed != sent_confirmed:
@@ -879,6 +884,10 @@ class PostgresRegion(SnapshotHostMixin, ClockedRegion):
             raise SourceError(f"{self.where}: cannot list tables: {str(exc).strip()}") from None
         return {(str(db), str(t)): bool(keyless) for db, t, keyless in rows if self.ctx.table_selected(str(db), str(t))}
 
+    def heartbeat_note(self) -> str:
+        held = "" if self.slot_wal_held is None else f", the server keeps {self.slot_wal_held / 1048576:.1f} MiB of WAL for it"
+        return f"; slot {self.cfg.slot} confirmed to {format_lsn(self.confirmed) if self.confirmed else '-'}{held}"
+
     def checkpointed(self, position: Any) -> None:
         if isinstance(position, LsnPosition):
             self.confirmed = max(self.confirmed, position.lsn)
@@ -891,6 +900,7 @@ class PostgresRegion(SnapshotHostMixin, ClockedRegion):
             "slot": self.cfg.slot,
             "publication": self.cfg.publication,
             "confirmed_lsn": format_lsn(self.confirmed) if self.confirmed else "",
+            "slot_wal_held_bytes": self.slot_wal_held,
             "unrepresentable_values": self.unrepresentable,
             "toast_filled": self.toast_filled,
             "toast_missing": self.toast_missing,
