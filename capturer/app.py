@@ -30,7 +30,7 @@ from capturer.ops.status import StatusServer
 from capturer.pipeline.backlog import Backlog, BacklogMark, Cut, StreamLog
 from capturer.pipeline.checkpoint import Checkpoint, CheckpointKeeper, StateDir, load_checkpoint
 from capturer.pipeline.fanout import SenderManager
-from capturer.pipeline.filter import load_filter
+from capturer.pipeline.filter import Filter, load_filter
 from capturer.pipeline.merger import MergeStage
 from capturer.regions import make_region
 from capturer.regions.base import RegionContext
@@ -143,6 +143,8 @@ class Capturer:
         self.failure: str = ""
         self.stop_requested = threading.Event()  # POST /stop
         self.filter_loaded_at = time.time()
+        self._reload_lock = threading.Lock()
+        self.new_tables: dict[str, Any] | None = None  # the last reload that added tables (status)
         self.verify_state: dict[str, Any] = {"state": "idle"}
         self._verify_proc: Any = None  # the running verify's process (POST /verify)
         self._verify_lock = threading.Lock()
@@ -239,7 +241,7 @@ class Capturer:
     def _on_item(self, item: Item) -> None:
         key = stream_key(item)  # as the region made it (a filter may strip a DDL prelude)
         if isinstance(item, Txn):
-            item = self.filter.apply(item)
+            item = self.filter.apply(self.group.strip_held(item))
         self.manager.dispatch(item, key)
 
     def start(self) -> None:
@@ -503,24 +505,73 @@ class Capturer:
     def reload_filter(self) -> tuple[int, dict[str, Any]]:
         """Read filterRuleDict again. The new rules apply to every transaction the
         merger hands out from now on (not to what senders already queued). A file
-        with an error changes nothing: the answer names the file and line."""
+        with an error changes nothing: the answer names the file and line. Tables the
+        new rules add are copied while streaming (``snapshotNewTables``, docs/snapshots.md
+        "New tables"); if they cannot be (a source does not answer, a copy is refused),
+        the old rules stay."""
         path = self.cfg.filter_path
         if path is None:
             return 409, {"error": f"{self.cfg.path}: no filterRuleDict is configured: nothing to reload"}
-        try:
-            new = load_filter(path)
-        except (ConfigError, OSError) as exc:
-            log.error("filter reload refused, the old rules stay: %s", exc)
-            return 400, {"error": f"the old rules stay: {exc}"}
-        self.filter = new
-        self.filter_loaded_at = time.time()
+        with self._reload_lock:
+            try:
+                new = load_filter(path)
+            except (ConfigError, OSError) as exc:
+                log.error("filter reload refused, the old rules stay: %s", exc)
+                return 400, {"error": f"the old rules stay: {exc}"}
+            old = self.filter
+            try:
+                added = self._copy_added(old, new)
+            except (ValueError, LookupError, SourceError) as exc:
+                self.filter = old
+                log.error("filter reload refused, the old rules stay: %s", exc)
+                return 503 if isinstance(exc, SourceError) else 400, {"error": f"the old rules stay: {exc}"}
+            self.filter_loaded_at = time.time()
+            # a table the new rules leave out is no longer held back anywhere
+            self.group.unhold(lambda _region, t: new.table_selected(*t))
         for r in self.regions:  # agents copy (snapshot) only selected tables: they get the rules at their next subscription
             hook = getattr(r, "filter_reloaded", None)
             if hook is not None:
                 hook(path)
-        log.info("filter reloaded from %s: %d table rule(s), %d row rule(s)", path,
-                 len(new.table_rules), len(new.row_rules))
-        return 200, {"filter": str(path), "table_rules": len(new.table_rules), "row_rules": len(new.row_rules)}
+        log.info("filter reloaded from %s: %d table rule(s), %d row rule(s)%s", path,
+                 len(new.table_rules), len(new.row_rules),
+                 f"; table(s) added, copied (snapshotNewTables={self.cfg.snapshot_new_tables}): {added['regions']}"
+                 if added else "")
+        out: dict[str, Any] = {"filter": str(path), "table_rules": len(new.table_rules),
+                               "row_rules": len(new.row_rules)}
+        if added:
+            out["added"] = added
+        return 200, out
+
+    def _copy_added(self, old: Filter, new: Filter) -> dict[str, Any] | None:
+        """Swap in ``new``; the tables it adds (in the regions that copy tables here) are
+        held back and copied (``snapshotNewTables``). Returns what was requested (None:
+        nothing added, or snapshotNewTables = never). Raises (ValueError, LookupError,
+        SourceError) with ``old`` back in place and nothing held when the tables cannot
+        be listed or copied."""
+        mode = self.cfg.snapshot_new_tables
+        added = self.group.tables_added(old.table_selected, new.table_selected) if mode != "never" else {}
+        if not added:
+            self.filter = new
+            return None
+        self.group.hold(added)  # before the swap: no change to them passes before their copy starts
+        self.filter = new
+        names = sorted({t for ts in added.values() for t in ts})
+        try:
+            got = self.group.request_tables(names, None, mode == "truncate", "filter reload")
+        except (ValueError, LookupError, SourceError) as exc:
+            self.filter = old
+            self.group.unhold(lambda region, t: t not in added.get(region, ()))
+            listed = ", ".join(f"{db}.{t}" for db, t in names)
+            why = (f"the table(s) the new rules add ({listed}) cannot be copied (snapshotNewTables = {mode} in "
+                   f"[global] of {self.cfg.path}; copy or never there are the ways around a refusal): {exc}")
+            kind = SourceError if isinstance(exc, SourceError) else LookupError if isinstance(
+                exc, LookupError) else ValueError
+            raise kind(why) from None
+        copied = {(r, t) for r, v in got["regions"].items() for t in v["tables"]}
+        # a table gone since it was listed is not copied: nothing of it to hold back
+        self.group.unhold(lambda region, t: t not in added.get(region, ()) or (region, f"{t[0]}.{t[1]}") in copied)
+        self.new_tables = {"at": round(time.time(), 3), "mode": mode, **got}
+        return got
 
     def _snapshot_endpoint(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         tables = body.get("tables")
@@ -578,7 +629,9 @@ class Capturer:
             "config": str(self.cfg.path),
             "control": {"enabled": bool(self.cfg.control_token), "endpoints": self.CONTROL_HELP},
             "filter": {"path": str(self.cfg.filter_path or ""), "loaded_at": round(self.filter_loaded_at, 3),
-                       "table_rules": len(self.filter.table_rules), "row_rules": len(self.filter.row_rules)},
+                       "table_rules": len(self.filter.table_rules), "row_rules": len(self.filter.row_rules),
+                       # the tables the last reload that added some added, and their copies' runs
+                       "added": self.new_tables, "held": self.group.held()},
             "stopping": self.stop_event.is_set() or self.stop_requested.is_set(),
             "checkpoint": {
                 **{k: v for k, v in cp.to_json().items() if k != "written_at"},

@@ -121,6 +121,10 @@ GLOBAL_KEYS = [
     Key("spillRows", p_int(0, 100_000_000), 50_000,
         doc="a transaction with more row changes than this is kept on disk, in chunks, not in memory; 0 = never"),
     Key("spillDir", p_str, "", doc="directory for spilled transactions (unlinked files); empty = the system's temp dir"),
+    Key("snapshotNewTables", p_choice("truncate", "copy", "never"), "truncate",
+        doc="tables a filter reload adds are copied while streaming, in every MySQL/MariaDB and PostgreSQL "
+            "region that has them: truncate (each emptied downstream first, so rows left from an earlier "
+            "inclusion go too), copy (upserted, nothing emptied), never (only their changes from then on)"),
     Key("controlToken", p_str, "", secret=True,
         doc="token that unlocks the control endpoints of the status port (pause/resume a sender, reload the filter, snapshot, stop); empty = they are off"),
 ]
@@ -481,6 +485,7 @@ class AppConfig:
     backlog_max_mb: int = 4096
     backlog_full: str = "block"
     ha: HaConfig | None = None  # [ha]: active/standby (capturer/ha); None = a single process
+    snapshot_new_tables: str = "truncate"  # snapshotNewTables: truncate | copy | never
 
     @property
     def backlog_path(self) -> Path:
@@ -550,6 +555,7 @@ def load_config(path: Path | str, base_dir: Path | None = None, senders: SenderC
         backlog_dir=_resolve(base, g["backlogDir"]) if g["backlogDir"] else None,
         backlog_max_mb=g["backlogMaxMB"],
         backlog_full=g["backlogFull"],
+        snapshot_new_tables=g["snapshotNewTables"],
         regions=tuple(regions),
         senders=sender_cfgs,
         ha=_ha_config(ini) if "ha" in ini.sections else None,

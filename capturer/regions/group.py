@@ -3,7 +3,9 @@ which other regions deliver a table (``tables_elsewhere``, asked by a region bef
 copy that empties a table downstream), the region that takes part in a coordinated
 copy of a table several regions deliver (``peer``, capturer/regions/snaphost.py), and
 an on-demand snapshot checked across every region before any starts
-(``request_snapshot``, POST /snapshot).
+(``request_snapshot``, POST /snapshot), and the tables a filter reload adds
+(``tables_added``, ``hold``, ``strip_held``: copied by that same path, their changes
+held back in each region until the region's copy of them starts).
 
 A region takes part by what it can do, not by its kind: ``tables_info(tables)`` (it
 knows which of them its source has), and the snapshot host (``SnapshotHostMixin``:
@@ -11,9 +13,14 @@ it copies tables in this process)."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import threading
+from collections.abc import Callable
 from typing import Any
 
+from capturer.model import RowChange, Txn
+from capturer.model.spill import SpilledChanges
 from capturer.pipeline.filter import split_table_name
 from capturer.regions.snaphost import SnapshotHostMixin
 from capturer.regions.snapshot import truncate_conflict
@@ -24,6 +31,10 @@ log = logging.getLogger(__name__)
 class RegionGroup:
     def __init__(self) -> None:
         self.regions: list[Any] = []  # set once the regions are built (they are handed this group's methods)
+        # region -> tables a filter reload added whose copy has not started there yet (replaced, never
+        # changed in place: the merge thread reads it without a lock)
+        self._held: dict[str, frozenset[tuple[str, str]]] = {}
+        self._held_lock = threading.Lock()
 
     def peer(self, name: str) -> Any:
         """The region ``name`` if it copies tables in this process (a coordinated copy of a
@@ -43,7 +54,93 @@ class RegionGroup:
                 out.setdefault(t, []).append(r.name)
         return out
 
-    def request_snapshot(self, tables: list[str], region: str | None = None, truncate: bool = False) -> dict[str, Any]:
+    # --- tables a filter reload adds ----------------------------------------------------
+    #
+    # A table the new rules select and the old did not is copied by the on-demand path
+    # (``request_tables``) in every region that copies tables here. Until the region's copy
+    # of it starts in its stream (its CREATE/TRUNCATE go out, or a coordinated copy delivers
+    # it: ``SnapshotHostMixin._opened``), the region's changes to it are taken out of its
+    # transactions: the copy's chunks are all read after that point, so they hold those
+    # changes, and a sink never gets a change to a table before the table's CREATE.
+
+    def tables_added(self, was: Callable[[str, str], bool],
+                     now: Callable[[str, str], bool]) -> dict[str, list[tuple[str, str]]]:
+        """For each region that copies tables in this process: its source's tables that
+        ``now`` selects and ``was`` did not. SourceError if a source does not answer."""
+        out: dict[str, list[tuple[str, str]]] = {}
+        for r in self.regions:
+            if isinstance(r, SnapshotHostMixin):
+                added = [t for t in r.source_tables(now) if not was(*t)]
+                if added:
+                    out[r.name] = added
+        return out
+
+    def hold(self, added: dict[str, list[tuple[str, str]]]) -> None:
+        """Hold back each region's changes to its ``added`` tables until their copy starts
+        in its stream (a start of an earlier copy does not count)."""
+        with self._held_lock:
+            held = dict(self._held)
+            for name, tables in added.items():
+                host = self.peer(name)
+                if host is None:
+                    continue
+                for t in tables:  # (no emission lock: a region blocked on a full queue holds it)
+                    host.opened_from.pop(t, None)
+                held[name] = held.get(name, frozenset()) | frozenset(tables)
+            self._held = held
+
+    def unhold(self, keep: Callable[[str, tuple[str, str]], bool]) -> None:
+        """Stop holding what ``keep(region, table)`` says no longer needs it."""
+        with self._held_lock:
+            self._held = {n: f for n, f in ((n, frozenset(t for t in ts if keep(n, t)))
+                                            for n, ts in self._held.items()) if f}
+
+    def held(self) -> dict[str, list[str]]:
+        """(status) region -> the tables held back until their copy starts there (not yet started)."""
+        out = {}
+        for name, tables in self._held.items():
+            host = self.peer(name)
+            opened = host.opened_from if host is not None else {}
+            waiting = sorted(f"{db}.{t}" for db, t in tables if (db, t) not in opened)
+            if waiting:
+                out[name] = waiting
+        return out
+
+    def strip_held(self, txn: Txn) -> Txn:
+        """(the merge thread) ``txn`` without its changes to tables held back in its
+        region; a table whose copy started at or below ``txn``'s commit_ts is let go."""
+        held = self._held.get(txn.region)
+        if not held:
+            return txn
+        host = self.peer(txn.region)
+        opened = host.opened_from if host is not None else {}
+        started = {t for t in held if (cut := opened.get(t)) is not None and txn.commit_ts >= cut}
+        if started:
+            self.unhold(lambda n, t: n != txn.region or t not in started)
+            held = held - started
+            if not held:
+                return txn
+        d = txn.ddl
+        if d is not None:
+            # a DDL of it before its copy starts: the copy's CREATE (described after it) has its
+            # effect, and a sink without the table could not apply an ALTER; a DROP passes (a
+            # sink may hold the table from an earlier inclusion)
+            if (d.db, d.table) in held and not d.sql.lstrip().upper().startswith("DROP"):
+                return dataclasses.replace(txn, ddl=None)
+            return txn
+
+        def keep(ch: RowChange) -> RowChange | None:
+            return None if (ch.db, ch.table) in held else ch
+
+        if isinstance(txn.changes, SpilledChanges):
+            if not any((s.db, s.table) in held for s in txn.changes.schemas):
+                return txn
+            return dataclasses.replace(txn, changes=txn.changes.filter_map(keep))  # type: ignore[arg-type]
+        kept = tuple(ch for ch in txn.changes if (ch.db, ch.table) not in held)
+        return txn if len(kept) == len(txn.changes) else dataclasses.replace(txn, changes=kept)
+
+    def request_snapshot(self, tables: list[str], region: str | None = None, truncate: bool = False,
+                         reason: str = "on demand") -> dict[str, Any]:
         """Copy tables again while streaming, in every MySQL/MariaDB or PostgreSQL region that has
         them (or only ``region``). Everything is checked before any region starts:
         ValueError for a bad name, a server without snapshots, or a copy that would
@@ -51,6 +148,11 @@ class RegionGroup:
         LookupError if no region has a table; SourceError if a source does not
         answer (nothing started then either)."""
         names = list(dict.fromkeys(split_table_name(t) for t in tables))
+        return self.request_tables(names, region, truncate, reason)
+
+    def request_tables(self, names: list[tuple[str, str]], region: str | None = None, truncate: bool = False,
+                       reason: str = "on demand") -> dict[str, Any]:
+        """``request_snapshot`` of (db, table) names; ``reason`` shows on /status."""
         every = [r for r in self.regions if isinstance(r, SnapshotHostMixin)]
         regions = every
         # regions that copy no table here (served by agents) but know theirs count as holders
@@ -97,7 +199,7 @@ class RegionGroup:
         out: dict[str, Any] = {}
         for r in regions:
             if have[r.name]:
-                out[r.name] = {"run": r.start_snapshot_request(have[r.name], truncate),
+                out[r.name] = {"run": r.start_snapshot_request(have[r.name], truncate, reason),
                                "tables": [f"{db}.{t}" for db, t in have[r.name]]}
-        log.info("on-demand snapshot requested: %s%s", out, f"; not found: {missing}" if missing else "")
+        log.info("snapshot requested (%s): %s%s", reason, out, f"; not found: {missing}" if missing else "")
         return {"regions": out, "missing": missing, "truncate": truncate}

@@ -25,6 +25,7 @@ import logging
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -79,10 +80,17 @@ class SnapshotHostMixin:
         self._requests: list[tuple[TableProgress, ...]] = []
         self._req_lock = threading.Lock()
         self._creates_done: set[tuple[str, str, str]] = set()  # (run, db, table) up-front CREATE emitted
+        # (db, table) -> the commit_ts from which this region's changes to it follow its copy's start
+        self.opened_from: dict[tuple[str, str], int] = {}
 
     # --- what a region kind supplies ------------------------------------------------
     def tables_info(self, tables: list[tuple[str, str]]) -> dict[tuple[str, str], bool]:
         """Which of ``tables`` the region captures, each with whether it is keyless."""
+        raise NotImplementedError
+
+    def source_tables(self, selected: Callable[[str, str], bool]) -> list[tuple[str, str]]:
+        """The tables this region's source has (that it could capture) which ``selected``
+        chooses; SourceError if the source does not answer."""
         raise NotImplementedError
 
     def check_snapshot_support(self) -> None:
@@ -104,13 +112,21 @@ class SnapshotHostMixin:
         raise NotImplementedError
 
     # --- progress ---------------------------------------------------------------------
-    def start_snapshot_request(self, tables: list[tuple[str, str]], truncate: bool) -> str:
+    def start_snapshot_request(self, tables: list[tuple[str, str]], truncate: bool, reason: str = "on demand") -> str:
         """Copy these tables again while streaming (checked by the caller); returns the
         run id. Never waits for the emission lock."""
         with self._snap_lock:
             if self.snapshotter is None:
                 self.snapshotter = self._new_snapshotter()
-            return self.snapshotter.request(tables, truncate)
+            return self.snapshotter.request(tables, truncate, reason)
+
+    def _opened(self, db: str, table: str) -> None:
+        """(under the lock) ``db.table``'s copy starts in this region's stream here (its
+        CREATE/TRUNCATE go next; or a coordinated copy delivered it; or it is gone):
+        every change to it the region emits from now on (commit_ts at or above the
+        value kept) is newer than what the copy covers. A table newly selected by a
+        filter reload is held back until then (capturer/regions/group.py)."""
+        self.opened_from[(db, table)] = self.clock.last_emitted + 1
 
     def add_snapshot_progress(self, progress: tuple[TableProgress, ...], wait: bool = False) -> None:
         """A new run's tables: into the positions now if the emission lock is free (or
@@ -142,6 +158,8 @@ class SnapshotHostMixin:
             self._apply_requests()
             if not any((x.db, x.table, x.run) == (p.db, p.table, p.run) for x in self.snap_progress):
                 return  # superseded by a newer run of the table
+            if p.state not in ("pending", "running"):
+                self._opened(p.db, p.table)
             progress = tuple(p if (x.db, x.table) == (p.db, p.table) else x for x in self.snap_progress)
             if all(x.state in ("done", "dropped") for x in progress if x.run == p.run):
                 progress = tuple(x for x in progress if x.run != p.run)
@@ -198,6 +216,7 @@ class SnapshotHostMixin:
         """(under the lock) A coordinated copy led by another region delivered this
         region's rows of ``db.table``: its runs of the table are done."""
         key = (db, table)
+        self._opened(db, table)
         progress = tuple(dataclasses.replace(x, state="done") if (x.db, x.table) == key and x.state in (
             "pending", "running") else x for x in self.snap_progress)
         for run in {x.run for x in progress if (x.db, x.table) == key}:
@@ -366,6 +385,7 @@ class SnapshotHostMixin:
             before = self._stamped(here, self.snap_progress)
             after = self._stamped(here, progress)
             stmts = self._start_statements(plan, create, truncate)
+            self._opened(plan.db, plan.table)
             failpoints.hit("snapshot.begin")
             # only the last statement says the start was delivered: a restart before it does it again
             for i, (db, sql, table) in enumerate(stmts):
@@ -634,6 +654,7 @@ def _copy_group(host: SnapshotHostMixin, snapshotter: Snapshotter, plan: TablePl
                 rows += len(changes)
                 parts.append((chunk, changes))
             # one clock for the step: above everything any of them sent; the others' clocks above it
+            host._opened(plan.db, plan.table)
             host.clock.lift_to(max(m.clock.last_emitted for m in ordered))
             stamps = [host._extra_ts() for _ in range(len(stmts) + len(parts))]
             here = host.position

@@ -399,6 +399,9 @@ class Snapshotter:
         self.lock_retries = 0  # (watermark) chunk reads made again because a writer held a lock
         self.read_ahead = bool(getattr(region.cfg, "snapshot_read_ahead", False))
         self._local = threading.local()  # per worker: its second connection and the chunk read ahead
+        # why each run of this process started (status); a run not here started with the region
+        # (snapshot=initial/when_needed) or was resumed from the checkpoint: "start"
+        self.reasons: dict[str, str] = {}
 
     # --- scheduling -------------------------------------------------------------------
     def load(self, progress: tuple[TableProgress, ...]) -> None:
@@ -413,9 +416,11 @@ class Snapshotter:
                     self.todo.put(key)
             self._start_workers()
 
-    def request(self, tables: list[tuple[str, str]], truncate: bool = False) -> str:
-        """Copy these tables (again); returns the run id."""
+    def request(self, tables: list[tuple[str, str]], truncate: bool = False, reason: str = "on demand") -> str:
+        """Copy these tables (again); returns the run id. ``reason``: why the run
+        started, as /status shows it ("on demand", "filter reload")."""
         run = uuid.uuid4().hex[:12]
+        self.reasons[run] = reason
         progress = tuple(TableProgress(db, t, run, "pending", truncate=truncate) for db, t in tables)
         self.region.add_snapshot_progress(progress)
         self.load(progress)
@@ -480,7 +485,7 @@ class Snapshotter:
             eta = round((est - p.rows) / rate, 1) if rate > 0 and p.state == "running" else None
             out[t.name] = {"state": p.state, "run": p.run, "rows": p.rows, "estimated_rows": est,
                            "chunks": p.chunks, "rows_per_s": round(rate), "eta_seconds": eta,
-                           "error": t.error}
+                           "error": t.error, "reason": self.reasons.get(p.run, "start")}
         return out
 
     def log_progress(self, force: bool = False) -> None:

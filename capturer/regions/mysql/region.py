@@ -24,6 +24,7 @@ import re
 import struct
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import pymysql
@@ -617,6 +618,20 @@ class MySQLRegion(SnapshotHostMixin, ClockedRegion):
                     cur.execute(sql, params)
                     return list(cur.fetchall())
                 return base_tables(execute, "%s", tables)
+        except pymysql.err.MySQLError as exc:
+            raise SourceError(f"{self.where}: cannot list tables: {exc}") from None
+        finally:
+            conn.close()
+
+    def source_tables(self, selected: Callable[[str, str], bool]) -> list[tuple[str, str]]:
+        """The base tables on this region's server that ``selected`` chooses (the rules
+        of a filter about to be loaded: which tables a reload adds)."""
+        conn = self._connect()
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SELECT TABLE_SCHEMA, TABLE_NAME FROM information_schema.TABLES "
+                            "WHERE TABLE_TYPE = 'BASE TABLE'")
+                return sorted((str(db), str(t)) for db, t in cur.fetchall() if selected(str(db), str(t)))
         except pymysql.err.MySQLError as exc:
             raise SourceError(f"{self.where}: cannot list tables: {exc}") from None
         finally:

@@ -47,6 +47,7 @@ import select
 import struct
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from capturer.errors import FatalSourceError, SourceError
@@ -624,6 +625,10 @@ class PostgresRegion(SnapshotHostMixin, ClockedRegion):
                 self.rels_known[rel.relid] = rel
                 at = self.position.lsn if isinstance(self.position, LsnPosition) else 0
                 self.relations.record(at, rel)
+            elif self.cfg.ddl:
+                # known to the stream, but maybe never sent (the filter left the table out until a
+                # reload added it): its CREATE ... IF NOT EXISTS again, as a MySQL region's copy starts
+                stmts += ddl_for(None, rel)
         if truncate:
             stmts.append((plan.db, f"TRUNCATE TABLE {qualified(plan.db, plan.table)}", plan.table))
         return stmts
@@ -868,6 +873,19 @@ class PostgresRegion(SnapshotHostMixin, ClockedRegion):
             return {}
         want = set(tables)
         return {k: v for k, v in self._published().items() if k in want}
+
+    def source_tables(self, selected: Callable[[str, str], bool]) -> list[tuple[str, str]]:
+        """The publication's tables that ``selected`` chooses (the rules of a filter
+        about to be loaded: which tables a reload adds)."""
+        import psycopg
+
+        try:
+            with psycopg.connect(self._conninfo(False), autocommit=True) as c:
+                rows = c.execute("SELECT schemaname::text, tablename::text FROM pg_publication_tables "
+                                 "WHERE pubname = %s", (self.cfg.publication,)).fetchall()
+        except psycopg.Error as exc:
+            raise SourceError(f"{self.where}: cannot list tables: {str(exc).strip()}") from None
+        return sorted((str(db), str(t)) for db, t in rows if selected(str(db), str(t)))
 
     def _published(self) -> dict[tuple[str, str], bool]:
         """Every table of the publication the filter selects, each with whether it has

@@ -1,0 +1,236 @@
+"""Tables a filter reload adds (``snapshotNewTables``, docs/snapshots.md "New tables"): a
+table with rows that the filter left out, written all along, is copied while the
+stream goes on once a reload includes it, in every region that has it, into the file
+and the MySQL target: both end equal to the sources, nothing twice, no change to the
+table before its CREATE, every other table still equal. MariaDB shards (a table only
+one shard has; a keyed and a keyless table both have: one coordinated step) and a
+PostgreSQL region."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+from helpers import checkpoint_covers, read_lines, start_servers, wait_for, write_config
+
+from devtools.local_mariadb import MariaDBInstance
+from devtools.local_postgres import PostgresInstance
+from devtools.pg_workload import file_rows, mysql_rows, pg_rows
+from integration.test_postgresql import config, covered, current_lsn, file_and_mysql, pg, pg_region, streaming
+from integration.test_snapshot import FILE_AND_MYSQL, file_tables, source_rows, union_rows
+from senders.local.replay import read_changes, rebuild
+
+pytestmark = pytest.mark.integration
+__all__ = ["pg"]  # (the fixture, imported)
+
+TOKEN = "new-tables-t0ken"
+ADDED = ("late", "bag", "solo")
+
+
+class Writer(threading.Thread):
+    """Inserts, updates and deletes on every table of every source, the excluded ones
+    too, at a steady pace, through the reload and the copies."""
+
+    def __init__(self, statements: list[Any]):
+        super().__init__(daemon=True)
+        self.statements = statements  # per source: (connect, [(sql, args(n))...])
+        self.done, self.n, self.error = threading.Event(), 0, None
+
+    def run(self) -> None:
+        conns = [(connect(), stmts) for connect, stmts in self.statements]
+        try:
+            while not self.done.wait(0.01):
+                self.n += 1
+                c, stmts = conns[self.n % len(conns)]
+                with c.cursor() as cur:
+                    for sql, args in stmts:
+                        cur.execute(sql, args(self.n))
+                c.commit()
+        except BaseException as exc:
+            self.error = exc
+        finally:
+            for c, _ in conns:
+                c.close()
+
+    def stop(self) -> int:
+        self.done.set()
+        self.join(60)
+        assert self.error is None, self.error
+        return self.n
+
+
+def mariadb_statements(i: int) -> list[tuple[str, Any]]:
+    base = i * 100_000
+    out: list[tuple[str, Any]] = [
+        ("INSERT INTO d.t VALUES (%s, %s) ON DUPLICATE KEY UPDATE v = v + 1", lambda n: (base + n % 300, n)),
+        ("INSERT INTO d.late VALUES (%s, %s) ON DUPLICATE KEY UPDATE v = v + 1", lambda n: (base + n % 2500, n)),
+        ("DELETE FROM d.late WHERE id = %s", lambda n: (base + (n * 7) % 2500,)),
+        ("INSERT INTO d.bag VALUES (%s, %s)", lambda n: (f"w{n % 40}", i)),
+        ("DELETE FROM d.bag WHERE msg = %s AND n = %s LIMIT 1", lambda n: (f"m{n % 30}", i)),
+    ]
+    if i == 0:
+        out += [("UPDATE d.solo SET v = %s WHERE id = %s", lambda n: (f"u{n}", n % 3000)),
+                ("INSERT INTO d.solo VALUES (%s, %s) ON DUPLICATE KEY UPDATE v = 'again'", lambda n: (5000 + n % 50, "w")),
+                ("DELETE FROM d.solo WHERE id = %s", lambda n: ((n * 11) % 3000,))]
+    return out
+
+
+def reload(url: str) -> requests.Response:
+    return requests.post(url + "/filter/reload", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=120)
+
+
+def copies_done(cap: Any, regions: list[str]) -> bool:
+    for name in regions:
+        snap = cap.snapshot()["regions"][name].get("snapshot") or {}
+        tables = snap.get("tables") or {}
+        if not tables or any(t["state"] not in ("done", "dropped") for t in tables.values()):
+            return False
+    return True
+
+
+def assert_no_change_before_create(tmp: Path, db: str, tables: tuple[str, ...]) -> None:
+    """In the file, every line of an added table comes after the table's first CREATE
+    TABLE or TRUNCATE (a sink never gets a change to a table it does not have yet), and
+    the stream's own changes to it come through after its copy (the stream went on)."""
+    lines = read_lines(tmp)
+    for t in tables:
+        mine = [x for x in lines if (x.get("db"), x.get("table")) == (db, t)]
+        assert mine, f"nothing of {db}.{t} in the file"
+        first = mine[0]
+        assert first["op"] == "ddl" and first["sql"].split()[0] in ("CREATE", "TRUNCATE"), (t, first)
+        assert any(x["op"] == "read" for x in mine), f"{db}.{t}: no row of a copy"
+        assert any(x["op"] in ("insert", "update", "delete") for x in mine), f"{db}.{t}: no change after the copy"
+    # nothing twice: every change line's identity (region, commit_ts, seq) is unique
+    ids = Counter((x["region"], x["commit_ts"], x["seq"]) for x in lines if x["op"] != "ddl")
+    assert not [k for k, n in ids.items() if n > 1], "a change delivered twice"
+
+
+def test_mariadb_tables_a_reload_adds_are_copied_under_load(tmp_path: Path, target: MariaDBInstance,
+                                                             capturer_running) -> None:  # type: ignore[no-untyped-def]
+    servers = start_servers(tmp_path, 2)
+    try:
+        for i, m in enumerate(servers):
+            m.execute("CREATE DATABASE d", "CREATE TABLE d.t (id INT PRIMARY KEY, v INT)",
+                      "CREATE TABLE d.late (id INT PRIMARY KEY, v INT)", "CREATE TABLE d.bag (msg VARCHAR(20), n INT)",
+                      f"INSERT INTO d.late SELECT seq + {i * 100_000}, seq FROM d.seq_1_to_2000",
+                      f"INSERT INTO d.bag SELECT CONCAT('m', seq % 30), {i} FROM d.seq_1_to_600")
+        servers[0].execute("CREATE TABLE d.solo (id INT PRIMARY KEY, v VARCHAR(20))",
+                           "INSERT INTO d.solo SELECT seq, CONCAT('s', seq) FROM d.seq_1_to_3000")
+        # the target held d.late from an earlier inclusion: a row the source no longer has
+        target.execute("CREATE DATABASE d", "CREATE TABLE d.late (id INT PRIMARY KEY, v INT)",
+                       "INSERT INTO d.late VALUES (-1, -1)")
+        cfg = write_config(tmp_path, servers, filter_text="".join(f"exclude d.{t}\n" for t in ADDED),
+                           extra_global=f"controlToken={TOKEN}\n",
+                           senders=FILE_AND_MYSQL.format(out=tmp_path / "out" / "changes.jsonl", port=target.port),
+                           region_extra="snapshot_chunk_rows=500\n")
+        writer = Writer([(m.connect, mariadb_statements(i)) for i, m in enumerate(servers)])
+        with capturer_running(cfg) as cap:
+            url = f"http://127.0.0.1:{cap.status_server.port}"  # type: ignore[union-attr]
+            writer.start()
+            wait_for(lambda: writer.n > 100 and cap.snapshot()["senders"]["mysql"]["rows"] > 100, 60,
+                     "load on every table")
+            assert not any(x.get("table") in ADDED for x in read_lines(tmp_path)), "an excluded table was delivered"
+            (tmp_path / "filter_rule.txt").write_text("exclude d.nothing_here\n")
+            r = reload(url)
+            assert r.status_code == 200, r.text
+            added = r.json()["added"]
+            assert added["truncate"] is True and not added["missing"], added
+            assert {n: v["tables"] for n, v in added["regions"].items()} == {
+                "r1": ["d.bag", "d.late", "d.solo"], "r2": ["d.bag", "d.late"]}, added
+            st = cap.snapshot()
+            assert st["filter"]["added"]["mode"] == "truncate"
+            assert st["regions"]["r1"]["snapshot"]["tables"]["d.solo"]["reason"] == "filter reload"
+            wait_for(lambda: copies_done(cap, ["r1", "r2"]), 180, "the copies of the added tables")
+            assert cap.snapshot()["filter"]["held"] == {}, cap.snapshot()["filter"]
+            # a reload that adds nothing copies nothing
+            again = reload(url)
+            assert again.status_code == 200 and "added" not in again.json(), again.text
+            n = writer.n
+            wait_for(lambda: writer.n > n + 100, 60, "load after the copies")
+            writer.stop()
+            wait_for(lambda: checkpoint_covers(tmp_path, servers), 120, "every sender to catch up")
+        files = file_tables(tmp_path)
+        for table in ("t", *ADDED):
+            want = union_rows(servers if table != "solo" else servers[:1], "d", table)
+            assert source_rows(target, "d", table) == want, f"MySQL target d.{table}"
+            assert files.get(("d", table), []) == want, f"file d.{table}"
+        assert_no_change_before_create(tmp_path, "d", ADDED)
+    finally:
+        for m in servers:
+            m.stop()
+
+
+class PgWriter(threading.Thread):
+    def __init__(self, p: PostgresInstance):
+        super().__init__(daemon=True)
+        self.p, self.done, self.n, self.error = p, threading.Event(), 0, None
+
+    def run(self) -> None:
+        try:
+            with self.p.connect(autocommit=False) as c:
+                while not self.done.wait(0.01):
+                    n = self.n = self.n + 1
+                    c.execute("INSERT INTO public.nt_keep VALUES (%s, %s) ON CONFLICT (id) DO UPDATE SET v = "
+                              "nt_keep.v + 1", (n % 200, n))
+                    c.execute("INSERT INTO public.nt_late VALUES (%s, %s) ON CONFLICT (id) DO UPDATE SET v = %s",
+                              (n % 2500, f"w{n}", f"u{n}"))
+                    c.execute("DELETE FROM public.nt_late WHERE id = %s", ((n * 7) % 2500,))
+                    c.execute("INSERT INTO public.nt_bag VALUES (%s, %s)", (n % 40, "w"))
+                    c.execute("DELETE FROM public.nt_bag WHERE ctid = (SELECT ctid FROM public.nt_bag WHERE a = %s "
+                              "LIMIT 1)", (n % 30,))
+                    c.commit()
+        except BaseException as exc:
+            self.error = exc
+
+    def stop(self) -> int:
+        self.done.set()
+        self.join(60)
+        assert self.error is None, self.error
+        return self.n
+
+
+def test_postgresql_tables_a_reload_adds_are_copied_under_load(tmp_path: Path, pg: PostgresInstance,
+                                                                target: MariaDBInstance,
+                                                                capturer_running) -> None:  # type: ignore[no-untyped-def]
+    with pg.connect() as c:
+        c.execute("CREATE TABLE public.nt_keep (id int PRIMARY KEY, v int)")
+        c.execute("CREATE TABLE public.nt_late (id int PRIMARY KEY, v text)")
+        c.execute("INSERT INTO public.nt_late SELECT g, 'v' || g FROM generate_series(1, 2000) g")
+        c.execute("CREATE TABLE public.nt_bag (a int, b text)")
+        c.execute("ALTER TABLE public.nt_bag REPLICA IDENTITY FULL")
+        c.execute("INSERT INTO public.nt_bag SELECT g % 30, 'm' FROM generate_series(1, 500) g")
+    cfg = config(tmp_path, pg_region("pg", pg, "snapshot_chunk_rows=300\n"), file_and_mysql(tmp_path, target),
+                 f"controlToken={TOKEN}\nsnapshotNewTables=copy\n")
+    (tmp_path / "filter_rule.txt").write_text("include public.nt_keep\n")
+    writer = PgWriter(pg)
+    with capturer_running(cfg) as cap:
+        streaming(cap)
+        url = f"http://127.0.0.1:{cap.status_server.port}"  # type: ignore[union-attr]
+        writer.start()
+        wait_for(lambda: writer.n > 100 and cap.snapshot()["senders"]["mysql"]["rows"] > 100, 60,
+                 "load on every table")
+        (tmp_path / "filter_rule.txt").write_text("include public.nt_*\n")
+        r = reload(url)
+        assert r.status_code == 200, r.text
+        added = r.json()["added"]
+        assert added["truncate"] is False and added["regions"]["pg"]["tables"] == ["public.nt_bag", "public.nt_late"]
+        wait_for(lambda: copies_done(cap, ["pg"]), 180, "the copies of the added tables")
+        reasons = {t["reason"] for t in cap.snapshot()["regions"]["pg"]["snapshot"]["tables"].values()}
+        assert reasons == {"filter reload"}
+        n = writer.n
+        wait_for(lambda: writer.n > n + 100, 60, "load after the copies")
+        writer.stop()
+        end = current_lsn(pg)
+        wait_for(lambda: covered(tmp_path, "pg", end), 120, "every sender to catch up")
+    state = rebuild(read_changes(tmp_path / "out" / "changes.jsonl"))
+    for table in ("nt_keep", "nt_late", "nt_bag"):
+        want = pg_rows(pg, "public", table)
+        assert mysql_rows(target, "public", table) == want, f"MySQL target public.{table}"
+        assert file_rows(state, "public", table) == want, f"file public.{table}"
+    assert_no_change_before_create(tmp_path, "public", ("nt_late", "nt_bag"))
+    assert json.loads((tmp_path / "checkpoint.json").read_text())["regions"]["pg"].get("snapshot") in (None, [])
