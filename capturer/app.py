@@ -30,7 +30,7 @@ from capturer.ops.status import StatusServer
 from capturer.pipeline.backlog import Backlog, BacklogMark, Cut, StreamLog
 from capturer.pipeline.checkpoint import Checkpoint, CheckpointKeeper, StateDir, load_checkpoint
 from capturer.pipeline.fanout import SenderManager
-from capturer.pipeline.filter import Filter, load_filter
+from capturer.pipeline.filter import Filter, load_filter, parse_filter_text
 from capturer.pipeline.merger import MergeStage
 from capturer.regions import make_region
 from capturer.regions.base import RegionContext
@@ -38,6 +38,7 @@ from capturer.regions.clock import LiftJournal
 from capturer.regions.group import RegionGroup
 from capturer.util.bqueue import WeightedQueue
 from capturer.util.durable import rewrite_lines
+from capturer.util.ini import read_text_file
 from senders import CATALOG, check_module, extra, sender_class
 from senders.process import ProcessSender
 
@@ -88,6 +89,9 @@ class Capturer:
         self.cfg = cfg
         self.stop_event = threading.Event()
         self.filter = load_filter(cfg.filter_path)
+        # the rules' text in force (told to regions served by agents when a reload is undone)
+        self._filter_text = read_text_file(cfg.filter_path, "filter rule file (filterRuleDict)") \
+            if cfg.filter_path is not None else ""
         cp = load_checkpoint(cfg.checkpoint_path)
         if cp is None:
             log.info("no checkpoint at %s: first start", cfg.checkpoint_path)
@@ -514,24 +518,21 @@ class Capturer:
             return 409, {"error": f"{self.cfg.path}: no filterRuleDict is configured: nothing to reload"}
         with self._reload_lock:
             try:
-                new = load_filter(path)
+                text = read_text_file(path, "filter rule file (filterRuleDict)")
+                new = parse_filter_text(text, path)
             except (ConfigError, OSError) as exc:
                 log.error("filter reload refused, the old rules stay: %s", exc)
                 return 400, {"error": f"the old rules stay: {exc}"}
             old = self.filter
             try:
-                added = self._copy_added(old, new)
+                added = self._copy_added(old, new, text)
             except (ValueError, LookupError, SourceError) as exc:
-                self.filter = old
                 log.error("filter reload refused, the old rules stay: %s", exc)
                 return 503 if isinstance(exc, SourceError) else 400, {"error": f"the old rules stay: {exc}"}
+            self._filter_text = text
             self.filter_loaded_at = time.time()
             # a table the new rules leave out is no longer held back anywhere
             self.group.unhold(lambda _region, t: new.table_selected(*t))
-        for r in self.regions:  # agents copy (snapshot) only selected tables: they get the rules at their next subscription
-            hook = getattr(r, "filter_reloaded", None)
-            if hook is not None:
-                hook(path)
         log.info("filter reloaded from %s: %d table rule(s), %d row rule(s)%s", path,
                  len(new.table_rules), len(new.row_rules),
                  f"; table(s) added, copied (snapshotNewTables={self.cfg.snapshot_new_tables}): {added['regions']}"
@@ -542,24 +543,38 @@ class Capturer:
             out["added"] = added
         return 200, out
 
-    def _copy_added(self, old: Filter, new: Filter) -> dict[str, Any] | None:
-        """Swap in ``new``; the tables it adds (in the regions that copy tables here) are
-        held back and copied (``snapshotNewTables``). Returns what was requested (None:
-        nothing added, or snapshotNewTables = never). Raises (ValueError, LookupError,
-        SourceError) with ``old`` back in place and nothing held when the tables cannot
-        be listed or copied."""
+    def _tell_regions(self, text: str) -> None:
+        """Regions served by agents (or worker processes) select tables with the rules
+        too (what they copy, a PostgreSQL region what it reads): they subscribe again
+        with ``text``."""
+        assert self.cfg.filter_path is not None
+        for r in self.regions:
+            hook = getattr(r, "filter_reloaded", None)
+            if hook is not None:
+                hook(self.cfg.filter_path, text)
+
+    def _copy_added(self, old: Filter, new: Filter, text: str) -> dict[str, Any] | None:
+        """Swap in ``new`` (``text``, also told to the regions served by agents); the
+        tables it adds (in the regions that copy tables here) are held back and copied
+        (``snapshotNewTables``). Returns what was requested (None: nothing added, or
+        snapshotNewTables = never). Raises (ValueError, LookupError, SourceError) with
+        ``old`` back in place and nothing held when the tables cannot be listed or
+        copied."""
         mode = self.cfg.snapshot_new_tables
         added = self.group.tables_added(old.table_selected, new.table_selected) if mode != "never" else {}
-        if not added:
-            self.filter = new
-            return None
-        self.group.hold(added)  # before the swap: no change to them passes before their copy starts
+        if added:
+            self.group.hold(added)  # before the swap: no change to them passes before their copy starts
         self.filter = new
+        # (before the copy is asked for: its check of who else delivers a table asks them with the new rules)
+        self._tell_regions(text)
+        if not added:
+            return None
         names = sorted({t for ts in added.values() for t in ts})
         try:
             got = self.group.request_tables(names, None, mode == "truncate", "filter reload")
         except (ValueError, LookupError, SourceError) as exc:
             self.filter = old
+            self._tell_regions(self._filter_text)
             self.group.unhold(lambda region, t: t not in added.get(region, ()))
             listed = ", ".join(f"{db}.{t}" for db, t in names)
             why = (f"the table(s) the new rules add ({listed}) cannot be copied (snapshotNewTables = {mode} in "

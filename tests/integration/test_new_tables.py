@@ -234,3 +234,54 @@ def test_postgresql_tables_a_reload_adds_are_copied_under_load(tmp_path: Path, p
         assert file_rows(state, "public", table) == want, f"file public.{table}"
     assert_no_change_before_create(tmp_path, "public", ("nt_late", "nt_bag"))
     assert json.loads((tmp_path / "checkpoint.json").read_text())["regions"]["pg"].get("snapshot") in (None, [])
+
+
+def test_a_copy_that_cannot_be_made_keeps_the_old_rules(tmp_path: Path, capturer_running) -> None:  # type: ignore[no-untyped-def]
+    """``truncate`` of a table a region read in a worker process also delivers is refused
+    (that region cannot take part in the coordinated copy): the reload answers 400 naming
+    the table and the way around, the old rules stay, nothing is held back, and the
+    table's changes stay out; with ``copy`` the same reload goes through."""
+    def late_reads() -> list[int]:
+        return [x["after"]["id"] for x in read_lines(tmp_path) if x.get("table") == "late" and x["op"] == "read"]
+
+    servers = start_servers(tmp_path, 2)
+    try:
+        for m in servers:
+            m.execute("CREATE DATABASE d", "CREATE TABLE d.t (id INT PRIMARY KEY, v INT)",
+                      "CREATE TABLE d.late (id INT PRIMARY KEY, v INT)", "INSERT INTO d.late VALUES (1, 1)")
+        cfg = write_config(tmp_path, servers, filter_text="exclude d.late\n", extra_global=f"controlToken={TOKEN}\n")
+        text = cfg.read_text()
+        cfg.write_text(text.replace("[region:r2]\n", "[region:r2]\nprocess=true\n"))
+        with capturer_running(cfg) as cap:
+            url = f"http://127.0.0.1:{cap.status_server.port}"  # type: ignore[union-attr]
+            wait_for(lambda: all(x["state"] == "streaming" for x in cap.snapshot()["regions"].values()), 60,
+                     "both regions streaming")
+            (tmp_path / "filter_rule.txt").write_text("")
+            r = reload(url)
+            assert r.status_code == 400, r.text
+            err = r.json()["error"]
+            assert err.startswith("the old rules stay") and "d.late" in err and "snapshotNewTables" in err, err
+            st = cap.snapshot()["filter"]
+            assert st["table_rules"] == 1 and st["held"] == {} and st["added"] is None, st
+            for m in servers:
+                m.execute("INSERT INTO d.late VALUES (2, 2)", "INSERT INTO d.t VALUES (1, 1)")
+            wait_for(lambda: sum(x.get("table") == "t" for x in read_lines(tmp_path)) >= 2, 60, "the rows of d.t")
+            assert not [x for x in read_lines(tmp_path) if x.get("table") == "late"]
+        # (the file still has the refused rules: a start would read them, without a copy)
+        (tmp_path / "filter_rule.txt").write_text("exclude d.late\n")
+        cfg.write_text(cfg.read_text().replace("[global]\n", "[global]\nsnapshotNewTables=copy\n", 1))
+        with capturer_running(cfg) as cap:
+            url = f"http://127.0.0.1:{cap.status_server.port}"  # type: ignore[union-attr]
+            wait_for(lambda: all(x["state"] == "streaming" for x in cap.snapshot()["regions"].values()), 60,
+                     "both regions streaming")
+            (tmp_path / "filter_rule.txt").write_text("")
+            r = reload(url)
+            assert r.status_code == 200, r.text
+            # the region in the worker process copies nothing: it gets the rules at its next subscription
+            assert list(r.json()["added"]["regions"]) == ["r1"], r.text
+            wait_for(lambda: copies_done(cap, ["r1"]), 60, "the copy")
+            wait_for(lambda: len(late_reads()) >= 2, 60, "the file to hold the copy")
+        assert sorted(late_reads()) == [1, 2]
+    finally:
+        for m in servers:
+            m.stop()

@@ -106,15 +106,18 @@ class RemoteRegion(Region):
             except OSError as exc:
                 raise FatalSourceError(f"{self.where}: cannot read the filter rules {path}: {exc}") from None
 
-    def filter_reloaded(self, path: Path) -> None:
-        """The capturer re-read its filter rules: subscribe again with them (the agent's
-        region selects tables with them: what it snapshots, and a PostgreSQL region the
-        tables it reads). The new stream resumes at this region's position."""
-        try:
-            self._filter_rules = (Path(path).read_text(encoding="utf-8"), str(path))
-        except OSError as exc:  # the capturer has just read it: keep the rules it has
-            log.warning("%s: cannot read the reloaded filter rules %s: %s", self.where, path, exc)
-            return
+    def filter_reloaded(self, path: Path, text: str | None = None) -> None:
+        """The capturer re-read its filter rules (``text``, as it read them; None: read
+        ``path``): subscribe again with them (the agent's region selects tables with
+        them: what it snapshots, and a PostgreSQL region the tables it reads). The new
+        stream resumes at this region's position."""
+        if text is None:
+            try:
+                text = Path(path).read_text(encoding="utf-8")
+            except OSError as exc:  # the capturer has just read it: keep the rules it has
+                log.warning("%s: cannot read the reloaded filter rules %s: %s", self.where, path, exc)
+                return
+        self._filter_rules = (text, str(path))
         self._resubscribe.set()
 
     # --- one attempt ----------------------------------------------------------
