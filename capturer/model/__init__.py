@@ -358,6 +358,9 @@ class ColumnInfo:
     precision: int = 0  # DECIMAL
     scale: int = 0  # DECIMAL
     binary: bool = False  # a string/blob column without a character set (bytes values)
+    # BINARY(n): its n. The binlog carries such a value without its trailing zero bytes; the region pads it
+    # back, as the server stores and returns it (0 for every other column)
+    length: int = 0
 
 
 @dataclass(frozen=True)

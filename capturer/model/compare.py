@@ -12,6 +12,8 @@ import datetime as dt
 import decimal
 import hashlib
 import json
+import re
+import struct
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -23,7 +25,8 @@ from capturer.util.perthread import PerThread
 KINDS = {
     **dict.fromkeys(("tinyint", "smallint", "mediumint", "int", "integer", "bigint", "year"), "int"),
     **dict.fromkeys(("decimal", "numeric"), "decimal"),
-    **dict.fromkeys(("float", "double", "real"), "float"),
+    "float": "float32",  # single precision: compared as the float32 the binlog holds, not its shortest text
+    **dict.fromkeys(("double", "real"), "float"),
     **dict.fromkeys(("datetime", "timestamp"), "datetime"),
     "date": "date", "time": "time", "bit": "bit", "set": "set", "json": "json",
     **dict.fromkeys(("binary", "varbinary", "tinyblob", "blob", "mediumblob", "longblob"), "bytes"),
@@ -40,6 +43,23 @@ class _Absent:
 ABSENT = _Absent()
 
 
+_FLOAT32 = struct.Struct("<f")
+
+
+_DATE_SHAPE = re.compile(r"\d{4}-\d{2}-\d{2}")
+
+
+def _no_calendar_date(text: str) -> bool:
+    """A MySQL date text (``YYYY-MM-DD...``) of a date no calendar has."""
+    if not _DATE_SHAPE.match(text):
+        return False
+    try:
+        dt.date(int(text[0:4]), int(text[5:7]), int(text[8:10]))
+        return False
+    except ValueError:
+        return True
+
+
 def canon(v: Any, kind: str) -> Any:
     """One hashable form for equal values of a column of this ``kind`` (see KINDS;
     anything else is text), whichever sink they came from."""
@@ -52,6 +72,11 @@ def canon(v: Any, kind: str) -> Any:
             return (v if isinstance(v, decimal.Decimal) else decimal.Decimal(str(v))).normalize()
         if kind == "float":
             return float(v)
+        if kind == "float32":
+            return _FLOAT32.unpack(_FLOAT32.pack(float(v)))[0]
+        if kind in ("datetime", "date") and isinstance(v, str) and _no_calendar_date(v):
+            return None  # a date no calendar has (a zero date or month or day, 2020-02-30, the year 0) arrives
+            # as NULL in every sink (docs/limits.md); a MySQL source gives it as its text
         if kind == "datetime":
             v = dt.datetime.fromisoformat(v) if isinstance(v, str) else v
             return v.astimezone(dt.UTC).replace(tzinfo=None) if isinstance(v, dt.datetime) and v.tzinfo else v
@@ -65,7 +90,8 @@ def canon(v: Any, kind: str) -> Any:
         if kind == "bit":
             if isinstance(v, (bytes, bytearray)):
                 return int.from_bytes(v, "big")
-            return int(v, 2) if isinstance(v, str) else int(v)  # JSON: the bit string
+            n = int(v, 2) if isinstance(v, str) else int(v)  # JSON: the bit string
+            return n + (1 << 64) if n < 0 else n  # (the lake keeps a BIT(64) in a bigint: its 64-bit pattern)
         if kind == "set":
             items = v if isinstance(v, (set, frozenset)) else (str(v).split(",") if v else [])
             return ",".join(sorted(str(x) for x in items))

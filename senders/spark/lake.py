@@ -100,7 +100,10 @@ def lake_value(v: Any, stype: str) -> Any:
     if v is None:
         return None
     if stype == "bigint" and isinstance(v, str):  # BIT comes as a bit string
-        return int(v, 2) if v else 0
+        n = int(v, 2) if v else 0
+        # a BIT(64) with its top bit set is kept as its 64-bit pattern (two's complement, as a Java long):
+        # it reads negative in the lake (add 2**64); a bigint cannot hold it otherwise
+        return n - (1 << 64) if n >= 1 << 63 else n
     if stype == "string" and not isinstance(v, str):
         import datetime as dt
         import decimal

@@ -91,6 +91,36 @@ _EVENTS = [
 COMPRESSED_EVENTS = frozenset(range(165, 172))
 
 
+_T_STRING = 254  # MYSQL_TYPE_STRING: CHAR(n) and BINARY(n) in a table map
+
+
+def binary_length(type_code: int, charset: str, max_length: Any) -> int:
+    """A column's ``ColumnInfo.length``: n for a BINARY(n) (a fixed-length string without a
+    character set), else 0."""
+    if type_code != _T_STRING or charset.lower() != "binary":
+        return 0
+    try:
+        return max(0, int(max_length or 0))
+    except (TypeError, ValueError):
+        return 0
+
+
+def pad_binary(changes: list[RowChange], schema: TableSchema) -> None:
+    """BINARY(n) values padded with zero bytes to n, in place. The binlog leaves a
+    fixed-length binary value's trailing zero bytes out; the server stores, returns and
+    compares it with them (a BINARY(16) key ending in 0x00 written without them matches
+    no row of a target, and a consumer would get 15 bytes)."""
+    cols = [(c, ci.length) for c, ci in zip(schema.columns, schema.column_info) if ci.length]
+    for ch in changes:
+        for img in (ch.before, ch.after):
+            if img is None:
+                continue
+            for c, n in cols:
+                v = img.get(c)
+                if isinstance(v, (bytes, bytearray)) and len(v) < n:
+                    img[c] = bytes(v).ljust(n, b"\x00")
+
+
 def compressed_event_error(where: str, event_type: int, at: str) -> FatalSourceError:
     return FatalSourceError(
         f"{where}: a compressed binlog event (type {event_type}) at {at}: the server writes its binlog with "
@@ -536,7 +566,8 @@ class MySQLRegion(SnapshotHostMixin, ClockedRegion):
             info = tuple(
                 ColumnInfo(c.type, bool(c.unsigned), int(getattr(c, "precision", 0) or 0),
                            int(getattr(c, "decimals", 0) or 0),
-                           str(c.character_set_name or "").lower() == "binary")
+                           str(c.character_set_name or "").lower() == "binary",
+                           binary_length(c.type, str(c.character_set_name or ""), getattr(c, "max_length", 0)))
                 for c in ev.columns
             )
             s = TableSchema(ev.schema, ev.table, cols, pk, uks, tuple(c.type for c in ev.columns), info)
@@ -886,7 +917,14 @@ class MySQLRegion(SnapshotHostMixin, ClockedRegion):
             stream.close()
 
     def _changes(self, ev: Any, schema: TableSchema) -> list[RowChange]:
-        """Row changes of a rows event: the fast decoder where it can, else the library."""
+        """Row changes of a rows event: the fast decoder where it can, else the library;
+        BINARY(n) values padded back to n bytes (``pad_binary``)."""
+        changes = self._decode(ev, schema)
+        if any(ci.length for ci in schema.column_info):
+            pad_binary(changes, schema)
+        return changes
+
+    def _decode(self, ev: Any, schema: TableSchema) -> list[RowChange]:
         upd = isinstance(ev, UpdateRowsEvent)
         fast = fast_rows(ev, upd) if self.cfg.decoder == "fast" else None
         if fast is not None:

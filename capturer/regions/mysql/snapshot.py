@@ -75,6 +75,7 @@ from __future__ import annotations
 import collections
 import datetime as dt
 import logging
+import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -182,6 +183,11 @@ class MySQLPlan(TablePlan):
                 e = f"UNIX_TIMESTAMP({q})"  # independent of time zones; 0 for the zero timestamp
             elif c.data_type == "year":
                 e = f"CAST({q} AS UNSIGNED)"  # (MariaDB Connector/Python fails on the year 0000)
+            elif c.data_type in ("datetime", "date"):
+                # a date no calendar has (zero dates, a zero month or day, 2020-02-30 under ALLOW_INVALID_DATES,
+                # the year 0) as NULL, as the binlog decoder gives it: MariaDB Connector/Python 1.1 crashes the
+                # process (SIGSEGV) on some of them (a DATETIME(3) of 2024-02-00), and pymysql gives them as text
+                e = f"IF({q} = DATE_ADD({q}, INTERVAL 0 DAY), {q}, NULL)"
             else:
                 e = q
             out.append(f"{e} AS {q}" if alias and e != q else e)
@@ -251,8 +257,8 @@ def normalizers(plan: TablePlan, driver: str = "pymysql") -> list[Callable[[Any]
         elif t == "year":
             out.append(lambda v: None if v is None else int(v))
         elif t == "binary":
-            # BINARY(n) reads back padded with zero bytes; the binlog carries it without them
-            out.append(lambda v: None if v is None else bytes(v).rstrip(b"\x00"))
+            # BINARY(n) reads back padded with zero bytes to n, as the region pads the binlog's values
+            out.append(lambda v: None if v is None else bytes(v))
         elif t in _STRINGISH and c.binary:
             out.append(lambda v: None if v is None else (v.encode("utf-8") if isinstance(v, str) else bytes(v)))
         elif t in _GEOMETRY:
@@ -512,6 +518,14 @@ def base_tables(execute: Callable[[str, tuple[Any, ...]], list[tuple[Any, ...]]]
     return out
 
 
+def _binary_length(c: Column) -> int:
+    """n for a BINARY(n) column (``ColumnInfo.length``, as the binlog region sets it), else 0."""
+    if c.data_type != "binary":
+        return 0
+    m = re.match(r"\s*binary\s*\(\s*(\d+)\s*\)", c.column_type, re.I)
+    return int(m.group(1)) if m else 1  # (BINARY alone is BINARY(1))
+
+
 def describe(reader: Reader, db: str, table: str) -> TablePlan:
     ph = reader.ph
     cols = reader.execute(
@@ -536,7 +550,8 @@ def describe(reader: Reader, db: str, table: str) -> TablePlan:
     key = pk
     info = tuple(ColumnInfo(type_code(c), "unsigned" in c.column_type.lower() or c.data_type == "year",
                             c.precision if c.data_type == "decimal" else 0,
-                            c.scale if c.data_type == "decimal" else 0, c.binary) for c in columns)
+                            c.scale if c.data_type == "decimal" else 0, c.binary, _binary_length(c))
+                 for c in columns)
     names = tuple(c.name for c in columns)
     schema = TableSchema(db, table, names, pk, tuple(u for u in uks if all(x in names for x in u)),
                          tuple(i.type for i in info), info)
