@@ -5,8 +5,9 @@ Off unless the environment variable ``CAPTURER_FAILPOINTS`` is set; then
 ``NAME=ACTION@WHEN``:
 
 * ``ACTION``: ``kill`` (SIGKILL this process: a crash at exactly that moment),
-  ``stop`` (SIGSTOP this process: frozen at exactly that moment until something
-  sends it SIGCONT), ``enospc`` (raise ``OSError(ENOSPC)``: a full disk) or ``eio``.
+  ``stop`` (SIGSTOP this process, sent to the thread at the point: frozen at exactly
+  that moment, that thread before it takes another step, until something sends it
+  SIGCONT), ``enospc`` (raise ``OSError(ENOSPC)``: a full disk) or ``eio``.
 * ``WHEN``: ``N`` (the N-th hit, 1-based), ``N-M`` (hits N to M), ``N-`` (from
   the N-th on) or ``*`` (every hit).
 
@@ -92,7 +93,11 @@ def hit(name: str) -> None:
     if action == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
     if action == "stop":
-        os.kill(os.getpid(), signal.SIGSTOP)  # returns once the process is continued
+        # To this thread (tgkill): the whole process stops, this thread before it returns from the call.
+        # os.kill(os.getpid()) gives the signal to the main thread, and a thread of its own (a sender's)
+        # ran on until the stop reached it, in about half the hits on a busy machine: a kafka.commit=stop
+        # committed the very transaction it was to freeze before commit (issue 45)
+        signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)  # returns once the process is continued
         return
     code = errno.ENOSPC if action == "enospc" else errno.EIO
     raise OSError(code, f"{os.strerror(code)} (injected at failpoint {name}, hit {n})")
