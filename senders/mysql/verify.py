@@ -54,21 +54,30 @@ class MySQLTargetReader:
         return bool(self._query("SELECT 1 FROM information_schema.TABLES WHERE TABLE_SCHEMA=%s AND TABLE_NAME=%s",
                                 dest))
 
+    def _types(self, dest: tuple[str, str]) -> dict[str, str]:
+        """The target's columns, each with its DATA_TYPE."""
+        return {str(r[0]): str(r[1]).lower() for r in self._query(
+            "SELECT COLUMN_NAME, DATA_TYPE FROM information_schema.COLUMNS WHERE TABLE_SCHEMA=%s AND TABLE_NAME=%s",
+            dest)}
+
     def _columns(self, dest: tuple[str, str], columns: Sequence[str]) -> list[str]:
         """The columns the target has, of those asked (a missing one reads as absent)."""
-        have = {str(r[0]) for r in self._query(
-            "SELECT COLUMN_NAME FROM information_schema.COLUMNS WHERE TABLE_SCHEMA=%s AND TABLE_NAME=%s", dest)}
+        have = self._types(dest)
         return [c for c in columns if c in have]
 
     def _select(self, dest: tuple[str, str], columns: Sequence[str], where: str,
                 args: Sequence[Any]) -> list[dict[str, Any]]:
         import pymysql
 
-        cols = self._columns(dest, columns)
+        types = self._types(dest)
+        cols = [c for c in columns if c in types]
         if not cols:
             return []
+        # a FLOAT as its exact value (its text has 6 digits: 1.1754944e-38 reads back as 1.17549e-38)
+        select = ", ".join(f"CAST({quote_ident(c)} AS DOUBLE)" if types[c] == "float" else quote_ident(c)
+                           for c in cols)
         try:
-            got = self._query(rowsum.select_sql(f"{quote_ident(dest[0])}.{quote_ident(dest[1])}", cols, where),
+            got = self._query(f"SELECT {select} FROM {quote_ident(dest[0])}.{quote_ident(dest[1])} WHERE {where}",
                               args)
         except pymysql.err.ProgrammingError as exc:
             if exc.args and exc.args[0] in NO_TABLE:

@@ -22,7 +22,7 @@ def source(r: PostgresRegionConfig) -> PostgresSource:
     return PostgresSource(r.name, ci, f"{r.host}:{r.port}/{r.dbname}")
 
 
-_PG_CODE_KINDS = {1: "int", 2: "int", 3: "int", 8: "int", 4: "float", 5: "float", 246: "decimal", 10: "date",
+_PG_CODE_KINDS = {1: "int", 2: "int", 3: "int", 8: "int", 4: "float32", 5: "float", 246: "decimal", 10: "date",
                   18: "datetime", 19: "time", 245: "json", 16: "bit"}
 
 
