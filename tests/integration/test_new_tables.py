@@ -110,6 +110,15 @@ def assert_no_change_before_create(tmp: Path, db: str, tables: tuple[str, ...]) 
     assert not [k for k, n in ids.items() if n > 1], "a change delivered twice"
 
 
+
+def include_everything(cap: Any, tmp: Path) -> Any:
+    """Once every region streams: the filter emptied (every table included) and reloaded."""
+    url = f"http://127.0.0.1:{cap.status_server.port}"
+    wait_for(lambda: all(x["state"] == "streaming" for x in cap.snapshot()["regions"].values()), 60,
+             "both regions streaming")
+    (tmp / "filter_rule.txt").write_text("")
+    return reload(url)
+
 def test_mariadb_tables_a_reload_adds_are_copied_under_load(tmp_path: Path, target: MariaDBInstance,
                                                              capturer_running) -> None:  # type: ignore[no-untyped-def]
     servers = start_servers(tmp_path, 2)
@@ -253,11 +262,7 @@ def test_a_copy_that_cannot_be_made_keeps_the_old_rules(tmp_path: Path, capturer
         text = cfg.read_text()
         cfg.write_text(text.replace("[region:r2]\n", "[region:r2]\nprocess=true\n"))
         with capturer_running(cfg) as cap:
-            url = f"http://127.0.0.1:{cap.status_server.port}"  # type: ignore[union-attr]
-            wait_for(lambda: all(x["state"] == "streaming" for x in cap.snapshot()["regions"].values()), 60,
-                     "both regions streaming")
-            (tmp_path / "filter_rule.txt").write_text("")
-            r = reload(url)
+            r = include_everything(cap, tmp_path)
             assert r.status_code == 400, r.text
             err = r.json()["error"]
             assert err.startswith("the old rules stay") and "d.late" in err and "snapshotNewTables" in err, err
@@ -271,11 +276,7 @@ def test_a_copy_that_cannot_be_made_keeps_the_old_rules(tmp_path: Path, capturer
         (tmp_path / "filter_rule.txt").write_text("exclude d.late\n")
         cfg.write_text(cfg.read_text().replace("[global]\n", "[global]\nsnapshotNewTables=copy\n", 1))
         with capturer_running(cfg) as cap:
-            url = f"http://127.0.0.1:{cap.status_server.port}"  # type: ignore[union-attr]
-            wait_for(lambda: all(x["state"] == "streaming" for x in cap.snapshot()["regions"].values()), 60,
-                     "both regions streaming")
-            (tmp_path / "filter_rule.txt").write_text("")
-            r = reload(url)
+            r = include_everything(cap, tmp_path)
             assert r.status_code == 200, r.text
             # the region in the worker process copies nothing: it gets the rules at its next subscription
             assert list(r.json()["added"]["regions"]) == ["r1"], r.text

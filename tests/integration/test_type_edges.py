@@ -124,14 +124,8 @@ def test_type_edges_reach_every_sender_equal(tmp_path: Path, snapshot_driver: st
             assert _source_rows(m) == 9
             wait_for(lambda: checkpoint_covers(tmp_path, [m]), 120, "every sender to have every change")
         finally:
-            log = (tmp_path / "capturer.log").read_text(errors="replace")
-            assert cap.stop() == 0, log[-4000:]
-        assert "Traceback" not in log, log[-4000:]
-        code, report = run_verify(cfg, "--wait", "30")
-        tables = by_table(report)
-        bad = {"/".join(k): v for k, v in tables.items() if v["status"] != "equal"}
-        assert code == 0 and not bad, _differences(bad) or json.dumps(report, indent=1, default=str)[:6000]
-        assert {s for s, _ in tables} == {"local", "mysql", "kafka", "spark"}
+            _stopped_cleanly(cap, tmp_path)
+        tables = _every_sink_equal(cfg)
         assert {t for _, t in tables} == {"d.edges", "d.bk"}
         rows = {"d.edges": 9, "d.bk": 4}
         assert all(v["rows"] == rows[t] for (_, t), v in tables.items()), {k: v["rows"] for k, v in tables.items()}
@@ -140,6 +134,22 @@ def test_type_edges_reach_every_sender_equal(tmp_path: Path, snapshot_driver: st
         broker.kill()
         for srv in (m, target):
             srv.stop()
+
+
+def _stopped_cleanly(cap: CapturerProcess, tmp: Path) -> None:
+    log = (tmp / "capturer.log").read_text(errors="replace")
+    assert cap.stop() == 0, log[-4000:]
+    assert "Traceback" not in log, log[-4000:]
+
+
+def _every_sink_equal(cfg: Path) -> dict[tuple[str, str], dict[str, Any]]:
+    """``verify`` of all four senders: every table equal (else each sink's differing columns)."""
+    code, report = run_verify(cfg, "--wait", "30")
+    tables = by_table(report)
+    bad = {"/".join(k): v for k, v in tables.items() if v["status"] != "equal"}
+    assert code == 0 and not bad, _differences(bad) or json.dumps(report, indent=1, default=str)[:6000]
+    assert {s for s, _ in tables} == {"local", "mysql", "kafka", "spark"}
+    return tables
 
 
 def _differences(bad: dict[str, Any]) -> str:
@@ -253,14 +263,8 @@ def test_postgresql_type_edges_reach_every_sender_equal(tmp_path: Path) -> None:
 
             wait_for(lambda: covered(tmp_path, "pg", parse_lsn(end)), 120, "every sender to have every change")
         finally:
-            log = (tmp_path / "capturer.log").read_text(errors="replace")
-            assert cap.stop() == 0, log[-4000:]
-        assert "Traceback" not in log, log[-4000:]
-        code, report = run_verify(cfg, "--wait", "30")
-        tables = by_table(report)
-        bad = {"/".join(k): v for k, v in tables.items() if v["status"] != "equal"}
-        assert code == 0 and not bad, _differences(bad) or json.dumps(report, indent=1, default=str)[:6000]
-        assert {s for s, _ in tables} == {"local", "mysql", "kafka", "spark"}
+            _stopped_cleanly(cap, tmp_path)
+        tables = _every_sink_equal(cfg)
         assert all(v["rows"] == 3 for v in tables.values()), {k: v["rows"] for k, v in tables.items()}
     finally:
         broker.kill()
