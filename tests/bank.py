@@ -22,6 +22,7 @@ reader may ever see, whether whole transactions are applied or not.
 
 from __future__ import annotations
 
+import contextlib
 import random
 import threading
 import time
@@ -64,9 +65,14 @@ def setup(m: MariaDBInstance, shard: int) -> None:
 class Bank(threading.Thread):
     """Transfers (1-4 per transaction) and card moves on one shard until ``stop``."""
 
-    def __init__(self, m: MariaDBInstance, shard: int, seed: int, pause: float = 0.0):
+    def __init__(self, m: MariaDBInstance, shard: int, seed: int, pause: float = 0.0, resilient: bool = False):
         super().__init__(daemon=True, name=f"bank-{shard}")
         self.m, self.shard, self.rng, self.pause = m, shard, random.Random(seed), pause
+        # resilient (the chaos suite, whose faults restart the source): a failed transaction is counted and
+        # the next one made on a new connection (a commit whose answer was lost may have moved a card: the
+        # next move of that card then finds no row, and the model follows the source again after it)
+        self.resilient = resilient
+        self.failed = 0
         self.stop = threading.Event()
         self.txns = 0
         self.errors: list[BaseException] = []
@@ -74,8 +80,23 @@ class Bank(threading.Thread):
         self.next_ledger = shard * 10**12
 
     def run(self) -> None:
+        while not self.stop.is_set():
+            try:
+                self._run()
+                return
+            except pymysql.err.MySQLError as exc:
+                if not self.resilient:
+                    self.errors.append(exc)
+                    return
+                self.failed += 1
+                time.sleep(0.2)
+            except BaseException as exc:
+                self.errors.append(exc)
+                return
+
+    def _run(self) -> None:
+        c = self.m.connect(connect_timeout=3, read_timeout=30, write_timeout=30)
         try:
-            c = self.m.connect()
             c.autocommit(False)
             with c.cursor() as cur:
                 while not self.stop.is_set():
@@ -99,17 +120,22 @@ class Bank(threading.Thread):
                     self.txns += 1
                     if self.pause:
                         time.sleep(self.pause)
-            c.close()
-        except BaseException as exc:
-            self.errors.append(exc)
+        finally:
+            with contextlib.suppress(Exception):  # a connection the fault already broke
+                c.close()
 
 
 class Sampler(threading.Thread):
     """Reads the target in one consistent snapshot every ``every`` s (jittered)."""
 
-    def __init__(self, target: MariaDBInstance, shards: list[int], every: float = 0.04):
+    # a target that is down or restarting (the chaos suite's outages): the sample is taken again later
+    OUTAGE = (2003, 2006, 2013, 2026, 1053, 1927, 4031)
+
+    def __init__(self, target: MariaDBInstance, shards: list[int], every: float = 0.04, outages_ok: bool = False):
         super().__init__(daemon=True, name="sampler")
         self.target, self.shards, self.every = target, shards, every
+        self.outages_ok = outages_ok
+        self.outages = 0  # samples lost to an outage (with outages_ok)
         self.stop = threading.Event()
         self.samples = 0
         self.broken: list[str] = []
@@ -130,6 +156,10 @@ class Sampler(threading.Thread):
             except pymysql.err.MySQLError as exc:
                 if exc.args and exc.args[0] in (1049, 1146, 1412):  # no bank tables yet (or just made)
                     pass
+                elif self.outages_ok and (isinstance(exc, pymysql.err.InterfaceError)
+                                          or (exc.args and exc.args[0] in self.OUTAGE)):
+                    self.outages += 1
+                    conn = None
                 else:
                     self.errors.append(exc)
                     conn = None

@@ -28,6 +28,8 @@ from pathlib import Path
 from typing import Any
 
 import pymysql
+from bank import Bank, Sampler
+from bank import setup as bank_setup
 from helpers import ROOT, Broker, start_servers
 from workload import SCHEMA, Workload
 
@@ -326,6 +328,9 @@ class Plan:
     # one (the standby takes over; the killed one comes back as a standby). With it, kills must be 0 (a
     # failpoint armed in a capturer that comes back as a standby would never be reached)
     ha_takeovers: int = 0
+    # the MySQL sender's txn_atomic: with it, the reader of the target (the bank workload's Sampler) must never
+    # see a state the sources never had; without it, never a row going back to an older image (issue 43)
+    txn_atomic: bool = False
 
 
 @dataclass
@@ -347,6 +352,13 @@ class Figures:
     takeovers: list[float] = field(default_factory=list)  # seconds from kill -9 of the active to the standby running
     leader_moves: int = 0  # partitions whose leader moved away from a broker that was stopped or killed
     check_seconds: dict[str, float] = field(default_factory=dict)  # how long each sink's comparison took
+    # a reader of the MySQL target (tests/bank.py's Sampler, one consistent read every ~40 ms through every
+    # fault): samples taken, samples lost to the target's outage, rows seen going back to an older image
+    # (regressions) and samples showing a state the sources never had (broken: counted against txn_atomic)
+    reader_samples: int = 0
+    reader_outages: int = 0
+    reader_regressions: list[str] = field(default_factory=list)
+    reader_broken: list[str] = field(default_factory=list)
 
     def max_recovery(self) -> float:
         return max((r for _, r in self.recoveries), default=0.0)
@@ -361,7 +373,9 @@ class Figures:
             f"max recovery {worst[1]:.1f}s ({worst[0]}); status answers {self.status_ok} "
             f"(+{self.status_junk} junk requests); broker stops on SIGTERM took "
             f"{[round(x, 1) for x in self.broker_stops]} s; partition leaders moved {self.leader_moves}; "
-            f"{self.elapsed:.0f}s; checks (s) {self.check_seconds}"
+            f"{self.elapsed:.0f}s; checks (s) {self.check_seconds}; MySQL sink: reader samples "
+            f"{self.reader_samples} (+{self.reader_outages} during outages), regressions seen by readers "
+            f"{len(self.reader_regressions)}, states the sources never had {len(self.reader_broken)}"
             + (f"; takeovers {len(self.takeovers)}: p50 {statistics.median(self.takeovers):.1f} s, max "
                f"{max(self.takeovers):.1f} s" if self.takeovers else "")
         )
@@ -429,8 +443,9 @@ class ChaosRun:
     def __enter__(self) -> ChaosRun:
         try:
             self.sources = start_servers(self.tmp, 2)
-            for m in self.sources:
+            for i, m in enumerate(self.sources):
                 m.execute(*CHAOS_SCHEMA)
+                bank_setup(m, i + 1)
             self.target = MariaDBInstance(self.tmp / "target", server_id=99, binlog=False).start()
             self.broker = ChaosKafka(self.plan.kafka_brokers).start()
             if self.ha:
@@ -467,6 +482,7 @@ class ChaosRun:
             f"[global]\ntype={','.join(senders)}\n"
             f"[local]\nfilepath={self.out}\nrotate_mb=4\n"
             f"[mysql]\nhost=127.0.0.1\nport={self.target.port}\nuser=root\npassword=\nthreadnum=4\n"
+            f"txn_atomic={str(p.txn_atomic).lower()}\n"
             f"[kafka]\nservers={self.broker.servers}\nclient={p.kafka_client}\nreplication_factor={p.kafka_brokers}\n"
             f"[spark]\nmaster=local[1]\nwarehouse={self.wh}\nbatch_interval=1\ncompaction_interval=0\n"
         )
@@ -615,7 +631,10 @@ class ChaosRun:
         p = self.plan
         special = [lambda: self.kill_at("checkpoint.write", lambda: None),
                    lambda: self.kill_at("region.ddl", self._trigger_ddl),
-                   lambda: self.kill_at("spill.chunk", self._trigger_big)]
+                   lambda: self.kill_at("spill.chunk", self._trigger_big),
+                   # before a MySQL worker commits a chunk while the others commit theirs: a phase partly at the
+                   # target, which the reader must never see re-applied (issue 43)
+                   lambda: self.kill_at("mysql.commit", lambda: None)]
         kills: list[Callable[[], None]] = [self.takeover] * p.ha_takeovers
         for k in range(p.kills):
             kills.append(special[k] if k < len(special) else
@@ -634,8 +653,15 @@ class ChaosRun:
         self.loads = [ChaosWorkload(m, i + 1, p.seed * 10 + i, p.big_rows) for i, m in enumerate(self.sources)]
         self.threads = [threading.Thread(target=w.run_until, args=(self.stop_load, p.pace), daemon=True)
                         for w in self.loads]
+        # the bank workload beside the OLTP mix, and a reader of the target checking each consistent read
+        banks = [Bank(m, i + 1, p.seed * 10 + 5 + i, pause=0.05, resilient=True) for i, m in enumerate(self.sources)]
+        assert self.target is not None
+        sampler = Sampler(self.target, [1, 2], outages_ok=True)
         for t in self.threads:
             t.start()
+        for b in banks:
+            b.start()
+        sampler.start()
         self.cap = Capturer(self.tmp / "config.cfg", self.tmp / "capturer.log").start()
         if self.ha:  # both at once
             self.standby = Capturer(self.tmp / "config-b.cfg", self.tmp / "capturer-b.log").start()
@@ -651,14 +677,22 @@ class ChaosRun:
             time.sleep(self.rng.uniform(*p.gap))
         finally:
             self.stop_load.set()
-            for t in self.threads:
+            for b in banks:
+                b.stop.set()
+            for t in [*self.threads, *banks]:
                 t.join(60)
             hammer.stop.set()
             hammer.join(10)
         assert not [e for w in self.loads for e in w.errors], [e for w in self.loads for e in w.errors]
+        assert not [e for b in banks for e in b.errors], [e for b in banks for e in b.errors]
         assert self.cap.alive(), f"the capturer died on its own; see {self.cap.log}"
-        wait(lambda: (self._pull_state(), covers(self.cp, self.sources))[1], 600,
-             "every sender to acknowledge all source changes")
+        try:
+            wait(lambda: (self._pull_state(), covers(self.cp, self.sources))[1], 600,
+                 "every sender to acknowledge all source changes")
+        finally:
+            sampler.stop.set()
+            sampler.join(30)
+        assert not sampler.errors, sampler.errors[:3]
         if self.standby is not None:
             assert self.standby.alive(), f"a capturer died on its own; see {self.standby.log}"
             assert self.standby.stop() == 0, f"unclean final stop; see {self.standby.log}"
@@ -668,7 +702,10 @@ class ChaosRun:
         f.txns = sum(w.txns for w in self.loads)
         f.big_txns = sum(w.big_txns for w in self.loads)
         f.ddls = sum(w.ddls for w in self.loads)
-        f.failed_source_txns = sum(w.failed for w in self.loads)
+        f.txns += sum(b.txns for b in banks)
+        f.failed_source_txns = sum(w.failed for w in self.loads) + sum(b.failed for b in banks)
+        f.reader_samples, f.reader_outages = sampler.samples, sampler.outages
+        f.reader_regressions, f.reader_broken = sampler.regressions, sampler.broken
         f.status_ok, f.status_junk = hammer.ok, hammer.junk
         f.elapsed = time.monotonic() - t_start
         return f

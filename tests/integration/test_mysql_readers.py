@@ -51,7 +51,9 @@ def sender_status(cfg: Path) -> dict[str, Any]:
         return {}
 
 
-@pytest.mark.parametrize("atomic", [True, False], ids=["txn_atomic", "rows"])
+# txn_atomic = false: no row back to an older image is also what the chaos quick case checks through its
+# kill -9 (its reader counts regressions: 0); this case runs with --runslow (85 s; issue 46)
+@pytest.mark.parametrize("atomic", [True, pytest.param(False, marks=pytest.mark.slow)], ids=["txn_atomic", "rows"])
 def test_readers_of_the_target_never_see_a_state_the_sources_never_had_through_kill9(
         tmp_path: Path, two_servers, target, atomic: bool) -> None:  # type: ignore[no-untyped-def]
     for i, m in enumerate(two_servers):
