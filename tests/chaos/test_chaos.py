@@ -2,7 +2,8 @@
 
 The quick case runs in every test run; the full schedule (20 kill -9, a 60 s
 target outage, ...) with ``sh tests/run.sh --runslow`` (or ``-k chaos_full``).
-A seed reproduces a schedule: CHAOS_SEED=n.
+A seed reproduces a schedule: CHAOS_SEED=n; CHAOS_TXN_ATOMIC=1 runs the quick case's MySQL
+sender with txn_atomic (its reader then must never see a state the sources never had).
 """
 
 from __future__ import annotations
@@ -81,7 +82,7 @@ def test_chaos_quick(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None
     # the MySQL target without txn_atomic: its reader must never see a row go back to an older image (issue 43;
     # with txn_atomic, never a state the sources never had: test_mysql_readers.py and the full case)
     run_plan(tmp_path, Plan(seed=seed, kills=3, target_outage=8, broker_restarts=0, broker_kills=1,
-                            gap=(1.0, 2.0)), capsys)
+                            gap=(1.0, 2.0), txn_atomic=os.environ.get("CHAOS_TXN_ATOMIC") == "1"), capsys)
 
 
 @pytest.mark.slow
