@@ -51,7 +51,7 @@ setup(
         # sh start.sh --demo full: the client the demo produces and consumes with, and the lake (with the
         # spark extra; start.sh adds Java, and Maven for the private Apache Kafka broker's jars)
         "demo": ["confluent-kafka>=2.3", *SPARK],
-        "test": ["kafka-python>=3.0,<4", "crc32c>=2.3", "lz4", "zstandard", "orjson>=3.9", "ruff==0.17.6", "mypy>=1.10,<3", "psycopg[binary]>=3.2,<4", "pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100", "requests>=2.28", "confluent-kafka>=2.3",
+        "test": ["kafka-python>=3.0,<4", "crc32c>=2.3", "lz4", "zstandard", "orjson>=3.9", "ruff==0.17.6", "mypy>=1.10,<3", "psycopg[binary]>=3.2,<4", "pytest>=8", "pytest-timeout>=2.3", "pytest-xdist>=3.5", "hypothesis>=6.100", "requests>=2.28", "confluent-kafka>=2.3",
                  "websocket-client>=1.6", "deltalake>=1,<2"],  # drives headless Chromium (DevTools protocol) in the status page test
     },
     ext_modules=[FASTROWS],

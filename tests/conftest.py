@@ -108,7 +108,7 @@ class _DurationsFile:
 
 def pytest_configure(config: pytest.Config) -> None:
     path = config.getoption("--durations-file")
-    if path:
+    if path and not hasattr(config, "workerinput"):  # (with pytest-xdist: the controller, which sees every report)
         config.pluginmanager.register(_DurationsFile(Path(path)), "durations-file")
 
 
