@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from capturer.model.compare import ABSENT, KINDS, canon
-from senders.kafka.verify import KafkaMessage, rebuild_kafka  # noqa: F401  (re-exported for the demos)
+from senders.kafka.client import KafkaMessage
+from senders.kafka.verify import rebuild_kafka  # noqa: F401  (re-exported for the demos)
 
 TableName = tuple[str, str]
 Rows = dict[TableName, list[dict[str, Any]]]
@@ -193,9 +194,9 @@ def kafka_messages(servers: str, topics: Callable[[str], bool], timeout: float =
     """Every message of the topics ``topics(name)`` selects, from the start to the end of
     each partition, with confluent-kafka (senders/kafka/verify.py's reader: the end is
     where the broker's fetch answers say a partition ends)."""
-    from senders.kafka.verify import _Confluent
+    from senders.kafka.client import ConfluentTopicReader
 
-    r = _Confluent(servers)
+    r = ConfluentTopicReader(servers)
     try:
         names = sorted(t for t in r.c.list_topics(timeout=10).topics if topics(t))
         out: list[KafkaMessage] = []

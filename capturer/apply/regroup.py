@@ -232,11 +232,6 @@ def _image(schema: TableSchema, img: Any, b64: frozenset[str], where: str) -> di
     return img
 
 
-def _pb_value(v: Any) -> Any:
-    kind = v.WhichOneof("kind")
-    return None if kind in (None, "is_null") else getattr(v, kind)
-
-
 # --- the regrouper -------------------------------------------------------------------
 
 Event = tuple[str, str, str, "dict[str, Any] | None", "dict[str, Any] | None", frozenset[str]]
@@ -500,8 +495,8 @@ class Regrouper:
                 raise BadMessage(msg, f"not a capturer.RowChange ({exc})") from None
             if m.op == pb.RowChange.DDL:
                 raise BadMessage(msg, "a DDL change where a row was expected")
-            before = {c.name: _pb_value(c.value) for c in m.before} if len(m.before) else None
-            after = {c.name: _pb_value(c.value) for c in m.after} if len(m.after) else None
+            before = {c.name: protogen.value_of(c.value) for c in m.before} if len(m.before) else None
+            after = {c.name: protogen.value_of(c.value) for c in m.after} if len(m.after) else None
             return (op, m.db, m.table, before, after, frozenset())
         try:
             d = loads(msg.value)

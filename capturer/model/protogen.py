@@ -19,6 +19,7 @@ import sys
 import threading
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 PROTO_DIR = Path(__file__).resolve().parents[2] / "proto"
 PROTO = PROTO_DIR / "capturer.proto"
@@ -57,6 +58,14 @@ def load(name: str = "capturer") -> ModuleType:
             spec.loader.exec_module(m)
             _modules[name] = m
         return _modules[name]
+
+
+def value_of(v: Any) -> Any:
+    """The Python value a ``capturer.Value`` holds (None for ``is_null``): a column of a
+    ``format=protobuf`` message read back (senders/kafka/format.py writes them; verify and
+    the appliers read them)."""
+    kind = v.WhichOneof("kind")
+    return None if kind in (None, "is_null") else getattr(v, kind)
 
 
 if __name__ == "__main__":

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-from typing import Any
 
-from capturer.util.kafkasec import Watch, kafka_python_conf, librdkafka_conf
+from capturer.util.kafkasec import Watch
 from capturer.util.probe import Outcome, Probe, SenderCheck
+from senders.kafka.client import confluent_brokers, kafka_python_brokers
 
 log = logging.getLogger(__name__)
 
@@ -48,33 +48,3 @@ def _target(c: SenderCheck, out: Outcome) -> None:
                             f"servers in {c.section}")
         return
     out.detail = f"{brokers} broker(s) answered ({c.options['client']})"
-
-
-def confluent_brokers(servers: str, wait: float, opts: dict[str, Any] | None = None, watch: Any = None) -> int:
-    from confluent_kafka.admin import AdminClient
-
-    conf: dict[str, Any] = {**librdkafka_conf(opts or {}), "bootstrap.servers": servers, "logger": log}
-    if watch is not None:
-        conf["error_cb"] = watch
-    admin = AdminClient(conf)
-    try:
-        return len(admin.list_topics(timeout=wait).brokers)
-    except Exception:
-        admin.poll(0)  # serves error_cb: what the broker connections said
-        raise
-
-
-def kafka_python_brokers(servers: str, wait: float, opts: dict[str, Any] | None = None, watch: Any = None) -> int:
-    from kafka.admin import KafkaAdminClient
-
-    kw: dict[str, Any] = {"bootstrap_servers": servers.split(","), "request_timeout_ms": int(wait * 1000),
-                          **kafka_python_conf(opts or {})}
-    if "bootstrap_timeout_ms" in KafkaAdminClient.DEFAULT_CONFIG:
-        kw["bootstrap_timeout_ms"] = int(wait * 1000)
-    # it logs every failed attempt; the outcome says it once (what it said goes to the watch)
-    with (watch or Watch()).kafka_python(quiet=True):
-        client = KafkaAdminClient(**kw)
-        try:
-            return len(client.describe_cluster().get("brokers", []))
-        finally:
-            client.close()

@@ -16,7 +16,7 @@ in order.
   topic, in every partition, without a key: Debezium's ``op: "t"`` in json,
   Canal's ``TRUNCATE`` in canal, the statement in sql, a DDL change in protobuf.
 * delivery: ``acks=all``; both clients' producers are idempotent (kafka-python's
-  since 2026-11-27, see _KafkaPython) and kafka-python's keeps one request in flight. A batch is acknowledged
+  since 2026-11-27, see senders/kafka/client.py) and kafka-python's keeps one request in flight. A batch is acknowledged
   only when the broker has acknowledged every message in it. On failure the
   producer is dropped and the batch sent again by a new one.
 * no duplicates (``read_back=true``, the default; senders/kafka/positions.py): before
@@ -50,10 +50,9 @@ from __future__ import annotations
 
 import logging
 import re
-import sys
 import time
-from collections.abc import Callable, Collection, Iterator, Sequence
-from typing import Any, ClassVar, Protocol, cast
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, ClassVar
 
 from capturer.errors import FENCED_MARK, Fenced, SinkError
 from capturer.model import Ddl, RowChange, StreamKey, TableSchema, Txn, schema_json, stream_key, ts_physical_ms
@@ -61,9 +60,18 @@ from capturer.model.encode import _fallback, _fastrows, dumps_compact
 from capturer.model.spill import SpilledChanges
 from capturer.util import failpoints, fencing
 from capturer.util.ini import Key, p_bool, p_choice, p_int, p_nonempty, p_str
-from capturer.util.kafkasec import SECURITY_KEYS, Watch, check_security, kafka_python_conf, librdkafka_conf
+from capturer.util.kafkasec import SECURITY_KEYS, Watch, check_security
 from senders.base import Sender
-from senders.kafka.messages import (
+from senders.kafka.client import (
+    FENCED,
+    UNAUTHORIZED,
+    Client,
+    ConfluentClient,
+    KafkaPythonClient,
+    Message,
+    txn_failure,
+)
+from senders.kafka.format import (
     FORMATS,
     change_events,
     ddl_message,
@@ -74,7 +82,7 @@ from senders.kafka.messages import (
     key_bytes,
     truncate_message,
 )
-from senders.kafka.positions import END_POS, Marks, MsgKey, Record, message_key, read_marks, row_key
+from senders.kafka.positions import END_POS, Marks, MsgKey, message_key, read_marks, row_key
 
 log = logging.getLogger(__name__)
 
@@ -116,8 +124,6 @@ _murmur2 = getattr(_fastrows, "murmur2", murmur2)
 
 _OP_BYTES = {"c": b"c", "u": b"u", "d": b"d"}
 
-# one message to produce: (topic, partition, key, value, headers)
-Message = tuple[str, int, "bytes | None", "bytes | None", list[tuple[str, bytes]]]
 _kafka_json = getattr(_fastrows, "kafka_json", None)
 SLICE_ROWS = 2_000  # rows the C encoder renders in one call
 FLUSH_ROWS = 50_000  # a big transaction: flush at least this often, to bound what the client buffers
@@ -135,560 +141,10 @@ def partition_for(key: bytes, partitions: int) -> int:
     return (_murmur2(key) & 0x7FFFFFFF) % partitions
 
 
-Failure = tuple[str, int, Any, bool]
-"""A message the producer did not deliver: ``(topic, partition, headers, value is null)``."""
-
 READ_BACK_TIMEOUT = 60.0  # seconds to read the last messages of one topic's partitions
 # attempts in a row after which a topic that cannot be read back is written without skipping (at least once
 # there, loudly) rather than never again: a broker that cannot serve a read must not stop this sender for good
 READ_BACK_GIVE_UP = 3
-READ_BACK_STALL = 15.0  # seconds a partition may give nothing from where its read-back started
-# (a broker on slow storage takes seconds to answer a fetch: too short a wait steps back for nothing)
-
-
-FENCED, UNAUTHORIZED = "fenced", "unauthorized"
-
-
-def _exceptions(exc: BaseException | None) -> Iterator[BaseException]:
-    """``exc`` and the exceptions it was raised from or during (each once)."""
-    seen: set[int] = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        yield exc
-        exc = exc.__cause__ or exc.__context__
-
-
-def txn_failure(exc: BaseException | None, more: Sequence[object] = ()) -> tuple[str, object] | None:
-    """What a transactional producer's failure means, by the clients' error codes and classes (never
-    by text): FENCED (another producer of the transactional id initialised it: it holds the id now),
-    UNAUTHORIZED (the principal may not use the transactional id), None (anything else: retried);
-    with the error that says it. ``more``: errors the client reported otherwise (delivery reports,
-    its transaction state)."""
-    for e in [*_exceptions(exc), *more]:
-        args = getattr(e, "args", None)
-        err = args[0] if type(e).__name__ == "KafkaException" and args else e
-        if type(err).__name__ == "KafkaError" and "confluent_kafka" in sys.modules:  # confluent-kafka's
-            from confluent_kafka import KafkaError
-
-            if not isinstance(err, KafkaError):
-                continue
-            c = err.code()
-            # librdkafka reports a fencing as _FENCED (fatal); the broker's PRODUCER_FENCED, and
-            # INVALID_PRODUCER_EPOCH when it is fatal (an abortable one is e.g. a transaction the
-            # coordinator timed out, which a new transaction recovers from), say the same
-            if c in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED) or \
-                    (c == KafkaError.INVALID_PRODUCER_EPOCH and err.fatal()):
-                return FENCED, err
-            if c == KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED:
-                return UNAUTHORIZED, err
-            continue
-        if type(e).__module__ == "kafka.errors":  # kafka-python's error classes
-            import kafka.errors as ke
-
-            if isinstance(e, ke.ProducerFencedError):
-                return FENCED, e
-            if isinstance(e, ke.TransactionalIdAuthorizationFailedError):
-                return UNAUTHORIZED, e
-    return None
-
-
-class _Client(Protocol):
-    producer: Any
-    """What the sender needs from a Kafka client library."""
-
-    def partitions(self, topic: str) -> int: ...
-    def create_topic(self, topic: str, partitions: int, replication: int) -> None: ...
-    def learn(self, topic: str) -> None:
-        """Before the first message to ``topic`` (which exists): fetch what the producer needs."""
-        return None  # kafka-python: partitions() has asked its producer already
-
-    def produce(self, topic: str, partition: int, key: bytes | None, value: bytes | None,
-                headers: list[tuple[str, bytes]]) -> None: ...
-    def produce_all(self, messages: list[Message]) -> None:
-        for topic, part, key, value, headers in messages:
-            self.produce(topic, part, key, value, headers)
-
-    def flush(self, timeout: float) -> list[str]: ...
-    def close(self) -> None: ...
-
-    def begin(self) -> None:
-        """Begin a Kafka transaction (transactional producers only)."""
-        self.producer.begin_transaction()
-
-    def commit(self) -> None:
-        """Commit the transaction begun: its messages become visible to read_committed readers."""
-        self.producer.commit_transaction()
-
-    def abort(self) -> None:
-        """Abort the transaction begun: read_committed readers never see its messages."""
-        self.producer.abort_transaction()
-
-    # reading back (senders/kafka/positions.py); a client without these (a test double) reads nothing back
-    def offsets(self, topic: str, partitions: Sequence[int]) -> dict[int, tuple[int, int]]:
-        """``(low, high)`` offsets of each partition, as the broker lists them."""
-        raise NotImplementedError
-
-    def last_records(self, topic: str, starts: dict[int, int], timeout: float,
-                     patient: Collection[int] = ()) -> dict[int, Record]:
-        """Each partition read from its start offset to its end (the high watermark the fetch
-        responses report): the last message read of each (none for a partition with nothing there,
-        or, but for those in ``patient``, one that gives nothing at all for READ_BACK_STALL s).
-        A consumer of no group (assign and seek), ``read_committed``."""
-        raise NotImplementedError
-
-    def failures(self) -> list[Failure]:
-        """The messages the producer reported as not delivered since the last call (after
-        ``close()``: also those it gave up on at the close)."""
-        return []
-
-    def txn_errors(self) -> list[object]:
-        """Errors of the transactional producer reported other than by a raised exception (delivery
-        reports, its transaction state), for ``txn_failure``."""
-        return []
-
-
-class _KafkaPython(_Client):
-    _reader: Any = None  # the consumer that reads partitions back, made when first needed
-
-    def __init__(self, servers: str, opts: dict[str, Any]):
-        from kafka import KafkaProducer
-        from kafka.admin import KafkaAdminClient
-
-        # the read-back goes through confluent-kafka where it is installed (see _ConfluentReader)
-        self._read = _ConfluentReader(servers, opts) if _confluent_available() else None
-        self.servers = servers
-        self.security = kafka_python_conf(opts)
-        common = {"bootstrap_servers": servers.split(","), "request_timeout_ms": 15000, **self.security}
-        if "bootstrap_timeout_ms" in KafkaAdminClient.DEFAULT_CONFIG:
-            common["bootstrap_timeout_ms"] = 15000
-        # the admin client first: a broker that refuses the login or the TLS handshake fails it in 15 s
-        self.admin = KafkaAdminClient(**common)
-        # Idempotent: a request the broker wrote but whose answer was lost is not
-        # written again by the client's own retry (the broker answers
-        # DUPLICATE_SEQUENCE_NUMBER). It was off until 2026-11-27 because the
-        # test broker then, Tansu, lost acknowledged idempotent batches across
-        # restarts (docs/tansu-idempotence.md); on Apache Kafka the reproducer
-        # (tests/chaos/kafka_python_idempotence.py) lost none. One request in
-        # flight keeps the order of a partition through retries (so a partition
-        # holds a prefix of what was sent to it, which the read-back relies on).
-        tid = opts.get("_transactional_id")
-        if tid and not hasattr(KafkaProducer, "init_transactions"):  # kafka-python < 2.1
-            raise SinkError("transactional = true needs a kafka-python with transactional producers (2.1 or "
-                            "later): .venv/bin/pip install -U kafka-python, or client = confluent", retriable=False)
-        self.producer = KafkaProducer(
-            **common, acks="all", enable_idempotence=True, max_in_flight_requests_per_connection=1,
-            **({"transactional_id": tid, "transaction_timeout_ms": 60000} if tid else {}),
-            linger_ms=opts["linger_ms"], max_request_size=opts.get("max_message_bytes", 1_048_576),
-            batch_size=256 * 1024, max_block_ms=15000, delivery_timeout_ms=60000,
-            compression_type=None if opts["compression"] == "none" else opts["compression"],
-        )
-        from kafka.record import util as record_util
-
-        if getattr(record_util, "crc32c_c", None) is None:
-            log.warning("client=kafka-python: the 'crc32c' package is not installed, so every record batch's "
-                        "checksum is computed in Python (about a quarter of the rate with it): pip install crc32c, "
-                        "or the project's 'kafka' extra")
-        self.futures: list[tuple[Any, Message]] = []
-        self._failed: list[Failure] = []
-        if tid:  # fences an older producer of the same id, aborts its open transaction
-            self.producer.init_transactions()
-
-    def partitions(self, topic: str) -> int:
-        # ask the admin client first: a producer metadata request for a missing
-        # topic may make the broker auto-create it with its default partition count
-        if topic not in self.admin.list_topics():
-            return 0
-        parts = self.producer.partitions_for(topic)
-        return len(parts) if parts else 0
-
-    def create_topic(self, topic: str, partitions: int, replication: int) -> None:
-        from kafka.admin import NewTopic
-        from kafka.errors import TopicAlreadyExistsError
-
-        try:
-            self.admin.create_topics([NewTopic(topic, partitions, replication)])
-        except TopicAlreadyExistsError:
-            pass
-
-    def produce(self, topic: str, partition: int, key: bytes | None, value: bytes | None,
-                headers: list[tuple[str, bytes]]) -> None:
-        self.futures.append((self.producer.send(topic, value=value, key=key, headers=headers, partition=partition),
-                             (topic, partition, key, value, headers)))
-
-    def produce_all(self, messages: list[Message]) -> None:
-        send, futures = self.producer.send, self.futures
-        for m in messages:
-            futures.append((send(m[0], value=m[3], key=m[2], headers=m[4], partition=m[1]), m))
-
-    def flush(self, timeout: float) -> list[str]:
-        self.producer.flush(timeout)
-        errors = []
-        for f, m in self.futures:
-            if not f.is_done:
-                errors.append("not acknowledged in time")
-                self._failed.append((m[0], m[1], m[4], m[3] is None))
-            elif f.failed():
-                errors.append(repr(f.exception))
-                self._failed.append((m[0], m[1], m[4], m[3] is None))
-        self.futures = []
-        return errors
-
-    def failures(self) -> list[Failure]:
-        out, self._failed = self._failed, []
-        return out
-
-    def txn_errors(self) -> list[object]:
-        tm = getattr(self.producer, "_transaction_manager", None)
-        if tm is None or not getattr(tm, "transactional_id", None):
-            return []
-        # a fenced producer's produce request may fail with INVALID_PRODUCER_EPOCH: the client then asks the
-        # coordinator for its epoch again (KIP-360), whose answer says whether another producer fenced it
-        # (state FATAL_ERROR, last error ProducerFencedError): waited for, briefly
-        bumping = getattr(tm, "is_bumping_epoch", lambda: False)
-        deadline = time.monotonic() + 10
-        while bumping() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        last = getattr(tm, "last_error", None)
-        return [last() if isinstance(last, type) else last] if last is not None else []
-
-    def _consumer(self) -> Any:
-        if self._reader is None:
-            from kafka import KafkaConsumer
-
-            self._reader = KafkaConsumer(
-                bootstrap_servers=self.servers.split(","), group_id=None, enable_auto_commit=False,
-                isolation_level="read_committed", auto_offset_reset="earliest", request_timeout_ms=15000,
-                session_timeout_ms=6000, heartbeat_interval_ms=2000, **self.security)
-        return self._reader
-
-    def offsets(self, topic: str, partitions: Sequence[int]) -> dict[int, tuple[int, int]]:
-        if self._read is not None:
-            return self._read.offsets(topic, partitions)
-        from kafka import TopicPartition
-
-        c = self._consumer()
-        tps = [TopicPartition(topic, p) for p in partitions]
-        low, high = c.beginning_offsets(tps), c.end_offsets(tps)
-        return {tp.partition: (low[tp], high[tp]) for tp in tps}
-
-    def last_records(self, topic: str, starts: dict[int, int], timeout: float,
-                     patient: Collection[int] = ()) -> dict[int, Record]:
-        if self._read is not None:
-            return self._read.last_records(topic, starts, timeout, patient)
-        from kafka import TopicPartition
-
-        c = self._consumer()
-        tps = [TopicPartition(topic, p) for p in starts]
-        c.assign(tps)
-        for tp in tps:
-            c.seek(tp, starts[tp.partition])
-        out: dict[int, Record] = {}
-        left = set(tps)
-        deadline = time.monotonic() + timeout
-        try:
-            while left and time.monotonic() < deadline:
-                for tp, recs in c.poll(timeout_ms=100).items():
-                    if recs:
-                        out[tp.partition] = (recs[-1].headers, recs[-1].value is None)
-                for tp in list(left):
-                    hw = c.highwater(tp)  # from the last fetch response: the true end, also on Tansu
-                    if hw is not None and c.position(tp) >= hw:
-                        left.discard(tp)
-        finally:
-            c.unsubscribe()
-        if left:
-            raise SinkError(f"topic {topic!r}: partitions {sorted(tp.partition for tp in left)} not read to "
-                            f"their end in {timeout:.0f}s")
-        return out
-
-    def close(self) -> None:
-        try:
-            self.producer.close(5)
-            for f, m in self.futures:  # a batch that failed before its flush: what never made it
-                if not f.is_done or f.failed():
-                    self._failed.append((m[0], m[1], m[4], m[3] is None))
-            self.futures = []
-        finally:
-            self.admin.close()
-            if self._reader is not None:
-                self._reader.close()
-            if self._read is not None:
-                self._read.close()
-
-
-class _Reports:
-    """The producer's delivery callback: collects failures. An object of its own, not
-    a method of the client: a producer whose callback held its client would be in a
-    reference cycle with it, and a cycle through the C producer is never collected, so
-    every closed client (one per retry) would leave a producer retrying a broker forever.
-
-    No lock: the callback runs only in the thread that calls the producer's poll() or
-    flush(), the sender's, which also takes what it collected. (A lock held here hung a
-    fenced producer's flush for good: confluent-kafka 2.16 calls the callback with an error
-    already set, so the lock's acquisition raised SystemError after acquiring it, and the
-    next message's callback waited for it forever.)"""
-
-    def __init__(self) -> None:
-        self.errors: list[str] = []
-        self.failed: list[Failure] = []
-        self.fatal: list[Any] = []  # the fatal KafkaErrors reported (e.g. _FENCED), the first of each code
-
-    def __call__(self, err: Any, msg: Any) -> None:
-        if err is not None:
-            self.errors.append(str(err))
-            self.failed.append((msg.topic(), msg.partition(), msg.headers(), msg.value() is None))
-            if err.fatal() and all(e.code() != err.code() for e in self.fatal):
-                self.fatal.append(err)
-
-    def take(self) -> list[str]:
-        errors, self.errors = self.errors, []
-        return errors
-
-    def take_failed(self) -> list[Failure]:
-        failed, self.failed = self.failed, []
-        return failed
-
-
-def _librdkafka_call(fn: Callable[..., Any], *args: Any) -> Any:
-    """``fn(*args)`` (a confluent-kafka producer's poll or flush), whatever it raises turned into
-    an exception: on a fenced producer confluent-kafka 2.16 raises the KafkaError object itself
-    (not an exception class: no ``except`` clause naming a class catches it), or SystemError."""
-    try:
-        return fn(*args)
-    except Exception:
-        raise
-    except:  # noqa: E722 - the only clause that catches a raised non-exception object
-        import confluent_kafka
-
-        got = sys.exc_info()[1]
-        if isinstance(got, confluent_kafka.KafkaError):
-            raise confluent_kafka.KafkaException(got) from None
-        raise SinkError(f"producer: {got!r}") from None
-
-
-class _ConfluentReader:
-    """Reads partitions back with confluent-kafka (librdkafka): a consumer of no group
-    (assign, never subscribe; nothing committed), ``read_committed``, fetches waiting
-    the client's default (a short ``fetch.wait.max.ms`` made Tansu on S3 storage answer
-    every fetch empty: nothing was ever read back). Used by both clients where
-    confluent-kafka is installed (kafka-python's consumer is the fallback)."""
-
-    _reader: Any = None  # the consumer, made when first needed
-
-    def __init__(self, servers: str, opts: dict[str, Any] | None = None):
-        self.servers = servers
-        self.security = librdkafka_conf(opts or {})
-
-    def _fresh(self) -> Any:
-        import confluent_kafka
-
-        # group.id only because the client wants one: no group is joined (assign, never subscribe)
-        # and nothing is committed
-        return confluent_kafka.Consumer({
-            **self.security, "bootstrap.servers": self.servers, "group.id": "capturer-read-back", "enable.auto.commit": False,
-            "isolation.level": "read_committed", "enable.partition.eof": True, "auto.offset.reset": "earliest",
-            "session.timeout.ms": 6000, "heartbeat.interval.ms": 2000})
-
-    def _consumer(self) -> Any:
-        if self._reader is None:
-            self._reader = self._fresh()  # kept for the offsets (ListOffsets) of every topic
-        return self._reader
-
-    def offsets(self, topic: str, partitions: Sequence[int]) -> dict[int, tuple[int, int]]:
-        from confluent_kafka import KafkaError, KafkaException, TopicPartition
-
-        leader_unknown = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
-                           KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_PARTITION}
-        c = self._consumer()
-        # a topic just created has no leader for a moment (Apache Kafka answers NOT_LEADER_FOR_PARTITION
-        # or LEADER_NOT_AVAILABLE until its leader is known): retriable errors are retried for up to 10 s
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                return {p: tuple(c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)) for p in partitions}
-            except KafkaException as exc:
-                err = exc.args[0] if exc.args else None
-                code = err.code() if isinstance(err, KafkaError) else None
-                if (code in leader_unknown or getattr(err, "retriable", lambda: False)()) \
-                        and time.monotonic() < deadline:
-                    time.sleep(0.1)
-                    continue
-                raise SinkError(f"topic {topic!r}: cannot list its offsets: {exc}") from exc
-
-    def last_records(self, topic: str, starts: dict[int, int], timeout: float,
-                     patient: Collection[int] = ()) -> dict[int, Record]:
-        from confluent_kafka import KafkaError, TopicPartition
-
-        c = self._fresh()  # a consumer of its own for each read: one left stalled by a broker fetches no more
-        c.assign([TopicPartition(topic, p, off) for p, off in starts.items()])
-        out: dict[int, Record] = {}
-        left = set(starts)
-        deadline = time.monotonic() + timeout
-        moved = dict.fromkeys(starts, time.monotonic())  # when each partition last gave something
-        try:
-            while left and time.monotonic() < deadline:
-                first = c.poll(0.1)  # (consume() would wait its whole timeout for fewer messages)
-                for m in ([first] + c.consume(1000, 0)) if first is not None else ():
-                    err = m.error()
-                    p = m.partition()
-                    moved[p] = time.monotonic()
-                    if err is None:
-                        out[p] = (m.headers(), m.value() is None)
-                    elif err.code() == KafkaError._PARTITION_EOF:  # at the fetch response's high watermark
-                        left.discard(p)
-                    elif not err.retriable():
-                        raise SinkError(f"topic {topic!r}: reading its last messages failed: {err}")
-                # a partition that gives nothing at all from its start (Tansu on S3 storage serves nothing
-                # from an offset inside a record batch): given up here, read again from further back
-                # (``patient``: partitions read from their start, which may take the broker a while)
-                for p in [p for p in left if p not in out and p not in patient
-                          and time.monotonic() - moved[p] > READ_BACK_STALL]:
-                    left.discard(p)
-        finally:
-            c.close()
-        if left:
-            raise SinkError(f"topic {topic!r}: partitions {sorted(left)} not read to their end in {timeout:.0f}s")
-        return out
-
-    def close(self) -> None:
-        if self._reader is not None:
-            self._reader.close()
-            self._reader = None
-
-
-def _confluent_available() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("confluent_kafka") is not None
-
-
-class _Confluent(_Client):
-    def __init__(self, servers: str, opts: dict[str, Any], watch: Watch | None = None):
-        import confluent_kafka
-        from confluent_kafka.admin import AdminClient
-
-        self._read = _ConfluentReader(servers, opts)
-
-        self.servers = servers
-        self.reports = _Reports()
-        self._since_poll = 0
-        self.watch = watch or Watch()  # the producer's errors (error_cb): a refused login, a failed TLS handshake
-        self.producer = confluent_kafka.Producer(self.conf(servers, opts))
-        self.admin = AdminClient({**librdkafka_conf(opts), "bootstrap.servers": servers})
-        # fail fast when no broker answers, like kafka-python's constructor does
-        try:
-            md = self.producer.list_topics(timeout=10)
-        except Exception:
-            self.producer.poll(0)  # serves error_cb: what the broker connections said
-            raise
-        if not md.brokers:
-            raise SinkError(f"no broker reachable at {servers}")
-        if opts.get("_transactional_id"):  # fences an older producer of the same id, aborts its open transaction
-            self.producer.init_transactions(60)
-
-    def conf(self, servers: str, opts: dict[str, Any], timeout_ms: int = 60_000) -> dict[str, Any]:
-        # Delivery reports only for failures: a success costs no Python call. flush()
-        # returns only when every message is delivered or failed (and its report served),
-        # so "nothing left and no error reported" means every message was acknowledged.
-        # Idempotent: the producer's own retries write nothing twice and keep each
-        # partition's order, so a partition holds a prefix of what was sent to it.
-        return {**librdkafka_conf(opts), "error_cb": self.watch,
-                "bootstrap.servers": servers, "acks": "all", "enable.idempotence": True,
-                "linger.ms": opts["linger_ms"], "message.timeout.ms": timeout_ms,
-                "message.max.bytes": opts.get("max_message_bytes", 1_048_576),
-                "compression.type": opts["compression"], "queue.buffering.max.messages": 1_000_000,
-                "delivery.report.only.error": True, "on_delivery": self.reports,
-                **({"transactional.id": opts["_transactional_id"], "transaction.timeout.ms": 60000}
-                   if opts.get("_transactional_id") else {})}
-
-    def partitions(self, topic: str) -> int:
-        md = self.admin.list_topics(timeout=10)  # all topics: never auto-creates one
-        t = md.topics.get(topic)
-        if t is None or t.error is not None:
-            return 0
-        return len(t.partitions)
-
-    def learn(self, topic: str) -> None:
-        # the producer's own metadata for the topic now: without it, the first messages to a
-        # topic the admin client just created wait in librdkafka for its next refresh (0.5-1.6 s
-        # measured with Tansu, per new topic)
-        self.producer.list_topics(topic, timeout=10)
-
-    def create_topic(self, topic: str, partitions: int, replication: int) -> None:
-        from confluent_kafka import KafkaException
-        from confluent_kafka.admin import NewTopic
-
-        fut = self.admin.create_topics([NewTopic(topic, partitions, replication)])[topic]
-        try:
-            fut.result(15)
-        except KafkaException as exc:
-            if "TOPIC_ALREADY_EXISTS" not in str(exc):
-                raise
-
-    def produce(self, topic: str, partition: int, key: bytes | None, value: bytes | None,
-                headers: list[tuple[str, bytes]]) -> None:
-        while True:
-            try:
-                # only read (its header values may be str or None too: list is invariant)
-                self.producer.produce(topic, value, key, partition,
-                                      headers=cast("list[tuple[str, str | bytes | None]]", headers))
-                break
-            except BufferError:
-                _librdkafka_call(self.producer.poll, 0.05)
-        self._since_poll += 1
-        if self._since_poll >= 256:  # serve delivery callbacks now and then, not per message
-            self._since_poll = 0
-            _librdkafka_call(self.producer.poll, 0)
-
-    def produce_all(self, messages: list[Message]) -> None:
-        produce = self.producer.produce
-        for topic, part, key, value, headers in messages:
-            try:
-                produce(topic, value, key, part, headers=cast("list[tuple[str, str | bytes | None]]", headers))
-            except BufferError:
-                self.produce(topic, part, key, value, headers)  # waits for room
-        # failure reports are served now and then (and by flush): poll() lets go of the
-        # GIL, and getting it back from the decoding threads costs up to a switch interval
-        self._since_poll += len(messages)
-        if self._since_poll >= 8192:
-            self._since_poll = 0
-            _librdkafka_call(self.producer.poll, 0)
-
-    def flush(self, timeout: float) -> list[str]:
-        left = _librdkafka_call(self.producer.flush, timeout)
-        errors = self.reports.take()
-        if left:
-            errors.append(f"{left} messages not acknowledged in time")
-        return errors
-
-    def failures(self) -> list[Failure]:
-        return self.reports.take_failed()
-
-    def txn_errors(self) -> list[object]:
-        return list(self.reports.fatal)
-
-    def commit(self) -> None:
-        self.producer.commit_transaction(60)
-
-    def abort(self) -> None:
-        self.producer.abort_transaction(30)
-
-    def offsets(self, topic: str, partitions: Sequence[int]) -> dict[int, tuple[int, int]]:
-        return self._read.offsets(topic, partitions)
-
-    def last_records(self, topic: str, starts: dict[int, int], timeout: float,
-                     patient: Collection[int] = ()) -> dict[int, Record]:
-        return self._read.last_records(topic, starts, timeout, patient)
-
-    def close(self) -> None:
-        try:
-            if _librdkafka_call(self.producer.flush, 5):
-                # given up on: purged, reported as failures (a request in flight may still land: then
-                # the retry writes it again, a duplicate, never a gap)
-                self.producer.purge()
-                _librdkafka_call(self.producer.flush, 1)
-        finally:
-            self._read.close()
 
 
 class KafkaSender(Sender):
@@ -723,7 +179,7 @@ class KafkaSender(Sender):
         super().__init__(name, options, queue_rows)
         self.fmt = options["format"]
         self.encode = FORMATS[self.fmt]
-        self.client: _Client | None = None
+        self.client: Client | None = None
         self._parts: dict[str, int] = {}
         self._topics: dict[tuple[str, str, str], str] = {}
         self.messages = 0
@@ -763,7 +219,7 @@ class KafkaSender(Sender):
         # a new producer: every topic's partitions are read back before its first message
         self._parts = {}
 
-    def _new_client(self, servers: str) -> _Client:
+    def _new_client(self, servers: str) -> Client:
         watch = Watch()
         try:
             with watch.kafka_python():
@@ -778,7 +234,7 @@ class KafkaSender(Sender):
                 raise self._txn_error(*found) from None
             raise
 
-    def _new_client_watched(self, servers: str, watch: Watch) -> _Client:
+    def _new_client_watched(self, servers: str, watch: Watch) -> Client:
         try:
             if self.options["client"] == "confluent":
                 try:
@@ -786,14 +242,14 @@ class KafkaSender(Sender):
                 except ImportError:
                     raise SinkError("client=confluent needs confluent-kafka: "
                                     ".venv/bin/pip install confluent-kafka", retriable=False) from None
-                return _Confluent(servers, self.options, watch)
+                return ConfluentClient(servers, self.options, watch)
             try:
                 import kafka  # noqa: F401
             except ImportError:
                 raise SinkError("client=kafka-python needs the project's 'kafka' extra: "
                                 ".venv/bin/pip install -e '.[kafka]' (start.sh installs it)",
                                 retriable=False) from None
-            return _KafkaPython(servers, self.options)
+            return KafkaPythonClient(servers, self.options)
         except SinkError:
             raise
         except Exception as exc:
@@ -986,7 +442,7 @@ class KafkaSender(Sender):
             f"rather than drop it ({exc})", retriable=False) from None
 
     @staticmethod
-    def _flush_or_raise(client: _Client) -> None:
+    def _flush_or_raise(client: Client) -> None:
         errors = client.flush(60)
         if errors:
             raise SinkError(f"{len(errors)} messages not acknowledged, e.g. {errors[0]}")
@@ -995,7 +451,7 @@ class KafkaSender(Sender):
         return [("region", txn.region.encode()), ("commit_ts", str(txn.commit_ts).encode()),
                 ("seq", str(seq).encode()), ("op", _OP_BYTES.get(op) or op.encode())]
 
-    def _put(self, client: _Client, topic: str, part: int, key: bytes | None, value: bytes | None,
+    def _put(self, client: Client, topic: str, part: int, key: bytes | None, value: bytes | None,
              headers: list[tuple[str, bytes]], mkey: MsgKey) -> int:
         """Produce one message (of key ``mkey``) unless its partition holds it already: 1 or 0."""
         if self.marks.limits and not self.marks.keep((topic, part), mkey):
@@ -1072,7 +528,7 @@ class KafkaSender(Sender):
         return [m for m in msgs if (m[0], m[1]) not in limits
                 or keep((m[0], m[1]), row_key(ts, region, int(m[4][2][1]), m[4][3][1], m[3] is None))]
 
-    def _send_rows(self, txn: Txn, client: _Client,
+    def _send_rows(self, txn: Txn, client: Client,
                    parts: dict[tuple[str, str, str, int], int] | None = None) -> int:
         """The rows of a transaction, a slice at a time: in the json format rendered by
         the C encoder where it was built (``row_messages`` is what it renders, and the path

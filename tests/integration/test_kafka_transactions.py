@@ -144,8 +144,9 @@ def test_the_applier_and_verify_skip_an_aborted_transaction(broker: Broker, tmp_
     see the committed batches only."""
     from capturer.model import Position, RowChange, TableSchema, Txn
     from integration.test_apply import TXN_TOPIC, ApplierProcess, write_applier
+    from senders.kafka.client import ConfluentTopicReader, KafkaPythonTopicReader
     from senders.kafka.sender import KafkaSender
-    from senders.kafka.verify import KafkaState, _Confluent, _KafkaPython
+    from senders.kafka.verify import KafkaState
     from senders.local.replay import read_changes
 
     options: dict[str, Any] = {k.name: k.default for k in KafkaSender.KEYS}
@@ -171,7 +172,7 @@ def test_the_applier_and_verify_skip_an_aborted_transaction(broker: Broker, tmp_
     assert {ts for ts, _ in ids(written)} >= {"20"}, "the aborted transaction is not in the log: the test proves nothing"
 
     # verify's reading, with each client
-    for reader in (_Confluent(broker.servers), _KafkaPython(broker.servers)):
+    for reader in (ConfluentTopicReader(broker.servers), KafkaPythonTopicReader(broker.servers)):
         st = KafkaState()
         try:
             reader.read(["capturer.d.t"], st.apply, 60)

@@ -394,7 +394,7 @@ def test_both_kafka_clients_read_the_same_topics_back() -> None:
     from confluent_kafka import Producer
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    from senders.kafka.verify import KafkaMessage, _Confluent, _KafkaPython
+    from senders.kafka.client import ConfluentTopicReader, KafkaMessage, KafkaPythonTopicReader
 
     broker = shared_broker()
     try:
@@ -407,7 +407,7 @@ def test_both_kafka_clients_read_the_same_topics_back() -> None:
                 p.produce("vt", key=str(i).encode(), value=json.dumps({"i": i}).encode(), partition=i % 3)
             p.flush(30)
         produce(0, 300)
-        readers = [_Confluent(broker.servers), _KafkaPython(broker.servers)]
+        readers = [ConfluentTopicReader(broker.servers), KafkaPythonTopicReader(broker.servers)]
         seen: list[list[KafkaMessage]] = [[], []]
         for r, out in zip(readers, seen):
             r.read(["vt"], out.append, 60)

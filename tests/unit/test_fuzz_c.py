@@ -1499,9 +1499,9 @@ def rand_kafka_changes(rng: random.Random, schemas: list[TableSchema], n: int, w
 
 
 def check_kafka_json(sender: Any, txn: Txn, seq0: int, part: Any, tomb: bool, now_ms: int) -> str:
-    from senders.kafka import messages
+    from senders.kafka import format as kformat
 
-    pieces = messages.json_txn_pieces(txn, now_ms)
+    pieces = kformat.json_txn_pieces(txn, now_ms)
     hbase = (("region", txn.region.encode()), ("commit_ts", str(txn.commit_ts).encode()))
     c = outcome(lambda: _fastrows.kafka_json(part, seq0, len(txn.changes), pieces,
                                              lambda s: sender.json_table(txn.region, s), encode._fallback, hbase,
@@ -1596,11 +1596,11 @@ def fuzz_kafka(seed_: int, n: int, trace: Trace) -> dict[str, Any]:
     finally:
         time_mod.time = real_time  # type: ignore[assignment]
     # mutated arguments: a clean exception or a list, never a crash
-    from senders.kafka import messages
+    from senders.kafka import format as kformat
 
     good = TableSchema("d", "t", ("id",), ("id",))
     txn = Txn("r", 5, Position("f", 4), (RowChange(good, "insert", None, {"id": 1}),))
-    pieces = messages.json_txn_pieces(txn, 7)
+    pieces = kformat.json_txn_pieces(txn, 7)
     sender = kafka_sender()
     table = lambda s: sender.json_table("r", s)  # noqa: E731
     argsets: dict[str, list[Any]] = {

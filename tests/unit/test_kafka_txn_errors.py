@@ -1,4 +1,4 @@
-"""What a transactional Kafka producer's failure means (senders/kafka/sender.py ``txn_failure``):
+"""What a transactional Kafka producer's failure means (senders/kafka/client.py ``txn_failure``):
 decided by the clients' error codes and classes, never by the text. The error objects are the
 clients' own (confluent-kafka's KafkaError/KafkaException, kafka-python's error classes); the
 fencing itself is shown against a real broker in tests/integration/test_kafka_transactions.py.
@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from capturer.errors import SinkError
-from senders.kafka.sender import FENCED, UNAUTHORIZED, txn_failure
+from senders.kafka.client import FENCED, UNAUTHORIZED, txn_failure
 
 ck = pytest.importorskip("confluent_kafka")
 ke = pytest.importorskip("kafka.errors")

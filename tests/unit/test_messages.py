@@ -6,7 +6,7 @@ import json
 import random
 
 from capturer.model import Ddl, Position, RowChange, TableSchema, Txn
-from senders.kafka.messages import FORMATS, change_events, ddl_message, key_bytes
+from senders.kafka.format import FORMATS, change_events, ddl_message, key_bytes
 from senders.kafka.sender import murmur2, partition_for
 
 S = TableSchema("shop", "orders", ("id", "amount", "at", "raw"), ("id",), (), (3, 246, 18, 252))
@@ -90,7 +90,7 @@ def test_confluent_reports_undelivered_messages_without_success_reports() -> Non
     import confluent_kafka
 
     from capturer.util.kafkasec import Watch
-    from senders.kafka.sender import _Confluent, _ConfluentReader, _Reports
+    from senders.kafka.client import ConfluentClient, ConfluentReadBack, Reports
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -99,10 +99,10 @@ def test_confluent_reports_undelivered_messages_without_success_reports() -> Non
         return len(os.listdir("/proc/self/task"))
 
     before = threads()
-    c = _Confluent.__new__(_Confluent)  # without __init__'s "is a broker there" probe
-    c.reports, c._since_poll = _Reports(), 0
+    c = ConfluentClient.__new__(ConfluentClient)  # without __init__'s "is a broker there" probe
+    c.reports, c._since_poll = Reports(), 0
     c.watch = Watch()
-    c._read = _ConfluentReader(f"127.0.0.1:{port}")  # lazy: no consumer until a read-back
+    c._read = ConfluentReadBack(f"127.0.0.1:{port}")  # lazy: no consumer until a read-back
     conf = c.conf(f"127.0.0.1:{port}", {"linger_ms": 5, "compression": "none"}, timeout_ms=1500)
     assert conf["delivery.report.only.error"] is True
     c.producer = confluent_kafka.Producer(conf)

@@ -16,7 +16,7 @@ import pytest
 from capturer.model import LsnPosition, RowChange, TableSchema, Txn
 from capturer.regions.postgresql.region import PostgresRegion
 from capturer.regions.postgresql.snapshot import PgSnapshot
-from senders.kafka.messages import change_events, sql_message
+from senders.kafka.format import change_events, sql_message
 from senders.local.replay import rebuild
 from senders.mysql.sender import Op, Worker
 from senders.sqlbuild import build

@@ -25,7 +25,7 @@ from capturer.regions.snapshot import (
     split_key,
 )
 from capturer.util.bqueue import WeightedQueue
-from senders.kafka.messages import json_envelope, source_block, truncate_message
+from senders.kafka.format import json_envelope, source_block, truncate_message
 from senders.sqlbuild import build
 
 SCHEMA = TableSchema("d", "t", ("id", "v"), ("id",), (), (3, 3))

@@ -191,13 +191,14 @@ def test_a_table_asked_for_that_no_source_has_is_an_error() -> None:
 
 
 def test_kafka_state_from_json_canal_and_protobuf_messages_alike() -> None:
-    """The sender's own encoders (senders/kafka/messages.py) -> the state verify reads
+    """The sender's own encoders (senders/kafka/format.py) -> the state verify reads
     back: inserts, an update, a key change (delete + create), a delete, a keyless table."""
     import pytest
 
     from capturer.model import RowChange, TableSchema, Txn
-    from senders.kafka.messages import FORMATS, change_events, key_bytes
-    from senders.kafka.verify import KafkaMessage, KafkaState
+    from senders.kafka.client import KafkaMessage
+    from senders.kafka.format import FORMATS, change_events, key_bytes
+    from senders.kafka.verify import KafkaState
 
     keyed = TableSchema("shop", "orders", ("id", "amount", "raw"), ("id",), (), (3, 246, 252))
     bag = TableSchema("shop", "log", ("msg",), (), (), (15,))

@@ -1,4 +1,5 @@
-"""Message bodies for message-bus senders (Kafka): one message per row change.
+"""The Kafka sender's message formats, both ways: the bodies it writes, one message per
+row change (encode), and what ``verify`` reads back from them (``decode``).
 
 * ``json``: a Debezium-like envelope ``{before, after, op (c/u/d/r; t: a TRUNCATE), ts_ms, source}``
 * ``canal``: Canal's flatMessage JSON (values as strings, ``old`` holds changed columns)
@@ -6,7 +7,10 @@
 * ``protobuf``: ``capturer.RowChange`` from ``proto/capturer.proto``
 
 Every message also carries the identity ``(region, commit_ts, seq)`` in its
-headers, so a consumer can drop duplicates after a crash replay.
+headers, so a consumer can drop duplicates after a crash replay. ``decode`` gives
+``(table, op, before, after)`` of a json, canal or protobuf message (the appliers'
+regrouping reads json and protobuf itself: capturer/apply/regroup.py, which may not
+import a kind; a protobuf column's value is read by ``protogen.value_of`` for both).
 """
 
 from __future__ import annotations
@@ -276,3 +280,47 @@ def key_bytes(ch: RowChange, image: dict[str, Any] | None) -> bytes | None:
     if not pk or image is None:
         return None
     return dumps_compact({c: image.get(c) for c in pk}).encode()
+
+
+# --- decoding (verify reads the topics back with it) ---------------------------------
+
+Name = tuple[str, str]
+Change = tuple[Name, str, "dict[str, Any] | None", "dict[str, Any] | None"]
+_CANAL_OP = {"INSERT": "c", "UPDATE": "u", "DELETE": "d", "TRUNCATE": "t"}
+
+
+def decode_protobuf(value: bytes) -> Change | None:
+    """``decode`` of a ``format=protobuf`` message (``capturer.RowChange``, proto/capturer.proto)."""
+    from capturer.model import protogen
+
+    pb = protogen.load()
+    m = pb.RowChange.FromString(value)
+    name = (m.db, m.table)
+    if m.op == pb.RowChange.DDL:
+        return (name, "t", None, None) if m.table and _TRUNCATE.match(m.sql) else None
+    op = {pb.RowChange.INSERT: "c", pb.RowChange.UPDATE: "u", pb.RowChange.DELETE: "d", pb.RowChange.READ: "r"}[m.op]
+    before = {c.name: protogen.value_of(c.value) for c in m.before} if len(m.before) else None
+    after = {c.name: protogen.value_of(c.value) for c in m.after} if len(m.after) else None
+    return name, op, before, after
+
+
+def decode(value: bytes, fmt: str = "json") -> Change | None:
+    """``(table, op, before, after)`` of a ``format=json``, ``canal`` or ``protobuf`` message
+    (op as Debezium's: c, u, d, r, t), or None for anything else."""
+    if fmt == "protobuf":
+        return decode_protobuf(value)
+    d = json.loads(value)
+    if not isinstance(d, dict):
+        return None
+    if "source" in d and "op" in d:  # json
+        return (d["source"]["db"], d["source"]["table"]), d["op"], d.get("before"), d.get("after")
+    if "database" in d and "type" in d:  # canal: data is the row (the old one for a delete), old the changed columns
+        op = _CANAL_OP.get(str(d["type"]))
+        if op is None or (d.get("isDdl") and op != "t"):
+            return None
+        row = (d.get("data") or [None])[0]
+        name = (d["database"], d["table"])
+        if op == "u":
+            return name, op, {**row, **((d.get("old") or [{}])[0])}, row
+        return name, op, row if op == "d" else None, row if op == "c" else None
+    return None
