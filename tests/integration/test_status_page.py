@@ -4,17 +4,15 @@ the token, ``python -m capturer status``, the Grafana dashboard's queries, and a
 capturer restart under the open page.
 
 Two MariaDB regions under a steady workload feed two senders (local file and
-MySQL). The screenshot is saved as a test artifact (tests/artifacts/status-page.png;
-``UPDATE_SCREENSHOT=1`` also refreshes docs/status-page.png for the README).
+MySQL). The screenshot is saved as a test artifact (tests/artifacts/status-page.png; the README's,
+docs/status-page.png, is made by tests/screenshot.py).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import os
 import re
-import shutil
 import subprocess
 import sys
 import threading
@@ -138,12 +136,8 @@ def test_status_page_live_pause_resume_restart(setup: dict[str, Any], two_server
         pid = status(url)["senders"]["mysql"]["process"]["pid"]
         assert pid and f"process {pid}" in cell(b, "senders", "mysql", "c-state"), "the sender's process not shown"
         assert "healthy" in b.text("#health")
-        if os.environ.get("UPDATE_SCREENSHOT") == "1":
-            time.sleep(40)  # a chart with some history for the README
         shot = b.screenshot(ARTIFACTS / "status-page.png")
         print(f"screenshot: {shot}")
-        if os.environ.get("UPDATE_SCREENSHOT") == "1":
-            shutil.copy(shot, ROOT / "docs" / "status-page.png")
 
         # 2. control calls without the token (or with a wrong one) are refused and change nothing
         for tok in (None, "wrong", TOKEN + "x", ""):
