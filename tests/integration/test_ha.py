@@ -252,6 +252,10 @@ def test_takeovers_under_load_with_all_four_senders(rig: dict[str, Any], etcd: E
         assert other.status()["ha"]["epoch"] > epoch1
         wait_for(lambda: streaming(other), 180, "every sender streaming after the takeover")
         figures["kill9_streaming_s"] = round(time.monotonic() - t0, 1)
+        # this run writes to Kafka with its own epoch before it is paused (checked at the end; on a busy
+        # machine a run paused 1.5 s after its takeover had sent nothing yet: a CI run saw epochs {3, 62})
+        wait_for(lambda: (other.status()["senders"].get("kafka") or {}).get("rows", 0) > 0, 60,
+                 "the new active to send to Kafka")
         active.start()  # the killed one comes back: a standby
         active.wait_ready()
         wait_for(lambda: active.role() == "standby", 30, "the restarted capturer to be a standby")
