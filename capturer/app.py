@@ -35,6 +35,7 @@ from capturer.pipeline.merger import MergeStage
 from capturer.regions import make_region
 from capturer.regions.base import RegionContext
 from capturer.regions.clock import LiftJournal
+from capturer.regions.copies import CopyJournal
 from capturer.regions.group import RegionGroup
 from capturer.util.bqueue import WeightedQueue
 from capturer.util.durable import rewrite_lines
@@ -133,6 +134,8 @@ class Capturer:
             for r in cfg.regions
         ]
         self.group.regions = self.regions
+        if not check_only:  # copies asked for survive a crash before a checkpoint carries them
+            self.group.keep_copies(CopyJournal(self.state_dir.side(StateDir.COPIES)), cp.regions)
         self.senders = [ProcessSender(s.name, s.options, cfg.queue_rows, cfg.log_level, cfg.spill_rows, cfg.spill_dir)
                         if s.options.get("process") else sender_class(s.name)(s.name, s.options, cfg.queue_rows)
                         for s in cfg.senders]
@@ -284,11 +287,15 @@ class Capturer:
             # slot confirmed past it, a lift forgotten)
             floor = self._slowest_cut(cp)
             self.journal.prune(floor)
+            slowest = min((sp for sp in cp.senders.values() if not sp.detached), key=lambda sp: sp.offset,
+                          default=None)
+            self.group.settle_copies(floor, {**cp.region_ts, **(slowest.region_ts if slowest else {})})
             for r in self.regions:
                 if r.name in floor:
                     r.checkpointed(floor[r.name])
             return
         self.journal.prune(self.manager.rebuild_cut().positions)
+        self.group.settle_copies(cp.regions, cp.region_ts)
         if self.stream.backlog is not None:  # backlog segments go only once no checkpoint on disk needs them
             self.stream.backlog.keep_for_checkpoint(cp.senders, {s.name for s in self.senders},
                                                     cp.backlog.next if cp.backlog is not None else 1 << 62)
@@ -334,6 +341,7 @@ class Capturer:
                     self.failure = str(exc)
                     log.error("stopping: %s", exc)
                     break
+                self.group.ask_again(time.monotonic())  # copies a crash left unmade (capturer/regions/copies.py)
                 if should_stop is not None and should_stop.is_set():
                     break
                 if self.stop_requested.is_set():
@@ -646,7 +654,10 @@ class Capturer:
             "filter": {"path": str(self.cfg.filter_path or ""), "loaded_at": round(self.filter_loaded_at, 3),
                        "table_rules": len(self.filter.table_rules), "row_rules": len(self.filter.row_rules),
                        # the tables the last reload that added some added, and their copies' runs
-                       "added": self.new_tables, "held": self.group.held()},
+                       "added": self.new_tables, "held": self.group.held(),
+                       # copies (reload, on demand) not yet carried by a checkpoint on disk, and those a start
+                       # asked for again (capturer/regions/copies.py)
+                       "copies": self.group.copies_status()},
             "stopping": self.stop_event.is_set() or self.stop_requested.is_set(),
             "checkpoint": {
                 **{k: v for k, v in cp.to_json().items() if k != "written_at"},

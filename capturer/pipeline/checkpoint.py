@@ -240,13 +240,15 @@ def save_checkpoint(path: Path, cp: Checkpoint) -> None:
 class StateDir:
     """The checkpoint file and its side files, named and listed in one place: each
     side file is ``<checkpoint>.<suffix>`` next to it (the lift journal ``.lifts``,
-    the paused senders ``.paused``, a region kind's journal ``.<type>.<region>``);
+    the paused senders ``.paused``, the copies asked for ``.copies``, a region kind's
+    journal ``.<type>.<region>``);
     ``.tmp`` files are writes in progress and the backlog (``.backlog``) is a
     directory, so neither is one. High availability ships exactly these to etcd and
     back (capturer/ha/node.py)."""
 
     LIFTS = ".lifts"
     PAUSED = ".paused"
+    COPIES = ".copies"  # copies asked for that no checkpoint carries yet (capturer/regions/copies.py)
 
     def __init__(self, checkpoint_path: Path):
         self.path = checkpoint_path

@@ -19,9 +19,11 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from capturer.errors import SourceError
 from capturer.model import RowChange, Txn
 from capturer.model.spill import SpilledChanges
 from capturer.pipeline.filter import split_table_name
+from capturer.regions.copies import CopyJournal
 from capturer.regions.snaphost import SnapshotHostMixin
 from capturer.regions.snapshot import truncate_conflict
 
@@ -35,6 +37,11 @@ class RegionGroup:
         # changed in place: the merge thread reads it without a lock)
         self._held: dict[str, frozenset[tuple[str, str]]] = {}
         self._held_lock = threading.Lock()
+        # copies asked for that no checkpoint on disk carries yet (capturer/regions/copies.py; None: not kept),
+        # and those of them a start asks for again once their regions stream
+        self.journal: CopyJournal | None = None
+        self._again: list[dict[str, Any]] = []
+        self._again_at = 0.0
 
     def peer(self, name: str) -> Any:
         """The region ``name`` if it copies tables in this process (a coordinated copy of a
@@ -202,4 +209,92 @@ class RegionGroup:
                 out[r.name] = {"run": r.start_snapshot_request(have[r.name], truncate, reason),
                                "tables": [f"{db}.{t}" for db, t in have[r.name]]}
         log.info("snapshot requested (%s): %s%s", reason, out, f"; not found: {missing}" if missing else "")
-        return {"regions": out, "missing": missing, "truncate": truncate}
+        got: dict[str, Any] = {"regions": out, "missing": missing, "truncate": truncate}
+        if self.journal is not None:
+            try:
+                self.journal.add(got, reason)
+            except OSError as exc:
+                log.error("%s: the copies asked for are not recorded (%s): they run, but a crash before the next "
+                          "checkpoint forgets them", self.journal.path, exc)
+                got["warning"] = f"not recorded in {self.journal.path} ({exc}): a crash before the next checkpoint " \
+                                 "forgets this copy"
+        return got
+
+    # --- copies kept across a crash (capturer/regions/copies.py) ------------------------
+    def keep_copies(self, journal: CopyJournal, restored: dict[str, Any]) -> None:
+        """Record every copy asked for from now on in ``journal``; the lines it holds that
+        the ``restored`` positions do not carry are asked for again (``ask_again``)."""
+        self.journal = journal
+        self._again = journal.to_ask_again(restored)
+        # a table a filter reload added is held back again until its copy starts (the stream is read again from
+        # before the reload: a sink must not get a change to a table before its CREATE)
+        reload_added: dict[str, list[tuple[str, str]]] = {}
+        for e in self._again:
+            if e["reason"].startswith("filter reload"):
+                reload_added.setdefault(e["region"], []).append(split_table_name(e["table"]))
+        self.hold(reload_added)
+        if self._again:
+            log.warning("%s: %d copy(ies) asked for before the last stop that no checkpoint carried: asked for "
+                        "again once their regions stream: %s", journal.path, len(self._again),
+                        ", ".join(f"{e['region']}:{e['table']}" for e in self._again))
+
+    def _unhold_in(self, region: str, names: set[tuple[str, str]]) -> None:
+        self.unhold(lambda n, t: n != region or t not in names)
+
+    def copies_status(self) -> dict[str, Any]:
+        j = self.journal
+        if j is None:
+            return {}
+        return {"not_yet_in_a_checkpoint": [f"{e['region']}:{e['table']}" for e in j.entries],
+                "asked_again_after_a_restart": j.asked_again,
+                "to_ask_again": [f"{e['region']}:{e['table']}" for e in self._again]}
+
+    def settle_copies(self, positions: dict[str, Any], region_ts: dict[str, int]) -> None:
+        """A checkpoint with these positions is on disk: the copies it carries leave the journal."""
+        if self.journal is None:
+            return
+
+        def open_run(region: str, run: str) -> bool | None:
+            r = self.peer(region)
+            return None if r is None else bool(r.snapshot_run_open(run))
+
+        def clock(region: str) -> int:
+            r = self.peer(region)
+            return int(r.clock.last_emitted) if r is not None else 1 << 62
+
+        self.journal.settle(positions, region_ts, open_run, clock)
+
+    def ask_again(self, now: float) -> None:
+        """(the capturer's run loop) The copies a start found in the journal, asked for
+        again once each of their regions streams; a source that does not answer: tried
+        again 5 s later; a table no region has or the filter no longer selects: dropped,
+        with a warning."""
+        if not self._again or now < self._again_at or self.journal is None:
+            return
+        groups: dict[tuple[str, bool, str], list[dict[str, Any]]] = {}
+        for e in self._again:
+            groups.setdefault((e["region"], e["truncate"], e["reason"]), []).append(e)
+        for (region, truncate, reason), lines in groups.items():
+            r = self.peer(region)
+            names = {split_table_name(e["table"]) for e in lines}
+            if r is None:
+                log.warning("%s: region %s does not copy tables here (any more): copies %s dropped",
+                            self.journal.path, region, [e["table"] for e in lines])
+                self._unhold_in(region, names)
+            elif getattr(r, "position", None) is None:
+                continue  # not streaming yet
+            else:
+                try:
+                    self.request_tables([split_table_name(e["table"]) for e in lines], region, truncate,
+                                        f"{reason}, asked again after a restart")
+                    self.journal.asked_again += len(lines)
+                except SourceError as exc:
+                    log.warning("copies asked for again in %s: %s; trying again in 5 s", region, exc)
+                    self._again_at = now + 5.0
+                    continue
+                except (ValueError, LookupError) as exc:
+                    log.warning("copies %s of region %s asked for before the last stop are not made again: %s",
+                                [e["table"] for e in lines], region, exc)
+                    self._unhold_in(region, names)
+            self.journal.drop(lines)
+            self._again = [e for e in self._again if e not in lines]

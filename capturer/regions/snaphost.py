@@ -166,6 +166,14 @@ class SnapshotHostMixin:
             self.snap_progress = progress
             self._restamp()
 
+    def snapshot_run_open(self, run: str) -> bool:
+        """Whether ``run`` still has a table to copy here (asked for, pending or running):
+        a run leaves the positions once every table of it is done (capturer/regions/copies.py)."""
+        with self._req_lock:
+            if any(p.run == run for req in self._requests for p in req):
+                return True
+        return any(p.run == run for p in self.snap_progress)
+
     def table_progress(self, db: str, table: str) -> TableProgress | None:
         with self._lock:
             self._apply_requests()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -286,3 +287,60 @@ def test_a_copy_that_cannot_be_made_keeps_the_old_rules(tmp_path: Path, capturer
     finally:
         for m in servers:
             m.stop()
+
+
+def test_a_copy_a_reload_asked_for_survives_kill9_before_a_checkpoint_carries_it(
+        tmp_path: Path, target: MariaDBInstance) -> None:
+    """The filter reload adds a table with history and the capturer is killed (kill -9)
+    at once, before any checkpoint carries the copy (checkpointInterval 60 s): the copy
+    was recorded in ``<checkpoint>.copies`` before the reload answered, so the restarted
+    capturer asks for it again (the restored positions do not carry it) and the table's
+    history reaches the file and the MySQL target (before: never copied, its rows lost
+    downstream for good; issue 49); the line leaves the side file once a checkpoint
+    carries the copy."""
+    from helpers import CapturerProcess
+
+    servers = start_servers(tmp_path, 1)
+    m = servers[0]
+    try:
+        m.execute("CREATE DATABASE d", "CREATE TABLE d.t (id INT PRIMARY KEY, v INT)",
+                  "CREATE TABLE d.late (id INT PRIMARY KEY, v VARCHAR(20))",
+                  "INSERT INTO d.late SELECT seq, CONCAT('old', seq) FROM d.seq_1_to_1500",
+                  "INSERT INTO d.t VALUES (1, 1)")
+        cfg = write_config(tmp_path, servers, filter_text="exclude d.late\n", extra_global=f"controlToken={TOKEN}\n",
+                           senders=FILE_AND_MYSQL.format(out=tmp_path / "out" / "changes.jsonl", port=target.port))
+        cfg.write_text(cfg.read_text().replace("checkpointInterval=0.5", "checkpointInterval=60"))
+        port = int(cfg.read_text().split("httpPort=")[1].split()[0])
+        url = f"http://127.0.0.1:{port}"
+        log = tmp_path / "capturer.log"
+        cap = CapturerProcess(cfg, log).start()
+        cap.wait_ready()
+        wait_for(lambda: requests.get(url + "/status", timeout=5).json()["regions"]["r1"]["state"] == "streaming",
+                 60, "the region streaming")
+        m.execute("INSERT INTO d.t VALUES (2, 2)", "UPDATE d.late SET v = 'changed' WHERE id = 7")
+        time.sleep(1)
+        (tmp_path / "filter_rule.txt").write_text("")
+        r = reload(url)
+        assert r.status_code == 200 and r.json()["added"]["regions"]["r1"]["tables"] == ["d.late"], r.text
+        cap.kill9()
+        side = tmp_path / "checkpoint.json.copies"
+        cp = json.loads((tmp_path / "checkpoint.json").read_text())
+        run = json.loads(side.read_text().splitlines()[0])["run"]
+        assert run not in json.dumps(cp), "the checkpoint carried the copy: the case did not happen"
+        m.execute("INSERT INTO d.late VALUES (5000, 'after')", "DELETE FROM d.late WHERE id = 3")
+        cfg.write_text(cfg.read_text().replace("checkpointInterval=60", "checkpointInterval=0.5"))
+        cap = CapturerProcess(cfg, log).start()
+        cap.wait_ready()
+        want = union_rows(servers, "d", "late")
+        wait_for(lambda: file_tables(tmp_path).get(("d", "late"), []) == want, 120, "d.late's history in the file")
+        wait_for(lambda: source_rows(target, "d", "late") == want, 120, "d.late's history in the MySQL target")
+        assert "asked for again" in log.read_text()
+        assert requests.get(url + "/status", timeout=5).json()["filter"]["copies"]["asked_again_after_a_restart"] == 1
+        wait_for(lambda: not side.exists(), 120, "a checkpoint to carry the copy (the side file gone)")
+        assert cap.stop() == 0
+        for table in ("t", "late"):
+            want = union_rows(servers, "d", table)
+            assert file_tables(tmp_path).get(("d", table), []) == want, f"file d.{table}"
+            assert source_rows(target, "d", table) == want, f"MySQL target d.{table}"
+    finally:
+        m.stop()
