@@ -18,6 +18,12 @@ count of each operation, and the keys alive after the last message of each key a
 The initial snapshot: ``snap.t`` (``snapshot_rows`` rows, made in the server) on one source, our
 ``snapshot=initial`` vs Debezium's ``snapshot.mode=initial``, the same figures.
 
+The MySQL target (``run_sink``): Debezium's JDBC sink reading the Debezium topics (written first, with
+schemas) into a MariaDB target vs our MySQL sender reading the binlogs into it, each until the target's
+bench.t equals the sources' (rows and CRC32 sums), then compared row for row.
+
+``PEERS_PARTS`` (environment; default ``streaming,snapshot,sink``) runs some of the parts only.
+
 Only configuration of theirs (local_connect.py); no code of theirs.
 """
 
@@ -357,6 +363,7 @@ def run(tmp: Path, servers: list[MariaDBInstance], changes: dict[str, int], snap
         raise RuntimeError(why)
     local_connect.classpath()  # (resolved before any clock starts)
     tmp.mkdir(parents=True, exist_ok=True)
+    parts = os.environ.get("PEERS_PARTS", "streaming,snapshot,sink").split(",")  # (to run one of them)
     out: dict[str, Any] = {"versions": {"debezium": f"{local_connect.CONNECTOR} {local_connect.DEBEZIUM_VERSION}",
                                         "kafka_connect": local_connect.CONNECT_VERSION},
                            "debezium_settings": DBZ_TUNING, "connect_producer": CONNECT_PRODUCER, "heap": HEAP}
@@ -365,37 +372,41 @@ def run(tmp: Path, servers: list[MariaDBInstance], changes: dict[str, int], snap
     want = sum(changes.values())
     keys = source_state(servers, "bench.t")
     problems: list[str] = []
-    for m in servers:  # (latency's table: its DDL in the binlog before either side starts)
-        m.execute("CREATE TABLE IF NOT EXISTS bench.lat (id INT PRIMARY KEY, at DATETIME(6))")
-    broker = Broker(partitions=1).start()
-    try:
-        from confluent_kafka.admin import AdminClient, NewTopic
+    if "sink" in parts:
+        out["mysql_target"] = run_sink(tmp / "sink", servers, want)
+        problems += out["mysql_target"]["problems"]
+    if "streaming" in parts:
+        for m in servers:  # (latency's table: its DDL in the binlog before either side starts)
+            m.execute("CREATE TABLE IF NOT EXISTS bench.lat (id INT PRIMARY KEY, at DATETIME(6))")
+        broker = Broker(partitions=1).start()
+        try:
+            from confluent_kafka.admin import AdminClient, NewTopic
 
-        admin = AdminClient({"bootstrap.servers": broker.servers})
-        made = admin.create_topics(
-            [NewTopic(t, 1, 1) for t in ("capturer.bench.lat", "dbz0.bench.lat", "dbz1.bench.lat")])
-        for f in made.values():
-            f.result(60)
-        ours = side_ours(tmp / "ours", servers, broker, want, "capturer.bench.t", lat_base=100_000_000)
-        theirs = side_debezium(tmp / "connect", servers, broker, want, "dbz", "never", lat_base=200_000_000)
-        for name, r, topics in (("ours", ours, ["capturer.bench.t"]),
-                                ("debezium", theirs, [f"dbz{i}.bench.t" for i in range(len(servers))])):
-            got = read_back(broker.servers, topics)
-            r["check"] = check(got, want, changes, keys) or "ok"
-            if r["check"] != "ok":
-                problems.append(f"streaming, {name}: {'; '.join(r['check'])}")
-        out["streaming"] = {"changes": want, "ours": ours, "debezium": theirs, "ratios": {
-            "rows_per_s": ratio(ours["rows_per_s"], theirs["rows_per_s"]),
-            "steady_rows_per_s": ratio(ours.get("steady_rows_per_s"), theirs.get("steady_rows_per_s")),
-            "rows_per_cpu_s": ratio(ours["rows_per_cpu_s"], theirs["rows_per_cpu_s"]),
-            "steady_rows_per_cpu_s": ratio(ours.get("steady_rows_per_cpu_s"), theirs.get("steady_rows_per_cpu_s")),
-            "peak_rss": ratio(ours["peak_rss_mb"], theirs["peak_rss_mb"]),
-            "latency_p50": ratio(ours.get("latency", {}).get("p50_ms"), theirs.get("latency", {}).get("p50_ms")),
-            "latency_p99": ratio(ours.get("latency", {}).get("p99_ms"), theirs.get("latency", {}).get("p99_ms"))}}
-    finally:
-        broker.kill()
-        broker.cleanup()
-    if snapshot_rows:
+            admin = AdminClient({"bootstrap.servers": broker.servers})
+            made = admin.create_topics(
+                [NewTopic(t, 1, 1) for t in ("capturer.bench.lat", "dbz0.bench.lat", "dbz1.bench.lat")])
+            for f in made.values():
+                f.result(60)
+            ours = side_ours(tmp / "ours", servers, broker, want, "capturer.bench.t", lat_base=100_000_000)
+            theirs = side_debezium(tmp / "connect", servers, broker, want, "dbz", "never", lat_base=200_000_000)
+            for name, r, topics in (("ours", ours, ["capturer.bench.t"]),
+                                    ("debezium", theirs, [f"dbz{i}.bench.t" for i in range(len(servers))])):
+                got = read_back(broker.servers, topics)
+                r["check"] = check(got, want, changes, keys) or "ok"
+                if r["check"] != "ok":
+                    problems.append(f"streaming, {name}: {'; '.join(r['check'])}")
+            out["streaming"] = {"changes": want, "ours": ours, "debezium": theirs, "ratios": {
+                "rows_per_s": ratio(ours["rows_per_s"], theirs["rows_per_s"]),
+                "steady_rows_per_s": ratio(ours.get("steady_rows_per_s"), theirs.get("steady_rows_per_s")),
+                "rows_per_cpu_s": ratio(ours["rows_per_cpu_s"], theirs["rows_per_cpu_s"]),
+                "steady_rows_per_cpu_s": ratio(ours.get("steady_rows_per_cpu_s"), theirs.get("steady_rows_per_cpu_s")),
+                "peak_rss": ratio(ours["peak_rss_mb"], theirs["peak_rss_mb"]),
+                "latency_p50": ratio(ours.get("latency", {}).get("p50_ms"), theirs.get("latency", {}).get("p50_ms")),
+                "latency_p99": ratio(ours.get("latency", {}).get("p99_ms"), theirs.get("latency", {}).get("p99_ms"))}}
+        finally:
+            broker.kill()
+            broker.cleanup()
+    if snapshot_rows and "snapshot" in parts:
         src = servers[:1]
         load_sequence(src[0], "snap.t", snapshot_rows)
         skeys = set(range(snapshot_rows))
@@ -438,4 +449,248 @@ def summary(r: dict[str, Any]) -> str:
                          + (f", latency p50 {s['latency'].get('p50_ms')} ms p99 {s['latency'].get('p99_ms')} ms"
                             if "latency" in s else ""))
         lines.append(f"peers {part} ratios (ours / Debezium): {p['ratios']}")
+    if "mysql_target" in r and "ours" in r["mysql_target"]:
+        p = r["mysql_target"]
+        for side in ("ours", "debezium_jdbc"):
+            s = p[side]
+            lines.append(f"peers mysql target ({p['changes']:,} changes), {side}: {s['rows_per_s']:,} rows/s from "
+                         f"start until the target equals the sources ({s['seconds']} s; from the first row "
+                         f"{s.get('rows_per_s_from_first_row')}), {s['rows_per_cpu_s']} "
+                         f"rows/CPU-s, peak RSS {s['peak_rss_mb']} MB, check {s['check']}")
+        lines.append(f"peers mysql target ratios (ours / Debezium JDBC sink): {p['ratios']}")
     return "\n".join(lines)
+
+
+# ---- MySQL target: Debezium's JDBC sink (reading the Debezium topics) vs our MySQL sender ----------------
+
+# the JDBC sink as Debezium's documentation recommends for throughput: upserts by key, bigger batches than
+# the default 500, and Connect's consumer polling as many records as a batch (its default max.poll.records
+# is 500, which would cap every batch at 500); one task per topic (one partition each)
+SINK_TUNING = {"batch.size": "8192", "use.reduction.buffer": "true"}
+SINK_CONSUMER = {"consumer.max.poll.records": "8192", "consumer.fetch.min.bytes": "65536",
+                 "consumer.fetch.max.wait.ms": "100"}
+SCHEMAS = {"key.converter.schemas.enable": "true", "value.converter.schemas.enable": "true"}
+SINK_THREADS = 8  # our MySQL sender's threadnum (bench.py's --threads default)
+COLUMNS = "id, name, city, price, qty, created, updated, n, big, note"
+
+
+def table_sum(servers: list[MariaDBInstance], table: str = "bench.t") -> tuple[int, int]:
+    """(rows, sum of each row's CRC32 over every column) of ``table`` summed over ``servers``: equal
+    for the union of the sources and a target holding the same rows, whatever their order."""
+    n = crc = 0
+    for m in servers:
+        c = m.connect()
+        try:
+            with c.cursor() as cur:
+                cur.execute(f"SELECT COUNT(*), COALESCE(SUM(CRC32(CONCAT_WS('|', {COLUMNS}))), 0) FROM {table}")
+                a, b = cur.fetchone()
+                n, crc = n + int(a), crc + int(b)
+        except Exception:  # (the target's table not made yet)
+            pass
+        finally:
+            c.close()
+    return n, crc
+
+
+def table_count(m: MariaDBInstance, table: str = "bench.t") -> int:
+    c = m.connect()
+    try:
+        with c.cursor() as cur:
+            cur.execute(f"SELECT COUNT(*) FROM {table}")
+            return int(cur.fetchone()[0])
+    except Exception:  # (the target's table not made yet)
+        return 0
+    finally:
+        c.close()
+
+
+def rows_of(servers: list[MariaDBInstance], table: str = "bench.t") -> list[tuple[Any, ...]]:
+    out: list[tuple[Any, ...]] = []
+    for m in servers:
+        c = m.connect()
+        with c.cursor() as cur:
+            cur.execute(f"SELECT {COLUMNS} FROM {table}")
+            out += [tuple(r) for r in cur.fetchall()]
+        c.close()
+    return sorted(out)
+
+
+def compare_rows(sources: list[MariaDBInstance], target: MariaDBInstance) -> list[str]:
+    """The target's ``bench.t`` against the union of the sources', row for row ([] when equal)."""
+    want, got = rows_of(sources), rows_of([target])
+    if want == got:
+        return []
+    w, g = {r[0]: r for r in want}, {r[0]: r for r in got}
+    differ = [k for k in w.keys() & g.keys() if w[k] != g[k]]
+    bad = [f"{len(want)} rows at the sources, {len(got)} at the target: {len(w.keys() - g.keys())} missing, "
+           f"{len(g.keys() - w.keys())} not at the sources, {len(differ)} different"]
+    if differ:
+        k = min(differ)
+        bad.append(f"e.g. id {k}: source {w[k]!r}, target {g[k]!r}")
+    return bad
+
+
+def watch_target(pid: int, sources: list[MariaDBInstance], target: MariaDBInstance, want: tuple[int, int],
+                 t0: float, timeout: float, alive: Any) -> dict[str, Any]:
+    """Sample until the target's bench.t sums as the sources' (rows, CRC32 sum): the figures of one side."""
+    peak_kb = 0
+    done = False
+    deadline = t0 + timeout
+    tpid = [target.proc.pid] if target.proc else []
+    target_cpu0 = cpu_of(tpid)
+    first = None
+    while time.perf_counter() < deadline:
+        t = tree(pid)
+        peak_kb = max(peak_kb, sum(r for _, r in t.values()))
+        n = table_count(target)
+        if first is None and n:
+            first = time.perf_counter() - t0
+        if n == want[0] and table_sum([target]) == want:
+            done = True
+            break
+        why = alive()
+        if why:
+            raise RuntimeError(why)
+        time.sleep(0.25)
+    end = time.perf_counter()
+    t = tree(pid)
+    cpu = sum(c for c, _ in t.values())
+    peak_kb = max(peak_kb, sum(r for _, r in t.values()))
+    out: dict[str, Any] = {"seconds": round(end - t0, 2), "cpu_s": round(cpu, 2), "peak_rss_mb": round(peak_kb / 1024),
+                           "first_row_seconds": round(first, 2) if first is not None else None, "equal_sums": done,
+                           "target_cpu_s": round(cpu_of(tpid) - target_cpu0, 2)}
+    if not done:
+        out["error"] = f"the target's bench.t did not sum as the sources' in {timeout:.0f} s"
+    return out
+
+
+def _rates(r: dict[str, Any], changes: int) -> None:
+    """rows/s from the process's start, and from its first row at the target (without JVM / interpreter
+    start, connecting, the first poll), rows per CPU-second of the process tree."""
+    r["changes"] = changes
+    r["rows_per_s"] = round(changes / r["seconds"])
+    if r["first_row_seconds"] is not None and r["seconds"] > r["first_row_seconds"]:
+        r["rows_per_s_from_first_row"] = round(changes / (r["seconds"] - r["first_row_seconds"]))
+    r["rows_per_cpu_s"] = round(changes / r["cpu_s"]) if r["cpu_s"] else None
+
+
+def _reset(target: MariaDBInstance) -> None:
+    target.execute("DROP DATABASE IF EXISTS bench", "DROP DATABASE IF EXISTS _capturer")
+
+
+def sink_ours(tmp: Path, servers: list[MariaDBInstance], target: MariaDBInstance, changes: int,
+              want: tuple[int, int], timeout: float = 1200) -> dict[str, Any]:
+    """The capturer with its MySQL sender (its defaults, threadnum=8) from each binlog's start into the
+    target, until the target's bench.t equals the sources'."""
+    _reset(target)
+    tmp.mkdir(parents=True, exist_ok=True)
+    regions = "".join(f"\n[region:r{i}]\nhost=127.0.0.1\nport={m.port}\nuser=root\npassword=\nserver_id={770 + i}\n"
+                      for i, m in enumerate(servers))
+    (tmp / "senders.cfg").write_text(f"[global]\ntype=mysql\n[mysql]\nhost=127.0.0.1\nport={target.port}\n"
+                                     f"user=root\nthreadnum={SINK_THREADS}\n")
+    (tmp / "filter.txt").write_text("include bench.t\n")
+    (tmp / "config.cfg").write_text(
+        f"[global]\nbinlogCheckPointPath={tmp / 'cp.json'}\nsenderConfig={tmp / 'senders.cfg'}\n"
+        f"filterRuleDict={tmp / 'filter.txt'}\nhttpPort={free_port()}\ncheckpointInterval=0.5\nlogLevel=warning\n"
+        + regions)
+    t0 = time.perf_counter()
+    with open(tmp / "capturer.log", "ab") as log:
+        p = subprocess.Popen([sys.executable, "-m", "capturer", "--config", str(tmp / "config.cfg")],
+                             cwd=str(ROOT), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    try:
+        r = watch_target(p.pid, servers, target, want, t0, timeout,
+                         lambda: f"the capturer exited {p.returncode}: {(tmp / 'capturer.log').read_text()[-2000:]}"
+                         if p.poll() is not None else "")
+    finally:
+        _stop(p)
+    _rates(r, changes)
+    r["config"] = {"type": "mysql", "threadnum": SINK_THREADS, "source": "each binlog from its first file"}
+    return r
+
+
+def sink_debezium(tmp: Path, servers: list[MariaDBInstance], target: MariaDBInstance, broker: Broker, changes: int,
+                  want: tuple[int, int], topics: list[str], timeout: float = 1200) -> dict[str, Any]:
+    """Kafka Connect with Debezium's JDBC sink reading ``topics`` (already holding every change) into the
+    target, until the target's bench.t equals the sources'. The table is made first with the sources' DDL
+    (the sink's own CREATE from the events' schemas would type the string decimals as text)."""
+    c = servers[0].connect()
+    with c.cursor() as cur:
+        cur.execute("SHOW CREATE TABLE bench.t")
+        ddl = cur.fetchone()[1]
+    c.close()
+    _reset(target)
+    target.execute("CREATE DATABASE bench", ddl.replace("CREATE TABLE `t`", "CREATE TABLE bench.t", 1))
+    user, pw = "dbzsink", "dbzsink-pw"
+    target.execute(f"CREATE USER IF NOT EXISTS '{user}'@'%' IDENTIFIED BY '{pw}'",
+                   f"GRANT ALL ON *.* TO '{user}'@'%'")
+    connect = local_connect.Connect(broker.servers, heap=HEAP, directory=tmp, jars=local_connect.jdbc_classpath(),
+                                    settings={**SCHEMAS, **SINK_CONSUMER})
+    cfg = local_connect.debezium_jdbc_sink("sink", target, user=user, password=pw, database="bench", table="t",
+                                           topics=topics, tasks=len(topics), **SINK_TUNING)
+    t0 = time.perf_counter()
+    try:
+        connect.start([cfg], timeout=300)
+        r = watch_target(connect.pid, servers, target, want, t0, timeout,
+                         lambda: connect.failed() or ("" if connect.proc and connect.proc.poll() is None
+                                                      else f"Connect exited: {connect.tail()}"))
+        r["failed"] = connect.failed()
+    finally:
+        connect.stop()
+    _rates(r, changes)
+    r["config"] = {k: v for k, v in cfg.items() if "password" not in k}
+    r["worker"] = {**SCHEMAS, **SINK_CONSUMER, "heap": HEAP}
+    return r
+
+
+def run_sink(tmp: Path, servers: list[MariaDBInstance], changes: int, timeout: float = 1200) -> dict[str, Any]:
+    """The MySQL target part: Debezium's MariaDB connectors write the topics first (JSON with schemas, as the
+    JDBC sink needs; not timed), then the JDBC sink reads them into a MariaDB target, and our capturer's
+    MySQL sender reads the binlogs into the same target (emptied between): both until the target equals the
+    sources, both checked row for row."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    local_connect.jdbc_classpath()  # (resolved before any clock starts)
+    want = table_sum(servers)
+    target = MariaDBInstance(tmp / "target", server_id=97, binlog=False).start()
+    out: dict[str, Any] = {"versions": {"jdbc_sink": f"debezium-connector-jdbc {local_connect.DEBEZIUM_VERSION}",
+                                        "mariadb_jdbc": local_connect.MARIADB_JDBC_VERSION,
+                                        "kafka_connect": local_connect.CONNECT_VERSION},
+                           "changes": changes, "target_rows": want[0]}
+    problems: list[str] = []
+    broker = Broker(partitions=1).start()
+    try:
+        topics = [f"dbzj{i}.bench.t" for i in range(len(servers))]
+        off = Offsets(broker.servers, topics)
+        src = local_connect.Connect(broker.servers, heap=HEAP, directory=tmp / "source",
+                                    settings={**CONNECT_PRODUCER, **SCHEMAS})
+        t0 = time.perf_counter()
+        try:
+            src.start([local_connect.debezium_mariadb(f"dbzj{i}", m, server_id=830 + i, prefix=f"dbzj{i}",
+                                                      servers=broker.servers, snapshot_mode="never", **DBZ_TUNING)
+                       for i, m in enumerate(servers)], timeout=300)
+            while off.total() < changes and time.perf_counter() - t0 < timeout:
+                if why := src.failed():
+                    raise RuntimeError(why)
+                time.sleep(0.2)
+        finally:
+            src.stop()
+            off.close()
+        out["topics_written_seconds"] = round(time.perf_counter() - t0, 1)
+        theirs = sink_debezium(tmp / "sink-connect", servers, target, broker, changes, want, topics, timeout)
+        theirs["check"] = compare_rows(servers, target) or "ok"
+        ours = sink_ours(tmp / "sink-ours", servers, target, changes, want, timeout)
+        ours["check"] = compare_rows(servers, target) or "ok"
+        for name, r in (("ours", ours), ("debezium_jdbc", theirs)):
+            if r["check"] != "ok":
+                problems.append(f"mysql target, {name}: {'; '.join(r['check'])}")
+        out.update({"ours": ours, "debezium_jdbc": theirs, "ratios": {
+            "rows_per_s": ratio(ours["rows_per_s"], theirs["rows_per_s"]),
+            "rows_per_s_from_first_row": ratio(ours.get("rows_per_s_from_first_row"),
+                                               theirs.get("rows_per_s_from_first_row")),
+            "rows_per_cpu_s": ratio(ours["rows_per_cpu_s"], theirs["rows_per_cpu_s"]),
+            "peak_rss": ratio(ours["peak_rss_mb"], theirs["peak_rss_mb"])}})
+    finally:
+        broker.kill()
+        broker.cleanup()
+        target.stop()
+    out["problems"] = problems
+    return out

@@ -12,6 +12,12 @@ Only jars and configuration files: no code of theirs is in ours.
     c.pid                     # the Connect JVM (CPU, RSS)
     c.status("peer0")         # the REST API's /connectors/peer0/status
     c.stop()                  # SIGTERM (SIGKILL after a timeout); c.cleanup() deletes its directory too
+
+Debezium's JDBC sink (``io.debezium:debezium-connector-jdbc``, the same version, with MariaDB's JDBC driver
+|MARIADB_JDBC_VERSION|) runs in a worker of its own classpath (``devtools/connect/jdbc-sink.pom.xml``):
+
+    Connect(broker.servers, jars=jdbc_classpath(), settings={...schemas.enable...}).start(
+        [debezium_jdbc_sink("sink", target, user=..., password=..., database="bench", table="t", topics=[...], tasks=2)])
 """
 
 from __future__ import annotations
@@ -37,6 +43,10 @@ CONNECT_VERSION = "4.1.1"  # Debezium 3.5 is built on Kafka 4.1 (4.4 moved class
 DEBEZIUM_VERSION = "3.5.0.Final"
 CONNECTOR = "debezium-connector-mariadb"
 POM = Path(__file__).resolve().parent / "connect" / "pom.xml"
+# the JDBC sink's worker: a classpath of its own (jdbc-sink.pom.xml), Debezium's JDBC sink connector and
+# MariaDB's JDBC driver (3.5.x: the driver's stable line; 4.0.0 is new)
+JDBC_POM = Path(__file__).resolve().parent / "connect" / "jdbc-sink.pom.xml"
+MARIADB_JDBC_VERSION = "3.5.6"
 STANDALONE_MAIN = "org.apache.kafka.connect.cli.ConnectStandalone"
 DEFAULT_HEAP = "1g"
 
@@ -65,6 +75,41 @@ def classpath() -> str:
     return jvm.resolve_jars(cache_dir(), POM, {"connect.version": CONNECT_VERSION, "debezium.version": DEBEZIUM_VERSION,
                                                 "debezium.connector": CONNECTOR},
                             f"{CONNECTOR}-{DEBEZIUM_VERSION}.jar", "Kafka Connect / Debezium's jars")
+
+
+def jdbc_cache_dir() -> Path:
+    return cache_dir().parent / f"connect-{CONNECT_VERSION}-debezium-connector-jdbc-{DEBEZIUM_VERSION}"
+
+
+def jdbc_classpath() -> str:
+    """Connect's, Debezium's JDBC sink's and MariaDB's driver's jars (as classpath() does)."""
+    return jvm.resolve_jars(jdbc_cache_dir(), JDBC_POM, {"connect.version": CONNECT_VERSION,
+                                                          "debezium.version": DEBEZIUM_VERSION,
+                                                          "mariadb.jdbc.version": MARIADB_JDBC_VERSION},
+                            f"debezium-connector-jdbc-{DEBEZIUM_VERSION}.jar", "Debezium's JDBC sink's jars")
+
+
+def debezium_jdbc_sink(name: str, m: MariaDBInstance, *, user: str, password: str, database: str, table: str,
+                       topics: list[str], tasks: int, **extra: str) -> dict[str, str]:
+    """Debezium's JDBC sink connector writing ``topics`` (Debezium change events with their schemas: the
+    sink reads Debezium's envelope itself, no ExtractNewRecordState) into ``database.table`` of MariaDB
+    ``m``: upserts by the record's key, deletes applied, the table made or widened by the sink if needed."""
+    cfg = {
+        "name": name,
+        "connector.class": "io.debezium.connector.jdbc.JdbcSinkConnector",
+        "tasks.max": str(tasks),
+        "topics": ",".join(topics),
+        "connection.url": f"jdbc:mariadb://127.0.0.1:{m.port}/{database}",
+        "connection.username": user,
+        "connection.password": password,
+        "insert.mode": "upsert",
+        "primary.key.mode": "record_key",
+        "delete.enabled": "true",
+        "schema.evolution": "basic",
+        "collection.name.format": table,
+    }
+    cfg.update(extra)
+    return {k: v for k, v in cfg.items() if v != ""}
 
 
 def unavailable() -> str:
@@ -123,8 +168,10 @@ class Connect:
     converters without schemas, offsets in a file of its directory."""
 
     def __init__(self, servers: str, *, heap: str = DEFAULT_HEAP, directory: Path | None = None,
-                 settings: dict[str, str] | None = None):
+                 settings: dict[str, str] | None = None, jars: str | None = None):
+        """``jars``: the classpath (default: classpath(), the MariaDB source connector's)."""
         self.servers = servers
+        self.jars = jars
         self.heap = heap
         self.settings = dict(settings or {})
         self._own_dir = directory is None
@@ -169,7 +216,7 @@ class Connect:
             files.append(str(f))
         self.proc = jvm.launch(
             [java(), f"-Xms{self.heap}", f"-Xmx{self.heap}", "-Djava.awt.headless=true", "-XX:+ExitOnOutOfMemoryError",
-             f"-Dlog4j2.configurationFile={self.dir / 'log4j2.properties'}", "-cp", classpath(),
+             f"-Dlog4j2.configurationFile={self.dir / 'log4j2.properties'}", "-cp", self.jars or classpath(),
              STANDALONE_MAIN, str(self.dir / "worker.properties"), *files], self.log_file)
         deadline = time.monotonic() + timeout
         try:
