@@ -248,6 +248,8 @@ class Capturer:
     def _on_item(self, item: Item) -> None:
         key = stream_key(item)  # as the region made it (a filter may strip a DDL prelude)
         if isinstance(item, Txn):
+            if item.ddl is not None:  # a table renamed into the filter is copied (snapshotNewTables)
+                self.group.renamed_in(item, self.filter.table_selected, self.cfg.snapshot_new_tables)
             item = self.filter.apply(self.group.strip_held(item))
         self.manager.dispatch(item, key)
 

@@ -73,6 +73,14 @@ class CopyJournal:
             self.entries = [e for e in self.entries if (e["region"], e["table"]) not in keys] + new
             self._write()
 
+    def add_due(self, lines: list[dict[str, Any]]) -> None:
+        """Copies decided in the stream (a table renamed into the filter) and not asked for
+        yet: ``run`` is "" until ``add`` replaces the line with the request's."""
+        with self._lock:
+            keys = {(e["region"], e["table"]) for e in lines}
+            self.entries = [e for e in self.entries if (e["region"], e["table"]) not in keys] + lines
+            self._write()
+
     def settle(self, positions: dict[str, Any], region_ts: dict[str, int],
                open_run: Callable[[str, str], bool | None], clock: Callable[[str], int]) -> None:
         """A checkpoint is on disk with ``positions``/``region_ts`` (where a restart reads
@@ -85,6 +93,9 @@ class CopyJournal:
             keep = []
             for e in self.entries:
                 region, run = e["region"], e["run"]
+                if not run:  # not asked for yet (add_due)
+                    keep.append(e)
+                    continue
                 progress = getattr(positions.get(region), "snapshot", ()) or ()
                 if any(p.run == run for p in progress):
                     continue  # the checkpoint carries the run: a restart goes on with it

@@ -71,3 +71,50 @@ def is_data_ddl(sql: str) -> bool:
     """Statements that change data objects (tables, databases, indexes, views...);
     account and server statements (GRANT, CREATE USER, FLUSH ...) are not passed on."""
     return bool(_DATA_DDL.match(_COMMENT.sub(" ", sql).strip()))
+
+
+_RENAME = re.compile(r"^RENAME\s+TABLES?\s+(.*)$", re.I | re.S)
+_RENAME_PAIR = re.compile(rf"^\s*{_QNAME}\s+TO\s+{_QNAME}\s*$", re.I | re.S)
+_ALTER_RENAME = re.compile(
+    rf"^ALTER\s+(?:ONLINE\s+|IGNORE\s+)?TABLE\s+{_QNAME}\s+RENAME\s+(?:TO\s+|AS\s+)?{_QNAME}\s*;?\s*$", re.I | re.S)
+
+
+def _split_top(s: str) -> list[str]:
+    """``s`` split at the commas outside backquotes."""
+    out: list[str] = []
+    cur: list[str] = []
+    quoted = False
+    for ch in s:
+        if ch == "`":
+            quoted = not quoted
+        if ch == "," and not quoted:
+            out.append("".join(cur))
+            cur = []
+        else:
+            cur.append(ch)
+    out.append("".join(cur))
+    return out
+
+
+def renamed_tables(sql: str, current_db: str) -> list[tuple[tuple[str, str], tuple[str, str]]]:
+    """The ``((db, old), (db, new))`` pairs a ``RENAME TABLE a TO b[, c TO d]`` or an
+    ``ALTER TABLE a RENAME [TO|AS] b`` statement renames (none for any other statement)."""
+    s = _COMMENT.sub(" ", sql).strip().rstrip(";")
+    m = _ALTER_RENAME.match(s)
+    parts: list[tuple[str, str]] = []
+    if m:
+        parts = [(m.group(1), m.group(2))]
+    else:
+        m = _RENAME.match(s)
+        if m is None:
+            return []
+        for piece in _split_top(m.group(1)):
+            pm = _RENAME_PAIR.match(piece)
+            if pm is None:
+                return []
+            parts.append((pm.group(1), pm.group(2)))
+    out = []
+    for a, b in parts:
+        (da, ta), (db_, tb) = split_qname(a), split_qname(b)
+        out.append(((da or current_db, ta), (db_ or current_db, tb)))
+    return out

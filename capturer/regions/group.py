@@ -24,6 +24,7 @@ from capturer.model import RowChange, Txn
 from capturer.model.spill import SpilledChanges
 from capturer.pipeline.filter import split_table_name
 from capturer.regions.copies import CopyJournal
+from capturer.regions.ddl import renamed_tables
 from capturer.regions.snaphost import SnapshotHostMixin
 from capturer.regions.snapshot import truncate_conflict
 
@@ -41,6 +42,7 @@ class RegionGroup:
         # and those of them a start asks for again once their regions stream
         self.journal: CopyJournal | None = None
         self._again: list[dict[str, Any]] = []
+        self._fresh: set[tuple[str, str]] = set()  # (region, table) of copies this run decided (renames)
         self._again_at = 0.0
 
     def peer(self, name: str) -> Any:
@@ -230,7 +232,7 @@ class RegionGroup:
         # before the reload: a sink must not get a change to a table before its CREATE)
         reload_added: dict[str, list[tuple[str, str]]] = {}
         for e in self._again:
-            if e["reason"].startswith("filter reload"):
+            if e["reason"].startswith(("filter reload", "renamed into the filter")):
                 reload_added.setdefault(e["region"], []).append(split_table_name(e["table"]))
         self.hold(reload_added)
         if self._again:
@@ -240,6 +242,32 @@ class RegionGroup:
 
     def _unhold_in(self, region: str, names: set[tuple[str, str]]) -> None:
         self.unhold(lambda n, t: n != region or t not in names)
+
+    def renamed_in(self, txn: Txn, selected: Callable[[str, str], bool], mode: str) -> None:
+        """(the merge thread, before ``strip_held``) A ``RENAME TABLE`` of a table the filter
+        leaves out to a name it selects brings rows the stream never carried: the new name
+        is held back in the region and copied (``snapshotNewTables``; never: nothing), asked
+        for by the run loop (``ask_again``) and recorded first (a crash in between asks
+        again). PostgreSQL renames arrive as relation changes, not as this statement."""
+        d = txn.ddl
+        if d is None or mode == "never" or self.peer(txn.region) is None:
+            return
+        added = [new for old, new in renamed_tables(d.sql, d.db) if not selected(*old) and selected(*new)]
+        if not added:
+            return
+        self.hold({txn.region: added})
+        lines: list[dict[str, Any]] = [{"region": txn.region, "table": f"{db}.{t}", "run": "", "truncate": mode == "truncate",
+                  "reason": "renamed into the filter"} for db, t in added]
+        log.info("region %s: %s renamed into the filter: copied (snapshotNewTables=%s)", txn.region,
+                 ", ".join(e["table"] for e in lines), mode)
+        if self.journal is not None:
+            try:
+                self.journal.add_due(lines)
+            except OSError as exc:
+                log.error("%s: the copies of tables renamed into the filter are not recorded (%s): a crash before "
+                          "they start forgets them", self.journal.path, exc)
+        self._fresh |= {(e["region"], e["table"]) for e in lines}
+        self._again = self._again + lines
 
     def copies_status(self) -> dict[str, Any]:
         j = self.journal
@@ -285,9 +313,11 @@ class RegionGroup:
                 continue  # not streaming yet
             else:
                 try:
+                    again = not all((e["region"], e["table"]) in self._fresh for e in lines)
                     self.request_tables([split_table_name(e["table"]) for e in lines], region, truncate,
-                                        f"{reason}, asked again after a restart")
-                    self.journal.asked_again += len(lines)
+                                        f"{reason}, asked again after a restart"
+                                        if again and "asked again" not in reason else reason)
+                    self.journal.asked_again += len(lines) if again else 0
                 except SourceError as exc:
                     log.warning("copies asked for again in %s: %s; trying again in 5 s", region, exc)
                     self._again_at = now + 5.0

@@ -66,3 +66,19 @@ def test_a_damaged_side_file_is_named(tmp_path: Path) -> None:
         CopyJournal(path)
     path.write_text('{"region": "r1", "table": "d.x", "run": "A"}\n{"region": "r1", "tab')  # torn last line
     assert [e["run"] for e in CopyJournal(path).entries] == ["A"]
+
+
+@pytest.mark.parametrize(("sql", "want"), [
+    ("RENAME TABLE d.stage TO d.live", [(("d", "stage"), ("d", "live"))]),
+    ("rename table `a,b` to `c`, x.y TO z", [(("cur", "a,b"), ("cur", "c")), (("x", "y"), ("cur", "z"))]),
+    ("/* c */ ALTER TABLE stage RENAME TO live;", [(("cur", "stage"), ("cur", "live"))]),
+    ("ALTER ONLINE TABLE stage RENAME AS `d2`.`li``ve`", [(("cur", "stage"), ("d2", "li`ve"))]),
+    ("ALTER TABLE stage RENAME COLUMN a TO b", []),
+    ("ALTER TABLE stage RENAME INDEX a TO b", []),
+    ("RENAME USER a TO b", []),
+    ("RENAME TABLE a TO b, c", []),
+])
+def test_renamed_tables(sql: str, want: list[Any]) -> None:
+    from capturer.regions.ddl import renamed_tables
+
+    assert renamed_tables(sql, "cur") == want
