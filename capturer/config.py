@@ -13,11 +13,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from capturer import regions as regions_registry
 from capturer.errors import ConfigError
+from capturer.util.dotted import load
 from capturer.util.ini import (
     IniFile,
     Key,
-    p_bool,
     p_choice,
     p_float,
     p_int,
@@ -27,18 +28,11 @@ from capturer.util.ini import (
     parse_section,
     read_ini,
 )
-from capturer.util.mysqlconn import SSL_KEYS, check_ssl_keys, tls_kwargs
+from capturer.util.mysqlconn import tls_kwargs
 
 log = logging.getLogger(__name__)
 
 _REGION_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
-_START = re.compile(r"^(earliest|latest|[^:\s]+:\d+)$")
-
-
-def p_start(v: str) -> str:
-    if not _START.match(v):
-        raise ValueError("expected earliest, latest or BINLOG_FILE:POS (e.g. mariadb-bin.000001:4)")
-    return v
 
 
 _PEER = re.compile(r"^[A-Za-z0-9_.\-\[\]:]+:\d{1,5}$")
@@ -56,40 +50,6 @@ def p_peers(v: str) -> tuple[str, ...]:
 
 def p_peers_or_empty(v: str) -> tuple[str, ...]:
     return p_peers(v) if v.strip() else ()
-
-
-def p_ids(v: str) -> tuple[int, ...]:
-    out = []
-    for x in (x.strip() for x in v.split(",")):
-        if not x:
-            continue
-        if not x.isdigit() or int(x) <= 0 or int(x) >= 1 << 63:
-            raise ValueError(f"expected positive region ids separated by commas, got {x!r}")
-        out.append(int(x))
-    return tuple(out)
-
-
-def p_baikal_start(v: str) -> str:
-    """earliest | latest | a BaikalDB TSO | a UTC time 'YYYY-MM-DD HH:MM:SS[.ffffff]'."""
-    import datetime as dt
-
-    low = v.lower()
-    if low in ("earliest", "latest"):
-        return low
-    if v.isdigit():
-        if int(v) <= 0 or int(v) >= 1 << 63:
-            raise ValueError("a TSO must be a positive 64-bit integer")
-        return v
-    try:
-        t = dt.datetime.fromisoformat(v)
-    except ValueError:
-        raise ValueError("expected earliest, latest, a BaikalDB TSO (an integer) or a UTC time "
-                         "'YYYY-MM-DD HH:MM:SS'") from None
-    if t.tzinfo is None:
-        t = t.replace(tzinfo=dt.timezone.utc)
-    if t.timestamp() * 1000 < 1577808000000:
-        raise ValueError("a start time before 2020-01-01 (BaikalDB's TSO origin) is not a TSO")
-    return t.isoformat()
 
 
 GLOBAL_KEYS = [
@@ -170,134 +130,6 @@ class HaConfig:
     id: str
 
 
-REGION_KEYS = [
-    Key("type", p_choice("mysql", "mariadb"), "mysql", doc="region kind"),
-    Key("host", p_nonempty, required=True),
-    Key("port", p_int(1, 65535), 3306),
-    Key("replicas", p_peers_or_empty, (),
-        doc="the source's other servers, host:port[,host:port...]: when host is unreachable or no longer the "
-            "primary (read_only=ON), the region reads the one of them that is (failover, resumed from the GTID "
-            "position; see docs/regions-mysql.md#failover)"),
-    Key("user", p_nonempty, required=True),
-    Key("password", p_str, "", secret=True),
-    Key("server_id", p_int(1, 4294967295), required=True,
-        doc="replica server id this capturer uses; unique among the source's replicas"),
-    Key("start", p_start, "earliest",
-        doc="where to start without a checkpoint: earliest, latest, or FILE:POS"),
-    Key("heartbeat_ms", p_int(50, 60_000), 500, doc="idle heartbeat period"),
-    Key("heartbeat_lag_ms", p_int(0, 600_000), 1000,
-        doc="how far behind the source clock an idle heartbeat promises"),
-    Key("connect_timeout", p_float(0.5, 600), 10.0),
-    *SSL_KEYS,
-    Key("decoder", p_choice("fast", "library"), "fast",
-        doc="row decoder: fast (planned per table) or library (python-mysql-replication)"),
-    Key("snapshot", p_choice("never", "initial", "when_needed"), "never",
-        doc="copy the selected tables: never; initial (on a first start); when_needed (also when the "
-            "checkpoint's binlog is purged: then each table is emptied downstream first)"),
-    Key("snapshot_method", p_choice("auto", "consistent", "watermark"), "auto",
-        doc="how a chunk is made consistent with the binlog: consistent (MariaDB's consistent-snapshot position), "
-            "watermark (a locking read per chunk and the binlog position read while its locks are held: MySQL "
-            "5.7/8.x), auto (consistent where the server reports that position, else watermark)"),
-    Key("snapshot_workers", p_int(1, 64), 2, doc="tables copied at once"),
-    Key("snapshot_chunk_rows", p_int(10, 10_000_000), 20_000, doc="rows per snapshot chunk"),
-    Key("snapshot_read_ahead", p_bool, False,
-        doc="read a table's next chunk on a second connection while the one before is delivered (a worker then "
-            "holds two chunks): pays where the source is slow to answer; against a local server the capturer's "
-            "own work bounds the copy and the second reader only costs (see docs/benchmarks.md)"),
-    Key("snapshot_driver", p_choice("auto", "mariadb", "pymysql"), "auto",
-        doc="client that reads snapshot chunks: MariaDB Connector/Python where installed (auto), or pymysql"),
-    Key("snapshot_ddl", p_bool, True,
-        doc="send CREATE DATABASE/TABLE IF NOT EXISTS (from SHOW CREATE TABLE) before a table's copy starts"),
-    Key("process", p_bool, False,
-        doc="read and decode this region in a worker process of its own (a local region agent) instead of "
-            "the capturer's process: decoding then uses another core and not the senders' GIL"),
-]
-
-
-BAIKAL_KEYS = [
-    Key("type", p_choice("baikaldb"), "baikaldb", doc="region kind"),
-    Key("metaServer", p_peers, required=True, doc="meta server peers host:port[,host:port...]"),
-    Key("binlogTableID", p_int(1, (1 << 63) - 1), required=True, doc="table id of the binlog table"),
-    Key("binlogRegionID", p_ids, (), doc="only these binlog regions (comma-separated); empty = every region"),
-    Key("start", p_baikal_start, "earliest",
-        doc="without a checkpoint: earliest (each region's oldest binlog), latest (now), a TSO, or a UTC time"),
-    Key("read_batch", p_int(1, 100_000), 1000, doc="rows asked per OP_READ_BINLOG (read_binlog_cnt)"),
-    Key("poll_ms", p_int(10, 60_000), 100, doc="pause before reading a caught-up region again"),
-    Key("connect_timeout", p_float(0.1, 600), 3.0),
-    Key("request_timeout", p_float(1, 3600), 15.0,
-        doc="seconds for one call (a store may take 10 s to answer a read)"),
-    Key("follower_read_after", p_float(0, 86_400), 10.0,
-        doc="ask followers when the leader has nothing and the position is this many seconds behind"),
-    Key("schema_refresh", p_float(0.5, 86_400), 10.0, doc="seconds between schema and region refreshes"),
-    Key("create_tables", p_bool, True,
-        doc="on a first start, send CREATE TABLE IF NOT EXISTS for every source table (DDL)"),
-    Key("unpaired_update", p_choice("error", "split"), "error",
-        doc="an UPDATE with unequal old/new row counts: stop with an error, or split it into deletes+inserts"),
-    Key("region_buffer", p_int(10, 1_000_000), 1000, doc="entries buffered per binlog region"),
-    Key("process", p_bool, False,
-        doc="read and decode this region in a worker process of its own (a local region agent) instead of "
-            "the capturer's process: decoding then uses another core and not the senders' GIL"),
-]
-
-
-_SLOT = re.compile(r"^[a-z0-9_]{1,63}$")
-
-
-def p_slot(v: str) -> str:
-    if not _SLOT.match(v):
-        raise ValueError("a replication slot name is 1-63 of a-z 0-9 _")
-    return v
-
-
-def p_create_publication(v: str) -> str:
-    """no | all | schema.table[,schema.table...]"""
-    low = v.strip().lower()
-    if low in ("no", "all"):
-        return low
-    tables = [t.strip() for t in v.split(",") if t.strip()]
-    if not tables or not all(re.fullmatch(r"[^.\s]+\.[^.\s]+", t) for t in tables):
-        raise ValueError("expected no, all, or schema.table[,schema.table...]")
-    return ",".join(tables)
-
-
-POSTGRES_KEYS = [
-    Key("type", p_choice("postgresql"), "postgresql", doc="region kind: a PostgreSQL logical replication slot"),
-    Key("host", p_nonempty, required=True),
-    Key("port", p_int(1, 65535), 5432),
-    Key("user", p_nonempty, required=True, doc="a role with REPLICATION (and SELECT on the published tables)"),
-    Key("password", p_str, "", secret=True),
-    Key("dbname", p_nonempty, required=True, doc="the database whose changes are read"),
-    Key("slot", p_slot, "", doc="logical replication slot (pgoutput); empty = capturer_<region name>"),
-    Key("create_slot", p_bool, True, doc="create the slot on a first start when it does not exist"),
-    Key("publication", p_nonempty, "", doc="publication whose tables are read; empty = capturer_<region name>"),
-    Key("create_publication", p_create_publication, "no",
-        doc="when the publication does not exist: no (an error), all (FOR ALL TABLES), or schema.table,..."),
-    Key("heartbeat_ms", p_int(50, 60_000), 500, doc="idle heartbeat period"),
-    Key("heartbeat_lag_ms", p_int(0, 600_000), 1000,
-        doc="how far behind the server's clock a heartbeat promises"),
-    Key("status_interval", p_float(0.1, 3600), 10.0, doc="seconds between status updates to the server"),
-    Key("connect_timeout", p_float(0.5, 600), 10.0),
-    Key("sslmode", p_choice("disable", "allow", "prefer", "require", "verify-ca", "verify-full"), "prefer"),
-    Key("ddl", p_bool, True,
-        doc="send MySQL DDL for new and changed tables (CREATE TABLE on first sight, ALTER TABLE, TRUNCATE)"),
-    Key("toast_fill", p_bool, True,
-        doc="read unchanged TOASTed values (absent from the log under REPLICA IDENTITY DEFAULT) from the table"),
-    Key("toast_wait_ms", p_int(0, 600_000), 5000,
-        doc="how long a TOAST fill waits for its transaction to become visible to other sessions (it can be "
-            "delivered before: under load, or a synchronous standby) before it reads anyway"),
-    Key("snapshot", p_choice("never", "initial", "when_needed"), "never",
-        doc="copy the published tables the filter selects: never; initial (on a first start); when_needed (also "
-            "when the checkpoint's changes are gone from the slot: each table is emptied downstream first)"),
-    Key("snapshot_workers", p_int(1, 64), 2, doc="tables copied at once"),
-    Key("snapshot_chunk_rows", p_int(10, 10_000_000), 20_000, doc="rows per snapshot chunk"),
-    Key("snapshot_read_ahead", p_bool, False,
-        doc="read a table's next chunk on a second connection while the one before is delivered"),
-    Key("process", p_bool, False,
-        doc="read and decode this region in a worker process of its own (a local region agent) instead of "
-            "the capturer's process"),
-]
-
-
 @dataclass(frozen=True)
 class PostgresRegionConfig:
     name: str
@@ -329,23 +161,6 @@ class PostgresRegionConfig:
         return {"type": self.type, "host": self.host, "port": self.port, "user": self.user,
                 "password": "***" if self.password else "", "dbname": self.dbname, "slot": self.slot,
                 "publication": self.publication, "create_publication": self.create_publication}
-
-
-REMOTE_KEYS = [
-    Key("type", p_choice("remote"), "remote", doc="region kind: a region served by a region agent"),
-    Key("address", p_peers, required=True,
-        doc="the agent: host:port; several (comma-separated) are tried in turn (an agent moved or restarted elsewhere)"),
-    Key("agent_region", p_str, "", doc="the region's name in the agent's config; empty = this section's name"),
-    Key("token", p_str, "", secret=True, doc="shared token the agent requires (its [agent] token)"),
-    Key("tls", p_bool, False, doc="connect with TLS (set automatically when tls_ca is given)"),
-    Key("tls_ca", p_str, "", doc="PEM file of the CA that signed the agent's certificate; empty = the system's roots"),
-    Key("tls_cert", p_str, "", doc="PEM client certificate, for agents that require one (tls_client_ca)"),
-    Key("tls_key", p_str, "", doc="PEM key of tls_cert"),
-    Key("tls_server_name", p_str, "", doc="name to check in the agent's certificate instead of the address's host"),
-    Key("connect_timeout", p_float(0.1, 600), 5.0, doc="seconds to reach an agent before trying the next address"),
-    Key("idle_timeout", p_float(1, 3600), 15.0,
-        doc="an agent that sends nothing for this long (it sends a status every second) is given up and reconnected"),
-]
 
 
 @dataclass(frozen=True)
@@ -579,74 +394,17 @@ def parse_regions(ini: IniFile, path: Path, allow_remote: bool = True) -> list[A
             raise ConfigError(
                 f"{path}:{sec.line}: region name {rname!r} must be 1-64 of A-Z a-z 0-9 _ . -"
             )
-        kind = sec.values.get("type")
-        if kind is not None and kind.value.lower() == "remote" and allow_remote:
-            v = parse_section(ini, name, REMOTE_KEYS)
-            if bool(v["tls_cert"]) != bool(v["tls_key"]):
-                raise ConfigError(f"{ini.where(name, 'tls_cert' if v['tls_cert'] else 'tls_key')}: "
-                                  "tls_cert and tls_key go together (a client certificate for mutual TLS)")
-            for k in ("tls_ca", "tls_cert", "tls_key"):
-                if v[k] and not Path(v[k]).expanduser().is_file():
-                    raise ConfigError(f"{ini.where(name, k)}: no such file: {v[k]}")
-            regions.append(RemoteRegionConfig(name=rname, **{k: v[k] for k in v}))
-            continue
-        if kind is not None and kind.value.lower() == "postgresql":
-            v = parse_section(ini, name, POSTGRES_KEYS)
-            default = "capturer_" + re.sub(r"[^a-z0-9_]", "_", rname.lower())[:50]
-            v["slot"] = v["slot"] or default
-            v["publication"] = v["publication"] or default
-            regions.append(PostgresRegionConfig(name=rname, **{k: v[k] for k in v}))
-            continue
-        if kind is not None and kind.value.lower() == "baikaldb":
-            v = parse_section(ini, name, BAIKAL_KEYS)
-            regions.append(BaikalRegionConfig(name=rname, **{k: v[k] for k in v}))
-        else:
-            keys = REGION_KEYS
-            if kind is not None and kind.value.lower() not in ("mysql", "mariadb"):
-                raise ConfigError(f"{ini.where(name, 'type')}: bad value {kind.value!r}: expected one of "
-                                  "mysql, mariadb, baikaldb, postgresql" + (", remote" if allow_remote else ""))
-            v = parse_section(ini, name, keys)
-            check_ssl_keys(ini, name, v)
-            regions.append(RegionConfig(name=rname, **{k: v[k] for k in v}))
+        given = sec.values.get("type")
+        kind = given.value.lower() if given is not None else regions_registry.DEFAULT_TYPE
+        if kind not in regions_registry.types(allow_remote):
+            raise ConfigError(f"{ini.where(name, 'type')}: bad value {given.value if given else kind!r}: expected one "
+                              f"of {', '.join(regions_registry.types(allow_remote))}")
+        regions.append(load(regions_registry.kind(kind).parse)(ini, name, rname))
     if not regions:
         raise ConfigError(f"{path}: no [region:NAME] section; configure at least one source")
     ids: dict[Any, str] = {}
     for r in regions:
-        if isinstance(r, RemoteRegionConfig):
-            for addr in r.address:
-                rkey = (addr, r.agent_region or r.name)
-                if rkey in ids:
-                    raise ConfigError(
-                        f"{path}: regions [region:{ids[rkey]}] and [region:{r.name}] both subscribe to region "
-                        f"{rkey[1]!r} of the agent at {addr}")
-                ids[rkey] = r.name
-            continue
-        if isinstance(r, BaikalRegionConfig):
-            for rid in r.binlogRegionID or (0,):
-                bkey = (frozenset(r.metaServer), r.binlogTableID, rid)
-                other = ids.get(bkey) or ids.get((bkey[0], bkey[1], 0))
-                if other is None and rid == 0:
-                    other = next((n for k, n in ids.items() if k[:2] == bkey[:2]), None)
-                if other is not None:
-                    raise ConfigError(
-                        f"{path}: regions [region:{other}] and [region:{r.name}] both read binlog table "
-                        f"{r.binlogTableID}{f' region {rid}' if rid else ''} of the same cluster")
-                ids[bkey] = r.name
-            continue
-        if isinstance(r, PostgresRegionConfig):
-            pkey = (r.host, r.port, r.dbname, r.slot)
-            if pkey in ids:
-                raise ConfigError(f"{path}: regions [region:{ids[pkey]}] and [region:{r.name}] read the same "
-                                  f"replication slot {r.slot!r} of {r.host}:{r.port}/{r.dbname}")
-            ids[pkey] = r.name
-            continue
-        key = (r.host, r.port)
-        if key in ids:
-            raise ConfigError(
-                f"{path}: regions [region:{ids[key]}] and [region:{r.name}] read the same "
-                f"server {r.host}:{r.port}"
-            )
-        ids[key] = r.name
+        load(regions_registry.kind(r.type).claim)(r, ids, path)
 
     return regions
 

@@ -15,6 +15,11 @@ no client library:
 * ``verify``: ``"module:function"``, ``function(cfg)`` giving ``verify``'s reader of
   the source (a ``capturer.util.compare.SqlSource``), or ``""`` with ``no_verify``
   saying why verify cannot read it;
+* ``keys``, ``parse``, ``claim``: ``"module:name"`` of the kind's ``[region:NAME]``
+  keys (a list of ``capturer.util.ini.Key``), ``parse(ini, section, name)`` giving its
+  typed config, and ``claim(cfg, ids, path)`` refusing (ConfigError) a second region
+  that reads the same source (``ids``: what earlier regions read -> their name);
+* ``agent``: a region served by a region agent (an agent's own config refuses it);
 * ``extra``: the ``setup.py`` extra the kind needs (``start.sh`` installs it);
 * ``journal``: the kind keeps a journal next to the checkpoint
   (``<checkpoint>.<type>.<region>``).
@@ -32,5 +37,9 @@ class RegionKind:
     check: str = ""
     verify: str = ""
     no_verify: str = ""  # why verify cannot read this kind's source
+    keys: str = ""
+    parse: str = ""
+    claim: str = ""
+    agent: bool = False
     extra: str = ""
     journal: bool = False

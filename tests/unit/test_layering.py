@@ -141,6 +141,16 @@ def test_ops_ha_apply_config_and_the_command_line_reach_kinds_only_through_the_r
     assert not bad, "\n".join(bad)
 
 
+def test_config_names_no_region_kind() -> None:
+    """config.py validates a [region:NAME] section with the keys its kind's descriptor
+    names: no type of the registry appears in it as a string (a dispatch by name)."""
+    from capturer.regions import types
+
+    text = (ROOT / "capturer/config.py").read_text()
+    bad = [t for t in types() if f'"{t}"' in text or f"'{t}'" in text]
+    assert not bad, f"capturer/config.py names region kinds {bad}"
+
+
 def test_no_arrow_runs_back_up_to_the_roots_or_across_the_wings() -> None:
     """app.py and the command line are the roots: what they build (ops/, ha/) gets the
     Capturer, the status server and the registries handed in, and names neither them

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING
 from capturer.regions.kind import RegionKind
 
 KIND = RegionKind("baikaldb", "capturer.regions.baikaldb.region:BaikalRegion", check="capturer.regions.baikaldb.check",
+                  keys="capturer.regions.baikaldb.keys:KEYS", parse="capturer.regions.baikaldb.keys:parse",
+                  claim="capturer.regions.baikaldb.keys:claim",
                   no_verify="no SQL front end", journal=True)
 
 if TYPE_CHECKING:

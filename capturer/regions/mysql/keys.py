@@ -1,0 +1,82 @@
+"""The ``[region:NAME]`` keys of ``type = mysql`` / ``mariadb`` and the section's
+parsing (capturer/config.py reaches them through the region registry)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from capturer.config import RegionConfig, p_peers_or_empty
+from capturer.errors import ConfigError
+from capturer.util.ini import IniFile, Key, p_bool, p_choice, p_float, p_int, p_nonempty, p_str, parse_section
+from capturer.util.mysqlconn import SSL_KEYS, check_ssl_keys
+
+_START = re.compile(r"^(earliest|latest|[^:\s]+:\d+)$")
+
+
+def p_start(v: str) -> str:
+    if not _START.match(v):
+        raise ValueError("expected earliest, latest or BINLOG_FILE:POS (e.g. mariadb-bin.000001:4)")
+    return v
+
+
+KEYS = [
+    Key("type", p_choice("mysql", "mariadb"), "mysql", doc="region kind"),
+    Key("host", p_nonempty, required=True),
+    Key("port", p_int(1, 65535), 3306),
+    Key("replicas", p_peers_or_empty, (),
+        doc="the source's other servers, host:port[,host:port...]: when host is unreachable or no longer the "
+            "primary (read_only=ON), the region reads the one of them that is (failover, resumed from the GTID "
+            "position; see docs/regions-mysql.md#failover)"),
+    Key("user", p_nonempty, required=True),
+    Key("password", p_str, "", secret=True),
+    Key("server_id", p_int(1, 4294967295), required=True,
+        doc="replica server id this capturer uses; unique among the source's replicas"),
+    Key("start", p_start, "earliest",
+        doc="where to start without a checkpoint: earliest, latest, or FILE:POS"),
+    Key("heartbeat_ms", p_int(50, 60_000), 500, doc="idle heartbeat period"),
+    Key("heartbeat_lag_ms", p_int(0, 600_000), 1000,
+        doc="how far behind the source clock an idle heartbeat promises"),
+    Key("connect_timeout", p_float(0.5, 600), 10.0),
+    *SSL_KEYS,
+    Key("decoder", p_choice("fast", "library"), "fast",
+        doc="row decoder: fast (planned per table) or library (python-mysql-replication)"),
+    Key("snapshot", p_choice("never", "initial", "when_needed"), "never",
+        doc="copy the selected tables: never; initial (on a first start); when_needed (also when the "
+            "checkpoint's binlog is purged: then each table is emptied downstream first)"),
+    Key("snapshot_method", p_choice("auto", "consistent", "watermark"), "auto",
+        doc="how a chunk is made consistent with the binlog: consistent (MariaDB's consistent-snapshot position), "
+            "watermark (a locking read per chunk and the binlog position read while its locks are held: MySQL "
+            "5.7/8.x), auto (consistent where the server reports that position, else watermark)"),
+    Key("snapshot_workers", p_int(1, 64), 2, doc="tables copied at once"),
+    Key("snapshot_chunk_rows", p_int(10, 10_000_000), 20_000, doc="rows per snapshot chunk"),
+    Key("snapshot_read_ahead", p_bool, False,
+        doc="read a table's next chunk on a second connection while the one before is delivered (a worker then "
+            "holds two chunks): pays where the source is slow to answer; against a local server the capturer's "
+            "own work bounds the copy and the second reader only costs (see docs/benchmarks.md)"),
+    Key("snapshot_driver", p_choice("auto", "mariadb", "pymysql"), "auto",
+        doc="client that reads snapshot chunks: MariaDB Connector/Python where installed (auto), or pymysql"),
+    Key("snapshot_ddl", p_bool, True,
+        doc="send CREATE DATABASE/TABLE IF NOT EXISTS (from SHOW CREATE TABLE) before a table's copy starts"),
+    Key("process", p_bool, False,
+        doc="read and decode this region in a worker process of its own (a local region agent) instead of "
+            "the capturer's process: decoding then uses another core and not the senders' GIL"),
+]
+
+
+def parse(ini: IniFile, section: str, name: str) -> RegionConfig:
+    v = parse_section(ini, section, KEYS)
+    check_ssl_keys(ini, section, v)
+    return RegionConfig(name=name, **{k: v[k] for k in v})
+
+
+def claim(r: RegionConfig, ids: dict[Any, str], path: Path) -> None:
+    """Refuses a second region that reads the same server."""
+    key = (r.host, r.port)
+    if key in ids:
+        raise ConfigError(
+            f"{path}: regions [region:{ids[key]}] and [region:{r.name}] read the same "
+            f"server {r.host}:{r.port}"
+        )
+    ids[key] = r.name
