@@ -53,6 +53,11 @@ def test_good_config(tmp_path: Path) -> None:
         (lambda s: s.replace("host=127.0.0.1\n", "host 127.0.0.1\n"), "expected 'key = value'"),
         (lambda s: s.split("[region:a]")[0], "no [region:NAME] section"),
         (lambda s: s + "start=yesterday\n", "[region:a] start"),
+        # a server is the host or one of the replicas of one region only (issue 49)
+        (lambda s: s + "replicas=db2:3306\n[region:b]\nhost=DB2\nuser=u\nserver_id=11\n",
+         "regions [region:a] and [region:b] read the same server db2:3306 ([region:b] host"),
+        (lambda s: s + "[region:b]\nhost=db3\nreplicas=db4:3307, 127.0.0.1:3306\nuser=u\nserver_id=11\n",
+         "regions [region:a] and [region:b] read the same server 127.0.0.1:3306 ([region:b] replicas"),
     ],
 )
 def test_bad_config_names_file_section_key(tmp_path: Path, edit, needle: str) -> None:  # type: ignore[no-untyped-def]

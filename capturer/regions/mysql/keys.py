@@ -72,11 +72,17 @@ def parse(ini: IniFile, section: str, name: str) -> RegionConfig:
 
 
 def claim(r: RegionConfig, ids: dict[Any, str], path: Path) -> None:
-    """Refuses a second region that reads the same server."""
-    key = (r.host, r.port)
-    if key in ids:
-        raise ConfigError(
-            f"{path}: regions [region:{ids[key]}] and [region:{r.name}] read the same "
-            f"server {r.host}:{r.port}"
-        )
-    ids[key] = r.name
+    """Refuses a second region that reads the same server: its ``host`` or one of its
+    ``replicas`` (after a failover the two would read one source twice)."""
+    servers = [(r.host.lower(), int(r.port), "host")]
+    for peer in r.replicas:
+        h, _, p = peer.rpartition(":")
+        servers.append((h.lower(), int(p), "replicas"))
+    for host, port, key in servers:
+        other = ids.get((host, port))
+        if other is not None and other != r.name:
+            raise ConfigError(
+                f"{path}: regions [region:{other}] and [region:{r.name}] read the same server {host}:{port} "
+                f"([region:{r.name}] {key}; a server is the host or one of the replicas of one region only: two "
+                "regions would read its binlog twice, the second after a failover)")
+        ids[(host, port)] = r.name
