@@ -24,9 +24,9 @@ import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -1616,8 +1616,749 @@ class _PartWatchdog:
         self.done.set()
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser()
+class Bench:
+    """What the parts share: the options, the temporary directory, the two source regions, the servers and
+    brokers parts started (``extra``; the MySQL part's target as ``target``), the sources' workload and what was
+    measured (``results``, the report's rows, the CPU lines, the failures). Results are written after every part
+    (a part that fails is marked, the others' figures stay); a smoke run (CI) writes none."""
+
+    def __init__(self, args: argparse.Namespace, only: set[str], full: bool, tmp: Path,
+                 servers: list[MariaDBInstance], results: dict[str, Any]) -> None:
+        self.args, self.only, self.tmp, self.servers, self.results = args, only, tmp, servers, results
+        self.extra: list[Any] = []
+        self.rep = Report()
+        self.failures: list[str] = []
+        self.cpu_lines: list[str] = []
+        self.inserts = args.rows // 2
+        self.updates, self.deletes = self.inserts // 4, self.inserts // 10
+        self.total = 0  # (rows written to the sources, and the baseline decode rate: set by prepare)
+        self.decode = 0.0
+        self.target: Any = None  # (the MySQL target: started by the mysql part, used by later ones)
+        suffix = "" if full else "-" + "-".join(sorted(only))
+        self.dest = (Path(args.out) if args.out else None if args.smoke
+                     else ROOT / "bench" / "results" / f"{dt.date.today().isoformat()}{suffix}.json")
+
+    def save(self) -> None:
+        self.results["table"] = self.rep.rows
+        if self.dest is not None:
+            part_file = self.dest.with_suffix(".json.part")
+            part_file.write_text(json.dumps(self.results, indent=2) + "\n")
+            os.replace(part_file, self.dest)
+
+    @contextlib.contextmanager
+    def part(self, name: str) -> Iterator[None]:
+        """One part of the bench: if it fails, its error is kept in the results (``failed_parts``),
+        the processes it left are stopped, and the run goes on with the next part."""
+        args, results, failures, extra, servers = self.args, self.results, self.failures, self.extra, self.servers
+        t_part = time.perf_counter()
+        extra_before = len(extra)
+        watchdog = _PartWatchdog(name, args.part_timeout) if args.part_timeout > 0 else None
+        try:
+            _FAIL_NEXT_RUN[:] = [name] if name == args.fail_part else []
+            yield
+        except Exception as e:
+            print(f"\nbench: part {name!r} failed; going on with the next ones\n{traceback.format_exc()}",
+                  file=sys.stderr)
+            results.setdefault("failed_parts", {})[name] = f"{type(e).__name__}: {e}"[:2000]
+            failures.append(f"{name}: failed ({type(e).__name__}: {str(e)[:200]})")
+            from devtools.local_kafka import Broker
+
+            for o in extra[extra_before:]:  # its brokers (a target it started stays: later parts use it)
+                if isinstance(o, Broker):
+                    o.kill()
+            keep = {o.proc.pid for o in servers + extra if getattr(o, "proc", None) is not None}
+            stopped = stop_processes(keep, spare_jvm=True)
+            if stopped:
+                print(f"bench: stopped what part {name!r} left running: {stopped}", file=sys.stderr)
+        finally:
+            if watchdog is not None:
+                watchdog.cancel()
+            _FAIL_NEXT_RUN.clear()
+            results.setdefault("part_seconds", {})[name] = round(time.perf_counter() - t_part, 1)
+            self.save()
+
+    def e2e(self, name: str, senders_cfg: str, total: int, baseline: float | None, label: str,
+            region_extra: str = "", ha: str = "") -> None:
+        tmp, servers, results, rep = self.tmp, self.servers, self.results, self.rep
+        (tmp / name).mkdir()
+        r = run_capturer(tmp / name, servers, senders_cfg, total, region_extra, ha=ha)
+        results[name] = r
+        rep.add(label, r["rows_per_s"], baseline, r)
+        if r.get("cpu_cores"):
+            self.cpu_lines.append(f"{name}: " + ", ".join(f"{k} {v:.2f}" for k, v in r["cpu_cores"].items()))
+        if r["rows"] != total or r["exit"] != 0:
+            self.failures.append(f"{name}: {r['rows']} of {total} rows, exit {r['exit']}")
+
+
+def prepare(ctx: Bench) -> None:
+    """Before the parts: the workload written to both sources, and the decode baselines."""
+    servers, rep, results, inserts, updates = ctx.servers, ctx.rep, ctx.results, ctx.inserts, ctx.updates
+    deletes = ctx.deletes
+    for m in servers:
+        m.execute("CREATE DATABASE bench", TABLE)
+    t0 = time.perf_counter()
+    written = [0, 0]
+
+    def go(i: int, m: MariaDBInstance) -> None:
+        written[i] = load(m, i + 1, inserts, updates, deletes)
+
+    threads = [threading.Thread(target=go, args=(i, m)) for i, m in enumerate(servers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    total = sum(written)
+    results["load_seconds"] = round(time.perf_counter() - t0, 2)
+    c0 = time.process_time()  # (the reading process's CPU: rows per CPU-second)
+    n, secs = baseline_decode(servers[0])
+    decode = n / secs
+    results["baseline_decode_rows_per_s"] = round(decode)
+    rep.add("baseline: python-mysql-replication decode, 1 region", decode, None, n / (time.process_time() - c0))
+    c0 = time.process_time()
+    n2, secs2 = baseline_decode(servers[0], fast=True)
+    results["fast_decode_rows_per_s"] = round(n2 / secs2)
+    rep.add("fast row decoder, Python (same framing), 1 region", n2 / secs2, decode,
+            n2 / (time.process_time() - c0))
+    from capturer.regions.mysql.rowdecode import c_decoder_built
+
+    if c_decoder_built():
+        c0 = time.process_time()
+        n3, secs3 = baseline_decode(servers[0], fast=True, use_c=True)
+        results["fast_decode_c_rows_per_s"] = round(n3 / secs3)
+        rep.add("fast row decoder, C build (same framing), 1 region", n3 / secs3, decode,
+                n3 / (time.process_time() - c0))
+    ctx.total, ctx.decode = total, decode
+
+
+def part_file(ctx: Bench) -> None:
+    only, tmp, results, total, decode, e2e = ctx.only, ctx.tmp, ctx.results, ctx.total, ctx.decode, ctx.e2e
+    e2e("file", f"[global]\ntype=local\n[local]\nfilepath={tmp / 'file' / 'changes.jsonl'}\n",
+        total, decode, "capturer -> file (2 regions)")
+    if "ab" in only:
+        from capturer.util import mysqlconn
+
+        real_buf, mysqlconn.READ_BUFFER = mysqlconn.READ_BUFFER, 8192
+        try:
+            e2e("file-8k-reads", f"[global]\ntype=local\n[local]\nfilepath={tmp / 'file-8k' / 'changes.jsonl'}\n",
+                total, results["file"]["rows_per_s"],
+                "capturer -> file, binlog read through pymysql's 8 KiB buffer; ratio to 256 KiB")
+        finally:
+            mysqlconn.READ_BUFFER = real_buf
+        from capturer.regions.mysql import tablemap
+
+        real_connect, tablemap.connect = tablemap.connect, mysqlconn.connect
+        try:
+            e2e("file-no-tablemap-cache",
+                f"[global]\ntype=local\n[local]\nfilepath={tmp / 'file-ntm' / 'changes.jsonl'}\n",
+                total, results["file"]["rows_per_s"],
+                "capturer -> file, every table map parsed by the library; ratio to parsed once per definition")
+        finally:
+            tablemap.connect = real_connect
+    if "senderprocs" in only:
+        e2e("file-proc", f"[global]\ntype=local\n[local]\nfilepath={tmp / 'file-proc' / 'changes.jsonl'}\n"
+            "process=true\n", total, results["file"]["rows_per_s"],
+            "capturer -> file, sender in its own process; ratio to in-process")
+
+
+def part_workers(ctx: Bench) -> None:
+    tmp, results, total, e2e = ctx.tmp, ctx.results, ctx.total, ctx.e2e
+    e2e("file-workers", f"[global]\ntype=local\n[local]\nfilepath={tmp / 'file-workers' / 'changes.jsonl'}\n",
+        total, results.get("file", {}).get("rows_per_s"),
+        "capturer -> file, regions in worker processes (process=true); ratio to in-process",
+        region_extra="process=true\n")
+
+
+def part_regions16(ctx: Bench) -> None:
+    tmp, rep, results, failures, inserts = ctx.tmp, ctx.rep, ctx.results, ctx.failures, ctx.inserts
+    base2 = results.get("file", {}).get("rows_per_s")
+    r16 = many_regions(tmp / "regions16", 16, inserts * 2)
+    results["regions16"] = r16
+    for k, label in (("in_process", "16 regions in-process -> file; ratio to 2 regions"),
+                     ("agents", "16 regions through 2 agents (8 each) -> file; ratio to 2 regions")):
+        rep.add(label, r16[k]["rows_per_s"], base2)
+        steady2 = results.get("file", {}).get("steady_rows_per_s")
+        if r16[k].get("steady_rows_per_s"):
+            rep.add(label.replace("; ratio", ", steady state (10-90 % of rows); ratio")
+                    .replace("2 regions", "2 regions' steady state"), r16[k]["steady_rows_per_s"], steady2)
+        if r16[k]["rows"] != r16["rows"] or r16[k]["exit"] != 0 or not r16[k]["ordered"]:
+            failures.append(f"regions16 {k}: {r16[k]['rows']} of {r16['rows']} rows, exit {r16[k]['exit']}, "
+                            f"ordered {r16[k]['ordered']}")
+
+
+def part_agents(ctx: Bench) -> None:
+    tmp, servers, rep, results, failures, total = ctx.tmp, ctx.servers, ctx.rep, ctx.results, ctx.failures, ctx.total
+    from agent_transport import measure
+
+    tr = measure(300_000)
+    results["agent_transport"] = tr
+    rep.add("agent -> capturer transport ceiling (synthetic region, gRPC loopback)", tr["rows_per_s"], None)
+    (tmp / "agents").mkdir()
+    r = run_capturer_agents(tmp / "agents", servers, total)
+    results["agents"] = r
+    rep.add("capturer -> file, 2 regions each served by an agent process; ratio to in-process",
+            r["rows_per_s"], results.get("file", {}).get("rows_per_s"))
+    if r["rows"] != total or r["exit"] != 0:
+        failures.append(f"agents: {r['rows']} of {total} rows, exit {r['exit']}")
+
+
+def part_baikaldb(ctx: Bench) -> None:
+    tmp, rep, results, failures, cpu_lines = ctx.tmp, ctx.rep, ctx.results, ctx.failures, ctx.cpu_lines
+    inserts, decode = ctx.inserts, ctx.decode
+    dec = baikal_decode(inserts * 2)
+    for k, v in dec.items():
+        results[f"baikaldb_decode_{k}_rows_per_s"] = round(v)
+    rep.add("BaikalDB payloads: protobuf parse only (ceiling), 1 binlog region", dec["protobuf_parse"], decode)
+    rep.add("BaikalDB row decoder, Python", dec["python"], decode)
+    if "c" in dec:
+        rep.add("BaikalDB row decoder, C build", dec["c"], decode)
+    proc, info = baikal_double_process(tmp, inserts * 2)
+    try:
+        (tmp / "baikaldb").mkdir()
+        r = run_capturer_baikal(tmp / "baikaldb", info["meta"], info["rows"])
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    results["baikaldb"] = r
+    mysql_file = results.get("file", {}).get("rows_per_s")
+    rep.add("BaikalDB (double, 1 partition x 2 regions) -> file; ratio to MySQL -> file",
+            r["rows_per_s"], mysql_file, r)
+    if r.get("cpu_cores"):
+        cpu_lines.append("baikaldb: " + ", ".join(f"{k} {v:.2f}" for k, v in r["cpu_cores"].items()))
+    if r["rows"] != info["rows"] or r["exit"] != 0:
+        failures.append(f"baikaldb: {r['rows']} of {info['rows']} rows, exit {r['exit']}")
+
+
+def part_pgsnapshot(ctx: Bench) -> None:
+    args, tmp, rep, results, failures = ctx.args, ctx.tmp, ctx.rep, ctx.results, ctx.failures
+    from pg_bench import snapshot_measure
+
+    (tmp / "pgsnapshot").mkdir()
+    prows = 1_000_000 if not args.smoke else args.rows
+    r = snapshot_measure(tmp / "pgsnapshot", prows, run_until_delivered)
+    results["pgsnapshot"] = r
+    rep.add(f"baseline: PostgreSQL {prows:,}-row table read in 20,000-row key chunks, values as text "
+            "(psycopg)", r["raw_chunked_rows_per_s"], None)
+    rep.add("PostgreSQL: the same table with COPY TO STDOUT (text), for scale", r["copy_rows_per_s"],
+            r["raw_chunked_rows_per_s"])
+    rep.add("PostgreSQL snapshot -> file; ratio to the raw chunked read", r["capturer"]["rows_per_s"],
+            r["raw_chunked_rows_per_s"])
+    if r["capturer"]["rows"] < prows or r["capturer"]["exit"] != 0:
+        failures.append(f"pgsnapshot: {r['capturer']['rows']} of {prows} rows, exit {r['capturer']['exit']}")
+
+
+def part_postgresql(ctx: Bench) -> None:
+    args, only, tmp, extra, rep, results = ctx.args, ctx.only, ctx.tmp, ctx.extra, ctx.rep, ctx.results
+    failures, cpu_lines, inserts = ctx.failures, ctx.cpu_lines, ctx.inserts
+    from pg_bench import measure as pg_measure
+
+    (tmp / "postgresql").mkdir()
+    pg_variants: dict[str, tuple[str, str]] = {}
+    pg_broker = None
+    if "kafka" in only and "confluent" in args.kafka_clients.split(","):
+        from devtools.local_kafka import Broker
+
+        pg_broker = Broker().start()
+        extra.append(pg_broker)
+        pg_variants["kafka"] = ("", f"[global]\ntype=kafka\n[kafka]\nservers={pg_broker.servers}\n"
+                                    "client=confluent\n")
+    r = pg_measure(tmp / "postgresql", inserts * 2, run_until_delivered, pg_variants)
+    if pg_broker is not None:
+        pg_broker.kill()
+    results["postgresql"] = r
+    raw = r["raw_stream_rows_per_s"]
+    rep.add("PostgreSQL: raw pgoutput stream, framing only (baseline), 1 slot", raw, None,
+            r["raw_stream_rows_per_cpu_s"])
+    rep.add("PostgreSQL: + pgoutput.parse of every message", r["pgoutput_parse_rows_per_s"], raw,
+            r["pgoutput_parse_rows_per_cpu_s"])
+    rep.add("PostgreSQL region -> file, end to end; ratio to the raw stream", r["capturer"]["rows_per_s"], raw,
+            r["capturer"])
+    rep.add("PostgreSQL region -> file; ratio to MySQL (2 regions) -> file", r["capturer"]["rows_per_s"],
+            results.get("file", {}).get("rows_per_s"), r["capturer"])
+    if "capturer_kafka" in r:
+        rep.add("PostgreSQL region -> kafka (confluent); ratio to the raw stream",
+                r["capturer_kafka"]["rows_per_s"], raw, r["capturer_kafka"])
+    for name in ("capturer", *(f"capturer_{v}" for v in pg_variants)):
+        if r[name]["rows"] != r["rows"] or r[name]["exit"] != 0:
+            failures.append(f"postgresql ({name}): {r[name]['rows']} of {r['rows']} rows, "
+                            f"exit {r[name]['exit']}")
+        if r[name].get("cpu_cores"):
+            cpu_lines.append(f"postgresql {name}: " + ", ".join(f"{k} {v:.2f}" for k, v in
+                                                               r[name]["cpu_cores"].items()))
+
+
+def part_mysql(ctx: Bench) -> None:
+    args, only, tmp, extra, rep, results = ctx.args, ctx.only, ctx.tmp, ctx.extra, ctx.rep, ctx.results
+    total, e2e = ctx.total, ctx.e2e
+    target = MariaDBInstance(tmp / "target", server_id=99).start()
+    extra.append(target)
+    ctx.target = target
+    ups = baseline_upsert(target, total)
+    results["baseline_upsert_rows_per_s"] = round(ups)
+    rep.add("baseline: raw multi-row upsert into the target (1 conn, 1000-row batches)", ups, None)
+    mysql_cfg = (f"[global]\ntype=mysql\n[mysql]\nhost=127.0.0.1\nport={target.port}\nuser=root\n"
+                 f"threadnum={args.threads}\n")
+    e2e("mysql", mysql_cfg, total, ups, f"capturer -> mysql ({args.threads} workers)")
+    if "ab" in only:
+        from senders.mysql import sender as msender
+
+        def as_before(ch: Any) -> str:  # every update as UPDATE ... WHERE <old key>
+            return {"insert": "upsert", "read": "upsert", "delete": "delete"}.get(ch.op, "update")
+
+        reset_target(target)
+        real_kind, msender._kind = msender._kind, as_before
+        try:
+            e2e("mysql-updates", mysql_cfg, total, results["mysql"]["rows_per_s"],
+                "capturer -> mysql, updates as UPDATE statements; ratio to upserts")
+        finally:
+            msender._kind = real_kind
+        reset_target(target)
+        real_tuples, real_phase = msender._sql_tuples, msender.MySQLSender.phase_rows
+        msender._sql_tuples, msender.MySQLSender.phase_rows = None, 10**9  # one phase per batch
+        try:
+            e2e("mysql-params-one-phase", mysql_cfg, total, results["mysql"]["rows_per_s"],
+                "capturer -> mysql, values as parameters and no placing during apply; ratio to this release")
+        finally:
+            msender._sql_tuples, msender.MySQLSender.phase_rows = real_tuples, real_phase
+    if "atomic" in only:  # whole source transactions, with the lanes' exact position and without it
+        for name, extra_cfg in (("mysql-atomic", "txn_atomic=true\n"),
+                                ("mysql-atomic-nopos", "txn_atomic=true\nmeta_database=\n"),
+                                ("mysql-atomic-2", "txn_atomic=true\n")):
+            reset_target(target)
+            e2e(name, mysql_cfg + extra_cfg, total, results["mysql"]["rows_per_s"],
+                f"capturer -> mysql, {extra_cfg.strip().replace(chr(10), ', ')}; ratio to rows")
+        pos = (results["mysql-atomic"]["rows_per_s"] + results["mysql-atomic-2"]["rows_per_s"]) / 2
+        rep.add("txn_atomic: the lanes' position (rows per commit) vs no position (A-B-A)", pos,
+                results["mysql-atomic-nopos"]["rows_per_s"])
+    if "senderprocs" in only:
+        reset_target(target)
+        e2e("mysql-proc", with_procs(mysql_cfg), total, results["mysql"]["rows_per_s"],
+            "capturer -> mysql, sender in its own process; ratio to in-process")
+
+
+def part_kafka(ctx: Bench) -> None:
+    args, only, extra, rep, results, total = ctx.args, ctx.only, ctx.extra, ctx.rep, ctx.results, ctx.total
+    e2e = ctx.e2e
+    from devtools.local_kafka import Broker
+
+    for client in args.kafka_clients.split(","):
+        broker = Broker().start()  # a fresh broker each: memory storage grows
+        extra.append(broker)
+        c0 = time.process_time()
+        raw = baseline_producer(broker.servers, client, total)
+        results[f"baseline_producer_{client}_msgs_per_s"] = round(raw)
+        rep.add(f"baseline: raw producer, {client}", raw, None, total / (time.process_time() - c0))
+        kcfg = f"[global]\ntype=kafka\n[kafka]\nservers={broker.servers}\nclient={client}\n"
+        e2e(f"kafka-{client}", kcfg, total, raw, f"capturer -> kafka ({client})")
+        broker.kill()
+        if "workers" in only:
+            broker = Broker().start()
+            extra.append(broker)
+            kcfg = f"[global]\ntype=kafka\n[kafka]\nservers={broker.servers}\nclient={client}\n"
+            e2e(f"kafka-{client}-workers", kcfg, total, results[f"kafka-{client}"]["rows_per_s"],
+                f"capturer -> kafka ({client}), regions in worker processes; ratio to in-process",
+                region_extra="process=true\n")
+            broker.kill()
+        if "ab" in only:
+            from senders.kafka import sender as ksender
+
+            broker = Broker().start()
+            extra.append(broker)
+            kcfg = f"[global]\ntype=kafka\n[kafka]\nservers={broker.servers}\nclient={client}\n"
+            real_c, ksender._kafka_json = ksender._kafka_json, None
+            try:
+                e2e(f"kafka-{client}-pyenc", kcfg, total, results[f"kafka-{client}"]["rows_per_s"],
+                    f"capturer -> kafka ({client}), messages encoded in Python; ratio to the C encoder")
+            finally:
+                ksender._kafka_json = real_c
+            broker.kill()
+        if "senderprocs" in only and client == "confluent":
+            broker = Broker().start()
+            extra.append(broker)
+            kcfg = f"[global]\ntype=kafka\n[kafka]\nservers={broker.servers}\nclient={client}\n"
+            e2e("kafka-confluent-proc", with_procs(kcfg), total, results["kafka-confluent"]["rows_per_s"],
+                "capturer -> kafka (confluent), sender in its own process; ratio to in-process")
+            broker.kill()
+    if "kafka-kafka-python" in results and "kafka-confluent" in results:
+        rep.add("capturer -> kafka (kafka-python); ratio to the confluent sender",
+                results["kafka-kafka-python"]["rows_per_s"], results["kafka-confluent"]["rows_per_s"],
+                results["kafka-kafka-python"])
+
+
+def part_spark(ctx: Bench) -> None:
+    args, only, tmp, rep, results, total, e2e = ctx.args, ctx.only, ctx.tmp, ctx.rep, ctx.results, ctx.total, ctx.e2e
+    raw = baseline_arrow_append(tmp, total)
+    results["baseline_arrow_append_rows_per_s"] = round(raw)
+    rep.add("baseline: raw Spark Arrow append (50k-row batches)", raw, None)
+    e2e("spark", f"[global]\ntype=spark\n[spark]\nwarehouse={tmp / 'spark' / 'wh'}\n"
+        "compaction_interval=0\nbatch_interval=1\n", total, raw, "capturer -> spark")
+    if "senderprocs" in only:
+        e2e("spark-proc", f"[global]\ntype=spark\n[spark]\nwarehouse={tmp / 'spark-proc' / 'wh'}\n"
+            "compaction_interval=0\nbatch_interval=1\nprocess=true\n", total, results["spark"]["rows_per_s"],
+            "capturer -> spark, sender in its own process; ratio to in-process")
+    if not args.smoke:
+        results["compaction_1M_seconds"] = round(compaction_seconds(tmp), 1)
+
+
+def part_all(ctx: Bench) -> None:
+    args, only, tmp, servers, extra, rep = ctx.args, ctx.only, ctx.tmp, ctx.servers, ctx.extra, ctx.rep
+    results, total, decode, target, e2e = ctx.results, ctx.total, ctx.decode, ctx.target, ctx.e2e
+    from devtools.local_kafka import Broker
+
+    broker = Broker().start()
+    extra.append(broker)
+    reset_target(target)
+    e2e("all", "[global]\ntype=local,mysql,kafka,spark\n"
+        f"[local]\nfilepath={tmp / 'all' / 'changes.jsonl'}\n"
+        f"[mysql]\nhost=127.0.0.1\nport={target.port}\nuser=root\nthreadnum={args.threads}\n"
+        f"[kafka]\nservers={broker.servers}\nclient=confluent\n"
+        f"[spark]\nwarehouse={tmp / 'all' / 'wh'}\ncompaction_interval=0\nbatch_interval=1\n",
+        total, decode, "capturer -> all four at once (file, mysql, kafka/confluent, spark)")
+    broker.kill()
+    if "file" in results:
+        rep.add("capturer -> all four at once; ratio to capturer -> file alone", results["all"]["rows_per_s"],
+                results["file"]["rows_per_s"], results["all"])
+    if "ab" in only:
+        broker = Broker().start()
+        extra.append(broker)
+        reset_target(target)
+        (tmp / "all-nobacklog").mkdir()
+        r = run_capturer(tmp / "all-nobacklog", servers, "[global]\ntype=local,mysql,kafka,spark\n"
+                         f"[local]\nfilepath={tmp / 'all-nobacklog' / 'changes.jsonl'}\n"
+                         f"[mysql]\nhost=127.0.0.1\nport={target.port}\nuser=root\nthreadnum={args.threads}\n"
+                         f"[kafka]\nservers={broker.servers}\nclient=confluent\n"
+                         f"[spark]\nwarehouse={tmp / 'all-nobacklog' / 'wh'}\ncompaction_interval=0\n"
+                         "batch_interval=1\n", total, extra_global="backlogMaxMB=0\n")
+        results["all-nobacklog"] = r
+        rep.add("capturer -> all four without a backlog (backlogMaxMB=0: one queue's worth, then the "
+                "stream waits); the all-four run's ratio to it is the backlog's cost",
+                r["rows_per_s"], results["all"]["rows_per_s"])
+        results["all_backlog_vs_without"] = round(results["all"]["rows_per_s"] / r["rows_per_s"], 3)
+        broker.kill()
+        import gc
+
+        broker = Broker().start()
+        extra.append(broker)
+        reset_target(target)
+        tuned = gc.get_threshold()
+        gc.set_threshold(700, 10, 10)  # Python's defaults
+        try:
+            e2e("all-gc-default", "[global]\ntype=local,mysql,kafka,spark\n"
+                f"[local]\nfilepath={tmp / 'all-gcd' / 'changes.jsonl'}\n"
+                f"[mysql]\nhost=127.0.0.1\nport={target.port}\nuser=root\nthreadnum={args.threads}\n"
+                f"[kafka]\nservers={broker.servers}\nclient=confluent\n"
+                f"[spark]\nwarehouse={tmp / 'all-gcd' / 'wh'}\ncompaction_interval=0\nbatch_interval=1\n",
+                total, results["all"]["rows_per_s"],
+                "capturer -> all four, Python's default GC thresholds; ratio to the capturer's")
+        finally:
+            gc.set_threshold(*tuned)
+        broker.kill()
+    if "senderprocs" in only:
+        broker = Broker().start()
+        extra.append(broker)
+        reset_target(target)
+        e2e("all-proc", with_procs("[global]\ntype=local,mysql,kafka,spark\n"
+            f"[local]\nfilepath={tmp / 'all-proc' / 'changes.jsonl'}\n"
+            f"[mysql]\nhost=127.0.0.1\nport={target.port}\nuser=root\nthreadnum={args.threads}\n"
+            f"[kafka]\nservers={broker.servers}\nclient=confluent\n"
+            f"[spark]\nwarehouse={tmp / 'all-proc' / 'wh'}\ncompaction_interval=0\nbatch_interval=1\n"),
+            total, results["all"]["rows_per_s"],
+            "capturer -> all four, each sender in its own process; ratio to all four in-process")
+        broker.kill()
+    if "ha" in only:
+        all_with_ha(ctx)
+    if "workers" in only:
+        broker = Broker().start()
+        extra.append(broker)
+        reset_target(target)
+        e2e("all-workers", "[global]\ntype=local,mysql,kafka,spark\n"
+            f"[local]\nfilepath={tmp / 'all-workers' / 'changes.jsonl'}\n"
+            f"[mysql]\nhost=127.0.0.1\nport={target.port}\nuser=root\nthreadnum={args.threads}\n"
+            f"[kafka]\nservers={broker.servers}\nclient=confluent\n"
+            f"[spark]\nwarehouse={tmp / 'all-workers' / 'wh'}\ncompaction_interval=0\nbatch_interval=1\n",
+            total, results["all"]["rows_per_s"],
+            "capturer -> all four, regions in worker processes; ratio to all four in-process",
+            region_extra="process=true\n")
+        broker.kill()
+
+
+def all_with_ha(ctx: Bench) -> None:
+    """Part all, with ha: all four as the active capturer of an [ha] group, and without [ha] again after it."""
+    args, tmp, extra, results, total = ctx.args, ctx.tmp, ctx.extra, ctx.results, ctx.total
+    target, e2e = ctx.target, ctx.e2e
+    from devtools.local_etcd import EtcdCluster
+    from devtools.local_kafka import Broker
+
+    etcd = EtcdCluster(tmp / "etcd-all", 1).start()
+    extra.append(etcd)
+    broker = Broker().start()
+    extra.append(broker)
+    reset_target(target)
+    e2e("all-ha", "[global]\ntype=local,mysql,kafka,spark\n"
+        f"[local]\nfilepath={tmp / 'all-ha' / 'changes.jsonl'}\n"
+        f"[mysql]\nhost=127.0.0.1\nport={target.port}\nuser=root\nthreadnum={args.threads}\n"
+        f"[kafka]\nservers={broker.servers}\nclient=confluent\n"
+        f"[spark]\nwarehouse={tmp / 'all-ha' / 'wh'}\ncompaction_interval=0\nbatch_interval=1\n",
+        total, results["all"]["rows_per_s"],
+        "capturer -> all four as the active capturer of an [ha] group (etcd: lease, checkpoints, "
+        "fenced writes); ratio to all four without [ha]", ha=etcd.endpoints)
+    broker.kill()
+    etcd.stop()
+    # the same without [ha] again, after it (A B A: the second run of a kind in one process, a
+    # Spark session already up, is what the first one is not); the ratio is to their mean
+    broker = Broker().start()
+    extra.append(broker)
+    reset_target(target)
+    e2e("all-again", "[global]\ntype=local,mysql,kafka,spark\n"
+        f"[local]\nfilepath={tmp / 'all-again' / 'changes.jsonl'}\n"
+        f"[mysql]\nhost=127.0.0.1\nport={target.port}\nuser=root\nthreadnum={args.threads}\n"
+        f"[kafka]\nservers={broker.servers}\nclient=confluent\n"
+        f"[spark]\nwarehouse={tmp / 'all-again' / 'wh'}\ncompaction_interval=0\nbatch_interval=1\n",
+        total, results["all"]["rows_per_s"], "capturer -> all four again, without [ha] (after it)")
+    broker.kill()
+    for key in ("rows_per_s", "steady_rows_per_s"):
+        base = [results[k].get(key) for k in ("all", "all-again")]
+        if all(base) and results["all-ha"].get(key):
+            results[f"all_ha_vs_without_{key}"] = round(
+                results["all-ha"][key] / (sum(base) / 2), 3)
+    print(f"all four with [ha] / without (mean of the runs before and after it): "
+          f"{results.get('all_ha_vs_without_rows_per_s')} end to end, "
+          f"{results.get('all_ha_vs_without_steady_rows_per_s')} steady (10-90 % of the rows)")
+
+
+def part_independent(ctx: Bench) -> None:
+    args, tmp, servers, extra, rep, results = ctx.args, ctx.tmp, ctx.servers, ctx.extra, ctx.rep, ctx.results
+    total, target = ctx.total, ctx.target
+    from devtools.local_kafka import Broker
+
+    broker = Broker().start()
+    extra.append(broker)
+    ind = independent_runs(tmp, servers, target, broker.servers, total, args.threads)
+    broker.kill()
+    results["independent"] = ind
+    rep.add("file, kafka, spark with the MySQL target hung; ratio to the three alone (their share)",
+            ind["others_with_hung_mysql_rows_per_s"], ind["others_alone_rows_per_s"])
+    rep.add("mysql catching up from the backlog after the hang; ratio to its live rate",
+            ind["mysql_catch_up_rows_per_s"], results.get("mysql", {}).get("rows_per_s"))
+    rep.add("file catching up from the backlog (paused until all was read); ratio to its live rate",
+            ind["file_catch_up_rows_per_s"], results.get("file", {}).get("rows_per_s"))
+
+
+def part_snapshot(ctx: Bench) -> None:
+    args, tmp, extra, rep, results, failures = ctx.args, ctx.tmp, ctx.extra, ctx.rep, ctx.results, ctx.failures
+    srows = 1_000_000 if not args.smoke else args.rows
+    src = MariaDBInstance(tmp / "snapsrc", server_id=41).start()
+    extra.append(src)
+    t0 = time.perf_counter()
+    load_sequence(src, "snap.t", srows)
+    results["snapshot_load_seconds"] = round(time.perf_counter() - t0, 1)
+    raw = raw_chunked_read(src, "snap.t")
+    results["snapshot_raw_read"] = raw
+    rep.add(f"baseline: raw chunked read of the {srows:,}-row table ({raw['driver']}, 20,000-row chunks, "
+            "2 connections)", raw["rows_per_s"], None)
+    runs = {}
+    for name, opts in (("one", ""), ("ahead", "snapshot_read_ahead=true\n"), ("process", "process=true\n")):
+        d = tmp / f"snap-file-{name}"
+        runs[name] = snapshot_run(d, src, f"[global]\ntype=local\n[local]\nfilepath={d / 'o.jsonl'}\n"
+                                  "rotate_mb=100000\n", srows, region_extra=opts)
+        x = runs[name]
+        cores = x.get("cpu_cores", {}).get("capturer", 0)  # rows per CPU-second of the capturer's process
+        x["rows_per_core_second"] = round(x["rows_per_s"] / cores) if cores else None
+        if x["rows"] < srows or x["exit"] != 0:
+            failures.append(f"snapshot->file ({name}): {x['rows']} of {srows} rows, exit {x['exit']}")
+    r, one = runs["one"], runs["one"]
+    results["snapshot_file"] = r
+    results["snapshot_file_read_ahead"] = runs["ahead"]
+    results["snapshot_file_region_process"] = runs["process"]
+    rep.add(f"snapshot of {srows:,} rows -> file, one reader (the default); ratio to the raw chunked read",
+            r["rows_per_s"], raw["rows_per_s"])
+    rep.add("snapshot -> file, read-ahead (a second connection per table); ratio to one reader",
+            runs["ahead"]["rows_per_s"], one["rows_per_s"])
+    rep.add("snapshot -> file, the region in a worker process (process=true); ratio to one reader",
+            runs["process"]["rows_per_s"], one["rows_per_s"])
+    rep.add("snapshot -> file, the region in a worker process; ratio to the raw chunked read",
+            runs["process"]["rows_per_s"], raw["rows_per_s"])
+    starget = MariaDBInstance(tmp / "snaptarget", server_id=42, binlog=False).start()
+    extra.append(starget)
+    ups = baseline_upsert(starget, srows)
+    results["snapshot_baseline_upsert_rows_per_s"] = round(ups)
+    rep.add("baseline: raw multi-row upsert into the target (1 conn, 1000-row batches)", ups, None)
+    r = snapshot_run(tmp / "snap-mysql", src, f"[global]\ntype=mysql\n[mysql]\nhost=127.0.0.1\n"
+                     f"port={starget.port}\nuser=root\nthreadnum={args.threads}\n", srows)
+    results["snapshot_mysql"] = r
+    rep.add(f"snapshot of {srows:,} rows -> mysql ({args.threads} workers)", r["rows_per_s"], ups)
+    if r["rows"] < srows or r["exit"] != 0:
+        failures.append(f"snapshot->mysql: {r['rows']} of {srows} rows, exit {r['exit']}")
+    if not args.smoke:
+        big = 10_000_000
+        load_sequence(src, "snap.big", big)
+        results["snapshot_rss"] = snapshot_rss(tmp, src, big)
+
+
+def part_verifycost(ctx: Bench) -> None:
+    args, tmp, results, failures = ctx.args, ctx.tmp, ctx.results, ctx.failures
+    vc = verify_cost(tmp, preload=min(200_000, max(20_000, args.rows)), seconds=8 if args.smoke else 20)
+    results["verifycost"] = vc
+    for name in ("cli", "post"):
+        if 1 in vc[name]["exit_codes"] or not vc[name]["verify_runs"]:
+            failures.append(f"verify under load ({name}): runs {vc[name]['verify_runs']}, "
+                            f"exit codes {vc[name]['exit_codes']} (1: a false alarm)")
+
+
+def part_verify(ctx: Bench) -> None:
+    args, tmp, rep, results, failures = ctx.args, ctx.tmp, ctx.rep, ctx.results, ctx.failures
+    vrows = args.rows if args.smoke else args.verify_rows
+    v = verify_runs(tmp, vrows, args.verify_lake_rows or None)
+    results["verify"] = v
+    rep.add(f"baseline: plain SELECT * of a {vrows:,}-row table (pymysql, 10k-row fetches)",
+            v["select_rows_per_s"], None)
+    rep.add(f"verify -> mysql target, {vrows:,} equal rows (chunk checksums in both servers); "
+            "ratio to the SELECT", v["mysql"]["rows_per_s"], v["select_rows_per_s"])
+    lk = v["lake"]
+    rep.add(f"verify -> lake, {lk['lake_rows']:,} equal rows (merged view through Spark); ratio to the SELECT",
+            lk["rows_per_s"], v["select_rows_per_s"])
+    for name, r, want in (("mysql", v["mysql"], vrows), ("lake", lk, lk["lake_rows"])):
+        if r["status"] != "equal" or r["rows"] != want or r["exit"] != 0:
+            failures.append(f"verify {name}: status {r['status']}, {r['rows']} of {want} rows, "
+                            f"exit {r['exit']}{' ' + r['error'][-300:] if r.get('error') else ''}")
+
+
+def part_apply(ctx: Bench) -> None:
+    args, tmp, servers, rep, results, failures = ctx.args, ctx.tmp, ctx.servers, ctx.rep, ctx.results, ctx.failures
+    cpu_lines, total, target = ctx.cpu_lines, ctx.total, ctx.target
+    reset_target(target)
+    ar = apply_runs(tmp, servers, target, total, args.threads,
+                    lag_seconds=5 if args.smoke else 20, lag_rate=2000 if args.smoke else 10_000)
+    results["apply"] = ar
+    direct = results["mysql"]["rows_per_s"]
+    rep.add("capturer -> kafka -> applier -> mysql, end to end; ratio to capturer -> mysql",
+            ar["end_to_end_rows_per_s"], direct)
+    rep.add("applier draining a full backlog -> mysql; ratio to capturer -> mysql", ar["drain_rows_per_s"],
+            direct)
+    cpu_lines.append("apply end to end: " + ", ".join(f"{k} {v:.2f}" for k, v in
+                                                      ar["end_to_end_cpu_cores"].items()))
+    rep.add("applier draining, MySQL sender in its own process (process=true); ratio to capturer -> mysql",
+            ar["drain_proc_rows_per_s"], direct)
+    cpu_lines.append("apply drain: " + ", ".join(f"{k} {v:.2f}" for k, v in ar["drain_cpu_cores"].items()))
+    cpu_lines.append("apply drain, process=true: " + ", ".join(f"{k} {v:.2f}" for k, v in
+                                                               ar["drain_proc_cpu_cores"].items()))
+    if ar["lag"]["measured"] < ar["lag"]["txns"]:
+        failures.append(f"apply lag: {ar['lag']['measured']} of {ar['lag']['txns']} transactions seen "
+                        "at the target")
+
+
+def part_hatakeover(ctx: Bench) -> None:
+    args, tmp, servers, results = ctx.args, ctx.tmp, ctx.servers, ctx.results
+    r = ha_takeovers(tmp, servers, n=2 if args.smoke else 5)
+    results["ha_takeover"] = r
+    print(f"ha takeovers (lease {r['lease_seconds']} s, kill -9 of the active): to the standby active "
+          f"p50 {r['to_active_p50_s']} s max {r['to_active_max_s']} s; to the file written again p50 "
+          f"{r['to_writing_p50_s']} s max {r['to_writing_max_s']} s")
+
+
+def part_latency(ctx: Bench) -> None:
+    args, only, tmp, servers, extra, results = ctx.args, ctx.only, ctx.tmp, ctx.servers, ctx.extra, ctx.results
+    target = ctx.target
+    if "all" in results and "mysql" in only:
+        # every sender at half the rate all four reached: the latency they keep at that load
+        from devtools.local_kafka import Broker
+
+        half = max(1000, results["all"]["rows_per_s"] // 2 // 100 * 100)
+        broker = Broker().start()
+        extra.append(broker)
+        results["latency_all_half"] = latency_run(
+            tmp, servers, rate=half, name="latency-all",
+            other_senders="mysql,kafka,spark\n"
+            f"[mysql]\nhost=127.0.0.1\nport={target.port}\nuser=root\nthreadnum={args.threads}\n"
+            f"[kafka]\nservers={broker.servers}\nclient=confluent\n"
+            f"[spark]\nwarehouse={tmp / 'latency-all-wh'}\ncompaction_interval=0\nbatch_interval=0.02\n")
+        broker.kill()
+    results["latency"] = latency_run(tmp, servers)
+    results["latency_20k"] = latency_run(tmp, servers, rate=20_000, name="latency-20k")
+    if "workers" in only:
+        results["latency_20k_workers"] = latency_run(tmp, servers, rate=20_000, name="latency-20k-workers",
+                                                     region_extra="process=true\n")
+
+
+def part_peers(ctx: Bench) -> None:
+    args, tmp, servers, results, failures = ctx.args, ctx.tmp, ctx.servers, ctx.results, ctx.failures
+    inserts, updates, deletes = ctx.inserts, ctx.updates, ctx.deletes
+    import peers
+
+    results["peers"] = peers.run(tmp / "peers", servers, {"c": inserts * 2, "u": updates * 2,
+                                 "d": deletes * 2}, args.peers_snapshot_rows, load_sequence)
+    failures += results["peers"]["problems"]
+    print(peers.summary(results["peers"]))
+
+
+def part_bigtxn(ctx: Bench) -> None:
+    only, tmp, results, failures = ctx.only, ctx.tmp, ctx.results, ctx.failures
+    results["big_txn"] = big_txn_rss(tmp)
+    if "workers" in only:
+        results["big_txn_workers"] = big_txn_rss(tmp, region_extra="process=true\n", name="bigtxn-workers")
+    failures += [f"{k}: the transaction was not delivered" for k in ("big_txn", "big_txn_workers")
+                 if k in results and not results[k]["delivered"]]
+
+
+class Part(NamedTuple):
+    """A part of the bench: ``--only`` names it by its key in PARTS."""
+
+    fn: Callable[[Bench], None]
+    about: str  # one line, for --help
+    needs: frozenset[str] = frozenset()  # other names --only must hold for it to run
+    smoke: bool = True  # runs in a --smoke run too
+    name: str = ""  # its name in the results (part_seconds, failed_parts) if not its key
+
+
+# the parts in the order they run (later ones compare with earlier ones' figures, and apply adds rows to the sources)
+PARTS: dict[str, Part] = {
+    "file": Part(part_file, "capturer -> file (2 regions), next to the decode baselines"),
+    "workers": Part(part_workers, "capturer -> file, regions in worker processes (process=true); with kafka, all, "
+                    "latency, bigtxn: those in worker processes too"),
+    "regions16": Part(part_regions16, "16 regions -> file, in-process and through 2 agents"),
+    "agents": Part(part_agents, "the agent transport's ceiling, and 2 regions each served by an agent process -> file"),
+    "baikaldb": Part(part_baikaldb, "BaikalDB row decoders, and a BaikalDB double (2 regions) -> file"),
+    "pgsnapshot": Part(part_pgsnapshot, "PostgreSQL snapshot -> file, next to a chunked read and COPY"),
+    "postgresql": Part(part_postgresql, "PostgreSQL: the raw pgoutput stream, its parse, the region -> file "
+                       "(and -> kafka with kafka)"),
+    "mysql": Part(part_mysql, "capturer -> mysql target, next to a raw multi-row upsert"),
+    "kafka": Part(part_kafka, "capturer -> kafka with each of --kafka-clients, next to a raw producer"),
+    "spark": Part(part_spark, "capturer -> spark (the lake), next to a raw Arrow append"),
+    "all": Part(part_all, "all four senders at once (with mysql and kafka); with ha: as the active of an [ha] group",
+                needs=frozenset({"mysql", "kafka"})),
+    "independent": Part(part_independent, "the other senders' share with the MySQL target hung, and senders "
+                        "catching up from the backlog (with mysql)", needs=frozenset({"mysql"})),
+    "snapshot": Part(part_snapshot, "snapshot of a table -> file (one reader, read-ahead, a worker process) "
+                     "and -> mysql"),
+    "verifycost": Part(part_verifycost, "what verify (the CLI, and POST /verify in the capturer) costs a running "
+                       "capture under a steady load"),
+    "verify": Part(part_verify, "python -m capturer verify of an equal table against a MySQL target and the lake, "
+                   "next to a plain SELECT"),
+    "apply": Part(part_apply, "capturer -> kafka -> applier -> mysql, a backlog drained, commit -> visible lag "
+                  "(with mysql)", needs=frozenset({"mysql"})),
+    "ha": Part(part_hatakeover, "takeover times of an [ha] group, kill -9 of the active (results: hatakeover)",
+               name="hatakeover"),
+    "latency": Part(part_latency, "commit -> ack latency at steady rates (not with --smoke)", smoke=False),
+    "peers": Part(part_peers, "beside Debezium in Kafka Connect (bench/peers.py; not in the default: a Connect JVM)"),
+    "bigtxn": Part(part_bigtxn, "one 1,000,000-row transaction -> file, peak RSS (not with --smoke)", smoke=False),
+}
+# names --only takes that are no part of their own: they add runs to the parts above
+MODIFIERS = {
+    "ab": "to file, mysql, kafka and all: runs without this release's speed-ups, for the ratio",
+    "atomic": "to mysql: whole source transactions (txn_atomic), with the lanes' position and without it",
+    "senderprocs": "to file, mysql, kafka, spark and all: each sender in a process of its own",
+}
+
+
+def parts_listing() -> str:
+    width = max(map(len, [*PARTS, *MODIFIERS]))
+    return ("parts (--only, in the order they run):\n"
+            + "\n".join(f"  {k:<{width}}  {p.about}" for k, p in PARTS.items())
+            + "\nand, adding runs to other parts:\n"
+            + "\n".join(f"  {k:<{width}}  {about}" for k, about in MODIFIERS.items()))
+
+
+def argparser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(epilog=parts_listing(), formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, default=200_000, help="inserts per run (split over regions)")
     ap.add_argument("--smoke", action="store_true", help="assert completeness only (CI)")
     ap.add_argument("--threads", type=int, default=8, help="MySQL sender workers")
@@ -1647,7 +2388,16 @@ def main() -> int:
     ap.add_argument("--part-timeout", type=float, default=0, help="a part running longer than this many seconds "
                     "prints every thread's stack and the processes it started, and the run ends as on SIGTERM "
                     "(what was measured is written, every process stopped); 0: no limit")
+    return ap
+
+
+def main() -> int:
+    ap = argparser()
     args = ap.parse_args()
+    only = set(args.only.split(","))
+    unknown = sorted(only - set(PARTS) - set(MODIFIERS) - {""})
+    if unknown:
+        ap.error(f"--only: no part named {', '.join(unknown)}\n{parts_listing()}")
 
     # SIGTERM (a CI timeout, kill) ends the run as Ctrl-C does: what was measured is written, every process stopped
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -1657,621 +2407,24 @@ def main() -> int:
     results_malloc = "fixed mmap threshold" if tune_malloc() else "glibc default"
     # and the collector as ``python -m capturer`` sets it (CAPTURER_GC=default: Python's own)
     results_gc = f"thresholds {GC_THRESHOLDS}" if tune_gc() else "Python default"
-    only = set(args.only.split(","))
     inserts = args.rows // 2
     updates, deletes = inserts // 4, inserts // 10
     tmp = Path(tempfile.mkdtemp(prefix="capt-bench-"))
     servers = [MariaDBInstance(tmp / f"r{i}", server_id=i + 1).start() for i in range(2)]
-    extra: list[Any] = []
-    rep = Report()
     results: dict[str, Any] = {"date": dt.datetime.now().isoformat(timespec="seconds"),
                                "workload": {"inserts": inserts * 2, "updates": updates * 2, "deletes": deletes * 2,
                                             "regions": 2}, "cpu": os.cpu_count(), "malloc": results_malloc,
                                "gc": results_gc}
-    failures: list[str] = []
-    cpu_lines: list[str] = []
-    # results are written after every part (a part that fails is marked, the others' figures stay);
-    # a smoke run (CI) writes none
     full = only >= set(ap.get_default("only").split(","))
-    suffix = "" if full else "-" + "-".join(sorted(only))
-    dest = (Path(args.out) if args.out else None if args.smoke
-            else ROOT / "bench" / "results" / f"{dt.date.today().isoformat()}{suffix}.json")
+    ctx = Bench(args, only, full, tmp, servers, results)
+    extra = ctx.extra
     results["complete"] = False
-
-    def save() -> None:
-        results["table"] = rep.rows
-        if dest is not None:
-            part_file = dest.with_suffix(".json.part")
-            part_file.write_text(json.dumps(results, indent=2) + "\n")
-            os.replace(part_file, dest)
-
-    @contextlib.contextmanager
-    def part(name: str) -> Iterator[None]:
-        """One part of the bench: if it fails, its error is kept in the results (``failed_parts``),
-        the processes it left are stopped, and the run goes on with the next part."""
-        t_part = time.perf_counter()
-        extra_before = len(extra)
-        watchdog = _PartWatchdog(name, args.part_timeout) if args.part_timeout > 0 else None
-        try:
-            _FAIL_NEXT_RUN[:] = [name] if name == args.fail_part else []
-            yield
-        except Exception as e:
-            print(f"\nbench: part {name!r} failed; going on with the next ones\n{traceback.format_exc()}",
-                  file=sys.stderr)
-            results.setdefault("failed_parts", {})[name] = f"{type(e).__name__}: {e}"[:2000]
-            failures.append(f"{name}: failed ({type(e).__name__}: {str(e)[:200]})")
-            from devtools.local_kafka import Broker
-
-            for o in extra[extra_before:]:  # its brokers (a target it started stays: later parts use it)
-                if isinstance(o, Broker):
-                    o.kill()
-            keep = {o.proc.pid for o in servers + extra if getattr(o, "proc", None) is not None}
-            stopped = stop_processes(keep, spare_jvm=True)
-            if stopped:
-                print(f"bench: stopped what part {name!r} left running: {stopped}", file=sys.stderr)
-        finally:
-            if watchdog is not None:
-                watchdog.cancel()
-            _FAIL_NEXT_RUN.clear()
-            results.setdefault("part_seconds", {})[name] = round(time.perf_counter() - t_part, 1)
-            save()
-
-    def e2e(name: str, senders_cfg: str, total: int, baseline: float | None, label: str,
-            region_extra: str = "", ha: str = "") -> None:
-        (tmp / name).mkdir()
-        r = run_capturer(tmp / name, servers, senders_cfg, total, region_extra, ha=ha)
-        results[name] = r
-        rep.add(label, r["rows_per_s"], baseline, r)
-        if r.get("cpu_cores"):
-            cpu_lines.append(f"{name}: " + ", ".join(f"{k} {v:.2f}" for k, v in r["cpu_cores"].items()))
-        if r["rows"] != total or r["exit"] != 0:
-            failures.append(f"{name}: {r['rows']} of {total} rows, exit {r['exit']}")
-
     try:
-        for m in servers:
-            m.execute("CREATE DATABASE bench", TABLE)
-        t0 = time.perf_counter()
-        written = [0, 0]
-
-        def go(i: int, m: MariaDBInstance) -> None:
-            written[i] = load(m, i + 1, inserts, updates, deletes)
-
-        threads = [threading.Thread(target=go, args=(i, m)) for i, m in enumerate(servers)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        total = sum(written)
-        results["load_seconds"] = round(time.perf_counter() - t0, 2)
-        c0 = time.process_time()  # (the reading process's CPU: rows per CPU-second)
-        n, secs = baseline_decode(servers[0])
-        decode = n / secs
-        results["baseline_decode_rows_per_s"] = round(decode)
-        rep.add("baseline: python-mysql-replication decode, 1 region", decode, None, n / (time.process_time() - c0))
-        c0 = time.process_time()
-        n2, secs2 = baseline_decode(servers[0], fast=True)
-        results["fast_decode_rows_per_s"] = round(n2 / secs2)
-        rep.add("fast row decoder, Python (same framing), 1 region", n2 / secs2, decode,
-                n2 / (time.process_time() - c0))
-        from capturer.regions.mysql.rowdecode import c_decoder_built
-
-        if c_decoder_built():
-            c0 = time.process_time()
-            n3, secs3 = baseline_decode(servers[0], fast=True, use_c=True)
-            results["fast_decode_c_rows_per_s"] = round(n3 / secs3)
-            rep.add("fast row decoder, C build (same framing), 1 region", n3 / secs3, decode,
-                    n3 / (time.process_time() - c0))
-        if "file" in only:
-            with part("file"):
-                e2e("file", f"[global]\ntype=local\n[local]\nfilepath={tmp / 'file' / 'changes.jsonl'}\n",
-                    total, decode, "capturer -> file (2 regions)")
-                if "ab" in only:
-                    from capturer.util import mysqlconn
-
-                    real_buf, mysqlconn.READ_BUFFER = mysqlconn.READ_BUFFER, 8192
-                    try:
-                        e2e("file-8k-reads", f"[global]\ntype=local\n[local]\nfilepath={tmp / 'file-8k' / 'changes.jsonl'}\n",
-                            total, results["file"]["rows_per_s"],
-                            "capturer -> file, binlog read through pymysql's 8 KiB buffer; ratio to 256 KiB")
-                    finally:
-                        mysqlconn.READ_BUFFER = real_buf
-                    from capturer.regions.mysql import tablemap
-
-                    real_connect, tablemap.connect = tablemap.connect, mysqlconn.connect
-                    try:
-                        e2e("file-no-tablemap-cache",
-                            f"[global]\ntype=local\n[local]\nfilepath={tmp / 'file-ntm' / 'changes.jsonl'}\n",
-                            total, results["file"]["rows_per_s"],
-                            "capturer -> file, every table map parsed by the library; ratio to parsed once per definition")
-                    finally:
-                        tablemap.connect = real_connect
-                if "senderprocs" in only:
-                    e2e("file-proc", f"[global]\ntype=local\n[local]\nfilepath={tmp / 'file-proc' / 'changes.jsonl'}\n"
-                        "process=true\n", total, results["file"]["rows_per_s"],
-                        "capturer -> file, sender in its own process; ratio to in-process")
-        if "workers" in only:
-            with part("workers"):
-                e2e("file-workers", f"[global]\ntype=local\n[local]\nfilepath={tmp / 'file-workers' / 'changes.jsonl'}\n",
-                    total, results.get("file", {}).get("rows_per_s"),
-                    "capturer -> file, regions in worker processes (process=true); ratio to in-process",
-                    region_extra="process=true\n")
-        if "regions16" in only:
-            with part("regions16"):
-                base2 = results.get("file", {}).get("rows_per_s")
-                r16 = many_regions(tmp / "regions16", 16, inserts * 2)
-                results["regions16"] = r16
-                for k, label in (("in_process", "16 regions in-process -> file; ratio to 2 regions"),
-                                 ("agents", "16 regions through 2 agents (8 each) -> file; ratio to 2 regions")):
-                    rep.add(label, r16[k]["rows_per_s"], base2)
-                    steady2 = results.get("file", {}).get("steady_rows_per_s")
-                    if r16[k].get("steady_rows_per_s"):
-                        rep.add(label.replace("; ratio", ", steady state (10-90 % of rows); ratio")
-                                .replace("2 regions", "2 regions' steady state"), r16[k]["steady_rows_per_s"], steady2)
-                    if r16[k]["rows"] != r16["rows"] or r16[k]["exit"] != 0 or not r16[k]["ordered"]:
-                        failures.append(f"regions16 {k}: {r16[k]['rows']} of {r16['rows']} rows, exit {r16[k]['exit']}, "
-                                        f"ordered {r16[k]['ordered']}")
-        if "agents" in only:
-            with part("agents"):
-                from agent_transport import measure
-
-                tr = measure(300_000)
-                results["agent_transport"] = tr
-                rep.add("agent -> capturer transport ceiling (synthetic region, gRPC loopback)", tr["rows_per_s"], None)
-                (tmp / "agents").mkdir()
-                r = run_capturer_agents(tmp / "agents", servers, total)
-                results["agents"] = r
-                rep.add("capturer -> file, 2 regions each served by an agent process; ratio to in-process",
-                        r["rows_per_s"], results.get("file", {}).get("rows_per_s"))
-                if r["rows"] != total or r["exit"] != 0:
-                    failures.append(f"agents: {r['rows']} of {total} rows, exit {r['exit']}")
-        if "baikaldb" in only:
-            with part("baikaldb"):
-                dec = baikal_decode(inserts * 2)
-                for k, v in dec.items():
-                    results[f"baikaldb_decode_{k}_rows_per_s"] = round(v)
-                rep.add("BaikalDB payloads: protobuf parse only (ceiling), 1 binlog region", dec["protobuf_parse"], decode)
-                rep.add("BaikalDB row decoder, Python", dec["python"], decode)
-                if "c" in dec:
-                    rep.add("BaikalDB row decoder, C build", dec["c"], decode)
-                proc, info = baikal_double_process(tmp, inserts * 2)
-                try:
-                    (tmp / "baikaldb").mkdir()
-                    r = run_capturer_baikal(tmp / "baikaldb", info["meta"], info["rows"])
-                finally:
-                    proc.terminate()
-                    proc.wait(30)
-                results["baikaldb"] = r
-                mysql_file = results.get("file", {}).get("rows_per_s")
-                rep.add("BaikalDB (double, 1 partition x 2 regions) -> file; ratio to MySQL -> file",
-                        r["rows_per_s"], mysql_file, r)
-                if r.get("cpu_cores"):
-                    cpu_lines.append("baikaldb: " + ", ".join(f"{k} {v:.2f}" for k, v in r["cpu_cores"].items()))
-                if r["rows"] != info["rows"] or r["exit"] != 0:
-                    failures.append(f"baikaldb: {r['rows']} of {info['rows']} rows, exit {r['exit']}")
-        if "pgsnapshot" in only:
-            with part("pgsnapshot"):
-                from pg_bench import snapshot_measure
-
-                (tmp / "pgsnapshot").mkdir()
-                prows = 1_000_000 if not args.smoke else args.rows
-                r = snapshot_measure(tmp / "pgsnapshot", prows, run_until_delivered)
-                results["pgsnapshot"] = r
-                rep.add(f"baseline: PostgreSQL {prows:,}-row table read in 20,000-row key chunks, values as text "
-                        "(psycopg)", r["raw_chunked_rows_per_s"], None)
-                rep.add("PostgreSQL: the same table with COPY TO STDOUT (text), for scale", r["copy_rows_per_s"],
-                        r["raw_chunked_rows_per_s"])
-                rep.add("PostgreSQL snapshot -> file; ratio to the raw chunked read", r["capturer"]["rows_per_s"],
-                        r["raw_chunked_rows_per_s"])
-                if r["capturer"]["rows"] < prows or r["capturer"]["exit"] != 0:
-                    failures.append(f"pgsnapshot: {r['capturer']['rows']} of {prows} rows, exit {r['capturer']['exit']}")
-        if "postgresql" in only:
-            with part("postgresql"):
-                from pg_bench import measure as pg_measure
-
-                (tmp / "postgresql").mkdir()
-                pg_variants: dict[str, tuple[str, str]] = {}
-                pg_broker = None
-                if "kafka" in only and "confluent" in args.kafka_clients.split(","):
-                    from devtools.local_kafka import Broker
-
-                    pg_broker = Broker().start()
-                    extra.append(pg_broker)
-                    pg_variants["kafka"] = ("", f"[global]\ntype=kafka\n[kafka]\nservers={pg_broker.servers}\n"
-                                                "client=confluent\n")
-                r = pg_measure(tmp / "postgresql", inserts * 2, run_until_delivered, pg_variants)
-                if pg_broker is not None:
-                    pg_broker.kill()
-                results["postgresql"] = r
-                raw = r["raw_stream_rows_per_s"]
-                rep.add("PostgreSQL: raw pgoutput stream, framing only (baseline), 1 slot", raw, None,
-                        r["raw_stream_rows_per_cpu_s"])
-                rep.add("PostgreSQL: + pgoutput.parse of every message", r["pgoutput_parse_rows_per_s"], raw,
-                        r["pgoutput_parse_rows_per_cpu_s"])
-                rep.add("PostgreSQL region -> file, end to end; ratio to the raw stream", r["capturer"]["rows_per_s"], raw,
-                        r["capturer"])
-                rep.add("PostgreSQL region -> file; ratio to MySQL (2 regions) -> file", r["capturer"]["rows_per_s"],
-                        results.get("file", {}).get("rows_per_s"), r["capturer"])
-                if "capturer_kafka" in r:
-                    rep.add("PostgreSQL region -> kafka (confluent); ratio to the raw stream",
-                            r["capturer_kafka"]["rows_per_s"], raw, r["capturer_kafka"])
-                for name in ("capturer", *(f"capturer_{v}" for v in pg_variants)):
-                    if r[name]["rows"] != r["rows"] or r[name]["exit"] != 0:
-                        failures.append(f"postgresql ({name}): {r[name]['rows']} of {r['rows']} rows, "
-                                        f"exit {r[name]['exit']}")
-                    if r[name].get("cpu_cores"):
-                        cpu_lines.append(f"postgresql {name}: " + ", ".join(f"{k} {v:.2f}" for k, v in
-                                                                           r[name]["cpu_cores"].items()))
-        if "mysql" in only:
-            with part("mysql"):
-                target = MariaDBInstance(tmp / "target", server_id=99).start()
-                extra.append(target)
-                ups = baseline_upsert(target, total)
-                results["baseline_upsert_rows_per_s"] = round(ups)
-                rep.add("baseline: raw multi-row upsert into the target (1 conn, 1000-row batches)", ups, None)
-                mysql_cfg = (f"[global]\ntype=mysql\n[mysql]\nhost=127.0.0.1\nport={target.port}\nuser=root\n"
-                             f"threadnum={args.threads}\n")
-                e2e("mysql", mysql_cfg, total, ups, f"capturer -> mysql ({args.threads} workers)")
-                if "ab" in only:
-                    from senders.mysql import sender as msender
-
-                    def as_before(ch: Any) -> str:  # every update as UPDATE ... WHERE <old key>
-                        return {"insert": "upsert", "read": "upsert", "delete": "delete"}.get(ch.op, "update")
-
-                    reset_target(target)
-                    real_kind, msender._kind = msender._kind, as_before
-                    try:
-                        e2e("mysql-updates", mysql_cfg, total, results["mysql"]["rows_per_s"],
-                            "capturer -> mysql, updates as UPDATE statements; ratio to upserts")
-                    finally:
-                        msender._kind = real_kind
-                    reset_target(target)
-                    real_tuples, real_phase = msender._sql_tuples, msender.MySQLSender.phase_rows
-                    msender._sql_tuples, msender.MySQLSender.phase_rows = None, 10**9  # one phase per batch
-                    try:
-                        e2e("mysql-params-one-phase", mysql_cfg, total, results["mysql"]["rows_per_s"],
-                            "capturer -> mysql, values as parameters and no placing during apply; ratio to this release")
-                    finally:
-                        msender._sql_tuples, msender.MySQLSender.phase_rows = real_tuples, real_phase
-                if "atomic" in only:  # whole source transactions, with the lanes' exact position and without it
-                    for name, extra_cfg in (("mysql-atomic", "txn_atomic=true\n"),
-                                            ("mysql-atomic-nopos", "txn_atomic=true\nmeta_database=\n"),
-                                            ("mysql-atomic-2", "txn_atomic=true\n")):
-                        reset_target(target)
-                        e2e(name, mysql_cfg + extra_cfg, total, results["mysql"]["rows_per_s"],
-                            f"capturer -> mysql, {extra_cfg.strip().replace(chr(10), ', ')}; ratio to rows")
-                    pos = (results["mysql-atomic"]["rows_per_s"] + results["mysql-atomic-2"]["rows_per_s"]) / 2
-                    rep.add("txn_atomic: the lanes' position (rows per commit) vs no position (A-B-A)", pos,
-                            results["mysql-atomic-nopos"]["rows_per_s"])
-                if "senderprocs" in only:
-                    reset_target(target)
-                    e2e("mysql-proc", with_procs(mysql_cfg), total, results["mysql"]["rows_per_s"],
-                        "capturer -> mysql, sender in its own process; ratio to in-process")
-        if "kafka" in only:
-            with part("kafka"):
-                from devtools.local_kafka import Broker
-
-                for client in args.kafka_clients.split(","):
-                    broker = Broker().start()  # a fresh broker each: memory storage grows
-                    extra.append(broker)
-                    c0 = time.process_time()
-                    raw = baseline_producer(broker.servers, client, total)
-                    results[f"baseline_producer_{client}_msgs_per_s"] = round(raw)
-                    rep.add(f"baseline: raw producer, {client}", raw, None, total / (time.process_time() - c0))
-                    kcfg = f"[global]\ntype=kafka\n[kafka]\nservers={broker.servers}\nclient={client}\n"
-                    e2e(f"kafka-{client}", kcfg, total, raw, f"capturer -> kafka ({client})")
-                    broker.kill()
-                    if "workers" in only:
-                        broker = Broker().start()
-                        extra.append(broker)
-                        kcfg = f"[global]\ntype=kafka\n[kafka]\nservers={broker.servers}\nclient={client}\n"
-                        e2e(f"kafka-{client}-workers", kcfg, total, results[f"kafka-{client}"]["rows_per_s"],
-                            f"capturer -> kafka ({client}), regions in worker processes; ratio to in-process",
-                            region_extra="process=true\n")
-                        broker.kill()
-                    if "ab" in only:
-                        from senders.kafka import sender as ksender
-
-                        broker = Broker().start()
-                        extra.append(broker)
-                        kcfg = f"[global]\ntype=kafka\n[kafka]\nservers={broker.servers}\nclient={client}\n"
-                        real_c, ksender._kafka_json = ksender._kafka_json, None
-                        try:
-                            e2e(f"kafka-{client}-pyenc", kcfg, total, results[f"kafka-{client}"]["rows_per_s"],
-                                f"capturer -> kafka ({client}), messages encoded in Python; ratio to the C encoder")
-                        finally:
-                            ksender._kafka_json = real_c
-                        broker.kill()
-                    if "senderprocs" in only and client == "confluent":
-                        broker = Broker().start()
-                        extra.append(broker)
-                        kcfg = f"[global]\ntype=kafka\n[kafka]\nservers={broker.servers}\nclient={client}\n"
-                        e2e("kafka-confluent-proc", with_procs(kcfg), total, results["kafka-confluent"]["rows_per_s"],
-                            "capturer -> kafka (confluent), sender in its own process; ratio to in-process")
-                        broker.kill()
-                if "kafka-kafka-python" in results and "kafka-confluent" in results:
-                    rep.add("capturer -> kafka (kafka-python); ratio to the confluent sender",
-                            results["kafka-kafka-python"]["rows_per_s"], results["kafka-confluent"]["rows_per_s"],
-                            results["kafka-kafka-python"])
-        if "spark" in only:
-            with part("spark"):
-                raw = baseline_arrow_append(tmp, total)
-                results["baseline_arrow_append_rows_per_s"] = round(raw)
-                rep.add("baseline: raw Spark Arrow append (50k-row batches)", raw, None)
-                e2e("spark", f"[global]\ntype=spark\n[spark]\nwarehouse={tmp / 'spark' / 'wh'}\n"
-                    "compaction_interval=0\nbatch_interval=1\n", total, raw, "capturer -> spark")
-                if "senderprocs" in only:
-                    e2e("spark-proc", f"[global]\ntype=spark\n[spark]\nwarehouse={tmp / 'spark-proc' / 'wh'}\n"
-                        "compaction_interval=0\nbatch_interval=1\nprocess=true\n", total, results["spark"]["rows_per_s"],
-                        "capturer -> spark, sender in its own process; ratio to in-process")
-                if not args.smoke:
-                    results["compaction_1M_seconds"] = round(compaction_seconds(tmp), 1)
-        if "all" in only and "mysql" in only and "kafka" in only:
-            with part("all"):
-                from devtools.local_kafka import Broker
-
-                broker = Broker().start()
-                extra.append(broker)
-                reset_target(target)
-                e2e("all", "[global]\ntype=local,mysql,kafka,spark\n"
-                    f"[local]\nfilepath={tmp / 'all' / 'changes.jsonl'}\n"
-                    f"[mysql]\nhost=127.0.0.1\nport={target.port}\nuser=root\nthreadnum={args.threads}\n"
-                    f"[kafka]\nservers={broker.servers}\nclient=confluent\n"
-                    f"[spark]\nwarehouse={tmp / 'all' / 'wh'}\ncompaction_interval=0\nbatch_interval=1\n",
-                    total, decode, "capturer -> all four at once (file, mysql, kafka/confluent, spark)")
-                broker.kill()
-                if "file" in results:
-                    rep.add("capturer -> all four at once; ratio to capturer -> file alone", results["all"]["rows_per_s"],
-                            results["file"]["rows_per_s"], results["all"])
-                if "ab" in only:
-                    broker = Broker().start()
-                    extra.append(broker)
-                    reset_target(target)
-                    (tmp / "all-nobacklog").mkdir()
-                    r = run_capturer(tmp / "all-nobacklog", servers, "[global]\ntype=local,mysql,kafka,spark\n"
-                                     f"[local]\nfilepath={tmp / 'all-nobacklog' / 'changes.jsonl'}\n"
-                                     f"[mysql]\nhost=127.0.0.1\nport={target.port}\nuser=root\nthreadnum={args.threads}\n"
-                                     f"[kafka]\nservers={broker.servers}\nclient=confluent\n"
-                                     f"[spark]\nwarehouse={tmp / 'all-nobacklog' / 'wh'}\ncompaction_interval=0\n"
-                                     "batch_interval=1\n", total, extra_global="backlogMaxMB=0\n")
-                    results["all-nobacklog"] = r
-                    rep.add("capturer -> all four without a backlog (backlogMaxMB=0: one queue's worth, then the "
-                            "stream waits); the all-four run's ratio to it is the backlog's cost",
-                            r["rows_per_s"], results["all"]["rows_per_s"])
-                    results["all_backlog_vs_without"] = round(results["all"]["rows_per_s"] / r["rows_per_s"], 3)
-                    broker.kill()
-                    import gc
-
-                    broker = Broker().start()
-                    extra.append(broker)
-                    reset_target(target)
-                    tuned = gc.get_threshold()
-                    gc.set_threshold(700, 10, 10)  # Python's defaults
-                    try:
-                        e2e("all-gc-default", "[global]\ntype=local,mysql,kafka,spark\n"
-                            f"[local]\nfilepath={tmp / 'all-gcd' / 'changes.jsonl'}\n"
-                            f"[mysql]\nhost=127.0.0.1\nport={target.port}\nuser=root\nthreadnum={args.threads}\n"
-                            f"[kafka]\nservers={broker.servers}\nclient=confluent\n"
-                            f"[spark]\nwarehouse={tmp / 'all-gcd' / 'wh'}\ncompaction_interval=0\nbatch_interval=1\n",
-                            total, results["all"]["rows_per_s"],
-                            "capturer -> all four, Python's default GC thresholds; ratio to the capturer's")
-                    finally:
-                        gc.set_threshold(*tuned)
-                    broker.kill()
-                if "senderprocs" in only:
-                    broker = Broker().start()
-                    extra.append(broker)
-                    reset_target(target)
-                    e2e("all-proc", with_procs("[global]\ntype=local,mysql,kafka,spark\n"
-                        f"[local]\nfilepath={tmp / 'all-proc' / 'changes.jsonl'}\n"
-                        f"[mysql]\nhost=127.0.0.1\nport={target.port}\nuser=root\nthreadnum={args.threads}\n"
-                        f"[kafka]\nservers={broker.servers}\nclient=confluent\n"
-                        f"[spark]\nwarehouse={tmp / 'all-proc' / 'wh'}\ncompaction_interval=0\nbatch_interval=1\n"),
-                        total, results["all"]["rows_per_s"],
-                        "capturer -> all four, each sender in its own process; ratio to all four in-process")
-                    broker.kill()
-                if "ha" in only:
-                    from devtools.local_etcd import EtcdCluster
-
-                    etcd = EtcdCluster(tmp / "etcd-all", 1).start()
-                    extra.append(etcd)
-                    broker = Broker().start()
-                    extra.append(broker)
-                    reset_target(target)
-                    e2e("all-ha", "[global]\ntype=local,mysql,kafka,spark\n"
-                        f"[local]\nfilepath={tmp / 'all-ha' / 'changes.jsonl'}\n"
-                        f"[mysql]\nhost=127.0.0.1\nport={target.port}\nuser=root\nthreadnum={args.threads}\n"
-                        f"[kafka]\nservers={broker.servers}\nclient=confluent\n"
-                        f"[spark]\nwarehouse={tmp / 'all-ha' / 'wh'}\ncompaction_interval=0\nbatch_interval=1\n",
-                        total, results["all"]["rows_per_s"],
-                        "capturer -> all four as the active capturer of an [ha] group (etcd: lease, checkpoints, "
-                        "fenced writes); ratio to all four without [ha]", ha=etcd.endpoints)
-                    broker.kill()
-                    etcd.stop()
-                    # the same without [ha] again, after it (A B A: the second run of a kind in one process, a
-                    # Spark session already up, is what the first one is not); the ratio is to their mean
-                    broker = Broker().start()
-                    extra.append(broker)
-                    reset_target(target)
-                    e2e("all-again", "[global]\ntype=local,mysql,kafka,spark\n"
-                        f"[local]\nfilepath={tmp / 'all-again' / 'changes.jsonl'}\n"
-                        f"[mysql]\nhost=127.0.0.1\nport={target.port}\nuser=root\nthreadnum={args.threads}\n"
-                        f"[kafka]\nservers={broker.servers}\nclient=confluent\n"
-                        f"[spark]\nwarehouse={tmp / 'all-again' / 'wh'}\ncompaction_interval=0\nbatch_interval=1\n",
-                        total, results["all"]["rows_per_s"], "capturer -> all four again, without [ha] (after it)")
-                    broker.kill()
-                    for key in ("rows_per_s", "steady_rows_per_s"):
-                        base = [results[k].get(key) for k in ("all", "all-again")]
-                        if all(base) and results["all-ha"].get(key):
-                            results[f"all_ha_vs_without_{key}"] = round(
-                                results["all-ha"][key] / (sum(base) / 2), 3)
-                    print(f"all four with [ha] / without (mean of the runs before and after it): "
-                          f"{results.get('all_ha_vs_without_rows_per_s')} end to end, "
-                          f"{results.get('all_ha_vs_without_steady_rows_per_s')} steady (10-90 % of the rows)")
-                if "workers" in only:
-                    broker = Broker().start()
-                    extra.append(broker)
-                    reset_target(target)
-                    e2e("all-workers", "[global]\ntype=local,mysql,kafka,spark\n"
-                        f"[local]\nfilepath={tmp / 'all-workers' / 'changes.jsonl'}\n"
-                        f"[mysql]\nhost=127.0.0.1\nport={target.port}\nuser=root\nthreadnum={args.threads}\n"
-                        f"[kafka]\nservers={broker.servers}\nclient=confluent\n"
-                        f"[spark]\nwarehouse={tmp / 'all-workers' / 'wh'}\ncompaction_interval=0\nbatch_interval=1\n",
-                        total, results["all"]["rows_per_s"],
-                        "capturer -> all four, regions in worker processes; ratio to all four in-process",
-                        region_extra="process=true\n")
-                    broker.kill()
-        if "independent" in only and "mysql" in only:
-            with part("independent"):
-                from devtools.local_kafka import Broker
-
-                broker = Broker().start()
-                extra.append(broker)
-                ind = independent_runs(tmp, servers, target, broker.servers, total, args.threads)
-                broker.kill()
-                results["independent"] = ind
-                rep.add("file, kafka, spark with the MySQL target hung; ratio to the three alone (their share)",
-                        ind["others_with_hung_mysql_rows_per_s"], ind["others_alone_rows_per_s"])
-                rep.add("mysql catching up from the backlog after the hang; ratio to its live rate",
-                        ind["mysql_catch_up_rows_per_s"], results.get("mysql", {}).get("rows_per_s"))
-                rep.add("file catching up from the backlog (paused until all was read); ratio to its live rate",
-                        ind["file_catch_up_rows_per_s"], results.get("file", {}).get("rows_per_s"))
-        if "snapshot" in only:
-            with part("snapshot"):
-                srows = 1_000_000 if not args.smoke else args.rows
-                src = MariaDBInstance(tmp / "snapsrc", server_id=41).start()
-                extra.append(src)
-                t0 = time.perf_counter()
-                load_sequence(src, "snap.t", srows)
-                results["snapshot_load_seconds"] = round(time.perf_counter() - t0, 1)
-                raw = raw_chunked_read(src, "snap.t")
-                results["snapshot_raw_read"] = raw
-                rep.add(f"baseline: raw chunked read of the {srows:,}-row table ({raw['driver']}, 20,000-row chunks, "
-                        "2 connections)", raw["rows_per_s"], None)
-                runs = {}
-                for name, opts in (("one", ""), ("ahead", "snapshot_read_ahead=true\n"), ("process", "process=true\n")):
-                    d = tmp / f"snap-file-{name}"
-                    runs[name] = snapshot_run(d, src, f"[global]\ntype=local\n[local]\nfilepath={d / 'o.jsonl'}\n"
-                                              "rotate_mb=100000\n", srows, region_extra=opts)
-                    x = runs[name]
-                    cores = x.get("cpu_cores", {}).get("capturer", 0)  # rows per CPU-second of the capturer's process
-                    x["rows_per_core_second"] = round(x["rows_per_s"] / cores) if cores else None
-                    if x["rows"] < srows or x["exit"] != 0:
-                        failures.append(f"snapshot->file ({name}): {x['rows']} of {srows} rows, exit {x['exit']}")
-                r, one = runs["one"], runs["one"]
-                results["snapshot_file"] = r
-                results["snapshot_file_read_ahead"] = runs["ahead"]
-                results["snapshot_file_region_process"] = runs["process"]
-                rep.add(f"snapshot of {srows:,} rows -> file, one reader (the default); ratio to the raw chunked read",
-                        r["rows_per_s"], raw["rows_per_s"])
-                rep.add("snapshot -> file, read-ahead (a second connection per table); ratio to one reader",
-                        runs["ahead"]["rows_per_s"], one["rows_per_s"])
-                rep.add("snapshot -> file, the region in a worker process (process=true); ratio to one reader",
-                        runs["process"]["rows_per_s"], one["rows_per_s"])
-                rep.add("snapshot -> file, the region in a worker process; ratio to the raw chunked read",
-                        runs["process"]["rows_per_s"], raw["rows_per_s"])
-                starget = MariaDBInstance(tmp / "snaptarget", server_id=42, binlog=False).start()
-                extra.append(starget)
-                ups = baseline_upsert(starget, srows)
-                results["snapshot_baseline_upsert_rows_per_s"] = round(ups)
-                rep.add("baseline: raw multi-row upsert into the target (1 conn, 1000-row batches)", ups, None)
-                r = snapshot_run(tmp / "snap-mysql", src, f"[global]\ntype=mysql\n[mysql]\nhost=127.0.0.1\n"
-                                 f"port={starget.port}\nuser=root\nthreadnum={args.threads}\n", srows)
-                results["snapshot_mysql"] = r
-                rep.add(f"snapshot of {srows:,} rows -> mysql ({args.threads} workers)", r["rows_per_s"], ups)
-                if r["rows"] < srows or r["exit"] != 0:
-                    failures.append(f"snapshot->mysql: {r['rows']} of {srows} rows, exit {r['exit']}")
-                if not args.smoke:
-                    big = 10_000_000
-                    load_sequence(src, "snap.big", big)
-                    results["snapshot_rss"] = snapshot_rss(tmp, src, big)
-        if "verifycost" in only:
-            with part("verifycost"):
-                vc = verify_cost(tmp, preload=min(200_000, max(20_000, args.rows)), seconds=8 if args.smoke else 20)
-                results["verifycost"] = vc
-                for name in ("cli", "post"):
-                    if 1 in vc[name]["exit_codes"] or not vc[name]["verify_runs"]:
-                        failures.append(f"verify under load ({name}): runs {vc[name]['verify_runs']}, "
-                                        f"exit codes {vc[name]['exit_codes']} (1: a false alarm)")
-        if "verify" in only:
-            with part("verify"):
-                vrows = args.rows if args.smoke else args.verify_rows
-                v = verify_runs(tmp, vrows, args.verify_lake_rows or None)
-                results["verify"] = v
-                rep.add(f"baseline: plain SELECT * of a {vrows:,}-row table (pymysql, 10k-row fetches)",
-                        v["select_rows_per_s"], None)
-                rep.add(f"verify -> mysql target, {vrows:,} equal rows (chunk checksums in both servers); "
-                        "ratio to the SELECT", v["mysql"]["rows_per_s"], v["select_rows_per_s"])
-                lk = v["lake"]
-                rep.add(f"verify -> lake, {lk['lake_rows']:,} equal rows (merged view through Spark); ratio to the SELECT",
-                        lk["rows_per_s"], v["select_rows_per_s"])
-                for name, r, want in (("mysql", v["mysql"], vrows), ("lake", lk, lk["lake_rows"])):
-                    if r["status"] != "equal" or r["rows"] != want or r["exit"] != 0:
-                        failures.append(f"verify {name}: status {r['status']}, {r['rows']} of {want} rows, "
-                                        f"exit {r['exit']}{' ' + r['error'][-300:] if r.get('error') else ''}")
-        if "apply" in only and "mysql" in only:  # (late: its lag run adds rows to the sources)
-            with part("apply"):
-                reset_target(target)
-                ar = apply_runs(tmp, servers, target, total, args.threads,
-                                lag_seconds=5 if args.smoke else 20, lag_rate=2000 if args.smoke else 10_000)
-                results["apply"] = ar
-                direct = results["mysql"]["rows_per_s"]
-                rep.add("capturer -> kafka -> applier -> mysql, end to end; ratio to capturer -> mysql",
-                        ar["end_to_end_rows_per_s"], direct)
-                rep.add("applier draining a full backlog -> mysql; ratio to capturer -> mysql", ar["drain_rows_per_s"],
-                        direct)
-                cpu_lines.append("apply end to end: " + ", ".join(f"{k} {v:.2f}" for k, v in
-                                                                  ar["end_to_end_cpu_cores"].items()))
-                rep.add("applier draining, MySQL sender in its own process (process=true); ratio to capturer -> mysql",
-                        ar["drain_proc_rows_per_s"], direct)
-                cpu_lines.append("apply drain: " + ", ".join(f"{k} {v:.2f}" for k, v in ar["drain_cpu_cores"].items()))
-                cpu_lines.append("apply drain, process=true: " + ", ".join(f"{k} {v:.2f}" for k, v in
-                                                                           ar["drain_proc_cpu_cores"].items()))
-                if ar["lag"]["measured"] < ar["lag"]["txns"]:
-                    failures.append(f"apply lag: {ar['lag']['measured']} of {ar['lag']['txns']} transactions seen "
-                                    "at the target")
-        if "ha" in only:
-            with part("hatakeover"):
-                r = ha_takeovers(tmp, servers, n=2 if args.smoke else 5)
-                results["ha_takeover"] = r
-                print(f"ha takeovers (lease {r['lease_seconds']} s, kill -9 of the active): to the standby active "
-                      f"p50 {r['to_active_p50_s']} s max {r['to_active_max_s']} s; to the file written again p50 "
-                      f"{r['to_writing_p50_s']} s max {r['to_writing_max_s']} s")
-        if "latency" in only and not args.smoke:
-            with part("latency"):
-                if "all" in results and "mysql" in only:
-                    # every sender at half the rate all four reached: the latency they keep at that load
-                    from devtools.local_kafka import Broker
-
-                    half = max(1000, results["all"]["rows_per_s"] // 2 // 100 * 100)
-                    broker = Broker().start()
-                    extra.append(broker)
-                    results["latency_all_half"] = latency_run(
-                        tmp, servers, rate=half, name="latency-all",
-                        other_senders="mysql,kafka,spark\n"
-                        f"[mysql]\nhost=127.0.0.1\nport={target.port}\nuser=root\nthreadnum={args.threads}\n"
-                        f"[kafka]\nservers={broker.servers}\nclient=confluent\n"
-                        f"[spark]\nwarehouse={tmp / 'latency-all-wh'}\ncompaction_interval=0\nbatch_interval=0.02\n")
-                    broker.kill()
-                results["latency"] = latency_run(tmp, servers)
-                results["latency_20k"] = latency_run(tmp, servers, rate=20_000, name="latency-20k")
-                if "workers" in only:
-                    results["latency_20k_workers"] = latency_run(tmp, servers, rate=20_000, name="latency-20k-workers",
-                                                                 region_extra="process=true\n")
-        if "peers" in only:  # (bench/peers.py: beside Debezium; not in the default parts: a Connect JVM)
-            with part("peers"):
-                import peers
-
-                results["peers"] = peers.run(tmp / "peers", servers, {"c": inserts * 2, "u": updates * 2,
-                                             "d": deletes * 2}, args.peers_snapshot_rows, load_sequence)
-                failures += results["peers"]["problems"]
-                print(peers.summary(results["peers"]))
-        if "bigtxn" in only and not args.smoke:
-            with part("bigtxn"):
-                results["big_txn"] = big_txn_rss(tmp)
-                if "workers" in only:
-                    results["big_txn_workers"] = big_txn_rss(tmp, region_extra="process=true\n", name="bigtxn-workers")
-                failures += [f"{k}: the transaction was not delivered" for k in ("big_txn", "big_txn_workers")
-                             if k in results and not results[k]["delivered"]]
+        prepare(ctx)
+        for key, (fn, _, needs, smoke, name) in PARTS.items():
+            if key in only and needs <= only and (smoke or not args.smoke):
+                with ctx.part(name or key):
+                    fn(ctx)
     finally:
         for m in servers + extra:
             try:
@@ -2287,6 +2440,12 @@ def main() -> int:
             import shutil
 
             shutil.rmtree(tmp, ignore_errors=True)
+    return report(ctx)
+
+
+def report(ctx: Bench) -> int:
+    """What was measured, printed; the results written one last time (exit 1 if incomplete)."""
+    rep, results, failures, cpu_lines = ctx.rep, ctx.results, ctx.failures, ctx.cpu_lines
     results["table"] = rep.rows
     print(json.dumps(results, indent=2))
     print()
@@ -2345,9 +2504,9 @@ def main() -> int:
     results["complete"] = not failures
     if failures:
         results["failures"] = failures
-    save()
-    if dest is not None:
-        print(f"\nwritten {dest}" + (" (incomplete: see failed_parts / failures in it)" if failures else ""))
+    ctx.save()
+    if ctx.dest is not None:
+        print(f"\nwritten {ctx.dest}" + (" (incomplete: see failed_parts / failures in it)" if failures else ""))
     if failures:
         print("\nINCOMPLETE: " + "; ".join(failures))
         return 1
@@ -2356,3 +2515,4 @@ def main() -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
