@@ -1900,25 +1900,26 @@ def part_mysql(ctx: Bench) -> None:
     e2e("mysql", mysql_cfg, total, ups, f"capturer -> mysql ({args.threads} workers)")
     if "ab" in only:
         from senders.mysql import sender as msender
+        from senders.mysql import worker as mworker  # (the statement kinds and SQL literals live here now)
 
         def as_before(ch: Any) -> str:  # every update as UPDATE ... WHERE <old key>
             return {"insert": "upsert", "read": "upsert", "delete": "delete"}.get(ch.op, "update")
 
         reset_target(target)
-        real_kind, msender._kind = msender._kind, as_before
+        real_kind, mworker._kind = mworker._kind, as_before
         try:
             e2e("mysql-updates", mysql_cfg, total, results["mysql"]["rows_per_s"],
                 "capturer -> mysql, updates as UPDATE statements; ratio to upserts")
         finally:
-            msender._kind = real_kind
+            mworker._kind = real_kind
         reset_target(target)
-        real_tuples, real_phase = msender._sql_tuples, msender.MySQLSender.phase_rows
-        msender._sql_tuples, msender.MySQLSender.phase_rows = None, 10**9  # one phase per batch
+        real_tuples, real_phase = mworker._sql_tuples, msender.MySQLSender.phase_rows
+        mworker._sql_tuples, msender.MySQLSender.phase_rows = None, 10**9  # one phase per batch
         try:
             e2e("mysql-params-one-phase", mysql_cfg, total, results["mysql"]["rows_per_s"],
                 "capturer -> mysql, values as parameters and no placing during apply; ratio to this release")
         finally:
-            msender._sql_tuples, msender.MySQLSender.phase_rows = real_tuples, real_phase
+            mworker._sql_tuples, msender.MySQLSender.phase_rows = real_tuples, real_phase
     if "atomic" in only:  # whole source transactions, with the lanes' exact position and without it
         for name, extra_cfg in (("mysql-atomic", "txn_atomic=true\n"),
                                 ("mysql-atomic-nopos", "txn_atomic=true\nmeta_database=\n"),
