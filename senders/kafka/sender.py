@@ -345,7 +345,12 @@ class KafkaSender(Sender):
         try:
             if self.transactional:
                 self.client.begin()
+            guard = f"sender {self.name}"
             for txn in batch:
+                # high availability: the lease before each transaction (and each slice of rows), not only
+                # before the batch: a capturer paused in the middle of a batch produces nothing more once it
+                # runs again past its lease (what the client library held before the pause may still go out)
+                fencing.check(guard)
                 sent += self._send_txn(txn)
             self._flush_or_raise(self.client)
             if self.transactional:
@@ -549,6 +554,8 @@ class KafkaSender(Sender):
 
         n = seq0 = unflushed = 0
         for part in _slices(txn.changes, SLICE_ROWS):
+            if seq0:
+                fencing.check(f"sender {self.name}")  # (a big transaction: at every slice; see send)
             msgs = None
             if fast is not None:
                 try:

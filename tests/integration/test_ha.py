@@ -296,9 +296,15 @@ def test_takeovers_under_load_with_all_four_senders(rig: dict[str, Any], etcd: E
 
     # the paused one produced nothing to Kafka after its pause began (messages carry their epoch)
     records = consume_fast(rig["broker"].servers, idle=5.0, first=60.0)
+    # (a record's timestamp is when the client was handed it): at most the rest of the slice of rows the sender
+    # was producing when it froze (the lease is checked before each transaction and slice: a CI run on a busy
+    # machine, when it was checked once per batch, saw 856 messages of the rest of the batch produced after SIGCONT)
+    from senders.kafka.sender import SLICE_ROWS
+
     late = [r for r in records if dict(r.headers).get("capturer_epoch") == str(paused_epoch).encode()
             and r.timestamp / 1000 > stopped_at + 1.0]
-    assert not late, (len(late), stopped_at, resumed_at, late[:3])
+    late_txns = {(dict(r.headers).get("region"), dict(r.headers).get("commit_ts")) for r in late}
+    assert len(late_txns) <= 1 and len(late) <= SLICE_ROWS, (len(late), late_txns, stopped_at, resumed_at, late[:3])
     epochs = {dict(r.headers).get("capturer_epoch") for r in records if r.value is not None}
     assert len(epochs) >= 3, epochs  # every run wrote with its own epoch
     # the MySQL target's fence row holds the last active's epoch
