@@ -26,9 +26,9 @@ sys.path.insert(0, str(ROOT))
 def serve(port_file: str, rows: int) -> None:
     from capturer.agent import server
     from capturer.agent.config import AgentConfig
-    from capturer.config import RegionConfig
     from capturer.model import Heartbeat, Position, RowChange, TableSchema, Txn, make_ts
     from capturer.regions.base import Region
+    from capturer.regions.mysql.keys import RegionConfig
 
     cols = ("id", "name", "city", "price", "rate", "created", "updated", "n", "big", "note")
     schema = TableSchema("bench", "t", cols, ("id",), (), (3, 15, 15, 246, 246, 18, 18, 3, 8, 15))
@@ -61,10 +61,10 @@ def serve(port_file: str, rows: int) -> None:
 def measure(rows: int) -> dict[str, Any]:
     import tempfile
 
-    from capturer.config import RemoteRegionConfig
     from capturer.model import Txn
     from capturer.regions.base import RegionContext
     from capturer.regions.clock import LiftJournal
+    from capturer.regions.remote.keys import RemoteRegionConfig
     from capturer.regions.remote.region import RemoteRegion
     from capturer.util.bqueue import WeightedQueue
 

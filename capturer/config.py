@@ -28,7 +28,6 @@ from capturer.util.ini import (
     parse_section,
     read_ini,
 )
-from capturer.util.mysqlconn import tls_kwargs
 
 log = logging.getLogger(__name__)
 
@@ -130,135 +129,21 @@ class HaConfig:
     id: str
 
 
-@dataclass(frozen=True)
-class PostgresRegionConfig:
-    name: str
-    type: str
-    host: str
-    port: int
-    user: str
-    dbname: str
-    password: str = field(default="", repr=False)
-    slot: str = ""
-    create_slot: bool = True
-    publication: str = ""
-    create_publication: str = "no"
-    heartbeat_ms: int = 500
-    heartbeat_lag_ms: int = 1000
-    status_interval: float = 10.0
-    connect_timeout: float = 10.0
-    sslmode: str = "prefer"
-    ddl: bool = True
-    toast_fill: bool = True
-    toast_wait_ms: int = 5000
-    snapshot: str = "never"
-    snapshot_workers: int = 2
-    snapshot_chunk_rows: int = 20_000
-    snapshot_read_ahead: bool = False
-    process: bool = False
-
-    def masked(self) -> dict[str, Any]:
-        return {"type": self.type, "host": self.host, "port": self.port, "user": self.user,
-                "password": "***" if self.password else "", "dbname": self.dbname, "slot": self.slot,
-                "publication": self.publication, "create_publication": self.create_publication}
 
 
-@dataclass(frozen=True)
-class RemoteRegionConfig:
-    name: str
-    type: str
-    address: tuple[str, ...]
-    agent_region: str = ""
-    token: str = field(default="", repr=False)
-    tls: bool = False
-    tls_ca: str = ""
-    tls_cert: str = ""
-    tls_key: str = ""
-    tls_server_name: str = ""
-    connect_timeout: float = 5.0
-    idle_timeout: float = 15.0
+
+
+class AnyRegionConfig(Protocol):
+    """A ``[region:NAME]`` section's typed config, whatever its kind (each kind's
+    dataclass lives in its folder's ``keys.py``, made by the kind's ``parse``)."""
 
     @property
-    def remote_name(self) -> str:
-        return self.agent_region or self.name
+    def name(self) -> str: ...
 
     @property
-    def uses_tls(self) -> bool:
-        return self.tls or bool(self.tls_ca or self.tls_cert)
+    def type(self) -> str: ...
 
-    def masked(self) -> dict[str, Any]:
-        return {"type": self.type, "address": ",".join(self.address), "agent_region": self.remote_name,
-                "token": "***" if self.token else "", "tls": self.uses_tls}
-
-
-@dataclass(frozen=True)
-class BaikalRegionConfig:
-    name: str
-    type: str
-    metaServer: tuple[str, ...]
-    binlogTableID: int
-    binlogRegionID: tuple[int, ...] = ()
-    start: str = "earliest"
-    read_batch: int = 1000
-    poll_ms: int = 100
-    connect_timeout: float = 3.0
-    request_timeout: float = 15.0
-    follower_read_after: float = 10.0
-    schema_refresh: float = 10.0
-    create_tables: bool = True
-    unpaired_update: str = "error"
-    region_buffer: int = 1000
-    process: bool = False
-
-    def masked(self) -> dict[str, Any]:
-        return {"type": self.type, "metaServer": ",".join(self.metaServer), "binlogTableID": self.binlogTableID,
-                "binlogRegionID": ",".join(map(str, self.binlogRegionID)), "start": self.start,
-                "read_batch": self.read_batch, "create_tables": self.create_tables,
-                "unpaired_update": self.unpaired_update}
-
-
-@dataclass(frozen=True)
-class RegionConfig:
-    name: str
-    type: str
-    host: str
-    port: int
-    user: str
-    password: str = field(repr=False)
-    server_id: int
-    start: str = "earliest"
-    replicas: tuple[str, ...] = ()
-    heartbeat_ms: int = 500
-    heartbeat_lag_ms: int = 1000
-    connect_timeout: float = 10.0
-    ssl_mode: str = "preferred"
-    ssl_ca: str = ""
-    ssl_cert: str = ""
-    ssl_key: str = ""
-    decoder: str = "fast"
-    snapshot: str = "never"
-    snapshot_method: str = "auto"
-    snapshot_workers: int = 2
-    snapshot_chunk_rows: int = 20_000
-    snapshot_read_ahead: bool = False
-    snapshot_ddl: bool = True
-    snapshot_driver: str = "auto"
-    process: bool = False
-
-    def masked(self) -> dict[str, Any]:
-        return {
-            "type": self.type, "host": self.host, "port": self.port, "user": self.user,
-            "password": "***" if self.password else "", "server_id": self.server_id,
-            "replicas": ",".join(self.replicas), "start": self.start, "heartbeat_ms": self.heartbeat_ms,
-            "heartbeat_lag_ms": self.heartbeat_lag_ms, "snapshot": self.snapshot, "ssl_mode": self.ssl_mode,
-        }
-
-    def tls(self) -> dict[str, Any]:
-        """pymysql's TLS arguments for this source."""
-        return tls_kwargs(self.ssl_mode, self.ssl_ca, self.ssl_cert, self.ssl_key)
-
-
-AnyRegionConfig = RegionConfig | BaikalRegionConfig | RemoteRegionConfig | PostgresRegionConfig
+    def masked(self) -> dict[str, Any]: ...
 
 
 @dataclass(frozen=True)

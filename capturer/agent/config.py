@@ -6,10 +6,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
-from capturer.config import AnyRegionConfig, RemoteRegionConfig, _resolve, parse_regions
+from capturer.config import AnyRegionConfig, _resolve, parse_regions
 from capturer.errors import ConfigError
+from capturer.regions import kind as region_kind
 from capturer.util.ini import Key, p_choice, p_float, p_int, p_nonempty, p_str, parse_section, read_ini
 
 _LISTEN = re.compile(r"^(unix:.+|[A-Za-z0-9_.\-\[\]:]+:\d{1,5})$")
@@ -61,6 +62,13 @@ class AgentConfig:
                 "regions": {r.name: r.masked() for r in self.regions}}
 
 
+def _in_process(r: AnyRegionConfig) -> AnyRegionConfig:
+    """The region as an agent serves it: read in the agent's own process (every local
+    kind's config is a dataclass with ``process``)."""
+    out: AnyRegionConfig = replace(cast(Any, r), process=False)
+    return out
+
+
 def worker_config(capturer_config: Path, region: str, listen: str) -> AgentConfig:
     """An agent serving one region of a capturer's own config (``process = true``):
     the capturer's queue and spill settings, its state files where the in-process
@@ -69,10 +77,10 @@ def worker_config(capturer_config: Path, region: str, listen: str) -> AgentConfi
 
     cfg = load_config(capturer_config)
     rcfg = next((r for r in cfg.regions if r.name == region), None)
-    if rcfg is None or isinstance(rcfg, RemoteRegionConfig):  # type=remote
+    if rcfg is None or region_kind(rcfg.type).agent:  # type=remote
         raise ConfigError(f"{capturer_config}: no local region [region:{region}]")
     return AgentConfig(path=capturer_config, listen=p_listen(listen), state_dir=cfg.checkpoint_path.parent,
-                       regions=(replace(rcfg, process=False),), queue_rows=cfg.queue_rows, spill_rows=cfg.spill_rows,
+                       regions=(_in_process(rcfg),), queue_rows=cfg.queue_rows, spill_rows=cfg.spill_rows,
                        spill_dir=cfg.spill_dir, status_interval=1.0, log_level=cfg.log_level,
                        state_path=cfg.checkpoint_path)
 
@@ -96,8 +104,8 @@ def load_agent_config(path: Path | str, base_dir: Path | None = None) -> AgentCo
         if g[k] and not _resolve(base, g[k]).is_file():
             raise ConfigError(f"{ini.where('agent', k)}: no such file: {_resolve(base, g[k])}")
     # (no remote regions: allow_remote=False)
-    regions = [replace(r, process=False) for r in parse_regions(ini, path, allow_remote=False)
-               if not isinstance(r, RemoteRegionConfig)]
+    regions = [_in_process(r) for r in parse_regions(ini, path, allow_remote=False)
+               if not region_kind(r.type).agent]
     return AgentConfig(
         path=path, listen=g["listen"], state_dir=_resolve(base, g["stateDir"]), regions=tuple(regions),
         token=g["token"],

@@ -117,7 +117,7 @@ def verify(spark: Any, warehouse: Path, database: str, db: str, table: str,
 
 
 def _from_config(path: str) -> tuple[Path, str, dict[str, Any], list[dict[str, Any]]]:
-    from capturer.config import RegionConfig, load_config
+    from capturer.config import load_config
     from senders import CATALOG
 
     cfg = load_config(Path(path), senders=CATALOG)
@@ -126,8 +126,8 @@ def _from_config(path: str) -> tuple[Path, str, dict[str, Any], list[dict[str, A
         raise SystemExit(f"{cfg.sender_config_path}: no spark sender configured")
     o = spark_cfg.options
     # the MySQL/MariaDB regions (the rows are read back over the MySQL protocol)
-    sources = [{"host": r.host, "port": r.port, "user": r.user, "password": r.password} for r in cfg.regions
-               if isinstance(r, RegionConfig)]
+    mysql: list[Any] = [r for r in cfg.regions if r.type in ("mysql", "mariadb")]
+    sources = [{"host": r.host, "port": r.port, "user": r.user, "password": r.password} for r in mysql]
     return Path(o["warehouse"]).resolve(), o["database"], o, sources
 
 

@@ -10,7 +10,6 @@ import threading
 
 import pytest
 
-from capturer.config import RemoteRegionConfig
 from capturer.model import (
     ColumnInfo,
     Ddl,
@@ -26,6 +25,7 @@ from capturer.model import (
 from capturer.model.spill import DEFAULT_CHUNK_ROWS, SpillWriter
 from capturer.regions.base import RegionContext
 from capturer.regions.clock import LiftJournal
+from capturer.regions.remote.keys import RemoteRegionConfig
 from capturer.regions.remote.region import RemoteRegion
 from capturer.util.bqueue import WeightedQueue
 

@@ -14,11 +14,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from capturer.app import load_config
-from capturer.config import BaikalRegionConfig
 from capturer.errors import ConfigError
 from capturer.model import Position, TsPosition, position_from_json, protogen
 from capturer.pipeline.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from capturer.regions.baikaldb import brpc_json
+from capturer.regions.baikaldb.keys import BaikalRegionConfig
 from capturer.regions.baikaldb.rows import (
     RowDecodeError,
     RowPlan,

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from capturer.config import RegionConfig
 from capturer.model import Ddl, Position, RowChange, TableProgress, TableSchema, Txn, make_ts
 from capturer.regions.base import RegionContext
 from capturer.regions.clock import LiftJournal, RegionClock
+from capturer.regions.mysql.keys import RegionConfig
 from capturer.regions.mysql.region import MySQLRegion
 from capturer.regions.mysql.snapshot import MySQLPlan as TablePlan
 from capturer.regions.snapshot import (

@@ -3,12 +3,39 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from capturer.config import BaikalRegionConfig, p_peers
+from capturer.config import p_peers
 from capturer.errors import ConfigError
 from capturer.util.ini import IniFile, Key, p_bool, p_choice, p_float, p_int, parse_section
+
+
+@dataclass(frozen=True)
+class BaikalRegionConfig:
+    name: str
+    type: str
+    metaServer: tuple[str, ...]
+    binlogTableID: int
+    binlogRegionID: tuple[int, ...] = ()
+    start: str = "earliest"
+    read_batch: int = 1000
+    poll_ms: int = 100
+    connect_timeout: float = 3.0
+    request_timeout: float = 15.0
+    follower_read_after: float = 10.0
+    schema_refresh: float = 10.0
+    create_tables: bool = True
+    unpaired_update: str = "error"
+    region_buffer: int = 1000
+    process: bool = False
+
+    def masked(self) -> dict[str, Any]:
+        return {"type": self.type, "metaServer": ",".join(self.metaServer), "binlogTableID": self.binlogTableID,
+                "binlogRegionID": ",".join(map(str, self.binlogRegionID)), "start": self.start,
+                "read_batch": self.read_batch, "create_tables": self.create_tables,
+                "unpaired_update": self.unpaired_update}
 
 
 def p_ids(v: str) -> tuple[int, ...]:

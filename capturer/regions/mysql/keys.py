@@ -4,13 +4,55 @@ parsing (capturer/config.py reaches them through the region registry)."""
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from capturer.config import RegionConfig, p_peers_or_empty
+from capturer.config import p_peers_or_empty
 from capturer.errors import ConfigError
 from capturer.util.ini import IniFile, Key, p_bool, p_choice, p_float, p_int, p_nonempty, p_str, parse_section
-from capturer.util.mysqlconn import SSL_KEYS, check_ssl_keys
+from capturer.util.mysqlconn import SSL_KEYS, check_ssl_keys, tls_kwargs
+
+
+@dataclass(frozen=True)
+class RegionConfig:
+    name: str
+    type: str
+    host: str
+    port: int
+    user: str
+    password: str = field(repr=False)
+    server_id: int
+    start: str = "earliest"
+    replicas: tuple[str, ...] = ()
+    heartbeat_ms: int = 500
+    heartbeat_lag_ms: int = 1000
+    connect_timeout: float = 10.0
+    ssl_mode: str = "preferred"
+    ssl_ca: str = ""
+    ssl_cert: str = ""
+    ssl_key: str = ""
+    decoder: str = "fast"
+    snapshot: str = "never"
+    snapshot_method: str = "auto"
+    snapshot_workers: int = 2
+    snapshot_chunk_rows: int = 20_000
+    snapshot_read_ahead: bool = False
+    snapshot_ddl: bool = True
+    snapshot_driver: str = "auto"
+    process: bool = False
+
+    def masked(self) -> dict[str, Any]:
+        return {
+            "type": self.type, "host": self.host, "port": self.port, "user": self.user,
+            "password": "***" if self.password else "", "server_id": self.server_id,
+            "replicas": ",".join(self.replicas), "start": self.start, "heartbeat_ms": self.heartbeat_ms,
+            "heartbeat_lag_ms": self.heartbeat_lag_ms, "snapshot": self.snapshot, "ssl_mode": self.ssl_mode,
+        }
+
+    def tls(self) -> dict[str, Any]:
+        """pymysql's TLS arguments for this source."""
+        return tls_kwargs(self.ssl_mode, self.ssl_ca, self.ssl_cert, self.ssl_key)
 
 _START = re.compile(r"^(earliest|latest|[^:\s]+:\d+)$")
 

@@ -40,7 +40,6 @@ from pymysqlreplication.event import (
 )
 from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, WriteRowsEvent
 
-from capturer.config import RegionConfig
 from capturer.errors import FatalSourceError, SourceError
 from capturer.model import (
     ColumnInfo,
@@ -65,6 +64,7 @@ from capturer.regions.mysql.gtid import (
     mysql_behind,
     mysql_purged,
 )
+from capturer.regions.mysql.keys import RegionConfig
 from capturer.regions.mysql.rowdecode import fast_rows, normalise_library_row
 from capturer.regions.mysql.snapshot import (
     MySQLSnapshotter,

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from capturer.config import RegionConfig
 from capturer.model import Position, rowsum
 from capturer.model.compare import KINDS, SourceUnreachable, SqlSource, TableMeta
 from capturer.model.encode import quote_ident
+from capturer.regions.mysql.keys import RegionConfig
 from capturer.util import mysqlconn
 from capturer.util.binlogpos import binlog_end
 from capturer.util.perthread import PerThread

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from capturer.config import PostgresRegionConfig
 from capturer.errors import CheckpointError
 from capturer.model import LsnPosition, parse_lsn
 from capturer.regions.base import require_start_kind
+from capturer.regions.postgresql.keys import PostgresRegionConfig
 from capturer.regions.postgresql.relations import quote_pg
 from capturer.util.probe import Outcome, Probe, RegionCheck
 

@@ -4,12 +4,45 @@
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from capturer.config import PostgresRegionConfig
 from capturer.errors import ConfigError
 from capturer.util.ini import IniFile, Key, p_bool, p_choice, p_float, p_int, p_nonempty, p_str, parse_section
+
+
+@dataclass(frozen=True)
+class PostgresRegionConfig:
+    name: str
+    type: str
+    host: str
+    port: int
+    user: str
+    dbname: str
+    password: str = field(default="", repr=False)
+    slot: str = ""
+    create_slot: bool = True
+    publication: str = ""
+    create_publication: str = "no"
+    heartbeat_ms: int = 500
+    heartbeat_lag_ms: int = 1000
+    status_interval: float = 10.0
+    connect_timeout: float = 10.0
+    sslmode: str = "prefer"
+    ddl: bool = True
+    toast_fill: bool = True
+    toast_wait_ms: int = 5000
+    snapshot: str = "never"
+    snapshot_workers: int = 2
+    snapshot_chunk_rows: int = 20_000
+    snapshot_read_ahead: bool = False
+    process: bool = False
+
+    def masked(self) -> dict[str, Any]:
+        return {"type": self.type, "host": self.host, "port": self.port, "user": self.user,
+                "password": "***" if self.password else "", "dbname": self.dbname, "slot": self.slot,
+                "publication": self.publication, "create_publication": self.create_publication}
 
 _SLOT = re.compile(r"^[a-z0-9_]{1,63}$")
 

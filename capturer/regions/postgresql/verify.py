@@ -7,9 +7,9 @@ import decimal
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from capturer.config import PostgresRegionConfig
 from capturer.model import LsnPosition
 from capturer.model.compare import SourceUnreachable, SqlSource, TableMeta
+from capturer.regions.postgresql.keys import PostgresRegionConfig
 from capturer.util.perthread import PerThread
 
 

@@ -4,12 +4,41 @@ registry)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from capturer.config import RemoteRegionConfig, p_peers
+from capturer.config import p_peers
 from capturer.errors import ConfigError
 from capturer.util.ini import IniFile, Key, p_bool, p_choice, p_float, p_str, parse_section
+
+
+@dataclass(frozen=True)
+class RemoteRegionConfig:
+    name: str
+    type: str
+    address: tuple[str, ...]
+    agent_region: str = ""
+    token: str = field(default="", repr=False)
+    tls: bool = False
+    tls_ca: str = ""
+    tls_cert: str = ""
+    tls_key: str = ""
+    tls_server_name: str = ""
+    connect_timeout: float = 5.0
+    idle_timeout: float = 15.0
+
+    @property
+    def remote_name(self) -> str:
+        return self.agent_region or self.name
+
+    @property
+    def uses_tls(self) -> bool:
+        return self.tls or bool(self.tls_ca or self.tls_cert)
+
+    def masked(self) -> dict[str, Any]:
+        return {"type": self.type, "address": ",".join(self.address), "agent_region": self.remote_name,
+                "token": "***" if self.token else "", "tls": self.uses_tls}
 
 KEYS = [
     Key("type", p_choice("remote"), "remote", doc="region kind: a region served by a region agent"),

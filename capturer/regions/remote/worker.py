@@ -23,9 +23,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from capturer.config import RemoteRegionConfig
 from capturer.errors import FatalSourceError, SourceError
 from capturer.regions.base import RegionContext
+from capturer.regions.remote.keys import RemoteRegionConfig
 from capturer.regions.remote.region import RemoteRegion
 
 log = logging.getLogger(__name__)
