@@ -53,6 +53,15 @@ def verify_factories() -> dict[str, Any]:
     return {n: verify_reader for n in known_senders() if kind(n).verify}
 
 
+def consumer_factory(name: str) -> Any:
+    """``make_consumer`` of sender kind ``name``'s topics (senders/kind.py ``consumer``):
+    what an applier reads them with (imported on use); KeyError when the kind has none."""
+    target = kind(name).consumer
+    if not target:
+        raise KeyError(f"sender kind {name!r} has no consumer of its output")
+    return load(target)
+
+
 def extra(name: str, options: Mapping[str, Any]) -> str:
     """The setup.py extra sender ``name`` needs with these options ("" for none)."""
     return kind(name).extra(options)

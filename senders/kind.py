@@ -13,6 +13,9 @@ paths, so naming it imports no client library:
 * ``check``: a module with ``offline(c: SenderCheck) -> list[str]`` (what a start
   finds only later: paths, files, libraries) and ``probe(c: SenderCheck) -> Probe``
   (``--connect``); ``""``: nothing to check beyond the config;
+* ``consumer``: ``"module:function"``, ``make_consumer(client, servers, group,
+  security, who, timeout, where)`` giving a reader of the kind's topics
+  (``capturer.model.message.Consumer``: what an applier reads), or ``""``;
 * ``extra(options)``: the ``setup.py`` extra the sender needs with these options
   (``start.sh`` installs it), or ``""``.
 """
@@ -35,4 +38,5 @@ class SenderKind:
     verify: str = ""
     check: str = ""
     extra: Callable[[Mapping[str, Any]], str] = _no_extra
+    consumer: str = ""
     doc: str = ""  # one line: what it writes to

@@ -30,12 +30,12 @@ from pathlib import Path
 from typing import Any, cast
 
 from capturer.apply.config import ApplyConfig
-from capturer.apply.consumer import Consumer, make_consumer
-from capturer.apply.regroup import TP, BadMessage, Msg, Regrouper, owned_by
+from capturer.apply.regroup import BadMessage, Regrouper, owned_by
 from capturer.errors import CapturerError, FatalSourceError, SourceError
 from capturer.model import Heartbeat, Item, StreamKey, Txn, stream_key, ts_physical_ms
+from capturer.model.message import TP, Consumer, Msg
 from capturer.util.bqueue import WeightedQueue
-from senders import sender_class
+from senders import consumer_factory, sender_class
 from senders.base import Sender
 from senders.process import ProcessSender
 
@@ -127,7 +127,7 @@ class Applier:
         code = 0
         try:
             if self.consumer is None:
-                self.consumer = make_consumer(self.cfg.client, self.cfg.servers, self.cfg.group, self.cfg.security,
+                self.consumer = consumer_factory("kafka")(self.cfg.client, self.cfg.servers, self.cfg.group, self.cfg.security,
                                               f"applier {self.cfg.name}", where=f"[global] of {self.cfg.path}")
             self._wait_for_spine(stop)
             self.state = "running"
@@ -429,7 +429,7 @@ def apply_main(argv: list[str], stop: threading.Event) -> int:
         from capturer.apply.check import check_apply
         from senders import check_module
 
-        return check_apply(cfg, args.connect, check_module)
+        return check_apply(cfg, args.connect, check_module, consumer_factory("kafka"))
     app = Applier(cfg)
     try:
         app.start()

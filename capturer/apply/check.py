@@ -11,14 +11,13 @@ from collections.abc import Callable
 from typing import Any, cast
 
 from capturer.apply.config import ApplyConfig
+from capturer.model.message import Consumer
 from capturer.ops import check as cc
 from capturer.util.ini import read_ini
 
 
-def _kafka_probe(cfg: ApplyConfig, timeout: float) -> cc.Probe:
+def _kafka_probe(cfg: ApplyConfig, timeout: float, make_consumer: Callable[..., Consumer]) -> cc.Probe:
     def run(out: cc.Outcome) -> None:
-        from capturer.apply.consumer import make_consumer
-
         c = make_consumer(cfg.client, cfg.servers, cfg.group, cfg.security,
                           f"applier {cfg.name}", max(0.5, timeout - 2), f"[global] of {cfg.path}")
         try:
@@ -39,8 +38,9 @@ def _kafka_probe(cfg: ApplyConfig, timeout: float) -> cc.Probe:
 
 
 def check_apply(cfg: ApplyConfig, connect: bool, sender_checks: Callable[[str], Any],
-                timeout: float = cc.CONNECT_TIMEOUT) -> int:
-    """``sender_checks(name)``: a sender kind's check module (the registry's, from the applier's root)."""
+                make_consumer: Callable[..., Consumer], timeout: float = cc.CONNECT_TIMEOUT) -> int:
+    """``sender_checks(name)``: a sender kind's check module; ``make_consumer``: the Kafka kind's
+    consumer factory (both the registry's, from the applier's root)."""
     problems: list[str] = []
     module = "confluent_kafka" if cfg.client == "confluent" else "kafka"
     if importlib.util.find_spec(module) is None:
@@ -57,7 +57,7 @@ def check_apply(cfg: ApplyConfig, connect: bool, sender_checks: Callable[[str], 
     passed: list[str] = []
     notes: list[str] = []
     if connect and not problems:
-        probes = [_kafka_probe(cfg, timeout)]
+        probes = [_kafka_probe(cfg, timeout, make_consumer)]
         probes += [cc._sender_probe(s, app_like, timeout, sender_checks) for s in cfg.senders]
         for out in cc.run_probes(probes, timeout):
             unreachable += out.problems

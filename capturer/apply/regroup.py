@@ -53,6 +53,7 @@ from capturer.model import (
     position_from_json,
     schema_from_json,
 )
+from capturer.model.message import TP, Msg
 
 log = logging.getLogger(__name__)
 
@@ -75,10 +76,6 @@ def loads(data: bytes) -> Any:
     return json.loads(data)
 
 
-TP = tuple[str, int]
-"""(topic, partition)"""
-
-
 class BadMessage(ValueError):
     """A message that does not decode: names where it is and why."""
 
@@ -86,19 +83,6 @@ class BadMessage(ValueError):
         super().__init__(f"topic {msg.topic!r} partition {msg.partition} offset {msg.offset}: {why}")
         self.msg = msg
         self.why = why
-
-
-@dataclass(slots=True)
-class Msg:
-    """One consumed Kafka message."""
-
-    topic: str
-    partition: int
-    offset: int
-    key: bytes | None
-    value: bytes | None
-    headers: list[tuple[str, bytes]]
-    ts_ms: int = 0  # the message's Kafka timestamp
 
 
 def headers_of(msg: Msg) -> dict[str, str]:

@@ -11,4 +11,5 @@ def _extra(options: Mapping[str, Any]) -> str:
 
 
 KIND = SenderKind("kafka", "senders.kafka.sender:KafkaSender", verify="senders.kafka.verify:KafkaReader",
-                  check="senders.kafka.check", extra=_extra, doc="Apache Kafka topics")
+                  check="senders.kafka.check", extra=_extra, doc="Apache Kafka topics",
+                  consumer="senders.kafka.consumer:make_consumer")

@@ -14,8 +14,8 @@ import pytest
 pytest.importorskip("confluent_kafka")
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, TopicPartition
 
-from capturer.apply.consumer import ConfluentConsumer
 from capturer.errors import SourceError
+from senders.kafka.consumer import ConfluentConsumer
 
 
 class StandIn:

@@ -1,4 +1,5 @@
-"""The applier's Kafka consumer: kafka-python (the default, the design card's package)
+"""The applier's Kafka consumer (``SenderKind.consumer`` of the Kafka kind; its contract,
+``Consumer``, is capturer/model/message.py): kafka-python (the default, the design card's package)
 or confluent-kafka (``client = confluent``, librdkafka: the fast one).
 
 Partitions are **assigned**, never subscribed: no group membership, so no rebalance
@@ -17,34 +18,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable
-from typing import Any, Protocol
+from typing import Any
 
-from capturer.apply.regroup import TP, Msg
 from capturer.errors import FatalSourceError, SourceError
+from capturer.model.message import TP, Consumer, Msg
 from capturer.util.kafkasec import Watch, kafka_python_conf, librdkafka_conf
 
 log = logging.getLogger(__name__)
-
-
-class Consumer(Protocol):
-    def topics(self) -> dict[str, int]:
-        """Every topic the broker has, with its partition count."""
-        ...
-
-    def add(self, tps: Iterable[TP]) -> None:
-        """Read these partitions too (from the group's committed offset, else the beginning)."""
-        ...
-
-    def poll(self, max_msgs: int, timeout: float) -> list[Msg]: ...
-    def commit(self, offsets: dict[TP, int]) -> None: ...
-    def lag(self) -> dict[TP, int]:
-        """Messages between the position and the end, per assigned partition (from the last fetches)."""
-        ...
-
-    def pause(self, tps: Iterable[TP]) -> None: ...
-    def resume(self, tps: Iterable[TP]) -> None: ...
-    def dead_letter(self, topic: str, msg: Msg, why: str) -> None: ...
-    def close(self) -> None: ...
 
 
 def _dl_headers(msg: Msg, why: str) -> list[tuple[str, bytes]]:
