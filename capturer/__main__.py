@@ -152,10 +152,15 @@ def _subcommand(name: str, argv: list[str]) -> int:
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="capturer", description="Ordered binlog capturer: with no sub-command, runs the capturer of --config.",
+        usage="%(prog)s [OPTIONS]  (run, check or demo)\n       %(prog)s COMMAND [COMMAND OPTIONS]",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="sub-commands (python -m capturer COMMAND --help for each one's options):\n"
-               + "".join(f"  {name:<14} {what}\n" for name, what in SUBCOMMANDS.items())
-               + "\nan agent (a region read on another host): python -m capturer.agent --config AGENT.cfg")
+        epilog="an agent (a region read on another host): python -m capturer.agent --config AGENT.cfg")
+    # each sub-command parses its own options (its own --help): here it is named, and the rest handed on
+    sub = ap.add_subparsers(dest="command", metavar="COMMAND",
+                            title="sub-commands (python -m capturer COMMAND --help for each one's options)")
+    for name, what in SUBCOMMANDS.items():
+        sp = sub.add_parser(name, help=what, add_help=False, prog=f"capturer {name}")
+        sp.add_argument("rest", nargs=argparse.REMAINDER)
     ap.add_argument("--config", default="conf/config.cfg", help="path to config.cfg")
     ap.add_argument("--check", action="store_true",
                     help="refuse what a start would refuse (config, filter, checkpoint, journals, paths, TLS files, "
@@ -179,6 +184,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def _parse(ap: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
     args = ap.parse_args(argv)
+    if args.command:  # (main dispatches a sub-command named first before parsing)
+        ap.error(f"the options of {args.command} go after it: python -m capturer {args.command} [OPTIONS]")
     # options that would be silently ignored are refused (exit code 2, as argparse does)
     if not args.demo and (args.once or args.demo_dir is not None):
         ap.error("--once and --demo-dir go with --demo")

@@ -23,7 +23,7 @@ def run(*args: str) -> subprocess.CompletedProcess[str]:
 def test_help_lists_every_sub_command() -> None:
     r = run("--help")
     assert r.returncode == 0, r.stderr
-    listed = re.findall(r"^  ([a-z-]+) {2,}\S", r.stdout.split("sub-commands", 1)[1], re.M)
+    listed = re.findall(r"^ +([a-z-]+) {2,}\S", r.stdout.split("sub-commands", 1)[1], re.M)
     assert listed == list(SUBCOMMANDS), listed
     assert "python -m capturer.agent" in r.stdout
 
@@ -46,3 +46,15 @@ def test_every_sub_command_the_docs_show_exists() -> None:
 def test_an_unknown_option_is_refused_with_the_usage() -> None:
     r = run("--no-such-option")
     assert r.returncode == 2 and "usage: capturer" in r.stderr
+
+
+def test_an_unknown_sub_command_is_refused_naming_the_known_ones() -> None:
+    r = run("verfy")
+    assert r.returncode == 2 and "invalid choice: 'verfy'" in r.stderr, r.stderr
+    assert all(name in r.stderr for name in SUBCOMMANDS), r.stderr
+
+
+def test_options_before_a_sub_command_are_refused_not_dropped() -> None:
+    """``--config x verify`` would otherwise run verify on its default config, silently."""
+    r = run("--config", "elsewhere.cfg", "verify")
+    assert r.returncode == 2 and "go after it: python -m capturer verify" in r.stderr, r.stderr
