@@ -10,6 +10,7 @@ from typing import Any
 
 from capturer.config import p_peers_or_empty
 from capturer.errors import ConfigError
+from capturer.regions.snapshot_keys import snapshot_keys
 from capturer.util.ini import IniFile, Key, p_bool, p_choice, p_float, p_int, p_nonempty, p_str, parse_section
 from capturer.util.mysqlconn import SSL_KEYS, check_ssl_keys, tls_kwargs
 
@@ -84,19 +85,14 @@ KEYS = [
     *SSL_KEYS,
     Key("decoder", p_choice("fast", "library"), "fast",
         doc="row decoder: fast (planned per table) or library (python-mysql-replication)"),
-    Key("snapshot", p_choice("never", "initial", "when_needed"), "never",
-        doc="copy the selected tables: never; initial (on a first start); when_needed (also when the "
-            "checkpoint's binlog is purged: then each table is emptied downstream first)"),
+    *snapshot_keys("the selected tables", "when the checkpoint's binlog is purged",
+                   "read a table's next chunk on a second connection while the one before is delivered (a worker "
+                   "then holds two chunks): pays where the source is slow to answer; against a local server the "
+                   "capturer's own work bounds the copy and the second reader only costs (see docs/benchmarks.md)"),
     Key("snapshot_method", p_choice("auto", "consistent", "watermark"), "auto",
         doc="how a chunk is made consistent with the binlog: consistent (MariaDB's consistent-snapshot position), "
             "watermark (a locking read per chunk and the binlog position read while its locks are held: MySQL "
             "5.7/8.x), auto (consistent where the server reports that position, else watermark)"),
-    Key("snapshot_workers", p_int(1, 64), 2, doc="tables copied at once"),
-    Key("snapshot_chunk_rows", p_int(10, 10_000_000), 20_000, doc="rows per snapshot chunk"),
-    Key("snapshot_read_ahead", p_bool, False,
-        doc="read a table's next chunk on a second connection while the one before is delivered (a worker then "
-            "holds two chunks): pays where the source is slow to answer; against a local server the capturer's "
-            "own work bounds the copy and the second reader only costs (see docs/benchmarks.md)"),
     Key("snapshot_driver", p_choice("auto", "mariadb", "pymysql"), "auto",
         doc="client that reads snapshot chunks: MariaDB Connector/Python where installed (auto), or pymysql"),
     Key("snapshot_ddl", p_bool, True,

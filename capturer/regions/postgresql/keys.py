@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from capturer.errors import ConfigError
+from capturer.regions.snapshot_keys import snapshot_keys
 from capturer.util.ini import IniFile, Key, p_bool, p_choice, p_float, p_int, p_nonempty, p_str, parse_section
 
 
@@ -89,13 +90,8 @@ KEYS = [
     Key("toast_wait_ms", p_int(0, 600_000), 5000,
         doc="how long a TOAST fill waits for its transaction to become visible to other sessions (it can be "
             "delivered before: under load, or a synchronous standby) before it reads anyway"),
-    Key("snapshot", p_choice("never", "initial", "when_needed"), "never",
-        doc="copy the published tables the filter selects: never; initial (on a first start); when_needed (also "
-            "when the checkpoint's changes are gone from the slot: each table is emptied downstream first)"),
-    Key("snapshot_workers", p_int(1, 64), 2, doc="tables copied at once"),
-    Key("snapshot_chunk_rows", p_int(10, 10_000_000), 20_000, doc="rows per snapshot chunk"),
-    Key("snapshot_read_ahead", p_bool, False,
-        doc="read a table's next chunk on a second connection while the one before is delivered"),
+    *snapshot_keys("the published tables the filter selects", "when the checkpoint's changes are gone from the slot",
+                   "read a table's next chunk on a second connection while the one before is delivered"),
     Key("process", p_bool, False,
         doc="read and decode this region in a worker process of its own (a local region agent) instead of "
             "the capturer's process"),
