@@ -79,3 +79,32 @@ def test_bench_part_that_fails_does_not_end_the_run(tmp_path: Path) -> None:
     assert res["file-workers"]["rows"] == 2000 + 2000 // 2 // 4 * 2 + 2000 // 2 // 10 * 2  # the next part ran
     assert any(row[0].startswith("capturer -> file, regions in worker processes") for row in res["table"])
     assert not _injected()
+
+
+def test_bench_smoke_peers_both_sides_deliver_and_are_checked(tmp_path: Path) -> None:
+    """The ``peers`` part at a tiny size (issue 48's CI smoke, ~90 s once the jars are cached): our
+    capturer and Debezium in Kafka Connect, each streaming, snapshotting and (ours vs Debezium's JDBC
+    sink) filling a MariaDB target; both outputs are checked against the sources by the part itself
+    (counts, operations, the keys alive; the target's rows and sums), and any side found wrong is a
+    problem that fails this test. No speed is asserted."""
+    out = tmp_path / "results.json"
+    with (tmp_path / "stdout").open("w") as o, (tmp_path / "stderr").open("w") as e:
+        rc = subprocess.run(
+            [sys.executable, "bench/bench.py", "--rows", "2000", "--smoke", "--part-timeout", "420", "--only",
+             "peers", "--peers-snapshot-rows", "5000", "--out", str(out)],
+            cwd=ROOT, stdout=o, stderr=e, text=True, timeout=560, env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        ).returncode
+    text = (tmp_path / "stdout").read_text()
+    assert rc == 0, text[-3000:] + "\n".join(
+        ln for ln in (tmp_path / "stderr").read_text().splitlines() if not ln.startswith("%"))[-6000:]
+    p = json.loads(out.read_text())["peers"]
+    assert p["problems"] == [] and p["mysql_target"]["problems"] == [], (p["problems"], p["mysql_target"])
+    for part, ours, theirs, what in (("streaming", "ours", "debezium", "messages"),
+                                      ("snapshot", "ours", "debezium", "messages"),
+                                      ("mysql_target", "ours", "debezium_jdbc", "changes")):
+        for side in (ours, theirs):
+            got = p[part][side]
+            assert got["check"] == "ok" and not got.get("failed"), (part, side, got)
+            assert got[what] > 0 and got["cpu_s"] > 0, (part, side, got)
+    assert p["streaming"]["ours"]["messages"] == p["streaming"]["debezium"]["messages"] == p["streaming"]["changes"]
+    assert p["snapshot"]["ours"]["ops"] == p["snapshot"]["debezium"]["ops"] == {"r": p["snapshot"]["rows"]}
