@@ -25,6 +25,7 @@ from capturer.config import AppConfig
 from capturer.errors import CapturerError, CheckpointError, ConfigError, Fenced, SourceError
 from capturer.ha.check import probes as ha_probes
 from capturer.model import Item, Txn, stream_key, ts_physical_ms
+from capturer.ops import verify
 from capturer.ops.check import Root
 from capturer.ops.status import StatusServer
 from capturer.pipeline.backlog import Backlog, BacklogMark, Cut, StreamLog
@@ -41,6 +42,7 @@ from capturer.util.bqueue import WeightedQueue
 from capturer.util.durable import rewrite_lines
 from capturer.util.ini import read_text_file
 from senders import CATALOG, check_module, extra, sender_class
+from senders import verify_factories as senders_verify_factories
 from senders.process import ProcessSender
 
 log = logging.getLogger(__name__)
@@ -54,9 +56,7 @@ def load_config(path: Path | str, base_dir: Path | None = None) -> AppConfig:
 
 def verify_factories() -> dict[str, Any]:
     """How ``verify`` reads each sender's destination (senders/<kind>/verify.py)."""
-    from senders import verify_factories as factories
-
-    return factories()
+    return senders_verify_factories()
 
 
 def check_root() -> Root:
@@ -425,8 +425,6 @@ class Capturer:
         captured table (or ``tables``): ``python -m capturer verify`` in a child process
         (off this process's GIL and memory: it replays files and topics); its progress and
         last result on /status (``verify``), /metrics and the page (capturer/ops/verify.py)."""
-        from capturer.ops import verify
-
         with self._verify_lock:
             if self.verify_state.get("state") == "running":
                 return 409, {"error": "a verify is running; its progress is under verify on /status"}

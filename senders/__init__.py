@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from capturer.util.dotted import kind_of, load
+from capturer.util.ini import Key, p_bool
 from senders.kind import SenderKind
 
 if TYPE_CHECKING:
@@ -75,7 +76,6 @@ def check_module(name: str) -> Any:
 
 def sender_keys(name: str) -> list[Key]:
     """The keys of a sender's section: its own, and ``process`` that every sender takes."""
-    from capturer.util.ini import Key, p_bool
 
     process = Key("process", p_bool, False, doc="true: the sender's work (messages, SQL, files) runs in a "
                   "process of its own, off the capturer's GIL (senders/process.py)")

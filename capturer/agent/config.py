@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, cast
 
-from capturer.config import AnyRegionConfig, _resolve, parse_regions
+from capturer.config import AnyRegionConfig, _resolve, load_config, parse_regions
 from capturer.errors import ConfigError
 from capturer.regions import kind as region_kind
 from capturer.util.ini import Key, p_choice, p_float, p_int, p_nonempty, p_str, parse_section, read_ini
@@ -73,7 +73,6 @@ def worker_config(capturer_config: Path, region: str, listen: str) -> AgentConfi
     """An agent serving one region of a capturer's own config (``process = true``):
     the capturer's queue and spill settings, its state files where the in-process
     region would keep them (next to the checkpoint)."""
-    from capturer.config import load_config
 
     cfg = load_config(capturer_config)
     rcfg = next((r for r in cfg.regions if r.name == region), None)

@@ -27,7 +27,7 @@ from typing import Any, NoReturn, Protocol
 
 from capturer.agent.config import AgentConfig
 from capturer.errors import CheckpointError, ConfigError, SourceError
-from capturer.model import Item, LsnPosition, Position, wire
+from capturer.model import Item, LsnPosition, Position, protogen, wire
 from capturer.pipeline.filter import Filter, parse_filter_text
 from capturer.regions import make_region
 from capturer.regions.base import Region, RegionContext
@@ -244,7 +244,6 @@ class Agent:
     def start(self) -> None:
         import grpc
 
-        from capturer.model import protogen
 
         pb = protogen.load("agent")
         handler = grpc.method_handlers_generic_handler(SERVICE, {

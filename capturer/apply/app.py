@@ -29,13 +29,16 @@ import time
 from pathlib import Path
 from typing import Any, cast
 
-from capturer.apply.config import ApplyConfig
+from capturer.apply.check import check_apply
+from capturer.apply.config import ApplyConfig, load_apply_config
 from capturer.apply.regroup import BadMessage, Regrouper, owned_by
-from capturer.errors import CapturerError, FatalSourceError, SourceError
+from capturer.apply.status import ApplyCollector, pages
+from capturer.errors import CapturerError, ConfigError, FatalSourceError, SourceError
 from capturer.model import Heartbeat, Item, StreamKey, Txn, stream_key, ts_physical_ms
 from capturer.model.message import TP, Consumer, Msg
+from capturer.ops.status import StatusServer
 from capturer.util.bqueue import WeightedQueue
-from senders import consumer_factory, sender_class
+from senders import CATALOG, check_module, consumer_factory, extra, sender_class
 from senders.base import Sender
 from senders.process import ProcessSender
 
@@ -112,8 +115,6 @@ class Applier:
 
     # --- lifecycle -----------------------------------------------------------------
     def start(self) -> None:
-        from capturer.apply.status import ApplyCollector, pages
-        from capturer.ops.status import StatusServer
 
         self.status_server = StatusServer(self.cfg.http_host, self.cfg.http_port, self.snapshot, self.healthy,
                                           collector=ApplyCollector(self.snapshot), pages=pages())
@@ -396,9 +397,6 @@ def apply_main(argv: list[str], stop: threading.Event) -> int:
     import json
     import sys
 
-    from capturer.apply.config import load_apply_config
-    from capturer.errors import ConfigError
-    from senders import CATALOG
 
     ap = argparse.ArgumentParser(prog="capturer apply",
                                  description="Apply the capturer's Kafka topics to MySQL, files or the Spark lake.")
@@ -416,7 +414,6 @@ def apply_main(argv: list[str], stop: threading.Event) -> int:
         print(f"config error: {exc}", file=sys.stderr)
         return 2
     if args.print_extras:
-        from senders import extra
 
         extras = ["confluent" if cfg.client == "confluent" else "kafka"]  # the applier's own consumer
         extras += [extra(s.name, s.options) for s in cfg.senders]
@@ -426,8 +423,6 @@ def apply_main(argv: list[str], stop: threading.Event) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     log.info("applier config: %s", json.dumps(cfg.masked(), default=str))
     if args.check:
-        from capturer.apply.check import check_apply
-        from senders import check_module
 
         return check_apply(cfg, args.connect, check_module, consumer_factory("kafka"))
     app = Applier(cfg)

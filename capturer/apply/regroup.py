@@ -51,6 +51,7 @@ from capturer.model import (
     TableSchema,
     Txn,
     position_from_json,
+    protogen,
     schema_from_json,
 )
 from capturer.model.message import TP, Msg
@@ -470,7 +471,6 @@ class Regrouper:
     def _decode(self, msg: Msg, op: str) -> Event:
         assert msg.value is not None
         if self.fmt == "protobuf":
-            from capturer.model import protogen
 
             pb = protogen.load()
             try:

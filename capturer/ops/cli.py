@@ -22,6 +22,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from capturer.config import load_config
 from capturer.errors import ConfigError
 from capturer.model import ts_physical_ms
 
@@ -37,7 +38,6 @@ def resolve(config: str, url: str | None, token: str | None, need_token: bool) -
     if token is None:
         token = os.environ.get("CAPTURER_CONTROL_TOKEN") or None  # not on the command line, where ps shows it
     if url is None or (need_token and token is None):
-        from capturer.config import load_config
 
         try:
             cfg = load_config(Path(config))

@@ -41,6 +41,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from capturer.errors import ConfigError
 from capturer.model import AnyPosition, rowsum
 from capturer.model.compare import (
     ReaderFactory,
@@ -49,6 +50,10 @@ from capturer.model.compare import (
     TableMeta,
     digest,
 )
+from capturer.pipeline.checkpoint import load_checkpoint
+from capturer.pipeline.filter import load_filter, split_table_name
+from capturer.regions import kind as region_kind
+from capturer.util.dotted import load
 
 log = logging.getLogger(__name__)
 
@@ -540,9 +545,6 @@ def build(cfg: Any, factories: dict[str, ReaderFactory], acked: Acked, options: 
           filt: Any = None, progress: Callable[[dict[str, Any]], None] | None = None,
           stop: threading.Event | None = None) -> tuple[Verifier, list[SinkReader]]:
     """A Verifier for ``cfg`` (an AppConfig): its regions as sources, its senders' readers."""
-    from capturer.pipeline.filter import load_filter
-    from capturer.regions import kind as region_kind
-    from capturer.util.dotted import load
 
     filt = filt if filt is not None else load_filter(cfg.filter_path)
     sources: dict[str, Any] = {}
@@ -587,7 +589,6 @@ def close_all(v: Verifier, readers: Iterable[SinkReader]) -> None:
 def checkpoint_acked(path: Any, ha: Callable[[], Any] | None = None) -> Acked:
     """Each sender's acknowledged positions as the checkpoint file holds them (with
     ``[ha]``, ``ha()``: the checkpoint the active capturer last wrote to etcd)."""
-    from capturer.pipeline.checkpoint import load_checkpoint
 
     def acked() -> dict[str, dict[str, AnyPosition]]:
         try:
@@ -601,7 +602,6 @@ def checkpoint_acked(path: Any, ha: Callable[[], Any] | None = None) -> Acked:
 
 
 def parse_tables(items: Sequence[str]) -> list[tuple[str, str]]:
-    from capturer.pipeline.filter import split_table_name
 
     return [split_table_name(t) for t in items]
 
@@ -640,7 +640,6 @@ def verify_cli(argv: list[str], load_config: Callable[[Any], Any], factories: di
     args = ap.parse_args(argv)
     from pathlib import Path
 
-    from capturer.errors import ConfigError
 
     try:
         cfg = load_config(Path(args.config))

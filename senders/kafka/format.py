@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from capturer.model import Ddl, LsnPosition, Position, RowChange, Txn, ts_physical_ms
+from capturer.model import Ddl, LsnPosition, Position, RowChange, Txn, protogen, ts_physical_ms
 from capturer.model.encode import dumps_compact, encode_line_bytes, json_value, type_name
 from senders.sqlbuild import build
 
@@ -208,7 +208,6 @@ def fill_position(m: Any, txn: Txn) -> None:
 
 
 def protobuf_message(txn: Txn, seq: int, ch: RowChange, op: str) -> bytes:
-    from capturer.model import protogen
 
     pb = protogen.load()
     m = pb.RowChange()
@@ -239,7 +238,6 @@ FORMATS: dict[str, Callable[[Txn, int, RowChange, str], bytes]] = {
 
 def ddl_message(txn: Txn, ddl: Ddl, fmt: str) -> bytes:
     if fmt == "protobuf":
-        from capturer.model import protogen
 
         pb = protogen.load()
         m = pb.RowChange(region=txn.region, commit_ts=txn.commit_ts, db=ddl.db, table=ddl.table,
@@ -291,7 +289,6 @@ _CANAL_OP = {"INSERT": "c", "UPDATE": "u", "DELETE": "d", "TRUNCATE": "t"}
 
 def decode_protobuf(value: bytes) -> Change | None:
     """``decode`` of a ``format=protobuf`` message (``capturer.RowChange``, proto/capturer.proto)."""
-    from capturer.model import protogen
 
     pb = protogen.load()
     m = pb.RowChange.FromString(value)

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from capturer.model import ColumnInfo
-from capturer.model.encode import T_BIT, format_timedelta
+from capturer.model.encode import T_BIT, decimal_text, format_timedelta
 from capturer.util.durable import fsync_dir
 from senders.spark.commits import recover_if_idle
 
@@ -115,7 +115,6 @@ def lake_value(v: Any, stype: str) -> Any:
         if isinstance(v, (bytes, bytearray)):
             return bytes(v).decode("utf-8", "replace")
         if isinstance(v, decimal.Decimal):
-            from capturer.model.encode import decimal_text
 
             return decimal_text(v)
         return str(v)

@@ -81,8 +81,9 @@ from collections.abc import Callable
 from typing import Any
 
 from capturer.errors import FatalSourceError, SourceError
-from capturer.model import ColumnInfo, Position, TableProgress, TableSchema
+from capturer.model import ColumnInfo, Position, RowChange, TableProgress, TableSchema
 from capturer.model.encode import quote_ident
+from capturer.model.spill import DEFAULT_CHUNK_ROWS, SpillWriter
 from capturer.regions.snapshot import (
     Chunk,
     Column,
@@ -93,6 +94,7 @@ from capturer.regions.snapshot import (
     TablePlan,
     split_key,
 )
+from capturer.util import mysqlconn
 from capturer.util.binlogpos import binlog_end
 from capturer.util.mysqlconn import mariadb_tls_kwargs
 
@@ -304,7 +306,6 @@ class Reader:
         else:
             import pymysql
 
-            from capturer.util import mysqlconn
 
             self.kind, self.ph = "pymysql", "%s"
             self._errors = (pymysql.err.MySQLError,)
@@ -718,8 +719,6 @@ class MySQLSnapshotter(Snapshotter):
                       names: list[str], norm: list[Callable[[Any], Any] | None], lock: str = "") -> Chunk:
         assert isinstance(plan, MySQLPlan)
         make = row_maker(names, norm)
-        from capturer.model import RowChange
-        from capturer.model.spill import DEFAULT_CHUNK_ROWS, SpillWriter
 
         ctx = self.region.ctx
         spill = SpillWriter(ctx.spill_dir or None, min(ctx.spill_rows or DEFAULT_CHUNK_ROWS, DEFAULT_CHUNK_ROWS))

@@ -48,6 +48,8 @@ from typing import Any
 
 from capturer.errors import SourceError
 from capturer.model import LsnPosition, RowChange, TableProgress, parse_lsn
+from capturer.model.spill import DEFAULT_CHUNK_ROWS, SpillWriter
+from capturer.regions.postgresql.types import parse_value
 from capturer.regions.snapshot import (
     Chunk,
     Column,
@@ -219,8 +221,6 @@ class PgSnapshotter(Snapshotter):
                           "answer?)")
 
     def _read_pg(self, reader: PgReader, plan: TablePlan, p: TableProgress, low: tuple[Any, ...]) -> Chunk | None:
-        from capturer.model.spill import DEFAULT_CHUNK_ROWS, SpillWriter
-        from capturer.regions.postgresql.types import parse_value
 
         rel = plan.source
         types = rel.types

@@ -7,9 +7,10 @@ import decimal
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from capturer.model import LsnPosition
+from capturer.model import LsnPosition, parse_lsn
 from capturer.model.compare import SourceUnreachable, SqlSource, TableMeta
 from capturer.regions.postgresql.keys import PostgresRegionConfig
+from capturer.regions.postgresql.types import parse_value, pg_type
 from capturer.util.perthread import PerThread
 
 
@@ -60,7 +61,6 @@ class PostgresSource(SqlSource):
             "AND table_schema NOT IN ('pg_catalog', 'information_schema')")]
 
     def meta(self, db: str, table: str) -> TableMeta | None:
-        from capturer.regions.postgresql.types import pg_type
 
         rows = self.query(
             "SELECT a.attname, a.atttypid, a.atttypmod, format_type(a.atttypid, a.atttypmod), "
@@ -84,7 +84,6 @@ class PostgresSource(SqlSource):
 
     def _select(self, meta: TableMeta, where: str, args: Sequence[Any], limit: int = 0,
                 ordered: bool = True) -> list[dict[str, Any]]:
-        from capturer.regions.postgresql.types import parse_value
 
         types = self._types.get((meta.db, meta.table)) or []
         q = _pg_ident
@@ -143,7 +142,6 @@ class PostgresSource(SqlSource):
         return out
 
     def position(self) -> LsnPosition:
-        from capturer.model import parse_lsn
 
         return LsnPosition(parse_lsn(str(self.query("SELECT pg_current_wal_lsn()::text")[0][0])))
 
