@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import logging
 import re
-import select
 import struct
 import time
 import uuid
@@ -54,22 +53,21 @@ from capturer.errors import FatalSourceError, SourceError
 from capturer.model import (
     Ddl,
     LsnPosition,
-    RowChange,
     TableProgress,
     Txn,
     format_lsn,
     make_ts,
-    parse_lsn,
 )
 from capturer.model.encode import qualified
 from capturer.regions.base import (
-    ChangeBuffer,
     ClockedRegion,
     RegionContext,
     close_quietly,
     require_start_kind,
 )
 from capturer.regions.postgresql import pgoutput as po
+from capturer.regions.postgresql import toast
+from capturer.regions.postgresql.prepare import prepare
 from capturer.regions.postgresql.relations import (
     RelationJournal,
     RelDef,
@@ -77,6 +75,8 @@ from capturer.regions.postgresql.relations import (
     quote_pg,
 )
 from capturer.regions.postgresql.snapshot import PgSnapshot
+from capturer.regions.postgresql.stream import PgStream
+from capturer.regions.postgresql.txn import TxnBuilder, fast_change, row_image
 from capturer.regions.postgresql.types import Unrepresentable, pg_time_to_unix_us
 from capturer.regions.snaphost import SnapshotHostMixin
 from capturer.util import fencing
@@ -87,9 +87,7 @@ log = logging.getLogger(__name__)
 SESSION_OPTIONS = "-c DateStyle=ISO -c TimeZone=UTC -c IntervalStyle=iso_8601 -c extra_float_digits=3 " \
                   "-c bytea_output=hex"
 _FEEDBACK = struct.Struct(">cQQQqB")
-_XLOG_HEADER = struct.Struct(">QQq")
-_ROW_TAGS = (b"I", b"U", b"D")
-_KEEPALIVE = struct.Struct(">QqB")
+_TxnBuilder = TxnBuilder  # (its name here before txn.py)
 
 
 def now_pg_us() -> int:
@@ -188,114 +186,8 @@ class PostgresRegion(SnapshotHostMixin, ClockedRegion):
 
     # --- setup ------------------------------------------------------------------
     def _prepare(self) -> int:
-        """Check the server, publication and slot; the LSN to start after."""
-        import psycopg
-
-        (wal_level, self._block, self._segment, version), = self._query(
-            "SELECT current_setting('wal_level'), current_setting('wal_block_size')::int, "
-            "(SELECT setting::bigint FROM pg_settings WHERE name = 'wal_segment_size'), "
-            "current_setting('server_version_num')::int")
-        # pg_current_snapshot() is PostgreSQL 13's name for txid_current_snapshot() (as in snapshot.py)
-        self._snapshot_fn = "pg_current_snapshot()" if int(version) >= 130000 else "txid_current_snapshot()"
-        self._last_snap, self._xid_checked = None, None
-        if wal_level != "logical":
-            raise FatalSourceError(
-                f"{self.where}: wal_level is {wal_level!r}; logical decoding needs wal_level = logical "
-                "(set it in postgresql.conf, or ALTER SYSTEM SET wal_level = logical, and restart PostgreSQL)")
-        pub = self.cfg.publication
-        if not self._query("SELECT 1 FROM pg_publication WHERE pubname = %s", (pub,)):
-            if self.cfg.create_publication == "no":
-                raise FatalSourceError(
-                    f"{self.where}: publication {pub!r} does not exist in database {self.cfg.dbname!r}; create it "
-                    f"(CREATE PUBLICATION {quote_pg(pub)} FOR ALL TABLES) or set create_publication = all")
-            what = "ALL TABLES" if self.cfg.create_publication == "all" else "TABLE " + ", ".join(
-                ".".join(quote_pg(p) for p in t.split(".", 1)) for t in self.cfg.create_publication.split(","))
-            try:
-                self._query(f"CREATE PUBLICATION {quote_pg(pub)} FOR {what}")
-            except psycopg.Error as exc:
-                raise FatalSourceError(f"{self.where}: cannot create publication {pub!r}: {str(exc).strip()}") from None
-            log.info("%s: created publication %s FOR %s", self.where, pub, what)
-        slot = self.cfg.slot
-        rows = self._query("SELECT plugin, database, confirmed_flush_lsn::text, wal_status FROM pg_replication_slots "
-                           "WHERE slot_name = %s", (slot,))
-        # a retry resumes where this process got to (the checkpoint's position only at first)
-        require_start_kind(self.ctx, self.name, "postgresql", LsnPosition, remedy="")
-        start = self.position if isinstance(self.position, LsnPosition) else self.ctx.start
-        assert start is None or isinstance(start, LsnPosition)
-        purged = False
-        copy = self.cfg.snapshot in ("initial", "when_needed")
-        if rows and start is not None and self.cfg.snapshot == "when_needed":
-            plugin, database, confirmed, wal_status = rows[0]
-            gone = "lost WAL it needed" if wal_status == "lost" else (
-                f"was confirmed up to {confirmed}, past the checkpoint's LSN {start}"
-                if confirmed and parse_lsn(confirmed) > start.lsn else "")
-            if gone:
-                log.warning("%s: replication slot %s %s; snapshot=when_needed: copying every selected table again "
-                            "(each emptied downstream first) and reading the slot from where it is", self.where,
-                            slot, gone)
-                if wal_status == "lost":
-                    self._query("SELECT pg_drop_replication_slot(%s)", (slot,))
-                    rows = []
-                self._forget_start()
-                start, purged = None, True
-        if not rows and start is not None and self.cfg.snapshot == "when_needed":
-            log.warning("%s: replication slot %s does not exist, but the checkpoint needs the changes after LSN %s; "
-                        "snapshot=when_needed: creating it and copying every selected table again (each emptied "
-                        "downstream first)", self.where, slot, start)
-            self._forget_start()
-            start, purged = None, True
-        if not rows:
-            if start is not None:
-                raise FatalSourceError(
-                    f"{self.where}: replication slot {slot!r} does not exist, but the checkpoint needs the changes "
-                    f"after LSN {start}; they are gone with the slot. Start this region again from scratch "
-                    "(remove it from the checkpoint) and fill the targets again, or set snapshot=when_needed "
-                    f"in [region:{self.name}] to copy every table again")
-            if not self.cfg.create_slot:
-                raise FatalSourceError(
-                    f"{self.where}: replication slot {slot!r} does not exist; create it "
-                    f"(SELECT pg_create_logical_replication_slot('{slot}', 'pgoutput')) or set create_slot = true")
-            try:
-                (lsn,), = self._query("SELECT lsn::text FROM pg_create_logical_replication_slot(%s, 'pgoutput')",
-                                      (slot,))
-            except SourceError:
-                raise
-            except psycopg.Error as exc:
-                raise FatalSourceError(f"{self.where}: cannot create replication slot {slot!r}: "
-                                       f"{str(exc).strip()}") from None
-            log.info("%s: created replication slot %s at %s", self.where, slot, lsn)
-            at = parse_lsn(lsn)
-            self.slot_confirmed = lsn
-            if copy:
-                self._start_snapshot(fresh=True, at=at, truncate=purged)
-                return at
-            self.position = LsnPosition(at)
-            self.ctx.pin_start(self.name, self.position)
-            return at
-        plugin, database, confirmed, wal_status = rows[0]
-        if plugin != "pgoutput" or database != self.cfg.dbname:
-            raise FatalSourceError(
-                f"{self.where}: replication slot {slot!r} uses plugin {plugin!r} in database {database!r}; "
-                f"this region needs a pgoutput slot in {self.cfg.dbname!r}")
-        if wal_status == "lost":
-            raise FatalSourceError(f"{self.where}: replication slot {slot!r} lost WAL it needed (wal_status lost, "
-                                   "max_slot_wal_keep_size); the changes since are gone")
-        self.slot_confirmed = confirmed or ""
-        slot_at = parse_lsn(confirmed) if confirmed else 0
-        if start is None:
-            if copy:
-                self._start_snapshot(fresh=True, at=slot_at, truncate=purged)
-                return slot_at
-            self.position = LsnPosition(slot_at)
-            self.ctx.pin_start(self.name, self.position)
-            return slot_at
-        if slot_at > start.lsn:
-            raise FatalSourceError(
-                f"{self.where}: replication slot {slot!r} was confirmed up to {confirmed}, past the checkpoint's "
-                f"LSN {start}: another consumer read this slot, or the checkpoint is older than the slot; the "
-                "changes in between are gone from it (snapshot=when_needed copies every table again then)")
-        self._start_snapshot(fresh=False)
-        return start.lsn
+        """Check the server, publication and slot; the LSN to start after (prepare.py)."""
+        return prepare(self)
 
     def _keys(self, relid: int, cols: tuple[po.Column, ...], replident: str,
               query: Any = None) -> tuple[tuple[str, ...], tuple[tuple[str, ...], ...]]:
@@ -370,156 +262,11 @@ class PostgresRegion(SnapshotHostMixin, ClockedRegion):
 
     def _stream(self, conn: Any, start: int) -> None:
         self.rels_known = self.relations.state_at(start)  # what the targets were given
-        session: dict[int, RelDef] = {}  # relation messages of this connection
-        txn: _TxnBuilder | None = None
-        received = start
-        observed = start  # everything that committed before this LSN has arrived
-        probe: tuple[int, int] | None = None  # (server insert LSN, its clock in Unix ms) awaiting the stream
-        hb_every = self.cfg.heartbeat_ms / 1000.0
-        status_every = self.cfg.status_interval
-        next_hb = 0.0
-        next_status = time.monotonic() + status_every
-        sent_confirmed = self.confirmed
-        sock = conn.socket
+        stream = PgStream(self, conn, start)
         self.state = "streaming"
         with self._lock:
             self._alive(self.position)
-        while not self.ctx.stop.is_set():
-            nbytes, data = conn.get_copy_data(1)
-            if nbytes == 0:
-                now = time.monotonic()
-                if txn is None and now >= next_hb:
-                    next_hb = now + hb_every
-                    if probe is None:
-                        (lsn, clock_ms, held), = self._query(
-                            "SELECT pg_current_wal_insert_lsn()::text, "
-                            "(extract(epoch from clock_timestamp()) * 1000)::bigint, "
-                            "(SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), restart_lsn)::bigint "
-                            "FROM pg_replication_slots WHERE slot_name = %s)", (self.cfg.slot,))
-                        probe = (self._record_boundary(parse_lsn(lsn)), int(clock_ms))
-                        self.slot_wal_held = None if held is None else max(0, int(held))
-                        self._send_status(conn, received, reply=True)
-                        next_status = now + status_every
-                if now >= next_status or self.confirmed != sent_confirmed:
-                    sent_confirmed = self.confirmed
-                    self._send_status(conn, received)
-                    next_status = now + status_every
-                if probe is not None and txn is None and observed >= probe[0]:
-                    self._heartbeat(probe[1], observed)
-                    probe = None
-                    continue
-                r, _, _ = select.select([sock], [], [], 0.05 if probe is not None else 0.2)
-                if r:
-                    conn.consume_input()
-                continue
-            if nbytes == -1:
-                res = conn.get_result()
-                msg = (res.error_message or b"").decode("utf-8", "replace").strip() if res is not None else ""
-                raise SourceError(f"{self.where}: the server ended the replication stream {msg}".strip())
-            if nbytes < 0:
-                raise SourceError(f"{self.where}: replication stream: "
-                                  f"{conn.error_message.decode('utf-8', 'replace').strip()}")
-            buf = bytes(data)
-            kind = buf[:1]
-            if kind == b"k":
-                wal_end, send_time, reply = _KEEPALIVE.unpack_from(buf, 1)
-                if txn is None:
-                    observed = max(observed, wal_end)
-                    if reply:
-                        self._send_status(conn, received)
-                    if probe is not None and observed >= probe[0]:
-                        self._heartbeat(probe[1], observed)
-                        probe = None
-                elif reply:
-                    self._send_status(conn, received)
-                continue
-            if kind != b"w":
-                raise SourceError(f"{self.where}: unexpected replication message {kind!r}")
-            data_start, _wal_end, _send = _XLOG_HEADER.unpack_from(buf, 1)
-            received = max(received, data_start)
-            if self.confirmed != sent_confirmed and time.monotonic() >= next_status - status_every + 1.0:
-                # a stream that never pauses still lets the slot move (at most once a second)
-                sent_confirmed = self.confirmed
-                self._send_status(conn, received)
-                next_status = time.monotonic() + status_every
-            off = 1 + _XLOG_HEADER.size
-            if txn is not None and buf[off:off + 1] in _ROW_TAGS and self._fast_change(txn, session, buf, off):
-                continue
-            msg = po.parse(buf[off:])
-            if isinstance(msg, po.Begin):
-                txn = _TxnBuilder(self, msg)
-            elif isinstance(msg, po.Commit):
-                if txn is None:
-                    raise po.ProtocolError(f"{self.where}: COMMIT without BEGIN at {format_lsn(msg.end_lsn)}")
-                self._commit(txn, msg)
-                txn = None
-                observed = max(observed, msg.end_lsn)
-                received = max(received, msg.end_lsn)
-            elif isinstance(msg, po.Relation):
-                rel = self._reldef(msg)
-                session[rel.relid] = rel
-                if txn is not None:
-                    txn.relation(rel)
-            elif isinstance(msg, (po.Insert, po.Update, po.Delete)):
-                if txn is None:
-                    raise po.ProtocolError(f"{self.where}: a change outside a transaction")
-                changed = session.get(msg.relid)
-                if changed is None:
-                    raise po.ProtocolError(f"{self.where}: a change of relation {msg.relid} before its description")
-                txn.change(changed, msg)
-            elif isinstance(msg, po.Truncate):
-                if txn is None:
-                    raise po.ProtocolError(f"{self.where}: TRUNCATE outside a transaction")
-                for relid in msg.relids:
-                    emptied = session.get(relid)
-                    if emptied is not None:
-                        txn.truncate(emptied)
-
-    def _fast_change(self, txn: _TxnBuilder, session: dict[int, RelDef], buf: bytes, off: int) -> bool:
-        """An INSERT, UPDATE or DELETE message at ``off`` through the C tuple decoder, as
-        ``po.parse`` and ``_TxnBuilder.change`` take it; False leaves it to them (no C build, a
-        relation not described, a table the filter leaves out, unchanged TOASTed values to fill,
-        anything the decoder refuses: the general path then says what is wrong)."""
-        if len(buf) < off + 6:
-            return False
-        rel = session.get(int.from_bytes(buf[off + 1:off + 5], "big"))
-        if rel is None or not self.ctx.table_selected(rel.db, rel.table):
-            return False
-        plan = rel.plan
-        if plan is None:
-            return False
-        tag, k, i = buf[off], buf[off + 5], off + 6
-        try:
-            if tag == 0x49:  # I
-                if k != 0x4E:
-                    return False
-                after, _, _, bad = plan.image(buf, i, False)
-                ch = RowChange(rel.schema, "insert", None, after)
-            elif tag == 0x44:  # D
-                if k not in (0x4B, 0x4F):
-                    return False
-                before, _, _, bad = plan.image(buf, i, k == 0x4B)
-                ch = RowChange(rel.schema, "delete", before, None)
-            else:  # U
-                old, bad = None, 0
-                if k in (0x4B, 0x4F):
-                    old, _, i, bad = plan.image(buf, i, k == 0x4B)
-                    if i >= len(buf):
-                        return False
-                    k, i = buf[i], i + 1
-                if k != 0x4E:
-                    return False
-                after, unchanged, _, bad_new = plan.image(buf, i, False)
-                if unchanged:  # (the old row's values, or a read of the table: the general path)
-                    return False
-                bad += bad_new
-                before = old if old is not None else {c: after[c] for c in rel.pk if c in after}
-                ch = RowChange(rel.schema, "update", before, after)
-        except ValueError:
-            return False
-        self.unrepresentable += bad
-        txn.changes.append(ch, txn.begin.xid)
-        return True
+        stream.run()
 
     def _record_boundary(self, insert_lsn: int) -> int:
         """The insert position as the end of the last record: at the start of a WAL page
@@ -551,7 +298,7 @@ class PostgresRegion(SnapshotHostMixin, ClockedRegion):
             self._clock_heartbeat(clock_ms - self.cfg.heartbeat_lag_ms, self.position)
             self._lock.notify_all()
 
-    def _commit(self, b: _TxnBuilder, c: po.Commit) -> None:
+    def _commit(self, b: TxnBuilder, c: po.Commit) -> None:
         parts = b.finish()
         unix_us = pg_time_to_unix_us(c.commit_time)
         source_s = unix_us // 1_000_000
@@ -717,129 +464,12 @@ class PostgresRegion(SnapshotHostMixin, ClockedRegion):
             self.snapshotter.close()
 
     # --- values -------------------------------------------------------------------
-    def image(self, rel: RelDef, tup: po.Tuple, old: dict[str, Any] | None = None,
-              only_present: bool = False) -> tuple[dict[str, Any], list[str]]:
-        """A row image from a tuple, and the columns sent as "unchanged TOAST" (taken
-        from ``old`` when it has them)."""
-        out: dict[str, Any] = {}
-        unchanged: list[str] = []
-        for col, t, (kind, text) in zip(rel.columns, rel.types, tup):
-            if kind == po.TEXT:
-                try:
-                    out[col.name] = t.parse(text)  # type: ignore[arg-type]
-                except Unrepresentable:
-                    self.unrepresentable += 1
-                    out[col.name] = None
-                except ValueError as exc:
-                    raise FatalSourceError(f"{self.where}: {rel.db}.{rel.table}.{col.name}: cannot read value "
-                                           f"{str(text)[:80]!r}: {exc}") from None
-            elif kind == po.NULL:
-                if not only_present:
-                    out[col.name] = None
-            elif kind == po.UNCHANGED:
-                if old is not None and col.name in old:
-                    out[col.name] = old[col.name]
-                else:
-                    unchanged.append(col.name)
-            else:  # binary: never asked for
-                raise po.ProtocolError(f"{self.where}: a binary value in {rel.db}.{rel.table}")
-        return out, unchanged
-
-    def _await_visible(self, xid: int) -> bool:
-        """Wait until transaction ``xid`` (delivered: it committed) is visible to new
-        snapshots of the ordinary connection; False if it is not after ``toast_wait_ms``.
-
-        PostgreSQL's walsender sends a transaction once its commit record is flushed,
-        which can be before the committing backend leaves the ProcArray (under CPU
-        load, for a while; a synchronous standby holds it there until it answers).
-        A read in that window sees the row as it was before the transaction: no row at
-        a new key, the old value of a column. So the fill first takes a snapshot
-        (``pg_current_snapshot()``) and checks ``xid`` against it as the snapshot
-        engine's chunk reads do (``PgSnapshot.visible``: not in progress, below xmax);
-        once a snapshot sees it, every later one does (a completed transaction never
-        comes back into the ProcArray), so the fill's own read, a later statement,
-        sees it too. Checked once per transaction (the answer is kept for its other
-        rows), and not at all when the last snapshot taken already sees it (a
-        capturer behind the source). Waits are counted in ``toast_waits`` and
-        ``toast_wait_ms``; one given up in ``toast_wait_timeouts`` (with a warning;
-        the transaction's other rows then read at once: True)."""
-        if xid == self._xid_checked:
-            return True
-        if self._last_snap is not None and self._last_snap.visible(xid):
-            self._xid_checked = xid
-            return True
-        started = time.monotonic()
-        deadline = started + self.cfg.toast_wait_ms / 1000.0
-        delay, waited = 0.0005, False
-        while True:
-            (text,), = self._query(f"SELECT {self._snapshot_fn}::text")
-            self._last_snap = snap = PgSnapshot.parse(str(text))
-            if snap.visible(xid):
-                break
-            if not waited:
-                waited = True
-                self.toast_waits += 1
-            if time.monotonic() >= deadline or self.ctx.stop.wait(delay):
-                self.toast_wait_ms += (time.monotonic() - started) * 1000.0
-                if not self.ctx.stop.is_set():
-                    self.toast_wait_timeouts += 1
-                    log.warning("%s: transaction %d stayed invisible to other sessions for %d ms after it was "
-                                "delivered (a synchronous standby that does not answer?): its unchanged TOASTed "
-                                "values are read anyway (toast_wait_ms)", self.where, xid, self.cfg.toast_wait_ms)
-                self._xid_checked = xid  # (once per transaction: its other rows do not wait again)
-                return False
-            delay = min(delay * 2, 0.02)
-        if waited:
-            self.toast_wait_ms += (time.monotonic() - started) * 1000.0
-        self._xid_checked = xid
-        return True
-
-    def fill_toast(self, rel: RelDef, row: dict[str, Any], cols: list[str], tup: po.Tuple, xid: int) -> None:
-        """Unchanged TOASTed values (not in the log under REPLICA IDENTITY DEFAULT): read
-        from the table by the row's new key, once transaction ``xid`` (the one being
-        decoded) is visible to the read (``_await_visible``: never before, or a row
-        that exists would look gone). The value read is the row's current one: the
-        same one unless a later transaction changed it, and then that transaction
-        carries the newer value too. A row deleted or moved to another key since
-        (by a later transaction, which the stream delivers after this one) keeps the
-        columns out of the image and counts in ``toast_missing``; so does a read that
-        fails (the table or a column renamed, dropped or retyped since), and every
-        such update when ``toast_fill`` is off or the table has no primary key.
-        Senders never make up values for columns left out (docs/senders.md)."""
-        texts = {c.name: text for c, (kind, text) in zip(rel.columns, tup) if kind == po.TEXT}
-        if not self.cfg.toast_fill or not rel.pk or not all(k in texts for k in rel.pk):
-            self.toast_missing += 1
-            return
-        types = dict(zip((c.name for c in rel.columns), rel.types))
-        # the values in their output form (format('%s', c), as the log writes them; c::text differs for some
-        # types), the key as the log wrote it: a parameter of unknown type, so the server reads it as the key's type
-        sel = ", ".join(f"CASE WHEN {quote_pg(c)} IS NULL THEN NULL ELSE format('%%s', {quote_pg(c)}) END" for c in cols)
-        where = " AND ".join(f"{quote_pg(k)} = %s" for k in rel.pk)
-        keyvals = [texts[k] for k in rel.pk]
-        import psycopg
-
-        self._await_visible(xid)
-        try:
-            got = self._query(f"SELECT {sel} FROM {quote_pg(rel.db)}.{quote_pg(rel.table)} WHERE {where} LIMIT 1",
-                              keyvals)
-        except SourceError:
-            raise
-        except psycopg.Error as exc:  # the table or column was renamed or dropped since
-            log.warning("%s: cannot read unchanged TOASTed values of %s.%s: %s", self.where, rel.db, rel.table,
-                        str(exc).strip())
-            got = []
-        if not got:
-            self.toast_missing += 1
-            return
-        for c, v in zip(cols, got[0]):
-            try:
-                row[c] = None if v is None else types[c].parse(v)
-            except Unrepresentable:
-                row[c] = None
-            except ValueError:  # the column's type changed since: left as it is downstream
-                self.toast_missing += 1
-                return
-        self.toast_filled += 1
+    # (functions of their modules, called as methods: row images and the fast path in txn.py, the TOAST fill in
+    # toast.py)
+    image = row_image
+    _fast_change = fast_change
+    _await_visible = toast.await_visible
+    fill_toast = toast.fill_toast
 
     def added_defaults(self, old: RelDef, new: RelDef) -> dict[str, str]:
         """For columns ``new`` adds: the value rows already there have (PostgreSQL's
@@ -931,76 +561,3 @@ class PostgresRegion(SnapshotHostMixin, ClockedRegion):
         if snap is not None:
             d["snapshot"] = snap
         return d
-
-
-class _TxnBuilder:
-    """The transaction being received: its parts in order (row changes, spilled past
-    ``spillRows``, and DDL where a relation changed or a table was truncated), and
-    the relation definitions it introduced (journaled at its commit)."""
-
-    def __init__(self, region: PostgresRegion, begin: po.Begin):
-        self.r = region
-        self.begin = begin
-        self.parts: list[Any] = []
-        self.changes = ChangeBuffer(region.ctx.spill_rows, region.ctx.spill_dir, region.where)
-        self.new_relations: list[RelDef] = []
-
-    def _cut(self) -> None:
-        if not self.changes.empty:
-            rows, spilled = self.changes.take()
-            self.parts.append(rows)
-            if spilled:
-                self.r.spilled_txns += 1
-
-    def _ddl(self, stmts: list[tuple[str, str, str]]) -> None:
-        if not stmts:
-            return
-        self._cut()
-        for db, sql, table in stmts:
-            self.parts.append(Ddl(db, sql, table, db))
-
-    def relation(self, rel: RelDef) -> None:
-        known = self.r.rels_known.get(rel.relid)
-        if known is not None and known.same_shape(rel):
-            return
-        # a new table under the name of one the targets have (dropped and created again in PostgreSQL,
-        # which logs neither): the old one goes first
-        replaced = known is None and any((k.db, k.table) == (rel.db, rel.table) and k.relid != rel.relid
-                                         for k in self.r.rels_known.values())
-        self.r.rels_known[rel.relid] = rel
-        self.new_relations.append(rel)
-        if self.r.cfg.ddl and self.r.ctx.table_selected(rel.db, rel.table):
-            defaults = self.r.added_defaults(known, rel) if known is not None else None
-            stmts = ddl_for(known, rel, defaults)
-            if replaced:
-                stmts.insert(1, (rel.db, f"DROP TABLE IF EXISTS {qualified(rel.db, rel.table)}", rel.table))
-            self._ddl(stmts)
-
-    def truncate(self, rel: RelDef) -> None:
-        if self.r.ctx.table_selected(rel.db, rel.table):
-            self._ddl([(rel.db, f"TRUNCATE TABLE {qualified(rel.db, rel.table)}", rel.table)])
-
-    def change(self, rel: RelDef, m: po.Insert | po.Update | po.Delete) -> None:
-        if not self.r.ctx.table_selected(rel.db, rel.table):
-            return
-        r = self.r
-        if isinstance(m, po.Insert):
-            after, _ = r.image(rel, m.new)
-            ch = RowChange(rel.schema, "insert", None, after)
-        elif isinstance(m, po.Delete):
-            before, _ = r.image(rel, m.old, only_present=m.old_kind == "K")
-            ch = RowChange(rel.schema, "delete", before, None)
-        else:
-            old = None
-            if m.old is not None:
-                old, _ = r.image(rel, m.old, only_present=m.old_kind == "K")
-            after, unchanged = r.image(rel, m.new, old if m.old_kind == "O" else None)
-            if unchanged:
-                r.fill_toast(rel, after, unchanged, m.new, self.begin.xid)
-            before = old if old is not None else {k: after[k] for k in rel.pk if k in after}
-            ch = RowChange(rel.schema, "update", before, after)
-        self.changes.append(ch, self.begin.xid)
-
-    def finish(self) -> list[Any]:
-        self._cut()
-        return self.parts
