@@ -304,6 +304,23 @@ class ReadResult:
     follower: bool
 
 
+@dataclass
+class _ReadRound:
+    """One StoreClient.read: the peers to ask in order (``i`` the next; answers may add to it)
+    and what their answers said so far."""
+    order: list[str]
+    i: int = 0
+    tried: set[str] = field(default_factory=set)
+    errors: list[str] = field(default_factory=list)
+    refresh: bool = False
+    purged: list[str] = field(default_factory=list)
+    leader_purged: bool = False
+    answered: int = 0
+    empty_from: str | None = None
+    hops: int = 0
+    version_retries: int = 0
+
+
 class StoreClient:
     """Reads one binlog region (one instance per reader thread)."""
 
@@ -329,22 +346,13 @@ class StoreClient:
         order = self._order(sr)
         if not order:
             raise PeerFailure(f"region {sr.region_id} has no peers")
-        errors: list[str] = []
-        refresh = False
-        purged: list[str] = []
-        leader_purged = False
-        answered = 0
-        empty_from: str | None = None
-        tried: set[str] = set()
-        hops = 0
-        version_retries = 0
-        i = 0
-        while i < len(order):
-            peer = order[i]
-            i += 1
-            if peer in tried:
+        rd = _ReadRound(order)
+        while rd.i < len(rd.order):
+            peer = rd.order[rd.i]
+            rd.i += 1
+            if peer in rd.tried:
                 continue
-            tried.add(peer)
+            rd.tried.add(peer)
             body = {"op_type": "OP_READ_BINLOG", "region_id": sr.region_id, "region_version": sr.version,
                     "binlog_desc": {"binlog_ts": binlog_ts, "start_ts": binlog_ts, "read_binlog_cnt": count,
                                     "flash_back_read": False}}
@@ -353,79 +361,95 @@ class StoreClient:
             except PeerFailure as exc:
                 sr.peer_failures += 1
                 sr.dead_until[peer] = time.monotonic() + 5.0
-                errors.append(str(exc))
+                rd.errors.append(str(exc))
                 continue
             sr.dead_until.pop(peer, None)
-            answered += 1
-            code = _errcode(d)
-            lead = d.get("leader") if isinstance(d.get("leader"), str) else ""
-            if not code:
-                sr.peer_failures += 1
-                errors.append(f"{peer}: an answer without errcode")
-                continue
-            if code == "SUCCESS":
-                entries = self._entries(d, sr, peer, binlog_ts)
-                if lead and lead != NO_LEADER:
-                    sr.leader = lead
-                follower = bool(lead) and peer != lead
-                if entries:
-                    if follower:
-                        sr.follower_reads += 1
-                    return ReadResult(entries, peer, follower)
-                if empty_from is None:
-                    empty_from = peer
-                behind = time.time() - unix_ms(binlog_ts) / 1000
-                if behind > self.follower_after:
-                    # nothing although the position is far behind the clock: the leader
-                    # may lag; ask every follower (each answer is a correct prefix)
-                    order += [p for p in sr.peers if p not in tried and p not in order[i:]]
-                    continue
-                if leader_purged:
-                    continue
-                return ReadResult([], empty_from, False)
-            if code == "NOT_LEADER":
-                sr.not_leader += 1
-                errors.append(f"{peer}: NOT_LEADER (leader {lead or '?'})")
-                if lead and lead != NO_LEADER:
-                    sr.leader = lead
-                    if lead not in tried and hops < 3:
-                        hops += 1
-                        order.insert(i, lead)
-                continue
-            if code == "VERSION_OLD":
-                sr.version_old += 1
-                regions = d.get("regions") or []
-                errors.append(f"{peer}: VERSION_OLD (had version {sr.version})")
-                if regions and version_retries < 2:
-                    self._version_old(sr, regions, bool(d.get("is_merge")))
-                    version_retries += 1
-                    tried.discard(peer)
-                    order.insert(i, peer)
-                else:
-                    refresh = True  # no usable region info in the answer: ask the meta
-                continue
-            if code == "REGION_NOT_EXIST":
-                refresh = True
-                errors.append(f"{peer}: REGION_NOT_EXIST")
-                continue
-            if code == "LESS_THAN_OLDEST_TS":
-                purged.append(peer)
-                if lead and lead == peer:
-                    leader_purged = True
-                errors.append(f"{peer}: LESS_THAN_OLDEST_TS ({_store_errmsg(d)})")
-                continue
-            if code in CLIENT_BUG:
-                raise FatalSourceError(f"{self.where}: store {peer} refused OP_READ_BINLOG of region {sr.region_id}: "
-                                       f"{code} {_store_errmsg(d)}")
-            errors.append(f"{peer}: {code} {_store_errmsg(d)}".rstrip())
+            rd.answered += 1
+            result = self._read_answer(rd, sr, peer, d, binlog_ts)
+            if result is not None:
+                return result
         # the leader no longer holds it (its word is final; a follower that answered
         # "nothing new" only lags), or every peer of the region says so: one follower
         # alone may be a new peer whose binlog starts late, so it is not believed
-        if leader_purged or (purged and set(purged) >= set(sr.peers)):
-            raise BinlogPurged(self._purged_message(sr, binlog_ts, "the leader" if leader_purged else "every peer"))
-        if empty_from is not None:
-            return ReadResult([], empty_from, False)
-        raise PeerFailure("; ".join(errors) or "no peer answered", refresh)
+        if rd.leader_purged or (rd.purged and set(rd.purged) >= set(sr.peers)):
+            raise BinlogPurged(self._purged_message(sr, binlog_ts, "the leader" if rd.leader_purged
+                                                    else "every peer"))
+        if rd.empty_from is not None:
+            return ReadResult([], rd.empty_from, False)
+        raise PeerFailure("; ".join(rd.errors) or "no peer answered", rd.refresh)
+
+    def _read_answer(self, rd: _ReadRound, sr: StoreRegionInfo, peer: str, d: dict[str, Any],
+                     binlog_ts: int) -> ReadResult | None:
+        """One peer's answer to OP_READ_BINLOG: the result to return, or None to go on to the
+        next peer of ``rd.order`` (which this may extend: the leader named, a follower, a retry)."""
+        code = _errcode(d)
+        lead = d.get("leader") if isinstance(d.get("leader"), str) else ""
+        if not code:
+            sr.peer_failures += 1
+            rd.errors.append(f"{peer}: an answer without errcode")
+            return None
+        if code == "SUCCESS":
+            return self._read_success(rd, sr, peer, d, binlog_ts, lead)
+        if code == "NOT_LEADER":
+            sr.not_leader += 1
+            rd.errors.append(f"{peer}: NOT_LEADER (leader {lead or '?'})")
+            if lead and lead != NO_LEADER:
+                sr.leader = lead
+                if lead not in rd.tried and rd.hops < 3:
+                    rd.hops += 1
+                    rd.order.insert(rd.i, lead)
+            return None
+        if code == "VERSION_OLD":
+            sr.version_old += 1
+            regions = d.get("regions") or []
+            rd.errors.append(f"{peer}: VERSION_OLD (had version {sr.version})")
+            if regions and rd.version_retries < 2:
+                self._version_old(sr, regions, bool(d.get("is_merge")))
+                rd.version_retries += 1
+                rd.tried.discard(peer)
+                rd.order.insert(rd.i, peer)
+            else:
+                rd.refresh = True  # no usable region info in the answer: ask the meta
+            return None
+        if code == "REGION_NOT_EXIST":
+            rd.refresh = True
+            rd.errors.append(f"{peer}: REGION_NOT_EXIST")
+            return None
+        if code == "LESS_THAN_OLDEST_TS":
+            rd.purged.append(peer)
+            if lead and lead == peer:
+                rd.leader_purged = True
+            rd.errors.append(f"{peer}: LESS_THAN_OLDEST_TS ({_store_errmsg(d)})")
+            return None
+        if code in CLIENT_BUG:
+            raise FatalSourceError(f"{self.where}: store {peer} refused OP_READ_BINLOG of region {sr.region_id}: "
+                                   f"{code} {_store_errmsg(d)}")
+        rd.errors.append(f"{peer}: {code} {_store_errmsg(d)}".rstrip())
+        return None
+
+    def _read_success(self, rd: _ReadRound, sr: StoreRegionInfo, peer: str, d: dict[str, Any], binlog_ts: int,
+                      lead: Any) -> ReadResult | None:
+        """A SUCCESS answer: its entries, or nothing new (believed unless the position is far
+        behind the clock, when every follower is asked too, or the leader said it was purged)."""
+        entries = self._entries(d, sr, peer, binlog_ts)
+        if lead and lead != NO_LEADER:
+            sr.leader = lead
+        follower = bool(lead) and peer != lead
+        if entries:
+            if follower:
+                sr.follower_reads += 1
+            return ReadResult(entries, peer, follower)
+        if rd.empty_from is None:
+            rd.empty_from = peer
+        behind = time.time() - unix_ms(binlog_ts) / 1000
+        if behind > self.follower_after:
+            # nothing although the position is far behind the clock: the leader
+            # may lag; ask every follower (each answer is a correct prefix)
+            rd.order += [p for p in sr.peers if p not in rd.tried and p not in rd.order[rd.i:]]
+            return None
+        if rd.leader_purged:
+            return None
+        return ReadResult([], rd.empty_from, False)
 
     def _entries(self, d: dict[str, Any], sr: StoreRegionInfo, peer: str, binlog_ts: int) -> list[tuple[int, bytes]]:
         binlogs = d.get("binlogs") or []
