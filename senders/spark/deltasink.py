@@ -36,6 +36,22 @@ A reader sees each table's commits atomically; across tables there is no common
 commit: while a batch is being merged, a reader may see its changes in one table and
 not yet in another (as with any per-table sink); each table is always at a transaction
 boundary of the source.
+
+Upkeep (``compaction_interval``, 0 = never): every interval, between two batches, in the
+sender's own thread (capture goes on: it is decoupled from the sender by the sender's
+cursor), each table written since the last round gets ``OPTIMIZE`` (small files of the
+MERGEs compacted) then ``VACUUM ... RETAIN vacuum_retention_hours HOURS`` (files no
+version within the retention needs are deleted). A round stops after ``upkeep_budget``
+seconds; the tables left go first in the next one. A failure is logged naming the table,
+shown in status (``housekeeping_error``) and retried next interval; it never stops the
+sender. ``compact_all`` (the operator's command) runs one round now, for every table.
+OPTIMIZE and VACUUM are Delta commits without this sender's txnAppId: the read-back of a
+table's position (``read_position``) goes past them to the newest commit holding it.
+
+``change_data_feed = true``: tables are created with ``delta.enableChangeDataFeed``, and
+existing tables get it at open (``ALTER TABLE ... SET TBLPROPERTIES``); a reader then sees
+each MERGE's inserts, updates (pre- and post-images) and deletes through
+``table_changes`` / ``readChangeFeed``. Turning it off later leaves the property on.
 """
 
 from __future__ import annotations
@@ -61,6 +77,8 @@ from senders.spark.sender import _AS_IS, SparkSender, _java_found, arrow_type, b
 log = logging.getLogger(__name__)
 
 META = ["_op", "_commit_ts", "_region", "_seq", "_sub"]  # the extra columns of an append-only (keyless) table
+RETENTION_CHECK = "spark.databricks.delta.retentionDurationCheck.enabled"
+CDF = "delta.enableChangeDataFeed"
 _TXN_CONF = ("spark.databricks.delta.write.txnAppId", "spark.databricks.delta.write.txnVersion",
              "spark.databricks.delta.commitInfo.userMetadata")
 KEY_META = "capturer_key"  # the userMetadata field holding the stream key
@@ -165,8 +183,8 @@ def parse_alter(sql: str) -> list[tuple[str, str, str]]:
 
 class DeltaSender(SparkSender):
     """``[spark] table_format=delta`` (see the module's docstring). Needs its Spark
-    session from open on (every batch is a Spark job); ``writer`` and
-    ``compaction_interval`` do not apply."""
+    session from open on (every batch is a Spark job); ``writer`` does not apply;
+    ``compaction_interval`` is the interval of the upkeep rounds (OPTIMIZE, VACUUM)."""
 
     def __init__(self, name: str, options: dict[str, Any], queue_rows: int = 100_000):
         super().__init__(name, options, queue_rows)
@@ -174,11 +192,18 @@ class DeltaSender(SparkSender):
         self.merges = 0
         self.merged_rows = 0
         self.merge_seconds = 0.0
+        # upkeep: the lake tables written since the last round (or left by it), in order
+        self._upkeep_due: dict[str, None] = {}
+        self.optimizes = 0
+        self.vacuums = 0
+        self.last_upkeep_seconds = 0.0
 
     def status(self) -> dict[str, Any]:
         st = super().status()
         st.update({"table_format": "delta", "tables": len(self.dtables), "merges": self.merges,
-                   "merged_rows": self.merged_rows, "merge_seconds": round(self.merge_seconds, 2)})
+                   "merged_rows": self.merged_rows, "merge_seconds": round(self.merge_seconds, 2),
+                   "optimizes": self.optimizes, "vacuums": self.vacuums,
+                   "last_upkeep_seconds": round(self.last_upkeep_seconds, 2)})
         return st
 
     def app_id(self, name: str) -> str:
@@ -213,6 +238,8 @@ class DeltaSender(SparkSender):
                     raise exc.__cause__ from None
                 raise
             self._load_tables()
+            if self.options.get("change_data_feed"):
+                self._enable_cdf()
         except BaseException:
             self._commits.unlock()
             raise
@@ -259,6 +286,18 @@ class DeltaSender(SparkSender):
                             "keyed table, may repeat rows of an append-only one)", self.name, tdir.name)
             self.dtables[(st.db, st.table)] = st
 
+    def _enable_cdf(self) -> None:
+        """``change_data_feed = true``: set the property on the tables that lack it."""
+        for st in self.dtables.values():
+            tdir = self.warehouse / st.name
+            props = {r[0]: r[1] for r in self.spark.sql(f"SHOW TBLPROPERTIES delta.`{tdir}`").collect()}
+            if str(props.get(CDF, "")).lower() != "true":
+                try:
+                    self.spark.sql(f"ALTER TABLE delta.`{tdir}` SET TBLPROPERTIES ('{CDF}' = 'true')")
+                except Exception as exc:
+                    raise SinkError(f"Delta table {tdir}: turning on its change data feed failed: {exc}") from exc
+                log.info("sender %s: %s: change data feed turned on", self.name, st.name)
+
     def _delta_columns(self, tdir: Path) -> dict[str, str]:
         df = self.spark.read.format("delta").load(str(tdir))
         return {f.name: f.dataType.simpleString() for f in df.schema.fields if f.name not in META}
@@ -272,12 +311,69 @@ class DeltaSender(SparkSender):
         for that table only, in ``send`` (its key, read back from its Delta log at open)."""
         return None
 
+    # --- upkeep -------------------------------------------------------------
     def housekeeping(self) -> None:
-        return
+        """An upkeep round when ``compaction_interval`` has passed since the last one
+        (between batches, in the sender's thread). Never raises: a failure is logged,
+        shown (status ``housekeeping_error``) and the table tried again next interval."""
+        interval = float(self.options["compaction_interval"])
+        if not interval or not self._opened or self.spark is None:
+            return
+        if time.monotonic() - self._last_compaction < interval:
+            return
+        try:
+            self._upkeep(list(self._upkeep_due))
+        except Exception as exc:  # (_upkeep catches per table; this is the unexpected)
+            self.housekeeping_error = str(exc)
+            log.warning("sender %s: upkeep failed: %s; the batches go on, tried again in %.0f s",
+                        self.name, exc, interval)
 
     def compact_all(self) -> None:
-        raise SinkError("table_format=delta has no compaction of its own yet (OPTIMIZE/VACUUM are left to the "
-                        "lake's upkeep)", retriable=False)
+        """One upkeep round now, of every table (the operator's command); between batches only.
+        Raises when a table's upkeep failed (the others were done)."""
+        if not self._opened:
+            self.open()
+        names = list(self._upkeep_due) + [st.name for st in self.dtables.values() if st.name not in self._upkeep_due]
+        if not self._upkeep(names):
+            raise SinkError(f"upkeep: {self.housekeeping_error}")
+
+    def _upkeep(self, names: list[str]) -> bool:
+        """OPTIMIZE then VACUUM each table of ``names`` (lake table names) in order, until
+        ``upkeep_budget`` seconds have passed: the tables not reached, and those that
+        failed, stay due. True when none failed."""
+        t0 = time.monotonic()
+        budget = float(self.options.get("upkeep_budget") or 60.0)
+        hours = float(self.options.get("vacuum_retention_hours", 168.0))
+        if hours < 168:  # the user asked for less than Delta's safety margin (documented risk)
+            self.spark.conf.set(RETENTION_CHECK, "false")
+        errors = []
+        live = {st.name for st in self.dtables.values()}
+        for name in names:
+            if time.monotonic() - t0 >= budget:
+                log.info("sender %s: upkeep round out of its %.0f s budget; %d table(s) left for the next",
+                         self.name, budget, len(self._upkeep_due))
+                break
+            if name not in live:  # dropped since
+                self._upkeep_due.pop(name, None)
+                continue
+            tdir = self.warehouse / name
+            try:
+                failpoints.hit("spark.upkeep")
+                self.spark.sql(f"OPTIMIZE delta.`{tdir}`").collect()
+                self.optimizes += 1
+                self.spark.sql(f"VACUUM delta.`{tdir}` RETAIN {hours:g} HOURS").collect()
+                self.vacuums += 1
+                self._upkeep_due.pop(name, None)
+            except Exception as exc:
+                errors.append(f"{name}: {exc}")
+                self._upkeep_due[name] = None
+                log.warning("sender %s: upkeep (OPTIMIZE/VACUUM) of Delta table %s failed: %s; the batches go on, "
+                            "tried again next round", self.name, tdir, exc)
+        self.housekeeping_error = "; ".join(f"upkeep of {e}"[:2000] for e in errors)
+        self.compactions += 1
+        self.last_upkeep_seconds = self.last_compaction_seconds = time.monotonic() - t0
+        self._last_compaction = time.monotonic()
+        return not errors
 
     # --- sending ------------------------------------------------------------
     def send(self, batch: list[Txn]) -> None:
@@ -344,7 +440,8 @@ class DeltaSender(SparkSender):
             self.spark.sql(
                 f"CREATE TABLE IF NOT EXISTS delta.`{tdir}` ({spec}) USING delta TBLPROPERTIES ("
                 "'delta.columnMapping.mode' = 'name', 'delta.minReaderVersion' = '3', "
-                "'delta.minWriterVersion' = '7', 'delta.feature.timestampNtz' = 'supported')")
+                "'delta.minWriterVersion' = '7', 'delta.feature.timestampNtz' = 'supported'"
+                + (f", '{CDF}' = 'true'" if self.options.get("change_data_feed") else "") + ")")
             meta = tdir / "_capturer.json"
             tmp = tdir / "_capturer.json.tmp"
             tmp.write_text(json.dumps({"db": s.db, "table": s.table, "pk": list(s.pk)}))
@@ -461,6 +558,7 @@ class DeltaSender(SparkSender):
             st.version, st.key, _ = read_position(tdir, self.app_id(st.name))
             raise SinkError(f"MERGE into Delta table {tdir} failed: {exc}") from exc
         st.version, st.key = version, key
+        self._upkeep_due[st.name] = None
         failpoints.hit("spark.committed")
         self.merges += 1
         self.merged_rows += len(rows)
@@ -540,6 +638,7 @@ class DeltaSender(SparkSender):
         conf.set(_TXN_CONF[2], json.dumps({KEY_META: key_to_json(key), "sender": self.name}))
         try:
             self.spark.sql(sql)
+            self._upkeep_due[st.name] = None
         finally:
             for k in _TXN_CONF:
                 conf.unset(k)
@@ -575,6 +674,9 @@ def build_delta_session(options: dict[str, Any], warehouse: Path) -> Any:
     # MERGE's source (rows built here, deterministic) is not materialised again (one Spark job less)
     conf = {**deltajars.session_conf(), "spark.databricks.delta.snapshotPartitions": "2",
             "spark.sql.shuffle.partitions": "2", "spark.databricks.delta.merge.materializeSource": "none",
+            # VACUUM lists a table's files in a job of this many tasks (Spark's default, 10000, took 90 s on a
+            # table of a few files)
+            "spark.sql.sources.parallelPartitionDiscovery.parallelism": "16",
             **(options.get("conf.*") or {})}
     opts["conf.*"] = conf
     return build_session(opts, warehouse)

@@ -41,7 +41,7 @@ from typing import Any, ClassVar
 from capturer.errors import SinkError
 from capturer.model import RowChange, StreamKey, TableSchema, Txn, key_to_json, stream_key
 from capturer.util import failpoints
-from capturer.util.ini import Key, p_choice, p_float, p_int, p_nonempty, p_str
+from capturer.util.ini import Key, p_bool, p_choice, p_float, p_int, p_nonempty, p_str
 from senders.base import Sender
 from senders.spark import commits, lake
 
@@ -89,7 +89,18 @@ class SparkSender(Sender):
             doc="how changelog files are written: arrow = pyarrow in this process (no Spark job per append; "
                 "the warehouse must be a local or mounted path), spark = a Spark write per append"),
         Key("batch_interval", p_float(0, 3600), 2.0, doc="seconds to wait for a batch to fill"),
-        Key("compaction_interval", p_float(0, 86_400 * 7), 300.0, doc="seconds between compactions; 0 = never"),
+        Key("compaction_interval", p_float(0, 86_400 * 7), 300.0,
+            doc="seconds between compactions; 0 = never (table_format=delta: between the upkeep rounds, each an "
+                "OPTIMIZE then a VACUUM of every table written since the last one)"),
+        Key("change_data_feed", p_bool, False,
+            doc="table_format=delta: the tables keep Delta's change data feed (delta.enableChangeDataFeed, set on "
+                "existing tables at open; turning it off leaves the property on the tables)"),
+        Key("vacuum_retention_hours", p_float(0, 24 * 365 * 10), 168.0,
+            doc="table_format=delta: the VACUUM of an upkeep round keeps the files removed in the last N hours "
+                "(168 = Delta's default; below it, Delta's retentionDurationCheck is turned off in the sender's "
+                "session and time travel, a change data feed read or a long query older than N hours may fail)"),
+        Key("upkeep_budget", p_float(1, 86_400), 60.0,
+            doc="table_format=delta: seconds an upkeep round may take; the tables left are done in the next one"),
         Key("app_name", p_str, "binlog-capturer"),
         Key("conf.*", p_str, doc="any Spark setting, e.g. conf.spark.driver.memory=2g"),
     ]

@@ -23,7 +23,10 @@ import pytest
 from helpers import ROOT, CapturerProcess, checkpoint_covers, wait_for, write_config
 from workload import SCHEMA, TABLES, Workload
 
+from capturer import config
+from capturer.model import Position, RowChange, TableSchema, Txn
 from capturer.util import failpoints
+from senders import CATALOG
 from senders.spark import deltajars, lake
 from senders.spark.lakecli import canon, source_rows
 
@@ -235,3 +238,150 @@ def test_kill9_between_merge_and_checkpoint_applies_nothing_twice(
     # the append-only table: each change identity once (a replayed change would be appended again)
     ids = spark.read.format("delta").load(str(wh / "app__log")).select("_commit_ts", "_region", "_seq", "_sub")
     assert ids.count() == ids.distinct().count() > 0
+
+
+# --- upkeep and the change data feed: the sender driven directly (no MariaDB), in the module's session ---
+
+KT = TableSchema("d", "kt", ("id", "v"), ("id",), (), (3, 15))
+
+
+def _txn(i: int, *changes: RowChange, sub: int = 0) -> Txn:
+    return Txn("r1", ((1000 + i) << 18) + sub, Position("bin.000001", 100 + 2 * i + sub), tuple(changes))
+
+
+def _sender(tmp_path: Path, wh: Path, extra: str = "") -> Any:
+    p = tmp_path / "s.cfg"
+    p.write_text(f"[global]\ntype=spark\n[spark]\ntable_format=delta\nmaster=local[2]\nwarehouse={wh}\n"
+                 f"batch_interval=0\n{extra or 'compaction_interval=0'}\n")
+    (sc,) = config.load_sender_config(p, CATALOG)
+    from senders.spark.sender import SparkSender
+
+    return SparkSender("spark", sc.options)
+
+
+def _workload(s: Any, n0: int, n: int, state: dict[int, str]) -> None:
+    """``n`` batches of one transaction each: two inserts, an update of the first, a delete of the second
+    (each a MERGE: a few small files per batch)."""
+    for i in range(n0, n0 + n):
+        a, b = 2 * i, 2 * i + 1
+        s.send([_txn(i, RowChange(KT, "insert", None, {"id": a, "v": f"a{i}"}),
+                     RowChange(KT, "insert", None, {"id": b, "v": f"b{i}"}))])
+        s.send([_txn(i, RowChange(KT, "update", {"id": a, "v": f"a{i}"}, {"id": a, "v": f"u{i}"}),
+                     RowChange(KT, "delete", {"id": b - 2, "v": "x"}, None), sub=1)])
+        state[a] = f"u{i}"
+        state.pop(b - 2, None)
+        state[b] = f"b{i}"
+
+
+def _rows(spark: Any, tdir: Path) -> dict[int, str]:
+    return {int(r["id"]): r["v"] for r in spark.read.format("delta").load(str(tdir)).collect()}
+
+
+def _num_files(spark: Any, tdir: Path) -> int:
+    return int(spark.sql(f"DESCRIBE DETAIL delta.`{tdir}`").collect()[0]["numFiles"])
+
+
+def _ops(spark: Any, tdir: Path) -> list[str]:
+    return [r["operation"] for r in spark.sql(f"DESCRIBE HISTORY delta.`{tdir}`").orderBy("version").collect()]
+
+
+def test_change_data_feed_shows_the_inserts_updates_and_deletes(tmp_path: Path, spark) -> None:  # type: ignore[no-untyped-def]
+    wh = tmp_path / "wh"
+    # a table made without the feed gets it at the next open with change_data_feed = true
+    s = _sender(tmp_path, wh)
+    s.send([_txn(1, RowChange(KT, "insert", None, {"id": 100, "v": "before"}))])
+    s.close()
+    tdir = wh / "d__kt"
+    start = int(spark.sql(f"DESCRIBE HISTORY delta.`{tdir}`").agg({"version": "max"}).collect()[0][0]) + 1
+    s = _sender(tmp_path, wh, "change_data_feed=true\n")
+    s.open()
+    props = {r[0]: r[1] for r in spark.sql(f"SHOW TBLPROPERTIES delta.`{tdir}`").collect()}
+    assert props.get("delta.enableChangeDataFeed") == "true"
+    s.send([_txn(2, RowChange(KT, "insert", None, {"id": 1, "v": "one"}),
+                 RowChange(KT, "insert", None, {"id": 2, "v": "two"}))])
+    s.send([_txn(3, RowChange(KT, "update", {"id": 1, "v": "one"}, {"id": 1, "v": "uno"}),
+                 RowChange(KT, "delete", {"id": 2, "v": "two"}, None))])
+    s.close()
+    ch = spark.read.format("delta").option("readChangeFeed", "true").option("startingVersion", start) \
+        .load(str(tdir)).collect()
+    got = sorted((r["_change_type"], int(r["id"]), r["v"]) for r in ch)
+    assert got == [("delete", 2, "two"), ("insert", 1, "one"), ("insert", 2, "two"),
+                   ("update_postimage", 1, "uno"), ("update_preimage", 1, "one")], got
+    # a new table is created with the feed
+    s = _sender(tmp_path, wh, "change_data_feed=true\n")
+    s.send([_txn(4, RowChange(TableSchema("d", "other", ("id",), ("id",), (), (3,)), "insert", None, {"id": 1}))])
+    s.close()
+    props = {r[0]: r[1] for r in spark.sql(f"SHOW TBLPROPERTIES delta.`{wh / 'd__other'}`").collect()}
+    assert props.get("delta.enableChangeDataFeed") == "true"
+
+
+def test_upkeep_optimizes_and_vacuums_and_a_restart_resumes_at_the_key(tmp_path: Path, spark) -> None:  # type: ignore[no-untyped-def]
+    from senders.spark.deltasink import read_position
+
+    wh = tmp_path / "wh"
+    s = _sender(tmp_path, wh, "compaction_interval=0.5\nvacuum_retention_hours=0\n")
+    state: dict[int, str] = {}
+    _workload(s, 1, 6, state)
+    tdir = wh / "d__kt"
+    before = _num_files(spark, tdir)
+    parquet_before = len([f for f in tdir.rglob("*.parquet") if "_delta_log" not in f.parts])
+    time.sleep(0.6)
+    s.housekeeping()
+    st = s.status()
+    assert st["housekeeping_error"] == "" and st["optimizes"] == 1 and st["vacuums"] == 1, st
+    after = _num_files(spark, tdir)
+    parquet_after = len([f for f in tdir.rglob("*.parquet") if "_delta_log" not in f.parts])
+    ops = _ops(spark, tdir)
+    print(f"upkeep: {before} -> {after} files in the table, {parquet_before} -> {parquet_after} on disk, "
+          f"{st['last_upkeep_seconds']} s; history {ops[-4:]}")
+    assert "OPTIMIZE" in ops and "VACUUM START" in ops and "VACUUM END" in ops, ops
+    assert after < before and after == 1 and parquet_after < parquet_before
+    assert _rows(spark, tdir) == state
+    s.housekeeping()  # not due yet; then due with nothing written: no table to do
+    time.sleep(0.6)
+    s.housekeeping()
+    assert s.status()["optimizes"] == 1
+    last_key = s.dtables[("d", "kt")].key
+    s.close()
+    # the newest commits are the upkeep's (no txn of ours): the read-back searches past them
+    newest = sorted((tdir / "_delta_log").glob("[0-9]*.json"))[-1].read_text()
+    assert '"txn"' not in newest and "VACUUM END" in newest
+    version, key, exact = read_position(tdir, "binlog-capturer/spark/d__kt")
+    assert exact and key == last_key and version > 0
+    # a restart: the replayed batches are dropped (no commit of ours, no duplicate), the new ones merged
+    s = _sender(tmp_path, wh, "compaction_interval=0.5\nvacuum_retention_hours=0\n")
+    s.open()
+    assert s.dtables[("d", "kt")].key == last_key
+    n_commits = len(commit_keys(tdir))
+    _workload(s, 1, 6, {})
+    assert len(commit_keys(tdir)) == n_commits
+    _workload(s, 7, 2, state)
+    s.close()
+    keys = commit_keys(tdir)
+    assert len(keys) == n_commits + 4 and len({tuple(k) for _, k in keys}) == len(keys)
+    assert _rows(spark, tdir) == state
+
+
+def test_a_failing_upkeep_is_shown_and_the_sender_goes_on(tmp_path: Path, spark) -> None:  # type: ignore[no-untyped-def]
+    wh = tmp_path / "wh"
+    s = _sender(tmp_path, wh, "compaction_interval=0.2\n")
+    state: dict[int, str] = {}
+    _workload(s, 1, 2, state)
+    failpoints.set_rules("spark.upkeep=eio@1")
+    try:
+        time.sleep(0.3)
+        s.housekeeping()  # never raises
+        st = s.status()
+        assert "d__kt" in st["housekeeping_error"] and st["optimizes"] == 0, st
+        _workload(s, 3, 1, state)  # the batches go on
+        assert _rows(spark, wh / "d__kt") == state
+        time.sleep(0.3)
+        s.housekeeping()  # retried: done
+        st = s.status()
+        assert st["housekeeping_error"] == "" and st["optimizes"] == 1 and st["vacuums"] == 1, st
+        s.compact_all()  # the operator's command: one round now
+        assert s.status()["optimizes"] == 2
+    finally:
+        failpoints.set_rules("")
+        s.close()
+    assert _rows(spark, wh / "d__kt") == state
