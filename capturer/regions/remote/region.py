@@ -251,50 +251,14 @@ class RemoteRegion(Region):
                                 self._heartbeat)
         try:
             for batch in call:
-                self._last_recv = time.monotonic()
-                if self.state != "streaming":
-                    self.state = "streaming"
-                    self.connected_since = time.time()
-                    log.info("%s: streaming from %s", where, wire.position_json(self.position) or "its start")
-                self.batches += 1
-                self.bytes += batch.ByteSize()
-                if batch.status:
-                    self.agent_status = wire.unpackb(batch.status)
-                    self.agent_status_at = time.time()
-                if batch.lifts:
-                    for file, pos, ts in wire.unpackb(batch.lifts):
-                        self.ctx.journal.record(self.name, Position(str(file), int(pos)), int(ts))
-                if batch.pin:
-                    pinned = wire.read_position(wire.unpackb(batch.pin))
-                    self.ctx.pin_start(self.name, pinned)
-                    if self.position is None:  # a reconnect before the first item resumes here, not anew
-                        self.position = pinned
-                        self._pos_json = wire.position_json(pinned)
-                if batch.ask:  # may ask other agents: not on this thread (the stream must go on being read)
-                    threading.Thread(target=self._answer, args=(pb, wire, batch.ask, requests),
-                                     name=f"region-{self.name}-answer", daemon=True).start()
-                if batch.items:
-                    reader.feed(wire.unpacker(batch.items))
-                if batch.fatal:
-                    raise FatalSourceError(f"{where}: the agent's region {self.cfg.remote_name} failed: "
-                                           f"{batch.fatal}")
+                self._on_batch(batch, pb, wire, where, reader, requests)
             if self.ctx.stop.is_set():
                 return
             raise SourceError(f"{where}: the agent ended the stream")
         except grpc.RpcError as exc:
             if self.ctx.stop.is_set():
                 return
-            code = exc.code() if hasattr(exc, "code") else None
-            name = getattr(code, "name", str(code))
-            detail = exc.details() if hasattr(exc, "details") else str(exc)
-            if resubscribe[0]:
-                raise SourceError(f"{where}: subscribing again with the reloaded filter rules") from None
-            if name in _FATAL_CODES:
-                raise FatalSourceError(f"{where}: the agent refused: {name}: {detail}") from None
-            self._addr_index += 1
-            if idle[0]:
-                raise SourceError(f"{where}: nothing received for {self.cfg.idle_timeout:g}s") from None
-            raise SourceError(f"{where}: {name}: {detail}") from None
+            raise self._rpc_error(exc, where, resubscribe[0], idle[0]) from None
         except wire.WireError as exc:
             raise SourceError(f"{where}: {exc}") from None
         except (TypeError, ValueError, IndexError, KeyError) as exc:  # a malformed batch: read it again
@@ -305,6 +269,51 @@ class RemoteRegion(Region):
             call.cancel()
             with self._lock:
                 self._requests = self._call = None
+
+    def _on_batch(self, batch: Any, pb: Any, wire: Any, where: str, reader: Any, requests: Any) -> None:
+        """One batch of the stream: its status, lifts, pin, question, items, and a fatal error last."""
+        self._last_recv = time.monotonic()
+        if self.state != "streaming":
+            self.state = "streaming"
+            self.connected_since = time.time()
+            log.info("%s: streaming from %s", where, wire.position_json(self.position) or "its start")
+        self.batches += 1
+        self.bytes += batch.ByteSize()
+        if batch.status:
+            self.agent_status = wire.unpackb(batch.status)
+            self.agent_status_at = time.time()
+        if batch.lifts:
+            for file, pos, ts in wire.unpackb(batch.lifts):
+                self.ctx.journal.record(self.name, Position(str(file), int(pos)), int(ts))
+        if batch.pin:
+            pinned = wire.read_position(wire.unpackb(batch.pin))
+            self.ctx.pin_start(self.name, pinned)
+            if self.position is None:  # a reconnect before the first item resumes here, not anew
+                self.position = pinned
+                self._pos_json = wire.position_json(pinned)
+        if batch.ask:  # may ask other agents: not on this thread (the stream must go on being read)
+            threading.Thread(target=self._answer, args=(pb, wire, batch.ask, requests),
+                             name=f"region-{self.name}-answer", daemon=True).start()
+        if batch.items:
+            reader.feed(wire.unpacker(batch.items))
+        if batch.fatal:
+            raise FatalSourceError(f"{where}: the agent's region {self.cfg.remote_name} failed: "
+                                   f"{batch.fatal}")
+
+    def _rpc_error(self, exc: Any, where: str, resubscribe: bool, idle: bool) -> SourceError:
+        """The error to raise for a gRPC error ending the stream (a refusal is fatal; anything
+        else but a resubscription moves on to the next address)."""
+        code = exc.code() if hasattr(exc, "code") else None
+        name = getattr(code, "name", str(code))
+        detail = exc.details() if hasattr(exc, "details") else str(exc)
+        if resubscribe:
+            return SourceError(f"{where}: subscribing again with the reloaded filter rules")
+        if name in _FATAL_CODES:
+            return FatalSourceError(f"{where}: the agent refused: {name}: {detail}")
+        self._addr_index += 1
+        if idle:
+            return SourceError(f"{where}: nothing received for {self.cfg.idle_timeout:g}s")
+        return SourceError(f"{where}: {name}: {detail}")
 
     def _same_position(self, pos: Any) -> Any:
         """The position object this region passed on last when ``pos`` is the same
