@@ -182,7 +182,28 @@ def _parser() -> argparse.ArgumentParser:
     return ap
 
 
+_TAKES_VALUE = ("--config", "--demo-dir", "--demo")
+
+
+def _stray(argv: list[str]) -> str | None:
+    """The first word that is neither an option, an option's value nor a sub-command."""
+    after_value = False
+    for a in argv:
+        if after_value:
+            after_value = False
+            continue
+        if a.startswith("-"):
+            after_value = a in _TAKES_VALUE  # (--demo takes the next word too: argparse judges it)
+            continue
+        return None if a in SUBCOMMANDS else a
+    return None
+
+
 def _parse(ap: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    stray = _stray(argv)
+    if stray is not None:  # (argparse would call it an invalid sub-command choice)
+        ap.error(f"unrecognized arguments: {stray} (a config file goes with --config FILE; the sub-commands: "
+                 f"{', '.join(SUBCOMMANDS)})")
     args = ap.parse_args(argv)
     if args.command:  # (main dispatches a sub-command named first before parsing)
         ap.error(f"the options of {args.command} go after it: python -m capturer {args.command} [OPTIONS]")

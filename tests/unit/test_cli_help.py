@@ -50,7 +50,7 @@ def test_an_unknown_option_is_refused_with_the_usage() -> None:
 
 def test_an_unknown_sub_command_is_refused_naming_the_known_ones() -> None:
     r = run("verfy")
-    assert r.returncode == 2 and "invalid choice: 'verfy'" in r.stderr, r.stderr
+    assert r.returncode == 2 and "unrecognized arguments: verfy" in r.stderr, r.stderr
     assert all(name in r.stderr for name in SUBCOMMANDS), r.stderr
 
 
