@@ -9,7 +9,7 @@ import pymysql
 
 from capturer.errors import FatalSourceError
 from capturer.regions.mysql.gtid import maria_contains
-from capturer.regions.mysql.region import check_server
+from capturer.regions.mysql.prepare import check_server
 from capturer.util.grants import Grants, account
 from capturer.util.probe import Outcome, Probe, RegionCheck
 
