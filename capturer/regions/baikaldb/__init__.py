@@ -4,8 +4,12 @@ protocol from every store that holds them, merged by commit_ts into one stream.
 Modules: ``tso`` (TSO <-> commit_ts), ``brpc_json`` (brpc's json2pb rules),
 ``client`` (meta and store calls with leader/peer handling), ``schema`` (source
 tables, their decoding plans and the DDL made from schema changes), ``rows``
-(payload and row decoding), ``region`` (the region: discovery, per-store-region
-readers, the watermark merge).
+(payload and row decoding), ``region`` (the region: its state, the watermark
+merge, what leaves it), ``discovery`` (the binlog table, its linked tables and
+regions from the meta; where each region starts; the background refresh),
+``reader`` (the per-store-region reader threads), ``decode`` (a transaction's
+parts decoded, with the schema switch it needs), ``epochs`` (schema epochs,
+their journal, switches and the DDL that makes them).
 """
 
 from __future__ import annotations
