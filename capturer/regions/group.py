@@ -21,10 +21,10 @@ from typing import Any
 
 from capturer.errors import SourceError
 from capturer.model import RowChange, Txn
+from capturer.model.ddl import renamed_tables
 from capturer.model.spill import SpilledChanges
 from capturer.pipeline.filter import split_table_name
 from capturer.regions.copies import CopyJournal
-from capturer.regions.ddl import renamed_tables
 from capturer.regions.snaphost import SnapshotHostMixin
 from capturer.regions.snapshot import truncate_conflict
 

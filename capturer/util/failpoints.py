@@ -18,7 +18,8 @@ renamed), ``region.ddl`` (a region is about to emit a DDL), ``spill.chunk``
 ``backlog.write`` (a record was appended to a backlog segment), ``mysql.commit`` (a MySQL sender worker is
 about to commit a chunk), ``spark.stage`` / ``spark.commit`` / ``spark.committed`` (the lake's batch: its
 files staged, its commit line about to be written, committed but not yet published), ``spark.upkeep`` (a
-Delta table's OPTIMIZE/VACUUM round, per table), ``kafka.produce`` (after
+Delta table's OPTIMIZE/VACUUM round, per table), ``spark.rename`` (a Delta table's RENAME TABLE: its new
+name written, its directory not moved yet), ``kafka.produce`` (after
 each produce call of the Kafka sender), ``kafka.commit`` (a transactional Kafka sender's batch is
 acknowledged, its transaction not committed yet), ``snapshot.begin`` / ``snapshot.chunk_read`` (a table's copy starts;
 a chunk was read, not delivered), ``snapshot.group`` (a coordinated copy of a table several regions

@@ -20,7 +20,8 @@ and an update's old image) and its identity ``(_commit_ts, _region, _seq, _sub)`
 its current state is the multiset of 'i' rows less the 'd' rows (``keyless_state_sql``).
 
 Exactly-once: every commit the sender makes to a table carries Delta's idempotent-write
-pair, ``txnAppId`` = ``binlog-capturer/<sender>/<lake table>`` and ``txnVersion`` = the
+pair, ``txnAppId`` = ``binlog-capturer/<sender>/<lake table>`` (the name the table was created
+under: a RENAME TABLE keeps it, ``_capturer.json``'s ``app_id``) and ``txnVersion`` = the
 commit_ts of the table's last transaction in the commit (raised to the previous
 version + 1 when two commits end at the same commit_ts), and, in the commit's
 ``userMetadata``, the exact stream key of that transaction. At open the sender reads
@@ -70,6 +71,7 @@ from typing import Any
 
 from capturer.errors import SinkError
 from capturer.model import RowChange, StreamKey, Txn, key_from_json, key_to_json, stream_key
+from capturer.model.ddl import renamed_tables, split_qname
 from capturer.util import failpoints
 from senders.spark import deltajars, lake
 from senders.spark.sender import _AS_IS, SparkSender, _java_found, arrow_type, build_session
@@ -96,6 +98,7 @@ class DeltaTableState:
     columns: dict[str, str]
     version: int = 0  # the last txnVersion of this sender's appId (0: none)
     key: StreamKey | None = None  # the stream key of the last transaction merged
+    app: str = ""  # the txnAppId of its commits: named after the table it was created as (kept by a RENAME)
 
 
 def read_position(tdir: Path, app_id: str) -> tuple[int, StreamKey | None, bool]:
@@ -194,6 +197,9 @@ class DeltaSender(SparkSender):
         self.merge_seconds = 0.0
         # upkeep: the lake tables written since the last round (or left by it), in order
         self._upkeep_due: dict[str, None] = {}
+        # tables renamed (the name before) -> the stream key of the RENAME: a change to that name at or below
+        # it is one the renamed table has (a replay after a crash); a RENAME at or below it is done
+        self.renamed: dict[tuple[str, str], StreamKey] = {}
         self.optimizes = 0
         self.vacuums = 0
         self.last_upkeep_seconds = 0.0
@@ -277,14 +283,38 @@ class DeltaSender(SparkSender):
             if not (tdir / "_delta_log").is_dir() or not meta.exists():
                 continue
             m = json.loads(meta.read_text())
-            st = DeltaTableState(m["db"], m["table"], tdir.name, list(m["pk"]), {})
+            tdir = self._finish_rename(tdir, m)
+            st = DeltaTableState(m["db"], m["table"], tdir.name, list(m["pk"]), {},
+                                 app=m.get("app_id") or self.app_id(tdir.name))
+            for r in m.get("renamed_from") or []:
+                self._note_renamed((r["db"], r["table"]), key_from_json(r["key"]))
             st.columns = self._delta_columns(tdir)
-            st.version, st.key, exact = read_position(tdir, self.app_id(tdir.name))
+            st.version, st.key, exact = read_position(tdir, st.app)
             if not exact:
                 log.warning("sender %s: %s: the Delta log's JSON commits holding its position were cleaned up; "
                             "resuming at the checkpoint (changes replayed since are merged again: converges for a "
                             "keyed table, may repeat rows of an append-only one)", self.name, tdir.name)
             self.dtables[(st.db, st.table)] = st
+
+    def _finish_rename(self, tdir: Path, meta: dict[str, Any]) -> Path:
+        """A table whose directory is not named after the table its ``_capturer.json``
+        names: a RENAME TABLE (``_rename``) that a crash cut between writing the new name
+        and moving the directory. The move is done now."""
+        want = self.warehouse / lake.table_name(meta["db"], meta["table"])
+        if tdir == want:
+            return tdir
+        if want.exists():
+            raise SinkError(f"Delta table {tdir} was being renamed to {want} ({meta['db']}.{meta['table']}), which "
+                            "exists: move one of them aside", retriable=False)
+        os.replace(tdir, want)
+        log.warning("sender %s: %s: its RENAME TABLE to %s.%s finished (a crash came between its two steps)",
+                    self.name, tdir.name, meta["db"], meta["table"])
+        return want
+
+    def _note_renamed(self, old: tuple[str, str], key: StreamKey | None) -> None:
+        """The table ``old`` was renamed at ``key``: its changes at or below it are in the renamed table."""
+        if key is not None and (old not in self.renamed or key > self.renamed[old]):
+            self.renamed[old] = key
 
     def _enable_cdf(self) -> None:
         """``change_data_feed = true``: set the property on the tables that lack it."""
@@ -396,6 +426,9 @@ class DeltaSender(SparkSender):
                 st = self.dtables.get((s.db, s.table))
                 if st is not None and st.key is not None and stream_key(txn) <= st.key:
                     continue  # this table has it (a replay after a crash)
+                gone = self.renamed.get((s.db, s.table)) if self.renamed else None
+                if gone is not None and stream_key(txn) <= gone:
+                    continue  # the table was renamed after this change, which it has (a replay)
                 pending.setdefault((s.db, s.table), []).append((txn, seq, ch))
         self._merge_all(pending)
 
@@ -444,10 +477,10 @@ class DeltaSender(SparkSender):
                 + (f", '{CDF}' = 'true'" if self.options.get("change_data_feed") else "") + ")")
             meta = tdir / "_capturer.json"
             tmp = tdir / "_capturer.json.tmp"
-            tmp.write_text(json.dumps({"db": s.db, "table": s.table, "pk": list(s.pk)}))
+            tmp.write_text(json.dumps({"db": s.db, "table": s.table, "pk": list(s.pk), "app_id": self.app_id(name)}))
             os.replace(tmp, meta)
-            st = DeltaTableState(s.db, s.table, name, list(s.pk), self._delta_columns(tdir))
-            st.version, st.key, _ = read_position(tdir, self.app_id(name))
+            st = DeltaTableState(s.db, s.table, name, list(s.pk), self._delta_columns(tdir), app=self.app_id(name))
+            st.version, st.key, _ = read_position(tdir, st.app)
             self.dtables[(s.db, s.table)] = st
         missing = {c: t for c, t in columns.items() if c not in st.columns}
         for c, t in columns.items():
@@ -528,7 +561,7 @@ class DeltaSender(SparkSender):
             df.createOrReplaceTempView(view)
             failpoints.hit("spark.commit")
             conf = self.spark.conf
-            conf.set(_TXN_CONF[0], self.app_id(st.name))
+            conf.set(_TXN_CONF[0], st.app)
             conf.set(_TXN_CONF[1], str(version))
             conf.set(_TXN_CONF[2], json.dumps({KEY_META: key_to_json(key), "sender": self.name}))
             try:
@@ -555,7 +588,7 @@ class DeltaSender(SparkSender):
             raise
         except Exception as exc:
             # what reached the table is read back: the retry merges only what it lacks
-            st.version, st.key, _ = read_position(tdir, self.app_id(st.name))
+            st.version, st.key, _ = read_position(tdir, st.app)
             raise SinkError(f"MERGE into Delta table {tdir} failed: {exc}") from exc
         st.version, st.key = version, key
         self._upkeep_due[st.name] = None
@@ -569,7 +602,7 @@ class DeltaSender(SparkSender):
     def _ddl(self, txn: Txn) -> None:
         """ADD / DROP / RENAME COLUMN (column mapping makes the last two metadata changes),
         TRUNCATE (a DELETE of every row, with the txn pair), DROP TABLE (the directory
-        removed). A RENAME TABLE stops the sender with an error naming the table and DDL.
+        removed), RENAME TABLE (``_rename``: the directory moved, the table's history kept).
         Each is idempotent: a replayed DDL finds its work done."""
         ddl = txn.ddl
         assert ddl is not None
@@ -583,7 +616,9 @@ class DeltaSender(SparkSender):
             return  # replayed: this table has it
         try:
             if head.startswith("RENAME"):
-                self._cannot(ddl.db, ddl.table, ddl.sql, "RENAME TABLE")
+                for old, new in renamed_tables(ddl.sql, ddl.session_db or ddl.db):
+                    self._rename(old, new, key, ddl.sql)
+                return
             if head.startswith("DROP"):
                 if st is not None or tdir.exists():
                     gone = tdir.with_name(f".{tdir.name}.dropped.{uuid.uuid4().hex[:6]}")
@@ -596,44 +631,96 @@ class DeltaSender(SparkSender):
             if head.startswith("TRUNCATE"):
                 self._txn_sql(st, txn, f"DELETE FROM delta.`{tdir}`")
                 return
-            if not head.startswith("ALTER"):
-                return
-            fill = []
-            for col, stype, default in lake.parse_add_columns(ddl.sql):
-                if col not in st.columns and stype is not None:
-                    self.spark.sql(f"ALTER TABLE delta.`{tdir}` ADD COLUMNS ({lake.q(col)} {stype})")
-                    st.columns[col] = stype
-                if col in st.columns and default is not None and default.upper() != "NULL":
-                    fill.append(f"{lake.q(col)} = CAST({default} AS {st.columns[col]})")
-            if fill:
-                # the rows from before the ALTER read the column's default, as on the source: set in one
-                # commit with the txn pair (a replay that finds the ALTER done sets it again, harmlessly:
-                # no later change of the table is merged before the table's key passes this DDL)
-                self._txn_sql(st, txn, f"UPDATE delta.`{tdir}` SET {', '.join(fill)}")
-            for what, a, b in parse_alter(ddl.sql):
-                if what == "rename_table":
-                    self._cannot(ddl.db, ddl.table, ddl.sql, "RENAME TABLE")
-                if what == "drop" and a in st.columns:
-                    if a in st.pk:
-                        self._cannot(ddl.db, ddl.table, ddl.sql, "DROP of a primary key column")
-                    self.spark.sql(f"ALTER TABLE delta.`{tdir}` DROP COLUMN {lake.q(a)}")
-                    del st.columns[a]
-                elif what == "rename" and a in st.columns and b not in st.columns:
-                    self.spark.sql(f"ALTER TABLE delta.`{tdir}` RENAME COLUMN {lake.q(a)} TO {lake.q(b)}")
-                    st.columns = {(b if c == a else c): t for c, t in st.columns.items()}
-                    st.pk = [b if c == a else c for c in st.pk]
+            if head.startswith("ALTER"):
+                self._alter(st, txn, key)
         except SinkError:
             raise
         except Exception as exc:
             raise SinkError(f"Delta table {tdir}: applying {ddl.db}.{ddl.table}'s DDL failed: {ddl.sql!r}: {exc}",
                             retriable=False) from exc
 
+    def _alter(self, st: DeltaTableState, txn: Txn, key: StreamKey) -> None:
+        """An ALTER TABLE of a table the lake has: ADD COLUMN (with a constant DEFAULT set on
+        the older rows), DROP / RENAME / CHANGE COLUMN, then a RENAME TO."""
+        ddl = txn.ddl
+        assert ddl is not None
+        tdir = self.warehouse / st.name
+        fill = []
+        for col, stype, default in lake.parse_add_columns(ddl.sql):
+            if col not in st.columns and stype is not None:
+                self.spark.sql(f"ALTER TABLE delta.`{tdir}` ADD COLUMNS ({lake.q(col)} {stype})")
+                st.columns[col] = stype
+            if col in st.columns and default is not None and default.upper() != "NULL":
+                fill.append(f"{lake.q(col)} = CAST({default} AS {st.columns[col]})")
+        if fill:
+            # the rows from before the ALTER read the column's default, as on the source: set in one
+            # commit with the txn pair (a replay that finds the ALTER done sets it again, harmlessly:
+            # no later change of the table is merged before the table's key passes this DDL)
+            self._txn_sql(st, txn, f"UPDATE delta.`{tdir}` SET {', '.join(fill)}")
+        rename_to = ""
+        for what, a, b in parse_alter(ddl.sql):
+            if what == "rename_table":
+                rename_to = b
+            if what == "drop" and a in st.columns:
+                if a in st.pk:
+                    self._cannot(ddl.db, ddl.table, ddl.sql, "DROP of a primary key column")
+                self.spark.sql(f"ALTER TABLE delta.`{tdir}` DROP COLUMN {lake.q(a)}")
+                del st.columns[a]
+            elif what == "rename" and a in st.columns and b not in st.columns:
+                self.spark.sql(f"ALTER TABLE delta.`{tdir}` RENAME COLUMN {lake.q(a)} TO {lake.q(b)}")
+                st.columns = {(b if c == a else c): t for c, t in st.columns.items()}
+                st.pk = [b if c == a else c for c in st.pk]
+        if rename_to:  # (after the column changes: MySQL applies the clauses so too)
+            to_db, to_table = split_qname(rename_to)
+            self._rename((ddl.db, ddl.table), (to_db or ddl.db, to_table), key, ddl.sql)
+
+    def _rename(self, old: tuple[str, str], new: tuple[str, str], key: StreamKey, sql: str) -> None:
+        """RENAME TABLE ``old`` TO ``new`` (one pair of the statement, in its order, so a swap
+        through a third name works): the table's directory is moved to the new name, its Delta
+        log, history and txnAppId kept. Two steps, each atomic: the new name, the table's
+        ``app_id`` and ``renamed_from`` (``old`` at ``key``) are written to its ``_capturer.json``,
+        then the directory is renamed; a crash between them is finished at the next open
+        (``_finish_rename``). A replay after a crash finds the rename in ``renamed`` and
+        skips it, and the changes to ``old`` at or below ``key``, which the table has (every
+        change before a DDL is merged before it). A table with no Delta table yet (no rows)
+        has nothing to move: its rows come under the new name. A new name that is a lake
+        table already stops the sender (the source refuses that RENAME; the lake has the
+        name from before, e.g. a table dropped while the filter left it out)."""
+        if old in self.renamed and key <= self.renamed[old]:
+            return  # done before a crash
+        st = self.dtables.get(old)
+        if st is None:
+            return
+        src = self.warehouse / st.name
+        dst = self.warehouse / lake.table_name(*new)
+        if new in self.dtables or dst.exists():
+            self._cannot(old[0], old[1], sql, f"RENAME TABLE onto {new[0]}.{new[1]}, which the lake already has "
+                                              f"({dst})")
+        meta_path = src / "_capturer.json"
+        meta = json.loads(meta_path.read_text())
+        meta.update({"db": new[0], "table": new[1], "pk": st.pk, "app_id": st.app,
+                     "renamed_from": [*(meta.get("renamed_from") or []),
+                                      {"db": old[0], "table": old[1], "key": key_to_json(key)}]})
+        tmp = src / "_capturer.json.tmp"
+        tmp.write_text(json.dumps(meta))
+        os.replace(tmp, meta_path)
+        failpoints.hit("spark.rename")
+        os.replace(src, dst)
+        del self.dtables[old]
+        st.db, st.table, st.name = new[0], new[1], dst.name
+        self.dtables[new] = st
+        self._note_renamed(old, key)
+        if self._upkeep_due.pop(src.name, 0) is None:
+            self._upkeep_due[dst.name] = None
+        log.info("sender %s: Delta table %s renamed to %s (%s.%s -> %s.%s)", self.name, src.name, dst.name,
+                 *old, *new)
+
     def _txn_sql(self, st: DeltaTableState, txn: Txn, sql: str) -> None:
         """Run one Delta DML statement as a commit of this sender: with the txn pair and
         the stream key of ``txn`` (a DDL's)."""
         version, key = max(st.version + 1, txn.commit_ts), stream_key(txn)
         conf = self.spark.conf
-        conf.set(_TXN_CONF[0], self.app_id(st.name))
+        conf.set(_TXN_CONF[0], st.app)
         conf.set(_TXN_CONF[1], str(version))
         conf.set(_TXN_CONF[2], json.dumps({KEY_META: key_to_json(key), "sender": self.name}))
         try:

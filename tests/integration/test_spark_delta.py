@@ -24,7 +24,8 @@ from helpers import ROOT, CapturerProcess, checkpoint_covers, wait_for, write_co
 from workload import SCHEMA, TABLES, Workload
 
 from capturer import config
-from capturer.model import Position, RowChange, TableSchema, Txn
+from capturer.errors import SinkError
+from capturer.model import Ddl, Position, RowChange, TableSchema, Txn
 from capturer.util import failpoints
 from senders import CATALOG
 from senders.spark import deltajars, lake
@@ -144,6 +145,7 @@ def test_workload_types_and_ddl_equal_the_sources(tmp_path: Path, two_servers, s
            e ENUM('x','y'), st SET('a','b','c'), y YEAR, gone INT, old_name VARCHAR(10))""",
         "CREATE TABLE ty.trunc (id INT PRIMARY KEY, v INT)",
         "CREATE TABLE ty.dropped (id INT PRIMARY KEY)",
+        "CREATE TABLE ty.ren (id INT PRIMARY KEY, v INT)",
     )
     wh = tmp_path / "wh"
     cfg = write_config(tmp_path, two_servers, senders=delta_senders(wh))
@@ -171,6 +173,10 @@ def test_workload_types_and_ddl_equal_the_sources(tmp_path: Path, two_servers, s
             "TRUNCATE TABLE ty.trunc",
             "INSERT INTO ty.trunc VALUES (3, 3)",
             "INSERT INTO ty.dropped VALUES (1)",
+            "INSERT INTO ty.ren VALUES (1, 1), (2, 2)",
+            "RENAME TABLE ty.ren TO ty.ren2",  # the lake table moves, with its history
+            "INSERT INTO ty.ren2 VALUES (3, 3)",
+            "UPDATE ty.ren2 SET v = 10 WHERE id = 1",
         )
         # behind both regions' 150-transaction workloads in the stream: on a busy machine (two test files at a
         # time on two cores) the MERGEs before it took over 120 s, the test then stopped Spark under the
@@ -186,9 +192,9 @@ def test_workload_types_and_ddl_equal_the_sources(tmp_path: Path, two_servers, s
               f"changes in {st['merge_seconds']:.1f}s")
     for table in TABLES:
         assert_equal(spark, wh, two_servers, "app", table)
-    for table in ("t", "trunc"):
+    for table in ("t", "trunc", "ren2"):
         assert_equal(spark, wh, [m1], "ty", table)
-    assert not (wh / "ty__dropped").exists()
+    assert not (wh / "ty__dropped").exists() and not (wh / "ty__ren").exists()
     types = dict(spark.read.format("delta").load(str(wh / "ty__t")).dtypes)
     assert types["dt6"] == "timestamp_ntz" and types["u"] == "decimal(20,0)" and types["d"] == "decimal(38,6)"
     assert "gone" not in types and "new_name" in types and "old_name" not in types
@@ -385,3 +391,84 @@ def test_a_failing_upkeep_is_shown_and_the_sender_goes_on(tmp_path: Path, spark)
         failpoints.set_rules("")
         s.close()
     assert _rows(spark, wh / "d__kt") == state
+
+
+def _ddl_txn(i: int, db: str, table: str, sql: str) -> Txn:
+    return Txn("r1", (1000 + i) << 18, Position("bin.000001", 100 + 2 * i), (), Ddl(db, sql, table, db))
+
+
+def test_rename_table_moves_the_lake_table_and_a_replay_or_a_crash_between_its_steps_repeats_nothing(
+        tmp_path: Path, spark) -> None:  # type: ignore[no-untyped-def]
+    """RENAME TABLE (also a swap through a third name, and ALTER TABLE ... RENAME TO with a column
+    change): the Delta table moves with its history and txnAppId; the changes before and after it
+    land in the right table; a replay of every batch after a restart changes nothing (no commit, no
+    table made again under an old name); a crash between the rename's two steps (the failpoint
+    spark.rename) is finished at the next open."""
+    wh = tmp_path / "wh"
+
+    def schema(t: str) -> TableSchema:
+        return TableSchema("d", t, ("id", "v"), ("id",), (), (3, 15))
+
+    def ins(t: str, k: int, v: str) -> RowChange:
+        return RowChange(schema(t), "insert", None, {"id": k, "v": v})
+
+    batches = [
+        [_txn(1, ins("kt", 1, "a"), ins("kt", 2, "b"), ins("other", 100, "o"))],
+        [_txn(2, RowChange(schema("kt"), "update", {"id": 1, "v": "a"}, {"id": 1, "v": "a2"})),
+         _ddl_txn(3, "d", "kt", "RENAME TABLE kt TO kt_new"),
+         _txn(4, ins("kt_new", 3, "c"))],
+        # a swap: kt_new <-> other, through tmp
+        [_ddl_txn(5, "d", "kt_new", "RENAME TABLE kt_new TO tmp, `d`.other TO kt_new, tmp TO other"),
+         _txn(6, ins("kt_new", 101, "p"), ins("other", 4, "d"))],
+        [_ddl_txn(7, "d", "other", "ALTER TABLE other ADD COLUMN w INT, RENAME TO last")],
+    ]
+
+    def rows(t: str) -> dict[int, str]:
+        return _rows(spark, wh / f"d__{t}")
+
+    def check() -> None:
+        assert sorted(p.name for p in wh.iterdir() if not p.name.startswith("_")) == ["d__kt_new", "d__last"]
+        assert rows("last") == {1: "a2", 2: "b", 3: "c", 4: "d"}
+        assert rows("kt_new") == {100: "o", 101: "p"}
+
+    s = _sender(tmp_path, wh)
+    for b in batches:
+        s.send(b)
+    s.close()
+    check()
+    meta = json.loads((wh / "d__last" / "_capturer.json").read_text())
+    assert (meta["db"], meta["table"], meta["app_id"]) == ("d", "last", "binlog-capturer/spark/d__kt")
+    assert [r["table"] for r in meta["renamed_from"]] == ["kt", "kt_new", "tmp", "other"]
+    n = {t: len(commit_keys(wh / f"d__{t}")) for t in ("last", "kt_new")}
+    # a restart that replays every batch (the checkpoint was before them all): nothing changes
+    s = _sender(tmp_path, wh)
+    for b in batches:
+        s.send(b)
+    s.close()
+    check()
+    assert {t: len(commit_keys(wh / f"d__{t}")) for t in ("last", "kt_new")} == n
+    # a crash between the two steps of a rename: its new name written, its directory not moved
+    failpoints.set_rules("spark.rename=eio@1")
+    try:
+        s = _sender(tmp_path, wh)
+        with pytest.raises(SinkError, match="last"):
+            s.send([_ddl_txn(8, "d", "last", "RENAME TABLE last TO final")])
+        s.close()
+    finally:
+        failpoints.set_rules("")
+    assert (wh / "d__last").is_dir() and not (wh / "d__final").exists()
+    s = _sender(tmp_path, wh)
+    s.open()  # finishes the move
+    assert (wh / "d__final").is_dir() and not (wh / "d__last").exists()
+    for b in [*batches, [_ddl_txn(8, "d", "last", "RENAME TABLE last TO final"), _txn(9, ins("final", 5, "e"))]]:
+        s.send(b)
+    s.close()
+    assert _rows(spark, wh / "d__final") == {1: "a2", 2: "b", 3: "c", 4: "d", 5: "e"}
+    assert rows("kt_new") == {100: "o", 101: "p"}
+    keys = commit_keys(wh / "d__final")
+    assert len(keys) == n["last"] + 1 and len({tuple(k) for _, k in keys}) == len(keys)
+    # a RENAME onto a name the lake has stops the sender, naming both
+    s = _sender(tmp_path, wh)
+    with pytest.raises(SinkError, match=r"RENAME TABLE onto d\.final.*d\.kt_new"):
+        s.send([_ddl_txn(10, "d", "kt_new", "RENAME TABLE kt_new TO final")])
+    s.close()

@@ -79,6 +79,6 @@ def test_a_damaged_side_file_is_named(tmp_path: Path) -> None:
     ("RENAME TABLE a TO b, c", []),
 ])
 def test_renamed_tables(sql: str, want: list[Any]) -> None:
-    from capturer.regions.ddl import renamed_tables
+    from capturer.model.ddl import renamed_tables
 
     assert renamed_tables(sql, "cur") == want

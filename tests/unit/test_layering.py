@@ -1,13 +1,13 @@
 """The import rules between the layers, checked on the source (an import added in
 the wrong direction fails here, not in a review).
 
-    capturer.errors, capturer.model (+ encode, spill, protogen, wire), capturer.util
+    capturer.errors, capturer.model (+ encode, spill, protogen, wire, ddl), capturer.util
         the shared layer: what the capture side hands the senders, and helpers
         that know nothing of the pipeline; imports nothing above it
     capturer.pipeline
         merger, filter, fanout, backlog, checkpoint: no region, agent, ops, app or config
     capturer.regions.<kind>
-        a region kind imports the shared layer, the regions' base, clock and ddl, its config, and its
+        a region kind imports the shared layer, the regions' base and clock, its config, and its
         own folder: never another kind, except the remote kind, which runs any kind in a worker
     capturer.regions, capturer.agent, capturer.ops, capturer.config ...
         the capture side; never names a sender
@@ -40,7 +40,7 @@ TOOLS_MAY_READ_CONFIG = {"senders/spark/lakecli.py": {"capturer.config"}}
 # the command line starts the demo (python -m capturer --demo)
 MAY_IMPORT_DEVTOOLS = {"capturer/__main__.py"}
 # what every region kind may use besides the shared layer and its own folder
-REGION_COMMON = ("capturer.regions.base", "capturer.regions.clock", "capturer.regions.ddl", "capturer.regions.journal",
+REGION_COMMON = ("capturer.regions.base", "capturer.regions.clock", "capturer.regions.journal",
                  "capturer.regions", "capturer.regions.snapshot", "capturer.regions.snaphost",  # the snapshot engine
                  "capturer.regions.snapshot_keys",  # the snapshot keys every kind with snapshots takes
                  "capturer.config",  # its section of the config

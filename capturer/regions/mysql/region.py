@@ -42,10 +42,10 @@ from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, Write
 
 from capturer.errors import FatalSourceError, SourceError
 from capturer.model import Ddl, Position, RowChange, TableProgress, TableSchema, Txn
+from capturer.model.ddl import ddl_target, is_data_ddl, is_ignorable
 from capturer.model.encode import qualified, quote_ident
 from capturer.regions.base import ClockedRegion, RegionContext, close_quietly, require_start_kind
 from capturer.regions.clock import RegionClock
-from capturer.regions.ddl import ddl_target, is_data_ddl, is_ignorable
 from capturer.regions.mysql import failover, prepare, tablemap
 from capturer.regions.mysql.binlog import (
     COMPRESSED_EVENTS,
