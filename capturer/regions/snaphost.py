@@ -321,14 +321,43 @@ class SnapshotHostMixin:
         if self.error is None:
             self._fail(exc)
 
-    def _wait_past(self, at: tuple[Any, ...]) -> bool:
-        """(under the lock) Until the stream has passed ``at``; False if stopping."""
+    def _wait_past(self, at: tuple[Any, ...], gen: int | None = None) -> bool:
+        """(under the lock) Until the stream has passed ``at``; False if stopping. With
+        ``gen`` (the snapshot generation ``at`` was read in): also True as soon as the
+        generation is another one (the caller then finds the read void): after a change
+        of server ``at`` is a position of another binlog, which the stream's positions
+        say nothing about."""
         while True:
             if self.ctx.stop.is_set() or self.error is not None:
                 return False
+            if gen is not None and gen != self._snap_gen:
+                return True
             if self.position is not None and self._pkey(self.position) >= at:
                 return True
             self._lock.wait(0.25)
+
+    def _void_chunks(self, new_log: bool) -> None:
+        """(under the lock) Every chunk read so far is void (read again, on the server the
+        region reads now, from its table's last delivered key): the generation moves on.
+        ``new_log``: the stream's positions from now on are of another binlog (a change of
+        server resumed by GTID), not comparable with those before: what the recorders hold
+        and the DDLs seen, kept by position, go (every table is described again, as every
+        chunk in flight is read again), and the chunks in flight record from the current
+        position (what their next reads need: changes after it)."""
+        self._snap_gen += 1
+        if not new_log:
+            return
+        low = self._pkey(self.position) if self.position is not None else ()
+        for rec in self.recorders.values():
+            rec.changed.clear()
+            rec.events.clear()
+            if rec.spill is not None:
+                rec.spill.close()
+                rec.spill = None
+            for token in rec.lows:
+                rec.lows[token] = low
+        self._ddl_seen.clear()
+        self._ddl_floor = None
 
     def position_now(self) -> Any:
         with self._lock:
@@ -370,20 +399,23 @@ class SnapshotHostMixin:
 
     # --- emission ---------------------------------------------------------------------
     def emit_begin(self, plan: TablePlan, run: str, at: Any, create: Any,
-                   truncate: bool) -> TableProgress | str:
+                   truncate: bool, gen: int | None = None) -> TableProgress | str:
         """A table's run starts: once the stream has passed ``at`` (after its
         definition was read), its CREATE (if any) and TRUNCATE (if ``truncate``) go
         out as transactions of their own, and the table becomes ``running``: every
         chunk of it is read after this point of the stream. Returns its progress,
-        or "redo" / "superseded" / "stopped" as ``emit_chunk``."""
+        or "redo" / "superseded" / "stopped" as ``emit_chunk`` (``gen``: the snapshot
+        generation ``at`` was read in; "redo" when it is over)."""
         key = (plan.db, plan.table)
         with self._lock:
-            if not self._wait_past(self._pkey(at)):
+            if not self._wait_past(self._pkey(at), gen):
                 return "stopped"
             self._apply_requests()
             prev = next((x for x in self.snap_progress if (x.db, x.table) == key), None)
             if prev is None or prev.run != run:
                 return "superseded"
+            if gen is not None and gen != self._snap_gen:
+                return "redo"
             if self._ddl_since(plan):
                 return "redo"
             p = dataclasses.replace(prev, state="running")
@@ -421,7 +453,7 @@ class SnapshotHostMixin:
         plan = chunk.plan
         key = (plan.db, plan.table)
         with self._lock:
-            if not self._wait_past(at):
+            if not self._wait_past(at, chunk.gen):
                 return "stopped"
             self._apply_requests()
             prev = next((x for x in self.snap_progress if (x.db, x.table) == key), None)
@@ -618,7 +650,7 @@ def _copy_group(host: SnapshotHostMixin, snapshotter: Snapshotter, plan: TablePl
         for name, chunk in chunks.items():
             m = tokens[name][0]
             with m._lock:
-                if not m._wait_past(m._pkey(chunk.at)):
+                if not m._wait_past(m._pkey(chunk.at), chunk.gen):
                     return "stopped"
         ordered = sorted((tokens[n][0] for n in chunks), key=lambda m: m.name)
         held: list[Any] = []

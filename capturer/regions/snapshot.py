@@ -64,7 +64,7 @@ class SnapshotHost(Protocol):
     def emit_chunk(self, chunk: Chunk) -> TableProgress | str: ...
 
     def emit_begin(self, plan: TablePlan, run: str, at: Any, create: Any,
-                   truncate: bool) -> TableProgress | str: ...
+                   truncate: bool, gen: int | None = None) -> TableProgress | str: ...
 
     def position_now(self) -> Any: ...
 
@@ -75,6 +75,12 @@ class SnapshotHost(Protocol):
 
     def copy_together(self, snapshotter: Snapshotter, plan: TablePlan, p: TableProgress,
                       others: list[str]) -> TableProgress | str: ...
+
+
+class ServerChanged(SourceError):
+    """The region reads another server now (a failover) or its log started over: a
+    reader connected before reads again on a new connection, at once (its chunks
+    would be void)."""
 
 
 class TableGone(Exception):
@@ -521,6 +527,15 @@ class Snapshotter:
                             break
                         except FatalSourceError:
                             raise
+                        except ServerChanged as exc:
+                            log.info("%s: snapshot of %s: %s; reading on a new connection", self.region.where,
+                                     task.name, exc)
+                            if reader is not None:
+                                reader.close()
+                            reader = None
+                            self._close_second()
+                            delay = 0.5
+                            continue
                         except (SourceError, OSError) as exc:
                             self._retry(task, exc, delay)
                         except Exception as exc:
@@ -534,9 +549,11 @@ class Snapshotter:
                             reader.close()
                         reader = None
                         self._close_second()
-                        if self.stop.wait(delay):
+                        gen = self.region.snapshot_generation()
+                        if self._pause(delay, gen):
                             break
-                        delay = min(delay * 2, 30)
+                        # (a change of server, e.g. a failover the stream made meanwhile, cuts the wait short)
+                        delay = min(delay * 2, 30) if self.region.snapshot_generation() == gen else 0.5
                 finally:
                     with self.lock:
                         self.busy.discard(key)
@@ -549,6 +566,31 @@ class Snapshotter:
             with self.lock:
                 me = threading.current_thread()
                 self.threads = [t for t in self.threads if t is not me]
+
+    def _pause(self, delay: float, gen: int) -> bool:
+        """Wait ``delay`` seconds before a retry, less if the region's snapshot generation
+        moves on from ``gen`` meanwhile (it reads another server now: try that one at
+        once); True if stopping."""
+        end = time.monotonic() + delay
+        while True:
+            left = end - time.monotonic()
+            if left <= 0:
+                return False
+            if self.stop.wait(min(left, 0.25)) or self.region.ctx.stop.is_set():
+                return True
+            if self.region.snapshot_generation() != gen:
+                return False
+
+    def check_reader(self, reader: Any) -> int:
+        """The snapshot generation a read with ``reader`` belongs to; ServerChanged when
+        the reader was connected in an earlier one (to the server read before a
+        failover, or before the log started over): it reads on a new connection."""
+        gen = self.region.snapshot_generation()
+        was = getattr(reader, "gen", None)
+        if was is not None and was != gen:
+            raise ServerChanged(f"the region reads {self.region.where.rpartition('(')[2].rstrip(')')} now "
+                                f"(snapshot generation {gen}, the connection was made in {was})")
+        return gen
 
     def _retry(self, task: TableTask, exc: BaseException, delay: float) -> None:
         task.error = f"{type(exc).__name__}: {exc}"
@@ -743,8 +785,9 @@ class Snapshotter:
         truncate = p.truncate and bool(plan.key)
         if truncate:
             self.region.check_truncate(plan.db, plan.table, "the snapshot run truncates it")
+        gen = self.check_reader(reader)
         create, at = self._begin_at(reader, plan)
-        return self.region.emit_begin(plan, p.run, at, create, truncate)
+        return self.region.emit_begin(plan, p.run, at, create, truncate, gen)
 
     # --- what a region kind's snapshotter supplies ----------------------------------------
     def _new_reader(self) -> Any:

@@ -267,3 +267,219 @@ def test_snapshot_when_needed_takes_over_from_a_replica_that_was_behind(tmp_path
     finally:
         primary.kill()
         replica.stop()
+
+
+def _tables(m: MariaDBInstance) -> dict[tuple[str, int], int]:
+    """Every row's n of d.big, d.t and d.u."""
+    conn = m.connect()
+    try:
+        with conn.cursor() as cur:
+            out = {}
+            for t in ("big", "t", "u"):
+                cur.execute(f"SELECT id, n FROM d.{t}")
+                out.update({(t, int(i)): int(n) for i, n in cur.fetchall()})
+            return out
+    finally:
+        conn.close()
+
+
+def _snapshot_problems(lines: list[dict[str, Any]]) -> list[str]:
+    """What is wrong with lines of a snapshot taken while writes went on: a streamed change twice, a
+    streamed change of a key whose n does not go up by one from the state before it, or a snapshot row
+    older than the state a line before it gave (each row's newest state wins)."""
+    problems: list[str] = []
+    seen = Counter(json.dumps([x["table"], x["op"], x["before"], x["after"]]) for x in lines
+                   if x["op"] not in ("ddl", "read"))
+    problems += [f"twice: {k}" for k, c in seen.items() if c > 1]
+    rows: dict[tuple[str, int], int] = {}
+    for x in lines:
+        if x["op"] == "ddl" or x["db"] != "d":
+            continue
+        img = x["after"] or x["before"]
+        key = (x["table"], int(img["id"]))
+        if x["op"] == "delete":
+            rows.pop(key, None)
+            continue
+        n, was = int(x["after"]["n"]), rows.get(key)
+        if x["op"] == "read":
+            if was is not None and n < was:
+                problems.append(f"{key}: snapshot row n={n} after n={was}")
+        elif x["op"] == "insert" and n != 1 or x["op"] == "update" and was is not None and n != was + 1:
+            problems.append(f"{key}: {x['op']} n={n} after {was}")
+        rows[key] = n
+    return problems
+
+
+def _proc_state(pid: int) -> str:
+    """The process's state letter in /proc (``T``: stopped)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return "?"
+    return stat[stat.rindex(")") + 2]
+
+
+@pytest.mark.parametrize("binlog, method", [("own", "consistent"), ("same", "consistent"), ("own", "watermark")])
+def test_a_failover_during_a_snapshot_goes_on_on_the_new_primary(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                   binlog: str, method: str) -> None:
+    """snapshot=initial of a 6,000-row table in chunks of 100: the capturer freezes itself after reading
+    its 12th chunk (failpoint ``snapshot.chunk_read=stop``, not delivered yet); the old primary is written
+    to, killed with ``kill -9``, the replica promoted and written to, then the capturer goes on: the copy
+    goes on on the new primary from the last chunk delivered (not from the start), the stream from the
+    GTID position, and the file's lines replayed and the MySQL target equal the new primary's tables; no
+    streamed change twice, each key's changes in order, no snapshot row older than a change before it.
+    ``own``: the replica's binlog has files of its own (flushed once at the start), so the region's
+    position is not one of its binlog: resumed by GTID, the positions of another binlog from then on;
+    ``same``: its binlog is laid out as the primary's (the same events at the same offsets), so the
+    region's file:pos holds the same GTIDs there and it resumes from it. ``method``: how chunks are made
+    exact (MariaDB's consistent-snapshot position, or the watermark's locking read)."""
+    from capturer.util import failpoints
+
+    primary, replica = _pair(tmp_path)
+    target = MariaDBInstance(tmp_path / "target", server_id=9).start()
+    try:
+        if binlog == "own":
+            replica.execute("FLUSH BINARY LOGS")
+        primary.execute("CREATE TABLE d.big (id INT PRIMARY KEY, n INT NOT NULL, pad VARCHAR(200))")
+        conn = primary.connect()
+        try:
+            with conn.cursor() as cur:
+                for lo in range(0, 6000, 1000):
+                    cur.executemany("INSERT INTO d.big VALUES (%s, 1, %s)",
+                                    [(i, f"{i:08d}" * 10) for i in range(lo, lo + 1000)])
+        finally:
+            conn.close()
+        _write(primary, 0, 200)
+        _catch_up(replica, primary)
+        senders = (f"[global]\ntype=local,mysql\n[local]\nfilepath={tmp_path / 'out' / 'changes.jsonl'}\n"
+                   f"[mysql]\nhost=127.0.0.1\nport={target.port}\nuser=root\npassword=\nthreadnum=4\n")
+        cfg = write_config(tmp_path, [primary], senders=senders, filter_text="include d.*\n",
+                           region_extra=f"replicas = 127.0.0.1:{replica.port}\nsnapshot = initial\n"
+                                        f"snapshot_chunk_rows = 100\nsnapshot_workers = 2\nsnapshot_method = {method}\n")
+        log = tmp_path / "capturer.log"
+        monkeypatch.setenv(failpoints.ENV, "snapshot.chunk_read=stop@12")
+        p = CapturerProcess(cfg, log).start()
+        monkeypatch.delenv(failpoints.ENV)
+        assert p.proc is not None
+        pid = p.proc.pid
+        wait_for(lambda: _proc_state(pid) == "T", 120, "the capturer to stop at its 12th chunk")
+        try:
+            # the old primary: changes before and after the chunk boundary, deletes, new rows, both domains
+            primary.execute("UPDATE d.big SET n = n + 1 WHERE id % 7 = 0",
+                            "DELETE FROM d.big WHERE id BETWEEN 3000 AND 3010",
+                            "INSERT INTO d.big SELECT id + 10000, 1, pad FROM d.big WHERE id < 50")
+            # and 16 MB of binlog (1000 transactions of 2 x 8 KB images): more than the frozen capturer's socket
+            # takes in, so the region is in the middle of the old primary's binlog when it dies
+            _write(primary, 200, 1000, pad=8000)
+            _catch_up(replica, primary)
+            at_kill = _one(primary, "SELECT @@GLOBAL.gtid_binlog_pos")
+            primary.kill()  # kill -9
+            _promote(replica)
+            replica.execute("UPDATE d.big SET n = n + 1 WHERE id % 11 = 0")
+        finally:
+            p.proc.send_signal(signal.SIGCONT)
+        # the new primary, while the copy goes on there
+        replica.execute("UPDATE d.big SET n = n + 1 WHERE id % 13 = 0",
+                        "DELETE FROM d.big WHERE id BETWEEN 5000 AND 5005",
+                        "INSERT INTO d.big VALUES (20000, 1, 'new')")
+        _write(replica, 1200, 200)
+        replica.execute("UPDATE d.big SET n = n + 1 WHERE id % 17 = 0")
+        want = _tables(replica)
+        wait_for(lambda: _final(read_lines(tmp_path)) == want, 120, "the output to equal the new primary")
+        lines = read_lines(tmp_path)
+        problems = _snapshot_problems(lines)
+        assert not problems, problems[:10]
+        st = _status(log)["regions"]["r1"]
+        assert st["server"] == f"127.0.0.1:{replica.port}" and st["failovers"] == 1, st
+        tables = st["snapshot"]["tables"]
+        assert all(t["state"] == "done" for t in tables.values()), tables
+        text = log.read_text()
+        assert "failover during a snapshot" in text, text[-3000:]
+        assert "changed server" not in text and "not supported yet" not in text
+        # d.big's copy went on with reads of the new primary
+        assert f"(127.0.0.1:{replica.port}): snapshot of d.big starts" in text, text[-3000:]
+        resumed = re.findall(r"reading from (\S+)", text)[-1]
+        assert resumed == "after" if binlog == "own" else resumed.startswith("mariadb-bin."), resumed
+        # the copy went on from its last delivered chunk: d.big's rows were not all read again
+        big = [x for x in lines if x["op"] == "read" and x["table"] == "big"]
+        chunks = {x["snapshot"]["chunk"] for x in big}
+        assert max(chunks) >= 59 and len(big) < 6000 + 40 + 3 * 100, (len(big), sorted(chunks)[-5:])
+        wait_for(lambda: _tables(target) == want, 60, "the MySQL target to equal the new primary")
+        assert st["failover_history"][0]["gtid"] != at_kill  # the region was in the middle of the old binlog
+        print(f"failover during a snapshot at GTID {st['failover_history'][0]['gtid']} (the old primary had "
+              f"written up to {at_kill}); {len(big)} rows of d.big read in {len(chunks)} chunks, "
+              f"{len(lines)} lines; snapshot {json.dumps(tables)}")
+        assert p.stop() == 0
+    finally:
+        primary.kill()
+        replica.stop()
+        target.stop()
+
+
+def test_a_restart_after_a_crash_mid_snapshot_goes_on_on_the_new_primary(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The capturer dies (``kill -9``, failpoint ``snapshot.chunk_read=kill``) in the middle of a snapshot;
+    while it is down the old primary is written to and killed, the replica promoted and written to; the
+    capturer restarted with the checkpoint's position (of the old primary's binlog, with the snapshot's
+    progress) reads the new primary by GTID and its copy goes on there from the last acknowledged chunk:
+    the output equals the new primary's tables, nothing streamed twice, each key in order."""
+    from capturer.util import failpoints
+
+    primary, replica = _pair(tmp_path)
+    try:
+        replica.execute("FLUSH BINARY LOGS")  # (its binlog's files of its own: resumed by GTID)
+        primary.execute("CREATE TABLE d.big (id INT PRIMARY KEY, n INT NOT NULL, pad VARCHAR(200))")
+        conn = primary.connect()
+        try:
+            with conn.cursor() as cur:
+                for lo in range(0, 30000, 1000):
+                    cur.executemany("INSERT INTO d.big VALUES (%s, 1, %s)",
+                                    [(i, f"{i:08d}" * 10) for i in range(lo, lo + 1000)])
+        finally:
+            conn.close()
+        _write(primary, 0, 200)
+        cfg = write_config(tmp_path, [primary], filter_text="include d.*\n",
+                           region_extra=f"replicas = 127.0.0.1:{replica.port}\nsnapshot = initial\n"
+                                        "snapshot_chunk_rows = 100\nsnapshot_workers = 2\n")
+        log = tmp_path / "capturer.log"
+        monkeypatch.setenv(failpoints.ENV, "snapshot.chunk_read=kill@150")
+        p = CapturerProcess(cfg, log).start()
+        monkeypatch.delenv(failpoints.ENV)
+        assert p.proc is not None
+        assert p.proc.wait(120) == -signal.SIGKILL
+        ck = json.loads((tmp_path / "checkpoint.json").read_text())
+        held = next(x for x in ck["regions"]["r1"]["snapshot"] if x["table"] == "big")  # the copy in progress
+        assert held["chunks"] >= 1, held
+        primary.execute("UPDATE d.big SET n = n + 1 WHERE id % 7 = 0",
+                        "DELETE FROM d.big WHERE id BETWEEN 3000 AND 3010")
+        _write(primary, 200, 200)
+        _catch_up(replica, primary)
+        primary.kill()
+        _promote(replica)
+        replica.execute("UPDATE d.big SET n = n + 1 WHERE id % 11 = 0",
+                        "INSERT INTO d.big VALUES (90000, 1, 'new')")
+        p = CapturerProcess(cfg, log).start()
+        p.wait_ready()
+        replica.execute("UPDATE d.big SET n = n + 1 WHERE id % 13 = 0")
+        _write(replica, 400, 200)
+        want = _tables(replica)
+        wait_for(lambda: _final(read_lines(tmp_path)) == want, 120, "the output to equal the new primary")
+        lines = read_lines(tmp_path)
+        problems = _snapshot_problems(lines)
+        assert not problems, problems[:10]
+        st = _status(log)["regions"]["r1"]
+        assert st["server"] == f"127.0.0.1:{replica.port}", st
+        assert all(t["state"] == "done" for t in st["snapshot"]["tables"].values()), st["snapshot"]
+        text = log.read_text()
+        assert "failover during a snapshot" in text and re.findall(r"reading from (\S+)", text)[-1] == "after"
+        # the copy went on from the checkpoint's last chunk: the chunks before it were delivered once (before
+        # the crash), not read again
+        big = [x for x in lines if x["op"] == "read" and x["table"] == "big"]
+        before = Counter(x["snapshot"]["chunk"] for x in big if x["snapshot"]["chunk"] < held["chunks"])
+        assert sum(before.values()) == held["rows"], (held, sorted(before.items())[:5])
+        print(f"restart after a crash mid-snapshot, the old primary gone: the checkpoint held {held['chunks']} "
+              f"chunks ({held['rows']} rows) of d.big; {len(big)} rows of it read in all, {len(lines)} lines")
+        assert p.stop() == 0
+    finally:
+        primary.kill()
+        replica.stop()

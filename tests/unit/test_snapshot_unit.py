@@ -446,3 +446,51 @@ def test_recorder_keeps_both_forms_while_keyed_chunks_and_whole_reads_are_in_fli
     assert rec.whole == set()
     rec.record(("f", 30), None, {"id": 2, "v": "c"})
     assert (2,) in rec.changed and len(rec.events) == 2  # no more events once no whole read is in flight
+
+
+def test_a_failover_voids_chunks_read_on_the_old_server_and_compares_the_new_binlog() -> None:
+    """After a change of server resumed by GTID (``_rebase``), the positions are another binlog's:
+    a chunk read on the old server is read again ("redo", at once: its position, past anything the
+    new binlog's start reaches, is never waited for), a reader connected before reads on a new
+    connection, and a chunk read on the new server follows the chunk rule in the new binlog."""
+    from capturer.regions.mysql.snapshot import MySQLSnapshotter
+    from capturer.regions.snapshot import ServerChanged
+
+    r, q = make_region()
+    plan = plan_of(at=Position("b.000009", 100))
+    r.add_snapshot_progress((TableProgress("d", "t", "run1", "running"),), wait=True)
+    r.position = Position("b.000009", 400, "0-1-10", r.snap_progress)
+    gen0, cfg0, _ = r.snapshot_server()
+    tok = r.chunk_begin(plan)
+    old = Chunk(plan, Position("b.000009", 500), [{"id": 1, "v": 0}], (plan.key_signature(), 1), False, 0,
+                "run1", gen=gen0)
+    r._rebase(Position("b.000001", 4, "0-1-10"))  # (the new binlog's names sort before the old one's)
+    got: list[Any] = []
+    t = threading.Thread(target=lambda: got.append(r.emit_chunk(old)), daemon=True)
+    t.start()
+    t.join(5)
+    assert got == ["redo"]
+    r.chunk_end(plan, tok)
+    gen1, cfg1, _ = r.snapshot_server()
+    assert gen1 == gen0 + 1 and cfg1 is cfg0
+    s = MySQLSnapshotter(r, 1, 10)
+    reader = type("R", (), {"gen": gen0})()
+    with pytest.raises(ServerChanged):
+        s.check_reader(reader)
+    reader.gen = gen1
+    assert s.check_reader(reader) == gen1
+    # the new server's chunk, read at b.000001:300; a change of key 1 after it, at b.000001:350
+    plan2 = plan_of(at=Position("b.000001", 4))
+    tok = r.chunk_begin(plan2)
+    new = Chunk(plan2, Position("b.000001", 300), [{"id": 1, "v": 0}, {"id": 2, "v": 0}],
+                (plan2.key_signature(), 2), True, 0, "run1", gen=gen1)
+    with r._lock:
+        p = Position("b.000001", 350, "0-1-11", r.snap_progress)
+        txn = Txn("r1", r.clock.commit(1, p), p, (RowChange(SCHEMA, "update", {"id": 1, "v": 0}, {"id": 1, "v": 1}),))
+        r._record(txn)
+        r._emit(txn)
+        r.position = p
+    out = r.emit_chunk(new)
+    r.chunk_end(plan2, tok)
+    assert isinstance(out, TableProgress) and out.state == "done"
+    assert sink(drain(q)) == {1: {"id": 1, "v": 1}, 2: {"id": 2, "v": 0}}

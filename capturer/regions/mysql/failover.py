@@ -2,11 +2,14 @@
 server to read among the configured ones (the primary, ``read_only=OFF``), the
 server's flavour and identity, the GTID state of its binlog at a position, why a
 server cannot go on right after the region's GTID state (it was behind when it was
-promoted, or purged the binlogs after it), and the failovers noted for /status.
+promoted, or purged the binlogs after it), the failovers noted for /status, and a
+snapshot in progress across a change of server (its chunks read where the stream
+reads; the region's position rebased into the new server's binlog).
 
 The region is a MySQLRegion, typed Any: region.py imports this module (its methods
 ``_use_server``, ``_connect_primary``, ``_identify``, ``_gtid_at``, ``_start_gtid``,
-``_gtid_problem`` and ``_note_server`` are these functions)."""
+``_gtid_problem``, ``_note_server``, ``_settle_snapshot_server``, ``_rebase`` and
+``snapshot_server`` are these functions)."""
 
 from __future__ import annotations
 
@@ -166,3 +169,58 @@ def note_server(region: Any, ident: str, by_gtid: bool) -> None:
     region.failover_count += 1
     log.warning("%s: failover: reading %s now (was %s), resuming after GTID %s", region.where, entry["to"],
                 came, entry["gtid"] or "-")
+
+
+# --- a snapshot across a change of server ---------------------------------------------
+
+def settle_snapshot_server(region: Any, ident: str) -> bool:
+    """The stream reads this server (``region.cfg``) now: snapshot chunks are read on it
+    too. When it is another server than the one they were read on so far, every
+    chunk read there is void (read again here): True."""
+    now = (region.cfg.host, region.cfg.port, ident)
+    with region._lock:
+        region._apply_requests()
+        changed = region._snap_seen is not None and region._snap_seen != now
+        if changed:
+            region._void_chunks(new_log=False)
+        region._snap_seen = now
+        region._snap_cfg = region.cfg
+        region._lock.notify_all()
+    if changed:
+        snapshot_moves(region)
+    return changed
+
+
+def snapshot_moves(region: Any) -> None:
+    """Say that a snapshot in progress goes on on the server read now."""
+    running = [f"{p.db}.{p.table}" for p in region.snap_progress if p.state in ("pending", "running")]
+    if running:
+        log.warning("%s: failover during a snapshot: the copy of %d table(s) (%s) goes on on this server, "
+                    "each from its last delivered chunk", region.where, len(running),
+                    ", ".join(running[:5]) + (" ..." if len(running) > 5 else ""))
+
+
+def rebase(region: Any, low: Position, say: bool = True) -> None:
+    """A change of server resumed by GTID: the stream's positions are this server's
+    binlog's from now on, which those of the server before do not compare with.
+    The region's position becomes ``low`` (a position of this binlog at or before
+    the first transaction the stream gives: the start of its oldest file, with our
+    GTID state) until the stream's own positions take over: a snapshot chunk read
+    here at P is delivered once the stream has passed P in this binlog, and heartbeats
+    compare with it. Chunks read before are void: each table's copy goes on from its
+    last delivered key, read on this server."""
+    with region._lock:
+        region._apply_requests()
+        region.position = Position(low.file, low.pos, low.gtid, region.snap_progress)
+        region._void_chunks(new_log=True)
+        region._lock.notify_all()
+    if say:
+        snapshot_moves(region)
+
+
+def snapshot_server(region: Any) -> tuple[int, Any, str]:
+    """(the snapshot generation, the configuration of the server to read chunks on,
+    its description) as one consistent choice: a reader connects there."""
+    with region._lock:
+        cfg = region._snap_cfg or region.cfg
+        return region._snap_gen, cfg, f"region {region.name} ({cfg.host}:{cfg.port})"

@@ -87,12 +87,16 @@ def prepare(region: Any) -> Position:
             if not logs:
                 raise FatalSourceError(f"{region.where}: the server lists no binary logs")
             ident = region._identify(cur)
+            moved = region._settle_snapshot_server(ident)
             region._gtid_start = ""
             if region.position is not None:
                 names = dict(logs)
                 here = region._gtid_at(cur, region.position) if region.position.file in names else None
+                # (a binlog's start with a GTID state: a position rebased after a failover, below
+                # the new server's own; resumed by GTID, also on MySQL where no GTID is checked here)
+                rebased = region.position.pos == 4 and bool(region.position.gtid)
                 if region.position.file in names and (
-                    not region.mariadb or not region.position.gtid
+                    (not region.mariadb and not rebased) or not region.position.gtid
                     or (here is not None and maria_contains(here, region.position.gtid))):
                     # this server's own file:pos (MariaDB: its binlog has our GTIDs right there)
                     region.gtid.reset(here if here is not None else region.position.gtid)
@@ -102,15 +106,12 @@ def prepare(region: Any) -> Position:
                 lost = region._gtid_problem(cur, logs, region.position.gtid) if region.position.gtid else ""
                 if region.position.gtid and not lost:
                     # another server (a promoted replica, a VIP moved): it holds our GTIDs, go on after them
-                    if any(p.state in ("pending", "running") for p in region.snap_progress):
-                        raise FatalSourceError(
-                            f"{region.where}: the region changed server (to {region.cfg.host}:{region.cfg.port}) "
-                            "while a snapshot was running, which is not supported yet; restart the "
-                            "capturer with snapshot=when_needed after deleting the checkpoint, or finish "
-                            "the snapshot on the old server")
                     region._gtid_start = region.position.gtid
                     region.gtid.reset(region.position.gtid)
                     region._note_server(ident, by_gtid=True)
+                    region._rebase(Position(logs[0][0], 4, region.position.gtid), say=not moved)
+                    # a snapshot in progress goes on here, from each table's last delivered key
+                    region._start_snapshot(cur, fresh=False)
                     return region.position
                 if not lost:
                     lost = (f"{region.where}: resume position {region.position} is no longer on the "

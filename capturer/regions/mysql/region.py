@@ -98,6 +98,10 @@ class MySQLRegion(SnapshotHostMixin, ClockedRegion):
         self.library_events = 0
         self._init_snapshot_host(ctx.start.snapshot if isinstance(ctx.start, Position) else ())
         self._snap_method = ""  # resolved snapshot_method (consistent | watermark), once the server is known
+        # the server snapshot chunks are read on: the one the stream settled on (set with the snapshot
+        # generation, under the lock; self.cfg also moves while _connect_primary tries the servers)
+        self._snap_cfg: RegionConfig | None = None
+        self._snap_seen: tuple[str, int, str] | None = None
 
     # --- connection ---------------------------------------------------------
     def _conn_settings(self) -> dict[str, Any]:
@@ -141,6 +145,10 @@ class MySQLRegion(SnapshotHostMixin, ClockedRegion):
     _start_gtid = failover.start_gtid
     _gtid_problem = failover.gtid_problem
     _note_server = failover.note_server
+    # a snapshot across a change of server: its chunks read where the stream reads
+    _settle_snapshot_server = failover.settle_snapshot_server
+    _rebase = failover.rebase
+    snapshot_server = failover.snapshot_server
 
     # --- table metadata -----------------------------------------------------
     def _keys_from_server(self, db: str, table: str) -> tuple[tuple[str, ...], tuple[tuple[str, ...], ...]]:

@@ -280,8 +280,13 @@ class Reader:
     installed (a C client, several times faster), else pymysql."""
 
     def __init__(self, region: SnapshotHost):
-        cfg = region.cfg
-        self.where = region.where
+        # the server the region's stream reads (after a failover: the new primary), and the
+        # snapshot generation that choice belongs to (a read of a later one needs a new connection)
+        target = getattr(region, "snapshot_server", None)
+        if target is not None:
+            self.gen, cfg, self.where = target()
+        else:
+            self.gen, cfg, self.where = None, region.cfg, region.where
         self.method = region.snap_method  # consistent | watermark (resolved by the region)
         self.nowait = True  # (watermark) a locking read that fails at once on a lock, where the server has it
         self.share = " LOCK IN SHARE MODE"  # MariaDB's and MySQL 5.7's; MySQL 8 takes NOWAIT only after FOR SHARE
@@ -658,7 +663,7 @@ class MySQLSnapshotter(Snapshotter):
         norm = normalizers(plan, reader.kind)
         names = [c.name for c in plan.columns]
         make = row_maker(names, norm)
-        gen = self.region.snapshot_generation()
+        gen = self.check_reader(reader)
         at = reader.begin_read()
         try:
             if not plan.key:
