@@ -2291,6 +2291,18 @@ def part_peers(ctx: Bench) -> None:
     print(peers.summary(results["peers"]))
 
 
+def part_delta(ctx: Bench) -> None:
+    args, tmp, results, failures = ctx.args, ctx.tmp, ctx.results, ctx.failures
+    import lake_delta
+
+    small = args.smoke
+    r = lake_delta.run(tmp / "delta", preload=5_000 if small else 200_000, batches=2 if small else 5,
+                       changes=2_000 if small else 20_000, rounds=1 if small else 2)
+    results["delta"] = r
+    failures += [f"delta: {p}" for p in r.get("problems", [])]
+    print(lake_delta.summary(r))
+
+
 def part_bigtxn(ctx: Bench) -> None:
     only, tmp, results, failures = ctx.only, ctx.tmp, ctx.results, ctx.failures
     results["big_txn"] = big_txn_rss(tmp)
@@ -2340,6 +2352,8 @@ PARTS: dict[str, Part] = {
                name="hatakeover"),
     "latency": Part(part_latency, "commit -> ack latency at steady rates (not with --smoke)", smoke=False),
     "peers": Part(part_peers, "beside Debezium in Kafka Connect (bench/peers.py; not in the default: a Connect JVM)"),
+    "delta": Part(part_delta, "the Delta sender's MERGE next to a raw Delta append of the same rows and the "
+                  "changelog sender (bench/lake_delta.py; sender-level, no sources; not in the default: PySpark 4.2)"),
     "bigtxn": Part(part_bigtxn, "one 1,000,000-row transaction -> file, peak RSS (not with --smoke)", smoke=False),
 }
 # names --only takes that are no part of their own: they add runs to the parts above
