@@ -130,7 +130,7 @@ class Capturer:
                                          cfg.spill_rows, cfg.spill_dir, cfg.checkpoint_path,
                                          self._table_selected, self.pin_start, self.group.tables_elsewhere,
                                          peer=self.group.peer, filter_path=cfg.filter_path,
-                                         config_path=cfg.path))
+                                         config_path=cfg.path, copy_new=self._copy_new))
             for r in cfg.regions
         ]
         self.group.regions = self.regions
@@ -595,6 +595,27 @@ class Capturer:
         self.group.unhold(lambda region, t: t not in added.get(region, ()) or (region, f"{t[0]}.{t[1]}") in copied)
         self.new_tables = {"at": round(time.time(), 3), "mode": mode, **got}
         return got
+
+    def _copy_new(self, region: str, tables: list[tuple[str, str]], reason: str) -> None:
+        """Tables that came to ``region``'s source (a PostgreSQL table added to the
+        publication): held back and copied as a filter reload's new tables are
+        (``snapshotNewTables``; ``never``: only their changes from now on). Raises as
+        ``request_tables`` does, nothing held then (the region asks again later)."""
+        mode = self.cfg.snapshot_new_tables
+        if mode == "never":
+            log.info("region %s: %s: not copied (snapshotNewTables = never): %s", region, reason,
+                     ", ".join(f"{db}.{t}" for db, t in tables))
+            return
+        self.group.hold({region: tables})
+        try:
+            got = self.group.request_tables(tables, region, mode == "truncate", reason)
+        except BaseException:
+            self.group.unhold(lambda r, t: r != region or t not in tables)
+            raise
+        copied = {t for v in got["regions"].values() for t in v["tables"]}
+        # a table gone since it was listed is not copied: nothing of it to hold back
+        self.group.unhold(lambda r, t: r != region or t not in tables or f"{t[0]}.{t[1]}" in copied)
+        self.new_tables = {"at": round(time.time(), 3), "mode": mode, "reason": reason, **got}
 
     def _snapshot_endpoint(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         tables = body.get("tables")

@@ -49,6 +49,10 @@ class RegionContext:
     peer: Callable[[str], Any] = lambda name: None
     filter_path: Path | None = None  # filterRuleDict (sent to agents along with a subscription)
     config_path: Path | None = None  # the capturer's config.cfg (a worker process reads it: process=true)
+    # (region, tables, reason): tables that came to a region's source to be copied live (a PostgreSQL table added
+    # to the publication) as snapshotNewTables says; raises (ValueError, LookupError, SourceError) when refused.
+    # None: this process copies nothing of the kind (an agent, a worker process: as on a filter reload)
+    copy_new: Callable[[str, list[tuple[str, str]], str], None] | None = None
 
 
 class Region:

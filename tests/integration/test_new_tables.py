@@ -392,3 +392,66 @@ def test_a_table_renamed_into_the_filter_is_copied(tmp_path: Path, target: Maria
         assert not (tmp_path / "checkpoint.json.copies").exists()
     finally:
         m.stop()
+
+
+@pytest.mark.parametrize("mode", ["truncate", "copy"])
+def test_a_table_added_to_the_publication_is_copied_live(tmp_path: Path, pg: PostgresInstance,
+                                                        target: MariaDBInstance, mode: str,
+                                                        capturer_running) -> None:  # type: ignore[no-untyped-def]
+    """ALTER PUBLICATION ... ADD TABLE of a table with rows, written all along (also while it
+    joins): the region sees the publication grow (its look every publication_check_s, or the
+    new relation in the stream) and the table is copied live as snapshotNewTables says, in the
+    file and the MySQL target: both end equal to the source, no change of it before its
+    CREATE/TRUNCATE, the other table still equal; the look is kept in <checkpoint>.pgpub.pg, and
+    a restart copies nothing again. A table added that the filter leaves out is not copied."""
+    pub = f"pubadd_{mode}"
+    with pg.connect() as c:
+        for t in ("nt_keep", "nt_late", "nt_bag"):
+            c.execute(f"DROP TABLE IF EXISTS public.{t}")
+        c.execute("CREATE TABLE public.nt_keep (id int PRIMARY KEY, v int)")
+        c.execute("CREATE TABLE public.nt_late (id int PRIMARY KEY, v text)")
+        c.execute("INSERT INTO public.nt_late SELECT g, 'v' || g FROM generate_series(1, 2000) g")
+        c.execute("CREATE TABLE public.nt_bag (a int, b text)")  # (keyless; left out by the filter below)
+        c.execute("ALTER TABLE public.nt_bag REPLICA IDENTITY FULL")
+        c.execute(f"DROP PUBLICATION IF EXISTS {pub}")
+        c.execute(f"CREATE PUBLICATION {pub} FOR TABLE public.nt_keep")
+    region = pg_region("pg", pg, f"snapshot_chunk_rows=300\npublication={pub}\nslot=slot_{pub}\n"
+                                 "publication_check_s=1\n").replace("create_publication=all\n", "")
+    cfg = config(tmp_path, region, file_and_mysql(tmp_path, target), f"snapshotNewTables={mode}\n")
+    (tmp_path / "filter_rule.txt").write_text("include public.nt_keep\ninclude public.nt_late\n")
+    writer = PgWriter(pg)
+    with capturer_running(cfg) as cap:
+        streaming(cap)
+        writer.start()
+        wait_for(lambda: writer.n > 100 and cap.snapshot()["senders"]["mysql"]["rows"] > 100, 60, "load")
+        watch = cap.snapshot()["regions"]["pg"]["publication_watch"]
+        assert watch["looks"] >= 1 and watch["copies_asked"] == 0, watch
+        with pg.connect() as c:
+            c.execute(f"ALTER PUBLICATION {pub} ADD TABLE public.nt_late, public.nt_bag")
+        wait_for(lambda: cap.snapshot()["regions"]["pg"]["publication_watch"]["copies_asked"] == 1, 60,
+                 "the region to see the publication grow")
+        wait_for(lambda: copies_done(cap, ["pg"]), 180, "the copy of the added table")
+        st = cap.snapshot()
+        tables = st["regions"]["pg"]["snapshot"]["tables"]
+        assert sorted(tables) == ["public.nt_late"] and tables["public.nt_late"]["reason"] == "added to the publication"
+        assert st["regions"]["pg"]["publication_watch"]["last_added"]["tables"] == ["public.nt_late"]
+        n = writer.n
+        wait_for(lambda: writer.n > n + 100, 60, "load after the copy")
+        writer.stop()
+        end = current_lsn(pg)
+        wait_for(lambda: covered(tmp_path, "pg", end), 120, "every sender to catch up")
+    saved = json.loads((tmp_path / "checkpoint.json.pgpub.pg").read_text())
+    assert sorted(map(tuple, saved["tables"])) == [("public", "nt_bag"), ("public", "nt_keep"), ("public", "nt_late")]
+    state = rebuild(read_changes(tmp_path / "out" / "changes.jsonl"))
+    for table in ("nt_keep", "nt_late"):
+        want = pg_rows(pg, "public", table)
+        assert mysql_rows(target, "public", table) == want, f"MySQL target public.{table}"
+        assert file_rows(state, "public", table) == want, f"file public.{table}"
+    assert_no_change_before_create(tmp_path, "public", ("nt_late",))
+    assert not any(x.get("table") == "nt_bag" for x in read_lines(tmp_path))
+    # a restart: the publication as the file has it, nothing copied again
+    with capturer_running(cfg) as cap:
+        streaming(cap)
+        wait_for(lambda: cap.snapshot()["regions"]["pg"]["publication_watch"]["looks"] >= 2, 30, "two looks")
+        assert cap.snapshot()["regions"]["pg"]["publication_watch"]["copies_asked"] == 0
+        assert not (cap.snapshot()["regions"]["pg"].get("snapshot") or {}).get("tables")

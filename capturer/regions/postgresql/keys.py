@@ -39,6 +39,7 @@ class PostgresRegionConfig:
     snapshot_chunk_rows: int = 20_000
     snapshot_read_ahead: bool = False
     process: bool = False
+    publication_check_s: float = 10.0
 
     def masked(self) -> dict[str, Any]:
         return {"type": self.type, "host": self.host, "port": self.port, "user": self.user,
@@ -95,6 +96,9 @@ KEYS = [
     Key("process", p_bool, False,
         doc="read and decode this region in a worker process of its own (a local region agent) instead of "
             "the capturer's process"),
+    Key("publication_check_s", p_float(0, 86_400), 10.0,
+        doc="seconds between looks at the publication's tables: a table added to it (ALTER PUBLICATION ... ADD "
+            "TABLE) that the filter selects is copied live as snapshotNewTables says; 0 = never look"),
 ]
 
 

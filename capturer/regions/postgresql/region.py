@@ -68,6 +68,7 @@ from capturer.regions.base import (
 from capturer.regions.postgresql import pgoutput as po
 from capturer.regions.postgresql import toast
 from capturer.regions.postgresql.prepare import prepare
+from capturer.regions.postgresql.publication import PublicationWatch
 from capturer.regions.postgresql.relations import (
     RelationJournal,
     RelDef,
@@ -126,6 +127,7 @@ class PostgresRegion(SnapshotHostMixin, ClockedRegion):
         self.ddl_sent = 0
         self._warned: set[tuple[str, str]] = set()
         self.rels_known: dict[int, RelDef] = {}  # relid -> the definition the targets were given
+        self.pubwatch = PublicationWatch(self)  # tables added to the publication: copied live
         self._side: Any = None
         self._repl: Any = None
         self._block, self._segment = 8192, 16 << 20  # WAL page and segment sizes (read at connect)
@@ -252,6 +254,7 @@ class PostgresRegion(SnapshotHostMixin, ClockedRegion):
                             "terminated", self.where, self.cfg.slot, held.group(1))
             raise SourceError(f"{self.where}: START_REPLICATION: {msg}")
         log.info("%s: streaming from %s", self.where, format_lsn(start))
+        self.pubwatch.start()
         self._stream(conn, start)
 
     def _send_status(self, conn: Any, received: int, reply: bool = False) -> None:
@@ -556,6 +559,7 @@ class PostgresRegion(SnapshotHostMixin, ClockedRegion):
             "toast_wait_ms": round(self.toast_wait_ms, 1),
             "toast_wait_timeouts": self.toast_wait_timeouts,
             "ddl_sent": self.ddl_sent,
+            "publication_watch": self.pubwatch.status(),
         })
         snap = self.snapshot_status()
         if snap is not None:

@@ -129,6 +129,8 @@ class TxnBuilder:
                                          for k in self.r.rels_known.values())
         self.r.rels_known[rel.relid] = rel
         self.new_relations.append(rel)
+        if known is None:  # maybe a table added to the publication: a look at it now
+            self.r.pubwatch.wake.set()
         if self.r.cfg.ddl and self.r.ctx.table_selected(rel.db, rel.table):
             defaults = self.r.added_defaults(known, rel) if known is not None else None
             stmts = ddl_for(known, rel, defaults)
