@@ -61,175 +61,207 @@ class _Collector(Collector):
         yield from _ha_metrics(s.get("ha") or {})
         if (s.get("ha") or {}).get("role") == "standby":
             return  # a standby runs no pipeline
-        cp = GaugeMetricFamily("capturer_checkpoint_commit_ts", "checkpoint commit_ts (TSO)")
-        cp.add_metric([], s["checkpoint"]["commit_ts"])
-        yield cp
-        age = GaugeMetricFamily("capturer_checkpoint_age_seconds", "seconds since the checkpoint was written")
-        age.add_metric([], s["checkpoint"].get("age_seconds") or 0)
-        yield age
-        cpt = GaugeMetricFamily("capturer_checkpoint_timestamp_seconds",
-                                "commit time the checkpoint holds (unix time)")
-        if s["checkpoint"]["commit_ts"]:
-            cpt.add_metric([], _ts_seconds(s["checkpoint"]["commit_ts"]))
-        yield cpt
-        cplag = GaugeMetricFamily("capturer_checkpoint_lag_seconds",
-                                  "seconds between now and the commit time the checkpoint holds")
-        if s["checkpoint"]["commit_ts"]:
-            cplag.add_metric([], max(0.0, now - _ts_seconds(s["checkpoint"]["commit_ts"])))
-        yield cplag
-        lag = GaugeMetricFamily("capturer_lag_seconds",
-                                "seconds between now and the commit time every sender has acknowledged")
-        if s.get("acked_ts"):
-            lag.add_metric([], max(0.0, now - _ts_seconds(s["acked_ts"])))
-        yield lag
-        rlag = GaugeMetricFamily("capturer_region_lag_seconds", "region lag", labels=["region"])
-        rtx = CounterMetricFamily("capturer_region_txns", "transactions read", labels=["region"])
-        rrow = CounterMetricFamily("capturer_region_rows", "row changes read", labels=["region"])
-        rq = GaugeMetricFamily("capturer_region_queue_rows", "rows queued after a region", labels=["region"])
-        rre = CounterMetricFamily("capturer_region_reconnects", "reconnects", labels=["region"])
-        rst = GaugeMetricFamily("capturer_region_state", "1 for the state the region is in, 0 for the others",
-                                labels=["region", "kind", "state"])
-        rerr = GaugeMetricFamily("capturer_region_failing", "1 while the region reconnects or has failed",
-                                 labels=["region"])
-        rfo = CounterMetricFamily("capturer_region_failovers", "changes of the server a region reads (a primary "
-                                  "failed over to a replica), where the region has several", labels=["region"])
-        rsrv = GaugeMetricFamily("capturer_region_server", "1 for the server the region reads now",
-                                 labels=["region", "server"])
-        rhb = CounterMetricFamily("capturer_region_heartbeats", "heartbeats a region passed on (an idle or "
-                                  "filtered-only source's position moves with them)", labels=["region"])
-        rhba = GaugeMetricFamily("capturer_region_heartbeat_age_seconds", "seconds since the region's newest "
-                                 "heartbeat", labels=["region"])
-        rwal = GaugeMetricFamily("capturer_postgresql_slot_wal_held_bytes", "WAL the server keeps for the "
-                                 "region's replication slot (insert position - restart_lsn)", labels=["region"])
-        for name, r in s["regions"].items():
-            rlag.add_metric([name], r["lag_seconds"])
-            rtx.add_metric([name], r["txns"])
-            rrow.add_metric([name], r["rows"])
-            rq.add_metric([name], r["queue_rows"])
-            rre.add_metric([name], r["reconnects"])
-            for st in sorted(set(REGION_STATES) | {r["state"]}):
-                rst.add_metric([name, r.get("kind", ""), st], 1 if st == r["state"] else 0)
-            rerr.add_metric([name], 1 if r["state"] in ("reconnecting", "failed") else 0)
-            if "failovers" in r:
-                rfo.add_metric([name], r["failovers"])
-            if r.get("server"):
-                rsrv.add_metric([name, r["server"]], 1)
-            rhb.add_metric([name], r.get("heartbeats", 0))
-            if r.get("heartbeat_age_seconds") is not None:
-                rhba.add_metric([name], r["heartbeat_age_seconds"])
-            if r.get("slot_wal_held_bytes") is not None:
-                rwal.add_metric([name], r["slot_wal_held_bytes"])
-        yield from (rlag, rtx, rrow, rq, rre, rst, rerr, rfo, rsrv, rhb, rhba, rwal)
-        merger = s.get("merger") or {}
-        wm = GaugeMetricFamily("capturer_merger_watermark_ts", "the merge's watermark (TSO): the lowest newest "
-                                                               "commit_ts over the regions")
-        wmt = GaugeMetricFamily("capturer_merger_watermark_timestamp_seconds",
-                                "the merge's watermark as a commit time (unix time)")
-        if merger.get("watermark"):
-            wm.add_metric([], merger["watermark"])
-            wmt.add_metric([], _ts_seconds(merger["watermark"]))
-        yield wm
-        yield wmt
-        wait = GaugeMetricFamily("capturer_merger_waiting_for_region", "1 for a region the merge waits for now",
-                                 labels=["region"])
-        waiting = set(merger.get("waiting_for") or ())
-        for name in s["regions"]:
-            wait.add_metric([name], 1 if name in waiting else 0)
-        yield wait
-        # BaikalDB regions: each binlog region of the binlog table
-        slag = GaugeMetricFamily("capturer_baikaldb_store_region_lag_seconds",
-                                 "seconds behind the clock of the newest ts read from a binlog region",
-                                 labels=["region", "store_region"])
-        sev = CounterMetricFamily("capturer_baikaldb_store_region_events",
-                                  "leader redirects, peer failures, follower reads, VERSION_OLD answers, retries",
-                                  labels=["region", "store_region", "event"])
-        for name, r in s["regions"].items():
-            for rid, sr in (r.get("store_regions") or {}).items():
-                if sr.get("lag_seconds") is not None:
-                    slag.add_metric([name, rid], sr["lag_seconds"])
-                for ev in ("not_leader", "peer_failures", "follower_reads", "version_old", "retries"):
-                    sev.add_metric([name, rid, ev], sr.get(ev, 0))
-        yield from (slag, sev)
-        snrows = GaugeMetricFamily("capturer_snapshot_rows", "rows delivered by a table snapshot",
-                                   labels=["region", "table"])
-        snest = GaugeMetricFamily("capturer_snapshot_estimated_rows", "estimated rows of a table being copied",
-                                  labels=["region", "table"])
-        snrate = GaugeMetricFamily("capturer_snapshot_rows_per_second", "copy rate of a table snapshot",
-                                   labels=["region", "table"])
-        sndone = GaugeMetricFamily("capturer_snapshot_done", "1 when a table's snapshot is done (or dropped)",
-                                   labels=["region", "table"])
-        for name, r in s["regions"].items():
-            for table, t in ((r.get("snapshot") or {}).get("tables") or {}).items():
-                snrows.add_metric([name, table], t["rows"])
-                snest.add_metric([name, table], t["estimated_rows"])
-                snrate.add_metric([name, table], t["rows_per_s"])
-                sndone.add_metric([name, table], 1 if t["state"] in ("done", "dropped") else 0)
-        yield from (snrows, snest, snrate, sndone)
-        srow = CounterMetricFamily("capturer_sender_rows", "rows delivered", labels=["sender"])
-        stx = CounterMetricFamily("capturer_sender_txns", "transactions delivered", labels=["sender"])
-        sack = GaugeMetricFamily("capturer_sender_acked_ts", "acknowledged commit_ts", labels=["sender"])
-        sackt = GaugeMetricFamily("capturer_sender_acked_timestamp_seconds",
-                                  "commit time the sender has acknowledged (unix time)", labels=["sender"])
-        slg = GaugeMetricFamily("capturer_sender_lag_seconds",
-                                "seconds between now and the commit time the sender has acknowledged",
-                                labels=["sender"])
-        serr = CounterMetricFamily("capturer_sender_errors", "delivery errors", labels=["sender"])
-        sret = CounterMetricFamily("capturer_sender_retries", "delivery retries", labels=["sender"])
-        sq = GaugeMetricFamily("capturer_sender_queue_rows", "rows queued for a sender", labels=["sender"])
-        sqc = GaugeMetricFamily("capturer_sender_queue_capacity_rows", "rows a sender's queue holds before "
-                                                                       "the stream waits", labels=["sender"])
-        sp = GaugeMetricFamily("capturer_sender_paused", "1 while an operator has paused the sender",
-                               labels=["sender"])
-        sst = GaugeMetricFamily("capturer_sender_state", "1 for the state the sender is in, 0 for the others",
-                                labels=["sender", "state"])
-        sprs = CounterMetricFamily("capturer_sender_process_restarts", "times a sender's own process "
-                                   "(process=true) was started again after it died", labels=["sender"])
-        sss = GaugeMetricFamily("capturer_sender_stream_state", "1 for where the sender stands in the stream "
-                                "(live, catching up, paused, failing, detached), 0 for the others",
-                                labels=["sender", "state"])
-        slr = GaugeMetricFamily("capturer_sender_lag_rows", "rows of the stream the sender has not acknowledged yet",
-                                labels=["sender"])
-        sbb = GaugeMetricFamily("capturer_sender_backlog_bytes", "bytes of the backlog on disk kept for the sender",
-                                labels=["sender"])
-        sdt = GaugeMetricFamily("capturer_sender_detached", "1 while the sender is detached (the backlog limit was "
-                                "reached while it was behind): it receives nothing until attached again",
-                                labels=["sender"])
-        for name, snd in s["senders"].items():
-            if "stream_state" in snd:
-                for st in STREAM_STATES:
-                    sss.add_metric([name, st], 1 if st == snd["stream_state"] else 0)
-                slr.add_metric([name], snd.get("lag_rows", 0))
-                sbb.add_metric([name], snd.get("backlog_bytes", 0))
-                sdt.add_metric([name], 1 if snd.get("detached") else 0)
-            if isinstance(snd.get("process"), dict):
-                sprs.add_metric([name], snd["process"].get("restarts", 0))
-            srow.add_metric([name], snd["rows"])
-            stx.add_metric([name], snd["txns"])
-            sack.add_metric([name], snd["acked_ts"])
-            if snd["acked_ts"]:
-                sackt.add_metric([name], _ts_seconds(snd["acked_ts"]))
-                slg.add_metric([name], max(0.0, now - _ts_seconds(snd["acked_ts"])))
-            serr.add_metric([name], snd["errors"])
-            sret.add_metric([name], snd["retries"])
-            sq.add_metric([name], snd["queue_rows"])
-            sqc.add_metric([name], snd.get("queue_capacity_rows", 0))
-            sp.add_metric([name], 1 if snd.get("paused") else 0)
-            for st in sorted(set(SENDER_STATES) | {snd["state"]}):
-                sst.add_metric([name, st], 1 if st == snd["state"] else 0)
-        yield from (srow, stx, sack, sackt, slg, serr, sret, sq, sqc, sp, sst, sprs, sss, slr, sbb, sdt)
+        yield from _checkpoint_metrics(s, now)
+        yield from _region_metrics(s["regions"])
+        yield from _merger_metrics(s.get("merger") or {}, s["regions"])
+        yield from _store_region_metrics(s["regions"])
+        yield from _snapshot_metrics(s["regions"])
+        yield from _sender_metrics(s["senders"], now)
         yield from _verify_metrics(s.get("verify") or {})
-        st = s.get("stream")
-        if st:
-            yield GaugeMetricFamily("capturer_backlog_bytes", "bytes of the backlog on disk", value=st["backlog_bytes"])
-            yield GaugeMetricFamily("capturer_backlog_max_bytes", "backlogMaxMB in bytes (0: no backlog)",
-                                    value=st["backlog_max_bytes"])
-            yield GaugeMetricFamily("capturer_stream_memory_rows", "rows of the merged stream held in memory",
-                                    value=st["memory_rows"])
-            yield CounterMetricFamily("capturer_backlog_items_written", "items written to the backlog",
-                                      value=st["evicted_to_disk"])
-            yield CounterMetricFamily("capturer_stream_waits", "times the stream waited for the senders furthest "
-                                      "behind (memory full and no room in the backlog)", value=st["waits"])
+        yield from _stream_metrics(s.get("stream"))
 
+
+def _checkpoint_metrics(s: dict[str, Any], now: float) -> Iterator[Any]:
+    """The checkpoint (its commit_ts, age and lag) and the lag every sender has acknowledged."""
+    cp = GaugeMetricFamily("capturer_checkpoint_commit_ts", "checkpoint commit_ts (TSO)")
+    cp.add_metric([], s["checkpoint"]["commit_ts"])
+    yield cp
+    age = GaugeMetricFamily("capturer_checkpoint_age_seconds", "seconds since the checkpoint was written")
+    age.add_metric([], s["checkpoint"].get("age_seconds") or 0)
+    yield age
+    cpt = GaugeMetricFamily("capturer_checkpoint_timestamp_seconds",
+                            "commit time the checkpoint holds (unix time)")
+    if s["checkpoint"]["commit_ts"]:
+        cpt.add_metric([], _ts_seconds(s["checkpoint"]["commit_ts"]))
+    yield cpt
+    cplag = GaugeMetricFamily("capturer_checkpoint_lag_seconds",
+                              "seconds between now and the commit time the checkpoint holds")
+    if s["checkpoint"]["commit_ts"]:
+        cplag.add_metric([], max(0.0, now - _ts_seconds(s["checkpoint"]["commit_ts"])))
+    yield cplag
+    lag = GaugeMetricFamily("capturer_lag_seconds",
+                            "seconds between now and the commit time every sender has acknowledged")
+    if s.get("acked_ts"):
+        lag.add_metric([], max(0.0, now - _ts_seconds(s["acked_ts"])))
+    yield lag
+
+
+def _region_metrics(regions: dict[str, Any]) -> Iterator[Any]:
+    """Per region: lag, counts, queue, state, failovers, server, heartbeats, a PostgreSQL slot's WAL."""
+    rlag = GaugeMetricFamily("capturer_region_lag_seconds", "region lag", labels=["region"])
+    rtx = CounterMetricFamily("capturer_region_txns", "transactions read", labels=["region"])
+    rrow = CounterMetricFamily("capturer_region_rows", "row changes read", labels=["region"])
+    rq = GaugeMetricFamily("capturer_region_queue_rows", "rows queued after a region", labels=["region"])
+    rre = CounterMetricFamily("capturer_region_reconnects", "reconnects", labels=["region"])
+    rst = GaugeMetricFamily("capturer_region_state", "1 for the state the region is in, 0 for the others",
+                            labels=["region", "kind", "state"])
+    rerr = GaugeMetricFamily("capturer_region_failing", "1 while the region reconnects or has failed",
+                             labels=["region"])
+    rfo = CounterMetricFamily("capturer_region_failovers", "changes of the server a region reads (a primary "
+                              "failed over to a replica), where the region has several", labels=["region"])
+    rsrv = GaugeMetricFamily("capturer_region_server", "1 for the server the region reads now",
+                             labels=["region", "server"])
+    rhb = CounterMetricFamily("capturer_region_heartbeats", "heartbeats a region passed on (an idle or "
+                              "filtered-only source's position moves with them)", labels=["region"])
+    rhba = GaugeMetricFamily("capturer_region_heartbeat_age_seconds", "seconds since the region's newest "
+                             "heartbeat", labels=["region"])
+    rwal = GaugeMetricFamily("capturer_postgresql_slot_wal_held_bytes", "WAL the server keeps for the "
+                             "region's replication slot (insert position - restart_lsn)", labels=["region"])
+    for name, r in regions.items():
+        rlag.add_metric([name], r["lag_seconds"])
+        rtx.add_metric([name], r["txns"])
+        rrow.add_metric([name], r["rows"])
+        rq.add_metric([name], r["queue_rows"])
+        rre.add_metric([name], r["reconnects"])
+        for st in sorted(set(REGION_STATES) | {r["state"]}):
+            rst.add_metric([name, r.get("kind", ""), st], 1 if st == r["state"] else 0)
+        rerr.add_metric([name], 1 if r["state"] in ("reconnecting", "failed") else 0)
+        if "failovers" in r:
+            rfo.add_metric([name], r["failovers"])
+        if r.get("server"):
+            rsrv.add_metric([name, r["server"]], 1)
+        rhb.add_metric([name], r.get("heartbeats", 0))
+        if r.get("heartbeat_age_seconds") is not None:
+            rhba.add_metric([name], r["heartbeat_age_seconds"])
+        if r.get("slot_wal_held_bytes") is not None:
+            rwal.add_metric([name], r["slot_wal_held_bytes"])
+    yield from (rlag, rtx, rrow, rq, rre, rst, rerr, rfo, rsrv, rhb, rhba, rwal)
+
+
+def _merger_metrics(merger: dict[str, Any], regions: dict[str, Any]) -> Iterator[Any]:
+    """The merge's watermark and the regions it waits for."""
+    wm = GaugeMetricFamily("capturer_merger_watermark_ts", "the merge's watermark (TSO): the lowest newest "
+                                                           "commit_ts over the regions")
+    wmt = GaugeMetricFamily("capturer_merger_watermark_timestamp_seconds",
+                            "the merge's watermark as a commit time (unix time)")
+    if merger.get("watermark"):
+        wm.add_metric([], merger["watermark"])
+        wmt.add_metric([], _ts_seconds(merger["watermark"]))
+    yield wm
+    yield wmt
+    wait = GaugeMetricFamily("capturer_merger_waiting_for_region", "1 for a region the merge waits for now",
+                             labels=["region"])
+    waiting = set(merger.get("waiting_for") or ())
+    for name in regions:
+        wait.add_metric([name], 1 if name in waiting else 0)
+    yield wait
+
+
+def _store_region_metrics(regions: dict[str, Any]) -> Iterator[Any]:
+    """BaikalDB regions: each binlog region of the binlog table."""
+    slag = GaugeMetricFamily("capturer_baikaldb_store_region_lag_seconds",
+                             "seconds behind the clock of the newest ts read from a binlog region",
+                             labels=["region", "store_region"])
+    sev = CounterMetricFamily("capturer_baikaldb_store_region_events",
+                              "leader redirects, peer failures, follower reads, VERSION_OLD answers, retries",
+                              labels=["region", "store_region", "event"])
+    for name, r in regions.items():
+        for rid, sr in (r.get("store_regions") or {}).items():
+            if sr.get("lag_seconds") is not None:
+                slag.add_metric([name, rid], sr["lag_seconds"])
+            for ev in ("not_leader", "peer_failures", "follower_reads", "version_old", "retries"):
+                sev.add_metric([name, rid, ev], sr.get(ev, 0))
+    yield from (slag, sev)
+
+
+def _snapshot_metrics(regions: dict[str, Any]) -> Iterator[Any]:
+    """Per region and table being copied: rows, estimate, rate, done."""
+    snrows = GaugeMetricFamily("capturer_snapshot_rows", "rows delivered by a table snapshot",
+                               labels=["region", "table"])
+    snest = GaugeMetricFamily("capturer_snapshot_estimated_rows", "estimated rows of a table being copied",
+                              labels=["region", "table"])
+    snrate = GaugeMetricFamily("capturer_snapshot_rows_per_second", "copy rate of a table snapshot",
+                               labels=["region", "table"])
+    sndone = GaugeMetricFamily("capturer_snapshot_done", "1 when a table's snapshot is done (or dropped)",
+                               labels=["region", "table"])
+    for name, r in regions.items():
+        for table, t in ((r.get("snapshot") or {}).get("tables") or {}).items():
+            snrows.add_metric([name, table], t["rows"])
+            snest.add_metric([name, table], t["estimated_rows"])
+            snrate.add_metric([name, table], t["rows_per_s"])
+            sndone.add_metric([name, table], 1 if t["state"] in ("done", "dropped") else 0)
+    yield from (snrows, snest, snrate, sndone)
+
+
+def _sender_metrics(senders: dict[str, Any], now: float) -> Iterator[Any]:
+    """Per sender: counts, acknowledged position and lag, errors, queue, state, process, backlog."""
+    srow = CounterMetricFamily("capturer_sender_rows", "rows delivered", labels=["sender"])
+    stx = CounterMetricFamily("capturer_sender_txns", "transactions delivered", labels=["sender"])
+    sack = GaugeMetricFamily("capturer_sender_acked_ts", "acknowledged commit_ts", labels=["sender"])
+    sackt = GaugeMetricFamily("capturer_sender_acked_timestamp_seconds",
+                              "commit time the sender has acknowledged (unix time)", labels=["sender"])
+    slg = GaugeMetricFamily("capturer_sender_lag_seconds",
+                            "seconds between now and the commit time the sender has acknowledged",
+                            labels=["sender"])
+    serr = CounterMetricFamily("capturer_sender_errors", "delivery errors", labels=["sender"])
+    sret = CounterMetricFamily("capturer_sender_retries", "delivery retries", labels=["sender"])
+    sq = GaugeMetricFamily("capturer_sender_queue_rows", "rows queued for a sender", labels=["sender"])
+    sqc = GaugeMetricFamily("capturer_sender_queue_capacity_rows", "rows a sender's queue holds before "
+                                                                   "the stream waits", labels=["sender"])
+    sp = GaugeMetricFamily("capturer_sender_paused", "1 while an operator has paused the sender",
+                           labels=["sender"])
+    sst = GaugeMetricFamily("capturer_sender_state", "1 for the state the sender is in, 0 for the others",
+                            labels=["sender", "state"])
+    sprs = CounterMetricFamily("capturer_sender_process_restarts", "times a sender's own process "
+                               "(process=true) was started again after it died", labels=["sender"])
+    sss = GaugeMetricFamily("capturer_sender_stream_state", "1 for where the sender stands in the stream "
+                            "(live, catching up, paused, failing, detached), 0 for the others",
+                            labels=["sender", "state"])
+    slr = GaugeMetricFamily("capturer_sender_lag_rows", "rows of the stream the sender has not acknowledged yet",
+                            labels=["sender"])
+    sbb = GaugeMetricFamily("capturer_sender_backlog_bytes", "bytes of the backlog on disk kept for the sender",
+                            labels=["sender"])
+    sdt = GaugeMetricFamily("capturer_sender_detached", "1 while the sender is detached (the backlog limit was "
+                            "reached while it was behind): it receives nothing until attached again",
+                            labels=["sender"])
+    for name, snd in senders.items():
+        if "stream_state" in snd:
+            for st in STREAM_STATES:
+                sss.add_metric([name, st], 1 if st == snd["stream_state"] else 0)
+            slr.add_metric([name], snd.get("lag_rows", 0))
+            sbb.add_metric([name], snd.get("backlog_bytes", 0))
+            sdt.add_metric([name], 1 if snd.get("detached") else 0)
+        if isinstance(snd.get("process"), dict):
+            sprs.add_metric([name], snd["process"].get("restarts", 0))
+        srow.add_metric([name], snd["rows"])
+        stx.add_metric([name], snd["txns"])
+        sack.add_metric([name], snd["acked_ts"])
+        if snd["acked_ts"]:
+            sackt.add_metric([name], _ts_seconds(snd["acked_ts"]))
+            slg.add_metric([name], max(0.0, now - _ts_seconds(snd["acked_ts"])))
+        serr.add_metric([name], snd["errors"])
+        sret.add_metric([name], snd["retries"])
+        sq.add_metric([name], snd["queue_rows"])
+        sqc.add_metric([name], snd.get("queue_capacity_rows", 0))
+        sp.add_metric([name], 1 if snd.get("paused") else 0)
+        for st in sorted(set(SENDER_STATES) | {snd["state"]}):
+            sst.add_metric([name, st], 1 if st == snd["state"] else 0)
+    yield from (srow, stx, sack, sackt, slg, serr, sret, sq, sqc, sp, sst, sprs, sss, slr, sbb, sdt)
+
+
+def _stream_metrics(st: dict[str, Any] | None) -> Iterator[Any]:
+    """The merged stream: the backlog on disk, rows in memory, waits."""
+    if not st:
+        return
+    yield GaugeMetricFamily("capturer_backlog_bytes", "bytes of the backlog on disk", value=st["backlog_bytes"])
+    yield GaugeMetricFamily("capturer_backlog_max_bytes", "backlogMaxMB in bytes (0: no backlog)",
+                            value=st["backlog_max_bytes"])
+    yield GaugeMetricFamily("capturer_stream_memory_rows", "rows of the merged stream held in memory",
+                            value=st["memory_rows"])
+    yield CounterMetricFamily("capturer_backlog_items_written", "items written to the backlog",
+                              value=st["evicted_to_disk"])
+    yield CounterMetricFamily("capturer_stream_waits", "times the stream waited for the senders furthest "
+                              "behind (memory full and no room in the backlog)", value=st["waits"])
 
 def _ha_metrics(ha: dict[str, Any]) -> Iterator[Any]:
     """High availability (capturer/ha): this capturer's role, the epoch, the last takeover."""
