@@ -26,7 +26,7 @@ from capturer.model.spill import SpilledChanges
 from capturer.pipeline.filter import split_table_name
 from capturer.regions.copies import CopyJournal
 from capturer.regions.snaphost import SnapshotHostMixin
-from capturer.regions.snapshot import truncate_conflict
+from capturer.regions.snapshot_plan import truncate_conflict
 
 log = logging.getLogger(__name__)
 

@@ -34,7 +34,8 @@ from capturer.model.encode import qualified
 from capturer.util import failpoints
 
 if TYPE_CHECKING:
-    from capturer.regions.snapshot import Chunk, Recorder, Snapshotter, TablePlan
+    from capturer.regions.snapshot import Snapshotter
+    from capturer.regions.snapshot_plan import Chunk, Recorder, TablePlan
 
 log = logging.getLogger(__name__)
 
@@ -241,7 +242,7 @@ class SnapshotHostMixin:
     def chunk_begin(self, plan: TablePlan) -> int:
         """A worker is about to read a chunk of ``plan``'s table: from now on the log's
         changes to it are recorded (its P is at or after this point)."""
-        from capturer.regions.snapshot import Recorder
+        from capturer.regions.snapshot_plan import Recorder
 
         with self._lock:
             rec = self.recorders.get((plan.db, plan.table))
@@ -287,7 +288,7 @@ class SnapshotHostMixin:
         """Refuse (FatalSourceError) to TRUNCATE ``db.table`` downstream when another
         region also delivers a table of that name: its rows would go too."""
         from capturer.errors import FatalSourceError
-        from capturer.regions.snapshot import truncate_conflict
+        from capturer.regions.snapshot_plan import truncate_conflict
 
         others = self.ctx.tables_elsewhere(self.name, [(db, table)]).get((db, table))
         if others:
@@ -300,7 +301,7 @@ class SnapshotHostMixin:
         part in the coordinated copy (served by an agent, or BaikalDB): its rows would
         go with the TRUNCATE."""
         from capturer.errors import FatalSourceError
-        from capturer.regions.snapshot import truncate_conflict
+        from capturer.regions.snapshot_plan import truncate_conflict
 
         found = self.ctx.tables_elsewhere(self.name, tables) if tables else {}
         clash = {k: v for k, v in ((k, [o for o in others if self.ctx.peer(o) is None])
@@ -444,7 +445,8 @@ class SnapshotHostMixin:
         with (returns the table's progress after it); "redo" if its table changed
         shape since it was described, or the log was restarted meanwhile;
         "superseded" if a newer run of the table was requested; "stopped"."""
-        from capturer.regions.snapshot import chunk_mark, row_key
+        from capturer.regions.snapshot import chunk_mark
+        from capturer.regions.snapshot_plan import row_key
 
         at = self._pkey(chunk.at)
         # changes after this point make a chunk's row stale (P; or, where the reader tells
@@ -510,7 +512,7 @@ class SnapshotHostMixin:
         read did not see. Only the deleted rows are held in memory (counted by
         value); the rows read and the rows inserted stream from disk to disk."""
         from capturer.model.spill import SpillWriter
-        from capturer.regions.snapshot import image_key
+        from capturer.regions.snapshot_plan import image_key
 
         cols = tuple(c.name for c in chunk.plan.columns)
         visible = chunk.visible
@@ -601,7 +603,7 @@ def copy_together(host: SnapshotHostMixin, snapshotter: Snapshotter, plan: Table
         for name in others:
             peer = host.ctx.peer(name)
             if peer is None:
-                from capturer.regions.snapshot import truncate_conflict
+                from capturer.regions.snapshot_plan import truncate_conflict
 
                 raise FatalSourceError(
                     f"{host.where}: snapshot refused: " + truncate_conflict(

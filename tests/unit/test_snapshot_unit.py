@@ -15,15 +15,8 @@ from capturer.regions.clock import LiftJournal, RegionClock
 from capturer.regions.mysql.keys import RegionConfig
 from capturer.regions.mysql.region import MySQLRegion
 from capturer.regions.mysql.snapshot import MySQLPlan as TablePlan
-from capturer.regions.snapshot import (
-    Chunk,
-    ChunkMark,
-    Column,
-    Recorder,
-    enum_members,
-    key_matches,
-    split_key,
-)
+from capturer.regions.snapshot import ChunkMark
+from capturer.regions.snapshot_plan import Chunk, Column, Recorder, enum_members, key_matches, split_key
 from capturer.util.bqueue import WeightedQueue
 from senders.kafka.format import json_envelope, source_block, truncate_message
 from senders.sqlbuild import build

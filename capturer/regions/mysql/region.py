@@ -62,7 +62,8 @@ from capturer.regions.mysql.keys import RegionConfig
 from capturer.regions.mysql.rowdecode import fast_rows
 from capturer.regions.mysql.snapshot import MySQLSnapshotter, base_tables, index_rows, promote_key
 from capturer.regions.snaphost import SnapshotHostMixin
-from capturer.regions.snapshot import Snapshotter, TablePlan
+from capturer.regions.snapshot import Snapshotter
+from capturer.regions.snapshot_plan import TablePlan
 from capturer.util import failpoints, mysqlconn
 
 log = logging.getLogger(__name__)

@@ -84,16 +84,8 @@ from capturer.errors import FatalSourceError, SourceError
 from capturer.model import ColumnInfo, Position, RowChange, TableProgress, TableSchema
 from capturer.model.encode import quote_ident
 from capturer.model.spill import DEFAULT_CHUNK_ROWS, SpillWriter
-from capturer.regions.snapshot import (
-    Chunk,
-    Column,
-    ColumnsChanged,
-    SnapshotHost,
-    Snapshotter,
-    TableGone,
-    TablePlan,
-    split_key,
-)
+from capturer.regions.snapshot import ColumnsChanged, SnapshotHost, Snapshotter, TableGone
+from capturer.regions.snapshot_plan import Chunk, Column, TablePlan, split_key
 from capturer.util import mysqlconn
 from capturer.util.binlogpos import binlog_end
 from capturer.util.mysqlconn import mariadb_tls_kwargs

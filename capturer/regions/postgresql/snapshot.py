@@ -50,15 +50,8 @@ from capturer.errors import SourceError
 from capturer.model import LsnPosition, RowChange, TableProgress, parse_lsn
 from capturer.model.spill import DEFAULT_CHUNK_ROWS, SpillWriter
 from capturer.regions.postgresql.types import parse_value
-from capturer.regions.snapshot import (
-    Chunk,
-    Column,
-    ColumnsChanged,
-    Snapshotter,
-    TableGone,
-    TablePlan,
-    split_key,
-)
+from capturer.regions.snapshot import ColumnsChanged, Snapshotter, TableGone
+from capturer.regions.snapshot_plan import Chunk, Column, TablePlan, split_key
 
 log = logging.getLogger(__name__)
 
