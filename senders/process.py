@@ -278,6 +278,97 @@ def _die_with(parent: int) -> None:
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
+class _Child:
+    """The child's end of the pipe: its answers, and the batch being read (what broke it, if anything)."""
+
+    def __init__(self, out: Any):
+        self.out = out
+        self.batch: list[Txn] = []
+        # a value of this batch could not be read or kept: the batch is refused at its end (the rest of it
+        # is still read, so that the pipe stays in step), retriable or not
+        self.broken: tuple[str, bool] | None = None
+
+    def answer(self, v: list[Any]) -> None:
+        self.out.write(wire.packb(v))
+        self.out.flush()
+
+    def answer_ok(self, sender: Sender) -> None:  # with the sender's own status fields and position state
+        extras = {k: x for k, x in sender.status().items() if k not in _BASE_STATUS}
+        extras["position_state"] = sender.position_state
+        self.answer(["ok", extras])
+
+    def answer_key(self, sender: Sender) -> None:
+        k = sender.resume_key()
+        self.answer(["ok", {"resume_key": None if k is None else list(k)}])
+
+    def new_reader(self, spill_rows: Any, spill_dir: Any) -> wire.TxnReader:
+        """What reads the batches' transactions into ``self.batch``."""
+        return wire.TxnReader(wire.Decoder(""), int(spill_rows), str(spill_dir),
+                              lambda fields, changes, _spilled: self.batch.append(Txn(changes=changes, **fields)))
+
+    def serve(self, sender: Sender, values: Any, reader: wire.TxnReader) -> None:
+        """The batches, ``hk`` and ``key`` until ``close`` or the end of the pipe."""
+        for v in values:
+            tag = v[0] if isinstance(v, list) and v else None
+            if tag == "end":
+                self._end_batch(sender, reader)
+            elif tag == "hk":  # between batches: the sender's own work
+                try:
+                    sender.housekeeping()
+                    self.answer_ok(sender)
+                except Exception as exc:
+                    self.answer(_err(exc))
+            elif tag == "key":  # a batch is about to be retried: where the destination stands
+                try:
+                    self.answer_key(sender)
+                except Exception as exc:
+                    self.answer(_err(exc))
+            elif tag == "close":
+                break
+            elif tag == "r" and len(v) == 2:
+                reader.decoder.region = str(v[1])
+            elif self.broken is None or tag == "s":  # schemas are read even then: the capturer's encoder sent them
+                self._feed(reader, v)
+
+    def _end_batch(self, sender: Sender, reader: wire.TxnReader) -> None:
+        try:
+            if self.broken is None and reader.inside:
+                self.broken = ("the batch ended inside a transaction", False)
+            if self.broken is not None:
+                raise SinkError(f"sender process: batch refused: {self.broken[0]}", retriable=self.broken[1])
+            sender.send(self.batch)
+            self.answer_ok(sender)
+        except Exception as exc:
+            self.answer(_err(exc))
+        self.batch, self.broken = [], None
+        reader.discard()
+
+    def _feed(self, reader: wire.TxnReader, v: Any) -> None:
+        try:
+            reader.feed([v])
+        except (wire.WireError, TypeError, ValueError, IndexError, KeyError) as exc:
+            self.broken = (str(exc) or repr(exc), False)
+            reader.discard()
+        except OSError as exc:  # spilling a big transaction: a full or unwritable spillDir
+            self.broken = (str(exc), True)
+            reader.discard()
+
+
+def _is_open(first: Any) -> bool:
+    return isinstance(first, list) and len(first) in (6, 7, 8) and first[0] == "open"
+
+
+def _new_sender(first: list[Any]) -> Sender:
+    """The sender an ``open`` message names (the child's logging set up for it first)."""
+    _, kind, options, level = first[:4]
+    name = str(first[7]) if len(first) == 8 else kind  # (the sender's name, when not its type)
+    logging.basicConfig(level=getattr(logging, str(level).upper(), logging.INFO), stream=sys.stderr,
+                        format=f"%(asctime)s %(levelname)s [sender {name} pid {os.getpid()}] %(name)s: %(message)s")
+    sender = sender_class(kind)(name, options, 1)
+    sender.resume_state = first[6] if len(first) == 7 and isinstance(first[6], dict) else None
+    return sender
+
+
 def child_main(argv: list[str] | None = None) -> int:
     """Serve one sender on stdin/stdout until ``close`` or the capturer goes away."""
     tune()
@@ -287,88 +378,28 @@ def child_main(argv: list[str] | None = None) -> int:
     out = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # a print() in a library must not break the pipe
     values = _unpacker(sys.stdin.fileno())
-
-    def answer(v: list[Any]) -> None:
-        out.write(wire.packb(v))
-        out.flush()
-
-    def answer_ok(sender: Sender) -> None:  # with the sender's own status fields and position state
-        extras = {k: x for k, x in sender.status().items() if k not in _BASE_STATUS}
-        extras["position_state"] = sender.position_state
-        answer(["ok", extras])
-
-    def answer_key(sender: Sender) -> None:
-        k = sender.resume_key()
-        answer(["ok", {"resume_key": None if k is None else list(k)}])
-
+    child = _Child(out)
     sender: Sender | None = None
     try:
-        first = next(values, None)
-        if not (isinstance(first, list) and len(first) in (6, 7, 8) and first[0] == "open"):
+        first: Any = next(values, None)
+        if not _is_open(first):
             # not the message itself: it holds the sender's options (passwords)
             print(f"senders.process: expected an open message, got a {type(first).__name__}", file=sys.stderr)
             return 2
-        _, kind, options, level, spill_rows, spill_dir = first[:6]
-        name = str(first[7]) if len(first) == 8 else kind  # (the sender's name, when not its type)
-        logging.basicConfig(level=getattr(logging, str(level).upper(), logging.INFO), stream=sys.stderr,
-                            format=f"%(asctime)s %(levelname)s [sender {name} pid {os.getpid()}] %(name)s: %(message)s")
-        sender = sender_class(kind)(name, options, 1)
-        sender.resume_state = first[6] if len(first) == 7 and isinstance(first[6], dict) else None
+        sender = _new_sender(first)
         try:
             sender.open()
-            answer_key(sender)
+            child.answer_key(sender)
         except Exception as exc:
-            answer(_err(exc))
+            child.answer(_err(exc))
             return 1
-        batch: list[Txn] = []
-        reader = wire.TxnReader(wire.Decoder(""), int(spill_rows), str(spill_dir),
-                                lambda fields, changes, _spilled: batch.append(Txn(changes=changes, **fields)))
-        # a value of this batch could not be read or kept: the batch is refused at its end (the rest of it
-        # is still read, so that the pipe stays in step), retriable or not
-        broken: tuple[str, bool] | None = None
+        reader = child.new_reader(first[4], first[5])
         try:
-            for v in values:
-                tag = v[0] if isinstance(v, list) and v else None
-                if tag == "end":
-                    try:
-                        if broken is None and reader.inside:
-                            broken = ("the batch ended inside a transaction", False)
-                        if broken is not None:
-                            raise SinkError(f"sender process: batch refused: {broken[0]}", retriable=broken[1])
-                        sender.send(batch)
-                        answer_ok(sender)
-                    except Exception as exc:
-                        answer(_err(exc))
-                    batch, broken = [], None
-                    reader.discard()
-                elif tag == "hk":  # between batches: the sender's own work
-                    try:
-                        sender.housekeeping()
-                        answer_ok(sender)
-                    except Exception as exc:
-                        answer(_err(exc))
-                elif tag == "key":  # a batch is about to be retried: where the destination stands
-                    try:
-                        answer_key(sender)
-                    except Exception as exc:
-                        answer(_err(exc))
-                elif tag == "close":
-                    break
-                elif tag == "r" and len(v) == 2:
-                    reader.decoder.region = str(v[1])
-                elif broken is None or tag == "s":  # schemas are read even then: the capturer's encoder sent them
-                    try:
-                        reader.feed([v])
-                    except (wire.WireError, TypeError, ValueError, IndexError, KeyError) as exc:
-                        broken = (str(exc) or repr(exc), False)
-                        reader.discard()
-                    except OSError as exc:  # spilling a big transaction: a full or unwritable spillDir
-                        broken = (str(exc), True)
-                        reader.discard()
+            child.serve(sender, values, reader)
         except BrokenPipeError:
             raise
         except Exception as exc:
-            answer(_err(exc))
+            child.answer(_err(exc))
             return 1
         return 0
     except (BrokenPipeError, KeyboardInterrupt):
@@ -379,7 +410,6 @@ def child_main(argv: list[str] | None = None) -> int:
                 sender.close()
             except Exception:
                 log.exception("sender close failed")
-
 
 if __name__ == "__main__":
     sys.exit(child_main())
