@@ -28,11 +28,12 @@ from capturer.model import Item, Txn, stream_key, ts_physical_ms
 from capturer.ops import verify
 from capturer.ops.check import Root
 from capturer.ops.status import StatusServer
-from capturer.pipeline.backlog import Backlog, BacklogMark, Cut, StreamLog
+from capturer.pipeline.backlog import Cut, StreamLog
 from capturer.pipeline.checkpoint import Checkpoint, CheckpointKeeper, StateDir, load_checkpoint
 from capturer.pipeline.fanout import SenderManager
 from capturer.pipeline.filter import Filter, load_filter, parse_filter_text
 from capturer.pipeline.merger import MergeStage
+from capturer.pipeline.segments import Backlog, BacklogMark
 from capturer.regions import make_region
 from capturer.regions.base import RegionContext
 from capturer.regions.clock import LiftJournal

@@ -44,7 +44,7 @@ from typing import Any
 
 from capturer.errors import CapturerError, CheckpointError, Fenced
 from capturer.model import AnyPosition, StreamKey, key_from_json, key_to_json, position_from_json, ts_physical_ms
-from capturer.pipeline.backlog import BacklogMark
+from capturer.pipeline.segments import BacklogMark
 from capturer.util import failpoints
 from capturer.util.durable import fsync_dir
 
