@@ -114,6 +114,7 @@ def check_cli(cfg: AppConfig, connect: bool) -> int:
 SUBCOMMANDS = {
     "verify": "compare every sink with the sources, table by table (exit 0 equal, 1 a difference)",
     "apply": "an applier: read the capturer's Kafka topics into its own senders (a MySQL target, ...)",
+    "spark-apply": "a Spark Structured Streaming job: the capturer's Kafka topics MERGEd into Delta tables",
     "status": "print a running capturer's status (its HTTP port)",
     "snapshot": "ask a running capturer to copy tables (an initial or incremental snapshot)",
     "pause": "pause a sender of a running capturer",
@@ -140,6 +141,10 @@ def _subcommand(name: str, argv: list[str]) -> int:
         from capturer.apply.app import apply_main
 
         return apply_main(argv, _STOP)
+    if name == "spark-apply":
+        from capturer.apply.spark_stream import spark_apply_main
+
+        return spark_apply_main(argv, _STOP)
     if name == "status":
         from capturer.ops.cli import status_cli
 

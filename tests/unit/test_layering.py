@@ -15,8 +15,9 @@ the wrong direction fails here, not in a review).
         use only the shared layer (the lake's command-line tool also reads the
         capturer's config, to find the lake); senders/process.py is the root of a
         sender's own process
-    capturer.app, capturer.apply.app
-        the composition roots (the capturer's; an applier's, which drives senders from Kafka):
+    capturer.app, capturer.apply.app, capturer.apply.spark_stream
+        the composition roots (the capturer's; an applier's, which drives senders from Kafka; the
+        streaming applier on Spark):
         the modules of the capture side that name senders
     devtools
         the demo, private servers, the BaikalDB double and workloads: nothing under
@@ -34,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[2]
 TOPS = ("capturer", "senders", "devtools", "bench")
 
 # the composition roots: the capturer's, and an applier's (capturer/apply: Kafka -> senders)
-CAPTURER_MAY_NAME_SENDERS = {"capturer/app.py", "capturer/apply/app.py"}
+CAPTURER_MAY_NAME_SENDERS = {"capturer/app.py", "capturer/apply/app.py", "capturer/apply/spark_stream.py"}
 # a sender's command-line tool reads the capturer's config to find its target
 TOOLS_MAY_READ_CONFIG = {"senders/spark/lakecli.py": {"capturer.config"}}
 # the command line starts the demo (python -m capturer --demo)
