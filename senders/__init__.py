@@ -63,6 +63,15 @@ def consumer_factory(name: str) -> Any:
     return load(target)
 
 
+def stream_session_factory(name: str) -> Any:
+    """``stream_session(options)`` of sender kind ``name`` (senders/kind.py): the Spark session of a
+    streaming applier into its tables (imported on use); KeyError when the kind has none."""
+    target = kind(name).stream_session
+    if not target:
+        raise KeyError(f"sender kind {name!r} has no streaming applier")
+    return load(target)
+
+
 def extra(name: str, options: Mapping[str, Any]) -> str:
     """The setup.py extra sender ``name`` needs with these options ("" for none)."""
     return kind(name).extra(options)

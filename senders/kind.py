@@ -16,6 +16,9 @@ paths, so naming it imports no client library:
 * ``consumer``: ``"module:function"``, ``make_consumer(client, servers, group,
   security, who, timeout, where)`` giving a reader of the kind's topics
   (``capturer.model.message.Consumer``: what an applier reads), or ``""``;
+* ``stream_session``: ``"module:function"``, ``stream_session(options)`` giving the Spark session
+  of a Structured Streaming applier writing the kind's tables (``python -m capturer spark-apply``),
+  with the jars of Spark's Kafka source, or ``""``;
 * ``extra(options)``: the ``setup.py`` extra the sender needs with these options
   (``start.sh`` installs it), or ``""``.
 """
@@ -39,4 +42,5 @@ class SenderKind:
     check: str = ""
     extra: Callable[[Mapping[str, Any]], str] = _no_extra
     consumer: str = ""
+    stream_session: str = ""
     doc: str = ""  # one line: what it writes to

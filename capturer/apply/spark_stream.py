@@ -50,7 +50,7 @@ from capturer.errors import ConfigError, SinkError
 from capturer.model import StreamKey
 from capturer.model.message import Msg
 from capturer.util.kafkasec import security_of
-from senders import CATALOG, sender_class
+from senders import CATALOG, sender_class, stream_session_factory
 
 log = logging.getLogger(__name__)
 
@@ -181,19 +181,13 @@ def spark_apply_main(argv: list[str], stop: threading.Event) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.master:
         opts["master"] = args.master
-    from senders.spark import deltajars, kafkajars
-    from senders.spark.deltasink import build_delta_session
-
-    why = deltajars.incompatible()
-    if why:
-        print(f"error: {why}", file=sys.stderr)
-        return 2
-    conf = dict(opts.get("conf.*") or {})
-    conf["spark.jars"] = ",".join(deltajars.jars() + kafkajars.jars())
-    opts["conf.*"] = conf
     checkpoint = Path(args.checkpoint).resolve()
     checkpoint.mkdir(parents=True, exist_ok=True)
-    spark = build_delta_session(opts, Path(opts["warehouse"]).resolve())
+    try:
+        spark = stream_session_factory("spark")(opts)
+    except SinkError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     sender = sender_class("spark")(f"{cfg.name}.spark", opts, cfg.queue_rows)
     deadline = time.monotonic() + 120
     while True:  # the lake's lock: a killed driver's JVM may still be exiting

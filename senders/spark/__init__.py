@@ -12,4 +12,5 @@ def _extra(options: Mapping[str, Any]) -> str:
 
 
 KIND = SenderKind("spark", "senders.spark.sender:SparkSender", verify="senders.spark.verify:LakeReader",
-                  check="senders.spark.check", extra=_extra, doc="a lake of Spark tables")
+                  check="senders.spark.check", extra=_extra,
+                  stream_session="senders.spark.kafkajars:stream_session", doc="a lake of Spark tables")

@@ -16,8 +16,11 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import Any
 
+from capturer.errors import SinkError
 from senders.spark import deltajars
+from senders.spark.deltasink import build_delta_session
 
 SPARK_VERSION = f"{deltajars.SPARK_MINOR}.0"
 POM = Path(__file__).resolve().parent / "kafka-pom.xml"
@@ -68,6 +71,22 @@ def jars() -> list[str]:
         tmp.rename(lib)
         stamp.write_text(want + "\n")
     return listed()
+
+
+def stream_session(options: dict[str, Any]) -> Any:
+    """The Spark session of ``spark-apply``: the Delta runtime and Spark's Kafka source loaded (the
+    sender's ``master``, ``warehouse`` and ``conf.*``). SinkError (not retriable) when Delta cannot run
+    on the installed PySpark or the jars cannot be resolved."""
+    why = deltajars.incompatible()
+    if why:
+        raise SinkError(why, retriable=False)
+    try:
+        paths = deltajars.jars() + jars()
+    except RuntimeError as exc:
+        raise SinkError(str(exc), retriable=False) from None
+    opts = dict(options)
+    opts["conf.*"] = {**(options.get("conf.*") or {}), "spark.jars": ",".join(paths)}
+    return build_delta_session(opts, Path(options["warehouse"]).resolve())
 
 
 def main() -> int:
