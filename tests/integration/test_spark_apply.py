@@ -73,7 +73,7 @@ class StreamApplier:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(1800)
 def test_spark_apply_kill9_of_the_driver_equals_the_sources(rig: dict[str, Any],  # noqa: F811
                                                              spark_of: Callable[[], Any]) -> None:  # noqa: F811
     t0 = time.monotonic()
@@ -85,21 +85,21 @@ def test_spark_apply_kill9_of_the_driver_equals_the_sources(rig: dict[str, Any],
     try:
         ap = StreamApplier(cfg, ck, log).start()
         rig["procs"].append(ap)
-        wait_for(lambda: _merges(rig) >= 3, 300, "the streaming applier's first MERGEs")
+        wait_for(lambda: _merges(rig) >= 3, 600, "the streaming applier's first MERGEs")
         hostile(sources[0])
         time.sleep(2.0)
         ap.kill9()
         killed_at = _merges(rig)
         ap = StreamApplier(cfg, ck, log).start()
         rig["procs"].append(ap)
-        wait_for(lambda: _merges(rig) > killed_at, 300, "the restarted streaming applier to MERGE")
+        wait_for(lambda: _merges(rig) > killed_at, 600, "the restarted streaming applier to MERGE")
     finally:
         for w in loads:
             w.stop.set()
         for t in threads:
             t.join(60)
     assert not any(w.errors for w in loads), [w.errors for w in loads]
-    mark_and_wait(rig, 1, 360, [])
+    mark_and_wait(rig, 1, 600, [])
     assert ap.stop() == 0, log.read_text()[-3000:]
     print(f"load, a kill -9 of the driver and a catch-up: {time.monotonic() - t0:.1f}s; "
           f"{sum(w.txns for w in loads)} source transactions")
