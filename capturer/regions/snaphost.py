@@ -621,117 +621,22 @@ def copy_together(host: SnapshotHostMixin, snapshotter: Snapshotter, plan: Table
 
 def _copy_group(host: SnapshotHostMixin, snapshotter: Snapshotter, plan: TablePlan, p: TableProgress,
                 members: list[Any]) -> TableProgress | str:
-    from capturer.regions.snapshot import TableGone, chunk_mark
-
-    key = (plan.db, plan.table)
     readers: dict[str, Any] = {}
     tokens: dict[str, tuple[Any, TablePlan, int]] = {}
     chunks: dict[str, Chunk] = {}
-    create: Any = None
     try:
-        for m in members:
-            snap = snapshotter if m is host else m.group_snapshotter()
-            reader = readers[m.name] = snap._new_reader()
-            try:
-                mplan = plan if m is host else snap._describe(reader, plan.db, plan.table)
-            except TableGone:
-                if m is host:
-                    raise
-                continue  # gone from that region since: nothing of it to copy
-            if m is host and host.cfg_snapshot_ddl():
-                create, _ = snap._begin_at(reader, mplan)
-            whole = dataclasses.replace(mplan, key=())  # read whole, corrected as a multiset
-            tokens[m.name] = (m, whole, m.chunk_begin(whole))
-            try:
-                chunks[m.name] = snap._read(reader, whole, TableProgress(plan.db, plan.table, p.run),
-                                            tokens[m.name][2])
-            except TableGone:
-                if m is host:
-                    raise
-                m.chunk_end(whole, tokens.pop(m.name)[2])  # gone from that region meanwhile: nothing to copy
-        for name, chunk in chunks.items():
-            m = tokens[name][0]
-            with m._lock:
-                if not m._wait_past(m._pkey(chunk.at), chunk.gen):
-                    return "stopped"
+        create = _group_read(host, snapshotter, plan, p, members, readers, tokens, chunks)
+        if not _group_wait_past(chunks, tokens):
+            return "stopped"
         ordered = sorted((tokens[n][0] for n in chunks), key=lambda m: m.name)
         held: list[Any] = []
         try:
-            # every region's emission lock (in name order: two steps never wait on each other), held
-            # only while nothing is emitted: the step is decided under them all, then the other
-            # regions go on (their clocks above it) while the leader, still under its own, sends it
-            delay = 0.001
-            while True:  # every lock or none: never wait for one while holding another (a region's
-                # stream holds its own while its emission waits for room in a full queue)
-                for m in ordered:
-                    if not m._lock.acquire(blocking=False):
-                        break
-                    held.append(m)
-                else:
-                    break
-                for m in reversed(held):
-                    m._lock.release()
-                held.clear()
-                if any(m.ctx.stop.is_set() or m.error is not None for m in ordered):
-                    return "stopped"
-                time.sleep(delay)
-                delay = min(delay * 2, 0.05)
-            for m in ordered:
-                m._apply_requests()
-            prev = next((x for x in host.snap_progress if (x.db, x.table) == key), None)
-            if prev is None or prev.run != p.run:
-                return "superseded"
-            for name, chunk in chunks.items():
-                m, whole, _ = tokens[name]
-                if chunk.gen != m._snap_gen or m._ddl_since(whole):
-                    return "redo"
-            stmts = host._start_statements(plan, create, False) if create is not None else []
-            stmts.append((plan.db, f"TRUNCATE TABLE {qualified(plan.db, plan.table)}", plan.table))
-            rows = 0
-            parts = []
-            for name, chunk in chunks.items():  # each region's rows as of where its stream is
-                m, whole, _ = tokens[name]
-                after = chunk.drop_after if chunk.drop_after is not None else m._pkey(chunk.at)
-                changes = m._keyless_rows(chunk, m.recorders.get(key), after)
-                rows += len(changes)
-                parts.append((chunk, changes))
-            # one clock for the step: above everything any of them sent; the others' clocks above it
-            host._opened(plan.db, plan.table)
-            host.clock.lift_to(max(m.clock.last_emitted for m in ordered))
-            stamps = [host._extra_ts() for _ in range(len(stmts) + len(parts))]
-            here = host.position
-            before = host._stamped(here, host.snap_progress)
-            done = TableProgress(plan.db, plan.table, p.run, "done", None, len(parts), rows, prev.truncate,
-                                 prev.created)
-            progress = tuple(done if (x.db, x.table) == key else x for x in host.snap_progress)
-            if all(x.state in ("done", "dropped") for x in progress if x.run == p.run):
-                progress = tuple(x for x in progress if x.run != p.run)
-            after_pos = host._stamped(here, progress)
-            for m in ordered:
-                if m is not host:
-                    m.clock.lift_to(stamps[-1] + 1, m.position)
-                    m.group_done(plan.db, plan.table)  # (its next positions, after the step, say so)
-            for m in reversed(ordered):
-                if m is not host:
-                    held.remove(m)
-                    m._lock.notify_all()
-                    m._lock.release()
-            ts_iter = iter(stamps)
-            for db, sql, table in stmts:
-                ts = next(ts_iter)
-                host._emit(Txn(host.name, ts, before, (), Ddl(db, sql, table, db), ts_physical_ms(ts) // 1000, ""))
-            failpoints.hit("snapshot.group")  # (the TRUNCATE sent, the rows not yet)
-            for i, (chunk, changes) in enumerate(parts):
-                ts = next(ts_iter)
-                host._emit(Txn(host.name, ts, after_pos if i == len(parts) - 1 else before, changes, None,
-                               ts_physical_ms(ts) // 1000, "", chunk_mark(dataclasses.replace(chunk, index=i,
-                                                                                         last=i == len(parts) - 1))))
-                host.snapshot_txns += 1
-                host.snapshot_rows += len(changes)
-            host.last_commit_ts = stamps[-1]
-            host.snap_progress = progress
-            host.position = after_pos
-            host._lock.notify_all()
+            if not _group_lock_all(ordered, held):
+                return "stopped"
+            got = _group_step(host, plan, p, create, chunks, tokens, ordered, held)
+            if isinstance(got, str):
+                return got
+            done, rows = got
         finally:
             for m in reversed(held):
                 m._lock.release()
@@ -743,3 +648,145 @@ def _copy_group(host: SnapshotHostMixin, snapshotter: Snapshotter, plan: TablePl
             m.chunk_end(whole, token)
         for r in readers.values():
             r.close()
+
+
+def _group_read(host: SnapshotHostMixin, snapshotter: Snapshotter, plan: TablePlan, p: TableProgress,
+                members: list[Any], readers: dict[str, Any], tokens: dict[str, tuple[Any, TablePlan, int]],
+                chunks: dict[str, Chunk]) -> Any:
+    """Each member's rows of the table, read whole (``readers``, ``tokens`` and ``chunks`` are filled as it
+    goes, for the caller to end and close whatever happens); the host's CREATE statement when it sends DDL."""
+    from capturer.regions.snapshot import TableGone
+
+    create: Any = None
+    for m in members:
+        snap = snapshotter if m is host else m.group_snapshotter()
+        reader = readers[m.name] = snap._new_reader()
+        try:
+            mplan = plan if m is host else snap._describe(reader, plan.db, plan.table)
+        except TableGone:
+            if m is host:
+                raise
+            continue  # gone from that region since: nothing of it to copy
+        if m is host and host.cfg_snapshot_ddl():
+            create, _ = snap._begin_at(reader, mplan)
+        whole = dataclasses.replace(mplan, key=())  # read whole, corrected as a multiset
+        tokens[m.name] = (m, whole, m.chunk_begin(whole))
+        try:
+            chunks[m.name] = snap._read(reader, whole, TableProgress(plan.db, plan.table, p.run),
+                                        tokens[m.name][2])
+        except TableGone:
+            if m is host:
+                raise
+            m.chunk_end(whole, tokens.pop(m.name)[2])  # gone from that region meanwhile: nothing to copy
+    return create
+
+
+def _group_wait_past(chunks: dict[str, Chunk], tokens: dict[str, tuple[Any, TablePlan, int]]) -> bool:
+    """Each member's stream past where its rows were read; False when one stopped."""
+    for name, chunk in chunks.items():
+        m = tokens[name][0]
+        with m._lock:
+            if not m._wait_past(m._pkey(chunk.at), chunk.gen):
+                return False
+    return True
+
+
+def _group_lock_all(ordered: list[Any], held: list[Any]) -> bool:
+    """Every region's emission lock (in name order: two steps never wait on each other), into ``held``;
+    False (none held) when one of them stops or fails meanwhile. Held only while nothing is emitted: the
+    step is decided under them all, then the other regions go on (their clocks above it) while the
+    leader, still under its own, sends it."""
+    delay = 0.001
+    while True:  # every lock or none: never wait for one while holding another (a region's
+        # stream holds its own while its emission waits for room in a full queue)
+        for m in ordered:
+            if not m._lock.acquire(blocking=False):
+                break
+            held.append(m)
+        else:
+            return True
+        for m in reversed(held):
+            m._lock.release()
+        held.clear()
+        if any(m.ctx.stop.is_set() or m.error is not None for m in ordered):
+            return False
+        time.sleep(delay)
+        delay = min(delay * 2, 0.05)
+
+
+def _group_step(host: SnapshotHostMixin, plan: TablePlan, p: TableProgress, create: Any, chunks: dict[str, Chunk],
+                tokens: dict[str, tuple[Any, TablePlan, int]], ordered: list[Any],
+                held: list[Any]) -> tuple[TableProgress, int] | str:
+    """Under every member's lock: the step decided (or "superseded", "redo"), the other members let go, and
+    the host sends it (the DDL, the TRUNCATE, each member's rows); the table's progress done and its rows."""
+    key = (plan.db, plan.table)
+    for m in ordered:
+        m._apply_requests()
+    prev = next((x for x in host.snap_progress if (x.db, x.table) == key), None)
+    if prev is None or prev.run != p.run:
+        return "superseded"
+    for name, chunk in chunks.items():
+        m, whole, _ = tokens[name]
+        if chunk.gen != m._snap_gen or m._ddl_since(whole):
+            return "redo"
+    stmts = host._start_statements(plan, create, False) if create is not None else []
+    stmts.append((plan.db, f"TRUNCATE TABLE {qualified(plan.db, plan.table)}", plan.table))
+    rows = 0
+    parts = []
+    for name, chunk in chunks.items():  # each region's rows as of where its stream is
+        m, whole, _ = tokens[name]
+        after = chunk.drop_after if chunk.drop_after is not None else m._pkey(chunk.at)
+        changes = m._keyless_rows(chunk, m.recorders.get(key), after)
+        rows += len(changes)
+        parts.append((chunk, changes))
+    # one clock for the step: above everything any of them sent; the others' clocks above it
+    host._opened(plan.db, plan.table)
+    host.clock.lift_to(max(m.clock.last_emitted for m in ordered))
+    stamps = [host._extra_ts() for _ in range(len(stmts) + len(parts))]
+    here = host.position
+    before = host._stamped(here, host.snap_progress)
+    done = TableProgress(plan.db, plan.table, p.run, "done", None, len(parts), rows, prev.truncate,
+                         prev.created)
+    progress = tuple(done if (x.db, x.table) == key else x for x in host.snap_progress)
+    if all(x.state in ("done", "dropped") for x in progress if x.run == p.run):
+        progress = tuple(x for x in progress if x.run != p.run)
+    after_pos = host._stamped(here, progress)
+    _group_let_go(host, plan, ordered, held, stamps[-1])
+    _group_emit(host, stmts, parts, stamps, before, after_pos)
+    host.last_commit_ts = stamps[-1]
+    host.snap_progress = progress
+    host.position = after_pos
+    host._lock.notify_all()
+    return done, rows
+
+
+def _group_let_go(host: SnapshotHostMixin, plan: TablePlan, ordered: list[Any], held: list[Any], top: int) -> None:
+    """The other members' clocks above the step (``top``), and their locks released: they go on."""
+    for m in ordered:
+        if m is not host:
+            m.clock.lift_to(top + 1, m.position)
+            m.group_done(plan.db, plan.table)  # (its next positions, after the step, say so)
+    for m in reversed(ordered):
+        if m is not host:
+            held.remove(m)
+            m._lock.notify_all()
+            m._lock.release()
+
+
+def _group_emit(host: SnapshotHostMixin, stmts: list[tuple[str, str, str]], parts: list[tuple[Chunk, Any]],
+                stamps: list[int], before: Any, after_pos: Any) -> None:
+    """The step, by the host: the statements, then each member's rows (the last one moves the position)."""
+    from capturer.regions.snapshot import chunk_mark
+
+    ts_iter = iter(stamps)
+    for db, sql, table in stmts:
+        ts = next(ts_iter)
+        host._emit(Txn(host.name, ts, before, (), Ddl(db, sql, table, db), ts_physical_ms(ts) // 1000, ""))
+    failpoints.hit("snapshot.group")  # (the TRUNCATE sent, the rows not yet)
+    for i, (chunk, changes) in enumerate(parts):
+        ts = next(ts_iter)
+        host._emit(Txn(host.name, ts, after_pos if i == len(parts) - 1 else before, changes, None,
+                       ts_physical_ms(ts) // 1000, "", chunk_mark(dataclasses.replace(chunk, index=i,
+                                                                                 last=i == len(parts) - 1))))
+        host.snapshot_txns += 1
+        host.snapshot_rows += len(changes)
