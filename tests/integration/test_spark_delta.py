@@ -207,7 +207,9 @@ def test_workload_types_and_ddl_equal_the_sources(tmp_path: Path, two_servers, s
         assert d["txn"][f"binlog-capturer/spark/app__{table}"] == keys[-1][0]
 
 
-@pytest.mark.timeout(900)  # (325-495 s measured on the busy 2-core machine: pytest.ini's 600 s is too near)
+# (325-495 s measured on the busy 2-core machine; a CI run beside other work at load 20 took over 240 s for the
+# first kill alone, a new Spark JVM and four MERGEs: the waits are for such a machine)
+@pytest.mark.timeout(1500)
 def test_kill9_between_merge_and_checkpoint_applies_nothing_twice(
         tmp_path: Path, two_servers, spark, monkeypatch: pytest.MonkeyPatch) -> None:
     for m in two_servers:
@@ -224,7 +226,7 @@ def test_kill9_between_merge_and_checkpoint_applies_nothing_twice(
         monkeypatch.setenv(failpoints.ENV, f"spark.committed=kill@{n}")
         proc = CapturerProcess(cfg, log).start()
         assert proc.proc is not None
-        assert proc.proc.wait(240) == -9
+        assert proc.proc.wait(480) == -9
     monkeypatch.delenv(failpoints.ENV)
     for w in loads:
         w.stop.set()
