@@ -409,74 +409,97 @@ class Snapshotter:
             if plan.key and not key_matches(plan, p.last_key):
                 self._key_changed(task, plan)
                 continue
-            outcome: Any
+            nxt: TablePlan | None
             if not plan.key or p.truncate:
                 # a copy that empties the table downstream: with other regions delivering it, one
                 # coordinated step of them all (capturer/regions/snaphost.py)
                 if others is None:
                     others = self.region.ctx.tables_elsewhere(self.region.name, [(db, table)]).get((db, table), [])
                 if others:
-                    kind, got = self._step(partial(self.region.copy_together, self, plan, p, others), reader, task)
-                    if kind == "redo":
-                        plan = got
-                        continue
-                    if kind == "done":
-                        task.progress = got
-                        task.rows_read += got.rows
-                        self.log_progress()
-                    return
+                    nxt = self._copy_together(reader, plan, p, others, task)
+                    if nxt is None:
+                        return
+                    plan = nxt
+                    continue
             if p.state == "pending":
-                # the run's start (CREATE, TRUNCATE) in stream order, before chunk 0 is read
-                kind, got = self._step(partial(self._begin, reader, plan, p), reader, task)
-                if kind == "end":
-                    return
-                if kind == "redo":
-                    plan = got
-                else:
-                    task.progress = got
-                continue
-            if not plan.key:
-                self.region.check_truncate(plan.db, plan.table, "it has no key: its copy starts with a TRUNCATE")
-            took = self._ahead
-            self._ahead = None
-            if took is not None and not took.follows(plan, p):
-                self._drop(took)
-                took = None
-            token = took.token if took is not None else self.region.chunk_begin(plan)
-            try:
-                try:
-                    chunk = took.result() if took is not None else self._read(reader, plan, p, token)
-                except ColumnsChanged:
-                    outcome = "redo"
-                except TableGone:
-                    self._gone(task)
-                    return
-                else:
-                    failpoints.hit("snapshot.chunk_read")  # read, not delivered yet
-                    if self.read_ahead and plan.key and not chunk.last:
-                        # the next chunk is read on a second connection while this one is delivered
-                        nxt = dataclasses.replace(p, last_key=chunk.last_key, chunks=p.chunks + 1)
-                        self._ahead = ReadAhead(self, self._second_reader(), plan, nxt, self.region.chunk_begin(plan))
-                    outcome = self.region.emit_chunk(chunk)
-            finally:
-                self.region.chunk_end(plan, token)
-            task.error = ""
-            if outcome == "redo":  # the table changed shape (or the binlog restarted): read it again
-                try:
-                    plan = self._describe(reader, db, table)
-                except TableGone:
-                    self._gone(task)
-                    return
-                continue
-            if isinstance(outcome, str):  # stopped, or superseded by a newer run of the table
+                nxt = self._begin_run(reader, plan, p, task)
+            else:
+                nxt = self._copy_chunk(reader, key, plan, p, task)
+            if nxt is None:
                 return
-            task.rows_read += len(chunk.rows) if chunk.spilled is None else len(chunk.spilled)
-            task.progress = outcome
+            plan = nxt
+
+    def _copy_together(self, reader: Any, plan: TablePlan, p: TableProgress, others: list[str],
+                       task: TableTask) -> TablePlan | None:
+        """The table copied in one step with the other regions that deliver it: the plan to go on with
+        (described again), or None when the copy is over (done, stopped, superseded, gone)."""
+        kind, got = self._step(partial(self.region.copy_together, self, plan, p, others), reader, task)
+        if kind == "redo":
+            return got
+        if kind == "done":
+            task.progress = got
+            task.rows_read += got.rows
             self.log_progress()
-            if chunk.last:
-                log.info("%s: snapshot of %s done: %d rows in %d chunks", self.region.where, plan.name,
-                         task.progress.rows, task.progress.chunks)
-                return
+        return None
+
+    def _begin_run(self, reader: Any, plan: TablePlan, p: TableProgress, task: TableTask) -> TablePlan | None:
+        """The run's start (CREATE, TRUNCATE) in stream order, before chunk 0 is read: the plan to go on
+        with, or None when the copy is over."""
+        kind, got = self._step(partial(self._begin, reader, plan, p), reader, task)
+        if kind == "end":
+            return None
+        if kind == "redo":
+            return got
+        task.progress = got
+        return plan
+
+    def _copy_chunk(self, reader: Any, key: tuple[str, str], plan: TablePlan, p: TableProgress,
+                    task: TableTask) -> TablePlan | None:
+        """The next chunk read (or taken from the read-ahead) and delivered: the plan to go on with (described
+        again when the table changed shape), or None when the copy is over (the last chunk, stopped, gone)."""
+        if not plan.key:
+            self.region.check_truncate(plan.db, plan.table, "it has no key: its copy starts with a TRUNCATE")
+        took = self._ahead
+        self._ahead = None
+        if took is not None and not took.follows(plan, p):
+            self._drop(took)
+            took = None
+        token = took.token if took is not None else self.region.chunk_begin(plan)
+        outcome: Any
+        try:
+            try:
+                chunk = took.result() if took is not None else self._read(reader, plan, p, token)
+            except ColumnsChanged:
+                outcome = "redo"
+            except TableGone:
+                self._gone(task)
+                return None
+            else:
+                failpoints.hit("snapshot.chunk_read")  # read, not delivered yet
+                if self.read_ahead and plan.key and not chunk.last:
+                    # the next chunk is read on a second connection while this one is delivered
+                    nxt = dataclasses.replace(p, last_key=chunk.last_key, chunks=p.chunks + 1)
+                    self._ahead = ReadAhead(self, self._second_reader(), plan, nxt, self.region.chunk_begin(plan))
+                outcome = self.region.emit_chunk(chunk)
+        finally:
+            self.region.chunk_end(plan, token)
+        task.error = ""
+        if outcome == "redo":  # the table changed shape (or the binlog restarted): read it again
+            try:
+                return self._describe(reader, *key)
+            except TableGone:
+                self._gone(task)
+                return None
+        if isinstance(outcome, str):  # stopped, or superseded by a newer run of the table
+            return None
+        task.rows_read += len(chunk.rows) if chunk.spilled is None else len(chunk.spilled)
+        task.progress = outcome
+        self.log_progress()
+        if chunk.last:
+            log.info("%s: snapshot of %s done: %d rows in %d chunks", self.region.where, plan.name,
+                     task.progress.rows, task.progress.chunks)
+            return None
+        return plan
 
     def _step(self, step: Callable[[], TableProgress | str], reader: Any,
               task: TableTask) -> tuple[str, Any]:
