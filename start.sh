@@ -5,7 +5,7 @@
 #   sh start.sh --demo [--once]  self-contained demo: two private MariaDB regions -> file (no set-up; quick)
 #   sh start.sh --demo full [--once]  the same into all four senders: the file, a private MySQL target, Kafka
 #                                (a private Apache Kafka broker) and the Spark lake, each checked row by row with --once;
-#                                installs the demo and spark extras the first time (pyspark: a ~450 MB download)
+#                                installs the delta, demo and spark extras the first time (pyspark: a ~450 MB download)
 #                                and Java where missing; a part that still cannot run is skipped, saying why
 #   sh start.sh --demo baikaldb  the same with BaikalDB binlog tables (the test double's meta and stores)
 #   sh start.sh --demo postgresql  a MariaDB and a PostgreSQL region merged into one file
@@ -61,6 +61,11 @@ PYBIN="$VENV/bin/python"
 # the full demo's broker, Kafka client, pyspark and Java: in a subshell, so that a part that cannot be
 # installed here only skips that part (the demo says which and why) instead of stopping the demo
 if [ "$DEMO" = "1" ] && [ "$DEMO_KIND" = "full" ]; then
+    # the delta extra first, on its own: it pins PySpark 4.2 (Delta Lake's runtime: the demo's lake is Delta tables
+    # then), which the demo and spark extras accept; where it cannot install, the rest still does, and the demo's
+    # lake is the Parquet changelog (the demo says why)
+    ( EXTRAS=delta; export EXTRAS; . "$ROOT/scripts/bootstrap.sh" ) \
+        || echo "start.sh: the delta extra could not be installed; the demo's lake is the Parquet changelog" >&2
     ( EXTRAS=demo,spark NEED_KAFKA=1; export EXTRAS NEED_KAFKA; . "$ROOT/scripts/bootstrap.sh" ) \
         || echo "start.sh: not everything the full demo uses could be installed; it runs what it can" >&2
 fi

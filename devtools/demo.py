@@ -183,6 +183,10 @@ class Sinks:
     def stop(self) -> None:
         return None
 
+    def epilogue(self) -> list[str]:
+        """Lines printed after the summary (how to look at what the senders wrote)."""
+        return []
+
     def sender_config(self) -> str:
         return f"[global]\ntype={','.join(s.name for s in self.sinks)}\n" + "".join(s.section() for s in self.sinks)
 
@@ -361,6 +365,8 @@ def run_demo(basedir: Path, once: bool = False, steps: int = 400,
         else:
             verdict = f"OK: every sender{' that ran' if sinks.skipped else ''} equals the sources ({', '.join(names)})"
         print("result:                 " + (verdict if ok else "FAILED"))
+        for line in sinks.epilogue():
+            print(f"query the lake:         {line}")
         return 0 if ok else 1
     finally:
         if cap is not None:

@@ -5,20 +5,25 @@ workload, devtools/demo.py) with all four senders at once:
 * ``mysql``: a third private MariaDB as the target (``threadnum=4``);
 * ``kafka``: a private Apache Kafka broker (``devtools/local_kafka.py``: KRaft, its jars
   resolved from Maven Central once), JSON messages through confluent-kafka, one topic per table;
-* ``spark``: the Parquet lake (``writer=arrow``): changelog files are written without
-  Spark; a Spark session (a JVM) starts only when the first compaction comes due.
+* ``spark``: **Delta Lake tables** (``table_format=delta``: one table per source table,
+  ``<lake>/shop__<table>``, kept by one MERGE per table per batch) where the Delta runtime
+  is usable (PySpark 4.2, the ``deltalake`` package, and the Delta jars: resolved by Maven
+  once, cached); otherwise the Parquet changelog (``writer=arrow``: changelog files are
+  written without Spark; a Spark session starts only when the first compaction comes due),
+  with one line saying why (``delta_missing``): Maven unreachable never stops the demo.
 
 A part that cannot run on this machine (no Java or Maven for Kafka, or no confluent-kafka; no
 pyspark/pyarrow, or no Java) is skipped with one line saying why, and the others
-run. ``sh start.sh --demo full`` installs what they need (the ``demo`` and ``spark``
-extras, a Java runtime and Maven).
+run. ``sh start.sh --demo full`` installs what they need (the ``delta``, ``demo`` and
+``spark`` extras, a Java runtime and Maven).
 
-``--once``: half the workload, then a wait for the lake's first compaction (so that
-the lake's views merge a compacted snapshot with newer changelog rows), the other
-half, and once every sender has acknowledged everything, each one is read back
-and compared with the sources row by row (devtools/verify_sinks.py): the file
-replayed, every target table selected, the Kafka topics consumed and rebuilt per
-key, the lake's current-state views read through Spark.
+``--once``: half the workload, then a wait for the lake's first compaction (Delta: the
+first upkeep round, OPTIMIZE and VACUUM of every table; changelog: so that the lake's views
+merge a compacted snapshot with newer changelog rows), the other half, and once every
+sender has acknowledged everything, each one is read back and compared with the sources
+row by row (devtools/verify_sinks.py): the file replayed, every target table selected, the
+Kafka topics consumed and rebuilt per key, the Delta tables read by ``deltalake`` (delta-rs,
+no JVM) or the changelog's current-state views read through Spark.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from devtools.verify_sinks import (
     SourceTable,
     TableName,
     compare,
+    delta_rows,
     kafka_messages,
     lake_rows,
     read_mysql,
@@ -94,22 +100,45 @@ class KafkaSink:
 class SparkSink:
     name = "spark"
 
-    def __init__(self, warehouse: Path, compaction_interval: float):
+    def __init__(self, warehouse: Path, compaction_interval: float, delta: bool = False):
         self.warehouse = warehouse
         self.compaction_interval = compaction_interval
+        self.delta = delta  # table_format=delta (else the changelog)
         self.config = Path()  # the demo's config.cfg (for the lakecli hint), set once known
 
     def section(self) -> str:
-        return (f"[spark]\nmaster=local[2]\nwarehouse={self.warehouse}\nwriter=arrow\nbatch_interval=1\n"
+        fmt = "table_format=delta\n" if self.delta else "writer=arrow\n"
+        return (f"[spark]\nmaster=local[2]\nwarehouse={self.warehouse}\n{fmt}batch_interval=1\n"
                 f"compaction_interval={self.compaction_interval:g}\n"
                 "conf.spark.ui.showConsoleProgress=false\n")  # (no progress bars across the demo's lines)
 
     def where(self) -> str:
+        if self.delta:
+            return (f"spark: Delta Lake tables {self.warehouse}/shop__<table> (table_format=delta: one MERGE per "
+                    f"table per batch; OPTIMIZE and VACUUM every {self.compaction_interval:g}s)")
         return (f"spark: the Parquet lake {self.warehouse} (writer=arrow; a compaction every "
                 f"{self.compaction_interval:g}s, the Spark session starts at the first); query it: "
                 f".venv/bin/python -m senders.spark.lakecli show shop.orders --config {self.config}")
 
+    def query_hints(self) -> list[str]:
+        """How to query the Delta tables (printed at the end of the demo)."""
+        if not self.delta:
+            return []
+        t = self.warehouse / "shop__orders"
+        return [
+            "Spark SQL: PATH=.venv/bin:$PATH spark-sql --jars \"$(.venv/bin/python -m senders.spark.deltajars | paste -sd,)\" "
+            "--conf spark.sql.extensions=io.delta.sql.DeltaSparkSessionExtension --conf "
+            "spark.sql.catalog.spark_catalog=org.apache.spark.sql.delta.catalog.DeltaCatalog "
+            f"-e 'SELECT status, count(*) FROM delta.`{t}` GROUP BY status'",
+            "deltalake (no JVM): .venv/bin/python -c \"import deltalake as d; "
+            f"print(d.QueryBuilder().register('o', d.DeltaTable('{t}'))"
+            ".execute('SELECT status, count(*) FROM o GROUP BY status').read_all())\"",
+        ]
+
     def check(self, sources: dict[TableName, SourceTable], committed_rows: int) -> SinkCheck:
+        if self.delta:
+            rows, note = delta_rows(self.warehouse)
+            return compare(self.name, sources, rows, note=f"Delta tables read by deltalake (delta-rs; {note})")
         rows, note = lake_rows(self.warehouse)
         return compare(self.name, sources, rows, note=f"read through the lake's views ({note})")
 
@@ -123,6 +152,26 @@ def kafka_missing() -> str:
         return f"no Apache Kafka broker ({why}; {INSTALL})"
     if importlib.util.find_spec("confluent_kafka") is None:
         return f"no Kafka client (confluent-kafka is not installed; {INSTALL})"
+    return ""
+
+
+def delta_missing(maven_timeout: float = 300) -> str:
+    """Why the Spark part cannot write Delta tables here ('' when it can): PySpark 4.2 (the
+    Delta runtime's Spark), the ``deltalake`` package (the check's reader) and the Delta jars
+    (resolved by Maven the first time, at most ``maven_timeout`` seconds; cached after)."""
+    from senders.spark import deltajars
+
+    if deltajars.incompatible():
+        import pyspark
+
+        return (f"PySpark {pyspark.__version__} is installed and Delta Lake {deltajars.DELTA_VERSION} runs on "
+                f"Spark {deltajars.SPARK_MINOR} (pip install -e '.[delta]')")
+    if importlib.util.find_spec("deltalake") is None:
+        return f"the deltalake package is not installed ({INSTALL})"
+    try:
+        deltajars.jars(timeout=maven_timeout)
+    except (RuntimeError, OSError) as exc:
+        return f"the Delta Lake jars could not be resolved: {str(exc).splitlines()[0]}"
     return ""
 
 
@@ -171,22 +220,32 @@ class FullSinks(Sinks):
         if why:
             self.skipped.append(f"spark: {why}")
         else:
-            # --once: the first compaction soon (midway waits for it); live: one a minute
-            self.spark = SparkSink(basedir / "lake", 5 if once else 60)
+            print("demo: checking the Delta Lake runtime for the spark sender (its jars: resolved by Maven "
+                  "the first time, cached after) ...", flush=True)
+            no_delta = delta_missing()
+            if no_delta:
+                print(f"demo: spark writes the Parquet changelog, not Delta tables: {no_delta}", flush=True)
+            # --once: the first compaction soon (midway waits for it; Delta: an upkeep round takes some seconds
+            # between two batches, so not every 5 s); live: one a minute
+            self.spark = SparkSink(basedir / "lake", (15 if not no_delta else 5) if once else 60, delta=not no_delta)
             self.spark.config = basedir / "conf" / "config.cfg"
             self.sinks.append(self.spark)
 
     def midway(self, cap: Capturer, stop: threading.Event) -> None:
         """Wait for the lake's first compaction, so that the check reads a compacted
-        snapshot merged with the changelog rows of the workload's second half."""
+        snapshot merged with the changelog rows of the workload's second half (Delta:
+        tables OPTIMIZEd, then MERGEd into again)."""
         if self.spark is None:
             return
         print("demo: half the workload done; waiting for the lake's first compaction "
-              "(its Spark session starts now: a JVM, some seconds) ...", flush=True)
+              + ("(OPTIMIZE and VACUUM of the Delta tables) ..." if self.spark.delta else
+                 "(its Spark session starts now: a JVM, some seconds) ..."), flush=True)
+        # Delta: an upkeep round that OPTIMIZEd tables (the first may come before any table exists)
+        done = "optimizes" if self.spark.delta else "compactions"
         t0 = time.monotonic()
         while not stop.is_set() and not cap.failure and time.monotonic() - t0 < 180:
             st = cap.snapshot()["senders"].get("spark", {})
-            if st.get("compactions", 0) >= 1:
+            if st.get(done, 0) >= 1:
                 print(f"demo: the lake compacted ({st.get('last_compaction_seconds', 0):.1f}s, after "
                       f"{time.monotonic() - t0:.0f}s); the workload's second half runs", flush=True)
                 return
@@ -197,7 +256,14 @@ class FullSinks(Sinks):
 
     def progress(self, snap: dict[str, Any]) -> str:
         st = snap["senders"].get("spark")
-        return f"lake: session {st['session']}, {st['compactions']} compactions" if st else ""
+        if not st:
+            return ""
+        if st.get("table_format") == "delta":
+            return f"lake: Delta, {st['merges']} MERGEs, {st['compactions']} upkeep rounds"
+        return f"lake: session {st['session']}, {st['compactions']} compactions"
+
+    def epilogue(self) -> list[str]:
+        return self.spark.query_hints() if self.spark is not None else []
 
     def stop(self) -> None:
         if self.broker is not None:

@@ -15,7 +15,9 @@ tables without one as multisets. The readers:
 * ``replay_file``: the local sender's JSON lines, replayed (``senders.local.replay``);
 * ``kafka_rows``: the Kafka sender's JSON messages, rebuilt per key
   (``rebuild_kafka``: newest row per key, deletes and key changes honoured);
-* ``lake_rows``: the Spark lake's current-state views (``senders.spark.lake``).
+* ``lake_rows``: the Spark lake's current-state views (``senders.spark.lake``);
+* ``delta_rows``: the Delta Lake tables of ``table_format=delta``, read by ``deltalake``
+  (delta-rs: no JVM, none of the sender's code).
 """
 
 from __future__ import annotations
@@ -225,3 +227,31 @@ def lake_rows(warehouse: Path, database: str = "cdc", master: str = "local[2]") 
         return out, "snapshot " + ", ".join(gens)
     finally:
         spark.stop()
+
+
+def delta_rows(warehouse: Path) -> tuple[Rows, str]:
+    """Every Delta table's current state under ``warehouse`` (``table_format=delta``: one
+    table per source table, ``<db>__<table>``), read by ``deltalake`` (delta-rs, through
+    DataFusion's ``QueryBuilder``, which honours column mapping), and a note of each table's
+    Delta version. A keyless table is append-only: its rows are the multiset of its 'i' rows
+    less its 'd' rows, without the identity columns (``deltasink.META``)."""
+    import json
+
+    import deltalake
+    import pyarrow as pa
+
+    meta = ("_op", "_commit_ts", "_region", "_seq", "_sub")  # (deltasink.META, without importing the sender)
+    out: Rows = {}
+    versions = []
+    for tdir in sorted(p for p in warehouse.iterdir() if (p / "_delta_log").is_dir()):
+        info = json.loads((tdir / "_capturer.json").read_text())
+        t = deltalake.DeltaTable(str(tdir))
+        rows = pa.table(deltalake.QueryBuilder().register("t", t).execute("SELECT * FROM t").read_all()).to_pylist()
+        if not info.get("pk"):
+            n: Counter[tuple[tuple[str, Any], ...]] = Counter()
+            for r in rows:
+                n[tuple((k, v) for k, v in r.items() if k not in meta)] += 1 if r["_op"] == "i" else -1
+            rows = [dict(k) for k, c in n.items() for _ in range(c)]
+        out[(info["db"], info["table"])] = rows
+        versions.append(f"{info['db']}.{info['table']}: v{t.version()}")
+    return out, ", ".join(versions)

@@ -59,8 +59,9 @@ def incompatible(pyspark_version: str | None = None) -> str:
             f".venv/bin/pip install -e '.[delta]'")
 
 
-def jars() -> list[str]:
-    """The paths of the jars for ``spark.jars``, resolving them with Maven the first time.
+def jars(timeout: float = 900) -> list[str]:
+    """The paths of the jars for ``spark.jars``, resolving them with Maven the first time
+    (Maven given ``timeout`` seconds: the full demo gives it less, and falls back when it cannot).
 
     Safe to call from several processes at once (a file lock; one resolves, the others wait and reuse).
     The cache is complete once ``lib/.complete`` holds the pom's checksum, so an edited pom resolves again.
@@ -84,10 +85,15 @@ def jars() -> list[str]:
                                f"{DELTA_VERSION} and delta-storage into {lib} yourself, with a .complete "
                                f"file holding {want})")
         tmp = Path(tempfile.mkdtemp(prefix="lib.", dir=cache))
-        r = subprocess.run([mvn, "-q", "-B", "-f", str(POM), "dependency:copy-dependencies",
-                            f"-Ddelta.version={DELTA_VERSION}", f"-DoutputDirectory={tmp}",
-                            "-DincludeGroupIds=io.delta", "-DincludeScope=runtime"],
-                           capture_output=True, text=True, timeout=900)
+        try:
+            r = subprocess.run([mvn, "-q", "-B", "-f", str(POM), "dependency:copy-dependencies",
+                                f"-Ddelta.version={DELTA_VERSION}", f"-DoutputDirectory={tmp}",
+                                "-DincludeGroupIds=io.delta", "-DincludeScope=runtime"],
+                               capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise RuntimeError(f"mvn did not resolve Delta Lake {DELTA_VERSION}'s jars within {timeout:g}s "
+                               "(is Maven Central reachable?)") from None
         if r.returncode != 0 or not all((tmp / j).exists() for j in JARS):
             shutil.rmtree(tmp, ignore_errors=True)
             raise RuntimeError(f"mvn could not resolve Delta Lake {DELTA_VERSION}'s jars:\n"

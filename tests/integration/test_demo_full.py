@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from devtools import demo_full
-from devtools.verify_sinks import KafkaMessage, SourceTable, canon, compare, rebuild_kafka
+from devtools.verify_sinks import KafkaMessage, SourceTable, canon, compare, rebuild_kafka, replay_file
 
 ROOT = Path(__file__).resolve().parents[2]
 SENDERS = ("local", "mysql", "kafka", "spark")
@@ -40,13 +40,40 @@ def test_demo_full_once_checks_all_four_senders(tmp_path: Path) -> None:
     for name in SENDERS:
         assert re.search(rf"^sender {name}:\s+EQUAL: 3 tables, [1-9]\d* rows", summary, re.M), summary
     assert "OK: every sender equals the sources (local, mysql, kafka, spark)" in summary
-    # the lake's views merged a compacted snapshot with newer changelog rows
-    assert "the lake compacted" in out and re.search(r"shop\.orders: gen [1-9]", summary), out
+    assert "the lake compacted" in out, out
+    no_delta = demo_full.delta_missing()  # (this machine: PySpark 4.2 and the Delta jars cached by the tests)
+    if no_delta:
+        # the changelog: its views merged a compacted snapshot with newer changelog rows
+        assert f"spark writes the Parquet changelog, not Delta tables: {no_delta}" in out, out
+        assert re.search(r"shop\.orders: gen [1-9]", summary), out
+    else:
+        # Delta tables, compared with the sources by the demo (read by deltalake); OPTIMIZEd midway
+        assert "Parquet changelog" not in out, out
+        assert re.search(r"^sender spark:\s+EQUAL: 3 tables, [1-9]\d* rows; Delta tables read by deltalake "
+                         r"\(delta-rs; shop\.audit: v\d+, shop\.customers: v\d+, shop\.orders: v\d+\)", summary, re.M), summary
+        assert "query the lake:         Spark SQL: " in summary and "deltalake (no JVM)" in summary
+        # and here, by a reader of this test's own: each Delta table holds as many rows as the file's replay
+        # (which the demo found equal to the sources)
+        replayed, _ = replay_file(tmp_path / "demo" / "out" / "changes.jsonl")
+        for (db, table), rows in replayed.items():
+            assert delta_count(tmp_path / "demo" / "lake" / f"{db}__{table}") == len(rows) > 0, (db, table)
     # what was checked is really there: the file has key changes, deletes and binary values
     lines = [json.loads(x) for x in (tmp_path / "demo" / "out" / "changes.jsonl").read_text().splitlines()]
     assert any(d["op"] == "delete" for d in lines) and any(d.get("b64") for d in lines)
     assert any(d["op"] == "update" and d["before"]["id"] != d["after"]["id"] for d in lines
                if d["table"] == "customers")
+
+
+def delta_count(tdir: Path) -> int:
+    """A Delta table's current rows by delta-rs's SQL (an append-only table: 'i' rows less 'd' rows)."""
+    import deltalake
+    import pyarrow as pa
+
+    keyless = not json.loads((tdir / "_capturer.json").read_text())["pk"]
+    sql = ("SELECT sum(CASE WHEN _op = 'i' THEN 1 ELSE -1 END) AS n FROM t" if keyless else
+           "SELECT count(*) AS n FROM t")
+    t = pa.table(deltalake.QueryBuilder().register("t", deltalake.DeltaTable(str(tdir))).execute(sql).read_all())
+    return int(t.column("n")[0].as_py())
 
 
 # --- the comparison can fail ------------------------------------------------------------
@@ -162,6 +189,39 @@ def test_kafka_rebuild_honours_deletes_key_changes_duplicates_and_truncates() ->
     broken = rebuild_kafka([m for m in msgs if not (m.offset == 1 and m.partition == 0 and m.key)])
     bad = compare("kafka", sources(), broken)
     assert not bad.equal and "1 extra" in bad.problems[0]
+
+
+def test_without_delta_the_lake_is_the_changelog_and_says_why(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Maven Central unreachable (an mvn that fails as it does then) and no cached jars: the Spark part
+    falls back to the changelog with the reason; another PySpark than Delta's: the same."""
+    pytest.importorskip("pyspark")
+    from senders.spark import deltajars
+
+    if deltajars.incompatible():
+        assert "Delta Lake" in demo_full.delta_missing() and "pip install -e '.[delta]'" in demo_full.delta_missing()
+    else:
+        bindir = tmp_path / "bin"
+        bindir.mkdir()
+        (bindir / "mvn").write_text("#!/bin/sh\necho '[ERROR] Could not transfer artifact io.delta:delta-spark_2.13:pom:"
+                                    "4.4.0 from/to central: Network is unreachable' >&2\nexit 1\n")
+        (bindir / "mvn").chmod(0o755)
+        monkeypatch.setenv("PATH", f"{bindir}:{os.environ.get('PATH', '')}")
+        monkeypatch.setenv("CAPTURER_DELTA_CACHE", str(tmp_path / "cache"))
+        why = demo_full.delta_missing()
+        assert why.startswith("the Delta Lake jars could not be resolved: mvn could not resolve Delta Lake"), why
+        assert "\n" not in why  # one line
+        monkeypatch.setattr(deltajars, "incompatible", lambda *a: "PySpark 4.3")
+        assert demo_full.delta_missing().startswith(f"PySpark {pyspark_version()} is installed and Delta Lake")
+    lake = demo_full.SparkSink(tmp_path / "lake", 5, delta=False)
+    assert "writer=arrow" in lake.section() and "table_format" not in lake.section() and not lake.query_hints()
+    lake = demo_full.SparkSink(tmp_path / "lake", 15, delta=True)
+    assert "table_format=delta" in lake.section() and len(lake.query_hints()) == 2
+
+
+def pyspark_version() -> str:
+    import pyspark
+
+    return str(pyspark.__version__)
 
 
 def test_what_cannot_run_is_named_with_its_reason(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
