@@ -1920,6 +1920,18 @@ def part_mysql(ctx: Bench) -> None:
                 "capturer -> mysql, values as parameters and no placing during apply; ratio to this release")
         finally:
             mworker._sql_tuples, msender.MySQLSender.phase_rows = real_tuples, real_phase
+        from senders.mysql import causality
+
+        reset_target(target)
+        real_placing = msender.conflict_keys, msender.Causality, msender.stable_hash
+        # the placing in Python (senders/mysql/causality.py's specification) instead of its C twin
+        msender.conflict_keys, msender.Causality, msender.stable_hash = (
+            causality.conflict_keys_py, causality.CausalityPy, causality.stable_hash_py)
+        try:
+            e2e("mysql-py-placing", mysql_cfg, total, results["mysql"]["rows_per_s"],
+                "capturer -> mysql, conflict keys and placing in Python; ratio to this release")
+        finally:
+            msender.conflict_keys, msender.Causality, msender.stable_hash = real_placing
     if "atomic" in only:  # whole source transactions, with the lanes' exact position and without it
         for name, extra_cfg in (("mysql-atomic", "txn_atomic=true\n"),
                                 ("mysql-atomic-nopos", "txn_atomic=true\nmeta_database=\n"),

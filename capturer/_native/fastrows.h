@@ -11,6 +11,7 @@
  *   sql.c            SQL literals as pymysql writes them (sql_literals, sql_tuples)
  *   kafka.c          the Kafka sender's json messages and its partitioner hash (kafka_json, murmur2)
  *   wire.c           the wire format's rows and values as msgpack (wire_rows, wire_unrows, wire_ext, ...)
+ *   causality.c      the MySQL sender's conflict keys and placing (conflict_keys, causality_place, stable_hash)
  *
  * <datetime.h> gives every file that includes it its own (static) PyDateTimeAPI: a file that uses the
  * datetime C API includes it, defines its import function with FR_DATETIME_IMPORT, and module.c's init
@@ -117,5 +118,8 @@ PyObject *wire_unrows(PyObject *self, PyObject *args);
 PyObject *wire_ext(PyObject *self, PyObject *args);
 PyObject *wire_unpack(PyObject *self, PyObject *arg);
 PyObject *wire_setup(PyObject *self, PyObject *args);
+PyObject *conflict_keys(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *causality_place(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *stable_hash(PyObject *self, PyObject *key);
 
 #endif

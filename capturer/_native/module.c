@@ -17,6 +17,13 @@ static PyMethodDef module_methods[] = {
     {"sql_tuples", (PyCFunction)sql_tuples, METH_VARARGS,
      "sql_tuples(rows, cols, no_backslash_escapes, fallback) -> str: '(v, ...), (v, ...)', the values of cols\n"
      "of each row (a dict) as pymysql writes them; fallback(value) (Connection.escape) for any other type"},
+    {"conflict_keys", (PyCFunction)(void (*)(void))conflict_keys, METH_FASTCALL,
+     "conflict_keys((plans, plan, canon, spec), ch, db, table) -> [str]: the MySQL sender's conflict keys of a\n"
+     "change, exactly senders.mysql.causality.conflict_keys_py's (canon: its _canon, for what C does not fold)"},
+    {"causality_place", (PyCFunction)(void (*)(void))causality_place, METH_FASTCALL,
+     "causality_place(relations, keys) -> group or None: senders.mysql.causality.CausalityPy.place on relations"},
+    {"stable_hash", (PyCFunction)stable_hash, METH_O,
+     "stable_hash(key: str) -> int: zlib.crc32(key.encode('utf-8', 'surrogatepass'))"},
     {"murmur2", (PyCFunction)murmur2, METH_O, "murmur2(data: bytes) -> int (Kafka's partitioner hash)"},
     {"baikal_plan", (PyCFunction)baikal_plan, METH_VARARGS,
      "baikal_plan(((field_id, name, kind), ...), known_field_ids, encoding) -> a BaikalDB row decoder"},

@@ -7,15 +7,23 @@ change whose keys link two groups cannot be placed without risking reorder, so
 the caller flushes (a barrier), resets, and places it again. A table with no
 primary or unique key gets a single table-wide key: its rows are applied in
 order by one worker.
+
+This module is the specification (``conflict_keys_py``, ``CausalityPy``,
+``stable_hash_py``); where the C extension is built, ``conflict_keys``,
+``Causality`` and ``stable_hash`` are its twins in ``capturer/_native/causality.c``
+(the same keys, groups and hashes: tests/unit/test_fuzz_causality.py), which fold
+ints, bytes and ASCII strings themselves and give every other value to ``_canon``.
 """
 
 from __future__ import annotations
 
 import unicodedata
 import zlib
+from functools import partial
 from typing import Any
 
 from capturer.model import RowChange
+from capturer.model.encode import _fastrows
 
 Key = str
 
@@ -45,15 +53,15 @@ def _plan(s: Any, db: str, table: str) -> tuple[str, list[tuple[str, tuple[str, 
     prefix = f"{len(db)}:{db}{len(table)}:{table}"
     indexes: list[tuple[str, tuple[str, ...]]] = []
     if s.pk:
-        indexes.append((prefix + "|PRIMARY|", s.pk))
-    indexes.extend((f"{prefix}|uk{i}|", uk) for i, uk in enumerate(s.unique_keys))
+        indexes.append((prefix + "|PRIMARY|", tuple(s.pk)))
+    indexes.extend((f"{prefix}|uk{i}|", tuple(uk)) for i, uk in enumerate(s.unique_keys))
     if len(_plans) > 10_000:
         _plans.clear()
     _plans[(id(s), db, table)] = (s, prefix, indexes)  # s kept: its id cannot be reused meanwhile
     return prefix, indexes
 
 
-def conflict_keys(ch: RowChange, db: str, table: str) -> list[Key]:
+def conflict_keys_py(ch: RowChange, db: str, table: str) -> list[Key]:
     prefix, indexes = _plan(ch.schema, db, table)
     if not indexes:
         return [prefix + "|*"]
@@ -74,12 +82,12 @@ def conflict_keys(ch: RowChange, db: str, table: str) -> list[Key]:
     return keys or [prefix + "|*"]
 
 
-def stable_hash(key: Key) -> int:
+def stable_hash_py(key: Key) -> int:
     """Never Python's salted hash(): the same key goes to the same worker in every run."""
     return zlib.crc32(key.encode("utf-8", "surrogatepass"))
 
 
-class Causality:
+class CausalityPy:
     def __init__(self) -> None:
         self.relations: dict[Key, Key] = {}
 
@@ -107,3 +115,27 @@ class Causality:
 
     def __len__(self) -> int:
         return len(self.relations)
+
+
+_c_keys = getattr(_fastrows, "conflict_keys", None)
+_c_place: Any = getattr(_fastrows, "causality_place", None)
+_c_hash = getattr(_fastrows, "stable_hash", None)
+
+
+class CausalityC(CausalityPy):
+    """CausalityPy, its ``place`` in C (capturer/_native/causality.c) on the same ``relations``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.place = partial(_c_place, self.relations)  # type: ignore[method-assign]
+
+
+conflict_keys: Any = conflict_keys_py
+stable_hash: Any = stable_hash_py
+Causality: type[CausalityPy] = CausalityPy
+if _c_keys is not None and _c_place is not None and _c_hash is not None:
+    # conflict_keys(ch, db, table) -> [Key]: conflict_keys_py's keys, made in C (the partial's one bound
+    # argument keeps the call on the stack)
+    conflict_keys = partial(_c_keys, (_plans, _plan, _canon, conflict_keys_py))
+    stable_hash = _c_hash
+    Causality = CausalityC

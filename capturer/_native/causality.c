@@ -1,0 +1,302 @@
+/*
+ * causality.c (capturer._fastrows): the MySQL sender's per-row placing (senders/mysql/causality.py is the
+ * specification; tests/unit/test_fuzz_causality.py compares the two).
+ * Python-visible: conflict_keys, causality_place, stable_hash.
+ *
+ * conflict_keys gives exactly the strings of the Python conflict_keys: ints, bytes and ASCII strings are
+ * folded here (ASCII casefold = lower; NFKD leaves ASCII alone and it has no combining marks); any other
+ * value (a non-ASCII string, a float, a Decimal, a datetime, a bool, a subclass) goes through the Python
+ * _canon, so the folding of Unicode is Python's own.
+ */
+#include "fastrows.h"
+
+/* u's text appended as UTF-8 (lone surrogates kept, as "surrogatepass" writes them); *ascii cleared when
+   it is not ASCII */
+static int put_text(Buf *b, PyObject *u, int *ascii) {
+    if (PyUnicode_IS_ASCII(u)) return buf_put(b, (const char *)PyUnicode_DATA(u), PyUnicode_GET_LENGTH(u));
+    *ascii = 0;
+    Py_ssize_t n;
+    const char *s = PyUnicode_AsUTF8AndSize(u, &n);
+    if (s) return buf_put(b, s, n);
+    PyErr_Clear();
+    PyObject *enc = PyUnicode_AsEncodedString(u, "utf-8", "surrogatepass");
+    if (!enc) return -1;
+    int rc = buf_put(b, PyBytes_AS_STRING(enc), PyBytes_GET_SIZE(enc));
+    Py_DECREF(enc);
+    return rc;
+}
+
+/* _canon(v) appended: 0 = done, -1 = error */
+static int put_canon(Buf *b, PyObject *v, PyObject *canon, int *ascii) {
+    if (PyLong_CheckExact(v)) {
+        if (buf_put(b, "int:", 4) < 0) return -1;
+        return put_int(b, v);
+    }
+    if (PyBytes_CheckExact(v) || PyByteArray_CheckExact(v)) {
+        static const char hex[] = "0123456789abcdef";
+        const unsigned char *s = (const unsigned char *)(PyBytes_Check(v) ? PyBytes_AS_STRING(v) : PyByteArray_AS_STRING(v));
+        Py_ssize_t n = PyBytes_Check(v) ? PyBytes_GET_SIZE(v) : PyByteArray_GET_SIZE(v);
+        if (buf_grow(b, 2 * n + 2) < 0) return -1;
+        b->p[b->n++] = 'b';
+        b->p[b->n++] = ':';
+        for (Py_ssize_t i = 0; i < n; i++) {
+            b->p[b->n++] = hex[s[i] >> 4];
+            b->p[b->n++] = hex[s[i] & 15];
+        }
+        return 0;
+    }
+    if (PyUnicode_CheckExact(v) && PyUnicode_IS_ASCII(v)) {
+        const unsigned char *s = (const unsigned char *)PyUnicode_DATA(v);
+        Py_ssize_t n = PyUnicode_GET_LENGTH(v);
+        while (n > 0 && s[n - 1] == ' ') n--;  /* rstrip(" ") */
+        if (buf_grow(b, n + 2) < 0) return -1;
+        b->p[b->n++] = 's';
+        b->p[b->n++] = ':';
+        for (Py_ssize_t i = 0; i < n; i++) {
+            unsigned char c = s[i];
+            b->p[b->n++] = (char)(c >= 'A' && c <= 'Z' ? c + 32 : c);
+        }
+        return 0;
+    }
+    PyObject *r = PyObject_CallOneArg(canon, v);
+    if (!r) return -1;
+    if (!PyUnicode_Check(r)) {
+        Py_DECREF(r);
+        PyErr_SetString(PyExc_TypeError, "_canon must return str");
+        return -1;
+    }
+    int rc = put_text(b, r, ascii);
+    Py_DECREF(r);
+    return rc;
+}
+
+static PyObject *buf_text(Buf *b, int ascii) {
+    if (!ascii) return PyUnicode_DecodeUTF8(b->p, b->n, "surrogatepass");
+    PyObject *u = PyUnicode_New(b->n, 127);
+    if (u) memcpy(PyUnicode_DATA(u), b->p, b->n);
+    return u;
+}
+
+/* head + the canon of image's values of cols ("\x1f" between), appended to keys; none when one is NULL
+   (missing or None). 0 = done, -1 = error */
+static int one_key(PyObject *keys, Buf *b, PyObject *head, PyObject *cols, PyObject *image, PyObject *canon) {
+    Py_ssize_t nc = PyTuple_GET_SIZE(cols);
+    for (Py_ssize_t i = 0; i < nc; i++) {  /* NULLs never collide in a unique index */
+        PyObject *v = PyDict_GetItemWithError(image, PyTuple_GET_ITEM(cols, i));
+        if (!v) return PyErr_Occurred() ? -1 : 0;
+        if (v == Py_None) return 0;
+    }
+    int ascii = 1;
+    b->n = 0;
+    if (put_text(b, head, &ascii) < 0) return -1;
+    for (Py_ssize_t i = 0; i < nc; i++) {
+        PyObject *v = PyDict_GetItemWithError(image, PyTuple_GET_ITEM(cols, i));
+        if (!v) {
+            if (!PyErr_Occurred())  /* canon() of a value before took it away */
+                PyErr_SetString(PyExc_RuntimeError, "row image changed while its keys were made");
+            return -1;
+        }
+        Py_INCREF(v);
+        int rc = (i && buf_put(b, "\x1f", 1) < 0) ? -1 : put_canon(b, v, canon, &ascii);
+        Py_DECREF(v);
+        if (rc < 0) return -1;
+    }
+    PyObject *k = buf_text(b, ascii);
+    if (!k) return -1;
+    int rc = PyList_Append(keys, k);
+    Py_DECREF(k);
+    return rc;
+}
+
+static PyObject *S_get_schema, *S_get_before, *S_get_after, *S_star;
+
+/* conflict_keys((plans, plan, canon, spec), ch, db, table) -> [key]: the spec's conflict_keys(ch, db, table);
+   plans: the spec's plan cache ((id(schema), db, table) -> (schema, prefix, indexes)), plan(schema, db,
+   table) -> (prefix, indexes) on a miss (indexes: [(head, (column, ...))]); canon: the spec's _canon for
+   the values folded in Python; spec(ch, db, table) for an image that is not a plain dict */
+PyObject *conflict_keys(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4 || !PyTuple_Check(args[0]) || PyTuple_GET_SIZE(args[0]) != 4) {
+        PyErr_SetString(PyExc_TypeError, "conflict_keys((plans, plan, canon, spec), ch, db, table)");
+        return NULL;
+    }
+    PyObject *plans = PyTuple_GET_ITEM(args[0], 0), *plan = PyTuple_GET_ITEM(args[0], 1);
+    PyObject *canon = PyTuple_GET_ITEM(args[0], 2), *spec = PyTuple_GET_ITEM(args[0], 3);
+    PyObject *ch = args[1], *db = args[2], *table = args[3];
+    if (!PyDict_Check(plans)) {
+        PyErr_SetString(PyExc_TypeError, "plans must be a dict");
+        return NULL;
+    }
+    if ((!S_get_schema && !(S_get_schema = PyUnicode_InternFromString("schema")))
+        || (!S_get_before && !(S_get_before = PyUnicode_InternFromString("before")))
+        || (!S_get_after && !(S_get_after = PyUnicode_InternFromString("after")))
+        || (!S_star && !(S_star = PyUnicode_InternFromString("|*"))))
+        return NULL;
+    PyObject *schema = NULL, *before = NULL, *after = NULL, *made = NULL, *keys = NULL, *prefix, *indexes;
+    Buf b = {0};
+    if (!(schema = PyObject_GetAttr(ch, S_get_schema))) goto fail;
+    PyObject *id = PyLong_FromVoidPtr(schema);
+    if (!id) goto fail;
+    PyObject *ck = PyTuple_Pack(3, id, db, table);
+    Py_DECREF(id);
+    if (!ck) goto fail;
+    PyObject *hit = PyDict_GetItemWithError(plans, ck); /* borrowed */
+    Py_DECREF(ck);
+    if (hit && PyTuple_Check(hit) && PyTuple_GET_SIZE(hit) == 3 && PyTuple_GET_ITEM(hit, 0) == schema) {
+        prefix = PyTuple_GET_ITEM(hit, 1);
+        indexes = PyTuple_GET_ITEM(hit, 2);
+        made = Py_NewRef(hit);  /* held: canon() may run Python code */
+    } else {
+        if (PyErr_Occurred()) goto fail;
+        PyObject *pargs[3] = {schema, db, table};
+        if (!(made = PyObject_Vectorcall(plan, pargs, 3, NULL))) goto fail;
+        if (!PyTuple_Check(made) || PyTuple_GET_SIZE(made) != 2) {
+            PyErr_SetString(PyExc_TypeError, "plan() must return (prefix, indexes)");
+            goto fail;
+        }
+        prefix = PyTuple_GET_ITEM(made, 0);
+        indexes = PyTuple_GET_ITEM(made, 1);
+    }
+    if (!PyUnicode_Check(prefix) || !PyList_Check(indexes)) {
+        PyErr_SetString(PyExc_TypeError, "a plan is (str, list)");
+        goto fail;
+    }
+    Py_ssize_t ni = PyList_GET_SIZE(indexes);
+    for (Py_ssize_t j = 0; j < ni; j++) {
+        PyObject *ix = PyList_GET_ITEM(indexes, j);
+        if (!PyTuple_Check(ix) || PyTuple_GET_SIZE(ix) != 2 || !PyUnicode_Check(PyTuple_GET_ITEM(ix, 0))
+            || !PyTuple_Check(PyTuple_GET_ITEM(ix, 1))) {
+            PyErr_SetString(PyExc_TypeError, "an index of a plan is (str, tuple)");
+            goto fail;
+        }
+    }
+    if (!(keys = PyList_New(0))) goto fail;
+    if (ni) {
+        if (!(before = PyObject_GetAttr(ch, S_get_before)) || !(after = PyObject_GetAttr(ch, S_get_after))) goto fail;
+        if ((before != Py_None && !PyDict_CheckExact(before)) || (after != Py_None && !PyDict_CheckExact(after))) {
+            Py_CLEAR(keys);
+            PyObject *sargs[3] = {ch, db, table};
+            keys = PyObject_Vectorcall(spec, sargs, 3, NULL);
+            goto done;
+        }
+        PyObject *images[2] = {before, after};
+        for (int m = 0; m < 2; m++) {
+            if (images[m] == Py_None) continue;
+            for (Py_ssize_t j = 0; j < ni; j++) {
+                PyObject *ix = PyList_GET_ITEM(indexes, j);
+                if (one_key(keys, &b, PyTuple_GET_ITEM(ix, 0), PyTuple_GET_ITEM(ix, 1), images[m], canon) < 0)
+                    goto fail;
+            }
+        }
+    }
+    if (PyList_GET_SIZE(keys) == 0) {
+        PyObject *k = PyUnicode_Concat(prefix, S_star);
+        if (!k || PyList_Append(keys, k) < 0) {
+            Py_XDECREF(k);
+            goto fail;
+        }
+        Py_DECREF(k);
+    }
+    goto done;
+fail:
+    Py_CLEAR(keys);
+done:
+    PyMem_Free(b.p);
+    Py_XDECREF(schema);
+    Py_XDECREF(before);
+    Py_XDECREF(after);
+    Py_XDECREF(made);
+    return keys;
+}
+
+/* causality_place(relations, keys) -> group or None: Causality.place of the spec on its relations dict */
+PyObject *causality_place(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 || !PyDict_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "causality_place(relations: dict, keys)");
+        return NULL;
+    }
+    PyObject *rel = args[0];
+    PyObject *seq = PySequence_Fast(args[1], "keys must be a sequence");
+    if (!seq) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject **ks = PySequence_Fast_ITEMS(seq);
+    PyObject *group = NULL;
+    if (n == 1) {  /* most changes: one primary key */
+        PyObject *g = PyDict_GetItemWithError(rel, ks[0]);
+        if (g) {
+            group = Py_NewRef(g);
+        } else if (!PyErr_Occurred() && PyDict_SetItem(rel, ks[0], ks[0]) == 0) {
+            group = Py_NewRef(ks[0]);
+        }
+        Py_DECREF(seq);
+        return group;
+    }
+    if (n == 0) {
+        Py_DECREF(seq);
+        PyErr_SetString(PyExc_IndexError, "list index out of range");
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *g = PyDict_GetItemWithError(rel, ks[i]);
+        if (!g) {
+            if (PyErr_Occurred()) goto fail;
+            continue;
+        }
+        if (!group) {
+            group = Py_NewRef(g);
+            continue;
+        }
+        int same = PyObject_RichCompareBool(g, group, Py_EQ);
+        if (same < 0) goto fail;
+        if (!same) {  /* the keys link two groups */
+            Py_DECREF(group);
+            Py_DECREF(seq);
+            Py_RETURN_NONE;
+        }
+    }
+    if (!group) group = Py_NewRef(ks[0]);
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (PyDict_SetItem(rel, ks[i], group) < 0) goto fail;
+    Py_DECREF(seq);
+    return group;
+fail:
+    Py_XDECREF(group);
+    Py_DECREF(seq);
+    return NULL;
+}
+
+/* zlib's CRC-32 (reflected 0xEDB88320) */
+static uint32_t crc_table[256];
+
+static void crc_init(void) {
+    for (uint32_t i = 0; i < 256; i++) {
+        uint32_t c = i;
+        for (int k = 0; k < 8; k++) c = c & 1 ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+        crc_table[i] = c;
+    }
+}
+
+static uint32_t crc32_of(const unsigned char *p, Py_ssize_t n) {
+    if (!crc_table[1]) crc_init();
+    uint32_t c = 0xFFFFFFFFu;
+    for (Py_ssize_t i = 0; i < n; i++) c = crc_table[(c ^ p[i]) & 0xFF] ^ (c >> 8);
+    return c ^ 0xFFFFFFFFu;
+}
+
+/* stable_hash(key: str) -> int: zlib.crc32(key.encode("utf-8", "surrogatepass")) */
+PyObject *stable_hash(PyObject *self, PyObject *key) {
+    if (!PyUnicode_Check(key)) {
+        PyErr_SetString(PyExc_TypeError, "stable_hash(key: str)");
+        return NULL;
+    }
+    if (PyUnicode_IS_ASCII(key))
+        return PyLong_FromUnsignedLong(crc32_of((const unsigned char *)PyUnicode_DATA(key), PyUnicode_GET_LENGTH(key)));
+    Py_ssize_t n;
+    const char *s = PyUnicode_AsUTF8AndSize(key, &n);
+    if (s) return PyLong_FromUnsignedLong(crc32_of((const unsigned char *)s, n));
+    PyErr_Clear();
+    PyObject *enc = PyUnicode_AsEncodedString(key, "utf-8", "surrogatepass");
+    if (!enc) return NULL;
+    PyObject *r = PyLong_FromUnsignedLong(crc32_of((const unsigned char *)PyBytes_AS_STRING(enc), PyBytes_GET_SIZE(enc)));
+    Py_DECREF(enc);
+    return r;
+}
