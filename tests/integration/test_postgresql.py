@@ -78,8 +78,20 @@ def current_lsn(p: PostgresInstance) -> int:
 
 
 def covered(tmp: Path, region: str, lsn: int) -> bool:
-    pos = checkpoint(tmp).get("regions", {}).get(region)
-    return pos is not None and parse_lsn(pos["lsn"]) >= lsn
+    """Every attached sender has acknowledged the region up to ``lsn`` (the checkpoint's
+    own ``regions`` is where the source resumes: with a sender behind and the backlog on
+    disk holding what it still needs, that is ahead of the sender, so it is not enough)."""
+    cp = checkpoint(tmp)
+    pos = cp.get("regions", {}).get(region)
+    if pos is None or parse_lsn(pos["lsn"]) < lsn:
+        return False
+    for sp in cp.get("senders", {}).values():
+        if sp.get("detached"):
+            continue
+        mine = sp.get("regions", {}).get(region)
+        if mine is None or parse_lsn(mine["lsn"]) < lsn:
+            return False
+    return True
 
 
 def slot_confirmed(p: PostgresInstance, slot: str) -> int:
