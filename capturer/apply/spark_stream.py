@@ -27,6 +27,15 @@ the sender drops, table by table, what a table holds already. (The micro-batch i
 ``txnVersion``: a batch with a DDL makes several commits to one table, and the tables are shared with
 the Spark sender's and ``capturer apply``'s position scheme.)
 
+Status: ``httpPort``/``httpHost`` of the applier's config serve ``GET /status`` (JSON: batches,
+transactions and rows applied, the last batch, what is held for incomplete transactions, the lag, bad
+messages, the Delta sender's status, Spark's last query progress), ``/health``, ``/metrics`` and a page.
+A message that does not decode stops the job (``on_bad_message = stop``) or, with ``dead_letter``, is
+copied to ``dead_letter_topic`` with the error and its transaction applied without it, as ``capturer
+apply`` does (the spine's own messages always stop it). Dead letters are at-least-once: a micro-batch
+replayed after a kill -9 of the driver may copy its bad messages again (their headers name topic,
+partition and offset: a reader can drop the repeats).
+
 Scale-out: the MERGEs are Spark jobs (more executors, more partitions: ``--master``, the sender's
 ``conf.*``); the decoding and regrouping of the messages run on the driver (the messages of a batch
 are collected there: ``--max-offsets`` bounds a batch).
@@ -46,11 +55,13 @@ from typing import Any
 
 from capturer.apply.config import ApplyConfig, load_apply_config
 from capturer.apply.regroup import BadMessage, Regrouper, owned_by
+from capturer.apply.status import SparkApplyCollector, spark_pages
 from capturer.errors import ConfigError, SinkError
-from capturer.model import StreamKey
+from capturer.model import StreamKey, key_to_json, ts_physical_ms
 from capturer.model.message import Msg
+from capturer.ops.status import StatusServer
 from capturer.util.kafkasec import security_of
-from senders import CATALOG, sender_class, stream_session_factory
+from senders import CATALOG, consumer_factory, sender_class, stream_session_factory
 
 log = logging.getLogger(__name__)
 
@@ -76,18 +87,21 @@ class Pending:
     def _ids(self) -> list[int]:
         return sorted(int(p.name) for p in self.dir.iterdir() if p.name.isdigit())
 
-    def before(self, batch_id: int) -> tuple[StreamKey | None, list[Msg]]:
+    def before(self, batch_id: int) -> tuple[StreamKey | None, list[Msg], set[tuple[str, int, int]]]:
+        """The applied key, the held messages and which of them went to the dead-letter topic."""
         ids = [i for i in self._ids() if i < batch_id]
         if not ids:
-            return None, []
+            return None, [], set()
         with open(self.dir / str(ids[-1]), "rb") as f:
-            done, msgs = pickle.load(f)
-        return done, msgs
+            got = pickle.load(f)
+        # (a file of a release before dead letters holds two things)
+        return got[0], got[1], (set(got[2]) if len(got) > 2 else set())
 
-    def write(self, batch_id: int, done: StreamKey | None, msgs: list[Msg]) -> None:
+    def write(self, batch_id: int, done: StreamKey | None, msgs: list[Msg],
+              dead: set[tuple[str, int, int]] | None = None) -> None:
         tmp = self.dir / f".{batch_id}.tmp"
         with open(tmp, "wb") as f:
-            pickle.dump((done, msgs), f, protocol=pickle.HIGHEST_PROTOCOL)
+            pickle.dump((done, msgs, sorted(dead or ())), f, protocol=pickle.HIGHEST_PROTOCOL)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self.dir / str(batch_id))
@@ -97,29 +111,66 @@ class Pending:
 
 
 class BatchApplier:
-    """The ``foreachBatch`` function: regroup, hand whole transactions to the Delta sender, keep the rest."""
+    """The ``foreachBatch`` function: regroup, hand whole transactions to the Delta sender, keep the rest;
+    what it did is its status (``snapshot``, read by the status port's threads)."""
 
-    def __init__(self, cfg: ApplyConfig, sender: Any, checkpoint: Path):
+    def __init__(self, cfg: ApplyConfig, sender: Any, checkpoint: Path, dead_letters: Any = None):
+        """``dead_letters``: what writes a bad message to the dead-letter topic (``.dead_letter(topic, msg,
+        why)``); made on first use from the applier's Kafka client when None."""
         self.cfg = cfg
         self.sender = sender
+        self.checkpoint = checkpoint
         self.pending = Pending(checkpoint)
         self.owns = owned_by(cfg.tables)
         self.untabled = cfg.untabled_ddl == "apply" or (cfg.untabled_ddl == "auto" and self.owns("\0any", "\0any"))
         self.txns = self.rows = self.batches = 0
+        self.bad_messages = self.dead_letter_count = 0
+        self.last_bad = ""
+        self.applied: StreamKey | None = None
+        self.last_commit_ms = 0
+        self.held = 0
+        self.last_batch: dict[str, Any] | None = None
+        self.progress: dict[str, Any] | None = None  # Spark's last query progress (the main loop sets it)
+        self.state, self.failure = "starting", ""
+        self.started_at = time.time()
+        self._dead = dead_letters
+
+    def _add(self, reg: Regrouper, m: Msg, dead: set[tuple[str, int, int]], dead_now: set[tuple[str, int, int]]) \
+            -> None:
+        ident = (m.topic, m.partition, m.offset)
+        if ident in dead:  # put aside by a batch before (its transaction still incomplete then)
+            reg.add_bad(m)
+            dead_now.add(ident)
+            return
+        try:
+            reg.add(m)
+        except BadMessage as exc:
+            self.bad_messages += 1
+            self.last_bad = str(exc)
+            if self.cfg.on_bad_message != "dead_letter" or m.topic == self.cfg.txn_topic:
+                raise RuntimeError(f"spark-apply: a message that does not decode: {exc} (on_bad_message="
+                                   f"{self.cfg.on_bad_message}; nothing after it applied)") from None
+            if self._dead is None:
+                self._dead = consumer_factory("kafka")(self.cfg.client, self.cfg.servers,
+                                                       f"{self.cfg.name}.spark-apply.dead-letters", {})
+            self._dead.dead_letter(self.cfg.dead_letter_topic, m, exc.why)
+            self.dead_letter_count += 1
+            dead_now.add(ident)
+            counted = reg.add_bad(m)
+            log.error("spark-apply %s: %s: copied to %s%s", self.cfg.name, exc, self.cfg.dead_letter_topic,
+                      "; its transaction is applied without it" if counted else "")
 
     def apply(self, msgs: list[Msg], batch_id: int) -> None:
-        done, held = self.pending.before(batch_id)
+        t0 = time.monotonic()
+        done, held, dead = self.pending.before(batch_id)
         seen = {(m.topic, m.partition, m.offset) for m in held}
         allm = held + [m for m in msgs if (m.topic, m.partition, m.offset) not in seen]
         allm.sort(key=lambda m: (m.topic != self.cfg.txn_topic, m.topic, m.partition, m.offset))
         reg = Regrouper(self.cfg.txn_topic, self.cfg.format, self.owns, untabled_ddl=self.untabled)
         reg.skip_through(done)
+        dead_now: set[tuple[str, int, int]] = set()
         for m in allm:
-            try:
-                reg.add(m)
-            except BadMessage as exc:
-                raise RuntimeError(f"spark-apply: a message that does not decode: {exc} (nothing after it applied)") \
-                    from None
+            self._add(reg, m, dead, dead_now)
         ready = reg.ready()
         txns = [t for _, t in ready if t is not None]
         if txns:
@@ -129,13 +180,22 @@ class BatchApplier:
             reg.done_through(done)
         start = reg.commit_offsets()
         keep = [m for m in allm if m.offset >= start.get((m.topic, m.partition), 1 << 62)]
-        self.pending.write(batch_id, done, keep)
+        kept = {(m.topic, m.partition, m.offset) for m in keep}
+        self.pending.write(batch_id, done, keep, dead_now & kept)
+        rows = sum(len(t.changes) for t in txns)
         self.batches += 1
         self.txns += len(txns)
-        self.rows += sum(len(t.changes) for t in txns)
+        self.rows += rows
+        self.held = len(keep)
+        if ready:
+            self.applied = done
+            self.last_commit_ms = ts_physical_ms(done[0]) if done is not None else self.last_commit_ms
+        self.last_batch = {"id": batch_id, "messages": len(msgs), "txns": len(txns), "rows": rows, "held": len(keep),
+                           "seconds": round(time.monotonic() - t0, 3), "finished_at": time.time()}
+        self.state = "running"
         log.info("spark-apply %s: batch %d: %d messages, %d transactions applied (%d rows), %d messages held "
                  "for incomplete transactions; applied through %s", self.cfg.name, batch_id, len(msgs), len(txns),
-                 sum(len(t.changes) for t in txns), len(keep), done)
+                 rows, len(keep), done)
 
     def __call__(self, df: Any, batch_id: int) -> None:
         rows = df.select("topic", "partition", "offset", "key", "value", "headers").collect()
@@ -144,6 +204,60 @@ class BatchApplier:
                     [(h["key"], b"" if h["value"] is None else bytes(h["value"])) for h in (r["headers"] or [])])
                 for r in rows]
         self.apply(msgs, batch_id)
+
+    def close(self) -> None:
+        if self._dead is not None and hasattr(self._dead, "close"):
+            self._dead.close()
+
+    # --- status ---------------------------------------------------------------------------
+    def healthy(self) -> tuple[bool, str]:
+        if self.state == "failed":
+            return False, self.failure
+        st = getattr(self.sender, "state", "")
+        if st in ("failed", "retrying"):
+            return False, f"the Delta sender is {st}"
+        return True, "ok"
+
+    def snapshot(self) -> dict[str, Any]:
+        now = time.time()
+        waiting = self.held or bool(self.progress and self.progress.get("numInputRows"))
+        lag = max(0.0, now - self.last_commit_ms / 1000.0) if waiting and self.last_commit_ms else 0.0
+        try:
+            sender = self.sender.status()
+        except Exception as exc:  # (a status read never fails the page)
+            sender = {"error": str(exc)}
+        return {
+            "kind": "spark-apply", "name": self.cfg.name, "state": self.state, "failure": self.failure,
+            "started_at": self.started_at, "txn_topic": self.cfg.txn_topic, "format": self.cfg.format,
+            "tables": list(self.cfg.tables), "checkpoint": str(self.checkpoint),
+            "applied": {"batches": self.batches, "txns": self.txns, "rows": self.rows,
+                        "last": key_to_json(self.applied), "last_commit_ms": self.last_commit_ms,
+                        "lag_seconds": round(lag, 3)},
+            "held_messages": self.held, "last_batch": self.last_batch, "query": self.progress,
+            "errors": {"bad_messages": self.bad_messages, "dead_letters": self.dead_letter_count,
+                       "last_bad": self.last_bad, "on_bad_message": self.cfg.on_bad_message,
+                       "dead_letter_topic": self.cfg.dead_letter_topic},
+            "senders": {getattr(self.sender, "name", "spark"): sender},
+        }
+
+
+def query_progress(query: Any) -> dict[str, Any] | None:
+    """The figures of Spark's last progress report that the status shows."""
+    p = query.lastProgress
+    if not p:
+        return None
+    return {"batch_id": p.get("batchId"), "numInputRows": p.get("numInputRows"),
+            "inputRowsPerSecond": p.get("inputRowsPerSecond"),
+            "processedRowsPerSecond": p.get("processedRowsPerSecond"),
+            "trigger_ms": (p.get("durationMs") or {}).get("triggerExecution"), "timestamp": p.get("timestamp")}
+
+
+def serve_status(cfg: ApplyConfig, batch: BatchApplier) -> StatusServer:
+    server = StatusServer(cfg.http_host, cfg.http_port, batch.snapshot, batch.healthy,
+                          collector=SparkApplyCollector(batch.snapshot), pages=spark_pages())
+    server.start()
+    log.info("spark-apply %s: status on http://%s:%d/", cfg.name, cfg.http_host, server.port)
+    return server
 
 
 def default_pattern(txn_topic: str) -> str:
@@ -189,18 +303,41 @@ def spark_apply_main(argv: list[str], stop: threading.Event) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     sender = sender_class("spark")(f"{cfg.name}.spark", opts, cfg.queue_rows)
+    batch = BatchApplier(cfg, sender, checkpoint)
+    try:
+        server = serve_status(cfg, batch)
+    except OSError as exc:
+        spark.stop()
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        return _run_query(spark, sender, batch, cfg, args, stop)
+    finally:
+        batch.state = "stopped" if batch.state != "failed" else "failed"
+        server.stop()
+        batch.close()
+
+
+def _open_sender(spark: Any, sender: Any, cfg: ApplyConfig, stop: threading.Event) -> bool:
     deadline = time.monotonic() + 120
     while True:  # the lake's lock: a killed driver's JVM may still be exiting
         try:
             sender.open()
-            break
+            return True
         except SinkError as exc:
             if not exc.retriable or time.monotonic() > deadline or stop.is_set():
                 spark.stop()
                 print(f"error: {exc}", file=sys.stderr)
-                return 1
+                return False
             log.warning("spark-apply %s: %s", cfg.name, exc)
             time.sleep(1)
+
+
+def _run_query(spark: Any, sender: Any, batch: BatchApplier, cfg: ApplyConfig, args: Any,
+               stop: threading.Event) -> int:
+    if not _open_sender(spark, sender, cfg, stop):
+        batch.state, batch.failure = "failed", "the Delta sender could not open its tables"
+        return 1
     code = 0
     query = None
     try:
@@ -213,17 +350,19 @@ def spark_apply_main(argv: list[str], stop: threading.Event) -> int:
             reader = reader.option(k if k.startswith("kafka.") else f"kafka.{k}", v)
         if args.max_offsets:
             reader = reader.option("maxOffsetsPerTrigger", str(args.max_offsets))
-        batch = BatchApplier(cfg, sender, checkpoint)
         query = (reader.load().writeStream.foreachBatch(batch)
-                 .option("checkpointLocation", str(checkpoint / "spark"))
+                 .option("checkpointLocation", str(batch.checkpoint / "spark"))
                  .trigger(processingTime=f"{args.trigger} seconds").queryName(f"spark-apply-{cfg.name}").start())
-        log.info("spark-apply %s: running (checkpoint %s)", cfg.name, checkpoint)
+        batch.state = "running"
+        log.info("spark-apply %s: running (checkpoint %s)", cfg.name, batch.checkpoint)
         while not stop.is_set():
             if query.awaitTermination(1):
                 break
+            batch.progress = query_progress(query)
         failed = query.exception()
         if failed is not None:
             log.error("spark-apply %s: the query failed: %s", cfg.name, failed)
+            batch.state, batch.failure = "failed", str(failed)[:2000]
             code = 1
     finally:
         if query is not None and query.isActive:

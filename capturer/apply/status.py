@@ -63,3 +63,32 @@ class ApplyCollector(Collector):
             se.add_metric([name], st.get("errors", 0))
         yield sa
         yield se
+
+
+def spark_pages() -> dict[str, tuple[bytes, str]]:
+    """``python -m capturer spark-apply``'s page: its ``/status`` as a table, refreshed every 2 s."""
+    return {"/": ((UI / "spark.html").read_bytes(), "text/html; charset=utf-8")}
+
+
+class SparkApplyCollector(Collector):
+    """``/metrics`` of ``spark-apply`` (capturer/apply/spark_stream.py ``BatchApplier.snapshot``)."""
+
+    def __init__(self, snapshot: Callable[[], dict[str, Any]]):
+        self.snapshot = snapshot
+
+    def collect(self) -> Iterator[Any]:
+        s = self.snapshot()
+        a, e = s["applied"], s["errors"]
+        for name, doc, v in (("batches", "micro-batches done", a["batches"]),
+                             ("txns", "transactions applied", a["txns"]), ("rows", "rows applied", a["rows"]),
+                             ("bad_messages", "messages that did not decode", e["bad_messages"]),
+                             ("dead_letters", "messages copied to the dead-letter topic", e["dead_letters"])):
+            c = CounterMetricFamily(f"capturer_spark_apply_{name}", doc)
+            c.add_metric([], v)
+            yield c
+        for name, doc, v in (("lag_seconds", "age of the last transaction applied while more waits", a["lag_seconds"]),
+                             ("held_messages", "messages held for transactions not yet whole", s["held_messages"]),
+                             ("up", "1 unless the job failed", 0 if s["state"] == "failed" else 1)):
+            g = GaugeMetricFamily(f"capturer_spark_apply_{name}", doc)
+            g.add_metric([], v)
+            yield g
