@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import requests
 from helpers import LIVE_PROCESSES, wait_for
 from workload import Workload
 
@@ -77,7 +78,7 @@ class StreamApplier:
 def test_spark_apply_kill9_of_the_driver_equals_the_sources(rig: dict[str, Any],  # noqa: F811
                                                              spark_of: Callable[[], Any]) -> None:  # noqa: F811
     t0 = time.monotonic()
-    _cap, cfg, _port = start_pipeline(rig)
+    _cap, cfg, port = start_pipeline(rig)
     tmp, sources = rig["tmp"], rig["sources"]
     log, ck = tmp / "spark-apply.log", tmp / "spark-apply-checkpoint"
     loads = [Workload(m, i + 1, 80 + i) for i, m in enumerate(sources)]
@@ -100,6 +101,11 @@ def test_spark_apply_kill9_of_the_driver_equals_the_sources(rig: dict[str, Any],
             t.join(60)
     assert not any(w.errors for w in loads), [w.errors for w in loads]
     mark_and_wait(rig, 1, 600, [])
+    # the status port of the restarted driver: what it applied since its start
+    st = requests.get(f"http://127.0.0.1:{port}/status", timeout=30).json()
+    assert st["kind"] == "spark-apply" and st["state"] == "running", st
+    assert st["applied"]["batches"] > 0 and st["applied"]["rows"] > 0 and st["errors"]["bad_messages"] == 0, st
+    assert requests.get(f"http://127.0.0.1:{port}/health", timeout=30).status_code == 200
     assert ap.stop() == 0, log.read_text()[-3000:]
     print(f"load, a kill -9 of the driver and a catch-up: {time.monotonic() - t0:.1f}s; "
           f"{sum(w.txns for w in loads)} source transactions")
