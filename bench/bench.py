@@ -726,6 +726,99 @@ def verify_runs(tmp: Path, rows: int, lake_rows: int | None = None) -> dict[str,
     return out
 
 
+def _http_status(url: str) -> dict[str, Any]:
+    """The capturer's /status at ``url``, or {} while it cannot be read."""
+    import requests
+
+    try:
+        return requests.get(url + "/status", timeout=5).json()
+    except (requests.RequestException, ValueError):
+        return {}
+
+
+def _steady_updates(src: MariaDBInstance, preload: int, rate: int, stop: threading.Event) -> threading.Thread:
+    """A thread updating ``rate`` rows/s of bench_v.t (50 a transaction, round the table) until ``stop``."""
+
+    def drive() -> None:
+        c = src.connect()
+        c.autocommit(True)
+        per_txn, k = 50, 0
+        nxt = time.time()
+        with c.cursor() as cur:
+            while not stop.is_set():
+                lo = (k * per_txn) % (preload - per_txn)
+                cur.execute("UPDATE bench_v.t SET n = n + 1 WHERE id >= %s AND id < %s", (lo, lo + per_txn))
+                k += 1
+                nxt += per_txn / rate
+                time.sleep(max(0.0, nxt - time.time()))
+        c.close()
+
+    loader = threading.Thread(target=drive, daemon=True)
+    loader.start()
+    return loader
+
+
+def _verify_by_cli(cfg: Path, done: threading.Event, codes: list[int]) -> None:
+    """``python -m capturer verify`` (mysql and local) run again and again until ``done``; its exit codes."""
+    import subprocess
+
+    while not done.is_set():
+        p = subprocess.run([sys.executable, "-m", "capturer", "verify", "--config", str(cfg),
+                            "--sender", "mysql", "--sender", "local", "--json", "--wait", "20"],
+                           cwd=ROOT, capture_output=True, text=True)
+        codes.append(p.returncode)
+
+
+def _verify_by_post(url: str, token: str, done: threading.Event, codes: list[int]) -> None:
+    """``POST /verify`` (mysql and local) again and again until ``done``; each run's exit code from /status."""
+    import requests
+
+    h = {"Authorization": f"Bearer {token}"}
+    while not done.is_set():
+        r = requests.post(url + "/verify", json={"senders": ["mysql", "local"], "wait": 20}, headers=h, timeout=10)
+        if r.status_code != 202:
+            time.sleep(0.5)
+            continue
+        while not done.is_set() and _http_status(url).get("verify", {}).get("state") == "running":
+            time.sleep(0.5)
+        last = _http_status(url).get("verify", {}).get("last") or {}
+        if "exit_code" in last:
+            codes.append(int(last["exit_code"]))
+
+
+def _verify_window(name: str, pid: int, url: str, cfg: Path, token: str, seconds: int) -> dict[str, Any]:
+    """One window of ``verify_cost``: ``seconds`` of the load with verify run by ``name`` (baseline: none)."""
+    import resource
+
+    codes: list[int] = []
+    done = threading.Event()
+    t = None
+    if name != "baseline":
+        args = (cfg, done, codes) if name == "cli" else (url, token, done, codes)
+        t = threading.Thread(target=_verify_by_cli if name == "cli" else _verify_by_post, args=args, daemon=True)
+        t.start()
+    ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    c0, r0, t0 = _cpu_seconds(pid), _http_status(url)["senders"]["mysql"]["rows"], time.time()
+    worst = 0.0
+    while time.time() - t0 < seconds:
+        time.sleep(1)
+        lags = [x.get("lag_seconds") or 0.0 for x in _http_status(url).get("senders", {}).values()]
+        worst = max([worst, *lags])
+    c1, r1, t1 = _cpu_seconds(pid), _http_status(url)["senders"]["mysql"]["rows"], time.time()
+    done.set()
+    if t is not None:
+        t.join(120)
+        while name == "post" and _http_status(url).get("verify", {}).get("state") == "running":
+            time.sleep(0.5)
+    ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    res = {"capturer_cores": round((c1 - c0) / (t1 - t0), 3), "mysql_rows_per_s": round((r1 - r0) / (t1 - t0)),
+           "worst_lag_s": round(worst, 1), "verify_runs": len(codes), "exit_codes": codes}
+    if name == "cli" and codes:  # the verify processes this bench reaped (POST's are the capturer's)
+        cpu = ru1.ru_utime + ru1.ru_stime - ru0.ru_utime - ru0.ru_stime
+        res["verify_cpu_s_per_run"] = round(cpu / len(codes), 2)
+    return res
+
+
 def verify_cost(tmp: Path, preload: int = 200_000, rate: int = 2000, seconds: int = 20) -> dict[str, Any]:
     """What ``verify`` costs a running capture: the capturer (``python -m capturer``, its
     own process: its CPU read from /proc) replicates a ``preload``-row table (a
@@ -741,10 +834,7 @@ def verify_cost(tmp: Path, preload: int = 200_000, rate: int = 2000, seconds: in
     Per window: the capturer's cores (CPU s / s), the rows the MySQL sender delivered per
     second, the worst sender lag on /status, and the verify runs' exit codes (0 equal
     or 3 not settled while the load runs; 1 would be a false alarm)."""
-    import resource
     import subprocess
-
-    import requests
 
     d = tmp / "verify-cost"
     src = MariaDBInstance(tmp / "vc-src", server_id=53).start()
@@ -767,89 +857,16 @@ def verify_cost(tmp: Path, preload: int = 200_000, rate: int = 2000, seconds: in
         log = (d / "capturer.log").open("wb")
         proc = subprocess.Popen([sys.executable, "-m", "capturer", "--config", str(cfg)], cwd=ROOT, stdout=log,
                                 stderr=subprocess.STDOUT)
-
-        def status() -> dict[str, Any]:
-            try:
-                return requests.get(url + "/status", timeout=5).json()
-            except (requests.RequestException, ValueError):
-                return {}
-
         deadline = time.time() + 600
-        while time.time() < deadline and (status().get("senders", {}).get("mysql", {}).get("rows", 0) < preload
-                                          or status().get("senders", {}).get("local", {}).get("rows", 0) < preload):
+        while time.time() < deadline and (
+                _http_status(url).get("senders", {}).get("mysql", {}).get("rows", 0) < preload
+                or _http_status(url).get("senders", {}).get("local", {}).get("rows", 0) < preload):
             time.sleep(1)
         stop = threading.Event()
-
-        def drive() -> None:
-            c = src.connect()
-            c.autocommit(True)
-            per_txn, k = 50, 0
-            nxt = time.time()
-            with c.cursor() as cur:
-                while not stop.is_set():
-                    lo = (k * per_txn) % (preload - per_txn)
-                    cur.execute("UPDATE bench_v.t SET n = n + 1 WHERE id >= %s AND id < %s", (lo, lo + per_txn))
-                    k += 1
-                    nxt += per_txn / rate
-                    time.sleep(max(0.0, nxt - time.time()))
-            c.close()
-
-        loader = threading.Thread(target=drive, daemon=True)
-        loader.start()
+        loader = _steady_updates(src, preload, rate, stop)
         time.sleep(3)
-
-        def window(name: str) -> dict[str, Any]:
-            codes: list[int] = []
-            done = threading.Event()
-
-            def cli() -> None:
-                while not done.is_set():
-                    p = subprocess.run([sys.executable, "-m", "capturer", "verify", "--config", str(cfg),
-                                        "--sender", "mysql", "--sender", "local", "--json", "--wait", "20"],
-                                       cwd=ROOT, capture_output=True, text=True)
-                    codes.append(p.returncode)
-
-            def post() -> None:
-                h = {"Authorization": f"Bearer {token}"}
-                while not done.is_set():
-                    r = requests.post(url + "/verify", json={"senders": ["mysql", "local"], "wait": 20}, headers=h,
-                                      timeout=10)
-                    if r.status_code != 202:
-                        time.sleep(0.5)
-                        continue
-                    while not done.is_set() and status().get("verify", {}).get("state") == "running":
-                        time.sleep(0.5)
-                    last = status().get("verify", {}).get("last") or {}
-                    if "exit_code" in last:
-                        codes.append(int(last["exit_code"]))
-
-            t = None
-            if name != "baseline":
-                t = threading.Thread(target=cli if name == "cli" else post, daemon=True)
-                t.start()
-            ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-            c0, r0, t0 = _cpu_seconds(proc.pid), status()["senders"]["mysql"]["rows"], time.time()
-            worst = 0.0
-            while time.time() - t0 < seconds:
-                time.sleep(1)
-                lags = [x.get("lag_seconds") or 0.0 for x in status().get("senders", {}).values()]
-                worst = max([worst, *lags])
-            c1, r1, t1 = _cpu_seconds(proc.pid), status()["senders"]["mysql"]["rows"], time.time()
-            done.set()
-            if t is not None:
-                t.join(120)
-                while name == "post" and status().get("verify", {}).get("state") == "running":
-                    time.sleep(0.5)
-            ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-            res = {"capturer_cores": round((c1 - c0) / (t1 - t0), 3), "mysql_rows_per_s": round((r1 - r0) / (t1 - t0)),
-                   "worst_lag_s": round(worst, 1), "verify_runs": len(codes), "exit_codes": codes}
-            if name == "cli" and codes:  # the verify processes this bench reaped (POST's are the capturer's)
-                cpu = ru1.ru_utime + ru1.ru_stime - ru0.ru_utime - ru0.ru_stime
-                res["verify_cpu_s_per_run"] = round(cpu / len(codes), 2)
-            return res
-
         for name in ("baseline", "cli", "post"):
-            out[name] = window(name)
+            out[name] = _verify_window(name, proc.pid, url, cfg, token, seconds)
         base = out["baseline"]["capturer_cores"] or 1e-9
         for name in ("cli", "post"):
             out[name]["cores_ratio_to_baseline"] = round(out[name]["capturer_cores"] / base, 2)

@@ -20,11 +20,13 @@ import random
 import shutil
 import threading
 import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any, Protocol
 
 from capturer.app import Capturer, load_config
-from capturer.model import Position
+from capturer.model import LsnPosition, Position, parse_lsn
 from devtools.local_mariadb import MariaDBInstance
 from devtools.verify_sinks import (
     SinkCheck,
@@ -248,6 +250,119 @@ def acked_positions(cp: Any, region: str) -> list[Any]:
     return ps or [cp.regions.get(region)]
 
 
+SHARDS = ("shard1", "shard2")
+
+
+def _fresh_dir(basedir: Path) -> Path:
+    """``basedir`` made empty (what a previous run left is removed), absolute."""
+    basedir = basedir.resolve()
+    if basedir.exists():
+        shutil.rmtree(basedir)
+    basedir.mkdir(parents=True)
+    return basedir
+
+
+def _start_capturer(cfg_path: Path) -> Capturer:
+    cap = Capturer(load_config(cfg_path))
+    cap.start()
+    assert cap.status_server is not None
+    return cap
+
+
+def _run_workload(step: Callable[[int, Any], None], stop: threading.Event, once: bool, steps: int,
+                  pause: float, session: Callable[[], AbstractContextManager[Any]] = nullcontext) -> threading.Event:
+    """``step(i, s)`` for i = 0, 1, ... on a thread of its own (``steps`` of them with
+    ``once``, else until ``stop``), ``pause`` s apart, ``s`` what ``session()`` opens
+    around them all; the event returned is set when they are done."""
+    done = threading.Event()
+
+    def drive() -> None:
+        i = 0
+        with session() as s:
+            while not stop.is_set() and (not once or i < steps):
+                step(i, s)
+                i += 1
+                if pause:
+                    time.sleep(pause)
+        done.set()
+
+    threading.Thread(target=drive, name="demo-workload", daemon=True).start()
+    return done
+
+
+class _Watch:
+    """``Capturer.run``'s ``until``: a progress line every 2 s; True when ``stop`` is
+    set, or, with ``once``, when the workload is done and every sender has passed the
+    sources' last transaction (``caught_up``), or after ``limit`` s (reported then)."""
+
+    limit = 300.0
+
+    def __init__(self, stop: threading.Event, once: bool, done: threading.Event, t0: float):
+        self.stop, self.once, self.done, self.t0 = stop, once, done, t0
+        self.last_print = 0.0
+
+    def line(self, snap: dict[str, Any]) -> str:
+        """The progress line after the elapsed time."""
+        raise NotImplementedError
+
+    def mark(self) -> None:
+        """Once the workload is done: note where the sources ended (what ``caught_up`` waits for)."""
+
+    def caught_up(self, cp: Any) -> bool:
+        raise NotImplementedError
+
+    def __call__(self, c: Capturer) -> bool:
+        now = time.time()
+        if now - self.last_print >= 2:
+            self.last_print = now
+            print(f"demo: {now - self.t0:5.1f}s  {self.line(c.snapshot())}", flush=True)
+        if self.stop.is_set():
+            return True
+        if not self.once or not self.done.is_set():
+            return False
+        self.mark()
+        return self.caught_up(c.checkpoint) or now - self.t0 > self.limit
+
+
+def _ended(code: int, once: bool, stop: threading.Event) -> int | None:
+    """The demo's exit code when its capturer ran (``code``) but nothing is to be checked, else None."""
+    if code != 0:
+        print("demo: the capturer stopped on a failure (see the log above)", flush=True)
+        return code
+    if not once or stop.is_set():
+        print("demo: stopped", flush=True)
+        return 0 if not once else 1
+    return None
+
+
+class _ShopWatch(_Watch):
+    """The shop demo's: every sender past both shards' last transaction (their binlog positions)."""
+
+    def __init__(self, loads: list[Workload], sinks: Sinks, stop: threading.Event, once: bool,
+                 done: threading.Event, t0: float):
+        super().__init__(stop, once, done, t0)
+        self.loads, self.sinks = loads, sinks
+        self.targets: list[tuple[str, int]] = []
+
+    def line(self, snap: dict[str, Any]) -> str:
+        rows = sum(w.rows for w in self.loads)
+        sent = [(s.name, snap["senders"][s.name]["rows"]) for s in self.sinks.sinks]
+        sent_txt = (f"in file={sent[0][1]}" if len(sent) == 1 and sent[0][0] == "local"
+                    else "sent: " + " ".join(f"{n}={r}" for n, r in sent))
+        more = self.sinks.progress(snap)
+        return (f"source rows={rows}  {sent_txt}  checkpoint={snap['checkpoint']['commit_time']}"
+                + (f"  {more}" if more else ""))
+
+    def mark(self) -> None:
+        if not self.targets:
+            self.targets = [w.m.master_position() for w in self.loads]
+
+    def caught_up(self, cp: Any) -> bool:
+        return bool(self.targets) and all(
+            isinstance(pos, Position) and (pos.file, pos.pos) >= target  # (None: none yet)
+            for target, name in zip(self.targets, SHARDS) for pos in acked_positions(cp, name))
+
+
 def run_demo(basedir: Path, once: bool = False, steps: int = 400,
              stop: threading.Event | None = None, sinks: Sinks | None = None) -> int:
     """The shop demo: two private MariaDB shards, their workload, the capturer, and
@@ -255,10 +370,7 @@ def run_demo(basedir: Path, once: bool = False, steps: int = 400,
     (Ctrl-C, SIGTERM). With ``once``: a fixed workload, then, once the checkpoint
     (what every sender acknowledged) has passed both shards' last transaction,
     every sink is read back and compared with the sources; 0 only if all are equal."""
-    basedir = basedir.resolve()
-    if basedir.exists():
-        shutil.rmtree(basedir)
-    basedir.mkdir(parents=True)
+    basedir = _fresh_dir(basedir)
     sinks = sinks if sinks is not None else Sinks()
     print(f"demo: starting two MariaDB regions under {basedir} ...", flush=True)
     servers = [MariaDBInstance(basedir / f"region{i + 1}", server_id=i + 1) for i in range(2)]
@@ -273,107 +385,109 @@ def run_demo(basedir: Path, once: bool = False, steps: int = 400,
         for line in sinks.skipped:
             print(f"demo: skipped {line}", flush=True)
         cfg_path = _write_conf(basedir, servers, sinks.sender_config())
-        cfg = load_config(cfg_path)
-        cap = Capturer(cfg)
-        cap.start()
-        assert cap.status_server is not None
+        cap = _start_capturer(cfg_path)
         print(_status_line(cap, cfg_path), flush=True)
         for s in sinks.sinks:
             print(f"demo: {s.where()}", flush=True)
         loads = [Workload(m, i + 1, seed=42 + i) for i, m in enumerate(servers)]
         t0 = time.time()
-        workload_done = threading.Event()
         running = cap
 
-        def drive() -> None:
-            i = 0
-            while not stop.is_set() and (not once or i < steps):
-                if once and i == steps // 2:
-                    sinks.midway(running, stop)
-                loads[i % 2].step()
-                i += 1
-                if not once:
-                    time.sleep(0.02)
-            workload_done.set()
+        def step(i: int, _: Any) -> None:
+            if once and i == steps // 2:
+                sinks.midway(running, stop)
+            loads[i % 2].step()
 
-        threading.Thread(target=drive, name="demo-workload", daemon=True).start()
-        targets: list[tuple[str, int]] = []
-        last_print = 0.0
-
-        def progress(c: Capturer) -> bool:
-            nonlocal last_print, targets
-            now = time.time()
-            if now - last_print >= 2:
-                last_print = now
-                snap = c.snapshot()
-                rows = sum(w.rows for w in loads)
-                sent = [(s.name, snap["senders"][s.name]["rows"]) for s in sinks.sinks]
-                sent_txt = (f"in file={sent[0][1]}" if len(sent) == 1 and sent[0][0] == "local"
-                            else "sent: " + " ".join(f"{n}={r}" for n, r in sent))
-                more = sinks.progress(snap)
-                print(f"demo: {now - t0:5.1f}s  source rows={rows}  {sent_txt}  "
-                      f"checkpoint={snap['checkpoint']['commit_time']}" + (f"  {more}" if more else ""), flush=True)
-            if stop.is_set():
-                return True
-            if not once:
-                return False
-            if not workload_done.is_set():
-                return False
-            if not targets:
-                targets = [w.m.master_position() for w in loads]
-            cp = c.checkpoint
-            for (file, pos), name in zip(targets, ("shard1", "shard2")):
-                for p in acked_positions(cp, name):
-                    if not isinstance(p, Position) or (p.file, p.pos) < (file, pos):  # (None: none yet)
-                        return now - t0 > 300  # give up: reported below
-            return True
-
-        code = cap.run(until=progress)
+        done = _run_workload(step, stop, once, steps, 0.0 if once else 0.02)
+        watch = _ShopWatch(loads, sinks, stop, once, done, t0)
+        code = cap.run(until=watch)
         elapsed = time.time() - t0
-        reached = bool(targets) and all(
-            isinstance(pos, Position) and (pos.file, pos.pos) >= target
-            for target, name in zip(targets, ("shard1", "shard2")) for pos in acked_positions(cap.checkpoint, name))
+        reached = watch.caught_up(cap.checkpoint)
         cap = None
-        if code != 0:
-            print("demo: the capturer stopped on a failure (see the log above)", flush=True)
-            return code
-        if not once or stop.is_set():
-            print("demo: stopped", flush=True)
-            return 0 if not once else 1
-        committed = sum(w.rows for w in loads)
-        sources = shop_sources(servers)
-        checks = [_check(s, sources, committed) for s in sinks.sinks]
-        print("\n== demo summary ==")
-        print(f"transactions committed: {sum(w.txns for w in loads)} over 2 regions "
-              f"(plus rolled-back ones that must not appear)")
-        print(f"row changes committed:  {committed}")
-        print(f"source rows now:        {sum(len(t.rows) for t in sources.values())} in {len(sources)} tables")
-        print(f"elapsed:                {elapsed:.1f}s (workload start to every sender caught up)"
-              if reached else f"elapsed:                {elapsed:.1f}s: NOT every sender caught up")
-        for c in checks:
-            print(f"{'sender ' + c.sink + ':':24s}{'EQUAL' if c.equal else 'DIFFERENT'}: {c.tables} tables, "
-                  f"{c.rows} rows" + (f"; {c.note}" if c.note else ""))
-        for line in sinks.skipped:
-            print(f"skipped:                {line}")
-        for c in checks:
-            for p in c.problems:
-                print(f"MISMATCH {c.sink}: {p}")
-        ok = reached and all(c.equal for c in checks)
-        names = [c.sink for c in checks]
-        if names == ["local"]:
-            verdict = "OK: file replay equals the sources"
-        else:
-            verdict = f"OK: every sender{' that ran' if sinks.skipped else ''} equals the sources ({', '.join(names)})"
-        print("result:                 " + (verdict if ok else "FAILED"))
-        for line in sinks.epilogue():
-            print(f"query the lake:         {line}")
-        return 0 if ok else 1
+        ended = _ended(code, once, stop)
+        if ended is not None:
+            return ended
+        return _shop_summary(servers, loads, sinks, elapsed, reached)
     finally:
         if cap is not None:
             cap.shutdown()
         for m in servers:
             m.stop()
         sinks.stop()
+
+
+def _shop_summary(servers: list[MariaDBInstance], loads: list[Workload], sinks: Sinks, elapsed: float,
+                  reached: bool) -> int:
+    """``--once``'s end of the shop demo: every sink read back and compared with the sources, the
+    summary printed; 0 only if every sender caught up and all are equal."""
+    committed = sum(w.rows for w in loads)
+    sources = shop_sources(servers)
+    checks = [_check(s, sources, committed) for s in sinks.sinks]
+    print("\n== demo summary ==")
+    print(f"transactions committed: {sum(w.txns for w in loads)} over 2 regions "
+          f"(plus rolled-back ones that must not appear)")
+    print(f"row changes committed:  {committed}")
+    print(f"source rows now:        {sum(len(t.rows) for t in sources.values())} in {len(sources)} tables")
+    print(f"elapsed:                {elapsed:.1f}s (workload start to every sender caught up)"
+          if reached else f"elapsed:                {elapsed:.1f}s: NOT every sender caught up")
+    for c in checks:
+        print(f"{'sender ' + c.sink + ':':24s}{'EQUAL' if c.equal else 'DIFFERENT'}: {c.tables} tables, "
+              f"{c.rows} rows" + (f"; {c.note}" if c.note else ""))
+    for line in sinks.skipped:
+        print(f"skipped:                {line}")
+    for c in checks:
+        for p in c.problems:
+            print(f"MISMATCH {c.sink}: {p}")
+    ok = reached and all(c.equal for c in checks)
+    names = [c.sink for c in checks]
+    if names == ["local"]:
+        verdict = "OK: file replay equals the sources"
+    else:
+        verdict = f"OK: every sender{' that ran' if sinks.skipped else ''} equals the sources ({', '.join(names)})"
+    print("result:                 " + (verdict if ok else "FAILED"))
+    for line in sinks.epilogue():
+        print(f"query the lake:         {line}")
+    return 0 if ok else 1
+
+
+BAIKAL_TABLES = (("shop", 20), ("acct", 30))  # the BaikalDB demo's regions: (name, binlog table id)
+
+
+class _BaikalWatch(_Watch):
+    """The BaikalDB demo's: every sender past the last commit ts of both binlog tables."""
+
+    limit = 180.0
+
+    def __init__(self, w: Any, stop: threading.Event, once: bool, done: threading.Event, t0: float):
+        super().__init__(stop, once, done, t0)
+        self.w = w
+
+    def line(self, snap: dict[str, Any]) -> str:
+        return (f"source rows={self.w.rows}  in file={snap['senders']['local']['rows']}  "
+                f"checkpoint={snap['checkpoint']['commit_time']}")
+
+    def caught_up(self, cp: Any) -> bool:
+        last = self.w.last_ts
+        for name, bt in BAIKAL_TABLES:
+            for p in acked_positions(cp, name):
+                if last.get(bt) and (p is None or getattr(p, "ts", 0) < last[bt]):
+                    return False
+        return True
+
+
+def _baikal_conf(basedir: Path, meta_servers: str) -> Path:
+    """The BaikalDB demo's config: the double's two binlog tables into a file."""
+    conf = basedir / "conf"
+    conf.mkdir()
+    regions = "".join(f"\n[region:{name}]\ntype=baikaldb\nmetaServer={meta_servers}\nbinlogTableID={bt}\n"
+                      "start=earliest\n" for name, bt in BAIKAL_TABLES)
+    (conf / "config.cfg").write_text(
+        "# written by the demo: two BaikalDB binlog tables from the test double\n[global]\n"
+        f"binlogCheckPointPath={basedir / 'checkpoint.json'}\nsenderConfig={conf / 'senderConfig.cfg'}\n"
+        f"filterRuleDict=\nhttpPort=0\ncontrolToken={_demo_token()}\ncheckpointInterval=1\n" + regions)
+    (conf / "senderConfig.cfg").write_text(
+        f"[global]\ntype=local\n[local]\nfilepath={basedir / 'out' / 'changes.jsonl'}\nformat=json\n")
+    return conf / "config.cfg"
 
 
 def run_baikaldb_demo(basedir: Path, once: bool = False, steps: int = 300,
@@ -384,12 +498,9 @@ def run_baikaldb_demo(basedir: Path, once: bool = False, steps: int = 300,
     devtools/baikaldb_double), with a live workload and a schema change, into a file."""
     from devtools.baikaldb_double import BaikalDouble
     from devtools.baikaldb_workload import Workload as BaikalWorkload
-    from devtools.baikaldb_workload import assert_file_equals, build
+    from devtools.baikaldb_workload import build
 
-    basedir = basedir.resolve()
-    if basedir.exists():
-        shutil.rmtree(basedir)
-    (basedir / "conf").mkdir(parents=True)
+    basedir = _fresh_dir(basedir)
     stop = stop if stop is not None else threading.Event()
     double = BaikalDouble(n_stores=3, n_meta=2, fake_ms=500).start()
     cap: Capturer | None = None
@@ -397,89 +508,91 @@ def run_baikaldb_demo(basedir: Path, once: bool = False, steps: int = 300,
         build(double)
         w = BaikalWorkload(double.cluster, seed=42)
         w.run(30)  # some history: the capturer starts from each region's oldest binlog
-        conf = basedir / "conf"
-        regions = "".join(f"\n[region:{name}]\ntype=baikaldb\nmetaServer={double.meta_servers}\nbinlogTableID={bt}\n"
-                          "start=earliest\n" for name, bt in (("shop", 20), ("acct", 30)))
-        (conf / "config.cfg").write_text(
-            "# written by the demo: two BaikalDB binlog tables from the test double\n[global]\n"
-            f"binlogCheckPointPath={basedir / 'checkpoint.json'}\nsenderConfig={conf / 'senderConfig.cfg'}\n"
-            f"filterRuleDict=\nhttpPort=0\ncontrolToken={_demo_token()}\ncheckpointInterval=1\n" + regions)
-        (conf / "senderConfig.cfg").write_text(
-            f"[global]\ntype=local\n[local]\nfilepath={basedir / 'out' / 'changes.jsonl'}\nformat=json\n")
+        cfg_path = _baikal_conf(basedir, double.meta_servers)
         print(f"demo: BaikalDB double: meta {double.meta_servers}, stores "
               f"{', '.join(s.addr for s in double.stores)}", flush=True)
-        cap = Capturer(load_config(conf / "config.cfg"))
-        cap.start()
-        assert cap.status_server is not None
-        print(_status_line(cap, conf / "config.cfg"), flush=True)
+        cap = _start_capturer(cfg_path)
+        print(_status_line(cap, cfg_path), flush=True)
         print(f"demo: changes go to {basedir / 'out' / 'changes.jsonl'}", flush=True)
         t0 = time.time()
-        done = threading.Event()
 
-        def drive() -> None:
-            i = 0
-            while not stop.is_set() and (not once or i < steps):
-                if i == steps // 2:
-                    w.schema_change(1)  # ALTER TABLE ... ADD COLUMN, seen through the meta
-                w.step()
-                i += 1
-                time.sleep(0.005 if once else 0.05)
-            done.set()
+        def step(i: int, _: Any) -> None:
+            if i == steps // 2:
+                w.schema_change(1)  # ALTER TABLE ... ADD COLUMN, seen through the meta
+            w.step()
 
-        threading.Thread(target=drive, name="demo-workload", daemon=True).start()
-        last_print = 0.0
-
-        def caught_up(c: Capturer) -> bool:
-            for name, bt in (("shop", 20), ("acct", 30)):
-                for p in acked_positions(c.checkpoint, name):
-                    if w.last_ts.get(bt) and (p is None or getattr(p, "ts", 0) < w.last_ts[bt]):
-                        return False
-            return True
-
-        def progress(c: Capturer) -> bool:
-            nonlocal last_print
-            now = time.time()
-            if now - last_print >= 2:
-                last_print = now
-                snap = c.snapshot()
-                print(f"demo: {now - t0:5.1f}s  source rows={w.rows}  in file={snap['senders']['local']['rows']}  "
-                      f"checkpoint={snap['checkpoint']['commit_time']}", flush=True)
-            if stop.is_set():
-                return True
-            if not once or not done.is_set():
-                return False
-            return caught_up(c) or now - t0 > 180
-
-        code = cap.run(until=progress)
-        ok_caught_up = caught_up(cap)
+        done = _run_workload(step, stop, once, steps, 0.005 if once else 0.05)
+        watch = _BaikalWatch(w, stop, once, done, t0)
+        code = cap.run(until=watch)
+        ok_caught_up = watch.caught_up(cap.checkpoint)
         cap = None
-        if code != 0:
-            print("demo: the capturer stopped on a failure (see the log above)", flush=True)
-            return code
-        if not once or stop.is_set():
-            print("demo: stopped", flush=True)
-            return 0 if not once else 1
-        out = basedir / "out" / "changes.jsonl"
-        lines = sum(1 for d in read_changes(out) if d["op"] != "ddl")
-        problem = ""
-        try:
-            assert_file_equals(double.cluster, out)
-        except AssertionError as exc:
-            problem = str(exc)
-        print("\n== demo summary (BaikalDB) ==")
-        print(f"transactions committed: {w.txns} over 2 binlog tables, 6 binlog regions "
-              f"(plus {w.rollbacks} rolled back, which must not appear)")
-        print(f"row changes committed:  {w.rows}")
-        print(f"row changes in file:    {lines}  ({out})")
-        ok = ok_caught_up and not problem and lines == w.rows
-        if problem:
-            print(f"MISMATCH: {problem}")
-        print("result:                 " + ("OK: file replay equals the double's tables" if ok else "FAILED"))
-        return 0 if ok else 1
+        ended = _ended(code, once, stop)
+        if ended is not None:
+            return ended
+        return _baikal_summary(double, w, basedir / "out" / "changes.jsonl", ok_caught_up)
     finally:
         if cap is not None:
             cap.shutdown()
         double.stop()
+
+
+def _baikal_summary(double: Any, w: Any, out: Path, caught_up: bool) -> int:
+    """``--once``'s end of the BaikalDB demo: the file replayed against the double's tables."""
+    from devtools.baikaldb_workload import assert_file_equals
+
+    lines = sum(1 for d in read_changes(out) if d["op"] != "ddl")
+    problem = ""
+    try:
+        assert_file_equals(double.cluster, out)
+    except AssertionError as exc:
+        problem = str(exc)
+    print("\n== demo summary (BaikalDB) ==")
+    print(f"transactions committed: {w.txns} over 2 binlog tables, 6 binlog regions "
+          f"(plus {w.rollbacks} rolled back, which must not appear)")
+    print(f"row changes committed:  {w.rows}")
+    print(f"row changes in file:    {lines}  ({out})")
+    ok = caught_up and not problem and lines == w.rows
+    if problem:
+        print(f"MISMATCH: {problem}")
+    print("result:                 " + ("OK: file replay equals the double's tables" if ok else "FAILED"))
+    return 0 if ok else 1
+
+
+class _PgWatch(_Watch):
+    """The PostgreSQL demo's: every sender past the shard's last binlog position and PostgreSQL's WAL end."""
+
+    limit = 180.0
+
+    def __init__(self, m: MariaDBInstance, pg: Any, stop: threading.Event, once: bool, done: threading.Event,
+                 t0: float):
+        super().__init__(stop, once, done, t0)
+        self.m, self.pg = m, pg
+        self.targets: dict[str, Any] = {}
+
+    def line(self, snap: dict[str, Any]) -> str:
+        return f"rows in file={snap['senders']['local']['rows']}  checkpoint={snap['checkpoint']['commit_time']}"
+
+    def mark(self) -> None:
+        if not self.targets:
+            self.targets["shard1"] = self.m.master_position()
+            with self.pg.connect() as conn:
+                self.targets["pg"] = parse_lsn(conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])
+
+    def caught_up(self, cp: Any) -> bool:
+        return all(
+            isinstance(p1, Position) and (p1.file, p1.pos) >= self.targets["shard1"]
+            and isinstance(p2, LsnPosition) and p2.lsn >= self.targets["pg"]
+            for p1, p2 in zip(acked_positions(cp, "shard1"), acked_positions(cp, "pg")))
+
+
+def _pg_conf(basedir: Path, m: MariaDBInstance, pg_port: int) -> Path:
+    """The PostgreSQL demo's config: the shard and PostgreSQL (every table) into a file."""
+    cfg_path = _write_conf(basedir, [m])
+    cfg_path.write_text(cfg_path.read_text() + (
+        f"\n[region:pg]\ntype=postgresql\nhost=127.0.0.1\nport={pg_port}\nuser=postgres\ndbname=postgres\n"
+        "create_publication=all\nheartbeat_ms=200\n"))
+    (basedir / "conf" / "filter_rule.txt").write_text("# the demo shop (MariaDB) and every PostgreSQL table\n")
+    return cfg_path
 
 
 def run_postgresql_demo(basedir: Path, once: bool = False, steps: int = 300,
@@ -488,16 +601,11 @@ def run_postgresql_demo(basedir: Path, once: bool = False, steps: int = 300,
     private PostgreSQL (the hostile workload of devtools/pg_workload.py: every common
     type, key changes, TOAST, rollbacks) merged into one file. ``--once`` compares
     the file with both sources."""
-    from capturer.model import LsnPosition, parse_lsn
     from devtools.local_postgres import PostgresInstance
-    from devtools.pg_workload import TABLES as PG_TABLES
     from devtools.pg_workload import Workload as PgWorkload
-    from devtools.pg_workload import apply_schema, file_rows, pg_rows
+    from devtools.pg_workload import apply_schema
 
-    basedir = basedir.resolve()
-    if basedir.exists():
-        shutil.rmtree(basedir)
-    basedir.mkdir(parents=True)
+    basedir = _fresh_dir(basedir)
     stop = stop if stop is not None else threading.Event()
     print(f"demo: starting a MariaDB region under {basedir} and a PostgreSQL region ...", flush=True)
     m = MariaDBInstance(basedir / "region1", server_id=1)
@@ -509,14 +617,8 @@ def run_postgresql_demo(basedir: Path, once: bool = False, steps: int = 300,
         m.execute(*SCHEMA)
         pg.start()
         apply_schema(pg)
-        cfg_path = _write_conf(basedir, [m])
-        cfg_path.write_text(cfg_path.read_text() + (
-            f"\n[region:pg]\ntype=postgresql\nhost=127.0.0.1\nport={pg.port}\nuser=postgres\ndbname=postgres\n"
-            "create_publication=all\nheartbeat_ms=200\n"))
-        (basedir / "conf" / "filter_rule.txt").write_text("# the demo shop (MariaDB) and every PostgreSQL table\n")
-        cap = Capturer(load_config(cfg_path))
-        cap.start()
-        assert cap.status_server is not None
+        cfg_path = _pg_conf(basedir, m, pg.port)
+        cap = _start_capturer(cfg_path)
         print(f"demo: PostgreSQL {pg.bindir.parent.name} on 127.0.0.1:{pg.port} (data in {pg.basedir})", flush=True)
         print(_status_line(cap, cfg_path), flush=True)
         print(f"demo: changes go to {basedir / 'out' / 'changes.jsonl'}", flush=True)
@@ -526,71 +628,23 @@ def run_postgresql_demo(basedir: Path, once: bool = False, steps: int = 300,
         shop = Workload(m, 1, seed=42)
         pgw = PgWorkload(pg, seed=42)
         t0 = time.time()
-        workload_done = threading.Event()
 
-        def drive() -> None:
-            i = 0
-            with pg.connect(autocommit=False) as conn:
-                while not stop.is_set() and (not once or i < steps):
-                    if i % 2:
-                        shop.step()
-                    else:
-                        pgw.step(conn)
-                    i += 1
-                    if not once:
-                        time.sleep(0.02)
-            workload_done.set()
+        def step(i: int, conn: Any) -> None:
+            if i % 2:
+                shop.step()
+            else:
+                pgw.step(conn)
 
-        threading.Thread(target=drive, name="demo-workload", daemon=True).start()
-        targets: dict[str, Any] = {}
-        last_print = 0.0
-
-        def progress(c: Capturer) -> bool:
-            nonlocal last_print
-            now = time.time()
-            if now - last_print >= 2:
-                last_print = now
-                snap = c.snapshot()
-                print(f"demo: {now - t0:5.1f}s  rows in file={snap['senders']['local']['rows']}  "
-                      f"checkpoint={snap['checkpoint']['commit_time']}", flush=True)
-            if stop.is_set():
-                return True
-            if not once or not workload_done.is_set():
-                return False
-            if not targets:
-                targets["shard1"] = m.master_position()
-                with pg.connect() as conn:
-                    targets["pg"] = parse_lsn(conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])
-            cp = c.checkpoint
-            for p1, p2 in zip(acked_positions(cp, "shard1"), acked_positions(cp, "pg")):
-                if (not isinstance(p1, Position) or (p1.file, p1.pos) < targets["shard1"]
-                        or not isinstance(p2, LsnPosition) or p2.lsn < targets["pg"]):
-                    return now - t0 > 180
-            return True
-
-        code = cap.run(until=progress)
+        done = _run_workload(step, stop, once, steps, 0.0 if once else 0.02,
+                             session=lambda: pg.connect(autocommit=False))
+        watch = _PgWatch(m, pg, stop, once, done, t0)
+        code = cap.run(until=watch)
         cap = None
-        if code != 0:
-            print("demo: the capturer stopped on a failure (see the log above)", flush=True)
-            return code
-        if not once or stop.is_set():
-            print("demo: stopped", flush=True)
-            return 0 if not once else 1
-        out = basedir / "out" / "changes.jsonl"
-        shop_rows, _ = replay_file(out)
-        problems = compare("local", shop_sources([m]), {t: shop_rows.get(t, []) for t in TABLES}).problems
-        state = rebuild(read_changes(out))
-        for db, table in PG_TABLES:
-            want, got = pg_rows(pg, db, table), file_rows(state, db, table)
-            if want != got:
-                problems.append(f"{db}.{table}: {len(want)} source rows, {len(got)} rebuilt from the file")
-        print("\n== demo summary ==")
-        print(f"transactions committed: MariaDB {shop.txns}, PostgreSQL {pgw.txns} "
-              f"(plus {pgw.rollbacks} rolled back in PostgreSQL, which must not appear)")
-        print(f"elapsed:                {time.time() - t0:.1f}s")
-        for p in problems:
-            print(f"MISMATCH: {p}")
-        ok = bool(targets) and not problems
+        ended = _ended(code, once, stop)
+        if ended is not None:
+            return ended
+        equal = _pg_summary(m, pg, shop, pgw, basedir / "out" / "changes.jsonl", t0)
+        ok = bool(watch.targets) and equal
         print("result:                 " + ("OK: file replay equals both sources" if ok else "FAILED"))
         return 0 if ok else 1
     finally:
@@ -598,3 +652,24 @@ def run_postgresql_demo(basedir: Path, once: bool = False, steps: int = 300,
             cap.shutdown()
         m.stop()
         pg.destroy()
+
+
+def _pg_summary(m: MariaDBInstance, pg: Any, shop: Workload, pgw: Any, out: Path, t0: float) -> bool:
+    """``--once``'s end of the PostgreSQL demo: the file replayed against both sources; True if equal."""
+    from devtools.pg_workload import TABLES as PG_TABLES
+    from devtools.pg_workload import file_rows, pg_rows
+
+    shop_rows, _ = replay_file(out)
+    problems = compare("local", shop_sources([m]), {t: shop_rows.get(t, []) for t in TABLES}).problems
+    state = rebuild(read_changes(out))
+    for db, table in PG_TABLES:
+        want, got = pg_rows(pg, db, table), file_rows(state, db, table)
+        if want != got:
+            problems.append(f"{db}.{table}: {len(want)} source rows, {len(got)} rebuilt from the file")
+    print("\n== demo summary ==")
+    print(f"transactions committed: MariaDB {shop.txns}, PostgreSQL {pgw.txns} "
+          f"(plus {pgw.rollbacks} rolled back in PostgreSQL, which must not appear)")
+    print(f"elapsed:                {time.time() - t0:.1f}s")
+    for p in problems:
+        print(f"MISMATCH: {p}")
+    return not problems

@@ -480,113 +480,60 @@ class MySQLSender(Sender):
         A phase is applied by the workers while the next one is placed (conflict keys,
         groups, the manifest: computing only, nothing sent); it is handed to them only
         after the one before has committed, so phases never overlap at the target.
-        Barriers (a change linking two groups, a DDL) end a phase early.
+        Barriers (a change linking two groups, a DDL) end a phase early (``_Phases``).
 
         Each worker writes its lane's row with every chunk of its share
         (``position``: the phase, how much of the share is committed, the manifest);
         ``_whole`` moves once a phase has committed."""
-        causality = Causality()
-        lanes: dict[int, list[list[Op]]] = {}
-        placed = [0]
-        keep = bool(self.meta_db)
-        placer: list[position.Placer | None] = [None]
-        # the key of the last transaction whose every row is placed (in this phase or before)
-        placed_whole: list[StreamKey | None] = [self._whole]
-        # phases handed out: their futures and the key each makes whole
-        in_flight: list[tuple[list[Future[int]], StreamKey | None]] = []
-
-        def wait() -> None:
-            if in_flight:
-                futures, whole = in_flight[-1]
-                self._wait_phase(futures)  # still listed while waited for: see finally
-                in_flight.pop()
-                self._advance(whole)
-
-        def flush() -> None:
-            if lanes:
-                wait()
-                futures: list[Future[int]] = []
-                in_flight.append((futures, placed_whole[0]))
-                self.count("phases")
-                blob = b""
-                p = placer[0]
-                if p is not None:
-                    self._phase += 1
-                    p.phase, p.before = self._phase, self._whole
-                    blob = p.manifest(placed_whole[0]).encode()
-                for w, units in lanes.items():  # each listed as soon as it is submitted
-                    mark = LaneMark(self._phase, w, blob) if p is not None else None
-                    futures.append(self.workers[w].submit(units, self.atomic, mark))
-                lanes.clear()
-            causality.reset()
-            placed[0] = 0
-            placer[0] = None
-
-        def place(keys: list[str], unit: list[Op], total: int) -> None:
-            group = causality.place(keys)
-            if group is None:  # the keys link two groups
-                self.count("barriers")
-                flush()
-                group = causality.place(keys)
-                assert group is not None
-            w = stable_hash(group) % self.n
-            lanes.setdefault(w, []).append(unit)
-            if keep:
-                p = placer[0]
-                if p is None:
-                    # (numbered when handed out, after the phase in flight: see flush)
-                    p = placer[0] = position.Placer(0, None, self.n)
-                head = unit[0].ident
-                pos = p.add(head[0], head[1], total, head[2], w, len(unit))
-                for op in unit:  # (a unit: consecutive changes of one transaction)
-                    op.pos = pos
-                    pos += 1
-
+        ph = _Phases(self)
         try:
             for ti in range(start[0], len(batch)):
                 txn = batch[ti]
                 first = start[1] if ti == start[0] else 0
                 key = stream_key(txn)
                 if txn.ddl is not None:
-                    flush()
-                    wait()
+                    ph.flush()
+                    ph.wait()
                     self._apply_ddl(txn.ddl, key)
-                    placed_whole[0] = key
+                    ph.placed_whole = key
                     continue
-                total = len(txn.changes)
-                if self.atomic:  # one target transaction: the whole source transaction at once
-                    ops = [Op((txn.commit_ts, txn.region, i), ch, *self._target(ch))
-                           for i, ch in enumerate(txn.changes) if i >= first]
-                    if ops:
-                        keys = [k for op in ops for k in conflict_keys(op.ch, op.db, op.table)]
-                        place(keys, ops, total)
-                        placed[0] += len(ops)
+                if self.atomic:
+                    self._place_atomic(ph, txn, first)
                 else:
-                    ts, region, tdb = txn.commit_ts, txn.region, self.target_db
-                    for i, ch in enumerate(txn.changes):  # a spilled transaction is read chunk by chunk
-                        if i < first:
-                            continue
-                        if placed[0] >= self.phase_rows:  # bounded memory; the next phase is placed meanwhile
-                            flush()
-                        s = ch.schema
-                        op = Op((ts, region, i), ch, tdb or s.db, s.table)
-                        place(conflict_keys(ch, op.db, op.table), [op], total)
-                        placed[0] += 1
-                placed_whole[0] = key
-                if placed[0] >= self.phase_rows:
-                    flush()
-            flush()
-            wait()
-            self._advance(placed_whole[0])  # the batch's last transactions may have had no rows
+                    self._place_each(ph, txn, first)
+                ph.placed_whole = key
+                if ph.placed >= self.phase_rows:
+                    ph.flush()
+            ph.flush()
+            ph.wait()
+            self._advance(ph.placed_whole)  # the batch's last transactions may have had no rows
         finally:
             # an error while placing or applying: let a phase in flight finish before
             # the batch is retried (its workers are the ones the retry uses)
-            for futures, _whole in in_flight:
-                for f in futures:
-                    try:
-                        f.result()
-                    except BaseException:
-                        pass
+            ph.settle()
+
+    def _place_atomic(self, ph: _Phases, txn: Txn, first: int) -> None:
+        """One target transaction: the whole source transaction (from change ``first``) at once."""
+        ops = [Op((txn.commit_ts, txn.region, i), ch, *self._target(ch))
+               for i, ch in enumerate(txn.changes) if i >= first]
+        if ops:
+            keys = [k for op in ops for k in conflict_keys(op.ch, op.db, op.table)]
+            ph.place(keys, ops, len(txn.changes))
+            ph.placed += len(ops)
+
+    def _place_each(self, ph: _Phases, txn: Txn, first: int) -> None:
+        """Each change (from ``first``) placed on its own; a full phase is handed out meanwhile."""
+        total = len(txn.changes)
+        ts, region, tdb = txn.commit_ts, txn.region, self.target_db
+        for i, ch in enumerate(txn.changes):  # a spilled transaction is read chunk by chunk
+            if i < first:
+                continue
+            if ph.placed >= self.phase_rows:  # bounded memory; the next phase is placed meanwhile
+                ph.flush()
+            s = ch.schema
+            op = Op((ts, region, i), ch, tdb or s.db, s.table)
+            ph.place(conflict_keys(ch, op.db, op.table), [op], total)
+            ph.placed += 1
 
     def _advance(self, whole: StreamKey | None) -> None:
         """Every transaction up to ``whole`` is committed at the target."""
@@ -682,3 +629,82 @@ class MySQLSender(Sender):
 
         w.pool.submit(run).result()
         self._advance(key)
+
+
+class _Phases:
+    """The phases of one ``MySQLSender._send``: the one being placed (its causal groups,
+    the units of each lane, its manifest) and the ones handed to the workers."""
+
+    def __init__(self, sender: MySQLSender):
+        self.sender = sender
+        self.causality = Causality()
+        self.lanes: dict[int, list[list[Op]]] = {}
+        self.placed = 0  # changes placed in this phase
+        self.keep = bool(sender.meta_db)
+        self.placer: position.Placer | None = None
+        # the key of the last transaction whose every row is placed (in this phase or before)
+        self.placed_whole: StreamKey | None = sender._whole
+        # phases handed out: their futures and the key each makes whole
+        self.in_flight: list[tuple[list[Future[int]], StreamKey | None]] = []
+
+    def wait(self) -> None:
+        """The phase handed out last has committed (its key is then whole)."""
+        if self.in_flight:
+            futures, whole = self.in_flight[-1]
+            self.sender._wait_phase(futures)  # still listed while waited for: see settle
+            self.in_flight.pop()
+            self.sender._advance(whole)
+
+    def flush(self) -> None:
+        """Hand the phase placed so far to its workers (once the one before committed); start the next."""
+        s = self.sender
+        if self.lanes:
+            self.wait()
+            futures: list[Future[int]] = []
+            self.in_flight.append((futures, self.placed_whole))
+            s.count("phases")
+            blob = b""
+            p = self.placer
+            if p is not None:
+                s._phase += 1
+                p.phase, p.before = s._phase, s._whole
+                blob = p.manifest(self.placed_whole).encode()
+            for w, units in self.lanes.items():  # each listed as soon as it is submitted
+                mark = LaneMark(s._phase, w, blob) if p is not None else None
+                futures.append(s.workers[w].submit(units, s.atomic, mark))
+            self.lanes.clear()
+        self.causality.reset()
+        self.placed = 0
+        self.placer = None
+
+    def place(self, keys: list[str], unit: list[Op], total: int) -> None:
+        """Put ``unit`` (consecutive changes of one transaction of ``total``, conflict keys ``keys``)
+        on the lane of its causal group; a unit linking two groups ends the phase first (a barrier)."""
+        s = self.sender
+        group = self.causality.place(keys)
+        if group is None:  # the keys link two groups
+            s.count("barriers")
+            self.flush()
+            group = self.causality.place(keys)
+            assert group is not None
+        w = stable_hash(group) % s.n
+        self.lanes.setdefault(w, []).append(unit)
+        if self.keep:
+            p = self.placer
+            if p is None:
+                # (numbered when handed out, after the phase in flight: see flush)
+                p = self.placer = position.Placer(0, None, s.n)
+            head = unit[0].ident
+            pos = p.add(head[0], head[1], total, head[2], w, len(unit))
+            for op in unit:  # (a unit: consecutive changes of one transaction)
+                op.pos = pos
+                pos += 1
+
+    def settle(self) -> None:
+        """Let every phase handed out finish (after an error: the retry uses the same workers)."""
+        for futures, _whole in self.in_flight:
+            for f in futures:
+                try:
+                    f.result()
+                except BaseException:
+                    pass
