@@ -1,18 +1,17 @@
 """What devtools/local_kafka.py (the broker) and devtools/local_connect.py (Kafka Connect) share: the java
-binary, jars resolved once from Maven Central into a cache by a pom (never built), and one JVM process
-started with its output in a log file, read back, stopped and killed."""
+binary, jars resolved once from Maven Central into a cache by a pom (never built; capturer/util/maven.py),
+and one JVM process started with its output in a log file, read back, stopped and killed."""
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import hashlib
 import os
 import shutil
 import signal
 import subprocess
-import tempfile
 from pathlib import Path
+
+from capturer.util.maven import maven_lib
 
 
 def java() -> str:
@@ -28,36 +27,12 @@ def java() -> str:
 
 
 def resolve_jars(cache: Path, pom: Path, props: dict[str, str], marker: str, what: str, hint: str = "") -> str:
-    """The classpath ``<cache>/lib/*``, the pom's runtime dependencies copied there by Maven the first time.
+    """The classpath ``<cache>/lib/*``, the pom's runtime dependencies copied there by Maven the first time
+    (``capturer.util.maven``: a file lock, a checksum stamp of the pom and ``props``' values).
 
     ``props`` are passed as -D properties (the pinned versions); ``marker`` is a jar file name that must be
-    among them. Safe to call from several processes at once (a file lock; one resolves, the others wait and
-    reuse). The cache is complete once ``lib/.complete`` holds the checksum of the pom and ``props``' values,
-    so an edited pom resolves again. Raises RuntimeError naming ``what`` (mvn missing, or Maven's error)."""
-    lib = cache / "lib"
-    want = hashlib.sha256(pom.read_bytes() + "".join(props.values()).encode()).hexdigest()
-    stamp = lib / ".complete"
-    if stamp.exists() and stamp.read_text().strip() == want:
-        return f"{lib}/*"
-    cache.mkdir(parents=True, exist_ok=True)
-    with open(cache / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if stamp.exists() and stamp.read_text().strip() == want:
-            return f"{lib}/*"
-        mvn = shutil.which("mvn")
-        if mvn is None:
-            raise RuntimeError(f"{what} are resolved with Maven, and mvn is not on PATH{hint}")
-        tmp = Path(tempfile.mkdtemp(prefix="lib.", dir=cache))
-        r = subprocess.run([mvn, "-q", "-B", "-f", str(pom), "dependency:copy-dependencies",
-                            *(f"-D{k}={v}" for k, v in props.items()), f"-DoutputDirectory={tmp}",
-                            "-DincludeScope=runtime"], capture_output=True, text=True, timeout=900)
-        if r.returncode != 0 or not (tmp / marker).exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise RuntimeError(f"mvn could not resolve {what}:\n{(r.stdout + r.stderr)[-3000:]}")
-        shutil.rmtree(lib, ignore_errors=True)
-        tmp.rename(lib)
-        stamp.write_text(want + "\n")
-    return f"{lib}/*"
+    among them. Raises RuntimeError naming ``what`` (mvn missing, or Maven's error)."""
+    return f"{maven_lib(cache, pom, props, (marker,), what, hint=hint)}/*"
 
 
 def launch(cmd: list[str], log: Path) -> subprocess.Popen[bytes]:

@@ -16,13 +16,10 @@ sender fails at open with that sentence rather than with a NoSuchMethodError in 
 
 from __future__ import annotations
 
-import fcntl
-import hashlib
 import os
-import shutil
-import subprocess
-import tempfile
 from pathlib import Path
+
+from capturer.util.maven import maven_lib
 
 DELTA_VERSION = "4.4.0"
 # the Spark minor version DELTA_VERSION is built against (its pom's spark-sql_2.13 version): Delta
@@ -60,51 +57,17 @@ def incompatible(pyspark_version: str | None = None) -> str:
 
 
 def jars(timeout: float = 900) -> list[str]:
-    """The paths of the jars for ``spark.jars``, resolving them with Maven the first time
-    (Maven given ``timeout`` seconds: the full demo gives it less, and falls back when it cannot).
-
-    Safe to call from several processes at once (a file lock; one resolves, the others wait and reuse).
-    The cache is complete once ``lib/.complete`` holds the pom's checksum, so an edited pom resolves again.
-    Raises RuntimeError naming what is missing (mvn) or Maven's own error."""
-    cache = cache_dir()
-    lib = cache / "lib"
-    want = hashlib.sha256(POM.read_bytes() + DELTA_VERSION.encode()).hexdigest()
-    stamp = lib / ".complete"
-    out = [str(lib / j) for j in JARS]
-    if stamp.exists() and stamp.read_text().strip() == want:
-        return out
-    cache.mkdir(parents=True, exist_ok=True)
-    with open(cache / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if stamp.exists() and stamp.read_text().strip() == want:
-            return out
-        mvn = shutil.which("mvn")
-        if mvn is None:
-            raise RuntimeError("the Delta Lake jars are resolved with Maven, and mvn is not on PATH "
-                               "(apt-get install maven; or put the jars of io.delta:delta-spark_2.13:"
-                               f"{DELTA_VERSION} and delta-storage into {lib} yourself, with a .complete "
-                               f"file holding {want})")
-        tmp = Path(tempfile.mkdtemp(prefix="lib.", dir=cache))
-        try:
-            r = subprocess.run([mvn, "-q", "-B", "-f", str(POM), "dependency:copy-dependencies",
-                                f"-Ddelta.version={DELTA_VERSION}", f"-DoutputDirectory={tmp}",
-                                "-DincludeGroupIds=io.delta", "-DincludeScope=runtime"],
-                               capture_output=True, text=True, timeout=timeout)
-        except subprocess.TimeoutExpired:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise RuntimeError(f"mvn did not resolve Delta Lake {DELTA_VERSION}'s jars within {timeout:g}s "
-                               "(is Maven Central reachable?)") from None
-        if r.returncode != 0 or not all((tmp / j).exists() for j in JARS):
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise RuntimeError(f"mvn could not resolve Delta Lake {DELTA_VERSION}'s jars:\n"
-                               f"{(r.stdout + r.stderr)[-3000:]}")
-        for f in tmp.iterdir():  # only the two: the kernel jars the pom brings too are not loaded
-            if f.name not in JARS:
-                f.unlink()
-        shutil.rmtree(lib, ignore_errors=True)
-        tmp.rename(lib)
-        stamp.write_text(want + "\n")
-    return out
+    """The paths of the jars for ``spark.jars``, resolving them with Maven the first time, given
+    ``timeout`` seconds (the full demo gives it less, and falls back when it cannot)
+    (``capturer.util.maven``: a file lock, a checksum stamp; an edited pom resolves again). Only the
+    two are kept: the kernel jars the pom brings too are not loaded. Raises RuntimeError naming what
+    is missing (mvn) or Maven's own error."""
+    lib = maven_lib(cache_dir(), POM, {"delta.version": DELTA_VERSION}, JARS, f"Delta Lake {DELTA_VERSION}'s jars",
+                    keep_only=True, flags=("-DincludeGroupIds=io.delta",),
+                    hint=" (apt-get install maven; or put the jars of io.delta:delta-spark_2.13:"
+                         f"{DELTA_VERSION} and delta-storage into {{lib}} yourself, with a .complete "
+                         "file holding {stamp})", timeout=timeout)
+    return [str(lib / j) for j in JARS]
 
 
 def session_conf() -> dict[str, str]:

@@ -10,15 +10,11 @@ path: the rest the pom brings (Scala, Hadoop, lz4, snappy, slf4j) pyspark has al
 
 from __future__ import annotations
 
-import fcntl
-import hashlib
-import shutil
-import subprocess
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from capturer.errors import SinkError
+from capturer.util.maven import maven_lib
 from senders.spark import deltajars
 from senders.spark.deltasink import build_delta_session
 
@@ -33,44 +29,15 @@ def cache_dir() -> Path:
 
 
 def jars() -> list[str]:
-    """The paths of the jars for ``spark.jars``, resolving them with Maven the first time (a file lock:
-    several processes at once resolve once). Raises RuntimeError naming what is missing or Maven's error."""
-    cache = cache_dir()
-    lib = cache / "lib"
-    want = hashlib.sha256(POM.read_bytes() + SPARK_VERSION.encode()).hexdigest()
-    stamp = lib / ".complete"
-
-    def listed() -> list[str]:
-        return sorted(str(p) for p in lib.glob("*.jar"))
-
-    if stamp.exists() and stamp.read_text().strip() == want:
-        return listed()
-    cache.mkdir(parents=True, exist_ok=True)
-    with open(cache / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if stamp.exists() and stamp.read_text().strip() == want:
-            return listed()
-        mvn = shutil.which("mvn")
-        if mvn is None:
-            raise RuntimeError("Spark's Kafka source is resolved with Maven, and mvn is not on PATH (apt-get install "
-                               f"maven; or put the jars of org.apache.spark:spark-sql-kafka-0-10_2.13:{SPARK_VERSION} "
-                               f"and its kafka-clients and commons-pool2 into {lib}, with a .complete file holding "
-                               f"{want})")
-        tmp = Path(tempfile.mkdtemp(prefix="lib.", dir=cache))
-        r = subprocess.run([mvn, "-q", "-B", "-f", str(POM), "dependency:copy-dependencies",
-                            f"-Dspark.version={SPARK_VERSION}", f"-DoutputDirectory={tmp}", "-DincludeScope=runtime"],
-                           capture_output=True, text=True, timeout=900)
-        got = list(tmp.iterdir()) if tmp.is_dir() else []
-        if r.returncode != 0 or not all(any(f.name.startswith(k) for f in got) for k in KEEP):
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise RuntimeError(f"mvn could not resolve spark-sql-kafka {SPARK_VERSION}:\n{(r.stdout + r.stderr)[-3000:]}")
-        for f in got:
-            if not f.name.startswith(KEEP):
-                f.unlink()
-        shutil.rmtree(lib, ignore_errors=True)
-        tmp.rename(lib)
-        stamp.write_text(want + "\n")
-    return listed()
+    """The paths of the jars for ``spark.jars``, resolving them with Maven the first time
+    (``capturer.util.maven``: a file lock, a checksum stamp; several processes at once resolve once).
+    Raises RuntimeError naming what is missing or Maven's error."""
+    lib = maven_lib(cache_dir(), POM, {"spark.version": SPARK_VERSION}, KEEP, f"spark-sql-kafka {SPARK_VERSION}'s jars",
+                    keep_only=True,
+                    hint=" (apt-get install maven; or put the jars of org.apache.spark:spark-sql-kafka-0-10_2.13:"
+                         f"{SPARK_VERSION} and its kafka-clients and commons-pool2 into {{lib}}, with a .complete "
+                         "file holding {stamp})")
+    return sorted(str(p) for p in lib.glob("*.jar"))
 
 
 def stream_session(options: dict[str, Any]) -> Any:
