@@ -487,3 +487,24 @@ def test_a_failover_voids_chunks_read_on_the_old_server_and_compares_the_new_bin
     r.chunk_end(plan2, tok)
     assert isinstance(out, TableProgress) and out.state == "done"
     assert sink(drain(q)) == {1: {"id": 1, "v": 1}, 2: {"id": 2, "v": 0}}
+
+
+def test_chunk_rows_from_tuples_are_the_row_dicts() -> None:
+    """A chunk's rows are read as tuples (its columns, then maybe the key selected again) and made dicts of
+    the columns in order, each value fixed where its normalizer says: the same as one dict per row by hand."""
+    from capturer.regions.mysql.snapshot import make_rows, normalizers, row_maker
+
+    names = ["id", "bits", "s"]
+    raw = [(i, b"\x01" if i % 2 else None, f"v{i}", i) for i in range(50)]  # (the key again at the end)
+    plain = make_rows(raw, names, [None, None, None])
+    assert plain == [{"id": r[0], "bits": r[1], "s": r[2]} for r in raw]
+    assert all(list(d) == names for d in plain)
+    cols = [Column("id", "int", "int(11)", 10, 0, False, False), Column("bits", "bit", "bit(3)", 3, 0, False, True),
+            Column("s", "varchar", "varchar(8)", 0, 0, False, True)]
+    p = TablePlan("d", "t", cols, ("id",), TableSchema("d", "t", tuple(names), ("id",), (), (3, 16, 15)))
+    norm = normalizers(p, "mariadb")
+    assert norm[0] is None and norm[1] is not None and norm[2] is None
+    fixed = make_rows(raw, names, norm)
+    assert fixed == list(map(row_maker(names, norm), raw))
+    assert [d["bits"] for d in fixed[:2]] == [None, "001"]
+    assert make_rows([], names, norm) == []
