@@ -93,7 +93,11 @@ def test_spark_apply_kill9_of_the_driver_equals_the_sources(rig: dict[str, Any],
         killed_at = _merges(rig)
         ap = StreamApplier(cfg, ck, log).start()
         rig["procs"].append(ap)
-        wait_for(lambda: _merges(rig) > killed_at, 600, "the restarted streaming applier to MERGE")
+        try:
+            wait_for(lambda: _merges(rig) > killed_at, 600, "the restarted streaming applier to MERGE")
+        except AssertionError as exc:  # (seen once at load 10-14: say what the restarted driver did)
+            raise AssertionError(f"{exc}; exit {ap.proc.poll() if ap.proc else None}; its log ends:\n"
+                                 f"{log.read_text(errors='replace')[-4000:]}") from None
     finally:
         for w in loads:
             w.stop.set()
