@@ -1,11 +1,11 @@
 """Micro-bench of the MySQL sender's per-row placing (issue 50, item 3): no server, one process.
 
-    .venv/bin/python bench/mysql_conflict.py [--rows 200000] [--repeat 5] [--json OUT]
+    .venv/bin/python bench/mysql_conflict.py [--rows 200000] [--repeat 5] [--non-ascii 0.1] [--json OUT]
 
 Over ``--rows`` realistic row changes (60 % inserts, 30 % updates with both images, 10 % deletes) of four
 tables (an int primary key; a composite (int, varchar) primary key; an int primary key and a unique
-varchar key; a varchar primary key), the varchar keys in mixed case, about one in ten with accents or
-other non-ASCII letters, some with trailing spaces, it times, per row, with the Python specification
+varchar key; a varchar primary key), the varchar keys in mixed case, about one in ten (``--non-ascii``)
+with accents or other non-ASCII letters, some with trailing spaces, it times, per row, with the Python specification
 (``senders.mysql.causality``'s ``*_py`` functions) and with the C path (``capturer._fastrows``) where
 it is built:
 
@@ -49,8 +49,12 @@ T_UK = TableSchema("shop", "users", ("id", "email", "name"), ("id",), (("email",
 T_STR = TableSchema("shop", "codes", ("code", "label"), ("code",))
 
 
+#: the share of the varchar keys with a non-ASCII letter (--non-ascii)
+NON_ASCII = 0.1
+
+
 def word(rng: random.Random, i: int) -> str:
-    base = rng.choice(ACCENTED) if rng.random() < 0.1 else rng.choice(WORDS)
+    base = rng.choice(ACCENTED) if rng.random() < NON_ASCII else rng.choice(WORDS)
     s = f"{base}{i}"
     if rng.random() < 0.3:
         s = s.upper() if rng.random() < 0.5 else s.title()
@@ -157,15 +161,18 @@ def time_sender(rows: list[RowChange], impl: str) -> float:
 
 
 def main() -> None:
+    global NON_ASCII
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=200_000)
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--non-ascii", type=float, default=NON_ASCII, help="share of the varchar keys with a non-ASCII letter")
     ap.add_argument("--json")
     a = ap.parse_args()
+    NON_ASCII = a.non_ascii
     tune()  # the malloc and garbage-collector settings of every capturer process
     rows = workload(a.rows)
     impls = ["py"] + (["c"] if causality.conflict_keys is not causality.conflict_keys_py else [])
-    out: dict[str, Any] = {"rows": a.rows, "repeat": a.repeat, "c_built": "c" in impls}
+    out: dict[str, Any] = {"rows": a.rows, "repeat": a.repeat, "non_ascii": a.non_ascii, "c_built": "c" in impls}
     for part, fn in (("keys", time_keys), ("place", time_place), ("sender", time_sender)):
         best = dict.fromkeys(impls, float("inf"))
         for _ in range(a.repeat):  # alternated, each after a full collection: the load moves under us

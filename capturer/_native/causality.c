@@ -3,10 +3,14 @@
  * specification; tests/unit/test_fuzz_causality.py compares the two).
  * Python-visible: conflict_keys, causality_place, stable_hash.
  *
- * conflict_keys gives exactly the strings of the Python conflict_keys: ints, bytes and ASCII strings are
- * folded here (ASCII casefold = lower; NFKD leaves ASCII alone and it has no combining marks); any other
- * value (a non-ASCII string, a float, a Decimal, a datetime, a bool, a subclass) goes through the Python
- * _canon, so the folding of Unicode is Python's own.
+ * conflict_keys gives exactly the strings of the Python conflict_keys: ints, bytes and strings are folded
+ * here, any other value (a float, a Decimal, a datetime, a bool, a subclass) goes through the Python _canon.
+ * ASCII is folded in C (casefold = lower; NFKD leaves ASCII alone and it has no combining marks). Other
+ * characters of the Basic Multilingual Plane are folded one by one through a table filled from the
+ * Python fold_char(c) (NFKD of c.casefold() without its combining marks), so the folding of Unicode is
+ * Python's own: _canon's fold is the concatenation of its characters' folds, since casefold maps each
+ * character alone, NFKD decomposes each character alone and only reorders combining marks, which are
+ * dropped. A string with a character beyond the BMP goes to _canon whole.
  */
 #include "fastrows.h"
 
@@ -26,8 +30,62 @@ static int put_text(Buf *b, PyObject *u, int *ascii) {
     return rc;
 }
 
+/* fold_char(chr(cp)) of a BMP character, a new reference; the table of folds already made belongs to one
+   fold_char (another one empties it) */
+static PyObject **fold_table;
+static PyObject *fold_owner;
+
+static PyObject *fold_of(PyObject *fold, Py_UCS4 cp) {
+    if (fold_owner != fold) {
+        if (fold_table)
+            for (int i = 0; i < 65536; i++) Py_CLEAR(fold_table[i]);
+        Py_INCREF(fold);
+        Py_XSETREF(fold_owner, fold);
+    }
+    if (!fold_table && !(fold_table = PyMem_Calloc(65536, sizeof(PyObject *)))) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    if (fold_table[cp]) return Py_NewRef(fold_table[cp]);
+    PyObject *c = PyUnicode_FromOrdinal(cp);
+    if (!c) return NULL;
+    PyObject *r = PyObject_CallOneArg(fold, c);
+    Py_DECREF(c);
+    if (!r) return NULL;
+    if (!PyUnicode_CheckExact(r)) {
+        Py_DECREF(r);
+        PyErr_SetString(PyExc_TypeError, "fold_char must return str");
+        return NULL;
+    }
+    if (fold_owner == fold && !fold_table[cp]) fold_table[cp] = Py_NewRef(r);  /* (unless the call changed them) */
+    return r;
+}
+
+/* "s:" + the fold of a str of kind 1 or 2 (every character in the BMP) */
+static int put_folded(Buf *b, PyObject *v, PyObject *fold, int *ascii) {
+    int kind = PyUnicode_KIND(v);
+    const void *data = PyUnicode_DATA(v);
+    Py_ssize_t n = PyUnicode_GET_LENGTH(v);
+    while (n > 0 && PyUnicode_READ(kind, data, n - 1) == ' ') n--;  /* rstrip(" ") */
+    if (buf_put(b, "s:", 2) < 0) return -1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_UCS4 c = PyUnicode_READ(kind, data, i);
+        if (c < 128) {
+            if (buf_grow(b, 1) < 0) return -1;
+            b->p[b->n++] = (char)(c >= 'A' && c <= 'Z' ? c + 32 : c);
+            continue;
+        }
+        PyObject *f = fold_of(fold, c);
+        if (!f) return -1;
+        int rc = put_text(b, f, ascii);
+        Py_DECREF(f);
+        if (rc < 0) return -1;
+    }
+    return 0;
+}
+
 /* _canon(v) appended: 0 = done, -1 = error */
-static int put_canon(Buf *b, PyObject *v, PyObject *canon, int *ascii) {
+static int put_canon(Buf *b, PyObject *v, PyObject *canon, PyObject *fold, int *ascii) {
     if (PyLong_CheckExact(v)) {
         if (buf_put(b, "int:", 4) < 0) return -1;
         return put_int(b, v);
@@ -58,6 +116,8 @@ static int put_canon(Buf *b, PyObject *v, PyObject *canon, int *ascii) {
         }
         return 0;
     }
+    if (fold != Py_None && PyUnicode_CheckExact(v) && PyUnicode_KIND(v) != PyUnicode_4BYTE_KIND)
+        return put_folded(b, v, fold, ascii);
     PyObject *r = PyObject_CallOneArg(canon, v);
     if (!r) return -1;
     if (!PyUnicode_Check(r)) {
@@ -79,7 +139,8 @@ static PyObject *buf_text(Buf *b, int ascii) {
 
 /* head + the canon of image's values of cols ("\x1f" between), appended to keys; none when one is NULL
    (missing or None). 0 = done, -1 = error */
-static int one_key(PyObject *keys, Buf *b, PyObject *head, PyObject *cols, PyObject *image, PyObject *canon) {
+static int one_key(PyObject *keys, Buf *b, PyObject *head, PyObject *cols, PyObject *image, PyObject *canon,
+                   PyObject *fold) {
     Py_ssize_t nc = PyTuple_GET_SIZE(cols);
     for (Py_ssize_t i = 0; i < nc; i++) {  /* NULLs never collide in a unique index */
         PyObject *v = PyDict_GetItemWithError(image, PyTuple_GET_ITEM(cols, i));
@@ -97,7 +158,7 @@ static int one_key(PyObject *keys, Buf *b, PyObject *head, PyObject *cols, PyObj
             return -1;
         }
         Py_INCREF(v);
-        int rc = (i && buf_put(b, "\x1f", 1) < 0) ? -1 : put_canon(b, v, canon, &ascii);
+        int rc = (i && buf_put(b, "\x1f", 1) < 0) ? -1 : put_canon(b, v, canon, fold, &ascii);
         Py_DECREF(v);
         if (rc < 0) return -1;
     }
@@ -110,17 +171,19 @@ static int one_key(PyObject *keys, Buf *b, PyObject *head, PyObject *cols, PyObj
 
 static PyObject *S_get_schema, *S_get_before, *S_get_after, *S_star;
 
-/* conflict_keys((plans, plan, canon, spec), ch, db, table) -> [key]: the spec's conflict_keys(ch, db, table);
-   plans: the spec's plan cache ((id(schema), db, table) -> (schema, prefix, indexes)), plan(schema, db,
-   table) -> (prefix, indexes) on a miss (indexes: [(head, (column, ...))]); canon: the spec's _canon for
-   the values folded in Python; spec(ch, db, table) for an image that is not a plain dict */
+/* conflict_keys((plans, plan, canon, spec, fold_char), ch, db, table) -> [key]: the spec's conflict_keys(ch,
+   db, table); plans: the spec's plan cache ((id(schema), db, table) -> (schema, prefix, indexes)),
+   plan(schema, db, table) -> (prefix, indexes) on a miss (indexes: [(head, (column, ...))]); canon: the
+   spec's _canon for the values folded in Python; spec(ch, db, table) for an image that is not a plain
+   dict; fold_char(c): a non-ASCII character's fold (None: every non-ASCII string to canon) */
 PyObject *conflict_keys(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 4 || !PyTuple_Check(args[0]) || PyTuple_GET_SIZE(args[0]) != 4) {
-        PyErr_SetString(PyExc_TypeError, "conflict_keys((plans, plan, canon, spec), ch, db, table)");
+    if (nargs != 4 || !PyTuple_Check(args[0]) || PyTuple_GET_SIZE(args[0]) != 5) {
+        PyErr_SetString(PyExc_TypeError, "conflict_keys((plans, plan, canon, spec, fold_char), ch, db, table)");
         return NULL;
     }
     PyObject *plans = PyTuple_GET_ITEM(args[0], 0), *plan = PyTuple_GET_ITEM(args[0], 1);
     PyObject *canon = PyTuple_GET_ITEM(args[0], 2), *spec = PyTuple_GET_ITEM(args[0], 3);
+    PyObject *fold = PyTuple_GET_ITEM(args[0], 4);
     PyObject *ch = args[1], *db = args[2], *table = args[3];
     if (!PyDict_Check(plans)) {
         PyErr_SetString(PyExc_TypeError, "plans must be a dict");
@@ -183,7 +246,7 @@ PyObject *conflict_keys(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             if (images[m] == Py_None) continue;
             for (Py_ssize_t j = 0; j < ni; j++) {
                 PyObject *ix = PyList_GET_ITEM(indexes, j);
-                if (one_key(keys, &b, PyTuple_GET_ITEM(ix, 0), PyTuple_GET_ITEM(ix, 1), images[m], canon) < 0)
+                if (one_key(keys, &b, PyTuple_GET_ITEM(ix, 0), PyTuple_GET_ITEM(ix, 1), images[m], canon, fold) < 0)
                     goto fail;
             }
         }

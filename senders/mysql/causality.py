@@ -12,7 +12,8 @@ This module is the specification (``conflict_keys_py``, ``CausalityPy``,
 ``stable_hash_py``); where the C extension is built, ``conflict_keys``,
 ``Causality`` and ``stable_hash`` are its twins in ``capturer/_native/causality.c``
 (the same keys, groups and hashes: tests/unit/test_fuzz_causality.py), which fold
-ints, bytes and ASCII strings themselves and give every other value to ``_canon``.
+ints, bytes and strings themselves (a non-ASCII character through ``_fold_char``, once
+per character) and give every other value to ``_canon``.
 """
 
 from __future__ import annotations
@@ -40,6 +41,12 @@ def _canon(v: Any) -> str:
         folded = unicodedata.normalize("NFKD", v.rstrip(" ").casefold())
         return "s:" + "".join(c for c in folded if not unicodedata.combining(c))
     return f"{type(v).__name__}:{v}"
+
+
+def _fold_char(c: str) -> str:
+    """One character's part of ``_canon``'s fold (the C twin folds a string character by character: casefold
+    and NFKD map each character alone, and NFKD only reorders combining marks, which are dropped)."""
+    return "".join(x for x in unicodedata.normalize("NFKD", c.casefold()) if not unicodedata.combining(x))
 
 
 _plans: dict[tuple[int, str, str], tuple[Any, str, list[tuple[str, tuple[str, ...]]]]] = {}
@@ -136,6 +143,6 @@ Causality: type[CausalityPy] = CausalityPy
 if _c_keys is not None and _c_place is not None and _c_hash is not None:
     # conflict_keys(ch, db, table) -> [Key]: conflict_keys_py's keys, made in C (the partial's one bound
     # argument keeps the call on the stack)
-    conflict_keys = partial(_c_keys, (_plans, _plan, _canon, conflict_keys_py))
+    conflict_keys = partial(_c_keys, (_plans, _plan, _canon, conflict_keys_py, _fold_char))
     stable_hash = _c_hash
     Causality = CausalityC

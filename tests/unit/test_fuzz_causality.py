@@ -1,7 +1,8 @@
 """Fuzzing the MySQL sender's placing in C (capturer/_native/causality.c) against its Python
 specification (senders/mysql/causality.py: ``conflict_keys_py``, ``CausalityPy``, ``stable_hash_py``).
 
-* ``conflict_keys``: random tables (0-3 primary key columns, 0-3 unique keys of 0-3 columns, names with
+* ``conflict_keys``: every character of the Basic Multilingual Plane alone and amid others (C folds
+  it through a table filled by ``_fold_char``); random tables (0-3 primary key columns, 0-3 unique keys of 0-3 columns, names with
   separators, non-ASCII letters and lone surrogates; the same schema under other target names) and random
   images (inserts, updates, deletes; columns missing or NULL; dict subclasses) of random values: ints
   small, negative, past 64 bits and huge, bools, int/str/bytes subclasses, floats (NaN, inf, -0.0),
@@ -60,10 +61,16 @@ PIECES = ["a", "B", "Z", "z", "é", "E\u0301", "ß", "SS", "ﬁ", "İ", "ı", "�
 
 
 def rand_str(rng: random.Random, ascii_only: bool = False) -> str:
-    if ascii_only or rng.random() < 0.5:
+    r = rng.random()
+    if ascii_only or r < 0.5:
         s = "".join(rng.choice("aAbBzZ09 _-@.|:\t") for _ in range(rng.randrange(12)))
-    else:
+    elif r < 0.8:
         s = "".join(rng.choice(PIECES) for _ in range(rng.randrange(8)))
+    else:  # any code point: Latin-1, the rest of the BMP (kind 2), beyond it (kind 4), combining marks
+        s = "".join(chr(rng.choice([rng.randrange(0x80, 0x100), rng.randrange(0x100, 0x10000),
+                                    rng.randrange(0x300, 0x370), rng.randrange(0x10000, 0x110000), 0x20,
+                                    rng.randrange(0x20, 0x7F)]))
+                    for _ in range(rng.randrange(8)))
     if rng.random() < 0.3:
         s += " " * rng.randrange(1, 4)
     return s
@@ -225,6 +232,17 @@ def test_c_keys_hypothesis(before: dict[str, Any] | None, after: dict[str, Any] 
     if want[0] == "ok":
         for k in want[1]:
             assert causality.stable_hash(k) == causality.stable_hash_py(k)
+
+
+def test_every_bmp_character_folds_as_the_specification() -> None:
+    """C folds a BMP string character by character (its table filled by _fold_char): every character of
+    the BMP, surrogates included, amid others (ASCII, a combining mark, trailing spaces), as _canon does."""
+    s = TableSchema("d", "t", ("k",), ("k",))
+    for cp in range(0x80, 0x10000):
+        c = chr(cp)
+        for v in (c, f"Ab{c}\u0301{c}Z  ", f"{c} "):
+            ch = RowChange(s, "insert", None, {"k": v})
+            assert causality.conflict_keys(ch, "d", "t") == causality.conflict_keys_py(ch, "d", "t"), hex(cp)
 
 
 def test_equal_under_the_collation_is_one_key_in_c_too() -> None:
