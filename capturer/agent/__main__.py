@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 
 from capturer.__main__ import setup_logging
+from capturer.agent.config import load_agent_config, p_listen, worker_config
+from capturer.agent.server import Agent
 from capturer.errors import ConfigError
 from capturer.util.memory import tune
 
@@ -66,7 +68,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--region", help=argparse.SUPPRESS)
     ap.add_argument("--parent-pid", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    from capturer.agent.config import load_agent_config, p_listen, worker_config
 
     try:
         if args.capturer_config:
@@ -97,7 +98,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         print("config OK")
         return 0
-    from capturer.agent.server import Agent
 
     agent = Agent(cfg)
     try:

@@ -29,8 +29,12 @@ from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+from capturer.errors import FatalSourceError
 from capturer.model import Ddl, RowChange, TableProgress, Txn, ts_physical_ms
 from capturer.model.encode import qualified
+from capturer.model.spill import SpillWriter
+from capturer.regions.snapshot import TableGone, chunk_mark
+from capturer.regions.snapshot_plan import Recorder, image_key, row_key, truncate_conflict
 from capturer.util import failpoints
 
 if TYPE_CHECKING:
@@ -210,8 +214,6 @@ class SnapshotHostMixin:
     def group_snapshotter(self) -> Snapshotter:
         """This region's snapshotter (made, without workers, if it has none): a
         coordinated copy another region leads reads this region's rows with it."""
-        from capturer.errors import FatalSourceError
-
         try:
             self.check_snapshot_support()  # (resolves how this server's reads are made exact)
         except ValueError as exc:
@@ -242,8 +244,6 @@ class SnapshotHostMixin:
     def chunk_begin(self, plan: TablePlan) -> int:
         """A worker is about to read a chunk of ``plan``'s table: from now on the log's
         changes to it are recorded (its P is at or after this point)."""
-        from capturer.regions.snapshot_plan import Recorder
-
         with self._lock:
             rec = self.recorders.get((plan.db, plan.table))
             cols = tuple(c.name for c in plan.columns)
@@ -287,9 +287,6 @@ class SnapshotHostMixin:
     def check_truncate(self, db: str, table: str, why: str) -> None:
         """Refuse (FatalSourceError) to TRUNCATE ``db.table`` downstream when another
         region also delivers a table of that name: its rows would go too."""
-        from capturer.errors import FatalSourceError
-        from capturer.regions.snapshot_plan import truncate_conflict
-
         others = self.ctx.tables_elsewhere(self.name, [(db, table)]).get((db, table))
         if others:
             raise FatalSourceError(f"{self.where}: snapshot refused: "
@@ -300,9 +297,6 @@ class SnapshotHostMixin:
         empty the table downstream) is also delivered by a region that cannot take
         part in the coordinated copy (served by an agent, or BaikalDB): its rows would
         go with the TRUNCATE."""
-        from capturer.errors import FatalSourceError
-        from capturer.regions.snapshot_plan import truncate_conflict
-
         found = self.ctx.tables_elsewhere(self.name, tables) if tables else {}
         clash = {k: v for k, v in ((k, [o for o in others if self.ctx.peer(o) is None])
                                    for k, others in found.items()) if v}
@@ -445,9 +439,6 @@ class SnapshotHostMixin:
         with (returns the table's progress after it); "redo" if its table changed
         shape since it was described, or the log was restarted meanwhile;
         "superseded" if a newer run of the table was requested; "stopped"."""
-        from capturer.regions.snapshot import chunk_mark
-        from capturer.regions.snapshot_plan import row_key
-
         at = self._pkey(chunk.at)
         # changes after this point make a chunk's row stale (P; or, where the reader tells
         # visibility by transaction id, where the stream was when the chunk began)
@@ -511,9 +502,6 @@ class SnapshotHostMixin:
         transaction id (``chunk.visible``), those after the chunk began that its
         read did not see. Only the deleted rows are held in memory (counted by
         value); the rows read and the rows inserted stream from disk to disk."""
-        from capturer.model.spill import SpillWriter
-        from capturer.regions.snapshot_plan import image_key
-
         cols = tuple(c.name for c in chunk.plan.columns)
         visible = chunk.visible
         remove: Counter[tuple[Any, ...]] = Counter()
@@ -581,8 +569,6 @@ def copy_together(host: SnapshotHostMixin, snapshotter: Snapshotter, plan: Table
                   others: list[str]) -> TableProgress | str:
     """The coordinated copy of ``plan``'s table with the regions ``others`` (see above).
     Returns the host's progress for the table, or "redo" / "superseded" / "stopped"."""
-    from capturer.errors import FatalSourceError
-
     key = (plan.db.lower(), plan.table.lower())
     with _groups_lock:
         running = _groups.get(key)
@@ -603,8 +589,6 @@ def copy_together(host: SnapshotHostMixin, snapshotter: Snapshotter, plan: Table
         for name in others:
             peer = host.ctx.peer(name)
             if peer is None:
-                from capturer.regions.snapshot_plan import truncate_conflict
-
                 raise FatalSourceError(
                     f"{host.where}: snapshot refused: " + truncate_conflict(
                         plan.db, plan.table, [host.name, *others],
@@ -655,8 +639,6 @@ def _group_read(host: SnapshotHostMixin, snapshotter: Snapshotter, plan: TablePl
                 chunks: dict[str, Chunk]) -> Any:
     """Each member's rows of the table, read whole (``readers``, ``tokens`` and ``chunks`` are filled as it
     goes, for the caller to end and close whatever happens); the host's CREATE statement when it sends DDL."""
-    from capturer.regions.snapshot import TableGone
-
     create: Any = None
     for m in members:
         snap = snapshotter if m is host else m.group_snapshotter()
@@ -776,8 +758,6 @@ def _group_let_go(host: SnapshotHostMixin, plan: TablePlan, ordered: list[Any], 
 def _group_emit(host: SnapshotHostMixin, stmts: list[tuple[str, str, str]], parts: list[tuple[Chunk, Any]],
                 stamps: list[int], before: Any, after_pos: Any) -> None:
     """The step, by the host: the statements, then each member's rows (the last one moves the position)."""
-    from capturer.regions.snapshot import chunk_mark
-
     ts_iter = iter(stamps)
     for db, sql, table in stmts:
         ts = next(ts_iter)

@@ -14,6 +14,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from senders.spark.lake import parse_add_columns
+
 RowKey = tuple[Any, ...]
 
 
@@ -87,8 +89,6 @@ def _apply_ddl(state: dict[tuple[str, str], dict[RowKey, dict[str, Any]]], d: di
     """What an ALTER TABLE does to the rows already there: ADD COLUMN (with its
     constant default), DROP COLUMN, CHANGE COLUMN (a rename); TRUNCATE and DROP
     TABLE empty the table."""
-    from senders.spark.lake import parse_add_columns
-
     t = state.get((d["db"], d["table"]))
     if t is None:
         return

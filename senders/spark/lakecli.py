@@ -22,8 +22,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from capturer.model.encode import format_timedelta
+from capturer.config import load_config
+from capturer.model.encode import format_timedelta, quote_ident
+from senders import CATALOG
 from senders.spark import lake
+from senders.spark.commits import CommitLog
+from senders.spark.sender import build_session
 
 
 def canon(v: Any) -> str:
@@ -60,8 +64,6 @@ def _parse_source(s: str) -> dict[str, Any]:
 
 def source_rows(src: dict[str, Any], db: str, table: str) -> tuple[list[str], list[tuple[str, ...]]]:
     import pymysql
-
-    from capturer.model.encode import quote_ident
 
     conn = pymysql.connect(charset="utf8mb4", **src)
     try:
@@ -117,9 +119,6 @@ def verify(spark: Any, warehouse: Path, database: str, db: str, table: str,
 
 
 def _from_config(path: str) -> tuple[Path, str, dict[str, Any], list[dict[str, Any]]]:
-    from capturer.config import load_config
-    from senders import CATALOG
-
     cfg = load_config(Path(path), senders=CATALOG)
     spark_cfg = next((s for s in cfg.senders if s.name == "spark"), None)
     if spark_cfg is None:
@@ -157,15 +156,12 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("give --warehouse or --config")
     database = args.database or database
 
-    from senders.spark.sender import build_session
-
     spark = build_session(options, warehouse)
     try:
         if args.command == "tables":
             for st in lake.register_tables(spark, warehouse, database):
                 print(f"{database}.{st.name:40s} <- {st.db}.{st.table}  pk={st.pk} "
                       f"snapshot=gen{st.generation} watermark={st.watermark}")
-            from senders.spark.commits import CommitLog
 
             last = CommitLog(warehouse).last()
             print(f"commit log: {'no batch committed' if last is None else f'batch {last.batch}, key {list(last.key)}'}")

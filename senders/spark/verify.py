@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from senders.spark import lake
+from senders.spark.deltasink import META, build_delta_session, keyless_state_sql
+from senders.spark.sender import build_session
 
 
 class LakeReader:
@@ -35,8 +37,6 @@ class LakeReader:
     def _session(self) -> Any:
         if self._spark is None:
             from pyspark.sql import SparkSession
-
-            from senders.spark.sender import build_session
 
             active = SparkSession.getActiveSession()
             if active is not None:
@@ -91,8 +91,6 @@ class DeltaReader(LakeReader):
         if self._spark is None:
             from pyspark.sql import SparkSession
 
-            from senders.spark.deltasink import build_delta_session
-
             active = SparkSession.getActiveSession()
             if active is not None:
                 self._spark = active
@@ -113,8 +111,6 @@ class DeltaReader(LakeReader):
 
     def rows(self, dest: tuple[str, str], columns: Sequence[str]) -> list[dict[str, Any]]:
         import json
-
-        from senders.spark.deltasink import META, keyless_state_sql
 
         tdir = self.warehouse / lake.table_name(*dest)
         if not (tdir / "_delta_log").is_dir():

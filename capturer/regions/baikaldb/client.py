@@ -35,6 +35,7 @@ from typing import Any
 import requests
 
 from capturer.errors import FatalSourceError, SourceError
+from capturer.model import protogen
 from capturer.regions.baikaldb import brpc_json
 from capturer.regions.baikaldb.tso import describe, unix_ms
 
@@ -71,8 +72,6 @@ def _errcode(d: dict[str, Any]) -> str:
     """The answer's errcode name; "" when it has none (it is a required field)."""
     code = d.get("errcode", "")
     if isinstance(code, int) and not isinstance(code, bool):
-        from capturer.model import protogen
-
         ev = protogen.load("baikaldb").ErrCode.DESCRIPTOR.values_by_number.get(code)
         return ev.name if ev is not None else str(code)
     return str(code)
@@ -138,7 +137,6 @@ class MetaClient:
         self.where = where
         self.http = Http(connect_timeout, timeout)
         self.lock = threading.Lock()
-        from capturer.model import protogen
 
         self.pb = protogen.load("baikaldb")
 
@@ -483,8 +481,6 @@ class StoreClient:
         return out
 
     def _version_old(self, sr: StoreRegionInfo, regions: list[Any], is_merge: bool) -> None:
-        from capturer.model import protogen
-
         pb = protogen.load("baikaldb")
         infos = []
         for r in regions:

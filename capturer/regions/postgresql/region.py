@@ -58,7 +58,7 @@ from capturer.model import (
     format_lsn,
     make_ts,
 )
-from capturer.model.encode import qualified
+from capturer.model.encode import qualified, sql_literal
 from capturer.regions.base import (
     ClockedRegion,
     RegionContext,
@@ -75,7 +75,7 @@ from capturer.regions.postgresql.relations import (
     ddl_for,
     quote_pg,
 )
-from capturer.regions.postgresql.snapshot import PgSnapshot
+from capturer.regions.postgresql.snapshot import PgSnapshot, PgSnapshotter
 from capturer.regions.postgresql.stream import PgStream
 from capturer.regions.postgresql.txn import TxnBuilder, fast_change, row_image
 from capturer.regions.postgresql.types import Unrepresentable, pg_time_to_unix_us
@@ -358,8 +358,6 @@ class PostgresRegion(SnapshotHostMixin, ClockedRegion):
         return "xid"
 
     def _new_snapshotter(self) -> Any:
-        from capturer.regions.postgresql.snapshot import PgSnapshotter
-
         return PgSnapshotter(self, self.cfg.snapshot_workers, self.cfg.snapshot_chunk_rows)
 
     def _start_statements(self, plan: Any, create: Any, truncate: bool) -> list[tuple[str, str, str]]:
@@ -477,8 +475,6 @@ class PostgresRegion(SnapshotHostMixin, ClockedRegion):
     def added_defaults(self, old: RelDef, new: RelDef) -> dict[str, str]:
         """For columns ``new`` adds: the value rows already there have (PostgreSQL's
         "missing value" of a column added with a constant default), as a SQL literal."""
-        from capturer.model.encode import sql_literal
-
         have = {c.name for c in old.columns}
         out: dict[str, str] = {}
         for c, t in zip(new.columns, new.types):

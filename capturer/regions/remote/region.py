@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from capturer.errors import FatalSourceError, SourceError
-from capturer.model import Heartbeat, Item, Position, Txn
+from capturer.model import Heartbeat, Item, Position, Txn, protogen, wire
+from capturer.model.wire import position_json
 from capturer.regions.base import Region, RegionContext
 
 log = logging.getLogger(__name__)
@@ -124,8 +125,6 @@ class RemoteRegion(Region):
     def _connect_and_stream(self) -> None:
         import grpc
 
-        from capturer.model import protogen, wire
-
         pb = protogen.load("agent")
         self.address = self.cfg.address[self._addr_index % len(self.cfg.address)]
         where = f"region {self.name} (agent {self.address})"
@@ -157,8 +156,6 @@ class RemoteRegion(Region):
         """Which of ``tables`` the agent's region captures, each with whether it is
         keyless (asked of the agent; SourceError if no address answers)."""
         import grpc
-
-        from capturer.model import protogen, wire
 
         pb = protogen.load("agent")
         errors = []
@@ -318,8 +315,6 @@ class RemoteRegion(Region):
     def _same_position(self, pos: Any) -> Any:
         """The position object this region passed on last when ``pos`` is the same
         point (the checkpoint's floor is the commit_ts of the first item at a position)."""
-        from capturer.model.wire import position_json
-
         j = position_json(pos)
         if pos is not None and self.position is not None and j == self._pos_json:
             return self.position
@@ -358,8 +353,6 @@ class RemoteRegion(Region):
 
     # --- capturer side ----------------------------------------------------------
     def checkpointed(self, position: Any) -> None:
-        from capturer.model import protogen, wire
-
         with self._lock:
             requests = self._requests
         if requests is not None:
