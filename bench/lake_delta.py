@@ -15,6 +15,11 @@ as long), and only the last round's rates count, each without its first batch. E
 the Delta table (read by Spark) holds exactly the expected rows (count and key sum), the changelog's
 merged view the same, the raw append one row per change.
 
+The MERGE's fixed part is measured beside it: after each batch, a MERGE of ``PROBE_ROWS`` inserts of new keys
+(keys from ``PROBE_BASE`` up: no file of the table touched, nothing rewritten), timed apart from the batches
+(``merge_fixed_seconds``, the median of the last round without its first); the content check leaves those keys
+out and counts them.
+
 Needs PySpark 4.2 (the Delta runtime pinned by ``senders/spark/deltajars.py``: ``sh bench/run.sh`` installs
 the ``delta`` extra), Java, and the Delta jars (Maven); the part is skipped, saying why, otherwise."""
 
@@ -30,6 +35,8 @@ from capturer import config
 from capturer.model import Position, RowChange, TableSchema, Txn
 from senders import CATALOG
 
+PROBE_BASE = 10**12  # the keys of the fixed-cost probes (above every key of the workload)
+PROBE_ROWS = 10
 SCHEMA = TableSchema("bench", "lake", ("id", "name", "qty", "price"), ("id",), (), (8, 15, 8, 5))
 
 
@@ -131,7 +138,7 @@ def run(tmp: Path, preload: int = 200_000, batches: int = 5, changes: int = 20_0
     res: dict[str, Any] = {"preload": preload, "batches": batches, "changes_per_batch": changes,
                            "rounds": rounds, "problems": []}
 
-    def through_sender(name: str, options: str) -> list[float]:
+    def through_sender(name: str, options: str, probe: bool = False) -> list[float]:
         s = _sender(tmp, name, options)
         s.send(data[0])
         times = []
@@ -139,6 +146,16 @@ def run(tmp: Path, preload: int = 200_000, batches: int = 5, changes: int = 20_0
             t0 = time.perf_counter()
             s.send(b)
             times.append(time.perf_counter() - t0)
+            if probe:
+                # the fixed part of a MERGE: one of PROBE_ROWS inserts of new keys (no file of the table touched,
+                # nothing rewritten), between two batches, outside the batches' times
+                last = b[-1]
+                ins = tuple(RowChange(SCHEMA, "insert", None, {"id": PROBE_BASE + len(res["merge_fixed"]) * PROBE_ROWS + i,
+                                                               "name": "probe", "qty": 0, "price": 0.0})
+                            for i in range(PROBE_ROWS))
+                t0 = time.perf_counter()
+                s.send([Txn("r2", last.commit_ts, last.position, ins)])  # (same commit_ts, later region: between batches)
+                res["merge_fixed"].append(time.perf_counter() - t0)
         s.close()
         return times
 
@@ -161,7 +178,9 @@ def run(tmp: Path, preload: int = 200_000, batches: int = 5, changes: int = 20_0
             for what in ("merge", "append", "changelog"):
                 where = tmp / f"{what}-{r}"
                 if what == "merge":
-                    times = through_sender(f"merge{r}", f"table_format=delta\nwarehouse={where}\n")
+                    res["merge_fixed"] = []
+                    times = through_sender(f"merge{r}", f"table_format=delta\nwarehouse={where}\n", probe=True)
+                    res[f"merge_fixed_seconds_round{r + 1}"] = [round(t, 3) for t in res.pop("merge_fixed")]
                 elif what == "append":
                     times = raw_append(where)
                 else:
@@ -171,6 +190,10 @@ def run(tmp: Path, preload: int = 200_000, batches: int = 5, changes: int = 20_0
             # each round's outputs checked: the Delta MERGE table and the changelog's merged view hold exactly the
             # expected rows, the raw append every change
             got = spark.read.format("delta").load(str(tmp / f"merge-{r}" / "bench__lake"))
+            probes = got.where(f"id >= {PROBE_BASE}").count()
+            if probes != batches * PROBE_ROWS:
+                res["problems"].append(f"delta MERGE table: {probes} probe rows, want {batches * PROBE_ROWS}")
+            got = got.where(f"id < {PROBE_BASE}")
             n, ksum = got.count(), got.agg({"id": "sum"}).collect()[0][0]
             if n != len(want) or int(ksum or 0) != sum(want):
                 res["problems"].append(f"delta MERGE table: {n} rows (key sum {ksum}), want {len(want)} "
@@ -187,6 +210,10 @@ def run(tmp: Path, preload: int = 200_000, batches: int = 5, changes: int = 20_0
                                        f"{len(want)} (key sum {sum(want)})")
     finally:
         spark.stop()
+    fixed = res[f"merge_fixed_seconds_round{rounds}"][1:]
+    res["merge_fixed_seconds"] = round(sorted(fixed)[len(fixed) // 2], 3) if fixed else None
+    app = res[f"append_batch_seconds_round{rounds}"][1:]
+    res["append_batch_seconds"] = round(sorted(app)[len(app) // 2], 3) if app else None
     res["merge_vs_append"] = round(res["merge_changes_per_s"] / res["append_changes_per_s"], 3)
     res["changelog_vs_append"] = round(res["changelog_changes_per_s"] / res["append_changes_per_s"], 3)
     res["merge_vs_changelog"] = round(res["merge_changes_per_s"] / res["changelog_changes_per_s"], 3)
@@ -201,6 +228,8 @@ def summary(r: dict[str, Any]) -> str:
             f"  raw Delta append of the same rows   {r['append_changes_per_s']:>9,} changes/s\n"
             f"  Delta sender (MERGE)                {r['merge_changes_per_s']:>9,} changes/s  "
             f"{r['merge_vs_append']:.2f} of the append [goal >= 0.5]\n"
+            f"  a MERGE of {PROBE_ROWS} new keys (its fixed part)  {r['merge_fixed_seconds']} s, the append of a batch "
+            f"{r['append_batch_seconds']} s (medians)\n"
             f"  changelog sender                    {r['changelog_changes_per_s']:>9,} changes/s  "
             f"{r['changelog_vs_append']:.2f} of the append\n"
             + (f"  PROBLEMS: {r['problems']}\n" if r["problems"] else ""))
