@@ -2332,6 +2332,25 @@ def part_delta(ctx: Bench) -> None:
     print(lake_delta.summary(r))
 
 
+def part_spark_apply(ctx: Bench) -> None:
+    args, tmp, results, failures = ctx.args, ctx.tmp, ctx.results, ctx.failures
+    import spark_apply
+
+    from devtools.local_kafka import Broker
+
+    small = args.smoke
+    broker = Broker().start()
+    try:
+        r = spark_apply.run(tmp / "spark_apply", broker.servers, changes=3_000 if small else 60_000,
+                            max_offsets=1_000 if small else 20_000, rounds=1 if small else 2)
+    finally:
+        broker.stop()
+        broker.cleanup()
+    results["spark_apply"] = r
+    failures += [f"spark_apply: {p}" for p in r.get("problems", [])]
+    print(spark_apply.summary(r))
+
+
 def part_bigtxn(ctx: Bench) -> None:
     only, tmp, results, failures = ctx.only, ctx.tmp, ctx.results, ctx.failures
     results["big_txn"] = big_txn_rss(tmp)
@@ -2383,6 +2402,9 @@ PARTS: dict[str, Part] = {
     "peers": Part(part_peers, "beside Debezium in Kafka Connect (bench/peers.py; not in the default: a Connect JVM)"),
     "delta": Part(part_delta, "the Delta sender's MERGE next to a raw Delta append of the same rows and the "
                   "changelog sender (bench/lake_delta.py; sender-level, no sources; not in the default: PySpark 4.2)"),
+    "spark_apply": Part(part_spark_apply, "python -m capturer spark-apply draining Kafka into Delta on local[1], then "
+                        "on a standalone Spark cluster of 1 and of 2 one-core workers (bench/spark_apply.py; not in "
+                        "the default: PySpark 4.2, three Spark applications)"),
     "bigtxn": Part(part_bigtxn, "one 1,000,000-row transaction -> file, peak RSS (not with --smoke)", smoke=False),
 }
 # names --only takes that are no part of their own: they add runs to the parts above

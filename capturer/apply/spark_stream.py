@@ -124,6 +124,7 @@ class BatchApplier:
         self.owns = owned_by(cfg.tables)
         self.untabled = cfg.untabled_ddl == "apply" or (cfg.untabled_ddl == "auto" and self.owns("\0any", "\0any"))
         self.txns = self.rows = self.batches = 0
+        self.read_seconds = 0.0  # the batch in hand: its messages read from Kafka and collected on the driver
         self.bad_messages = self.dead_letter_count = 0
         self.last_bad = ""
         self.applied: StreamKey | None = None
@@ -173,8 +174,10 @@ class BatchApplier:
             self._add(reg, m, dead, dead_now)
         ready = reg.ready()
         txns = [t for _, t in ready if t is not None]
+        t_regrouped = time.monotonic()
         if txns:
             self.sender.send(txns)
+        t_merged = time.monotonic()
         if ready:
             done = ready[-1][0]
             reg.done_through(done)
@@ -182,6 +185,9 @@ class BatchApplier:
         keep = [m for m in allm if m.offset >= start.get((m.topic, m.partition), 1 << 62)]
         kept = {(m.topic, m.partition, m.offset) for m in keep}
         self.pending.write(batch_id, done, keep, dead_now & kept)
+        # where the batch's time went (bench/spark_apply.py reads them from the log line below)
+        split = {"read": round(self.read_seconds, 3), "regroup": round(t_regrouped - t0, 3),
+                 "merge": round(t_merged - t_regrouped, 3), "pending": round(time.monotonic() - t_merged, 3)}
         rows = sum(len(t.changes) for t in txns)
         self.batches += 1
         self.txns += len(txns)
@@ -191,18 +197,22 @@ class BatchApplier:
             self.applied = done
             self.last_commit_ms = ts_physical_ms(done[0]) if done is not None else self.last_commit_ms
         self.last_batch = {"id": batch_id, "messages": len(msgs), "txns": len(txns), "rows": rows, "held": len(keep),
-                           "seconds": round(time.monotonic() - t0, 3), "finished_at": time.time()}
+                           "seconds": round(time.monotonic() - t0, 3), "split_seconds": split,
+                           "finished_at": time.time()}
         self.state = "running"
         log.info("spark-apply %s: batch %d: %d messages, %d transactions applied (%d rows), %d messages held "
-                 "for incomplete transactions; applied through %s", self.cfg.name, batch_id, len(msgs), len(txns),
-                 rows, len(keep), done)
+                 "for incomplete transactions; applied through %s; seconds: read %.3f, regroup %.3f, merge %.3f, "
+                 "pending %.3f", self.cfg.name, batch_id, len(msgs), len(txns), rows, len(keep), done,
+                 split["read"], split["regroup"], split["merge"], split["pending"])
 
     def __call__(self, df: Any, batch_id: int) -> None:
+        t0 = time.monotonic()
         rows = df.select("topic", "partition", "offset", "key", "value", "headers").collect()
         msgs = [Msg(r["topic"], int(r["partition"]), int(r["offset"]),
                     None if r["key"] is None else bytes(r["key"]), None if r["value"] is None else bytes(r["value"]),
                     [(h["key"], b"" if h["value"] is None else bytes(h["value"])) for h in (r["headers"] or [])])
                 for r in rows]
+        self.read_seconds = time.monotonic() - t0
         self.apply(msgs, batch_id)
 
     def close(self) -> None:

@@ -147,3 +147,27 @@ def test_the_status_port_serves_what_the_batches_did(tmp_path: Path) -> None:
         assert requests.get(f"{url}/health", timeout=10).status_code != 200
     finally:
         server.stop()
+
+
+def test_each_batch_logs_where_its_time_went_as_the_bench_reads_it(tmp_path: Path,
+                                                                    caplog: pytest.LogCaptureFixture) -> None:
+    """bench/spark_apply.py reads each batch's rows and seconds (read, regroup, merge, pending) from the
+    applier's log line, formatted as ``spark-apply`` formats it."""
+    import logging
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    import spark_apply
+
+    txns = workload(4)
+    msgs = interleave(messages(produce(txns, "json")), random.Random(4), replays=0)
+    sender = FakeDelta()
+    with caplog.at_level(logging.INFO, logger="capturer.apply.spark_stream"):
+        for i in range(0, len(msgs), 7):
+            BatchApplier(cfg(tmp_path), sender, tmp_path).apply(msgs[i:i + 7], i // 7)
+    fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")  # (spark_apply_main's)
+    lines = [fmt.format(r) for r in caplog.records if "batch" in r.getMessage()]
+    parsed = [spark_apply.BATCH_LINE.search(line) for line in lines]
+    assert lines and all(parsed), lines[:2]
+    assert sum(int(m.group(5)) for m in parsed if m) == sum(len(t.changes) for t in txns) > 0
+    assert all(float(m.group(g)) >= 0 for m in parsed if m for g in (6, 7, 8, 9))
