@@ -394,7 +394,8 @@ def summary(r: dict[str, Any]) -> str:
                      f"(of {x.get('steady_seconds')} s: read {split.get('read')} s, regroup {split.get('regroup')} s, "
                      f"merge {split.get('merge')} s)")
     key = "cluster2_vs_cluster1" if "cluster2" in r else "local2_vs_local1"
-    lines.append(f"  {r['scale']} ({r['rounds']} rounds, the second in the reverse order): wall "
+    rounds = f"{r['rounds']} rounds, the second in the reverse order" if r["rounds"] > 1 else "1 round"
+    lines.append(f"  {r['scale']} ({rounds}): wall "
                  f"{r.get(key + '_wall_rows_per_s')}x (per round {r.get(key + '_wall_rows_per_s_per_round')}), steady "
                  f"{r.get(key + '_steady_rows_per_s')}x (per round {r.get(key + '_steady_rows_per_s_per_round')}) "
                  "[goal >= 1.5]")
