@@ -31,7 +31,7 @@ from capturer.ops.status import StatusServer
 from capturer.pipeline.backlog import Cut, StreamLog
 from capturer.pipeline.checkpoint import Checkpoint, CheckpointKeeper, StateDir, load_checkpoint
 from capturer.pipeline.fanout import SenderManager
-from capturer.pipeline.filter import Filter, load_filter, parse_filter_text
+from capturer.pipeline.filter import Filter, ReloadWindow, load_filter, parse_filter_text
 from capturer.pipeline.merger import MergeStage
 from capturer.pipeline.segments import Backlog, BacklogMark
 from capturer.regions import make_region
@@ -90,7 +90,9 @@ class Capturer:
                               "catalog (use capturer.app.load_config)")
         self.cfg = cfg
         self.stop_event = threading.Event()
-        self.filter = load_filter(cfg.filter_path)
+        # the rules in force, and the window of a reload waiting for its copies (one
+        # attribute: the merge thread reads both at once)
+        self._rules: tuple[Filter, ReloadWindow | None] = (load_filter(cfg.filter_path), None)
         # the rules' text in force (told to regions served by agents when a reload is undone)
         self._filter_text = read_text_file(cfg.filter_path, "filter rule file (filterRuleDict)") \
             if cfg.filter_path is not None else ""
@@ -242,6 +244,11 @@ class Capturer:
         else:
             self.paused_path.unlink(missing_ok=True)
 
+    @property
+    def filter(self) -> Filter:
+        """The rules in force (the new ones as soon as a reload swaps them in)."""
+        return self._rules[0]
+
     def _table_selected(self, db: str, table: str) -> bool:
         return self.filter.table_selected(db, table)  # the current rules, also after a reload
 
@@ -249,9 +256,12 @@ class Capturer:
     def _on_item(self, item: Item) -> None:
         key = stream_key(item)  # as the region made it (a filter may strip a DDL prelude)
         if isinstance(item, Txn):
+            rules, window = self._rules
             if item.ddl is not None:  # a table renamed into the filter is copied (snapshotNewTables)
-                self.group.renamed_in(item, self.filter.table_selected, self.cfg.snapshot_new_tables)
-            item = self.filter.apply(self.group.strip_held(item))
+                self.group.renamed_in(item, rules.table_selected, self.cfg.snapshot_new_tables)
+            item = rules.apply(self.group.strip_held(item))
+            if window is not None:
+                item = window.narrow(item)
         self.manager.dispatch(item, key)
 
     def start(self) -> None:
@@ -573,16 +583,19 @@ class Capturer:
         added = self.group.tables_added(old.table_selected, new.table_selected) if mode != "never" else {}
         if added:
             self.group.hold(added)  # before the swap: no change to them passes before their copy starts
-        self.filter = new
+        if not added:
+            self._rules = (new, None)
+            self._tell_regions(text)
+            return None
+        # until the copies are granted only the old rules' tables and the held ones pass
+        self._rules = (new, ReloadWindow(old, {r: frozenset(ts) for r, ts in added.items()}))
         # (before the copy is asked for: its check of who else delivers a table asks them with the new rules)
         self._tell_regions(text)
-        if not added:
-            return None
         names = sorted({t for ts in added.values() for t in ts})
         try:
             got = self.group.request_tables(names, None, mode == "truncate", "filter reload")
         except (ValueError, LookupError, SourceError) as exc:
-            self.filter = old
+            self._rules = (old, None)
             self._tell_regions(self._filter_text)
             self.group.unhold(lambda region, t: t not in added.get(region, ()))
             listed = ", ".join(f"{db}.{t}" for db, t in names)
@@ -591,6 +604,7 @@ class Capturer:
             kind = SourceError if isinstance(exc, SourceError) else LookupError if isinstance(
                 exc, LookupError) else ValueError
             raise kind(why) from None
+        self._rules = (new, None)
         copied = {(r, t) for r, v in got["regions"].items() for t in v["tables"]}
         # a table gone since it was listed is not copied: nothing of it to hold back
         self.group.unhold(lambda region, t: t not in added.get(region, ()) or (region, f"{t[0]}.{t[1]}") in copied)

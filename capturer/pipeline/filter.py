@@ -377,3 +377,32 @@ def split_table_name(text: str) -> tuple[str, str]:
     if table == "*" and not text.strip().endswith("*"):
         raise ValueError(f"expected db.table, got {text!r}")
     return db, table
+
+
+@dataclass(frozen=True)
+class ReloadWindow:
+    """While a filter reload that adds tables waits for their copies to be granted, the
+    new rules are in force (the copies' checks and the regions served by agents use
+    them) but only the old rules' tables pass, and those ``added`` asks to copy in each
+    region (held back there until their copy starts, ``RegionGroup.strip_held``).
+    Without it a change to an added table from a region that copies nothing here (one
+    served by an agent) passed while the copy was being asked for, even when the copy
+    was then refused and the old rules put back."""
+    old: Filter
+    added: dict[str, frozenset[tuple[str, str]]]
+
+    def narrow(self, txn: Txn) -> Txn:
+        mine = self.added.get(txn.region, frozenset())
+        old = self.old
+        d = txn.ddl
+        if d is not None:
+            keep = (d.db, d.table) in mine or old.ddl_selected(d.db, d.table)
+            return txn if keep else replace(txn, ddl=None)
+
+        def keep_change(ch: RowChange) -> RowChange | None:
+            return ch if (ch.db, ch.table) in mine or old.table_selected(ch.db, ch.table) else None
+
+        if isinstance(txn.changes, SpilledChanges):
+            return replace(txn, changes=txn.changes.filter_map(keep_change))  # type: ignore[arg-type]
+        kept = tuple(ch for ch in txn.changes if keep_change(ch) is not None)
+        return txn if len(kept) == len(txn.changes) else replace(txn, changes=kept)

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -99,3 +100,62 @@ def test_in_operator_and_db_table_target() -> None:
     assert not f.apply_change(RowChange(s, "insert", None, {"id": 1, "country": "FR", "amount": 1}))
     other = schema(table="refunds")
     assert f.apply_change(RowChange(other, "insert", None, {"id": 1, "country": "FR", "amount": 1}))
+
+
+def _reload_rig(tmp_path: Path) -> tuple[Any, list[Txn]]:
+    """A Capturer over two MySQL regions that are never started (nothing connects), its
+    filter rule file excluding d.late and what its merge callback dispatches."""
+    from capturer.app import Capturer, load_config
+
+    (tmp_path / "senders.cfg").write_text(f"[global]\ntype=local\n[local]\nfilepath={tmp_path / 'out.jsonl'}\n")
+    (tmp_path / "filter.txt").write_text("exclude d.late\n")
+    (tmp_path / "config.cfg").write_text(
+        f"[global]\nbinlogCheckPointPath={tmp_path / 'cp.json'}\nsenderConfig={tmp_path / 'senders.cfg'}\n"
+        f"filterRuleDict={tmp_path / 'filter.txt'}\nsnapshotNewTables=copy\nhttpPort=0\n\n"
+        "[region:r1]\ntype=mysql\nhost=127.0.0.1\nport=1\nuser=u\npassword=\nserver_id=9\n"
+        "\n[region:r2]\ntype=mysql\nhost=127.0.0.1\nport=2\nuser=u\npassword=\nserver_id=10\n")
+    cap = Capturer(load_config(tmp_path / "config.cfg"))
+    out: list[Txn] = []
+    cap.manager.dispatch = lambda item, key=None: out.append(item)  # type: ignore[method-assign]
+    # r2 stands for a region that copies nothing here (one served by an agent): only r1's
+    # source lists d.late as added
+    cap.group.tables_added = lambda was, now: {"r1": [("d", "late")]}  # type: ignore[method-assign]
+    return cap, out
+
+
+def _both(region: str, ts: int) -> Txn:
+    return Txn(region, ts, Position("f.000001", ts), (RowChange(schema("d", "late"), "insert", None, {"id": ts}),
+                                                      RowChange(schema("d", "t"), "insert", None, {"id": ts})))
+
+
+@pytest.mark.parametrize("granted", [False, True])
+def test_a_reload_waiting_for_its_copies_lets_no_added_table_through(tmp_path: Path, granted: bool) -> None:
+    """While a reload asks for the copies of the tables it adds, changes to them from a
+    region whose copy is not being made (r2) stay out, as they do in the region whose
+    copy is held back (r1) until it starts; refused, the old rules stay; granted, the
+    new ones pass. Before: r2's d.late change passed during the ask, and stayed in the
+    sinks even though the reload was refused (a CI failure of
+    test_a_copy_that_cannot_be_made_keeps_the_old_rules)."""
+    cap, out = _reload_rig(tmp_path)
+    seen: list[list[str]] = []
+
+    def request_tables(names: object, region: object, truncate: bool, reason: str) -> dict[str, object]:
+        for i, r in enumerate(("r1", "r2")):  # the merge thread emits while the ask is under way
+            cap._on_item(_both(r, 10 + i))  # type: ignore[attr-defined]
+        seen.extend([ch.table for ch in t.changes] for t in out)
+        if not granted:
+            raise ValueError("refused")
+        return {"regions": {"r1": {"tables": ["d.late"]}}, "truncate": False}
+
+    cap.group.request_tables = request_tables  # type: ignore[attr-defined]
+    (tmp_path / "filter.txt").write_text("")
+    code, body = cap.reload_filter()  # type: ignore[attr-defined]
+    assert seen == [["t"], ["t"]], seen
+    out.clear()
+    cap._on_item(_both("r2", 20))  # type: ignore[attr-defined]
+    if granted:
+        assert code == 200 and out[0].changes == _both("r2", 20).changes, body
+    else:
+        assert code == 400 and "the old rules stay" in body["error"], body
+        assert [ch.table for ch in out[0].changes] == ["t"]
+        assert cap.filter.table_rules and cap.group.held() == {}  # type: ignore[attr-defined]
