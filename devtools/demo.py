@@ -26,8 +26,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from capturer.app import Capturer, load_config
-from capturer.model import LsnPosition, Position, parse_lsn
+from capturer.model import LsnPosition, Position
 from devtools.local_mariadb import MariaDBInstance
+from devtools.local_postgres import committed_lsn
 from devtools.verify_sinks import (
     SinkCheck,
     SourceTable,
@@ -576,7 +577,7 @@ class _PgWatch(_Watch):
         if not self.targets:
             self.targets["shard1"] = self.m.master_position()
             with self.pg.connect() as conn:
-                self.targets["pg"] = parse_lsn(conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])
+                self.targets["pg"] = committed_lsn(conn)
 
     def caught_up(self, cp: Any) -> bool:
         return all(

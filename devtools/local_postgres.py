@@ -27,6 +27,22 @@ from devtools.local_mariadb import free_port
 log = logging.getLogger(__name__)
 
 
+def committed_lsn(conn: Any) -> int:
+    """The end of the last WAL record written, through ``conn`` (psycopg): every commit
+    that has returned is below it. Not ``pg_current_wal_lsn()``: these servers run with
+    ``synchronous_commit = off``, where that write position can lag a commit that has
+    returned (it stopped at a page boundary inside the last transaction, and a wait for
+    it passed with that transaction still to come: a flaky test_new_tables failure).
+    The insert position at a page's start is after the page's header, which a
+    replication stream (that reports record ends) never reaches: taken off."""
+    text = conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()[0]
+    hi, _, lo = text.partition("/")
+    lsn = (int(hi, 16) << 32) | int(lo, 16)
+    if lsn % (16 << 20) == 40:  # a segment's first page: long header
+        return lsn - 40
+    return lsn - 24 if lsn % 8192 == 24 else lsn
+
+
 class PostgresUnavailable(RuntimeError):
     """initdb / postgres cannot be found or started."""
 

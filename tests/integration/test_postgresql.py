@@ -14,7 +14,7 @@ from helpers import CapturerProcess, start_servers, wait_for
 
 from capturer.model import parse_lsn
 from devtools.local_mariadb import MariaDBInstance, free_port
-from devtools.local_postgres import PostgresInstance
+from devtools.local_postgres import PostgresInstance, committed_lsn
 from devtools.pg_workload import (
     HOSTILE,
     HOSTILE_SCHEMA,
@@ -74,7 +74,7 @@ def checkpoint(tmp: Path) -> dict[str, Any]:
 
 def current_lsn(p: PostgresInstance) -> int:
     with p.connect() as c:
-        return parse_lsn(c.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])  # type: ignore[index]
+        return committed_lsn(c)
 
 
 def covered(tmp: Path, region: str, lsn: int) -> bool:
