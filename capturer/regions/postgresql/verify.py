@@ -142,8 +142,20 @@ class PostgresSource(SqlSource):
         return out
 
     def position(self) -> LsnPosition:
-
-        return LsnPosition(parse_lsn(str(self.query("SELECT pg_current_wal_lsn()::text")[0][0])))
+        """The end of the last WAL record written: every commit that has returned is below
+        it. Not ``pg_current_wal_lsn()``: with ``synchronous_commit = off`` that write
+        position can lag commits whose rows a read already sees (a sender found past it
+        could still miss them). At a page's start the insert position is after the page
+        header, which the stream never reports (as the region's heartbeat probe)."""
+        (lsn, block, segment), = self.query(
+            "SELECT pg_current_wal_insert_lsn()::text, current_setting('wal_block_size')::bigint, "
+            "pg_size_bytes(current_setting('wal_segment_size'))")
+        at, block, segment = parse_lsn(str(lsn)), int(block), int(segment)
+        if segment and at % segment == 40:  # a segment's first page: long header
+            at -= 40
+        elif block and at % block == 24:
+            at -= 24
+        return LsnPosition(at)
 
 
 
