@@ -35,6 +35,12 @@ static PyMethodDef module_methods[] = {
     {"kafka_json", (PyCFunction)kafka_json, METH_VARARGS,
      "kafka_json(changes, seq0, txn_rows, (head, mid, tail, tail_last, end), piece, fallback, (h_region, h_ts),\n"
      "tombstones) -> [(topic, partition, key, value, headers)]: the Kafka sender's json messages of changes"},
+    {"kafka_unjson", (PyCFunction)kafka_unjson, METH_O,
+     "kafka_unjson(value: bytes) -> (db, table, before, after, frozenset of base64 columns), or None for what it\n"
+     "does not read (the Python path does): one message of the Kafka sender's json format, as the applier keeps it"},
+    {"kafka_untype", (PyCFunction)kafka_untype, METH_VARARGS,
+     "kafka_untype(image, ((column, f, catch), ...), b64) -> None: each str value of those columns not in b64\n"
+     "becomes f(value) (kept where f raises catch), in place: the applier's typed values of a json row image"},
     {"json_dumps", (PyCFunction)json_dumps, METH_VARARGS,
      "json_dumps(obj, fallback, b64_keys=None, compact=False, as_bytes=False, rows=None) -> str (or its UTF-8\n"
      "bytes): json.dumps(obj, ensure_ascii=False, default=fallback) for row values; the columns of base64-encoded\n"

@@ -54,6 +54,7 @@ from capturer.model import (
     protogen,
     schema_from_json,
 )
+from capturer.model.encode import _fastrows
 from capturer.model.message import TP, Msg
 
 log = logging.getLogger(__name__)
@@ -66,9 +67,14 @@ except ImportError:  # pragma: no cover - depends on the install
     _fast_loads = None
 
 
+_unjson: Callable[[bytes], Any] | None = getattr(_fastrows, "kafka_unjson", None)  # (an older build lacks it)
+
+
 def loads(data: bytes) -> Any:
     """JSON text -> values: orjson where installed; the standard library for what it refuses
-    (an integer beyond 64 bits, a lone surrogate escape), and where it is missing."""
+    (a lone surrogate escape), and where it is missing. (orjson makes a float of an integer
+    beyond 64 bits; a row message's values are read by ``_fastrows.kafka_unjson`` first,
+    which keeps it an int, as the standard library does.)"""
     if _fast_loads is not None:
         try:
             return _fast_loads(data)
@@ -144,77 +150,82 @@ def json_to_value(v: Any, type_code: int | None, b64: bool) -> Any:
     return v
 
 
-def _conv_decimal(v: Any) -> Any:
-    try:
-        return decimal.Decimal(v)
-    except ArithmeticError:
-        return v
-
-
-def _conv_datetime(v: Any) -> Any:
-    try:
-        return dt.datetime.fromisoformat(v)
-    except ValueError:
-        return v
-
-
-def _conv_date(v: Any) -> Any:
-    try:
-        return dt.date.fromisoformat(v)
-    except ValueError:
-        return v
-
-
-def _conv_time(v: Any) -> Any:
-    try:
-        return _timedelta(v)
-    except ValueError:
-        return v
-
-
-def _conv_set(v: Any) -> Any:
+def _conv_set(v: str) -> set[str]:
     return set(v.split(",")) if v else set()
 
 
-def _converter(type_code: int | None) -> Callable[[Any], Any] | None:
+Conv = tuple[str, Callable[[str], Any], type[Exception]]
+"""A typed column: its name, the parser of its text and what that parser raises for a text it
+refuses (the text then stays as it is: json_to_value)."""
+
+
+def _converter(type_code: int | None) -> tuple[Callable[[str], Any], type[Exception]] | None:
     if type_code in _DECIMAL:
-        return _conv_decimal
+        return decimal.Decimal, ArithmeticError
     if type_code in _DATETIME:
-        return _conv_datetime
+        return dt.datetime.fromisoformat, ValueError
     if type_code in _DATE:
-        return _conv_date
+        return dt.date.fromisoformat, ValueError
     if type_code in _TIME:
-        return _conv_time
+        return _timedelta, ValueError
     if type_code == _SET:
-        return _conv_set
+        return _conv_set, ValueError
     return None
 
 
-def _converters(schema: TableSchema) -> tuple[tuple[str, Callable[[Any], Any]], ...]:
+def _converters(schema: TableSchema) -> tuple[Conv, ...]:
     """The schema's typed columns and their converters (kept on the schema, as its ``type_of`` map)."""
     hit = schema.__dict__.get("_apply_convs")
     if hit is None:
-        hit = tuple((c, f) for c, t in zip(schema.columns, schema.column_types) if (f := _converter(t)) is not None)
+        hit = tuple((c, *f) for c, t in zip(schema.columns, schema.column_types) if (f := _converter(t)) is not None)
         schema.__dict__["_apply_convs"] = hit
     return hit
 
 
-def _image(schema: TableSchema, img: Any, b64: frozenset[str], where: str) -> dict[str, Any] | None:
+_untype: Callable[[dict[str, Any], tuple[Conv, ...], frozenset[str]], None] | None = getattr(
+    _fastrows, "kafka_untype", None)
+
+
+def _untype_py(img: dict[str, Any], convs: tuple[Conv, ...], b64: frozenset[str]) -> None:
+    """The typed columns' text made values, in place (``kafka_untype`` in C)."""
+    for c, f, catch in convs:
+        v = img.get(c)
+        if isinstance(v, str) and c not in b64:
+            try:
+                img[c] = f(v)
+            except catch:
+                pass
+
+
+def _image(schema: TableSchema, img: Any, b64: frozenset[str], key: StreamKey, seq: int) -> dict[str, Any] | None:
     """A row image as the region gave it (``json_to_value`` for each column, by the
     schema's types: only the typed columns are touched)."""
     if img is None:
         return None
     if not isinstance(img, dict):
-        raise ValueError(f"{where} is not an object")
-    for c, f in _converters(schema):
-        v = img.get(c)
-        if isinstance(v, str) and c not in b64:
-            img[c] = f(v)
+        raise ValueError(f"row {seq} of {key[1]}:{key[0]} is not an object")
+    (_untype or _untype_py)(img, _converters(schema), b64)
     for c in b64:
         v = img.get(c)
         if isinstance(v, str):
             img[c] = base64.b64decode(v, validate=True)
     return img
+
+
+def decode_json_py(value: bytes) -> tuple[str, str, Any, Any, frozenset[str]]:
+    """``(db, table, before, after, base64 columns)`` of a json-format row message: the
+    specification of ``_fastrows.kafka_unjson``, which reads the common shape in C (and
+    answers None for the rest, which this reads); raises ValueError (or TypeError, KeyError,
+    UnicodeDecodeError) for what is not such a message."""
+    d = loads(value)
+    if not isinstance(d, dict) or "op" not in d or not isinstance(d.get("source"), dict):
+        raise ValueError("not a json envelope (no op or source)")
+    src = d["source"]
+    before, after = d.get("before"), d.get("after")
+    for img in (before, after):
+        if img is not None and not isinstance(img, dict):
+            raise ValueError("a row image is not an object")
+    return str(src["db"]), str(src["table"]), before, after, frozenset(d.get("b64") or ())
 
 
 # --- the regrouper -------------------------------------------------------------------
@@ -424,7 +435,11 @@ class Regrouper:
         e = self.by_key.get(key)
         if e is None:
             e = self.by_key[key] = Entry(key, "txn", first_seen=self.clock())
-        self._track(tp, key, offset)
+        q = self.pending.get(tp)  # (``_track``, inline: once per message)
+        if q is None:
+            q = self.pending[tp] = collections.deque()
+        if not q or q[-1][0] != key:
+            q.append((key, offset))
         return e
 
     def _row(self, msg: Msg, tp: TP) -> None:
@@ -450,23 +465,29 @@ class Regrouper:
         e = self._entry_for(key, tp, msg.offset)
         if e is None:
             return
-        null = msg.value is None
-        ident = (seq, op, null)
-        if ident in e.seen:
+        value = msg.value
+        ident = (seq, op, value is None)
+        seen = e.seen
+        if ident in seen:
             self.duplicates += 1
             return
-        if null:
+        if value is None:
             # a tombstone: counted when its delete (before it, in the same partition) was this applier's
-            if (seq, "d", False) not in e.seen:
+            if (seq, "d", False) not in seen:
                 return
         else:
             ev = self._decode(msg, op)
             if not self.owns(ev[1], ev[2]):
                 return  # another table in the same topic: another applier's
-            e.events.setdefault(seq, []).append(ev)
+            evs = e.events.get(seq)
+            if evs is None:
+                e.events[seq] = [ev]
+            else:
+                evs.append(ev)
             self.rows_buffered += 1
-        e.seen.add(ident)
-        e.got[tp] = e.got.get(tp, 0) + 1
+        seen.add(ident)
+        got = e.got
+        got[tp] = got.get(tp, 0) + 1
 
     def _decode(self, msg: Msg, op: str) -> Event:
         assert msg.value is not None
@@ -482,16 +503,12 @@ class Regrouper:
             before = {c.name: protogen.value_of(c.value) for c in m.before} if len(m.before) else None
             after = {c.name: protogen.value_of(c.value) for c in m.after} if len(m.after) else None
             return (op, m.db, m.table, before, after, frozenset())
+        if _unjson is not None:
+            r = _unjson(msg.value)  # (None: not the common shape; the Python path reads it)
+            if r is not None:
+                return (op, r[0], r[1], r[2], r[3], r[4])
         try:
-            d = loads(msg.value)
-            if not isinstance(d, dict) or "op" not in d or not isinstance(d.get("source"), dict):
-                raise ValueError("not a json envelope (no op or source)")
-            src = d["source"]
-            before, after = d.get("before"), d.get("after")
-            for img in (before, after):
-                if img is not None and not isinstance(img, dict):
-                    raise ValueError("a row image is not an object")
-            return (op, str(src["db"]), str(src["table"]), before, after, frozenset(d.get("b64") or ()))
+            return (op, *decode_json_py(msg.value))
         except (ValueError, TypeError, KeyError, UnicodeDecodeError) as exc:
             raise BadMessage(msg, f"does not decode as the json format ({exc!r})") from None
 
@@ -565,22 +582,22 @@ class Regrouper:
             img = evs[-1][4] if evs[-1][4] is not None else evs[-1][3]
             cols = set(img or ())
             schema = next((s for s in schemas if set(s.columns) == cols), schemas[-1])
-
-        def conv(x: dict[str, Any] | None, b64: frozenset[str]) -> dict[str, Any] | None:
-            return _image(schema, x, b64, f"row {seq} of {key[1]}:{key[0]}")
-
-        by_op = {ev[0]: ev for ev in evs}
-        if "d" in by_op and "c" in by_op:  # a primary-key change: the delete and the create of one update
-            d, c = by_op["d"], by_op["c"]
-            return RowChange(schema, "update", conv(d[3], d[5]), conv(c[4], c[5]))
+        if len(evs) > 1:
+            by_op = {ev[0]: ev for ev in evs}
+            if "d" in by_op and "c" in by_op:  # a primary-key change: the delete and the create of one update
+                d, c = by_op["d"], by_op["c"]
+                return RowChange(schema, "update", _image(schema, d[3], d[5], key, seq),
+                                 _image(schema, c[4], c[5], key, seq))
         op, _, _, before, after, b64 = evs[0]
+        if op == "c":
+            return RowChange(schema, "insert", None, _image(schema, after, b64, key, seq))
         if op == "u":
-            return RowChange(schema, "update", conv(before, b64), conv(after, b64))
+            return RowChange(schema, "update", _image(schema, before, b64, key, seq), _image(schema, after, b64, key, seq))
         if op == "d":
-            return RowChange(schema, "delete", conv(before, b64), None)
+            return RowChange(schema, "delete", _image(schema, before, b64, key, seq), None)
         if op == "r":
-            return RowChange(schema, "read", None, conv(after, b64))
-        return RowChange(schema, "insert", None, conv(after, b64))
+            return RowChange(schema, "read", None, _image(schema, after, b64, key, seq))
+        return RowChange(schema, "insert", None, _image(schema, after, b64, key, seq))
 
     # --- positions -----------------------------------------------------------------
     def done_through(self, key: StreamKey) -> None:

@@ -1,0 +1,269 @@
+"""Fuzzing the applier's json reading in C (capturer/_native/unjson.c) against its Python specification
+(capturer/apply/regroup.py: ``decode_json_py``, ``_untype_py``).
+
+* ``kafka_unjson``: envelopes the Kafka sender really writes (the C encoder and the Python one) of random rows
+  (ints small, negative and past 64 bits, floats with exponents and -0.0, text with quotes, backslashes,
+  control characters, non-ASCII and astral characters, Decimals, datetimes, bytes as base64, sets, NULLs);
+  random JSON texts in every layout ``json.dumps`` makes (ASCII escapes or not, indented, spaced), with
+  nested values, duplicate keys, lone surrogate escapes, numbers JSON forbids; and those texts mutated byte
+  by byte (characters that matter to JSON put in, taken out, swapped), cut short and given trailing bytes.
+  Wherever C gives an answer it must be exactly the specification's (types, dict order, floats bit for bit),
+  and the specification must not have refused that text; where it gives None the specification reads it
+  (or refuses it). The envelopes the sender writes must all be read in C (the fast path is the common one).
+* ``kafka_untype``: random images of typed columns (decimal, datetime, date, time, set) with texts their
+  parsers take and refuse, values that are not text, base64 columns, columns missing: the same dict (values,
+  types, order) or the same exception as ``_untype_py``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import json
+import random
+from typing import Any
+
+import pytest
+
+from capturer.apply import regroup
+from capturer.model import ColumnInfo, Position, RowChange, TableSchema, Txn
+from capturer.model.encode import _fastrows
+from senders.kafka.format import json_envelope
+
+pytestmark = pytest.mark.skipif(not hasattr(_fastrows, "kafka_unjson"),
+                                reason="capturer._fastrows not built, or built before unjson.c")
+
+TYPES = (3, 253, 246, 18, 10, 19, 252, 248, 5, 8, 245)
+COLS = ("id", "s", "dec", "at", "day", "dur", "blob", "tags", "f", "big", "doc")
+SCHEMA = TableSchema("app", "t\"é", COLS, ("id",), (), TYPES, tuple(ColumnInfo(t, binary=(t == 252)) for t in TYPES))
+TEXTS = ["", "a", "é", "😀", "\"", "\\", "\n\t\x00\x1f", "\u2028", "a\"b\\c", "x" * 70, "名前", "\x7f", "/"]
+
+
+def same(a: Any, b: Any) -> bool:
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, (float, decimal.Decimal)):
+        return repr(a) == repr(b)  # (-0.0, NaN)
+    if isinstance(a, dict):
+        return list(a) == list(b) and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    return bool(a == b)
+
+
+def rand_text(rng: random.Random) -> str:
+    return "".join(rng.choice(TEXTS) for _ in range(rng.randrange(4)))
+
+
+def rand_row(rng: random.Random, i: int) -> dict[str, Any]:
+    row: dict[str, Any] = {
+        "id": rng.choice([i, -i, 2**63 - 1, -(2**63), 2**64 + i, 10**30]), "s": rand_text(rng),
+        "dec": decimal.Decimal(rng.randrange(-10**12, 10**12)) / 10**rng.randrange(6),
+        "at": dt.datetime(2026, 1, 1) + dt.timedelta(microseconds=rng.randrange(10**13)),
+        "day": dt.date(2000, 2, 29) + dt.timedelta(days=rng.randrange(9000)),
+        "dur": dt.timedelta(microseconds=rng.randrange(-10**11, 10**11)),
+        "blob": bytes(rng.randrange(256) for _ in range(rng.randrange(9))),
+        "tags": set(rng.sample(["a", "b", "c"], rng.randrange(4))),
+        "f": rng.choice([0.0, -0.0, 1.5, 1e300, -2.5e-308, 5e-324, rng.random() * 10**rng.randrange(-30, 30)]),
+        "big": rng.choice([0, -1, 2**63 - 1, 999999999999999999, 1000000000000000000]),
+        "doc": rng.choice([None, '{"k": [1, 2]}', "[]"]),
+    }
+    for c in rng.sample(COLS[1:], rng.randrange(3)):
+        row[c] = None
+    return row
+
+
+def envelopes(seed: int, n: int = 300) -> list[bytes]:
+    """What the Kafka sender writes for random changes: its Python encoder and its C one."""
+    rng = random.Random(seed)
+    out: list[bytes] = []
+    txn = Txn("r1", 1 << 30, Position("b.000001", 4, gtid="0-1-2"), ())
+    changes = []
+    for i in range(n):
+        op = rng.choice(["insert", "update", "delete"])
+        before = rand_row(rng, i) if op != "insert" else None
+        after = rand_row(rng, i) if op != "delete" else None
+        ch = RowChange(SCHEMA, op, before, after)  # type: ignore[arg-type]
+        changes.append(ch)
+        out.append(json_envelope(txn, i, ch, {"insert": "c", "update": "u", "delete": "d"}[op], 1))
+    txn = Txn("r1", 1 << 30, Position("b.000001", 4), tuple(changes))
+    pieces = regroup_pieces(txn)
+    msgs = _fastrows.kafka_json(changes, 0, len(changes), pieces,
+                                lambda s: ("t", 3, b'"db":"app","table":"t\\"\xc3\xa9",', ("id",), b"app.t"),
+                                lambda v: __import__("capturer.model.encode", fromlist=["x"])._fallback(v),
+                                (("region", b"r1"), ("commit_ts", b"1")), True)
+    out += [m[3] for m in msgs if m[3] is not None]
+    return out
+
+
+def regroup_pieces(txn: Txn) -> tuple[bytes, bytes, bytes, bytes, bytes]:
+    from senders.kafka.format import json_txn_pieces
+
+    return json_txn_pieces(txn, 1)
+
+
+@pytest.fixture(autouse=True)
+def _exact_json(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The specification read with the json module: orjson, which it takes first where installed, makes
+    floats of integers past 64 bits (2**64 -> 1.8446744073709552e+19); the json module and the C path keep
+    them (a BIGINT UNSIGNED never gets there; Decimals travel as text)."""
+    monkeypatch.setattr(regroup, "_fast_loads", None)
+
+
+def spec(value: bytes) -> Any:
+    try:
+        return regroup.decode_json_py(value)
+    except (ValueError, TypeError, KeyError, UnicodeDecodeError) as exc:
+        return type(exc)
+
+
+def check(value: bytes) -> bool:
+    """True when C read it (then exactly as the specification)."""
+    got = _fastrows.kafka_unjson(value)
+    if got is None:
+        return False
+    want = spec(value)
+    assert isinstance(want, tuple), (value, want, got)
+    assert same(got, want), (value, got, want)
+    return True
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_every_envelope_the_sender_writes_is_read_in_c_as_the_specification(seed: int) -> None:
+    msgs = envelopes(seed)
+    assert len(msgs) > 600
+    for v in msgs:
+        assert check(v), v
+
+
+def rand_value(rng: random.Random, depth: int = 0) -> Any:
+    r = rng.random()
+    if r < 0.15 and depth < 3:
+        return {rand_text(rng) or "k": rand_value(rng, depth + 1) for _ in range(rng.randrange(3))}
+    if r < 0.25 and depth < 3:
+        return [rand_value(rng, depth + 1) for _ in range(rng.randrange(3))]
+    return rng.choice([None, True, False, 0, -0, 7, -12, 2**63, -(2**64) - 5, 10**40, 0.5, -0.0, 1e-7, 1.7e308,
+                       rand_text(rng), rand_text(rng)])
+
+
+def rand_doc(rng: random.Random) -> Any:
+    """An envelope-like document: mostly the right shape, sometimes not."""
+    d: dict[str, Any] = {}
+    keys = ["before", "after", "op", "source", "b64", "ts_ms", "transaction", "x"]
+    rng.shuffle(keys)
+    for k in keys:
+        if rng.random() < 0.12:
+            continue
+        if k in ("before", "after"):
+            d[k] = rng.choice([None, {c: rand_value(rng, 3 if rng.random() < 0.9 else 0) for c in
+                                      rng.sample(COLS, rng.randrange(len(COLS)))}, [], "x"])
+        elif k == "source":
+            src: dict[str, Any] = {"region": "r1", "position": {"file": "b", "pos": 4}, "seq": 3}
+            src["db"] = rng.choice(["app", "é\"", 5, None, "\ud800"]) if rng.random() < 0.2 else "app"
+            src["table"] = rand_text(rng) if rng.random() < 0.3 else "t"
+            if rng.random() < 0.1:
+                del src[rng.choice(["db", "table"])]
+            d[k] = src if rng.random() < 0.95 else rng.choice([[], "s", None])
+        elif k == "b64":
+            d[k] = rng.choice([None, [], ["blob"], ["blob", "s"], "blob", [1], ["é"]])
+        else:
+            d[k] = rand_value(rng)
+    return d
+
+
+def layouts(rng: random.Random, d: Any) -> bytes:
+    kw = rng.choice([{}, {"ensure_ascii": False}, {"indent": 1}, {"separators": (",", ":")},
+                     {"separators": (" , ", " : "), "ensure_ascii": False}])
+    text = json.dumps(d, **kw)
+    if rng.random() < 0.1:  # a key twice
+        text = text.replace('"op": ', '"op": 1, "op": ', 1).replace('"op":', '"op":1,"op":', 1)
+    if rng.random() < 0.05:
+        text = " \n" + text + "\r\n\t"
+    return text.encode("utf-8", "surrogatepass")
+
+
+MUTATIONS = [b'"', b"\\", b"{", b"}", b"[", b"]", b",", b":", b"-", b"0", b"01", b"e", b"E+", b".", b"\\u",
+             b"\\ud800", b"\\udc00", b"\\u00e9", b"\\uD83D\\uDE00", b"\x00", b"\x1f", b"\xff", b"\xc3", b"\xed\xa0\x80",
+             b"null", b"true", b"nul", b"1e999", b"-0", b"18446744073709551616", b" ", b"\t", b"\n", b""]
+
+
+def mutate(rng: random.Random, v: bytes) -> bytes:
+    b = bytearray(v)
+    for _ in range(rng.randrange(1, 4)):
+        i = rng.randrange(len(b) + 1)
+        r = rng.random()
+        if r < 0.4:
+            b[i:i] = rng.choice(MUTATIONS)
+        elif r < 0.7 and b:
+            del b[i:i + rng.randrange(1, 4)]
+        elif b:
+            b[i:i + 1] = rng.choice(MUTATIONS)
+    if rng.random() < 0.05:
+        b = b[:rng.randrange(len(b) + 1)]
+    return bytes(b)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3, 4])
+def test_random_texts_and_mutations_read_in_c_only_as_the_specification(seed: int) -> None:
+    rng = random.Random(seed)
+    base = envelopes(seed + 10, 60)
+    read = declined = 0
+    for _ in range(3000):
+        v = layouts(rng, rand_doc(rng)) if rng.random() < 0.5 else rng.choice(base)
+        if rng.random() < 0.6:
+            v = mutate(rng, v)
+        if check(v):
+            read += 1
+        else:
+            declined += 1
+    assert read > 500 and declined > 500  # (both paths were taken)
+
+
+def test_the_edges_of_the_common_shape() -> None:
+    ok = b'{"before":null,"after":{"a":%s},"op":"c","source":{"db":"d","table":"t"}}'
+    for num in [b"0", b"-0", b"12", b"999999999999999999", b"1000000000000000000", b"-9223372036854775809",
+                b"1.5", b"-0.0", b"1e5", b"1E+5", b"2.5e-3", b"1e400", b"-1e400", b"123456789012345678901234567890"]:
+        assert check(ok % num), num
+    for bad in [b"01", b"-", b"1.", b".5", b"1e", b"+1", b"NaN", b"Infinity", b"[1]", b'{"x":1}', b"nul"]:
+        assert not check(ok % bad), bad
+    for text in [rb'"\u00e9\ud83d\ude00\n\"\\\/"', '"é😀"'.encode(), b'"\\u0000"', b'""']:
+        assert check(ok % text), text
+    for text in [rb'"\ud800"', rb'"\udc00x"', rb'"\ud83dx"', b'"\xff"', b'"\xed\xa0\x80"', b'"a\nb"', rb'"\x"']:
+        assert not check(ok % text), text
+    assert check(b' {"op":1,"source":{"db":"d","table":"t","db2":[1,{"a":[]}]}} \n')
+    assert not check(b'{"op":1,"source":{"db":"d","table":"t"}} x')
+    assert not check(b'{"op":1,"op":2,"source":{"db":"d","table":"t"}}')
+    assert not check(b'{"source":{"db":"d","table":"t"}}')
+    assert _fastrows.kafka_unjson("not bytes") is None
+    got = _fastrows.kafka_unjson(b'{"op":"c","source":{"db":"d","table":"t"},"b64":["a","a"],"after":{"a":"AA=="}}')
+    assert got == ("d", "t", None, {"a": "AA=="}, frozenset({"a"}))
+
+
+def rand_typed_text(rng: random.Random) -> Any:
+    return rng.choice(["12.50", "-0.001", "1E+3", "NaN", "abc", "", "2026-01-02 03:04:05.123456", "2026-01-02",
+                       "0000-00-00 00:00:00", "0000-00-00", "838:59:59", "-01:02:03.5", "1:2", "a,b", "x",
+                       "2026-13-01", "١٢", "99999999999999999999999999:00:00", 5, None, b"x", 1.5])
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_untype_is_the_specification(seed: int) -> None:
+    rng = random.Random(seed)
+    convs = regroup._converters(SCHEMA)
+    assert {c for c, _f, _x in convs} == {"dec", "at", "day", "dur", "tags"}
+    for _ in range(3000):
+        img = {c: rand_typed_text(rng) for c in rng.sample(COLS, rng.randrange(len(COLS) + 1))}
+        b64 = frozenset(rng.sample(["blob", "dec", "at"], rng.randrange(3)))
+        a, b = dict(img), dict(img)
+        want: Any = None
+        try:
+            regroup._untype_py(a, convs, b64)
+        except Exception as exc:  # (a text of hours past what timedelta holds: OverflowError, as before)
+            want = type(exc)
+        got: Any = None
+        try:
+            _fastrows.kafka_untype(b, convs, b64)
+        except Exception as exc:
+            got = type(exc)
+        assert got is want, (img, got, want)
+        if want is None:
+            assert same(a, b), (img, a, b)
