@@ -44,9 +44,13 @@ class LakeReader:
             else:
                 opts = dict(self.o)
                 opts["app_name"] = "capturer-verify"
-                self._spark = build_session(opts, self.warehouse)
+                self._spark = self._build(opts, self.warehouse)
                 self._own = True
         return self._spark
+
+    @staticmethod
+    def _build(opts: dict[str, Any], warehouse: Path) -> Any:
+        return build_session(opts, warehouse)
 
     def destination(self, db: str, table: str) -> tuple[str, str]:
         return (db, table)
@@ -87,19 +91,9 @@ class DeltaReader(LakeReader):
     rows). Needs a Spark session with Delta Lake: the capturer's own (shared) or one
     started with ``deltasink.build_delta_session``."""
 
-    def _session(self) -> Any:
-        if self._spark is None:
-            from pyspark.sql import SparkSession
-
-            active = SparkSession.getActiveSession()
-            if active is not None:
-                self._spark = active
-            else:
-                opts = dict(self.o)
-                opts["app_name"] = "capturer-verify"
-                self._spark = build_delta_session(opts, self.warehouse)
-                self._own = True
-        return self._spark
+    @staticmethod
+    def _build(opts: dict[str, Any], warehouse: Path) -> Any:
+        return build_delta_session(opts, warehouse)
 
     def where(self, dest: tuple[str, str]) -> str:
         if not dest[1]:
