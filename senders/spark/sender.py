@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from capturer.errors import SinkError
-from capturer.model import RowChange, StreamKey, TableSchema, Txn, key_to_json, stream_key
+from capturer.model import StreamKey, TableSchema, Txn, key_to_json, stream_key
 from capturer.util import failpoints
 from capturer.util.ini import Key, p_bool, p_choice, p_float, p_int, p_nonempty, p_str
 from senders.base import Sender
@@ -65,6 +65,33 @@ def arrow_type(stype: str) -> Any:
         "bigint": pa.int64(), "int": pa.int32(), "double": pa.float64(), "string": pa.string(),
         "binary": pa.binary(), "date": pa.date32(), "timestamp_ntz": pa.timestamp("us"),
     }[stype]
+
+
+class _Rows:
+    """One table's rows of a batch as the lake's columns take them: a list per column
+    (the metadata columns, each row's schema and image), appended row by row; no
+    object made per row."""
+
+    __slots__ = ("ops", "ts", "regions", "seqs", "subs", "schemas", "imgs")
+
+    def __init__(self) -> None:
+        self.ops: list[str] = []
+        self.ts: list[int] = []
+        self.regions: list[str] = []
+        self.seqs: list[int] = []
+        self.subs: list[int] = []
+        self.schemas: list[TableSchema] = []
+        self.imgs: list[dict[str, Any]] = []
+
+    def add(self, op: str, ts: int, region: str, seq: int, sub: int, schema: TableSchema,
+            img: dict[str, Any]) -> None:
+        self.ops.append(op)
+        self.ts.append(ts)
+        self.regions.append(region)
+        self.seqs.append(seq)
+        self.subs.append(sub)
+        self.schemas.append(schema)
+        self.imgs.append(img)
 
 
 # value types Arrow takes as they are for each lake type (lake_value would return them unchanged)
@@ -328,7 +355,7 @@ class SparkSender(Sender):
         self._attempt_failed = True
         self._staged, self._stage_dirs, self._staged_rows = {}, set(), 0
         self._token, self._n = uuid.uuid4().hex[:8], 0
-        by_table: dict[tuple[str, str], list[tuple[Txn, int, int, str, RowChange, dict[str, Any]]]] = {}
+        by_table: dict[tuple[str, str], _Rows] = {}
         pending = 0
         for txn in batch:
             if txn.ddl is not None:
@@ -336,6 +363,7 @@ class SparkSender(Sender):
                 by_table = {}
                 self._ddl(txn)
                 continue
+            ts, region = txn.commit_ts, txn.region
             for seq, ch in enumerate(txn.changes):
                 pending += 1
                 if pending > self.flush_rows:  # a big transaction (read from its spill): bounded memory
@@ -344,21 +372,21 @@ class SparkSender(Sender):
                 s = ch.schema
                 rows = by_table.get((s.db, s.table))
                 if rows is None:
-                    rows = by_table[(s.db, s.table)] = []
+                    rows = by_table[(s.db, s.table)] = _Rows()
                 op = ch.op
                 if op == "insert" or op == "read":
-                    rows.append((txn, seq, 0, "i", ch, ch.after or {}))
+                    rows.add("i", ts, region, seq, 0, s, ch.after or {})
                     continue
                 if op == "delete":
-                    rows.append((txn, seq, 0, "d", ch, ch.before or {}))
+                    rows.add("d", ts, region, seq, 0, s, ch.before or {})
                     continue
                 pk = s.pk
                 before, after = ch.before or {}, ch.after or {}
                 if not pk or any(before.get(c) != after.get(c) for c in pk):
-                    rows.append((txn, seq, 0, "d", ch, ch.before or {}))
-                    rows.append((txn, seq, 1, "i", ch, ch.after or {}))
+                    rows.add("d", ts, region, seq, 0, s, before)
+                    rows.add("i", ts, region, seq, 1, s, after)
                 else:
-                    rows.append((txn, seq, 0, "u", ch, ch.after or {}))
+                    rows.add("u", ts, region, seq, 0, s, after)
         self._flush(by_table)
         self._commit(stream_key(batch[-1]))
         self._attempt_failed = False
@@ -426,19 +454,19 @@ class SparkSender(Sender):
             st._dirty = True  # type: ignore[attr-defined]
         return st
 
-    def _flush(self, by_table: dict[tuple[str, str], list[Any]]) -> None:
+    def _flush(self, by_table: dict[tuple[str, str], _Rows]) -> None:
         import pyarrow as pa
 
         for rows in by_table.values():
-            if not rows:
+            if not rows.ops:
                 continue
             # the columns of this batch, in source order, as the newest schema has them
-            schema = rows[-1][4].schema
+            schema = rows.schemas[-1]
             info = dict(zip(schema.columns, schema.column_info))
             seen: dict[str, str] = {}
             schemas_done: set[int] = set()  # schemas whose every column is in ``seen``
-            for *_, ch, img in rows:
-                s = ch.schema
+            imgs = rows.imgs
+            for s, img in zip(rows.schemas, imgs):
                 if id(s) in schemas_done:
                     continue
                 cinfo = dict(zip(s.columns, s.column_info))
@@ -453,12 +481,10 @@ class SparkSender(Sender):
                       pa.field("_region", pa.string()), pa.field("_seq", pa.int32()),
                       pa.field("_sub", pa.int32())]
             fields += [pa.field(c, arrow_type(t)) for c, t in columns]
-            txns = [r[0] for r in rows]
             data: dict[str, list[Any]] = {
-                "_op": [r[3] for r in rows], "_commit_ts": [t.commit_ts for t in txns],
-                "_region": [t.region for t in txns], "_seq": [r[1] for r in rows], "_sub": [r[2] for r in rows],
+                "_op": rows.ops, "_commit_ts": rows.ts, "_region": rows.regions, "_seq": rows.seqs,
+                "_sub": rows.subs,
             }
-            imgs = [r[5] for r in rows]
             get = dict.get
             for c, t in columns:  # column by column (map: the loop in C); values Arrow takes as they are skip lake_value
                 vals = list(map(get, imgs, repeat(c)))
