@@ -71,7 +71,10 @@ class RelayJournal(LiftJournal):
             self._entries[(region, str(file), int(pos))] = int(ts)
         self.pending: list[list[Any]] = []
 
-    def record(self, region: str, pos: Position | LsnPosition, commit_ts: int) -> None:
+    def record(self, region: str, pos: Position | LsnPosition, commit_ts: int,
+               floors: list[tuple[tuple[str, int], int]] | None = None) -> None:
+        if floors:
+            self.set_floors(region, floors)  # (kept here, in memory, as every floor the agent's region sets)
         with self._lock:
             file, at = pos.lift_key()
             if self._entries.get((region, file, at)) == commit_ts:

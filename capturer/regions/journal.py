@@ -88,6 +88,21 @@ class PositionJournal(Generic[K, V]):
                 REPLICATE(self.path, [json.dumps(self.dump(k, v)) for k, v in self._entries.items()])
             return True
 
+    def put_many(self, pairs: Iterable[tuple[K, V]]) -> int:
+        """Journal several entries durably at once: their lines in one append and one
+        fsync (the contract of ``put`` for each); returns how many were written."""
+        with self._lock:
+            todo = [(k, v) for k, v in pairs if not (k in self._entries and self._entries[k] == v)]
+            if not todo:
+                return 0
+            if self.path is not None:
+                append_line(self.path, "\n".join(json.dumps(self.dump(k, v)) for k, v in todo))
+            for k, v in todo:
+                self._entries[k] = v
+            if REPLICATE is not None and self.path is not None:
+                REPLICATE(self.path, [json.dumps(self.dump(k, v)) for k, v in self._entries.items()])
+            return len(todo)
+
     def forget(self, stale: Callable[[Mapping[K, V]], Iterable[K]]) -> int:
         """Forget the keys ``stale`` names (it is called under the lock with every
         entry, so an entry put meanwhile is never judged on a stale view); returns
