@@ -77,10 +77,15 @@ int put_int(Buf *b, PyObject *o) {
     int overflow = 0;
     long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
     if (v == -1 && PyErr_Occurred()) return -1;
-    if (!overflow) {
-        char tmp[32];
-        int n = snprintf(tmp, sizeof(tmp), "%lld", v);
-        return buf_put(b, tmp, n);
+    if (!overflow) {  /* (not snprintf: its format parsing cost more than the digits) */
+        char tmp[32], *p = tmp;
+        unsigned long long u = (unsigned long long)v;
+        if (v < 0) {
+            *p++ = '-';
+            u = 0ULL - u; /* (LLONG_MIN too) */
+        }
+        p = fmt_uint(p, u, 1);
+        return buf_put(b, tmp, p - tmp);
     }
     PyObject *r = PyLong_Type.tp_repr(o);
     if (!r) return -1;
@@ -375,6 +380,10 @@ static int lines_piece_valid(PyObject *made) {
  * "txn_rows": total, "last": bool [, "b64": [sorted keys]]}
  * exactly as senders/local.py's per-line path writes them. piece(schema) -> (bytes, bytes)
  * gives the parts that depend only on the table (called once per schema object). */
+/* bytes per line of json_lines' last call (the next call's buffer is sized by it; the GIL guards it) */
+static Py_ssize_t lines_row_bytes = 256;
+#define LINES_SIZED_MAX ((Py_ssize_t)64 << 20) /* a bigger estimate grows as it goes instead */
+
 PyObject *json_lines(PyObject *self, PyObject *args) {
     PyObject *prefix, *changes, *piece, *fallback;
     Py_ssize_t seq0, total;
@@ -392,6 +401,9 @@ PyObject *json_lines(PyObject *self, PyObject *args) {
     Py_ssize_t pre_n = PyBytes_GET_SIZE(prefix);
     char num[64];
     if (!cache || !b64) goto done;
+    /* the buffer starts as big as the last call's lines were per row: no growing (copying) on the way */
+    Py_ssize_t rows = PySequence_Fast_GET_SIZE(seq);
+    if (rows > 0 && rows <= LINES_SIZED_MAX / lines_row_bytes && buf_grow(&b, rows * lines_row_bytes) < 0) goto done;
     /* the size is read at each step and the change held: its attributes may run code that changes the list */
     for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(seq); i++) {
         PyObject *ch = PySequence_Fast_GET_ITEM(seq, i);
@@ -433,6 +445,7 @@ PyObject *json_lines(PyObject *self, PyObject *args) {
         if (rc < 0) goto done;
     }
     out = PyBytes_FromStringAndSize(b.p ? b.p : "", b.n);
+    if (rows > 0) lines_row_bytes = b.n / rows + 32 > 64 ? b.n / rows + 32 : 64;
 done:
     PyMem_Free(b.p);
     Py_XDECREF(cache);
