@@ -10,7 +10,7 @@
  *   json.c           JSON text of row values and of the file sender's lines (json_dumps, json_lines)
  *   sql.c            SQL literals as pymysql writes them (sql_literals, sql_tuples)
  *   kafka.c          the Kafka sender's json messages and its partitioner hash (kafka_json, murmur2)
- *   unjson.c         those json messages read back for the applier (kafka_unjson, kafka_untype)
+ *   unjson.c         those json messages read back for the applier (kafka_unjson, kafka_unrow, kafka_untype)
  *   wire.c           the wire format's rows and values as msgpack (wire_rows, wire_unrows, wire_ext, ...)
  *   causality.c      the MySQL sender's conflict keys and placing (conflict_keys, causality_place, stable_hash)
  *
@@ -116,6 +116,7 @@ PyObject *murmur2(PyObject *self, PyObject *arg);
 PyObject *kafka_json(PyObject *self, PyObject *args);
 PyObject *kafka_unjson(PyObject *self, PyObject *arg);
 PyObject *kafka_untype(PyObject *self, PyObject *args);
+PyObject *kafka_unrow(PyObject *self, PyObject *args);
 PyObject *wire_rows(PyObject *self, PyObject *args);
 PyObject *wire_unrows(PyObject *self, PyObject *args);
 PyObject *wire_ext(PyObject *self, PyObject *args);

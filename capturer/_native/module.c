@@ -38,6 +38,9 @@ static PyMethodDef module_methods[] = {
     {"kafka_unjson", (PyCFunction)kafka_unjson, METH_O,
      "kafka_unjson(value: bytes) -> (db, table, before, after, frozenset of base64 columns), or None for what it\n"
      "does not read (the Python path does): one message of the Kafka sender's json format, as the applier keeps it"},
+    {"kafka_unrow", (PyCFunction)kafka_unrow, METH_VARARGS,
+     "kafka_unrow(headers, value) -> ((commit_ts, region, 0), seq, op, (op, db, table, before, after, b64) or None)\n"
+     "or None: a json row message's identity headers (the sender's order) and its value, or None for the Python path"},
     {"kafka_untype", (PyCFunction)kafka_untype, METH_VARARGS,
      "kafka_untype(image, ((column, f, catch), ...), b64) -> None: each str value of those columns not in b64\n"
      "becomes f(value) (kept where f raises catch), in place: the applier's typed values of a json row image"},

@@ -2,7 +2,8 @@
  * unjson.c (capturer._fastrows): the Kafka sender's json format read back, for the applier
  * (capturer/apply/regroup.py). One envelope (kafka.c's kafka_json writes them) -> what the
  * regrouping keeps of it: (db, table, before, after, b64 columns).
- * Python-visible: kafka_unjson, kafka_untype (its typed values, once the schema is known).
+ * Python-visible: kafka_unjson, kafka_unrow (with the identity headers), kafka_untype (its typed values, once
+ * the schema is known).
  *
  * Only the common shape is read here: an object holding "op", a "source" object whose "db" and "table"
  * are strings, row images that are null or objects of scalar values (strings, numbers, true, false,
@@ -423,4 +424,72 @@ PyObject *kafka_untype(PyObject *self, PyObject *args) {
         if (rc < 0) return NULL;
     }
     Py_RETURN_NONE;
+}
+
+/* a header value of 1-18 ASCII digits -> its number; -1 for anything else (the Python path reads it) */
+static long long small_uint(PyObject *b) {
+    Py_ssize_t n = PyBytes_GET_SIZE(b);
+    const char *s = PyBytes_AS_STRING(b);
+    long long v = 0;
+    if (n < 1 || n > 18) return -1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (s[i] < '0' || s[i] > '9') return -1;
+        v = v * 10 + (s[i] - '0');
+    }
+    return v;
+}
+
+/* header i is (name, bytes): its value in *val */
+static int header_is(PyObject *h, const char *name, PyObject **val) {
+    if (!PyTuple_Check(h) || PyTuple_GET_SIZE(h) != 2) return 0;
+    PyObject *k = PyTuple_GET_ITEM(h, 0);
+    if (!PyUnicode_Check(k) || PyUnicode_CompareWithASCIIString(k, name) != 0) return 0;
+    *val = PyTuple_GET_ITEM(h, 1);
+    return PyBytes_Check(*val);
+}
+
+static PyObject *utf8_or_none(PyObject *b) {
+    PyObject *u = PyUnicode_DecodeUTF8(PyBytes_AS_STRING(b), PyBytes_GET_SIZE(b), "strict");
+    if (!u && PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
+        PyErr_Clear();
+        return Py_NewRef(Py_None);
+    }
+    return u;
+}
+
+/* kafka_unrow(headers, value) -> ((commit_ts, region, 0), seq, op, event or None) or None: a row message of
+ * the json format with the sender's identity headers in its own order (region, commit_ts, seq, op), as
+ * capturer/apply/regroup.py's _row reads them, and its value read by kafka_unjson (event: (op, db, table,
+ * before, after, b64); None for a tombstone). None where either is not the common shape. */
+PyObject *kafka_unrow(PyObject *self, PyObject *args) {
+    static const char *names[4] = {"region", "commit_ts", "seq", "op"};
+    PyObject *hs, *value, *v[4], *r = NULL, *region = NULL, *op = NULL, *out = NULL;
+    if (!PyArg_ParseTuple(args, "OO", &hs, &value)) return NULL;
+    if (!PyList_Check(hs) || PyList_GET_SIZE(hs) != 4) Py_RETURN_NONE;
+    for (int i = 0; i < 4; i++)
+        if (!header_is(PyList_GET_ITEM(hs, i), names[i], &v[i])) Py_RETURN_NONE;
+    long long ts = small_uint(v[1]), seq = small_uint(v[2]);
+    if (ts < 0 || seq < 0) Py_RETURN_NONE;
+    if (value != Py_None) {
+        if (!(r = kafka_unjson(self, value))) return NULL;
+        if (r == Py_None) return r;
+    }
+    if (!(region = utf8_or_none(v[0])) || !(op = utf8_or_none(v[3]))) goto done;
+    if (region == Py_None || op == Py_None) {
+        out = Py_NewRef(Py_None);
+        goto done;
+    }
+    if (r) { /* (op, db, table, before, after, b64) */
+        PyObject *ev = PyTuple_New(6);
+        if (!ev) goto done;
+        PyTuple_SET_ITEM(ev, 0, Py_NewRef(op));
+        for (int i = 0; i < 5; i++) PyTuple_SET_ITEM(ev, i + 1, Py_NewRef(PyTuple_GET_ITEM(r, i)));
+        Py_SETREF(r, ev);
+    }
+    out = Py_BuildValue("((LOi)LOO)", ts, region, 0, seq, op, r ? r : Py_None);
+done:
+    Py_XDECREF(r);
+    Py_XDECREF(region);
+    Py_XDECREF(op);
+    return out;
 }

@@ -136,9 +136,7 @@ class Applier:
             while not stop.is_set():
                 self._check_senders()
                 self._assign_new_topics()
-                msgs = self.consumer.poll(5000, 0.2)
-                for m in msgs:
-                    self._add(m)
+                self._add_all(self.consumer.poll(5000, 0.2))
                 self._dispatch(stop)
                 self._acks()
                 self._backpressure()
@@ -228,23 +226,28 @@ class Applier:
         self.consumer.add(tps)
         self.assigned.update(tps)
 
-    def _add(self, m: Msg) -> None:
-        if m.ts_ms:
-            self.last_ts[(m.topic, m.partition)] = m.ts_ms
-        try:
-            self.regroup.add(m)
-        except BadMessage as exc:
-            self.bad_messages += 1
-            self.last_bad = str(exc)
-            if self.cfg.on_bad_message != "dead_letter" or m.topic == self.cfg.txn_topic:
-                raise CapturerError(f"a message that does not decode: {exc} (on_bad_message="
-                                    f"{self.cfg.on_bad_message}; nothing after it was applied)") from None
-            assert self.consumer is not None
-            self.consumer.dead_letter(self.cfg.dead_letter_topic, m, exc.why)
-            self.dead_letters += 1
-            counted = self.regroup.add_bad(m)
-            log.error("applier %s: %s: copied to %s%s", self.cfg.name, exc, self.cfg.dead_letter_topic,
-                      "; its transaction is applied without it" if counted else "")
+    def _add_all(self, msgs: list[Msg]) -> None:
+        add, last_ts = self.regroup.add, self.last_ts
+        for m in msgs:  # (``_add``, inline: once per message)
+            if m.ts_ms:
+                last_ts[(m.topic, m.partition)] = m.ts_ms
+            try:
+                add(m)
+            except BadMessage as exc:
+                self._bad(m, exc)
+
+    def _bad(self, m: Msg, exc: BadMessage) -> None:
+        self.bad_messages += 1
+        self.last_bad = str(exc)
+        if self.cfg.on_bad_message != "dead_letter" or m.topic == self.cfg.txn_topic:
+            raise CapturerError(f"a message that does not decode: {exc} (on_bad_message="
+                                f"{self.cfg.on_bad_message}; nothing after it was applied)") from None
+        assert self.consumer is not None
+        self.consumer.dead_letter(self.cfg.dead_letter_topic, m, exc.why)
+        self.dead_letters += 1
+        counted = self.regroup.add_bad(m)
+        log.error("applier %s: %s: copied to %s%s", self.cfg.name, exc, self.cfg.dead_letter_topic,
+                  "; its transaction is applied without it" if counted else "")
 
     def _dispatch(self, stop: threading.Event) -> None:
         try:

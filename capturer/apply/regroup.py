@@ -182,6 +182,7 @@ def _converters(schema: TableSchema) -> tuple[Conv, ...]:
     return hit
 
 
+_unrow: Callable[[Any, Any], Any] | None = getattr(_fastrows, "kafka_unrow", None)
 _untype: Callable[[dict[str, Any], tuple[Conv, ...], frozenset[str]], None] | None = getattr(
     _fastrows, "kafka_untype", None)
 
@@ -303,6 +304,7 @@ class Regrouper:
         self.foreign = 0  # messages without the sender's identity headers (ignored)
         self.orphans = 0  # transactions whose rows came but the spine never named (dropped)
         self.rows_buffered = 0
+        self._unrow = _unrow if fmt == "json" else None
 
     # --- input ---------------------------------------------------------------------
     def add(self, msg: Msg) -> None:
@@ -443,20 +445,17 @@ class Regrouper:
         return e
 
     def _row(self, msg: Msg, tp: TP) -> None:
-        hs = msg.headers
-        try:
-            # the sender's own order first (region, commit_ts, seq, op: one look each), any order else
-            if len(hs) == 4 and hs[0][0] == "region" and hs[1][0] == "commit_ts" and hs[2][0] == "seq" \
-                    and hs[3][0] == "op":
-                key: StreamKey = (int(hs[1][1]), hs[0][1].decode(), 0)
-                seq, op = int(hs[2][1]), hs[3][1].decode()
-            else:
-                h = headers_of(msg)
-                key = (int(h["commit_ts"]), h["region"], 0)
-                seq, op = int(h["seq"]), h["op"]
-        except (KeyError, ValueError, TypeError, AttributeError):
-            self.foreign += 1
-            return
+        unrow = self._unrow
+        fast = unrow(msg.headers, msg.value) if unrow is not None else None  # headers and value in one call, in C
+        if fast is not None:
+            key, seq, op, ev = fast
+        else:
+            ev = None
+            try:
+                key, seq, op = self._identity(msg)
+            except (KeyError, ValueError, TypeError, AttributeError):
+                self.foreign += 1
+                return
         if op in ("t", "ddl", "begin", "end"):
             return  # a TRUNCATE marker of a table topic: the spine's DDL record applies it
         lk = self.last_key.get(tp)
@@ -476,7 +475,8 @@ class Regrouper:
             if (seq, "d", False) not in seen:
                 return
         else:
-            ev = self._decode(msg, op)
+            if ev is None:
+                ev = self._decode(msg, op)
             if not self.owns(ev[1], ev[2]):
                 return  # another table in the same topic: another applier's
             evs = e.events.get(seq)
@@ -488,6 +488,17 @@ class Regrouper:
         seen.add(ident)
         got = e.got
         got[tp] = got.get(tp, 0) + 1
+
+    @staticmethod
+    def _identity(msg: Msg) -> tuple[StreamKey, int, str]:
+        """(transaction key, seq, op) of a row message, from its headers (``kafka_unrow`` in C)."""
+        hs = msg.headers
+        # the sender's own order first (region, commit_ts, seq, op: one look each), any order else
+        if len(hs) == 4 and hs[0][0] == "region" and hs[1][0] == "commit_ts" and hs[2][0] == "seq" \
+                and hs[3][0] == "op":
+            return (int(hs[1][1]), hs[0][1].decode(), 0), int(hs[2][1]), hs[3][1].decode()
+        h = headers_of(msg)
+        return (int(h["commit_ts"]), h["region"], 0), int(h["seq"]), h["op"]
 
     def _decode(self, msg: Msg, op: str) -> Event:
         assert msg.value is not None

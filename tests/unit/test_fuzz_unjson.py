@@ -267,3 +267,60 @@ def test_untype_is_the_specification(seed: int) -> None:
         assert got is want, (img, got, want)
         if want is None:
             assert same(a, b), (img, a, b)
+
+
+def spec_row(headers: Any, value: Any) -> Any:
+    """What ``Regrouper._row`` makes of a row message's headers and value on the Python path."""
+    msg = regroup.Msg("t", 0, 0, None, value, headers)
+    try:
+        key, seq, op = regroup.Regrouper._identity(msg)
+    except (KeyError, ValueError, TypeError, AttributeError) as exc:
+        return type(exc)
+    if value is None:
+        return key, seq, op, None
+    ev = spec(value)
+    return (key, seq, op, (op, *ev)) if isinstance(ev, tuple) else ev
+
+
+HEADER_VALUES = [b"0", b"7", b"0012", b"123456789012345678", b"1234567890123456789", b"-1", b"+1", b"1_0", b" 1",
+                 b"1 ", b"", b"\xff", b"r1", "r1", 5, None, "\u00e9".encode(), b"c", b"u", b"d", b"t", b"ddl", b"\x00"]
+
+
+def rand_headers(rng: random.Random) -> Any:
+    hs: list[Any] = [("region", b"r1"), ("commit_ts", b"262144000"), ("seq", str(rng.randrange(10**6)).encode()),
+                     ("op", rng.choice([b"c", b"u", b"d", b"r"]))]
+    for _ in range(rng.choice([0, 0, 1, 2])):
+        i = rng.randrange(len(hs))
+        r = rng.random()
+        if r < 0.6:
+            hs[i] = (hs[i][0], rng.choice(HEADER_VALUES))
+        elif r < 0.7:
+            hs[i] = (rng.choice(["Region", "seq", "op", b"seq"]), hs[i][1])
+        elif r < 0.8:
+            hs[i] = (hs[i][0], hs[i][1], b"x")
+        elif r < 0.9:
+            rng.shuffle(hs)
+        else:
+            hs = hs[:3] if rng.random() < 0.5 else [*hs, ("epoch", b"1")]
+    return tuple(hs) if rng.random() < 0.03 else hs
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_unrow_is_the_python_path(seed: int) -> None:
+    rng = random.Random(seed)
+    base = envelopes(seed + 20, 60)
+    read = declined = 0
+    for _ in range(4000):
+        hs = rand_headers(rng)
+        value = None if rng.random() < 0.1 else rng.choice(base)
+        if value is not None and rng.random() < 0.2:
+            value = mutate(rng, value)
+        got = _fastrows.kafka_unrow(hs, value)
+        if got is None:
+            declined += 1
+            continue
+        read += 1
+        want = spec_row(hs, value)
+        assert isinstance(want, tuple), (hs, value, got, want)
+        assert same(got, want), (hs, value, got, want)
+    assert read > 1000 and declined > 500
