@@ -58,7 +58,7 @@ static inline int buf_grow(Buf *b, Py_ssize_t more) {
 }
 static inline int buf_put(Buf *b, const char *s, Py_ssize_t n) {
     if (buf_grow(b, n) < 0) return -1;
-    memcpy(b->p + b->n, s, n);
+    if (n) memcpy(b->p + b->n, s, n); /* (n == 0: b->p may still be NULL, which memcpy must not get) */
     b->n += n;
     return 0;
 }

@@ -8,7 +8,8 @@
  * Only the common shape is read here: an object holding "op", a "source" object whose "db" and "table"
  * are strings, row images that are null or objects of scalar values (strings, numbers, true, false,
  * null) and "b64", null or an array of strings. For anything else (a nested value in a row image, a
- * lone surrogate escape, a key given twice, a number or text JSON does not allow, ...) the answer is None
+ * lone surrogate escape, a key given twice, a number or text JSON does not allow, an integer of more than
+ * 640 digits, which int() may refuse, ...) the answer is None
  * and the caller reads the message with the Python path (orjson, else the json module), which is the
  * specification: tests/unit/test_fuzz_unjson.py checks that every answer given here is the Python one.
  */
@@ -140,12 +141,13 @@ static const unsigned char *digits(const unsigned char *p, const unsigned char *
     return p;
 }
 
-/* the end of the number at p as JSON writes it (NULL: not one); *is_float: it has a fraction or an exponent */
+/* the end of the number at p as JSON writes it (NULL: not one, or an integer left to Python); *is_float: it
+ * has a fraction or an exponent */
 static const unsigned char *num_end(const unsigned char *p, const unsigned char *end, int *is_float) {
     *is_float = 0;
     if (p < end && *p == '-') p++;
-    const unsigned char *d = p;
-    p = digits(p, end);
+    const unsigned char *d = p, *i;
+    i = p = digits(p, end);
     if (p == d || (*d == '0' && p - d > 1)) return NULL;
     if (p < end && *p == '.') {
         const unsigned char *f = ++p;
@@ -159,6 +161,10 @@ static const unsigned char *num_end(const unsigned char *p, const unsigned char 
         if ((p = digits(p, end)) == e) return NULL;
         *is_float = 1;
     }
+    /* an integer of more digits than the least limit Python may set on int(text) (640,
+     * sys.set_int_max_str_digits): the json module refuses it past the limit (ValueError), so the Python path
+     * says whether it is one, also where it is only read past */
+    if (!*is_float && i - d > 640) return NULL;
     return p;
 }
 
@@ -391,8 +397,9 @@ PyObject *kafka_unjson(PyObject *self, PyObject *arg) {
 PyObject *kafka_untype(PyObject *self, PyObject *args) {
     PyObject *img, *convs, *b64;
     if (!PyArg_ParseTuple(args, "O!O!O", &PyDict_Type, &img, &PyTuple_Type, &convs, &b64)) return NULL;
-    int check_b64 = PyObject_Size(b64) > 0;
-    if (check_b64 < 0) return NULL;
+    Py_ssize_t nb64 = PyObject_Size(b64);
+    if (nb64 < 0) PyErr_Clear(); /* (no len(): asked with `in`, as the Python path does) */
+    int check_b64 = nb64 != 0;
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(convs); i++) {
         PyObject *cv = PyTuple_GET_ITEM(convs, i);
         if (!PyTuple_Check(cv) || PyTuple_GET_SIZE(cv) != 3) {

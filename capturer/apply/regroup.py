@@ -80,7 +80,10 @@ def loads(data: bytes) -> Any:
             return _fast_loads(data)
         except ValueError:
             pass
-    return json.loads(data)
+    try:
+        return json.loads(data)
+    except RecursionError:  # (a value nested past the interpreter's recursion limit: a bad message, not a crash)
+        raise ValueError("JSON nested too deep") from None
 
 
 class BadMessage(ValueError):

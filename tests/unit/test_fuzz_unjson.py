@@ -324,3 +324,112 @@ def test_unrow_is_the_python_path(seed: int) -> None:
         assert isinstance(want, tuple), (hs, value, got, want)
         assert same(got, want), (hs, value, got, want)
     assert read > 1000 and declined > 500
+
+
+@pytest.mark.parametrize("where", [b'"after":{"a":%s}', b'"op":%s', b'"ts_ms":%s', b'"x":[{"y":%s}]'])
+def test_integers_past_pythons_digit_limit_are_left_to_the_python_path(where: bytes) -> None:
+    """int(text) refuses more digits than sys.get_int_max_str_digits() (4300 unless set; 640 at least): the
+    json module raises ValueError (a bad message). C raised that ValueError out of kafka_unjson (the applier
+    stopped instead of dead-lettering the message) and read past such an integer where it only skips."""
+    msg = b'{"source":{"db":"d","table":"t"},' + where + (b"}" if b'"op"' in where else b',"op":"c"}')
+    for n in (18, 19, 639, 640, 641, 4300, 4301, 20000):
+        for sign in (b"", b"-"):
+            v = msg.replace(b"%s", sign + b"7" * n)
+            assert check(v) == (n <= 640), (n, sign)  # (up to 640 digits: read in C, as the specification)
+    assert spec(msg.replace(b"%s", b"7" * 4301)) is ValueError
+    assert check(msg.replace(b"%s", b"7" * 5000 + b".5"))  # (a float has no such limit)
+
+
+def test_hostile_messages() -> None:
+    """Cut short at every byte, each byte taken out, nesting past every limit, strings of megabytes, escapes cut
+    short or invalid: C never raises and answers only as the specification; the specification answers a
+    ValueError (a bad message), never RecursionError."""
+    env = (b'{"before":{"id":1,"s":"a\\u00e9\\ud83d\\ude00\\n","f":-1.5e-3,"n":null,"t":true,"x":false},'
+           b'"after":null,"op":"u","source":{"db":"d\\"","table":"t","position":{"file":"b","pos":[1,{"q":"\\u0041"}]}},'
+           b'"b64":["s"],"ts_ms":123,"transaction":{"id":"x","total_order":3}}')
+    assert check(env)
+    for i in range(len(env)):
+        assert not check(env[:i])
+        check(env[:i] + env[i + 1:])
+        check(env[:i] + b"\\" + env[i:])
+    for n in (63, 64, 100_000):  # (C reads 63 levels in what it reads past)
+        for open_, close in ((b"[", b"]"), (b'{"a":', b"}")):
+            deep = open_ * n + b"1" + close * n
+            for v in (b'{"op":"c","ts_ms":%s,"source":{"db":"d","table":"t"}}',
+                      b'{"op":"c","source":{"db":"d","table":"t","x":%s}}',
+                      b'{"op":"c","after":{"a":%s},"source":{"db":"d","table":"t"}}'):
+                msg = v.replace(b"%s", deep)
+                assert check(msg) == (n <= 63 and b"after" not in v)
+                if n > 1000:
+                    assert spec(msg) is ValueError
+                    assert spec(msg[:-1]) is ValueError
+    msg = b'{"op":"c","after":{"a":"%s"},"source":{"db":"d","table":"%s"},"ts_ms":"%s"}'
+    for s in (b"x" * 10_000_000, b"\\n" * 3_000_000, "é😀".encode() * 1_000_000, b"\\ud83d\\ude00" * 500_000):
+        assert check(msg.replace(b"%s", s))
+        assert not check(msg.replace(b"%s", s)[:len(msg) + len(s) // 2])
+    for e in (rb"\u", rb"\u12", rb"\u12g4", rb"\uD800\u", rb"\uD800\uDBFF", rb"\uD800\uE000", rb"\uDFFF", rb"\x",
+              rb"\U0001F600", rb"\'", b"\\\x00", rb"\uD800\n"):
+        for v in (b'{"op":"c","after":{"a":"%s"},"source":{"db":"d","table":"t"}}',
+                  b'{"op":"c","after":{"%s":1},"source":{"db":"d","table":"t"}}',
+                  b'{"op":"c","ts_ms":{"%s":1},"source":{"db":"d","table":"t"}}'):
+            assert not check(v.replace(b"%s", e)), e
+            assert not check(v[:v.index(b"%s")] + e)
+
+
+def test_hostile_messages_with_orjson(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The applier's own Python path (orjson first): nesting past orjson's limit is a ValueError there too."""
+    orjson = pytest.importorskip("orjson")
+    monkeypatch.setattr(regroup, "_fast_loads", orjson.loads)
+    deep = b'{"op":"c","ts_ms":' + b"[" * 100_000 + b"]" * 100_000 + b',"source":{"db":"d","table":"t"}}'
+    assert _fastrows.kafka_unjson(deep) is None
+    with pytest.raises(ValueError):
+        regroup.decode_json_py(deep)
+
+
+def test_untype_with_a_b64_without_len_is_the_specification() -> None:
+    """kafka_untype took a failing len(b64) for 'no base64 column' and returned with the error set (SystemError);
+    the Python path asks `c in b64`."""
+    class Holds:  # (`in` without len())
+        def __contains__(self, c: object) -> bool:
+            return c == "dec"
+
+    convs = regroup._converters(SCHEMA)
+    for b64 in (None, 5, Holds()):
+        for img in ({"dec": "1.5"}, {"dec": 5}, {}):
+            a, b = dict(img), dict(img)
+            want: Any = None
+            got: Any = None
+            try:
+                regroup._untype_py(a, convs, b64)  # type: ignore[arg-type]
+            except Exception as exc:
+                want = type(exc)
+            try:
+                _fastrows.kafka_untype(b, convs, b64)
+            except Exception as exc:
+                got = type(exc)
+            assert got is want, (b64, img, got, want)
+            assert same(a, b)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(100, 140))
+def test_random_texts_and_mutations_many_seeds(seed: int) -> None:
+    test_random_texts_and_mutations_read_in_c_only_as_the_specification(seed)
+    test_untype_is_the_specification(seed)
+
+
+@pytest.mark.parametrize("bad", [b"7" * 5000, b"[" * 100_000 + b"]" * 100_000])
+@pytest.mark.parametrize("where", [b'"after":{"a":%s}', b'"ts_ms":%s'])
+def test_the_applier_takes_hostile_messages_for_bad_messages(bad: bytes, where: bytes) -> None:
+    """What the applier dead-letters (on_bad_message=dead_letter) is a BadMessage: an integer past the digit limit
+    raised ValueError out of C, nesting past the recursion limit RecursionError out of json.loads."""
+    from types import SimpleNamespace
+
+    from capturer.model.message import Msg
+
+    value = b'{"op":"c","source":{"db":"d","table":"t"},' + where.replace(b"%s", bad) + b"}"
+    hs = [("region", b"r1"), ("commit_ts", b"5"), ("seq", b"1"), ("op", b"c")]
+    assert _fastrows.kafka_unrow(hs, value) is None  # (the applier's first call: the Python path reads it)
+    msg = Msg("t", 0, 5, None, value, hs)
+    with pytest.raises(regroup.BadMessage):
+        regroup.Regrouper._decode(SimpleNamespace(fmt="json"), msg, "c")  # type: ignore[arg-type]
