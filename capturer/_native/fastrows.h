@@ -13,6 +13,7 @@
  *   unjson.c         those json messages read back for the applier (kafka_unjson, kafka_unrow, kafka_untype)
  *   wire.c           the wire format's rows and values as msgpack (wire_rows, wire_unrows, wire_ext, ...)
  *   causality.c      the MySQL sender's conflict keys and placing (conflict_keys, causality_place, stable_hash)
+ *   snaprows.c       a snapshot chunk's rows: tuples -> dicts -> RowChanges (dict_rows, read_changes)
  *
  * <datetime.h> gives every file that includes it its own (static) PyDateTimeAPI: a file that uses the
  * datetime C API includes it, defines its import function with FR_DATETIME_IMPORT, and module.c's init
@@ -125,5 +126,7 @@ PyObject *wire_setup(PyObject *self, PyObject *args);
 PyObject *conflict_keys(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *causality_place(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *stable_hash(PyObject *self, PyObject *key);
+PyObject *dict_rows(PyObject *self, PyObject *args);
+PyObject *read_changes(PyObject *self, PyObject *args);
 
 #endif

@@ -59,6 +59,10 @@ static PyMethodDef module_methods[] = {
     {"wire_setup", (PyCFunction)wire_setup, METH_VARARGS, "wire_setup(msgpack.ExtType, python_ext_hook)"},
     {"wire_unpack", (PyCFunction)wire_unpack, METH_O,
      "wire_unpack(data) -> the one msgpack value of data, as wire.unpackb reads it (extension values made in C)"},
+    {"dict_rows", (PyCFunction)dict_rows, METH_VARARGS,
+     "dict_rows(names, raw) -> [dict]: dict(zip(names, row)) for each tuple of raw (a snapshot chunk's rows)"},
+    {"read_changes", (PyCFunction)read_changes, METH_VARARGS,
+     "read_changes(rows, schema, RowChange, op) -> (RowChange(schema, op, None, row), ...) for each dict of rows"},
     {NULL, NULL, 0, NULL},
 };
 

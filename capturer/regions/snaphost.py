@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from capturer.errors import FatalSourceError
 from capturer.model import Ddl, RowChange, TableProgress, Txn, ts_physical_ms
-from capturer.model.encode import qualified
+from capturer.model.encode import _fastrows, qualified
 from capturer.model.spill import SpillWriter
 from capturer.regions.snapshot import TableGone, chunk_mark
 from capturer.regions.snapshot_plan import Recorder, image_key, row_key, truncate_conflict
@@ -465,7 +465,7 @@ class SnapshotHostMixin:
                     newer = {k for k, p in rec.changed.items() if p > newer_than}
                     if newer:
                         rows = [r for r in rows if row_key(r, plan.key) not in newer]
-                changes = tuple(map(partial(RowChange, plan.schema, "read", None), rows))
+                changes = read_changes(rows, plan.schema)
             else:
                 changes = self._keyless_rows(chunk, rec, newer_than)
             p = TableProgress(plan.db, plan.table, chunk.run, "done" if chunk.last else "running", chunk.last_key,
@@ -545,6 +545,17 @@ class SnapshotHostMixin:
         if batch:
             out.add(batch)
         return out.finish()
+
+
+_READ_CHANGES = getattr(_fastrows, "read_changes", None)
+
+
+def read_changes(rows: list[dict[str, Any]], schema: Any) -> tuple[RowChange, ...]:
+    """``RowChange(schema, "read", None, row)`` of each row of a chunk (in C where built:
+    the dataclass's ``__init__`` only assigns its four slots)."""
+    if _READ_CHANGES is not None and type(rows) is list:
+        return _READ_CHANGES(rows, schema, RowChange, "read")
+    return tuple(map(partial(RowChange, schema, "read", None), rows))
 
 
 # --- tables several regions deliver: one coordinated copy ------------------------------

@@ -83,7 +83,7 @@ from typing import Any
 
 from capturer.errors import FatalSourceError, SourceError
 from capturer.model import ColumnInfo, Position, RowChange, TableProgress, TableSchema
-from capturer.model.encode import quote_ident
+from capturer.model.encode import _fastrows, quote_ident
 from capturer.model.spill import DEFAULT_CHUNK_ROWS, SpillWriter
 from capturer.regions.snapshot import ColumnsChanged, SnapshotHost, Snapshotter, TableGone
 from capturer.regions.snapshot_plan import Chunk, Column, TablePlan, split_key
@@ -743,5 +743,10 @@ def make_rows(raw: list[tuple[Any, ...]], names: list[str],
     the columns, each fixed by ``norm``: C-level ``dict(zip())`` per row where none
     needs a fix."""
     if all(f is None for f in norm):
+        if _DICT_ROWS is not None and type(raw) is list:
+            return _DICT_ROWS(tuple(names), raw)  # (the same in C: one presized dict per row)
         return list(map(dict, map(partial(zip, names), raw)))
     return list(map(row_maker(names, norm), raw))
+
+
+_DICT_ROWS = getattr(_fastrows, "dict_rows", None)
