@@ -153,7 +153,11 @@ class SnapshotHostMixin:
             reqs, self._requests = self._requests, []
         for progress in reqs:
             names = {(p.db, p.table) for p in progress}
-            self.snap_progress = tuple(p for p in self.snap_progress if (p.db, p.table) not in names) + progress
+            kept = tuple(p for p in self.snap_progress if (p.db, p.table) not in names)
+            # a run whose every table left to copy went to the new run is complete: it leaves the
+            # positions as when its last table is done (else its done tables stayed there for good)
+            unfinished = {p.run for p in kept if p.state not in ("done", "dropped")}
+            self.snap_progress = tuple(p for p in kept if p.run in unfinished) + progress
         self._restamp()
 
     def update_snapshot_progress(self, p: TableProgress) -> None:

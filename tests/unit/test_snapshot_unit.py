@@ -508,3 +508,16 @@ def test_chunk_rows_from_tuples_are_the_row_dicts() -> None:
     assert fixed == list(map(row_maker(names, norm), raw))
     assert [d["bits"] for d in fixed[:2]] == [None, "001"]
     assert make_rows([], names, norm) == []
+
+
+def test_a_run_whose_unfinished_tables_all_went_to_a_newer_run_leaves_the_positions() -> None:
+    """A run with d.k done and d.t still running: a request of d.t (a newer run) takes
+    d.t over; the old run has nothing left to copy and leaves the positions, as when its
+    last table is done (its done d.k stayed in every checkpoint for good before)."""
+    r, _ = make_region()
+    r.add_snapshot_progress((TableProgress("d", "k", "run1", "done"), TableProgress("d", "t", "run1", "running"),
+                             TableProgress("d", "u", "run2", "done"), TableProgress("d", "v", "run2", "pending")),
+                            wait=True)
+    r.add_snapshot_progress((TableProgress("d", "t", "run3", "pending", truncate=True),), wait=True)
+    assert [(p.table, p.run) for p in r.snap_progress] == [("u", "run2"), ("v", "run2"), ("t", "run3")]
+    assert r.position is not None and [p.table for p in r.position.snapshot] == ["u", "v", "t"]
