@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from capturer.model import parse_lsn, wal_record_end
 from devtools.local_mariadb import free_port
 
 log = logging.getLogger(__name__)
@@ -35,12 +36,7 @@ def committed_lsn(conn: Any) -> int:
     it passed with that transaction still to come: a flaky test_new_tables failure).
     The insert position at a page's start is after the page's header, which a
     replication stream (that reports record ends) never reaches: taken off."""
-    text = conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()[0]
-    hi, _, lo = text.partition("/")
-    lsn = (int(hi, 16) << 32) | int(lo, 16)
-    if lsn % (16 << 20) == 40:  # a segment's first page: long header
-        return lsn - 40
-    return lsn - 24 if lsn % 8192 == 24 else lsn
+    return wal_record_end(parse_lsn(conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()[0]))
 
 
 class PostgresUnavailable(RuntimeError):

@@ -271,6 +271,19 @@ class TsPosition:
         return f"ts {self.ts}"
 
 
+def wal_record_end(insert_lsn: int, block: int = 8192, segment: int = 16 << 20) -> int:
+    """A PostgreSQL insert position (``pg_current_wal_insert_lsn()``) as the end of the
+    last record written: at the start of a WAL page the server gives the position after
+    the page's header, which a replication stream (that reports record ends) never
+    reaches while nothing more is written. ``block``/``segment``: the server's WAL page
+    and segment sizes."""
+    if segment and insert_lsn % segment == 40:  # a segment's first page: long header
+        return insert_lsn - 40
+    if block and insert_lsn % block == 24:  # short page header
+        return insert_lsn - 24
+    return insert_lsn
+
+
 def format_lsn(lsn: int) -> str:
     """A PostgreSQL LSN as PostgreSQL writes it: ``16/B374D848``."""
     return f"{lsn >> 32:X}/{lsn & 0xFFFFFFFF:X}"

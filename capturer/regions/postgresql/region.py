@@ -57,6 +57,7 @@ from capturer.model import (
     Txn,
     format_lsn,
     make_ts,
+    wal_record_end,
 )
 from capturer.model.encode import qualified, sql_literal
 from capturer.regions.base import (
@@ -272,14 +273,8 @@ class PostgresRegion(SnapshotHostMixin, ClockedRegion):
         stream.run()
 
     def _record_boundary(self, insert_lsn: int) -> int:
-        """The insert position as the end of the last record: at the start of a WAL page
-        the server gives the position after the page's header, which the stream (that
-        reports record ends) never reaches while nothing more is written."""
-        if self._segment and insert_lsn % self._segment == 40:  # a segment's first page: long header
-            return insert_lsn - 40
-        if self._block and insert_lsn % self._block == 24:  # short page header
-            return insert_lsn - 24
-        return insert_lsn
+        """The insert position as the end of the last record (``wal_record_end``)."""
+        return wal_record_end(insert_lsn, self._block, self._segment)
 
     def _reldef(self, m: po.Relation) -> RelDef:
         pk, uks = self._keys(m.relid, m.columns, m.replident)

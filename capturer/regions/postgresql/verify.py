@@ -7,7 +7,7 @@ import decimal
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from capturer.model import LsnPosition, parse_lsn
+from capturer.model import LsnPosition, parse_lsn, wal_record_end
 from capturer.model.compare import SourceUnreachable, SqlSource, TableMeta
 from capturer.regions.postgresql.keys import PostgresRegionConfig
 from capturer.regions.postgresql.types import parse_value, pg_type
@@ -150,12 +150,7 @@ class PostgresSource(SqlSource):
         (lsn, block, segment), = self.query(
             "SELECT pg_current_wal_insert_lsn()::text, current_setting('wal_block_size')::bigint, "
             "pg_size_bytes(current_setting('wal_segment_size'))")
-        at, block, segment = parse_lsn(str(lsn)), int(block), int(segment)
-        if segment and at % segment == 40:  # a segment's first page: long header
-            at -= 40
-        elif block and at % block == 24:
-            at -= 24
-        return LsnPosition(at)
+        return LsnPosition(wal_record_end(parse_lsn(str(lsn)), int(block), int(segment)))
 
 
 
