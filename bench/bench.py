@@ -1155,9 +1155,9 @@ def reset_target(target: MariaDBInstance) -> None:
     target.execute("DROP DATABASE IF EXISTS bench", "DROP DATABASE IF EXISTS _capturer")
 
 
-def with_procs(senders_cfg: str) -> str:
-    """The same senders, each in a process of its own (process=true)."""
-    return re.sub(r"^\[(local|mysql|kafka|spark)\]\n", "[\\1]\nprocess=true\n", senders_cfg, flags=re.M)
+def with_procs(senders_cfg: str, kinds: str = "local|mysql|kafka|spark") -> str:
+    """The same senders, those of ``kinds`` (a regex alternation) each in a process of its own (process=true)."""
+    return re.sub(rf"^\[({kinds})\]\n", "[\\1]\nprocess=true\n", senders_cfg, flags=re.M)
 
 
 def ha_takeovers(tmp: Path, servers: list[MariaDBInstance], n: int = 5, lease: int = 3) -> dict[str, Any]:
@@ -2094,6 +2094,18 @@ def part_all(ctx: Bench) -> None:
             total, results["all"]["rows_per_s"],
             "capturer -> all four, each sender in its own process; ratio to all four in-process")
         broker.kill()
+        broker = Broker().start()
+        extra.append(broker)
+        reset_target(target)
+        e2e("all-proc-ks", with_procs("[global]\ntype=local,mysql,kafka,spark\n"
+            f"[local]\nfilepath={tmp / 'all-proc-ks' / 'changes.jsonl'}\n"
+            f"[mysql]\nhost=127.0.0.1\nport={target.port}\nuser=root\nthreadnum={args.threads}\n"
+            f"[kafka]\nservers={broker.servers}\nclient=confluent\n"
+            f"[spark]\nwarehouse={tmp / 'all-proc-ks' / 'wh'}\ncompaction_interval=0\nbatch_interval=1\n",
+            "kafka|spark"), total, results["all"]["rows_per_s"],
+            "capturer -> all four, kafka and spark each in its own process (file and mysql in the capturer); "
+            "ratio to all four in-process")
+        broker.kill()
     if "ha" in only:
         all_with_ha(ctx)
     if "workers" in only:
@@ -2411,7 +2423,8 @@ PARTS: dict[str, Part] = {
 MODIFIERS = {
     "ab": "to file, mysql, kafka and all: runs without this release's speed-ups, for the ratio",
     "atomic": "to mysql: whole source transactions (txn_atomic), with the lanes' position and without it",
-    "senderprocs": "to file, mysql, kafka, spark and all: each sender in a process of its own",
+    "senderprocs": "to file, mysql, kafka, spark and all: each sender in a process of its own; and all with "
+                   "only kafka and spark in processes",
 }
 
 
