@@ -10,6 +10,10 @@ images, 30,000 deletes, in 100-row transactions) it times, per row:
 * ``spark_send``: ``SparkSender.send`` (``writer = arrow``, a temporary warehouse) of the transactions
   in 500-transaction batches (50,000 rows, the sender's ``batch_rows``), its Parquet writes included.
 
+* ``procs4_send``: four ``ProcessSender`` s (``process = true``; the file sender in each child) sent
+  the same 500-transaction batches in turn: the capturer's side only (the children's CPU is not
+  counted), which is what a sender in a process of its own costs the capturer's core.
+
 CPU time (``time.process_time``), the best of ``--repeat`` runs; the process takes the capturer's
 malloc and garbage-collector settings. Run it from each tree in turn to compare two versions.
 """
@@ -97,6 +101,30 @@ def spark_send(txns: list[Txn]) -> float:
     return cpu
 
 
+def procs4_send(txns: list[Txn]) -> float:
+    from senders.local.sender import LocalSender
+    from senders.process import ProcessSender
+
+    tmp = Path(tempfile.mkdtemp(prefix="sender-encode-"))
+    opts = {k.name: k.default for k in LocalSender.KEYS}
+    senders = [ProcessSender("local", {**opts, "filepath": str(tmp / f"p{i}" / "out.jsonl"), "fsync": False})
+               for i in range(4)]
+    for s in senders:
+        s.open()
+    txns = [Txn(t.region, t.commit_ts, t.position, t.changes) for t in txns]  # (none encoded before)
+    t0 = time.process_time()
+    for a in range(0, len(txns), 500):
+        for s in senders:
+            s.send(txns[a:a + 500])
+    cpu = time.process_time() - t0
+    for s in senders:
+        s.close()
+    import shutil
+
+    shutil.rmtree(tmp, ignore_errors=True)
+    return cpu
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeat", type=int, default=3)
@@ -106,7 +134,7 @@ def main() -> int:
     txns = workload()
     rows = sum(len(t.changes) for t in txns)
     out: dict[str, Any] = {"tree": os.getcwd(), "rows": rows}
-    for name, fn in (("file_json", file_json), ("spark_send", spark_send)):
+    for name, fn in (("file_json", file_json), ("spark_send", spark_send), ("procs4_send", procs4_send)):
         runs = [fn(txns) for _ in range(args.repeat)]
         out[name] = {"cpu_s": [round(r, 3) for r in runs], "us_per_row": round(min(runs) / rows * 1e6, 3)}
     print(json.dumps(out))

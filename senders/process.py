@@ -19,6 +19,14 @@ session of its own, so a Ctrl-C in the terminal reaches the capturer only,
 which then stops its senders in order. What the child's sender raises comes
 back as the same ``SinkError`` (retriable or not).
 
+Each transaction is encoded once, whatever the number of sender processes: one
+encoder (``_SharedEncoding``) numbers the table schemas for all children and keeps a
+transaction's encoded values on it while the stream holds it; each child is sent
+the schema values it has not had yet before the first batch that may use them, then
+the same bytes as every other child (a transaction beyond ``_CACHE_ROWS`` rows, or
+spilled to disk, is encoded again for each, a piece at a time: never whole in
+memory).
+
 The pipe carries msgpack values. Capturer -> child: ``["open", sender, options,
 log level, spillRows, spillDir]``, then per batch ``["r", region]`` before the
 transactions of each region, the transactions' wire values, and ``["end"]``;
@@ -56,6 +64,7 @@ from senders.base import Sender
 log = logging.getLogger(__name__)
 
 _WRITE_BYTES = 1 << 20  # the pipe is written in pieces of about this size
+_CACHE_ROWS = 20_000  # a transaction up to this size keeps its encoded values for the other children
 # what Sender.status() holds; the rest of a child's sender status is passed on
 _BASE_STATUS = frozenset(("state", "paused", "paused_since", "rows", "txns", "acked_ts", "queue_items", "queue_rows",
                           "queue_capacity_rows", "errors", "retries", "last_error"))
@@ -75,6 +84,48 @@ def _unpacker(fd: int) -> Any:
     return wire.new_unpacker(_FdReader(fd), max_buffer_size=1 << 31)
 
 
+class _SharedEncoding:
+    """The wire values of the stream's transactions, made once for every sender process.
+
+    Schema numbers are shared by all children (``schemas``: every schema value made so
+    far, in order; each child is sent those it has not had). ``pieces(txn)``: the
+    transaction's values without schema values, kept on the transaction (it is the
+    same object for every sender reading it from memory, or from the backlog's
+    decoded rows) when it has at most ``_CACHE_ROWS`` rows in memory."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.schemas: list[bytes] = []
+        self.users = 0  # ProcessSenders made: with one, a transaction's values are not kept for another
+        shared = self
+
+        class _Encoder(wire.Encoder):
+            def _sid(self, schema: Any, out: list[bytes]) -> int:
+                with shared._lock:  # (several senders' threads encode at once)
+                    mark = len(out)
+                    sid = super()._sid(schema, out)
+                    shared.schemas.extend(out[mark:])  # a new schema: its value, for every child
+                    del out[mark:]
+                    return sid
+
+        self._encoder = _Encoder()
+
+    def pieces(self, txn: Any) -> Any:
+        """(value, rows) pieces of an item, schema values left out (see ``schemas``)."""
+        cached = txn.__dict__.get("_wire_pieces") if isinstance(txn, Txn) else None
+        if cached is not None:
+            return cached
+        if (self.users < 2 or not isinstance(txn, Txn) or hasattr(txn.changes, "chunks")
+                or len(txn.changes) > _CACHE_ROWS):
+            return self._encoder.item(txn)  # a heartbeat (small), or big: a piece at a time
+        out = list(self._encoder.item(txn))
+        object.__setattr__(txn, "_wire_pieces", out)  # (a frozen dataclass: its own field-less attribute)
+        return out
+
+
+_SHARED = _SharedEncoding()
+
+
 class ProcessSender(Sender):
     """The capturer's side: a Sender whose ``send`` is done by a child process."""
 
@@ -92,7 +143,8 @@ class ProcessSender(Sender):
         self.proc: subprocess.Popen[bytes] | None = None
         self.extras: dict[str, Any] = {}
         self.restarts = 0
-        self._encoder = wire.Encoder()
+        self._schemas_sent = 0  # how many of _SHARED.schemas the child has
+        _SHARED.users += 1
         self._answers: Any = None
         # the child runs the sender's housekeeping (a compaction coming due) once a second between batches
         self._housekeeps = type(probe).housekeeping is not Sender.housekeeping
@@ -118,7 +170,7 @@ class ProcessSender(Sender):
                                      start_new_session=True)
         assert self.proc.stdout is not None
         self._answers = _unpacker(self.proc.stdout.fileno())
-        self._encoder = wire.Encoder()  # a new child knows no schema yet
+        self._schemas_sent = 0  # a new child knows no schema yet
         log.info("sender %s: runs in process %d", self.name, self.proc.pid)
 
     def _reap(self) -> int | None:
@@ -193,14 +245,19 @@ class ProcessSender(Sender):
             if self.proc is not None:
                 log.warning("sender %s: %s", self.name, self._gone())
             self.open()
+        encoded = [_SHARED.pieces(txn) for txn in batch]  # (its schemas now in _SHARED.schemas)
         pieces: list[bytes] = []
         size = 0
         region = None
-        for txn in batch:
+        for txn, values in zip(batch, encoded):
             if txn.region != region:
                 region = txn.region
                 pieces.append(wire.packb(["r", region]))
-            for data, _rows in self._encoder.item(txn):
+            for data, _rows in values:
+                if self._schemas_sent < len(_SHARED.schemas):  # new schemas (a big one's: met on its way)
+                    new = _SHARED.schemas[self._schemas_sent:]
+                    self._schemas_sent += len(new)
+                    pieces.extend(new)
                 pieces.append(data)
                 size += len(data)
                 if size >= _WRITE_BYTES:

@@ -77,6 +77,50 @@ def test_a_sender_in_its_own_process_writes_what_it_writes_in_process(tmp_path: 
     assert got == want
 
 
+def test_sender_processes_share_one_encoding_and_each_child_gets_every_schema_it_needs(tmp_path: Path) -> None:
+    """Two senders in processes get each transaction's values encoded once (kept on the
+    transaction), schemas numbered for both: the second child must still be sent the
+    schemas the first one's encoding made, a schema met inside a big transaction on its
+    way, and a child started again (kill -9) all of them; each file is byte for byte
+    what the sender writes in-process."""
+    s2 = TableSchema("d", "u", ("k", "v"), ("k",), (), (15, 3), (ColumnInfo(15), ColumnInfo(3)))
+    s3 = TableSchema("d", "t", S.columns + ("c",), ("id",), (), S.column_types + (3,), S.column_info + (ColumnInfo(3),))
+    w = SpillWriter(None, 1000)  # a big one whose second table appears only in its last chunk
+    w.add([RowChange(S, "insert", None, row(i)) for i in range(200, 2200)] +
+          [RowChange(s3, "insert", None, {**row(9000), "c": 1})])
+    batches = [txns()[:2], [Txn("a", 110 << 18, Position("bin.000001", 40),
+                                (RowChange(s2, "insert", None, {"k": "é", "v": 1}),))],
+               [Txn("b", 111 << 18, TsPosition(111 << 18), (RowChange(s3, "insert", None, {**row(3), "c": 7}),
+                                                            RowChange(s2, "delete", {"k": "é", "v": 1}, None)))],
+               [Txn("a", 112 << 18, Position("bin.000001", 50), w.finish())],
+               [Txn("b", 113 << 18, TsPosition(113 << 18), (RowChange(s2, "insert", None, {"k": "z", "v": 2}),))]]
+    one = ProcessSender("local", options(tmp_path, "one"))
+    two = ProcessSender("local", options(tmp_path, "two"))
+    here = LocalSender("local", {k: v for k, v in options(tmp_path, "here").items() if k != "process"})
+    try:
+        one.open()
+        two.open()
+        here.open()
+        for i, b in enumerate(batches):
+            one.send(b)  # encodes it (and numbers its schemas)
+            if i == 3:
+                assert two.proc is not None
+                os.kill(two.proc.pid, signal.SIGKILL)  # the next send starts a child that knows nothing
+                two.proc.wait()
+            two.send(b)  # the same values, and the schemas its child has not had
+            here.send(b)
+        assert "_wire_pieces" in batches[2][0].__dict__  # kept for the other child
+        assert two.restarts == 1
+    finally:
+        one.close()
+        two.close()
+        here.close()
+    want = (tmp_path / "here" / "out.jsonl").read_bytes()
+    assert want.count(b"\n") == 5 + 2 + 1 + 2 + 2001 + 1
+    assert (tmp_path / "one" / "out.jsonl").read_bytes() == want
+    assert (tmp_path / "two" / "out.jsonl").read_bytes() == want
+
+
 def test_a_child_that_dies_is_a_retriable_error_and_the_next_send_starts_another(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # the child kills itself (SIGKILL) at its second write to the file: in the middle of a send
