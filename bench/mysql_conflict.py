@@ -1,6 +1,6 @@
 """Micro-bench of the MySQL sender's per-row placing (issue 50, item 3): no server, one process.
 
-    .venv/bin/python bench/mysql_conflict.py [--rows 200000] [--repeat 5] [--non-ascii 0.1] [--json OUT]
+    .venv/bin/python bench/mysql_conflict.py [--rows 200000] [--repeat 5] [--non-ascii 0.1] [--txn-rows 100] [--json OUT]
 
 Over ``--rows`` realistic row changes (60 % inserts, 30 % updates with both images, 10 % deletes) of four
 tables (an int primary key; a composite (int, varchar) primary key; an int primary key and a unique
@@ -12,9 +12,11 @@ it is built:
 * ``keys``: ``conflict_keys(ch, db, table)`` alone;
 * ``place``: ``conflict_keys`` + ``Causality.place`` + ``stable_hash(group) % 8``, the sender's per-row
   placing (a barrier resets the groups, as the sender's flush does);
-* ``sender``: ``MySQLSender.send`` of the rows in 100-row transactions with 8 workers that apply
+* ``sender``: ``MySQLSender.send`` of the rows in 100-row transactions (``--txn-rows``) with 8 workers that apply
   nothing (their futures complete at once), ``meta_database`` on (the position's manifest built):
-  everything the sender's thread does per row but the SQL.
+  everything the sender's thread does per row but the SQL. ``c`` places a transaction's changes in one
+  C call (``place_run``); ``c_each`` (``sender_c_each``) each change through the C twins one by one, as
+  before it (``sender_run_speedup``: c_each / c).
 
 The process takes the capturer's malloc and garbage-collector settings (``capturer.util.memory.tune``).
 Each figure is CPU time (``time.process_time``: the machine's load does not count in it, the wait for a
@@ -51,6 +53,8 @@ T_STR = TableSchema("shop", "codes", ("code", "label"), ("code",))
 
 #: the share of the varchar keys with a non-ASCII letter (--non-ascii)
 NON_ASCII = 0.1
+#: rows per transaction in the sender's part (--txn-rows)
+TXN_ROWS = 100
 
 
 def word(rng: random.Random, i: int) -> str:
@@ -133,9 +137,11 @@ def time_place(rows: list[RowChange], impl: str) -> float:
 def time_sender(rows: list[RowChange], impl: str) -> float:
     import senders.mysql.sender as ms
 
-    keys, causality_cls, h = use(impl)
-    saved = ms.conflict_keys, ms.Causality, ms.stable_hash
+    keys, causality_cls, h = use("py" if impl == "py" else "c")
+    saved = ms.conflict_keys, ms.Causality, ms.stable_hash, ms._place_run
     ms.conflict_keys, ms.Causality, ms.stable_hash = keys, causality_cls, h
+    if impl != "c":  # "c_each": each change through the C twins one by one (round 4's first step)
+        ms._place_run = None
 
     class Idle:
         def submit(self, units: Any, atomic: bool, mark: Any) -> Future[int]:
@@ -151,38 +157,45 @@ def time_sender(rows: list[RowChange], impl: str) -> float:
     s = ms.MySQLSender("m", opts)
     s.workers = [Idle() for _ in range(8)]  # type: ignore[misc]
     s._progress_loaded = True
-    batch = [Txn("r", 1000 + i // 100, None, tuple(rows[i:i + 100])) for i in range(0, len(rows), 100)]
+    batch = [Txn("r", 1000 + i // TXN_ROWS, None, tuple(rows[i:i + TXN_ROWS])) for i in range(0, len(rows), TXN_ROWS)]
     try:
         t0 = time.process_time()
         s._send(batch)
         return time.process_time() - t0
     finally:
-        ms.conflict_keys, ms.Causality, ms.stable_hash = saved
+        ms.conflict_keys, ms.Causality, ms.stable_hash, ms._place_run = saved
 
 
 def main() -> None:
-    global NON_ASCII
+    global NON_ASCII, TXN_ROWS
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=200_000)
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--non-ascii", type=float, default=NON_ASCII, help="share of the varchar keys with a non-ASCII letter")
+    ap.add_argument("--txn-rows", type=int, default=TXN_ROWS, help="rows per transaction (the sender's part)")
     ap.add_argument("--json")
     a = ap.parse_args()
-    NON_ASCII = a.non_ascii
+    NON_ASCII, TXN_ROWS = a.non_ascii, a.txn_rows
     tune()  # the malloc and garbage-collector settings of every capturer process
     rows = workload(a.rows)
     impls = ["py"] + (["c"] if causality.conflict_keys is not causality.conflict_keys_py else [])
-    out: dict[str, Any] = {"rows": a.rows, "repeat": a.repeat, "non_ascii": a.non_ascii, "c_built": "c" in impls}
+    out: dict[str, Any] = {"rows": a.rows, "repeat": a.repeat, "non_ascii": a.non_ascii, "txn_rows": a.txn_rows, "c_built": "c" in impls}
+    import senders.mysql.sender as ms
+
     for part, fn in (("keys", time_keys), ("place", time_place), ("sender", time_sender)):
-        best = dict.fromkeys(impls, float("inf"))
+        each = part == "sender" and "c" in impls and getattr(ms, "_place_run", None) is not None
+        these = impls + (["c_each"] if each else [])
+        best = dict.fromkeys(these, float("inf"))
         for _ in range(a.repeat):  # alternated, each after a full collection: the load moves under us
-            for impl in impls:
+            for impl in these:
                 gc.collect()
                 best[impl] = min(best[impl], fn(rows, impl))
-        for impl in impls:
+        for impl in these:
             out[f"{part}_{impl}_us_per_row"] = round(best[impl] / a.rows * 1e6, 3)
         if "c" in impls:
             out[f"{part}_speedup"] = round(out[f"{part}_py_us_per_row"] / out[f"{part}_c_us_per_row"], 2)
+        if each:
+            out[f"{part}_run_speedup"] = round(out[f"{part}_c_each_us_per_row"] / out[f"{part}_c_us_per_row"], 2)
     print(json.dumps(out, indent=1))
     if a.json:
         Path(a.json).write_text(json.dumps(out, indent=1) + "\n")

@@ -1,7 +1,8 @@
 /*
  * causality.c (capturer._fastrows): the MySQL sender's per-row placing (senders/mysql/causality.py is the
  * specification; tests/unit/test_fuzz_causality.py compares the two).
- * Python-visible: conflict_keys, causality_place, stable_hash.
+ * Python-visible: conflict_keys, causality_place, stable_hash, place_run (a transaction's changes placed
+ * as senders/mysql/sender.py _place_each places them one by one).
  *
  * conflict_keys gives exactly the strings of the Python conflict_keys: ints, bytes and strings are folded
  * here, any other value (a float, a Decimal, a datetime, a bool, a subclass) goes through the Python _canon.
@@ -345,21 +346,260 @@ static uint32_t crc32_of(const unsigned char *p, Py_ssize_t n) {
     return c ^ 0xFFFFFFFFu;
 }
 
-/* stable_hash(key: str) -> int: zlib.crc32(key.encode("utf-8", "surrogatepass")) */
-PyObject *stable_hash(PyObject *self, PyObject *key) {
+/* *out = zlib.crc32(key.encode("utf-8", "surrogatepass")) of a str: 0, or -1 with an exception */
+static int hash_of(PyObject *key, uint32_t *out) {
     if (!PyUnicode_Check(key)) {
         PyErr_SetString(PyExc_TypeError, "stable_hash(key: str)");
-        return NULL;
+        return -1;
     }
-    if (PyUnicode_IS_ASCII(key))
-        return PyLong_FromUnsignedLong(crc32_of((const unsigned char *)PyUnicode_DATA(key), PyUnicode_GET_LENGTH(key)));
+    if (PyUnicode_IS_ASCII(key)) {
+        *out = crc32_of((const unsigned char *)PyUnicode_DATA(key), PyUnicode_GET_LENGTH(key));
+        return 0;
+    }
     Py_ssize_t n;
     const char *s = PyUnicode_AsUTF8AndSize(key, &n);
-    if (s) return PyLong_FromUnsignedLong(crc32_of((const unsigned char *)s, n));
+    if (s) {
+        *out = crc32_of((const unsigned char *)s, n);
+        return 0;
+    }
     PyErr_Clear();
     PyObject *enc = PyUnicode_AsEncodedString(key, "utf-8", "surrogatepass");
-    if (!enc) return NULL;
-    PyObject *r = PyLong_FromUnsignedLong(crc32_of((const unsigned char *)PyBytes_AS_STRING(enc), PyBytes_GET_SIZE(enc)));
+    if (!enc) return -1;
+    *out = crc32_of((const unsigned char *)PyBytes_AS_STRING(enc), PyBytes_GET_SIZE(enc));
     Py_DECREF(enc);
-    return r;
+    return 0;
+}
+
+/* stable_hash(key: str) -> int: zlib.crc32(key.encode("utf-8", "surrogatepass")) */
+PyObject *stable_hash(PyObject *self, PyObject *key) {
+    uint32_t h;
+    if (hash_of(key, &h) < 0) return NULL;
+    return PyLong_FromUnsignedLong(h);
+}
+
+static PyObject *S_db, *S_table, *S_cur, *S_txns, *S_lanes, *S_counts;
+
+static int intern_names(void) {
+    return ((S_get_schema || (S_get_schema = PyUnicode_InternFromString("schema")))
+            && (S_db || (S_db = PyUnicode_InternFromString("db")))
+            && (S_table || (S_table = PyUnicode_InternFromString("table")))
+            && (S_cur || (S_cur = PyUnicode_InternFromString("_cur")))
+            && (S_txns || (S_txns = PyUnicode_InternFromString("_txns")))
+            && (S_lanes || (S_lanes = PyUnicode_InternFromString("lanes")))
+            && (S_counts || (S_counts = PyUnicode_InternFromString("counts")))) ? 0 : -1;
+}
+
+/* obj.<the slot of descriptor d> = v (a dataclass's slot: its member descriptor) */
+static int set_slot(PyObject *d, PyObject *obj, PyObject *v) {
+    descrsetfunc f = Py_TYPE(d)->tp_descr_set;
+    if (!f) {
+        PyErr_SetString(PyExc_TypeError, "place_run: an Op field is not a settable descriptor");
+        return -1;
+    }
+    return f(d, obj, v);
+}
+
+/* place_run((keys_ctx, Op, (ident, ch, db, table, pos descriptors)), relations, lanes, n, placer, changes, i,
+   placed, limit, commit_ts, region, target_db) -> (j, barrier)
+
+   senders/mysql/sender.py _Phases.place of each change i, i+1, ... of one transaction's changes (a list or
+   tuple) as _place_each does it, while placed < limit: its Op((commit_ts, region, i), ch, target_db or
+   schema.db, schema.table), its conflict keys (conflict_keys with keys_ctx), its group (causality_place on
+   relations), its lane stable_hash(group) % n, the unit [op] appended to lanes[lane] (a dict of lists),
+   and with a placer (a senders.mysql.position.Placer, or None) Placer.add(commit_ts, region, len(changes),
+   i, lane, 1) made on the placer's _cur, _txns, lanes and counts, op.pos its result. Stops before a change
+   whose keys link two groups (nothing of it placed: barrier true; the caller flushes and calls again) and
+   when placed reaches limit; j: the first change not placed. */
+PyObject *place_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 12 || !PyTuple_Check(args[0]) || PyTuple_GET_SIZE(args[0]) != 3 || !PyDict_Check(args[1])
+        || !PyDict_Check(args[2]) || !(PyList_CheckExact(args[5]) || PyTuple_CheckExact(args[5]))) {
+        PyErr_SetString(PyExc_TypeError, "place_run((keys_ctx, Op, descriptors), relations: dict, lanes: dict, n, "
+                        "placer, changes: list | tuple, i, placed, limit, commit_ts, region, target_db)");
+        return NULL;
+    }
+    PyObject *kctx = PyTuple_GET_ITEM(args[0], 0), *optype = PyTuple_GET_ITEM(args[0], 1);
+    PyObject *descrs = PyTuple_GET_ITEM(args[0], 2);
+    if (!PyType_Check(optype) || !PyTuple_Check(descrs) || PyTuple_GET_SIZE(descrs) != 5) {
+        PyErr_SetString(PyExc_TypeError, "place_run: (keys_ctx, Op type, 5 field descriptors)");
+        return NULL;
+    }
+    if (intern_names() < 0) return NULL;
+    PyObject *rel = args[1], *lanes = args[2], *placer = args[4], *changes = args[5];
+    PyObject *ts = args[9], *region = args[10], *tdb = args[11];
+    long n = PyLong_AsLong(args[3]);
+    if (n == -1 && PyErr_Occurred()) return NULL;
+    if (n < 1 || n > 256) {
+        PyErr_SetString(PyExc_ValueError, "place_run: n must be 1..256");
+        return NULL;
+    }
+    Py_ssize_t i = PyLong_AsSsize_t(args[6]), placed = PyLong_AsSsize_t(args[7]), limit = PyLong_AsSsize_t(args[8]);
+    if (PyErr_Occurred()) return NULL;
+    int use_tdb = PyObject_IsTrue(tdb);
+    if (use_tdb < 0) return NULL;
+    PyTypeObject *tp = (PyTypeObject *)optype;
+    PyObject *d_ident = PyTuple_GET_ITEM(descrs, 0), *d_ch = PyTuple_GET_ITEM(descrs, 1);
+    PyObject *d_db = PyTuple_GET_ITEM(descrs, 2), *d_table = PyTuple_GET_ITEM(descrs, 3);
+    PyObject *d_pos = PyTuple_GET_ITEM(descrs, 4);
+
+    PyObject *lane_of[256] = {0};  /* lanes[w], held */
+    Py_ssize_t cnt[256];           /* the placer's counts[w], loaded[w] once read */
+    unsigned char loaded[256] = {0};
+    Buf lb = {0};                  /* the placed changes' lanes (the placer's lanes, appended at the end) */
+    PyObject *cur = NULL, *txns = NULL, *plan_lanes = NULL, *counts = NULL, *result = NULL, *total = NULL;
+    PyObject *ch = NULL, *schema = NULL, *db = NULL, *table = NULL, *keys = NULL, *group = NULL, *op = NULL;
+    Py_ssize_t end = -1;  /* the transaction's entry of the placer (cur) reaches end, exclusive */
+    int barrier = 0;
+    Py_INCREF(changes);  /* (a list: held, its items read by index with its size checked each time) */
+    if (placer != Py_None) {
+        if (!(cur = PyObject_GetAttr(placer, S_cur)) || !(txns = PyObject_GetAttr(placer, S_txns))
+            || !(plan_lanes = PyObject_GetAttr(placer, S_lanes)) || !(counts = PyObject_GetAttr(placer, S_counts)))
+            goto fail;
+        if (!PyList_Check(txns) || !PyByteArray_Check(plan_lanes) || !PyList_Check(counts)) {
+            PyErr_SetString(PyExc_TypeError, "place_run: a Placer has _txns: list, lanes: bytearray, counts: list");
+            goto fail;
+        }
+        if (!(total = PyLong_FromSsize_t(PySequence_Fast_GET_SIZE(changes)))) goto fail;
+    }
+    while (i < PySequence_Fast_GET_SIZE(changes) && placed < limit) {
+        ch = Py_NewRef(PySequence_Fast_GET_ITEM(changes, i));
+        if (!(schema = PyObject_GetAttr(ch, S_get_schema))) goto fail;
+        if (!(db = use_tdb ? Py_NewRef(tdb) : PyObject_GetAttr(schema, S_db))) goto fail;
+        if (!(table = PyObject_GetAttr(schema, S_table))) goto fail;
+        PyObject *kargs[4] = {kctx, ch, db, table};
+        if (!(keys = conflict_keys(NULL, kargs, 4))) goto fail;
+        PyObject *pargs[2] = {rel, keys};
+        if (!(group = causality_place(NULL, pargs, 2))) goto fail;
+        if (group == Py_None) {  /* the keys link two groups: a barrier first */
+            barrier = 1;
+            break;
+        }
+        uint32_t h;
+        if (hash_of(group, &h) < 0) goto fail;
+        int w = (int)(h % (uint32_t)n);
+        if (!lane_of[w]) {  /* lanes.setdefault(w, []) */
+            PyObject *wk = PyLong_FromLong(w);
+            if (!wk) goto fail;
+            PyObject *l = PyDict_GetItemWithError(lanes, wk);
+            if (l) {
+                lane_of[w] = Py_NewRef(l);
+            } else if (!PyErr_Occurred() && (l = PyList_New(0)) != NULL) {
+                lane_of[w] = l;
+                if (PyDict_SetItem(lanes, wk, l) < 0) l = NULL;
+            }
+            Py_DECREF(wk);
+            if (!l) goto fail;
+            if (!PyList_Check(l)) {
+                PyErr_SetString(PyExc_TypeError, "place_run: a lane is a list");
+                goto fail;
+            }
+        }
+        Py_ssize_t pos = -1;
+        if (placer != Py_None) {  /* Placer.add(ts, region, total, i, w, 1) */
+            if (end != i) {  /* (the first change of this call: later ones continue its entry) */
+                int same = 0;
+                if (PyList_Check(cur) && PyList_GET_SIZE(cur) == 5) {
+                    PyObject *seq = PyLong_FromSsize_t(i);
+                    if (!seq) goto fail;
+                    same = PyObject_RichCompareBool(PyList_GET_ITEM(cur, 4), seq, Py_EQ);
+                    Py_DECREF(seq);
+                    if (same > 0) same = PyObject_RichCompareBool(PyList_GET_ITEM(cur, 0), ts, Py_EQ);
+                    if (same > 0) same = PyObject_RichCompareBool(PyList_GET_ITEM(cur, 1), region, Py_EQ);
+                    if (same < 0) goto fail;
+                } else if (cur != Py_None) {
+                    PyErr_SetString(PyExc_TypeError, "place_run: a Placer's _cur is None or a list of 5");
+                    goto fail;
+                }
+                if (!same) {
+                    PyObject *entry = Py_BuildValue("[OOOnn]", ts, region, total, i, i + 1);
+                    if (!entry) goto fail;
+                    if (PyList_Append(txns, entry) < 0 || PyObject_SetAttr(placer, S_cur, entry) < 0) {
+                        Py_DECREF(entry);
+                        goto fail;
+                    }
+                    Py_SETREF(cur, entry);
+                }
+            }
+            end = i + 1;
+            if (w >= PyList_GET_SIZE(counts)) {
+                PyErr_SetString(PyExc_IndexError, "list index out of range");
+                goto fail;
+            }
+            if (!loaded[w]) {
+                cnt[w] = PyLong_AsSsize_t(PyList_GET_ITEM(counts, w));
+                if (cnt[w] == -1 && PyErr_Occurred()) goto fail;
+                loaded[w] = 1;
+            }
+            char lane = (char)w;
+            if (buf_put(&lb, &lane, 1) < 0) goto fail;
+            pos = cnt[w]++;
+        }
+        /* Op((ts, region, i), ch, db, table), pos */
+        PyObject *seq = PyLong_FromSsize_t(i);
+        if (!seq) goto fail;
+        PyObject *ident = PyTuple_Pack(3, ts, region, seq);
+        Py_DECREF(seq);
+        if (!ident) goto fail;
+        if (!(op = tp->tp_alloc(tp, 0))) {
+            Py_DECREF(ident);
+            goto fail;
+        }
+        int rc = set_slot(d_ident, op, ident);
+        Py_DECREF(ident);
+        if (rc < 0 || set_slot(d_ch, op, ch) < 0 || set_slot(d_db, op, db) < 0 || set_slot(d_table, op, table) < 0)
+            goto fail;
+        PyObject *p = PyLong_FromSsize_t(pos);
+        if (!p) goto fail;
+        rc = set_slot(d_pos, op, p);
+        Py_DECREF(p);
+        if (rc < 0) goto fail;
+        PyObject *unit = PyList_New(1);
+        if (!unit) goto fail;
+        PyList_SET_ITEM(unit, 0, op);  /* (stolen) */
+        op = NULL;
+        rc = PyList_Append(lane_of[w], unit);
+        Py_DECREF(unit);
+        if (rc < 0) goto fail;
+        Py_CLEAR(ch);
+        Py_CLEAR(schema);
+        Py_CLEAR(db);
+        Py_CLEAR(table);
+        Py_CLEAR(keys);
+        Py_CLEAR(group);
+        placed++;
+        i++;
+    }
+    if (placer != Py_None) {  /* the placer's state: its entry's end, its counts, its lanes */
+        if (end >= 0) {
+            PyObject *e = PyLong_FromSsize_t(end);
+            if (!e || PyList_SetItem(cur, 4, e) < 0) goto fail;
+        }
+        for (int w = 0; w < 256; w++) {
+            if (!loaded[w]) continue;
+            PyObject *c = PyLong_FromSsize_t(cnt[w]);
+            if (!c || PyList_SetItem(counts, w, c) < 0) goto fail;
+        }
+        if (lb.n) {
+            Py_ssize_t at = PyByteArray_GET_SIZE(plan_lanes);
+            if (PyByteArray_Resize(plan_lanes, at + lb.n) < 0) goto fail;
+            memcpy(PyByteArray_AS_STRING(plan_lanes) + at, lb.p, lb.n);
+        }
+    }
+    result = Py_BuildValue("(nO)", i, barrier ? Py_True : Py_False);
+fail:
+    Py_XDECREF(ch);
+    Py_XDECREF(schema);
+    Py_XDECREF(db);
+    Py_XDECREF(table);
+    Py_XDECREF(keys);
+    Py_XDECREF(group);
+    Py_XDECREF(op);
+    for (int w = 0; w < 256; w++) Py_XDECREF(lane_of[w]);
+    PyMem_Free(lb.p);
+    Py_XDECREF(cur);
+    Py_XDECREF(txns);
+    Py_XDECREF(plan_lanes);
+    Py_XDECREF(counts);
+    Py_XDECREF(total);
+    Py_DECREF(changes);
+    return result;
 }

@@ -12,7 +12,8 @@
  *   kafka.c          the Kafka sender's json messages and its partitioner hash (kafka_json, murmur2)
  *   unjson.c         those json messages read back for the applier (kafka_unjson, kafka_unrow, kafka_untype)
  *   wire.c           the wire format's rows and values as msgpack (wire_rows, wire_unrows, wire_ext, ...)
- *   causality.c      the MySQL sender's conflict keys and placing (conflict_keys, causality_place, stable_hash)
+ *   causality.c      the MySQL sender's conflict keys and placing (conflict_keys, causality_place, stable_hash,
+ *                    place_run)
  *   snaprows.c       a snapshot chunk's rows: tuples -> dicts -> RowChanges (dict_rows, read_changes)
  *
  * <datetime.h> gives every file that includes it its own (static) PyDateTimeAPI: a file that uses the
@@ -126,6 +127,7 @@ PyObject *wire_setup(PyObject *self, PyObject *args);
 PyObject *conflict_keys(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *causality_place(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *stable_hash(PyObject *self, PyObject *key);
+PyObject *place_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *dict_rows(PyObject *self, PyObject *args);
 PyObject *read_changes(PyObject *self, PyObject *args);
 

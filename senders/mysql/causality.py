@@ -18,6 +18,8 @@ per character) and give every other value to ``_canon``.
 
 from __future__ import annotations
 
+import dataclasses
+import types
 import unicodedata
 import zlib
 from functools import partial
@@ -127,6 +129,7 @@ class CausalityPy:
 _c_keys = getattr(_fastrows, "conflict_keys", None)
 _c_place: Any = getattr(_fastrows, "causality_place", None)
 _c_hash = getattr(_fastrows, "stable_hash", None)
+_c_run = getattr(_fastrows, "place_run", None)
 
 
 class CausalityC(CausalityPy):
@@ -146,3 +149,19 @@ if _c_keys is not None and _c_place is not None and _c_hash is not None:
     conflict_keys = partial(_c_keys, (_plans, _plan, _canon, conflict_keys_py, _fold_char))
     stable_hash = _c_hash
     Causality = CausalityC
+
+
+def make_place_run(op_type: type) -> Any:
+    """The C build of the MySQL sender's placing of one transaction's changes (``place_run`` in
+    capturer/_native/causality.c: ``_Phases.place`` of each change as ``_place_each`` calls it, with
+    these keys, groups and hashes), making ``op_type``'s instances (a slots dataclass of the fields
+    ident, ch, db, table, pos) itself; None where the extension (or its keys) is not built."""
+    if _c_run is None or conflict_keys is conflict_keys_py:
+        return None
+    names = ("ident", "ch", "db", "table", "pos")
+    if tuple(f.name for f in dataclasses.fields(op_type)) != names:
+        return None
+    descrs = tuple(op_type.__dict__.get(n) for n in names)
+    if not all(isinstance(d, types.MemberDescriptorType) for d in descrs):
+        return None
+    return partial(_c_run, (conflict_keys.args[0], op_type, descrs))

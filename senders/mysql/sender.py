@@ -75,7 +75,7 @@ from capturer.util.ini import Key, p_bool, p_choice, p_float, p_int, p_nonempty,
 from capturer.util.mysqlconn import SSL_KEYS
 from senders.base import Sender
 from senders.mysql import position
-from senders.mysql.causality import Causality, conflict_keys, stable_hash
+from senders.mysql.causality import Causality, conflict_keys, make_place_run, stable_hash
 from senders.mysql.worker import (
     DDL_ALREADY_DONE,
     ER_NO_SUCH_TABLE,
@@ -87,6 +87,10 @@ from senders.mysql.worker import (
 )
 
 log = logging.getLogger(__name__)
+
+#: _Phases.place of a transaction's changes one after the other in one C call (``_place_each``; the same
+#: lanes, barriers, flushes, positions and Ops: tests/unit/test_fuzz_mysql_placing.py); None: the Python path
+_place_run: Any = make_place_run(Op)
 
 class MySQLSender(Sender):
     KEYS: ClassVar[list[Key]] = [
@@ -523,6 +527,9 @@ class MySQLSender(Sender):
 
     def _place_each(self, ph: _Phases, txn: Txn, first: int) -> None:
         """Each change (from ``first``) placed on its own; a full phase is handed out meanwhile."""
+        if _place_run is not None and type(txn.changes) in (tuple, list):  # (not a spilled transaction)
+            ph.place_run(txn, first)
+            return
         total = len(txn.changes)
         ts, region, tdb = txn.commit_ts, txn.region, self.target_db
         for i, ch in enumerate(txn.changes):  # a spilled transaction is read chunk by chunk
@@ -699,6 +706,25 @@ class _Phases:
             for op in unit:  # (a unit: consecutive changes of one transaction)
                 op.pos = pos
                 pos += 1
+
+    def place_run(self, txn: Txn, i: int) -> None:
+        """``_place_each``'s loop from change ``i`` in C (``_place_run``): runs of changes placed as
+        ``place`` places each, a full phase handed out and a barrier made between them."""
+        s = self.sender
+        changes = txn.changes
+        total = len(changes)
+        while i < total:
+            if self.placed >= s.phase_rows:  # bounded memory; the next phase is placed meanwhile
+                self.flush()
+            if self.keep and self.placer is None:
+                self.placer = position.Placer(0, None, s.n)
+            j, barrier = _place_run(self.causality.relations, self.lanes, s.n, self.placer, changes, i, self.placed,
+                                    s.phase_rows, txn.commit_ts, txn.region, s.target_db)
+            self.placed += j - i
+            i = j
+            if barrier:  # change i links two groups: the phase ends first
+                s.count("barriers")
+                self.flush()
 
     def settle(self) -> None:
         """Let every phase handed out finish (after an error: the retry uses the same workers)."""
