@@ -15,6 +15,7 @@
  *   causality.c      the MySQL sender's conflict keys and placing (conflict_keys, causality_place, stable_hash,
  *                    place_run)
  *   snaprows.c       a snapshot chunk's rows: tuples -> dicts -> RowChanges (dict_rows, read_changes)
+ *   arrowcols.c      the Spark sender's Arrow column buffers of a batch's rows (arrow_columns)
  *
  * <datetime.h> gives every file that includes it its own (static) PyDateTimeAPI: a file that uses the
  * datetime C API includes it, defines its import function with FR_DATETIME_IMPORT, and module.c's init
@@ -106,6 +107,7 @@ int fr_baikaldb_rows_datetime(void);
 int fr_pg_images_datetime(void);
 int fr_json_datetime(void);
 int fr_wire_datetime(void);
+int fr_arrowcols_datetime(void);
 
 /* the module's functions (module.c's method table) */
 PyObject *baikal_plan(PyObject *mod, PyObject *args);
@@ -130,5 +132,6 @@ PyObject *stable_hash(PyObject *self, PyObject *key);
 PyObject *place_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *dict_rows(PyObject *self, PyObject *args);
 PyObject *read_changes(PyObject *self, PyObject *args);
+PyObject *arrow_columns(PyObject *self, PyObject *args);
 
 #endif

@@ -66,6 +66,9 @@ static PyMethodDef module_methods[] = {
      "dict_rows(names, raw) -> [dict]: dict(zip(names, row)) for each tuple of raw (a snapshot chunk's rows)"},
     {"read_changes", (PyCFunction)read_changes, METH_VARARGS,
      "read_changes(rows, schema, RowChange, op) -> (RowChange(schema, op, None, row), ...) for each dict of rows"},
+    {"arrow_columns", (PyCFunction)arrow_columns, METH_VARARGS,
+     "arrow_columns(rows, [(key, kind, scale), ...]) -> [(null_count, validity, data, offsets) or None]: the Spark\n"
+     "sender's Arrow buffers of each column (None: the Python path), senders/spark/sender.py lake_table"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -77,7 +80,8 @@ PyMODINIT_FUNC PyInit__fastrows(void) {
     PyDateTime_IMPORT;
     if (!PyDateTimeAPI) return NULL;
     if (fr_mysql_rows_datetime() < 0 || fr_baikaldb_rows_datetime() < 0 || fr_pg_images_datetime() < 0
-        || fr_json_datetime() < 0 || fr_wire_datetime() < 0) return NULL;
+        || fr_json_datetime() < 0 || fr_wire_datetime() < 0
+        || fr_arrowcols_datetime() < 0) return NULL;
     PyObject *decmod = PyImport_ImportModule("decimal");
     if (!decmod) return NULL;
     Decimal = PyObject_GetAttrString(decmod, "Decimal");

@@ -40,6 +40,7 @@ from typing import Any, ClassVar
 
 from capturer.errors import SinkError
 from capturer.model import StreamKey, TableSchema, Txn, key_to_json, stream_key
+from capturer.model.encode import _fastrows
 from capturer.util import failpoints
 from capturer.util.ini import Key, p_bool, p_choice, p_float, p_int, p_nonempty, p_str
 from senders.base import Sender
@@ -100,6 +101,70 @@ _AS_IS: dict[str, set[type]] = {
     "string": {str, type(None)}, "binary": {bytes, type(None)}, "date": {dt.date, type(None)},
     "timestamp_ntz": {dt.datetime, type(None)}, "decimal": {decimal.Decimal, type(None)},
 }
+
+
+# the C build of the columns (capturer/_native/arrowcols.c) where it was built: its column kinds per lake type
+_arrow_columns = getattr(_fastrows, "arrow_columns", None)
+_KINDS = {"bigint": 0, "int": 1, "double": 2, "string": 3, "binary": 4, "date": 5, "timestamp_ntz": 6}
+_META_KINDS = (("_op", 3), ("_commit_ts", 0), ("_region", 3), ("_seq", 1), ("_sub", 1))
+
+
+def _kind(stype: str) -> tuple[int, int] | None:
+    """(kind, scale) of the C columns for a lake type, None for a type they do not build."""
+    k = _KINDS.get(stype)
+    if k is not None:
+        return k, 0
+    m = re.fullmatch(r"decimal\(38,(\d+)\)", stype)
+    return (7, int(m.group(1))) if m else None
+
+
+def lake_table(rows: _Rows, columns: list[list[str]], native: bool = True) -> Any:
+    """One table's rows of a batch as the Arrow table of its changelog file: the metadata columns, then
+    ``columns`` ([name, lake type], the images' values; a missing key is null).
+
+    The Python path (``native=False``, or where the C extension is not built) is the specification: a
+    list per column, values Arrow takes as they are (``_AS_IS``) passed unchanged, any other column's
+    values through ``lake.lake_value``, and ``pa.Table.from_pydict``. With the C extension, each column
+    whose values all are of exactly those types (and fit: an int64, a decimal(38, s) without rounding)
+    is built as Arrow's buffers in one pass over the rows (``arrow_columns``) and wrapped without a copy;
+    the others take the Python path (tests/unit/test_arrowcols.py: the same tables)."""
+    import pyarrow as pa
+
+    fields = [pa.field("_op", pa.string()), pa.field("_commit_ts", pa.int64()),
+              pa.field("_region", pa.string()), pa.field("_seq", pa.int32()),
+              pa.field("_sub", pa.int32())]
+    fields += [pa.field(c, arrow_type(t)) for c, t in columns]
+    data: dict[str, Any] = {
+        "_op": rows.ops, "_commit_ts": rows.ts, "_region": rows.regions, "_seq": rows.seqs,
+        "_sub": rows.subs,
+    }
+    done: set[str] = set()
+    if native and _arrow_columns is not None:
+        n = len(rows.ops)
+        specs = [(c, *k) for c, t in columns if (k := _kind(t)) is not None]
+        built = [(name, b) for name, kind in _META_KINDS for b in _arrow_columns(data[name], [(None, kind, 0)])]
+        built += zip([c for c, _, _ in specs], _arrow_columns(rows.imgs, specs))
+        types = {f.name: f.type for f in fields}
+        buf = pa.py_buffer
+        for name, b in built:
+            if b is None:
+                continue
+            nulls, validity, values, offsets = b
+            bufs = [None if validity is None else buf(validity), buf(values)]
+            if offsets is not None:
+                bufs.insert(1, buf(offsets))
+            data[name] = pa.Array.from_buffers(types[name], n, bufs, null_count=nulls)
+            done.add(name)
+    imgs = rows.imgs
+    get = dict.get
+    for c, t in columns:  # column by column (map: the loop in C); values Arrow takes as they are skip lake_value
+        if c in done:
+            continue
+        vals = list(map(get, imgs, repeat(c)))
+        if not set(map(type, vals)) <= _AS_IS.get(t if not t.startswith("decimal") else "decimal", set()):
+            vals = [lake.lake_value(v, t) for v in vals]
+        data[c] = vals
+    return pa.Table.from_pydict(data, schema=pa.schema(fields))
 
 
 class SparkSender(Sender):
@@ -455,8 +520,6 @@ class SparkSender(Sender):
         return st
 
     def _flush(self, by_table: dict[tuple[str, str], _Rows]) -> None:
-        import pyarrow as pa
-
         for rows in by_table.values():
             if not rows.ops:
                 continue
@@ -477,21 +540,7 @@ class SparkSender(Sender):
                     schemas_done.add(id(s))
             columns = [[c, t] for c, t in seen.items()]
             st = self._state_for(schema, columns)
-            fields = [pa.field("_op", pa.string()), pa.field("_commit_ts", pa.int64()),
-                      pa.field("_region", pa.string()), pa.field("_seq", pa.int32()),
-                      pa.field("_sub", pa.int32())]
-            fields += [pa.field(c, arrow_type(t)) for c, t in columns]
-            data: dict[str, list[Any]] = {
-                "_op": rows.ops, "_commit_ts": rows.ts, "_region": rows.regions, "_seq": rows.seqs,
-                "_sub": rows.subs,
-            }
-            get = dict.get
-            for c, t in columns:  # column by column (map: the loop in C); values Arrow takes as they are skip lake_value
-                vals = list(map(get, imgs, repeat(c)))
-                if not set(map(type, vals)) <= _AS_IS.get(t if not t.startswith("decimal") else "decimal", set()):
-                    vals = [lake.lake_value(v, t) for v in vals]
-                data[c] = vals
-            table = pa.Table.from_pydict(data, schema=pa.schema(fields))
+            table = lake_table(rows, columns)
             stage = self.warehouse / st.name / commits.STAGING
             try:
                 if stage not in self._stages_synced:  # its name made durable with the first batch it holds
