@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -165,7 +164,9 @@ def main() -> int:
     tune()
     txns = workload()
     rows = sum(len(t.changes) for t in txns)
-    out: dict[str, Any] = {"tree": os.getcwd(), "rows": rows}
+    import capturer
+
+    out: dict[str, Any] = {"tree": str(Path(capturer.__file__).resolve().parent.parent), "rows": rows}
     for name, fn in (("send", send), ("encode", encode), ("produce", produce)):
         if name not in args.only.split(","):
             continue

@@ -80,13 +80,29 @@ static inline char *fmt_uint(char *p, unsigned long long n, int width) {
 }
 
 /* json.c: the JSON writer, also used by sql.c and kafka.c */
+/* dict keys (str) already written by one call, with their JSON text ("name", quoted and escaped): a row's
+   column names are the same str objects row after row. A slot holds a reference to its key (so its address
+   is not reused while the text is kept); key_cache_clear drops them. Zeroed before use. */
+#define KC_SLOTS 64
+#define KC_TXT 46
+typedef struct {
+    PyObject *key;
+    Py_ssize_t n;
+    char txt[KC_TXT];
+} KcSlot;
+typedef struct {
+    KcSlot slot[KC_SLOTS];
+} KeyCache;
+void key_cache_clear(KeyCache *kc);
 typedef struct {
     PyObject *fallback;  /* v -> a JSON-able value (capturer.model.encode.json_value(v)[0]) */
     PyObject *b64;       /* set: columns whose value was base64-encoded, or NULL */
     const char *isep, *ksep;
     int isep_n, ksep_n;
     PyObject *rows;      /* tuple: the top-level keys whose dict values are row images, or NULL */
+    KeyCache *keys;      /* the dict keys' texts, or NULL (each key escaped every time) */
 } Enc;
+int put_key(Buf *b, PyObject *k, Enc *e);
 int put_str(Buf *b, PyObject *u);
 int put_int(Buf *b, PyObject *o);
 int put_temporal(Buf *b, PyObject *o, char q);

@@ -11,12 +11,26 @@ FR_DATETIME_IMPORT(fr_json_datetime)
 
 /* JSON text, as json.dumps(obj, ensure_ascii=False, default=json_value)      */
 /* gives it for the values a row holds; see capturer/model/encode.py.              */
+/* 8 bytes of a string: nonzero if one may need escaping (a byte < 0x20, '"' or '\\'). The bit tricks are
+   exact for "has such a byte" (x - 0x01.. & ~x & 0x80.. has a bit set iff some byte of x is 0; x - 0x20.. the
+   same for a byte < 0x20), so a zero answer lets all 8 bytes be copied as they are. */
+static inline uint64_t esc8(const char *s) {
+    const uint64_t ones = 0x0101010101010101ULL, highs = 0x8080808080808080ULL;
+    uint64_t x;
+    memcpy(&x, s, 8);
+    uint64_t q = x ^ (ones * '"'), bs = x ^ (ones * '\\');
+    return (((x - ones * 0x20) & ~x) | ((q - ones) & ~q) | ((bs - ones) & ~bs)) & highs;
+}
+
 static int put_escaped(Buf *b, const char *s, Py_ssize_t n) {
     static const char hex[] = "0123456789abcdef";
     if (buf_grow(b, n + 2) < 0) return -1;
     b->p[b->n++] = '"';
     Py_ssize_t start = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
+        /* (a word at a time where nothing in it needs escaping: the loop below sees every byte otherwise) */
+        while (i + 8 <= n && !esc8(s + i)) i += 8;
+        if (i >= n) break;
         unsigned char ch = (unsigned char)s[i];
         if (ch >= 0x20 && ch != '"' && ch != '\\') continue;
         if (buf_put(b, s + start, i - start) < 0) return -1;
@@ -44,9 +58,33 @@ static int put_escaped(Buf *b, const char *s, Py_ssize_t n) {
 
 int put_str(Buf *b, PyObject *u) {
     Py_ssize_t n;
+    if (PyUnicode_IS_COMPACT_ASCII(u)) /* (ASCII: its characters are its UTF-8 bytes, no conversion) */
+        return put_escaped(b, (const char *)PyUnicode_DATA(u), PyUnicode_GET_LENGTH(u));
     const char *s = PyUnicode_AsUTF8AndSize(u, &n);
     if (!s) return -1;
     return put_escaped(b, s, n);
+}
+
+/* a dict key k (a str) as JSON text, from e->keys where it was written before (exact str only: a subclass'
+   instance is escaped every time, and never held) */
+int put_key(Buf *b, PyObject *k, Enc *e) {
+    KeyCache *kc = e->keys;
+    if (!kc || !PyUnicode_CheckExact(k)) return put_str(b, k);
+    KcSlot *s = &kc->slot[((uintptr_t)k >> 4) % KC_SLOTS];
+    if (s->key == k) return buf_put(b, s->txt, s->n);
+    Py_ssize_t at = b->n;
+    if (put_str(b, k) < 0) return -1;
+    if (b->n - at <= KC_TXT) {
+        Py_INCREF(k);
+        Py_XSETREF(s->key, k); /* (the one it replaces: an exact str, its release runs no code) */
+        s->n = b->n - at;
+        memcpy(s->txt, b->p + at, (size_t)s->n);
+    }
+    return 0;
+}
+
+void key_cache_clear(KeyCache *kc) {
+    for (int i = 0; i < KC_SLOTS; i++) Py_CLEAR(kc->slot[i].key);
 }
 
 static int put_b64(Buf *b, const unsigned char *s, Py_ssize_t n) {
@@ -100,35 +138,47 @@ int put_int(Buf *b, PyObject *o) {
    (naive fields; TIME as [-]H:MM:SS[.ffffff] from the signed total):
    1 = written, 0 = not one of these types, -1 = error */
 /* n >= 0 in exactly `width` digits (zero-padded; wider numbers keep all their digits) */
+/* v < 100 in two digits, from a table: the fields of a date and a time (a year is 1..9999, the rest fit) */
+static const char two_digits[201] =
+    "00010203040506070809101112131415161718192021222324252627282930313233343536373839"
+    "40414243444546474849505152535455565758596061626364656667686970717273747576777879"
+    "8081828384858687888990919293949596979899";
+static inline char *put2(char *p, unsigned v) {
+    memcpy(p, two_digits + 2 * v, 2);
+    return p + 2;
+}
+
+/* YYYY-MM-DD (the year 1..9999 of a date: four digits, as fmt_uint(year, 4) writes it) */
+static inline char *put_ymd(char *p, PyObject *o) {
+    unsigned y = (unsigned)PyDateTime_GET_YEAR(o);
+    p = put2(put2(p, y / 100), y % 100);
+    *p++ = '-';
+    p = put2(p, (unsigned)PyDateTime_GET_MONTH(o));
+    *p++ = '-';
+    return put2(p, (unsigned)PyDateTime_GET_DAY(o));
+}
+
 int put_temporal(Buf *b, PyObject *o, char q) {
     char tmp[96];
     char *p = tmp;
     if (PyDateTime_CheckExact(o)) {
-        int us = PyDateTime_DATE_GET_MICROSECOND(o);
+        unsigned us = (unsigned)PyDateTime_DATE_GET_MICROSECOND(o);
         *p++ = q;
-        p = fmt_uint(p, (unsigned)PyDateTime_GET_YEAR(o), 4);
-        *p++ = '-';
-        p = fmt_uint(p, (unsigned)PyDateTime_GET_MONTH(o), 2);
-        *p++ = '-';
-        p = fmt_uint(p, (unsigned)PyDateTime_GET_DAY(o), 2);
+        p = put_ymd(p, o);
         *p++ = ' ';
-        p = fmt_uint(p, (unsigned)PyDateTime_DATE_GET_HOUR(o), 2);
+        p = put2(p, (unsigned)PyDateTime_DATE_GET_HOUR(o));
         *p++ = ':';
-        p = fmt_uint(p, (unsigned)PyDateTime_DATE_GET_MINUTE(o), 2);
+        p = put2(p, (unsigned)PyDateTime_DATE_GET_MINUTE(o));
         *p++ = ':';
-        p = fmt_uint(p, (unsigned)PyDateTime_DATE_GET_SECOND(o), 2);
+        p = put2(p, (unsigned)PyDateTime_DATE_GET_SECOND(o));
         if (us) {
             *p++ = '.';
-            p = fmt_uint(p, (unsigned)us, 6);
+            p = put2(put2(put2(p, us / 10000), us / 100 % 100), us % 100);
         }
         *p++ = q;
     } else if (PyDate_CheckExact(o)) {
         *p++ = q;
-        p = fmt_uint(p, (unsigned)PyDateTime_GET_YEAR(o), 4);
-        *p++ = '-';
-        p = fmt_uint(p, (unsigned)PyDateTime_GET_MONTH(o), 2);
-        *p++ = '-';
-        p = fmt_uint(p, (unsigned)PyDateTime_GET_DAY(o), 2);
+        p = put_ymd(p, o);
         *p++ = q;
     } else if (PyDelta_CheckExact(o)) {
         if (PyDateTime_DELTA_GET_DAYS(o) > 100000 || PyDateTime_DELTA_GET_DAYS(o) < -100000)
@@ -231,7 +281,7 @@ int put_obj(Buf *b, PyObject *o, Enc *e, PyObject *key, int depth, int row) {
                 child_row = PySequence_Contains(e->rows, k);
                 if (child_row < 0) rc = -1;
             }
-            if (rc == 0 && ((!first && buf_put(b, e->isep, e->isep_n) < 0) || put_str(b, k) < 0
+            if (rc == 0 && ((!first && buf_put(b, e->isep, e->isep_n) < 0) || put_key(b, k, e) < 0
                             || buf_put(b, e->ksep, e->ksep_n) < 0
                             || put_obj(b, v, e, row ? k : NULL, depth + 1, child_row) < 0))
                 rc = -1;

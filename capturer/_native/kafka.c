@@ -46,25 +46,25 @@ static int put_bytes_obj(Buf *b, PyObject *o) {
     return buf_put(b, PyBytes_AS_STRING(o), PyBytes_GET_SIZE(o));
 }
 
-/* the message key: {"c":v,...} of the primary-key columns, compact, bytes as base64 (not listed) */
-static PyObject *kj_key(PyObject *pk, PyObject *image, Enc *ek) {
-    Buf b = {NULL, 0, 0};
+/* the message key: {"c":v,...} of the primary-key columns, compact, bytes as base64 (not listed);
+   rendered in kb (the caller's, reused from key to key) */
+static PyObject *kj_key(Buf *kb, PyObject *pk, PyObject *image, Enc *ek) {
     PyObject *out = NULL;
-    if (buf_put(&b, "{", 1) < 0) goto done;
+    kb->n = 0;
+    if (buf_put(kb, "{", 1) < 0) goto done;
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(pk); i++) {
         PyObject *c = PyTuple_GET_ITEM(pk, i);
         PyObject *v = PyDict_GetItemWithError(image, c); /* borrowed */
         if (!v && PyErr_Occurred()) goto done;
         Py_XINCREF(v);
-        int bad = (i && buf_put(&b, ",", 1) < 0) || put_str(&b, c) < 0 || buf_put(&b, ":", 1) < 0
-                  || put_obj(&b, v ? v : Py_None, ek, NULL, 1, 0) < 0;
+        int bad = (i && buf_put(kb, ",", 1) < 0) || put_key(kb, c, ek) < 0 || buf_put(kb, ":", 1) < 0
+                  || put_obj(kb, v ? v : Py_None, ek, NULL, 1, 0) < 0;
         Py_XDECREF(v);
         if (bad) goto done;
     }
-    if (buf_put(&b, "}", 1) < 0) goto done;
-    out = PyBytes_FromStringAndSize(b.p, b.n);
+    if (buf_put(kb, "}", 1) < 0) goto done;
+    out = PyBytes_FromStringAndSize(kb->p, kb->n);
 done:
-    PyMem_Free(b.p);
     return out;
 }
 
@@ -148,9 +148,12 @@ PyObject *kafka_json(PyObject *self, PyObject *args) {
     PyObject *seq = PySequence_Fast(changes, "changes must be a sequence");
     if (!seq) return NULL;
     PyObject *cache = PyDict_New(), *b64 = PySet_New(NULL), *out = PyList_New(0);
-    Buf b = {NULL, 0, 0};
-    Enc e = {fallback, b64, ",", ":", 1, 1, NULL};
-    Enc ek = {fallback, NULL, ",", ":", 1, 1, NULL};
+    PyObject *last_schema = NULL, *last_pieces = NULL; /* the previous row's (the cache holds both) */
+    Buf b = {NULL, 0, 0}, kb = {NULL, 0, 0};
+    KeyCache kc; /* (the column names' texts, for both encodings: a key's text is the same in each) */
+    memset(&kc, 0, sizeof kc);
+    Enc e = {fallback, b64, ",", ":", 1, 1, NULL, &kc};
+    Enc ek = {fallback, NULL, ",", ":", 1, 1, NULL, &kc};
     char num[64];
     if (!cache || !b64 || !out) goto fail;
     for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(seq); i++) {
@@ -165,7 +168,10 @@ PyObject *kafka_json(PyObject *self, PyObject *args) {
             PyErr_SetString(PyExc_TypeError, "kafka_json: row images must be dicts and the op a str");
             goto row_done;
         }
-        if (!(pieces = schema_piece(cache, schema, piece, kafka_piece_valid))) goto row_done;
+        /* (the rows of a slice are mostly of one table: its pieces without a dict look-up) */
+        if (schema == last_schema) pieces = last_pieces;
+        else if (!(pieces = schema_piece(cache, schema, piece, kafka_piece_valid))) goto row_done;
+        else { last_schema = schema; last_pieces = pieces; }
         PyObject *topic = PyTuple_GET_ITEM(pieces, 0), *dbtable = PyTuple_GET_ITEM(pieces, 2),
                  *pk = PyTuple_GET_ITEM(pieces, 3), *keyless = PyTuple_GET_ITEM(pieces, 4);
         long parts = PyLong_AsLong(PyTuple_GET_ITEM(pieces, 1));
@@ -187,13 +193,19 @@ PyObject *kafka_json(PyObject *self, PyObject *args) {
         }
         unsigned long long sq = (unsigned long long)seq0 + (unsigned long long)i;
         char *np = fmt_uint(num, sq, 1);
-        if (!(seq_h = Py_BuildValue("(Oy#)", h_seq, num, (Py_ssize_t)(np - num)))) goto row_done;
+        {
+            PyObject *sb = PyBytes_FromStringAndSize(num, np - num);
+            if (!sb) goto row_done;
+            seq_h = PyTuple_Pack(2, h_seq, sb);
+            Py_DECREF(sb);
+            if (!seq_h) goto row_done;
+        }
         for (int k = 0; k < nev; k++) {
             int c = ev[k];
             PyObject *key = NULL, *value = NULL, *headers = NULL, *msg = NULL, *partobj = NULL;
             int ok = 0;
             if (PyTuple_GET_SIZE(pk) && img[k] != Py_None) {
-                if (!(key = kj_key(pk, img[k], &ek))) goto ev_done;
+                if (!(key = kj_key(&kb, pk, img[k], &ek))) goto ev_done;
             } else {
                 key = Py_NewRef(Py_None);
             }
@@ -247,12 +259,16 @@ PyObject *kafka_json(PyObject *self, PyObject *args) {
         if (rc < 0) goto fail;
     }
     PyMem_Free(b.p);
+    PyMem_Free(kb.p);
+    key_cache_clear(&kc);
     Py_DECREF(cache);
     Py_DECREF(b64);
     Py_DECREF(seq);
     return out;
 fail:
     PyMem_Free(b.p);
+    PyMem_Free(kb.p);
+    key_cache_clear(&kc);
     Py_XDECREF(cache);
     Py_XDECREF(b64);
     Py_XDECREF(out);
