@@ -273,7 +273,10 @@ PyObject *arrow_columns(PyObject *self, PyObject *args) {
             Py_DECREF(out);
             return NULL;
         }
-        PyObject *c = build(rows, key == Py_None ? NULL : key, kind, scale);
+        /* a decimal(38, s) with s outside 0..38: pyarrow's own precision rules (it refuses values this path
+           would take, e.g. 0 at scale 39), so its Python path */
+        PyObject *c = kind == K_DECIMAL && (scale < 0 || scale > 38) ? Py_NewRef(Py_None)
+                                                                    : build(rows, key == Py_None ? NULL : key, kind, scale);
         if (!c) {
             Py_DECREF(out);
             return NULL;

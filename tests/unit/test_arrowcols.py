@@ -239,3 +239,18 @@ def test_the_buffers_are_arrows() -> None:
     assert col == (0, None, b"\x01\x00\x00\x00\x02\x00\x00\x00", None)
     with pytest.raises(ValueError):
         _fastrows.arrow_columns([1], [(None, 99, 0)])
+
+
+@pytest.mark.parametrize("scale", [39, 40, 76])
+def test_a_decimal_scale_past_38_takes_the_python_path(scale: int) -> None:
+    """decimal(38, s) with s > 38 (no source type maps to one: spark_type caps the scale at 38): pyarrow refuses
+    values the C path would take (0, -0.00001: more digits than 38 at that scale), so the C path leaves the
+    column to it and the batch fails as its Python path does."""
+    for v in (Decimal(0), Decimal("-0.00001"), Decimal("1E-39")):
+        assert _fastrows.arrow_columns([v], [(None, 7, scale)]) == [None]
+    cols = [["x", f"decimal(38,{scale})"]]
+    imgs = [{"x": Decimal(0)}, {"x": None}]
+    with pytest.raises(Exception) as py_err:
+        lake_table(rows_of(imgs), cols, native=False)
+    with pytest.raises(type(py_err.value)):
+        lake_table(rows_of(imgs), cols, native=True)
