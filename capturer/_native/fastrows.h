@@ -9,7 +9,8 @@
  *   pg_images.c      PostgreSQL pgoutput TupleData -> row images (pg_plan)
  *   json.c           JSON text of row values and of the file sender's lines (json_dumps, json_lines)
  *   sql.c            SQL literals as pymysql writes them (sql_literals, sql_tuples)
- *   kafka.c          the Kafka sender's json messages and its partitioner hash (kafka_json, murmur2)
+ *   kafka.c          the Kafka sender's json messages, its partitioner hash and its produce loop (kafka_json,
+ *                    murmur2, kafka_produce_each)
  *   unjson.c         those json messages read back for the applier (kafka_unjson, kafka_unrow, kafka_untype)
  *   wire.c           the wire format's rows and values as msgpack (wire_rows, wire_unrows, wire_ext, ...)
  *   causality.c      the MySQL sender's conflict keys and placing (conflict_keys, causality_place, stable_hash,
@@ -134,6 +135,7 @@ PyObject *sql_literals(PyObject *self, PyObject *args);
 PyObject *sql_tuples(PyObject *self, PyObject *args);
 PyObject *murmur2(PyObject *self, PyObject *arg);
 PyObject *kafka_json(PyObject *self, PyObject *args);
+PyObject *kafka_produce_each(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *kafka_unjson(PyObject *self, PyObject *arg);
 PyObject *kafka_untype(PyObject *self, PyObject *args);
 PyObject *kafka_unrow(PyObject *self, PyObject *args);

@@ -1,7 +1,7 @@
 /*
  * kafka.c (capturer._fastrows): the Kafka sender's json format (one Debezium-like envelope per change, its
- * key and headers) and Kafka's murmur2 partitioner hash.
- * Python-visible: kafka_json, murmur2.
+ * key and headers), Kafka's murmur2 partitioner hash and the confluent producer's loop over the messages.
+ * Python-visible: kafka_json, murmur2, kafka_produce_each.
  */
 #include "fastrows.h"
 
@@ -276,3 +276,48 @@ fail:
     return NULL;
 }
 
+
+/* kafka_produce_each(produce, messages, start) -> the index of the first message not produced: for each
+ * (topic, partition, key, value, headers) of the list messages from start on, produce(topic, value, key,
+ * partition, None, None, 0, headers) (a confluent-kafka Producer's produce, every argument positional),
+ * as ConfluentClient.produce_all's loop does, without a Python loop. It stops at a message that produce
+ * refuses with BufferError (the producer's queue is full; the exception cleared): the caller waits for
+ * room, produces that one and calls again from the next. Any other exception is raised. */
+PyObject *kafka_produce_each(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3 || !PyList_Check(args[1]) || !PyLong_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "kafka_produce_each(produce, messages: list, start: int)");
+        return NULL;
+    }
+    PyObject *produce = args[0], *msgs = args[1];
+    Py_ssize_t i = PyLong_AsSsize_t(args[2]);
+    if (i == -1 && PyErr_Occurred()) return NULL;
+    if (i < 0) {
+        PyErr_SetString(PyExc_ValueError, "kafka_produce_each: start must be >= 0");
+        return NULL;
+    }
+    PyObject *zero = PyLong_FromLong(0);
+    if (!zero) return NULL;
+    /* (the size is read at each step: produce may run code that changes the list) */
+    for (; i < PyList_GET_SIZE(msgs); i++) {
+        PyObject *m = PyList_GET_ITEM(msgs, i);
+        if (!PyTuple_Check(m) || PyTuple_GET_SIZE(m) != 5) {
+            PyErr_SetString(PyExc_TypeError, "kafka_produce_each: a message is (topic, partition, key, value, headers)");
+            Py_DECREF(zero);
+            return NULL;
+        }
+        Py_INCREF(m);
+        PyObject *call[8] = {PyTuple_GET_ITEM(m, 0), PyTuple_GET_ITEM(m, 3), PyTuple_GET_ITEM(m, 2),
+                             PyTuple_GET_ITEM(m, 1), Py_None, Py_None, zero, PyTuple_GET_ITEM(m, 4)};
+        PyObject *r = PyObject_Vectorcall(produce, call, 8, NULL);
+        Py_DECREF(m);
+        if (!r) {
+            Py_DECREF(zero);
+            if (!PyErr_ExceptionMatches(PyExc_BufferError)) return NULL;
+            PyErr_Clear();
+            return PyLong_FromSsize_t(i);
+        }
+        Py_DECREF(r);
+    }
+    Py_DECREF(zero);
+    return PyLong_FromSsize_t(i);
+}

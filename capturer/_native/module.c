@@ -38,6 +38,9 @@ static PyMethodDef module_methods[] = {
     {"kafka_json", (PyCFunction)kafka_json, METH_VARARGS,
      "kafka_json(changes, seq0, txn_rows, (head, mid, tail, tail_last, end), piece, fallback, (h_region, h_ts),\n"
      "tombstones) -> [(topic, partition, key, value, headers)]: the Kafka sender's json messages of changes"},
+    {"kafka_produce_each", (PyCFunction)(void (*)(void))kafka_produce_each, METH_FASTCALL,
+     "kafka_produce_each(produce, messages, start) -> the index of the first message not produced (BufferError):\n"
+     "produce(topic, value, key, partition, None, None, 0, headers) of each (topic, partition, key, value, headers)"},
     {"kafka_unjson", (PyCFunction)kafka_unjson, METH_O,
      "kafka_unjson(value: bytes) -> (db, table, before, after, frozenset of base64 columns), or None for what it\n"
      "does not read (the Python path does): one message of the Kafka sender's json format, as the applier keeps it"},

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from capturer.errors import SinkError
+from capturer.model.encode import _fastrows
 from capturer.util.kafkasec import Watch, kafka_python_conf, librdkafka_conf
 from senders.kafka.positions import Record
 
@@ -454,6 +455,10 @@ def confluent_available() -> bool:
     return importlib.util.find_spec("confluent_kafka") is not None
 
 
+# ConfluentClient.produce_all's loop in C where it was built (capturer/_native/kafka.c)
+_produce_each: Callable[[Any, list[Message], int], int] | None = getattr(_fastrows, "kafka_produce_each", None)
+
+
 class ConfluentClient(Client):
     def __init__(self, servers: str, opts: dict[str, Any], watch: Watch | None = None):
         import confluent_kafka
@@ -536,13 +541,22 @@ class ConfluentClient(Client):
         # per call, about 0.3 us of its ~1 us a message (bench/kafka_encode.py); callback and
         # on_delivery None and timestamp 0 are its defaults (the producer's on_delivery, the time now)
         produce = self.producer.produce
-        # (type: ignore: confluent-kafka only reads the headers, and takes str or None values too: list is
-        # invariant; a cast() here would be a Python call per message)
-        for topic, part, key, value, headers in messages:
-            try:
-                produce(topic, value, key, part, None, None, 0, headers)  # type: ignore[arg-type]
-            except BufferError:
-                self.produce(topic, part, key, value, headers)  # waits for room
+        each = _produce_each
+        if each is not None and type(messages) is list:  # the same calls from C (capturer/_native/kafka.c)
+            i, n = 0, len(messages)
+            while i < n:
+                i = each(produce, messages, i)
+                if i < n:  # the queue is full: wait for room for this one, then on from the next
+                    self.produce(*messages[i])
+                    i += 1
+        else:
+            # (type: ignore: confluent-kafka only reads the headers, and takes str or None values too: list is
+            # invariant; a cast() here would be a Python call per message)
+            for topic, part, key, value, headers in messages:
+                try:
+                    produce(topic, value, key, part, None, None, 0, headers)  # type: ignore[arg-type]
+                except BufferError:
+                    self.produce(topic, part, key, value, headers)  # waits for room
         # failure reports are served now and then (and by flush): poll() lets go of the
         # GIL, and getting it back from the decoding threads costs up to a switch interval
         self._since_poll += len(messages)

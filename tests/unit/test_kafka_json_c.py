@@ -170,3 +170,69 @@ def test_rows_alternating_between_tables(tombstones: bool) -> None:
             changes.extend(RowChange(s, "insert", None, {**key, "v": j}) for j in range(3))
     for seq0 in (0, 1, 77):
         assert_same(changes, tombstones=tombstones, seq0=seq0)
+
+
+class FakeProducer:
+    """confluent-kafka's Producer as produce_all calls it: records each produce's arguments; refuses the
+    calls numbered in ``full`` with BufferError (a full queue)."""
+
+    def __init__(self, full: set[int]) -> None:
+        self.calls: list[tuple[Any, ...]] = []
+        self.full = set(full)
+        self.n = 0
+        self.polls = 0
+
+    def produce(self, *args: Any, **kw: Any) -> None:
+        self.n += 1
+        if self.n in self.full:
+            self.full.discard(self.n)
+            raise BufferError("Local: Queue full")
+        self.calls.append((args, kw))
+
+    def poll(self, timeout: float = 0) -> int:
+        self.polls += 1
+        return 0
+
+
+@pytest.mark.parametrize("full", [set(), {1}, {3, 4}, {7}, {2, 3, 4, 5}])
+def test_produce_all_in_c_makes_the_calls_of_the_python_loop(monkeypatch: pytest.MonkeyPatch, full: set[int]) -> None:
+    """ConfluentClient.produce_all through the C loop (kafka_produce_each) and through its Python loop: the
+    same produce calls, in the same order, with the same arguments; a full queue (BufferError) waits and
+    goes on with the message it refused, each message produced once."""
+    from senders.kafka import client as kc
+
+    if getattr(_fastrows, "kafka_produce_each", None) is None:
+        pytest.skip("the C extension has no kafka_produce_each")
+    msgs = [("t", i % 3, None if i == 2 else b"k%d" % i, None if i == 4 else b"v%d" % i,
+             [("region", b"r"), ("seq", str(i).encode())]) for i in range(7)]
+    made = []
+    for each in (kc._produce_each, None):
+        monkeypatch.setattr(kc, "_produce_each", each)
+        c = kc.ConfluentClient.__new__(kc.ConfluentClient)
+        c.producer, c._since_poll = FakeProducer(full), 0
+        c.produce_all(list(msgs))
+        assert not c.producer.full  # (every refusal happened, and the refused message went again)
+        made.append(c.producer.calls)
+    assert made[0] == made[1]
+    assert made[0] == [((t, v, k, p, None, None, 0, h), {}) for t, p, k, v, h in msgs]
+
+
+def test_produce_each_raises_what_is_not_a_full_queue() -> None:
+    each = getattr(_fastrows, "kafka_produce_each", None)
+    if each is None:
+        pytest.skip("the C extension has no kafka_produce_each")
+
+    def produce(*args: Any) -> None:
+        if args[1] == b"bad":
+            raise ValueError("refused")
+
+    msgs = [("t", 0, b"k", b"ok", []), ("t", 0, b"k", b"bad", [])]
+    with pytest.raises(ValueError, match="refused"):
+        each(produce, msgs, 0)
+    assert each(produce, msgs, 2) == 2
+    assert each(produce, msgs[:1], 0) == 1
+    for bad in ([("t", 0)], (("t", 0, b"k", b"v", []),)):
+        with pytest.raises(TypeError):
+            each(produce, bad, 0)
+    with pytest.raises(ValueError):
+        each(produce, msgs, -1)
