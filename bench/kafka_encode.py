@@ -1,6 +1,6 @@
 """Micro-bench of the Kafka sender's per-row work (issue 50), format json, client confluent: no broker.
 
-    .venv/bin/python bench/kafka_encode.py [--repeat 3] [--only send,encode,produce] [--json OUT]
+    .venv/bin/python bench/kafka_encode.py [--repeat 3] [--only send,encode,produce[,flush]] [--json OUT]
 
 Over bench/sender_encode.py's workload (the bench table's rows: 300,000 inserts, 75,000 updates with both
 images, 30,000 deletes, in 100-row transactions) it times, per row:
@@ -11,7 +11,11 @@ images, 30,000 deletes, in 100-row transactions) it times, per row:
 * ``encode``: the C ``kafka_json`` calls alone (one per transaction), for the share of ``send`` they are;
 * ``produce``: ``ConfluentClient.produce_all`` of those messages into a real confluent-kafka producer whose
   broker is not reachable (127.0.0.1:9): librdkafka queues them (copies, headers, the delivery state) and
-  sends nothing; purged after each 100,000 messages (not timed).
+  sends nothing; purged after each 100,000 messages (not timed);
+* ``flush`` (not in the default ``--only``; starts an Apache Kafka broker, devtools/local_kafka.py): the first
+  100,000 messages produced (as produce_all does) to a 3-partition topic, then ``flush``: the calling
+  thread's CPU (``time.thread_time``) and wall time of each, with the producer's ``on_delivery`` (the
+  sender's) and without, with a thread spinning in Python (the GIL contended) and without; one line each.
 
 CPU time (``time.process_time``), the best of ``--repeat`` runs; the capturer's malloc and collector
 settings. Run it from each tree in turn (interleaved) to compare two versions.
@@ -155,6 +159,65 @@ def produce(txns: list[Txn]) -> float:
     return cpu
 
 
+def flush(txns: list[Txn], repeat: int) -> list[dict[str, Any]]:
+    import threading
+
+    import confluent_kafka
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from devtools.local_kafka import Broker
+    from senders.kafka.client import Reports
+
+    msgs = [m for ms in messages(txns[:1000]) for m in ms]
+    topics = {m[0] for m in msgs}
+    b = Broker().start()
+    out = []
+    try:
+        admin = AdminClient({"bootstrap.servers": b.servers})
+        for fut in admin.create_topics([NewTopic(t, 3, 1) for t in topics]).values():
+            fut.result(30)
+        stop = threading.Event()
+
+        def spin() -> None:
+            x = 0
+            while not stop.is_set():
+                x += 1
+
+        for rnd in range(repeat):
+            for busy in (False, True):
+                for dr in (True, False):
+                    conf: dict[str, Any] = {"bootstrap.servers": b.servers, "acks": "all", "enable.idempotence": True,
+                                            "linger.ms": 5, "queue.buffering.max.messages": 1_000_000,
+                                            "delivery.report.only.error": True}
+                    if dr:
+                        conf["on_delivery"] = Reports()
+                    p = confluent_kafka.Producer(conf)
+                    for t in topics:
+                        p.list_topics(t, timeout=10)
+                    stop.clear()
+                    th = threading.Thread(target=spin) if busy else None
+                    if th is not None:
+                        th.start()
+                    c0, w0 = time.thread_time(), time.monotonic()
+                    for topic, part, key, value, headers in msgs:
+                        p.produce(topic, value, key, part, None, None, 0, headers)
+                    c1, w1 = time.thread_time(), time.monotonic()
+                    left = p.flush(120)
+                    c2, w2 = time.thread_time(), time.monotonic()
+                    stop.set()
+                    if th is not None:
+                        th.join()
+                    out.append({"round": rnd, "busy_thread": busy, "on_delivery": dr, "messages": len(msgs),
+                                "left": left, "produce_cpu_us_per_msg": round((c1 - c0) / len(msgs) * 1e6, 3),
+                                "flush_cpu_us_per_msg": round((c2 - c1) / len(msgs) * 1e6, 3),
+                                "produce_wall_s": round(w1 - w0, 3), "flush_wall_s": round(w2 - w1, 3)})
+                    print(json.dumps(out[-1]), flush=True)
+                    del p
+    finally:
+        b.cleanup()
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeat", type=int, default=3)
@@ -167,6 +230,8 @@ def main() -> int:
     import capturer
 
     out: dict[str, Any] = {"tree": str(Path(capturer.__file__).resolve().parent.parent), "rows": rows}
+    if "flush" in args.only.split(","):
+        out["flush"] = flush(txns, args.repeat)
     for name, fn in (("send", send), ("encode", encode), ("produce", produce)):
         if name not in args.only.split(","):
             continue
