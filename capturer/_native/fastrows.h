@@ -12,7 +12,7 @@
  *   kafka.c          the Kafka sender's json messages, its partitioner hash and its produce loop (kafka_json,
  *                    murmur2, kafka_produce_each)
  *   unjson.c         those json messages read back for the applier (kafka_unjson, kafka_unrow, kafka_untype)
- *   wire.c           the wire format's rows and values as msgpack (wire_rows, wire_unrows, wire_ext, ...)
+ *   wire.c           the wire format's rows and values as msgpack (wire_rows, wire_unrows, wire_pack, wire_unpack_item, ...)
  *   causality.c      the MySQL sender's conflict keys and placing (conflict_keys, causality_place, stable_hash,
  *                    place_run)
  *   snaprows.c       a snapshot chunk's rows: tuples -> dicts -> RowChanges (dict_rows, read_changes)
@@ -144,6 +144,8 @@ PyObject *wire_unrows(PyObject *self, PyObject *args);
 PyObject *wire_ext(PyObject *self, PyObject *args);
 PyObject *wire_unpack(PyObject *self, PyObject *arg);
 PyObject *wire_setup(PyObject *self, PyObject *args);
+PyObject *wire_unpack_item(PyObject *self, PyObject *args);
+PyObject *wire_pack(PyObject *self, PyObject *args);
 PyObject *conflict_keys(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *causality_place(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *stable_hash(PyObject *self, PyObject *key);

@@ -65,6 +65,13 @@ static PyMethodDef module_methods[] = {
     {"wire_setup", (PyCFunction)wire_setup, METH_VARARGS, "wire_setup(msgpack.ExtType, python_ext_hook)"},
     {"wire_unpack", (PyCFunction)wire_unpack, METH_O,
      "wire_unpack(data) -> the one msgpack value of data, as wire.unpackb reads it (extension values made in C)"},
+    {"wire_pack", (PyCFunction)wire_pack, METH_VARARGS,
+     "wire_pack(value, fallback) -> bytes: msgpack.packb(value, default=fallback, use_bin_type=True,\n"
+     "unicode_errors='surrogatepass') for the wire format's values (ValueError past 64 levels of nesting)"},
+    {"wire_unpack_item", (PyCFunction)wire_unpack_item, METH_VARARGS,
+     "wire_unpack_item(data, schemas, RowChange, ops, max_rows) -> list or None: a backlog record's values as\n"
+     "wire_unpack reads them, the rows of its \"t\"/\"c\" values made RowChange objects (wire_unrows'); None when a\n"
+     "transaction holds more than max_rows rows (> 0)"},
     {"dict_rows", (PyCFunction)dict_rows, METH_VARARGS,
      "dict_rows(names, raw) -> [dict]: dict(zip(names, row)) for each tuple of raw (a snapshot chunk's rows)"},
     {"read_changes", (PyCFunction)read_changes, METH_VARARGS,

@@ -111,6 +111,12 @@ if _fast is not None:
     _EXT_HOOK = _fast.wire_ext
 
 
+_unpack_item: Any = getattr(_fast, "wire_unpack_item", None) if _fast is not None else None
+# msgpack.packb makes a Packer with a 256 KiB buffer per call: past the capturer's malloc mmap threshold
+# (capturer/util/memory.py) an mmap and an munmap each time; the C packer grows a small buffer instead
+_pack: Any = getattr(_fast, "wire_pack", None) if _fast is not None else None
+
+
 def _packb(v: Any) -> bytes:
     return msgpack.packb(v, default=_default, unicode_errors="surrogatepass", use_bin_type=True)
 
@@ -129,6 +135,11 @@ def _big_ints(v: Any) -> Any:
 
 
 def packb(v: Any) -> bytes:
+    if _pack is not None and _fast is not None:  # the same bytes (tests/unit/test_agent_wire.py compares them)
+        try:
+            return _pack(v, _default)
+        except ValueError:  # nested deeper than C goes: msgpack's own answer
+            pass
     try:
         return _packb(v)
     except OverflowError:
@@ -140,6 +151,17 @@ def unpackb(data: bytes) -> Any:
         return _fast.wire_unpack(data)
     return msgpack.unpackb(data, ext_hook=_EXT_HOOK, unicode_errors="surrogatepass", raw=False,
                            strict_map_key=False)
+
+
+def unpack_item(data: bytes, decoder: Decoder, max_rows: int) -> list[Any] | None:
+    """The values of one msgpack array (a backlog record's payload) with the rows of its "t" and "c"
+    values already made ``RowChange`` objects (``decoder``'s schemas), in C: None where the C build is
+    missing, or when a transaction holds more than ``max_rows`` rows (> 0). ValueError (TypeError,
+    KeyError) for data that is not that: the caller's reference path (``unpackb`` and ``TxnReader``)
+    reads it again and says what is wrong."""
+    if _unpack_item is None or _fast is None:
+        return None
+    return _unpack_item(data, decoder.schemas, RowChange, OPS, max_rows)
 
 
 def position_json(pos: Any) -> Any:
@@ -241,6 +263,11 @@ class Decoder:
     def __init__(self, region: str) -> None:
         self.region = region
         self.schemas: dict[int, tuple[TableSchema, tuple[str, ...]]] = {}
+        # the backlog's readers: a position equal to the last one read is that object again (a heartbeat
+        # after its transaction); off for the agents' streams, whose regions tell a new position by identity
+        self.reuse_positions = False
+        self._last_pos_json: Any = None
+        self._last_pos: Any = None
 
     def schema(self, v: list[Any]) -> None:
         try:
@@ -273,20 +300,36 @@ class Decoder:
 
     def header(self, v: list[Any]) -> tuple[dict[str, Any], int, list[RowChange]]:
         """A "t" value: (the Txn's fields but changes, rows in all, its first row changes)."""
+        fields, n = self.fields(v)
+        return fields, n, self.rows(v[8])
+
+    def fields(self, v: list[Any]) -> tuple[dict[str, Any], int]:
+        """A "t" value's header: (the Txn's fields but changes, rows in all)."""
         try:
-            _, commit_ts, pos, source_ts, gtid, d, snap, n, rows = v
-            fields = {"region": self.region, "commit_ts": int(commit_ts), "position": read_position(pos),
+            _, commit_ts, pos, source_ts, gtid, d, snap, n, _rows = v
+            fields = {"region": self.region, "commit_ts": int(commit_ts), "position": self._position(pos),
                       "source_ts": int(source_ts), "gtid": str(gtid),
                       "ddl": None if d is None else Ddl(d[0], d[1], d[2], d[3], int(d[4])),
                       "snapshot": None if snap is None else SnapshotMark(str(snap[0]), int(snap[1]), bool(snap[2]))}
+            return fields, int(n)
         except (TypeError, ValueError, IndexError) as exc:
             raise WireError(f"bad transaction header: {exc!r}") from None
-        return fields, int(n), self.rows(rows)
+
+    def _position(self, d: Any) -> Any:
+        """``read_position(d)``; with ``reuse_positions``, the same object again for the same value
+        as the last one (positions are immutable)."""
+        if not self.reuse_positions:
+            return read_position(d)
+        if d is not None and d == self._last_pos_json:
+            return self._last_pos
+        pos = read_position(d)
+        self._last_pos_json, self._last_pos = d, pos
+        return pos
 
     def heartbeat(self, v: list[Any]) -> Heartbeat:
         try:
             _, ts, pos = v
-            return Heartbeat(self.region, int(ts), read_position(pos))
+            return Heartbeat(self.region, int(ts), self._position(pos))
         except (TypeError, ValueError) as exc:
             raise WireError(f"bad heartbeat {v!r}: {exc}") from None
 

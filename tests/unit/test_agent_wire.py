@@ -263,3 +263,46 @@ def test_the_c_reader_reads_what_msgpack_reads_and_refuses_what_it_refuses() -> 
         assert fast[0] == want[0], (data[:80], fast, want)
         if fast[0] == "ok":
             assert fast[1] == want[1], data[:80]
+
+
+@pytest.mark.skipif(wire._fast is None, reason="the C build of capturer/_native/ is not here")
+def test_the_c_packer_writes_what_msgpack_writes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """wire.packb in C (wire_pack: no msgpack Packer and its 256 KiB buffer per call) against the
+    msgpack path on random values: the same bytes, or both refuse; nesting past C's depth goes to msgpack."""
+    import random
+
+    rng = random.Random(17)
+
+    class Sub(dict):  # type: ignore[type-arg]
+        pass
+
+    def value(depth: int = 0) -> object:
+        r = rng.random()
+        if depth < 3 and r < 0.15:
+            return [value(depth + 1) for _ in range(rng.randrange(0, 20))]
+        if depth < 3 and r < 0.2:
+            return tuple(value(depth + 1) for _ in range(rng.randrange(0, 5)))
+        if depth < 3 and r < 0.3:
+            d = {rng.choice(["a", "bé", "", "k" * 40, 5, None, 2.5]): value(depth + 1) for _ in range(rng.randrange(18))}
+            return Sub(d) if r < 0.22 else d
+        return rng.choice(VALUES + [rng.randrange(-(2**63), 2**64), rng.random() * 1e300, "s" * rng.randrange(300),
+                                    b"b" * rng.randrange(70_000), -rng.randrange(2**31), bytearray(b"ab"),
+                                    memoryview(b"cd"), 1 << 64, -(1 << 63) - 1, frozenset({1}), object()])
+
+    def outcome(v: object) -> tuple[str, object]:
+        try:
+            return "ok", wire.packb(v)
+        except (TypeError, ValueError) as exc:
+            return "error", type(exc).__name__
+
+    for _ in range(3000):
+        v = value()
+        fast = outcome(v)
+        with monkeypatch.context() as m:
+            m.setattr(wire, "_fast", None)
+            want = outcome(v)
+        assert fast == want, repr(v)[:200]
+    deep: list[object] = []
+    for _ in range(100):
+        deep = [deep]
+    assert wire.packb(deep) == wire._packb(deep)
