@@ -1940,15 +1940,15 @@ def part_mysql(ctx: Bench) -> None:
         from senders.mysql import causality
 
         reset_target(target)
-        real_placing = msender.conflict_keys, msender.Causality, msender.stable_hash, msender._place_run
+        real_placing = msender.conflict_keys, msender.Causality, msender.stable_hash, msender._place_txns
         # the placing in Python (senders/mysql/causality.py's specification) instead of its C twin
-        msender.conflict_keys, msender.Causality, msender.stable_hash, msender._place_run = (
+        msender.conflict_keys, msender.Causality, msender.stable_hash, msender._place_txns = (
             causality.conflict_keys_py, causality.CausalityPy, causality.stable_hash_py, None)
         try:
             e2e("mysql-py-placing", mysql_cfg, total, results["mysql"]["rows_per_s"],
                 "capturer -> mysql, conflict keys and placing in Python; ratio to this release")
         finally:
-            msender.conflict_keys, msender.Causality, msender.stable_hash, msender._place_run = real_placing
+            msender.conflict_keys, msender.Causality, msender.stable_hash, msender._place_txns = real_placing
     if "atomic" in only:  # whole source transactions, with the lanes' exact position and without it
         for name, extra_cfg in (("mysql-atomic", "txn_atomic=true\n"),
                                 ("mysql-atomic-nopos", "txn_atomic=true\nmeta_database=\n"),

@@ -14,9 +14,9 @@ it is built:
   placing (a barrier resets the groups, as the sender's flush does);
 * ``sender``: ``MySQLSender.send`` of the rows in 100-row transactions (``--txn-rows``) with 8 workers that apply
   nothing (their futures complete at once), ``meta_database`` on (the position's manifest built):
-  everything the sender's thread does per row but the SQL. ``c`` places a transaction's changes in one
-  C call (``place_run``); ``c_each`` (``sender_c_each``) each change through the C twins one by one, as
-  before it (``sender_run_speedup``: c_each / c).
+  everything the sender's thread does per row but the SQL. ``c`` places the changes of a run of
+  transactions in one C call (``place_txns``); ``c_each`` (``sender_c_each``) each change through the
+  C twins one by one, as before it (``sender_run_speedup``: c_each / c).
 
 The process takes the capturer's malloc and garbage-collector settings (``capturer.util.memory.tune``).
 Each figure is CPU time (``time.process_time``: the machine's load does not count in it, the wait for a
@@ -138,10 +138,10 @@ def time_sender(rows: list[RowChange], impl: str) -> float:
     import senders.mysql.sender as ms
 
     keys, causality_cls, h = use("py" if impl == "py" else "c")
-    saved = ms.conflict_keys, ms.Causality, ms.stable_hash, ms._place_run
+    saved = ms.conflict_keys, ms.Causality, ms.stable_hash, ms._place_txns
     ms.conflict_keys, ms.Causality, ms.stable_hash = keys, causality_cls, h
     if impl != "c":  # "c_each": each change through the C twins one by one (round 4's first step)
-        ms._place_run = None
+        ms._place_txns = None
 
     class Idle:
         def submit(self, units: Any, atomic: bool, mark: Any) -> Future[int]:
@@ -163,7 +163,7 @@ def time_sender(rows: list[RowChange], impl: str) -> float:
         s._send(batch)
         return time.process_time() - t0
     finally:
-        ms.conflict_keys, ms.Causality, ms.stable_hash, ms._place_run = saved
+        ms.conflict_keys, ms.Causality, ms.stable_hash, ms._place_txns = saved
 
 
 def main() -> None:
@@ -183,7 +183,7 @@ def main() -> None:
     import senders.mysql.sender as ms
 
     for part, fn in (("keys", time_keys), ("place", time_place), ("sender", time_sender)):
-        each = part == "sender" and "c" in impls and getattr(ms, "_place_run", None) is not None
+        each = part == "sender" and "c" in impls and getattr(ms, "_place_txns", None) is not None
         these = impls + (["c_each"] if each else [])
         best = dict.fromkeys(these, float("inf"))
         for _ in range(a.repeat):  # alternated, each after a full collection: the load moves under us

@@ -1,8 +1,8 @@
 /*
  * causality.c (capturer._fastrows): the MySQL sender's per-row placing (senders/mysql/causality.py is the
  * specification; tests/unit/test_fuzz_causality.py compares the two).
- * Python-visible: conflict_keys, causality_place, stable_hash, place_run (a transaction's changes placed
- * as senders/mysql/sender.py _place_each places them one by one).
+ * Python-visible: conflict_keys, causality_place, stable_hash, place_txns (a batch's transactions placed
+ * as senders/mysql/sender.py _send places their changes one by one).
  *
  * conflict_keys gives exactly the strings of the Python conflict_keys: ints, bytes and strings are folded
  * here, any other value (a float, a Decimal, a datetime, a bool, a subclass) goes through the Python _canon.
@@ -377,7 +377,7 @@ PyObject *stable_hash(PyObject *self, PyObject *key) {
     return PyLong_FromUnsignedLong(h);
 }
 
-static PyObject *S_db, *S_table, *S_cur, *S_txns, *S_lanes, *S_counts;
+static PyObject *S_db, *S_table, *S_cur, *S_txns, *S_lanes, *S_counts, *S_ddl, *S_changes, *S_commit_ts, *S_region;
 
 static int intern_names(void) {
     return ((S_get_schema || (S_get_schema = PyUnicode_InternFromString("schema")))
@@ -386,206 +386,180 @@ static int intern_names(void) {
             && (S_cur || (S_cur = PyUnicode_InternFromString("_cur")))
             && (S_txns || (S_txns = PyUnicode_InternFromString("_txns")))
             && (S_lanes || (S_lanes = PyUnicode_InternFromString("lanes")))
-            && (S_counts || (S_counts = PyUnicode_InternFromString("counts")))) ? 0 : -1;
+            && (S_counts || (S_counts = PyUnicode_InternFromString("counts")))
+            && (S_ddl || (S_ddl = PyUnicode_InternFromString("ddl")))
+            && (S_changes || (S_changes = PyUnicode_InternFromString("changes")))
+            && (S_commit_ts || (S_commit_ts = PyUnicode_InternFromString("commit_ts")))
+            && (S_region || (S_region = PyUnicode_InternFromString("region")))) ? 0 : -1;
 }
 
 /* obj.<the slot of descriptor d> = v (a dataclass's slot: its member descriptor) */
 static int set_slot(PyObject *d, PyObject *obj, PyObject *v) {
     descrsetfunc f = Py_TYPE(d)->tp_descr_set;
     if (!f) {
-        PyErr_SetString(PyExc_TypeError, "place_run: an Op field is not a settable descriptor");
+        PyErr_SetString(PyExc_TypeError, "place_txns: an Op field is not a settable descriptor");
         return -1;
     }
     return f(d, obj, v);
 }
 
-/* place_run((keys_ctx, Op, (ident, ch, db, table, pos descriptors)), relations, lanes, n, placer, changes, i,
-   placed, limit, commit_ts, region, target_db) -> (j, barrier)
+/* one place_txns call's state */
+typedef struct {
+    PyObject *kctx, *rel, *lanes, *tdb, *placer;
+    PyTypeObject *optype;
+    PyObject *d_ident, *d_ch, *d_db, *d_table, *d_pos;
+    long n;
+    int use_tdb;
+    PyObject *lane_of[256];  /* lanes[w], held */
+    /* the placer's: its entry being filled (cur, held; its end, exclusive, not written yet: end, -1 when
+       written), its lists, its counts[w] (cnt, read once: loaded) and the lanes placed (lb, appended at
+       the end) */
+    PyObject *cur, *txns, *plan_lanes, *counts;
+    Py_ssize_t end;
+    Py_ssize_t cnt[256];
+    unsigned char loaded[256];
+    Buf lb;
+} Run;
 
-   senders/mysql/sender.py _Phases.place of each change i, i+1, ... of one transaction's changes (a list or
-   tuple) as _place_each does it, while placed < limit: its Op((commit_ts, region, i), ch, target_db or
-   schema.db, schema.table), its conflict keys (conflict_keys with keys_ctx), its group (causality_place on
-   relations), its lane stable_hash(group) % n, the unit [op] appended to lanes[lane] (a dict of lists),
-   and with a placer (a senders.mysql.position.Placer, or None) Placer.add(commit_ts, region, len(changes),
-   i, lane, 1) made on the placer's _cur, _txns, lanes and counts, op.pos its result. Stops before a change
-   whose keys link two groups (nothing of it placed: barrier true; the caller flushes and calls again) and
-   when placed reaches limit; j: the first change not placed. */
-PyObject *place_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 12 || !PyTuple_Check(args[0]) || PyTuple_GET_SIZE(args[0]) != 3 || !PyDict_Check(args[1])
-        || !PyDict_Check(args[2]) || !(PyList_CheckExact(args[5]) || PyTuple_CheckExact(args[5]))) {
-        PyErr_SetString(PyExc_TypeError, "place_run((keys_ctx, Op, descriptors), relations: dict, lanes: dict, n, "
-                        "placer, changes: list | tuple, i, placed, limit, commit_ts, region, target_db)");
-        return NULL;
-    }
-    PyObject *kctx = PyTuple_GET_ITEM(args[0], 0), *optype = PyTuple_GET_ITEM(args[0], 1);
-    PyObject *descrs = PyTuple_GET_ITEM(args[0], 2);
-    if (!PyType_Check(optype) || !PyTuple_Check(descrs) || PyTuple_GET_SIZE(descrs) != 5) {
-        PyErr_SetString(PyExc_TypeError, "place_run: (keys_ctx, Op type, 5 field descriptors)");
-        return NULL;
-    }
-    if (intern_names() < 0) return NULL;
-    PyObject *rel = args[1], *lanes = args[2], *placer = args[4], *changes = args[5];
-    PyObject *ts = args[9], *region = args[10], *tdb = args[11];
-    long n = PyLong_AsLong(args[3]);
-    if (n == -1 && PyErr_Occurred()) return NULL;
-    if (n < 1 || n > 256) {
-        PyErr_SetString(PyExc_ValueError, "place_run: n must be 1..256");
-        return NULL;
-    }
-    Py_ssize_t i = PyLong_AsSsize_t(args[6]), placed = PyLong_AsSsize_t(args[7]), limit = PyLong_AsSsize_t(args[8]);
-    if (PyErr_Occurred()) return NULL;
-    int use_tdb = PyObject_IsTrue(tdb);
-    if (use_tdb < 0) return NULL;
-    PyTypeObject *tp = (PyTypeObject *)optype;
-    PyObject *d_ident = PyTuple_GET_ITEM(descrs, 0), *d_ch = PyTuple_GET_ITEM(descrs, 1);
-    PyObject *d_db = PyTuple_GET_ITEM(descrs, 2), *d_table = PyTuple_GET_ITEM(descrs, 3);
-    PyObject *d_pos = PyTuple_GET_ITEM(descrs, 4);
+/* cur[4] = end (the entry's end, kept in run->end meanwhile) */
+static int write_end(Run *r) {
+    if (r->end < 0) return 0;
+    PyObject *e = PyLong_FromSsize_t(r->end);
+    if (!e || PyList_SetItem(r->cur, 4, e) < 0) return -1;
+    r->end = -1;
+    return 0;
+}
 
-    PyObject *lane_of[256] = {0};  /* lanes[w], held */
-    Py_ssize_t cnt[256];           /* the placer's counts[w], loaded[w] once read */
-    unsigned char loaded[256] = {0};
-    Buf lb = {0};                  /* the placed changes' lanes (the placer's lanes, appended at the end) */
-    PyObject *cur = NULL, *txns = NULL, *plan_lanes = NULL, *counts = NULL, *result = NULL, *total = NULL;
-    PyObject *ch = NULL, *schema = NULL, *db = NULL, *table = NULL, *keys = NULL, *group = NULL, *op = NULL;
-    Py_ssize_t end = -1;  /* the transaction's entry of the placer (cur) reaches end, exclusive */
-    int barrier = 0;
-    Py_INCREF(changes);  /* (a list: held, its items read by index with its size checked each time) */
-    if (placer != Py_None) {
-        if (!(cur = PyObject_GetAttr(placer, S_cur)) || !(txns = PyObject_GetAttr(placer, S_txns))
-            || !(plan_lanes = PyObject_GetAttr(placer, S_lanes)) || !(counts = PyObject_GetAttr(placer, S_counts)))
-            goto fail;
-        if (!PyList_Check(txns) || !PyByteArray_Check(plan_lanes) || !PyList_Check(counts)) {
-            PyErr_SetString(PyExc_TypeError, "place_run: a Placer has _txns: list, lanes: bytearray, counts: list");
-            goto fail;
+/* Placer.add(ts, region, total, seq, w, 1) -> *pos; fresh: the first change placed of its transaction in
+   this call (later ones continue its entry) */
+static int placer_add(Run *r, PyObject *ts, PyObject *region, Py_ssize_t total, Py_ssize_t seq, int w, int fresh,
+                      Py_ssize_t *pos) {
+    if (fresh) {  /* the spec's test: cur[4] == seq and cur[0] == commit_ts and cur[1] == region */
+        int same = 0;
+        if (PyList_Check(r->cur) && PyList_GET_SIZE(r->cur) == 5) {
+            if (r->end >= 0) {
+                same = r->end == seq;
+            } else {
+                PyObject *s = PyLong_FromSsize_t(seq);
+                if (!s) return -1;
+                same = PyObject_RichCompareBool(PyList_GET_ITEM(r->cur, 4), s, Py_EQ);
+                Py_DECREF(s);
+            }
+            if (same > 0) same = PyObject_RichCompareBool(PyList_GET_ITEM(r->cur, 0), ts, Py_EQ);
+            if (same > 0) same = PyObject_RichCompareBool(PyList_GET_ITEM(r->cur, 1), region, Py_EQ);
+            if (same < 0) return -1;
+        } else if (r->cur != Py_None) {
+            PyErr_SetString(PyExc_TypeError, "place_txns: a Placer's _cur is None or a list of 5");
+            return -1;
         }
-        if (!(total = PyLong_FromSsize_t(PySequence_Fast_GET_SIZE(changes)))) goto fail;
+        if (!same) {
+            if (write_end(r) < 0) return -1;
+            PyObject *entry = Py_BuildValue("[OOnnn]", ts, region, total, seq, seq + 1);
+            if (!entry) return -1;
+            if (PyList_Append(r->txns, entry) < 0 || PyObject_SetAttr(r->placer, S_cur, entry) < 0) {
+                Py_DECREF(entry);
+                return -1;
+            }
+            Py_SETREF(r->cur, entry);
+        }
     }
-    while (i < PySequence_Fast_GET_SIZE(changes) && placed < limit) {
-        ch = Py_NewRef(PySequence_Fast_GET_ITEM(changes, i));
-        if (!(schema = PyObject_GetAttr(ch, S_get_schema))) goto fail;
-        if (!(db = use_tdb ? Py_NewRef(tdb) : PyObject_GetAttr(schema, S_db))) goto fail;
-        if (!(table = PyObject_GetAttr(schema, S_table))) goto fail;
-        PyObject *kargs[4] = {kctx, ch, db, table};
-        if (!(keys = conflict_keys(NULL, kargs, 4))) goto fail;
-        PyObject *pargs[2] = {rel, keys};
-        if (!(group = causality_place(NULL, pargs, 2))) goto fail;
+    r->end = seq + 1;
+    if (w >= PyList_GET_SIZE(r->counts)) {
+        PyErr_SetString(PyExc_IndexError, "list index out of range");
+        return -1;
+    }
+    if (!r->loaded[w]) {
+        r->cnt[w] = PyLong_AsSsize_t(PyList_GET_ITEM(r->counts, w));
+        if (r->cnt[w] == -1 && PyErr_Occurred()) return -1;
+        r->loaded[w] = 1;
+    }
+    char lane = (char)w;
+    if (buf_put(&r->lb, &lane, 1) < 0) return -1;
+    *pos = r->cnt[w]++;
+    return 0;
+}
+
+/* _Phases.place of changes[*i], changes[*i + 1], ... of one transaction while *placed < limit, stopping
+   before a change whose keys link two groups (*barrier = 1). 0, or -1 with an exception */
+static int place_changes(Run *r, PyObject *changes, PyObject *ts, PyObject *region, Py_ssize_t *i,
+                         Py_ssize_t *placed, Py_ssize_t limit, int *barrier) {
+    PyObject *ch = NULL, *schema = NULL, *db = NULL, *table = NULL, *keys = NULL, *group = NULL, *op = NULL;
+    Py_ssize_t total = PySequence_Fast_GET_SIZE(changes);
+    int fresh = 1, rc = -1;
+    while (*i < PySequence_Fast_GET_SIZE(changes) && *placed < limit) {
+        ch = Py_NewRef(PySequence_Fast_GET_ITEM(changes, *i));
+        if (!(schema = PyObject_GetAttr(ch, S_get_schema))) goto done;
+        if (!(db = r->use_tdb ? Py_NewRef(r->tdb) : PyObject_GetAttr(schema, S_db))) goto done;
+        if (!(table = PyObject_GetAttr(schema, S_table))) goto done;
+        PyObject *kargs[4] = {r->kctx, ch, db, table};
+        if (!(keys = conflict_keys(NULL, kargs, 4))) goto done;
+        PyObject *pargs[2] = {r->rel, keys};
+        if (!(group = causality_place(NULL, pargs, 2))) goto done;
         if (group == Py_None) {  /* the keys link two groups: a barrier first */
-            barrier = 1;
+            *barrier = 1;
             break;
         }
         uint32_t h;
-        if (hash_of(group, &h) < 0) goto fail;
-        int w = (int)(h % (uint32_t)n);
-        if (!lane_of[w]) {  /* lanes.setdefault(w, []) */
+        if (hash_of(group, &h) < 0) goto done;
+        int w = (int)(h % (uint32_t)r->n);
+        if (!r->lane_of[w]) {  /* lanes.setdefault(w, []) */
             PyObject *wk = PyLong_FromLong(w);
-            if (!wk) goto fail;
-            PyObject *l = PyDict_GetItemWithError(lanes, wk);
+            if (!wk) goto done;
+            PyObject *l = PyDict_GetItemWithError(r->lanes, wk);
             if (l) {
-                lane_of[w] = Py_NewRef(l);
+                r->lane_of[w] = Py_NewRef(l);
             } else if (!PyErr_Occurred() && (l = PyList_New(0)) != NULL) {
-                lane_of[w] = l;
-                if (PyDict_SetItem(lanes, wk, l) < 0) l = NULL;
+                r->lane_of[w] = l;
+                if (PyDict_SetItem(r->lanes, wk, l) < 0) l = NULL;
             }
             Py_DECREF(wk);
-            if (!l) goto fail;
+            if (!l) goto done;
             if (!PyList_Check(l)) {
-                PyErr_SetString(PyExc_TypeError, "place_run: a lane is a list");
-                goto fail;
+                PyErr_SetString(PyExc_TypeError, "place_txns: a lane is a list");
+                goto done;
             }
         }
         Py_ssize_t pos = -1;
-        if (placer != Py_None) {  /* Placer.add(ts, region, total, i, w, 1) */
-            if (end != i) {  /* (the first change of this call: later ones continue its entry) */
-                int same = 0;
-                if (PyList_Check(cur) && PyList_GET_SIZE(cur) == 5) {
-                    PyObject *seq = PyLong_FromSsize_t(i);
-                    if (!seq) goto fail;
-                    same = PyObject_RichCompareBool(PyList_GET_ITEM(cur, 4), seq, Py_EQ);
-                    Py_DECREF(seq);
-                    if (same > 0) same = PyObject_RichCompareBool(PyList_GET_ITEM(cur, 0), ts, Py_EQ);
-                    if (same > 0) same = PyObject_RichCompareBool(PyList_GET_ITEM(cur, 1), region, Py_EQ);
-                    if (same < 0) goto fail;
-                } else if (cur != Py_None) {
-                    PyErr_SetString(PyExc_TypeError, "place_run: a Placer's _cur is None or a list of 5");
-                    goto fail;
-                }
-                if (!same) {
-                    PyObject *entry = Py_BuildValue("[OOOnn]", ts, region, total, i, i + 1);
-                    if (!entry) goto fail;
-                    if (PyList_Append(txns, entry) < 0 || PyObject_SetAttr(placer, S_cur, entry) < 0) {
-                        Py_DECREF(entry);
-                        goto fail;
-                    }
-                    Py_SETREF(cur, entry);
-                }
-            }
-            end = i + 1;
-            if (w >= PyList_GET_SIZE(counts)) {
-                PyErr_SetString(PyExc_IndexError, "list index out of range");
-                goto fail;
-            }
-            if (!loaded[w]) {
-                cnt[w] = PyLong_AsSsize_t(PyList_GET_ITEM(counts, w));
-                if (cnt[w] == -1 && PyErr_Occurred()) goto fail;
-                loaded[w] = 1;
-            }
-            char lane = (char)w;
-            if (buf_put(&lb, &lane, 1) < 0) goto fail;
-            pos = cnt[w]++;
-        }
+        if (r->placer != Py_None && placer_add(r, ts, region, total, *i, w, fresh, &pos) < 0) goto done;
+        fresh = 0;
         /* Op((ts, region, i), ch, db, table), pos */
-        PyObject *seq = PyLong_FromSsize_t(i);
-        if (!seq) goto fail;
+        PyObject *seq = PyLong_FromSsize_t(*i);
+        if (!seq) goto done;
         PyObject *ident = PyTuple_Pack(3, ts, region, seq);
         Py_DECREF(seq);
-        if (!ident) goto fail;
-        if (!(op = tp->tp_alloc(tp, 0))) {
+        if (!ident) goto done;
+        if (!(op = r->optype->tp_alloc(r->optype, 0))) {
             Py_DECREF(ident);
-            goto fail;
+            goto done;
         }
-        int rc = set_slot(d_ident, op, ident);
+        int src = set_slot(r->d_ident, op, ident);
         Py_DECREF(ident);
-        if (rc < 0 || set_slot(d_ch, op, ch) < 0 || set_slot(d_db, op, db) < 0 || set_slot(d_table, op, table) < 0)
-            goto fail;
+        if (src < 0 || set_slot(r->d_ch, op, ch) < 0 || set_slot(r->d_db, op, db) < 0
+            || set_slot(r->d_table, op, table) < 0)
+            goto done;
         PyObject *p = PyLong_FromSsize_t(pos);
-        if (!p) goto fail;
-        rc = set_slot(d_pos, op, p);
+        if (!p) goto done;
+        src = set_slot(r->d_pos, op, p);
         Py_DECREF(p);
-        if (rc < 0) goto fail;
+        if (src < 0) goto done;
         PyObject *unit = PyList_New(1);
-        if (!unit) goto fail;
+        if (!unit) goto done;
         PyList_SET_ITEM(unit, 0, op);  /* (stolen) */
         op = NULL;
-        rc = PyList_Append(lane_of[w], unit);
+        src = PyList_Append(r->lane_of[w], unit);
         Py_DECREF(unit);
-        if (rc < 0) goto fail;
+        if (src < 0) goto done;
         Py_CLEAR(ch);
         Py_CLEAR(schema);
         Py_CLEAR(db);
         Py_CLEAR(table);
         Py_CLEAR(keys);
         Py_CLEAR(group);
-        placed++;
-        i++;
+        ++*placed;
+        ++*i;
     }
-    if (placer != Py_None) {  /* the placer's state: its entry's end, its counts, its lanes */
-        if (end >= 0) {
-            PyObject *e = PyLong_FromSsize_t(end);
-            if (!e || PyList_SetItem(cur, 4, e) < 0) goto fail;
-        }
-        for (int w = 0; w < 256; w++) {
-            if (!loaded[w]) continue;
-            PyObject *c = PyLong_FromSsize_t(cnt[w]);
-            if (!c || PyList_SetItem(counts, w, c) < 0) goto fail;
-        }
-        if (lb.n) {
-            Py_ssize_t at = PyByteArray_GET_SIZE(plan_lanes);
-            if (PyByteArray_Resize(plan_lanes, at + lb.n) < 0) goto fail;
-            memcpy(PyByteArray_AS_STRING(plan_lanes) + at, lb.p, lb.n);
-        }
-    }
-    result = Py_BuildValue("(nO)", i, barrier ? Py_True : Py_False);
-fail:
+    rc = 0;
+done:
     Py_XDECREF(ch);
     Py_XDECREF(schema);
     Py_XDECREF(db);
@@ -593,13 +567,116 @@ fail:
     Py_XDECREF(keys);
     Py_XDECREF(group);
     Py_XDECREF(op);
-    for (int w = 0; w < 256; w++) Py_XDECREF(lane_of[w]);
-    PyMem_Free(lb.p);
-    Py_XDECREF(cur);
-    Py_XDECREF(txns);
-    Py_XDECREF(plan_lanes);
-    Py_XDECREF(counts);
-    Py_XDECREF(total);
-    Py_DECREF(changes);
+    return rc;
+}
+
+/* place_txns((keys_ctx, Op, (ident, ch, db, table, pos descriptors)), relations, lanes, n, placer, batch, ti,
+   i, placed, limit, target_db) -> (ti, i, placed, barrier, whole)
+
+   senders/mysql/sender.py _send's placing of the transactions batch[ti], batch[ti + 1], ... (from change i
+   of the first), each change as _place_each and _Phases.place place it: its Op((commit_ts, region, seq),
+   ch, target_db or schema.db, schema.table), its conflict keys (conflict_keys with keys_ctx), its group
+   (causality_place on relations), its lane stable_hash(group) % n, the unit [op] appended to lanes[lane]
+   (a dict of lists), and with a placer (a senders.mysql.position.Placer, or None) Placer.add(commit_ts,
+   region, len(changes), seq, lane, 1) made on the placer's _cur, _txns, lanes and counts, op.pos its result.
+   Returns (the next change to place: ti, i; placed; barrier; whole): before a change whose keys link two
+   groups (nothing of it placed: barrier true; the caller flushes and calls again), when placed reached
+   limit (before a change, or after a transaction's last: the caller flushes), at a transaction of a DDL or
+   whose changes are not a list or tuple (the caller's Python path places it), or at the batch's end;
+   whole: the index of the last transaction whose changes are all placed by this call, or -1. */
+PyObject *place_txns(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 11 || !PyTuple_Check(args[0]) || PyTuple_GET_SIZE(args[0]) != 3 || !PyDict_Check(args[1])
+        || !PyDict_Check(args[2]) || !PyList_Check(args[5])) {
+        PyErr_SetString(PyExc_TypeError, "place_txns((keys_ctx, Op, descriptors), relations: dict, lanes: dict, n, "
+                        "placer, batch: list, ti, i, placed, limit, target_db)");
+        return NULL;
+    }
+    Run r;
+    memset(&r, 0, sizeof r);
+    r.end = -1;
+    r.kctx = PyTuple_GET_ITEM(args[0], 0);
+    PyObject *optype = PyTuple_GET_ITEM(args[0], 1), *descrs = PyTuple_GET_ITEM(args[0], 2);
+    if (!PyType_Check(optype) || !PyTuple_Check(descrs) || PyTuple_GET_SIZE(descrs) != 5) {
+        PyErr_SetString(PyExc_TypeError, "place_txns: (keys_ctx, Op type, 5 field descriptors)");
+        return NULL;
+    }
+    if (intern_names() < 0) return NULL;
+    r.optype = (PyTypeObject *)optype;
+    r.d_ident = PyTuple_GET_ITEM(descrs, 0);
+    r.d_ch = PyTuple_GET_ITEM(descrs, 1);
+    r.d_db = PyTuple_GET_ITEM(descrs, 2);
+    r.d_table = PyTuple_GET_ITEM(descrs, 3);
+    r.d_pos = PyTuple_GET_ITEM(descrs, 4);
+    r.rel = args[1];
+    r.lanes = args[2];
+    r.placer = args[4];
+    r.tdb = args[10];
+    PyObject *batch = args[5];
+    r.n = PyLong_AsLong(args[3]);
+    if (r.n == -1 && PyErr_Occurred()) return NULL;
+    if (r.n < 1 || r.n > 256) {
+        PyErr_SetString(PyExc_ValueError, "place_txns: n must be 1..256");
+        return NULL;
+    }
+    Py_ssize_t ti = PyLong_AsSsize_t(args[6]), i = PyLong_AsSsize_t(args[7]);
+    Py_ssize_t placed = PyLong_AsSsize_t(args[8]), limit = PyLong_AsSsize_t(args[9]);
+    if (PyErr_Occurred()) return NULL;
+    if ((r.use_tdb = PyObject_IsTrue(r.tdb)) < 0) return NULL;
+    PyObject *result = NULL, *txn = NULL, *ddl = NULL, *changes = NULL, *ts = NULL, *region = NULL;
+    Py_ssize_t whole = -1;
+    int barrier = 0;
+    Py_INCREF(batch);  /* (held, its items read by index with its size checked each time) */
+    if (r.placer != Py_None) {
+        if (!(r.cur = PyObject_GetAttr(r.placer, S_cur)) || !(r.txns = PyObject_GetAttr(r.placer, S_txns))
+            || !(r.plan_lanes = PyObject_GetAttr(r.placer, S_lanes))
+            || !(r.counts = PyObject_GetAttr(r.placer, S_counts)))
+            goto fail;
+        if (!PyList_Check(r.txns) || !PyByteArray_Check(r.plan_lanes) || !PyList_Check(r.counts)) {
+            PyErr_SetString(PyExc_TypeError, "place_txns: a Placer has _txns: list, lanes: bytearray, counts: list");
+            goto fail;
+        }
+    }
+    for (; ti < PyList_GET_SIZE(batch); ti++, i = 0) {
+        if (placed >= limit) break;  /* (after a transaction's last change: the caller flushes) */
+        txn = Py_NewRef(PyList_GET_ITEM(batch, ti));
+        if (!(ddl = PyObject_GetAttr(txn, S_ddl)) || !(changes = PyObject_GetAttr(txn, S_changes))) goto fail;
+        if (ddl != Py_None || !(PyTuple_CheckExact(changes) || PyList_CheckExact(changes))) break;  /* Python's */
+        if (!(ts = PyObject_GetAttr(txn, S_commit_ts)) || !(region = PyObject_GetAttr(txn, S_region))) goto fail;
+        if (place_changes(&r, changes, ts, region, &i, &placed, limit, &barrier) < 0) goto fail;
+        if (barrier || i < PySequence_Fast_GET_SIZE(changes)) break;  /* (a barrier, or full mid-transaction) */
+        whole = ti;
+        Py_CLEAR(txn);
+        Py_CLEAR(ddl);
+        Py_CLEAR(changes);
+        Py_CLEAR(ts);
+        Py_CLEAR(region);
+    }
+    if (r.placer != Py_None) {  /* the placer's state: its entry's end, its counts, its lanes */
+        if (write_end(&r) < 0) goto fail;
+        for (int w = 0; w < 256; w++) {
+            if (!r.loaded[w]) continue;
+            PyObject *c = PyLong_FromSsize_t(r.cnt[w]);
+            if (!c || PyList_SetItem(r.counts, w, c) < 0) goto fail;
+        }
+        if (r.lb.n) {
+            Py_ssize_t at = PyByteArray_GET_SIZE(r.plan_lanes);
+            if (PyByteArray_Resize(r.plan_lanes, at + r.lb.n) < 0) goto fail;
+            memcpy(PyByteArray_AS_STRING(r.plan_lanes) + at, r.lb.p, r.lb.n);
+        }
+    }
+    result = Py_BuildValue("(nnnOn)", ti, i, placed, barrier ? Py_True : Py_False, whole);
+fail:
+    Py_XDECREF(txn);
+    Py_XDECREF(ddl);
+    Py_XDECREF(changes);
+    Py_XDECREF(ts);
+    Py_XDECREF(region);
+    for (int w = 0; w < 256; w++) Py_XDECREF(r.lane_of[w]);
+    PyMem_Free(r.lb.p);
+    Py_XDECREF(r.cur);
+    Py_XDECREF(r.txns);
+    Py_XDECREF(r.plan_lanes);
+    Py_XDECREF(r.counts);
+    Py_DECREF(batch);
     return result;
 }

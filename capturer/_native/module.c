@@ -24,9 +24,9 @@ static PyMethodDef module_methods[] = {
      "causality_place(relations, keys) -> group or None: senders.mysql.causality.CausalityPy.place on relations"},
     {"stable_hash", (PyCFunction)stable_hash, METH_O,
      "stable_hash(key: str) -> int: zlib.crc32(key.encode('utf-8', 'surrogatepass'))"},
-    {"place_run", (PyCFunction)(void (*)(void))place_run, METH_FASTCALL,
-     "place_run((keys_ctx, Op, descriptors), relations, lanes, n, placer, changes, i, placed, limit, commit_ts,\n"
-     "region, target_db) -> (j, barrier): the MySQL sender's _Phases.place of changes i.. of one transaction"},
+    {"place_txns", (PyCFunction)(void (*)(void))place_txns, METH_FASTCALL,
+     "place_txns((keys_ctx, Op, descriptors), relations, lanes, n, placer, batch, ti, i, placed, limit, target_db)\n"
+     "-> (ti, i, placed, barrier, whole): the MySQL sender's _send placing of a batch's transactions' changes"},
     {"murmur2", (PyCFunction)murmur2, METH_O, "murmur2(data: bytes) -> int (Kafka's partitioner hash)"},
     {"baikal_plan", (PyCFunction)baikal_plan, METH_VARARGS,
      "baikal_plan(((field_id, name, kind), ...), known_field_ids, encoding) -> a BaikalDB row decoder"},

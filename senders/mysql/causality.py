@@ -129,7 +129,7 @@ class CausalityPy:
 _c_keys = getattr(_fastrows, "conflict_keys", None)
 _c_place: Any = getattr(_fastrows, "causality_place", None)
 _c_hash = getattr(_fastrows, "stable_hash", None)
-_c_run = getattr(_fastrows, "place_run", None)
+_c_run = getattr(_fastrows, "place_txns", None)
 
 
 class CausalityC(CausalityPy):
@@ -151,11 +151,11 @@ if _c_keys is not None and _c_place is not None and _c_hash is not None:
     Causality = CausalityC
 
 
-def make_place_run(op_type: type) -> Any:
-    """The C build of the MySQL sender's placing of one transaction's changes (``place_run`` in
-    capturer/_native/causality.c: ``_Phases.place`` of each change as ``_place_each`` calls it, with
-    these keys, groups and hashes), making ``op_type``'s instances (a slots dataclass of the fields
-    ident, ch, db, table, pos) itself; None where the extension (or its keys) is not built."""
+def make_place_txns(op_type: type) -> Any:
+    """The C build of the MySQL sender's placing of a batch's transactions (``place_txns`` in
+    capturer/_native/causality.c: ``_Phases.place`` of each change as ``_send`` and ``_place_each`` call
+    it, with these keys, groups and hashes), making ``op_type``'s instances (a slots dataclass of the
+    fields ident, ch, db, table, pos) itself; None where the extension (or its keys) is not built."""
     if _c_run is None or conflict_keys is conflict_keys_py:
         return None
     names = ("ident", "ch", "db", "table", "pos")

@@ -75,7 +75,7 @@ from capturer.util.ini import Key, p_bool, p_choice, p_float, p_int, p_nonempty,
 from capturer.util.mysqlconn import SSL_KEYS
 from senders.base import Sender
 from senders.mysql import position
-from senders.mysql.causality import Causality, conflict_keys, make_place_run, stable_hash
+from senders.mysql.causality import Causality, conflict_keys, make_place_txns, stable_hash
 from senders.mysql.worker import (
     DDL_ALREADY_DONE,
     ER_NO_SUCH_TABLE,
@@ -88,9 +88,10 @@ from senders.mysql.worker import (
 
 log = logging.getLogger(__name__)
 
-#: _Phases.place of a transaction's changes one after the other in one C call (``_place_each``; the same
-#: lanes, barriers, flushes, positions and Ops: tests/unit/test_fuzz_mysql_placing.py); None: the Python path
-_place_run: Any = make_place_run(Op)
+#: _send's placing of a batch's transactions, change after change as _place_each and _Phases.place place
+#: them, in C (``_Phases.place_txns``; the same lanes, barriers, flushes, positions and Ops:
+#: tests/unit/test_fuzz_mysql_placing.py); None: the Python path (the specification)
+_place_txns: Any = make_place_txns(Op)
 
 class MySQLSender(Sender):
     KEYS: ClassVar[list[Key]] = [
@@ -490,24 +491,28 @@ class MySQLSender(Sender):
         (``position``: the phase, how much of the share is committed, the manifest);
         ``_whole`` moves once a phase has committed."""
         ph = _Phases(self)
+        fast = _place_txns is not None and not self.atomic
         try:
-            for ti in range(start[0], len(batch)):
+            ti, first = start
+            while ti < len(batch):
+                if fast:  # as the loop below, in C, up to a DDL or a spilled transaction
+                    ti, first = ph.place_txns(batch, ti, first)
+                    if ti == len(batch):
+                        break
                 txn = batch[ti]
-                first = start[1] if ti == start[0] else 0
                 key = stream_key(txn)
                 if txn.ddl is not None:
                     ph.flush()
                     ph.wait()
                     self._apply_ddl(txn.ddl, key)
-                    ph.placed_whole = key
-                    continue
-                if self.atomic:
+                elif self.atomic:
                     self._place_atomic(ph, txn, first)
                 else:
                     self._place_each(ph, txn, first)
                 ph.placed_whole = key
-                if ph.placed >= self.phase_rows:
+                if ph.placed >= self.phase_rows:  # (never after a DDL: its flush emptied the phase)
                     ph.flush()
+                ti, first = ti + 1, 0
             ph.flush()
             ph.wait()
             self._advance(ph.placed_whole)  # the batch's last transactions may have had no rows
@@ -527,9 +532,6 @@ class MySQLSender(Sender):
 
     def _place_each(self, ph: _Phases, txn: Txn, first: int) -> None:
         """Each change (from ``first``) placed on its own; a full phase is handed out meanwhile."""
-        if _place_run is not None and type(txn.changes) in (tuple, list):  # (not a spilled transaction)
-            ph.place_run(txn, first)
-            return
         total = len(txn.changes)
         ts, region, tdb = txn.commit_ts, txn.region, self.target_db
         for i, ch in enumerate(txn.changes):  # a spilled transaction is read chunk by chunk
@@ -707,24 +709,28 @@ class _Phases:
                 op.pos = pos
                 pos += 1
 
-    def place_run(self, txn: Txn, i: int) -> None:
-        """``_place_each``'s loop from change ``i`` in C (``_place_run``): runs of changes placed as
-        ``place`` places each, a full phase handed out and a barrier made between them."""
+    def place_txns(self, batch: list[Txn], ti: int, i: int) -> tuple[int, int]:
+        """``_send``'s loop from transaction ``ti``, change ``i``, in C (``_place_txns``): runs of
+        changes placed as ``_place_each`` and ``place`` place each, a full phase handed out and a barrier
+        made between them; returns at the batch's end or at a transaction for the Python path (a DDL, a
+        spilled transaction): where it is."""
         s = self.sender
-        changes = txn.changes
-        total = len(changes)
-        while i < total:
+        while ti < len(batch):
             if self.placed >= s.phase_rows:  # bounded memory; the next phase is placed meanwhile
                 self.flush()
             if self.keep and self.placer is None:
                 self.placer = position.Placer(0, None, s.n)
-            j, barrier = _place_run(self.causality.relations, self.lanes, s.n, self.placer, changes, i, self.placed,
-                                    s.phase_rows, txn.commit_ts, txn.region, s.target_db)
-            self.placed += j - i
-            i = j
-            if barrier:  # change i links two groups: the phase ends first
+            ti, i, self.placed, barrier, whole = _place_txns(
+                self.causality.relations, self.lanes, s.n, self.placer, batch, ti, i, self.placed, s.phase_rows,
+                s.target_db)
+            if whole >= 0:
+                self.placed_whole = stream_key(batch[whole])
+            if barrier:  # change i of transaction ti links two groups: the phase ends first
                 s.count("barriers")
                 self.flush()
+            elif self.placed < s.phase_rows:
+                break  # the batch's end, or a transaction for the Python path
+        return ti, i
 
     def settle(self) -> None:
         """Let every phase handed out finish (after an error: the retry uses the same workers)."""

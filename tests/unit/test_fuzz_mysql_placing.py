@@ -1,6 +1,6 @@
-"""Fuzzing the MySQL sender's placing of a transaction's changes in one C call (``place_run`` in
-capturer/_native/causality.c, used by ``_Phases.place_run``) against the Python path it replaces
-(``MySQLSender._place_each``'s loop over ``_Phases.place``, the specification).
+"""Fuzzing the MySQL sender's placing of a batch's transactions in C (``place_txns`` in
+capturer/_native/causality.c, used by ``_Phases.place_txns``) against the Python path it replaces
+(``MySQLSender._send``'s loop, ``_place_each`` over ``_Phases.place``: the specification).
 
 Random batches of transactions (1 to 40 changes; inserts, updates, deletes; the key changing in some
 updates) over random tables (int, composite, unique and non-ASCII string keys, a table without keys) with
@@ -10,7 +10,8 @@ submission (the lane, its units, each Op's ident, change, target db and table, p
 and the lane's mark: phase, lane, manifest) and the counters (phases, barriers), the phase numbering and the
 position must be the same. Phases of a few rows to many, 1-8 workers, with and without ``meta_database``
 (the position's ``Placer`` numbering), with and without a target ``database``, batches started in the
-middle of a transaction (``start``), a DDL (skipped) now and then.
+middle of a transaction (``start``), a DDL (skipped) and a transaction for the Python path (its changes not
+a plain tuple or list, as a spilled one's) now and then.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import senders.mysql.sender as ms
 from capturer.model import Ddl, RowChange, TableSchema, Txn
 from tests.unit.test_fuzz_causality import rand_str
 
-pytestmark = pytest.mark.skipif(ms._place_run is None, reason="capturer._fastrows not built, or without place_run")
+pytestmark = pytest.mark.skipif(ms._place_txns is None, reason="capturer._fastrows not built, or without place_txns")
 
 
 class Recorder:
@@ -44,6 +45,10 @@ class Recorder:
 
     def close(self) -> None:
         pass
+
+
+class Spilled(tuple):  # type: ignore[type-arg]
+    """Changes that are not a plain tuple or list (as a spilled transaction's): the Python path places them."""
 
 
 def schemas(rng: random.Random) -> list[TableSchema]:
@@ -96,7 +101,9 @@ def batch(rng: random.Random, n_txns: int) -> list[Txn]:
         size = rng.choice([1, 1, 2, 3, 5, 8, 13, 40])
         tables = rng.sample(ss, rng.randrange(1, 4))
         changes = tuple(change(rng, rng.choice(tables)) for _ in range(size))
-        out.append(Txn(rng.choice(["r", "r2"]), 1000 + t, None, list(changes) if rng.random() < 0.2 else changes))
+        r = rng.random()
+        held: Any = list(changes) if r < 0.2 else Spilled(changes) if r < 0.3 else changes
+        out.append(Txn(rng.choice(["r", "r2"]), 1000 + t, None, held))
     return out
 
 
@@ -112,7 +119,7 @@ def run(txns: list[Txn], start: tuple[int, int], n: int, phase_rows: int, meta: 
     s._progress_loaded = True
     with monkeypatch.context() as m:
         if not c:
-            m.setattr(ms, "_place_run", None)
+            m.setattr(ms, "_place_txns", None)
         s._send(txns, start)
     return log, {k: v for k, v in s.counters.items() if v}, s._phase, s._whole
 

@@ -96,16 +96,26 @@ def test_the_next_phase_is_placed_while_one_is_applied(monkeypatch: pytest.Monke
     placed_during: list[bool] = []
     import senders.mysql.sender as ms
 
-    # the placing of each change (one per transaction here): the C call of a transaction's changes, or
-    # (the Python path) its conflict keys
-    name = "conflict_keys" if ms._place_run is None else "_place_run"
-    real = getattr(ms, name)
+    # the placing of each change: its conflict keys (the Python path), or the C call that places a run of
+    # changes (args[7]: how many the phase held before it, its result[2]: after)
+    if ms._place_txns is None:
+        real = ms.conflict_keys
 
-    def spy(*args: Any) -> Any:
-        placed_during.append(any(w.busy for w in s.workers))
-        return real(*args)
+        def spy(*args: Any) -> Any:
+            placed_during.append(any(w.busy for w in s.workers))
+            return real(*args)
 
-    monkeypatch.setattr(ms, name, spy)
+        monkeypatch.setattr(ms, "conflict_keys", spy)
+    else:
+        real_run = ms._place_txns
+
+        def spy_run(*args: Any) -> Any:
+            busy = any(w.busy for w in s.workers)
+            out = real_run(*args)
+            placed_during.extend([busy] * (out[2] - args[7]))
+            return out
+
+        monkeypatch.setattr(ms, "_place_txns", spy_run)
     s.send(txns(list(range(30))))
     # the rows of phase 2 and 3 were placed while the workers held phase 1 or 2
     assert sum(placed_during[10:]) >= 15 and not any(placed_during[:10])
