@@ -3,7 +3,8 @@
     .venv/bin/python bench/kafka_encode.py [--repeat 3] [--only send,encode,produce[,flush]] [--json OUT]
 
 Over bench/sender_encode.py's workload (the bench table's rows: 300,000 inserts, 75,000 updates with both
-images, 30,000 deletes, in 100-row transactions) it times, per row:
+images, 30,000 deletes, in 100-row transactions; ``--txn-rows N``: the same rows in N-row ones) it times,
+per row:
 
 * ``send``: ``KafkaSender.send`` (format json, the C ``kafka_json`` where it is built) in 200-transaction
   batches (20,000 rows, the sender's ``batch_rows``) with a client whose ``produce_all`` only counts: the
@@ -34,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from sender_encode import workload  # (this directory)
 
-from capturer.model import Txn
+from capturer.model import Position, Txn
 from capturer.util.memory import tune
 
 
@@ -222,14 +223,22 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--only", default="send,encode,produce")
+    ap.add_argument("--txn-rows", type=int, default=100,
+                    help="the workload's rows regrouped into transactions of this many (its own: 100)")
     ap.add_argument("--json", help="write the results there too")
     args = ap.parse_args()
     tune()
     txns = workload()
+    if args.txn_rows != 100:  # (the same changes in the same order, in smaller or bigger transactions)
+        changes = [ch for t in txns for ch in t.changes]
+        k = args.txn_rows
+        txns = [Txn("r0", (1 << 40) + i, Position("b.000001", 4 + i), tuple(changes[a:a + k]))
+                for i, a in enumerate(range(0, len(changes), k))]
     rows = sum(len(t.changes) for t in txns)
     import capturer
 
-    out: dict[str, Any] = {"tree": str(Path(capturer.__file__).resolve().parent.parent), "rows": rows}
+    out: dict[str, Any] = {"tree": str(Path(capturer.__file__).resolve().parent.parent), "rows": rows,
+                           "txn_rows": args.txn_rows}
     if "flush" in args.only.split(","):
         out["flush"] = flush(txns, args.repeat)
     for name, fn in (("send", send), ("encode", encode), ("produce", produce)):

@@ -15,6 +15,7 @@ import a kind; a protobuf column's value is read by ``protogen.value_of`` for bo
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import time
@@ -102,23 +103,47 @@ def _j(v: Any) -> bytes:
     return dumps_compact(v).encode()
 
 
+def _n(v: int) -> bytes:
+    """``_j`` of an int: its digits (json writes an int as int.__repr__; str() is that for an exact int)."""
+    return str(v).encode() if type(v) is int else _j(v)
+
+
 def json_txn_pieces(txn: Txn, now_ms: int) -> tuple[bytes, bytes, bytes, bytes, bytes]:
     """The parts of a transaction's ``json_envelope`` messages that do not depend on
     the row, for the C encoder: what comes after ``"op"`` up to the table, after the
     table up to the seq, after the seq up to total_order (another one for the last
     row, which a snapshot's last chunk marks), and after total_order."""
     n = len(txn.changes)
+    region, ts = txn.region, txn.commit_ts
+    rj = _jstr(region)
+    # the id "region:ts": the region's text then the digits, which need no escaping
+    tid = rj[:-1] + b":" + str(ts).encode() + b'"' if type(ts) is int else _j(f"{region}:{ts}")
+    txn_id = b'},"transaction":{"id":' + tid + b',"total_order":'
 
     def tail(seq: int) -> bytes:
-        return b"," + _j(snapshot_fields(txn, seq))[1:-1] + b'},"transaction":{"id":' + \
-            _j(f"{txn.region}:{txn.commit_ts}") + b',"total_order":'
+        return b"," + _j(snapshot_fields(txn, seq))[1:-1] + txn_id
 
-    head = b',"ts_ms":' + _j(now_ms) + b',"source":{"region":' + _j(txn.region) + b","
-    mid = (b'"commit_ts":' + _j(txn.commit_ts) + b',"ts_ms":' + _j(ts_physical_ms(txn.commit_ts)) + b',"position":'
+    head = b',"ts_ms":' + _n(now_ms) + b',"source":{"region":' + rj + b","
+    mid = (b'"commit_ts":' + _n(ts) + b',"ts_ms":' + _n(ts_physical_ms(ts)) + b',"position":'
            + _j(txn.position.to_json()) + b',"gtid":' + _j(txn.gtid) + b',"seq":')
-    return head, mid, tail(0), tail(n - 1), b',"rows":' + _j(n) + b"}"
+    if txn.snapshot is None:  # (snapshot_fields reads seq only in a snapshot's chunk: one tail for every row)
+        first = last = _NOT_SNAPSHOT + txn_id
+    else:
+        first = tail(0)
+        last = first if n == 1 else tail(n - 1)
+    return head, mid, first, last, b',"rows":' + _n(n) + b"}"
 
 
+_NOT_SNAPSHOT = b',"snapshot":"false"'  # "," + _j(snapshot_fields(a transaction not of a snapshot, seq))[1:-1]
+
+
+@functools.lru_cache(maxsize=1024)
+def _jstr(s: str) -> bytes:
+    """``_j`` of a str that recurs (a region's name)."""
+    return _j(s)
+
+
+@functools.lru_cache(maxsize=4096)
 def json_table_piece(db: str, table: str) -> bytes:
     """``"db":...,"table":...,`` of a table's json_envelope messages."""
     return b'"db":' + _j(db) + b',"table":' + _j(table) + b","

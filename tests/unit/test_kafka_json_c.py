@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from capturer.model import Position, RowChange, TableSchema, Txn
+from capturer.model import LsnPosition, Position, RowChange, SnapshotMark, TableSchema, Txn, ts_physical_ms
 from capturer.model.encode import _fallback, _fastrows, json_value
 from senders.kafka import format as kformat
 
@@ -52,10 +52,12 @@ def sender(tombstones: bool = False) -> Any:
     return s
 
 
-def both(changes: list[RowChange], tombstones: bool = False, seq0: int = 0) -> tuple[list[Any], list[Any]]:
+def both(changes: list[RowChange], tombstones: bool = False, seq0: int = 0,
+         txn: Txn | None = None) -> tuple[list[Any], list[Any]]:
     """(the C encoder's messages, row_messages') of a transaction of ``changes`` from ``seq0`` on."""
     s = sender(tombstones)
-    txn = Txn("r1", 7 << 20, Position("bin.000001", 4, "0-1-2"), tuple(changes), gtid="0-1-2")
+    if txn is None:
+        txn = Txn("r1", 7 << 20, Position("bin.000001", 4, "0-1-2"), tuple(changes), gtid="0-1-2")
     now_ms = 1_700_000_000_123
     hbase = (("region", txn.region.encode()), ("commit_ts", str(txn.commit_ts).encode()))
     part = changes[seq0:]
@@ -65,7 +67,7 @@ def both(changes: list[RowChange], tombstones: bool = False, seq0: int = 0) -> t
     return c, s.row_messages(txn, part, seq0, s.encoder(now_ms))
 
 
-def assert_same(changes: list[RowChange], **kw: Any) -> list[Any]:
+def assert_same(changes: list[RowChange], **kw: Any) -> list[Any]:  # kw: both()'s
     c, py = both(changes, **kw)
     assert len(c) == len(py)
     for j, (a, b) in enumerate(zip(c, py)):
@@ -236,3 +238,40 @@ def test_produce_each_raises_what_is_not_a_full_queue() -> None:
             each(produce, bad, 0)
     with pytest.raises(ValueError):
         each(produce, msgs, -1)
+
+
+def pieces_before(txn: Txn, now_ms: int) -> tuple[bytes, ...]:
+    """json_txn_pieces as it was written before it took shortcuts (every part through json, the last row's
+    tail made whatever the transaction): what it must still give."""
+    def j(v: Any) -> bytes:
+        return json.dumps(v, ensure_ascii=False, separators=(",", ":")).encode()
+
+    def tail(seq: int) -> bytes:
+        return b"," + j(kformat.snapshot_fields(txn, seq))[1:-1] + b'},"transaction":{"id":' + \
+            j(f"{txn.region}:{txn.commit_ts}") + b',"total_order":'
+
+    n = len(txn.changes)
+    head = b',"ts_ms":' + j(now_ms) + b',"source":{"region":' + j(txn.region) + b","
+    mid = (b'"commit_ts":' + j(txn.commit_ts) + b',"ts_ms":' + j(ts_physical_ms(txn.commit_ts)) + b',"position":'
+           + j(txn.position.to_json()) + b',"gtid":' + j(txn.gtid) + b',"seq":')
+    return head, mid, tail(0), tail(n - 1), b',"rows":' + j(n) + b"}"
+
+
+class Ts(int):
+    """A commit timestamp of an int subclass (its digits all the same)."""
+
+
+def test_transaction_pieces_snapshot_marks_and_their_rows() -> None:
+    schema = TableSchema("d", "t", ("id", "v"), ("id",))
+    rng = random.Random(2)
+    for n in (1, 2, 3, 50):
+        for mark in (None, SnapshotMark("run-1", 4, False), SnapshotMark("r\"ü", 0, True)):
+            for ts in (7 << 20, Ts(123456789 << 18), 0):
+                for pos in (Position("bin.000001", 4, "0-1-2"), LsnPosition(12345)):
+                    changes = [RowChange(schema, "insert", None, {"id": i, "v": rng.random()}) for i in range(n)]
+                    region = rng.choice(["r\u00e9", 'a"b\\c\n', "", "r1"])
+                    txn = Txn(region, ts, pos, tuple(changes), gtid=rng.choice(["", "0-1-2"]), snapshot=mark)
+                    now_ms = rng.choice([0, 1_700_000_000_123])
+                    assert kformat.json_txn_pieces(txn, now_ms) == pieces_before(txn, now_ms)
+                    for seq0 in {0, n - 1}:
+                        assert_same(changes, seq0=seq0, txn=txn)
