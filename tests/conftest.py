@@ -5,6 +5,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import settings as _hypothesis_settings
+
+# no per-example time limit anywhere (Hypothesis' default is 200 ms): the tests run on busy
+# machines, and a slow example is not a failure (a test's own @settings may set other things)
+_hypothesis_settings.register_profile("capturer", deadline=None)
+_hypothesis_settings.load_profile("capturer")
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))

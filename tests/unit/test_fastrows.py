@@ -46,7 +46,7 @@ names = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), min_size=1
 rows = st.dictionaries(names, scalars, max_size=8)
 
 
-@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(before=st.one_of(st.none(), rows), after=st.one_of(st.none(), rows), compact=st.booleans(),
        seq=st.integers(0, 10**6), extra=st.lists(scalars, max_size=3))
 def test_c_json_equals_python(before: Any, after: Any, compact: bool, seq: int, extra: list[Any]) -> None:
@@ -272,7 +272,7 @@ changes_st = st.lists(st.tuples(tables, ops, st.one_of(st.none(), rows),
                       max_size=25)
 
 
-@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(changes=changes_st, snapshot=st.booleans(), spill=st.booleans(), slice_rows=st.integers(1, 7))
 def test_file_blocks_equal_lines(changes: list[Any], snapshot: bool, spill: bool, slice_rows: int) -> None:
     """The C batch renderer of the file sender writes byte for byte what the
