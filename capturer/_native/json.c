@@ -446,7 +446,9 @@ PyObject *json_lines(PyObject *self, PyObject *args) {
     if (!seq) return NULL;
     PyObject *cache = PyDict_New(), *b64 = PySet_New(NULL), *out = NULL;
     Buf b = {NULL, 0, 0};
-    Enc e = {fallback, b64, ", ", ": ", 2, 2, NULL};
+    KeyCache kc; /* (the column names' texts for this call: the rows' names are the same str objects) */
+    memset(&kc, 0, sizeof kc);
+    Enc e = {fallback, b64, ", ", ": ", 2, 2, NULL, &kc};
     const char *pre = PyBytes_AS_STRING(prefix);
     Py_ssize_t pre_n = PyBytes_GET_SIZE(prefix);
     char num[64];
@@ -497,6 +499,7 @@ PyObject *json_lines(PyObject *self, PyObject *args) {
     out = PyBytes_FromStringAndSize(b.p ? b.p : "", b.n);
     if (rows > 0) lines_row_bytes = b.n / rows + 32 > 64 ? b.n / rows + 32 : 64;
 done:
+    key_cache_clear(&kc);
     PyMem_Free(b.p);
     Py_XDECREF(cache);
     Py_XDECREF(b64);
