@@ -16,7 +16,7 @@
  *   causality.c      the MySQL sender's conflict keys and placing (conflict_keys, causality_place, stable_hash,
  *                    place_txns)
  *   snaprows.c       a snapshot chunk's rows: tuples -> dicts -> RowChanges (dict_rows, read_changes)
- *   arrowcols.c      the Spark sender's Arrow column buffers of a batch's rows (arrow_columns)
+ *   arrowcols.c      the Spark sender's rows and Arrow column buffers of a batch (lake_rows, arrow_columns)
  *
  * <datetime.h> gives every file that includes it its own (static) PyDateTimeAPI: a file that uses the
  * datetime C API includes it, defines its import function with FR_DATETIME_IMPORT, and module.c's init
@@ -153,5 +153,6 @@ PyObject *place_txns(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *dict_rows(PyObject *self, PyObject *args);
 PyObject *read_changes(PyObject *self, PyObject *args);
 PyObject *arrow_columns(PyObject *self, PyObject *args);
+PyObject *lake_rows(PyObject *self, PyObject *args);
 
 #endif

@@ -79,6 +79,9 @@ static PyMethodDef module_methods[] = {
     {"arrow_columns", (PyCFunction)arrow_columns, METH_VARARGS,
      "arrow_columns(rows, [(key, kind, scale), ...]) -> [(null_count, validity, data, offsets) or None]: the Spark\n"
      "sender's Arrow buffers of each column (None: the Python path), senders/spark/sender.py lake_table"},
+    {"lake_rows", (PyCFunction)lake_rows, METH_VARARGS,
+     "lake_rows(changes, ts, region, by_table, Rows, ('i', 'u', 'd')) -> None: a transaction's changes appended\n"
+     "to the Spark sender's per-table rows, as senders/spark/sender.py group_rows does"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -34,12 +34,13 @@ import re
 import threading
 import time
 import uuid
+from collections.abc import Sequence
 from itertools import repeat
 from pathlib import Path
 from typing import Any, ClassVar
 
 from capturer.errors import SinkError
-from capturer.model import StreamKey, TableSchema, Txn, key_to_json, stream_key
+from capturer.model import RowChange, StreamKey, TableSchema, Txn, key_to_json, stream_key
 from capturer.model.encode import _fastrows
 from capturer.util import failpoints
 from capturer.util.ini import Key, p_bool, p_choice, p_float, p_int, p_nonempty, p_str
@@ -93,6 +94,44 @@ class _Rows:
         self.subs.append(sub)
         self.schemas.append(schema)
         self.imgs.append(img)
+
+
+def add_row(by_table: dict[tuple[str, str], _Rows], ts: int, region: str, seq: int, ch: RowChange) -> None:
+    """One change (``seq``: its index in its transaction) as the lake's rows of its table: an insert (or a
+    snapshot's read) is an 'i' of its new image, a delete a 'd' of its old one, an update a 'u' of its new
+    one, or, where the table has no primary key or the update changed it, a 'd' of the old image and an 'i'
+    (``_sub`` 1) of the new one."""
+    s = ch.schema
+    rows = by_table.get((s.db, s.table))
+    if rows is None:
+        rows = by_table[(s.db, s.table)] = _Rows()
+    op = ch.op
+    if op == "insert" or op == "read":
+        rows.add("i", ts, region, seq, 0, s, ch.after or {})
+        return
+    if op == "delete":
+        rows.add("d", ts, region, seq, 0, s, ch.before or {})
+        return
+    pk = s.pk
+    before, after = ch.before or {}, ch.after or {}
+    if not pk or any(before.get(c) != after.get(c) for c in pk):
+        rows.add("d", ts, region, seq, 0, s, before)
+        rows.add("i", ts, region, seq, 1, s, after)
+    else:
+        rows.add("u", ts, region, seq, 0, s, after)
+
+
+def group_rows(changes: Sequence[RowChange], ts: int, region: str, by_table: dict[tuple[str, str], _Rows],
+               rows_type: type[_Rows] = _Rows, ops: tuple[str, str, str] = ("i", "u", "d")) -> None:
+    """A transaction's changes as the lake's rows of their tables (``add_row`` each): the specification of
+    the C ``lake_rows`` (tests/unit/test_arrowcols.py compares both), used where it is not built; takes its
+    arguments (``rows_type`` and ``ops`` are what ``add_row`` uses)."""
+    for seq, ch in enumerate(changes):
+        add_row(by_table, ts, region, seq, ch)
+
+
+_OPS = ("i", "u", "d")
+_group_rows: Any = getattr(_fastrows, "lake_rows", None) or group_rows
 
 
 # value types Arrow takes as they are for each lake type (lake_value would return them unchanged)
@@ -428,30 +467,18 @@ class SparkSender(Sender):
                 by_table = {}
                 self._ddl(txn)
                 continue
-            ts, region = txn.commit_ts, txn.region
-            for seq, ch in enumerate(txn.changes):
+            ts, region, changes = txn.commit_ts, txn.region, txn.changes
+            # the whole transaction at once (in C where built), held in memory (not read from its spill)
+            if isinstance(changes, tuple) and pending + len(changes) <= self.flush_rows:
+                pending += len(changes)
+                _group_rows(changes, ts, region, by_table, _Rows, _OPS)
+                continue
+            for seq, ch in enumerate(changes):  # a big transaction (read from its spill): bounded memory
                 pending += 1
-                if pending > self.flush_rows:  # a big transaction (read from its spill): bounded memory
+                if pending > self.flush_rows:
                     self._flush(by_table)
                     by_table, pending = {}, 0
-                s = ch.schema
-                rows = by_table.get((s.db, s.table))
-                if rows is None:
-                    rows = by_table[(s.db, s.table)] = _Rows()
-                op = ch.op
-                if op == "insert" or op == "read":
-                    rows.add("i", ts, region, seq, 0, s, ch.after or {})
-                    continue
-                if op == "delete":
-                    rows.add("d", ts, region, seq, 0, s, ch.before or {})
-                    continue
-                pk = s.pk
-                before, after = ch.before or {}, ch.after or {}
-                if not pk or any(before.get(c) != after.get(c) for c in pk):
-                    rows.add("d", ts, region, seq, 0, s, before)
-                    rows.add("i", ts, region, seq, 1, s, after)
-                else:
-                    rows.add("u", ts, region, seq, 0, s, after)
+                add_row(by_table, ts, region, seq, ch)
         self._flush(by_table)
         self._commit(stream_key(batch[-1]))
         self._attempt_failed = False

@@ -1,7 +1,8 @@
-"""The Spark sender's Arrow columns in C (capturer/_native/arrowcols.c: arrow_columns) against their Python
-specification (senders/spark/sender.py lake_table(native=False): lists, lake.lake_value, pa.Table.from_pydict):
-the same schema, the same values and nulls, the same Parquet bytes; a column with a value the C path does not
-take exactly as pyarrow would falls back to the Python path (and fails there as it did)."""
+"""The Spark sender's batch in C (capturer/_native/arrowcols.c) against its Python specification
+(senders/spark/sender.py): arrow_columns against lake_table(native=False) (lists, lake.lake_value,
+pa.Table.from_pydict): the same schema, the same values and nulls, the same Parquet bytes; a column with a value
+the C path does not take exactly as pyarrow would falls back to the Python path (and fails there as it did);
+lake_rows against group_rows (a transaction's changes as the rows of their tables)."""
 
 from __future__ import annotations
 
@@ -14,8 +15,9 @@ from typing import Any
 
 import pytest
 
+from capturer.model import RowChange, TableSchema
 from capturer.model.encode import _fastrows
-from senders.spark.sender import _kind, _Rows, lake_table
+from senders.spark.sender import _kind, _Rows, group_rows, lake_table
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
@@ -254,3 +256,142 @@ def test_a_decimal_scale_past_38_takes_the_python_path(scale: int) -> None:
         lake_table(rows_of(imgs), cols, native=False)
     with pytest.raises(type(py_err.value)):
         lake_table(rows_of(imgs), cols, native=True)
+# --- a transaction's changes into the batch's rows per table (lake_rows against group_rows) --------------
+
+T1 = TableSchema("d", "t1", ("id", "v"), ("id",))
+T1_NEW = TableSchema("d", "t1", ("id", "v", "w"), ("id",))  # a newer version of the same table
+T2 = TableSchema("d", "t2", ("a", "b"), ("a", "b"))
+KEYLESS = TableSchema("e", "log", ("x",), ())
+
+
+class Odd:
+    """A value whose != raises (as a broken comparison would)."""
+
+    def __ne__(self, other: object) -> bool:
+        raise ValueError("no comparing me")
+
+    __hash__ = object.__hash__
+
+
+def by_table_of(fn: Any, changes: list[RowChange], by_table: dict[Any, _Rows] | None = None) -> dict[Any, _Rows]:
+    out = {} if by_table is None else by_table
+    fn(tuple(changes), 1 << 41, "région", out, _Rows, ("i", "u", "d"))
+    return out
+
+
+def assert_same_rows(a: dict[Any, _Rows], b: dict[Any, _Rows]) -> None:
+    assert list(a) == list(b)
+    for key in a:
+        ra, rb = a[key], b[key]
+        for attr in ("ops", "ts", "regions", "seqs", "subs"):
+            assert getattr(ra, attr) == getattr(rb, attr), (key, attr)
+        assert all(x is y for x, y in zip(ra.schemas, rb.schemas)) and len(ra.schemas) == len(rb.schemas)
+        assert ra.imgs == rb.imgs
+        # the images themselves where the change has one (a new {} only for a missing or empty one)
+        assert [type(x) for x in ra.imgs] == [type(y) for y in rb.imgs]
+
+
+def changes_mix() -> list[RowChange]:
+    return [
+        RowChange(T1, "insert", None, {"id": 1, "v": "a"}),
+        RowChange(T2, "read", None, {"a": 1, "b": 2}),
+        RowChange(T1, "update", {"id": 1, "v": "a"}, {"id": 1, "v": "b"}),  # key kept: 'u'
+        RowChange(T1, "update", {"id": 1, "v": "b"}, {"id": 2, "v": "b"}),  # key changed: 'd' + 'i'
+        RowChange(T1_NEW, "update", {"id": 2}, {"id": 2, "v": "c", "w": 1}),  # an old key only (PostgreSQL)
+        RowChange(T2, "update", {"a": 1, "b": 2}, {"a": 1, "b": 3}),  # the second key column changed
+        RowChange(T2, "update", {"a": 1, "b": 3}, {"a": 1.0, "b": 3}),  # equal values of another type: kept
+        RowChange(KEYLESS, "update", {"x": 1}, {"x": 2}),  # no key: 'd' + 'i'
+        RowChange(T1, "delete", {"id": 2, "v": "c"}, None),
+        RowChange(T1, "insert", None, None),  # no image: {}
+        RowChange(T1, "delete", None, None),
+        RowChange(T1, "update", None, {"id": 3}),  # no old image: {} (its key reads None: changed)
+        RowChange(T1, "update", {"id": 3}, None),
+        RowChange(T1, "insert", None, {}),
+        RowChange(T2, "truncate-ish", {"a": 5, "b": 5}, {"a": 5, "b": 5}),  # an unknown op: an update
+        RowChange(KEYLESS, "delete", {"x": None}, None),
+    ] + [RowChange(T1, "insert", None, {"id": 100 + i, "v": "x" * i}) for i in range(300)]  # seq > 256
+
+
+def test_lake_rows_groups_a_transaction_as_group_rows_does() -> None:
+    assert_same_rows(by_table_of(_fastrows.lake_rows, changes_mix()), by_table_of(group_rows, changes_mix()))
+    got = by_table_of(_fastrows.lake_rows, changes_mix())
+    assert got[("d", "t1")].ops[:5] == ["i", "u", "d", "i", "u"] and got[("d", "t1")].subs[:5] == [0, 0, 0, 1, 0]
+    assert got[("e", "log")].ops == ["d", "i", "d"] and got[("d", "t2")].ops == ["i", "d", "i", "u", "u"]
+    assert got[("d", "t1")].seqs[-1] == len(changes_mix()) - 1
+    imgs = [c.after for c in changes_mix()]
+    assert got[("d", "t1")].imgs[-1] == imgs[-1]
+
+
+def test_lake_rows_appends_to_the_rows_a_batch_already_has() -> None:
+    first, second = changes_mix()[:5], changes_mix()[5:9]
+    a = by_table_of(_fastrows.lake_rows, second, by_table_of(_fastrows.lake_rows, first))
+    b = by_table_of(group_rows, second, by_table_of(group_rows, first))
+    assert_same_rows(a, b)
+    assert a[("d", "t1")].seqs == [0, 2, 3, 3, 4, 3]  # (each transaction's own indexes)
+    assert by_table_of(_fastrows.lake_rows, []) == {}
+
+
+def test_lake_rows_keeps_the_images_themselves() -> None:
+    ch = RowChange(T1, "insert", None, {"id": 1})
+    (rows,) = by_table_of(_fastrows.lake_rows, [ch]).values()
+    assert rows.imgs[0] is ch.after and rows.schemas[0] is T1 and rows.regions[0] == "région"
+
+
+def test_a_comparison_that_raises_fails_both_ways() -> None:
+    bad = [RowChange(T1, "update", {"id": Odd()}, {"id": 1})]
+    with pytest.raises(ValueError, match="no comparing me"):
+        by_table_of(group_rows, bad)
+    with pytest.raises(ValueError, match="no comparing me"):
+        by_table_of(_fastrows.lake_rows, bad)
+
+
+def test_the_sender_groups_a_big_transaction_in_flushes(tmp_path: Any, monkeypatch: Any) -> None:
+    """A transaction bigger than flush_rows still goes row by row (bounded memory); smaller ones whole."""
+    from capturer.model import Position, Txn
+    from senders.spark import sender as sp
+
+    flushed: list[list[str]] = []
+    opts = {k.name: k.default for k in sp.SparkSender.KEYS}
+    opts.update({"warehouse": str(tmp_path), "compaction_interval": 0, "conf.*": {}})
+    s = sp.SparkSender("spark", opts)
+    monkeypatch.setattr(s, "flush_rows", 10)
+    monkeypatch.setattr(s, "_flush", lambda by_table: flushed.append(
+        [op for r in by_table.values() for op in r.ops]))
+    monkeypatch.setattr(s, "_commit", lambda key: None)
+    monkeypatch.setattr(s, "_register_dirty", lambda wait: None)
+    s._opened = True
+    ins = [RowChange(T1, "insert", None, {"id": i}) for i in range(25)]
+    s.send([Txn("r0", 10, Position("b.1", 4), tuple(ins[:6])), Txn("r0", 11, Position("b.1", 5), tuple(ins)),
+            Txn("r0", 12, Position("b.1", 6), tuple(ins[:3]))])
+    # (the row that overflows a flush counts as none of the next: flushes of flush_rows + 1 after the first)
+    assert [len(f) for f in flushed] == [10, 11, 11, 2]
+
+
+def test_a_spilled_transaction_goes_row_by_row(tmp_path: Any, monkeypatch: Any) -> None:
+    """Changes read from a spill file (not a tuple) are not gathered into one list for the C call."""
+    from capturer.model import Position, Txn
+    from senders.spark import sender as sp
+
+    class Spilled:  # (as capturer.model.spill.SpilledChanges: a length and an iterator)
+        def __init__(self, items: list[RowChange]) -> None:
+            self.items = items
+
+        def __len__(self) -> int:
+            return len(self.items)
+
+        def __iter__(self) -> Any:
+            return iter(self.items)
+
+    calls: list[int] = []
+    monkeypatch.setattr(sp, "_group_rows", lambda changes, *a: calls.append(len(changes)))
+    got: list[list[int]] = []
+    opts = {k.name: k.default for k in sp.SparkSender.KEYS}
+    opts.update({"warehouse": str(tmp_path), "compaction_interval": 0, "conf.*": {}})
+    s = sp.SparkSender("spark", opts)
+    monkeypatch.setattr(s, "_flush", lambda by_table: got.append([x for r in by_table.values() for x in r.seqs]))
+    monkeypatch.setattr(s, "_commit", lambda key: None)
+    monkeypatch.setattr(s, "_register_dirty", lambda wait: None)
+    s._opened = True
+    ins = [RowChange(T1, "insert", None, {"id": i}) for i in range(5)]
+    s.send([Txn("r0", 10, Position("b.1", 4), Spilled(ins)), Txn("r0", 11, Position("b.1", 5), tuple(ins))])  # type: ignore[arg-type]
+    assert calls == [5] and got == [[0, 1, 2, 3, 4]]
