@@ -395,3 +395,29 @@ def test_a_spilled_transaction_goes_row_by_row(tmp_path: Any, monkeypatch: Any) 
     ins = [RowChange(T1, "insert", None, {"id": i}) for i in range(5)]
     s.send([Txn("r0", 10, Position("b.1", 4), Spilled(ins)), Txn("r0", 11, Position("b.1", 5), tuple(ins))])  # type: ignore[arg-type]
     assert calls == [5] and got == [[0, 1, 2, 3, 4]]
+
+
+def test_decimals_at_the_edges_of_exponent_digits_and_scale_are_built_as_pyarrow_builds_them() -> None:
+    """Zeros and ones with exponents up to the six digits the C path reads (and past them), 37 to 39 digits,
+    at every scale pyarrow's own rules could treat apart: built exactly as pa.array builds them, or left to it
+    (never taken where it refuses). Catches a pyarrow whose precision rules move under the C path."""
+    exps = [*range(-45, 46), -999, -99999, -999999, -1000000, 999999, 1000000]
+    coefs = ["0", "-0", "1", "-1", "10", "9" * 37, "9" * 38, "1" + "0" * 37, "1" * 39, "-" + "9" * 38]
+    cases = [Decimal(f"{c}E{e}") for c in coefs for e in exps]
+    cases += [Decimal(s) for s in ("0.000", "-0.000", "0." + "0" * 50, "0." + "0" * 40 + "1", "1." + "0" * 37)]
+    taken = 0
+    for scale in (0, 1, 2, 18, 30, 37, 38):
+        cols = _fastrows.arrow_columns(cases, [(None, 7, scale)])  # (one column: any value left -> None)
+        assert cols == [None]
+        for v in cases:
+            (col,) = _fastrows.arrow_columns([v], [(None, 7, scale)])
+            try:
+                want = pa.array([v], pa.decimal128(38, scale))
+            except (pa.ArrowInvalid, pa.ArrowTypeError):
+                assert col is None, (str(v), scale)
+                continue
+            if col is not None:
+                got = pa.Array.from_buffers(pa.decimal128(38, scale), 1, [None, pa.py_buffer(col[2])])
+                assert got.equals(want), (str(v), scale, got, want)
+                taken += 1
+    assert taken > 500
