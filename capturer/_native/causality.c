@@ -680,3 +680,63 @@ fail:
     Py_DECREF(batch);
     return result;
 }
+
+/* manifest_txns(txns) -> (bytes, regions) or None: the "txns" array of senders/mysql/position.py
+   Manifest.encode as json.dumps writes it (separators "," and ":") and its "regions" list, for txns given as
+   (commit_ts, region, total, lo, hi) sequences (lists or tuples) of exact ints and a str region: each
+   [commit_ts - the one before (0 first), the region's index in regions (in order of first use), total, lo,
+   hi]; None (the Python path) for anything else (an int past 64 bits, a bool, another type). */
+PyObject *manifest_txns(PyObject *self, PyObject *txns) {
+    if (!PyList_Check(txns)) Py_RETURN_NONE;
+    PyObject *index = PyDict_New(), *regions = PyList_New(0), *out = NULL;
+    Buf b = {0};
+    if (!index || !regions || buf_put(&b, "[", 1) < 0) goto done;
+    long long prev = 0;
+    for (Py_ssize_t k = 0; k < PyList_GET_SIZE(txns); k++) {
+        PyObject *t = PyList_GET_ITEM(txns, k);
+        if (!(PyList_Check(t) || PyTuple_Check(t)) || PySequence_Fast_GET_SIZE(t) != 5) goto python;
+        PyObject **f = PySequence_Fast_ITEMS(t);
+        long long v[5];
+        for (int j = 0; j < 5; j++) {
+            if (j == 1) continue;
+            if (!PyLong_CheckExact(f[j])) goto python;
+            int over = 0;
+            v[j] = PyLong_AsLongLongAndOverflow(f[j], &over);
+            if (over) goto python;
+            if (v[j] == -1 && PyErr_Occurred()) goto done;
+        }
+        if (!PyUnicode_CheckExact(f[1])) goto python;
+        PyObject *at = PyDict_GetItemWithError(index, f[1]);
+        if (at) {
+            v[1] = PyLong_AsLongLong(at);
+        } else {
+            if (PyErr_Occurred()) goto done;
+            v[1] = PyList_GET_SIZE(regions);
+            PyObject *n = PyLong_FromLongLong(v[1]);
+            if (!n || PyDict_SetItem(index, f[1], n) < 0 || PyList_Append(regions, f[1]) < 0) {
+                Py_XDECREF(n);
+                goto done;
+            }
+            Py_DECREF(n);
+        }
+        long long ts = v[0];
+        if (__builtin_ssubll_overflow(ts, prev, &v[0])) goto python;
+        prev = ts;
+        if (buf_grow(&b, 5 * 21 + 8) < 0) goto done;
+        b.n += sprintf(b.p + b.n, "%s[%lld,%lld,%lld,%lld,%lld]", k ? "," : "", v[0], v[1], v[2], v[3], v[4]);
+    }
+    if (buf_put(&b, "]", 1) < 0) goto done;
+    PyObject *bytes = PyBytes_FromStringAndSize(b.p, b.n);
+    if (bytes) {
+        out = PyTuple_Pack(2, bytes, regions);
+        Py_DECREF(bytes);
+    }
+    goto done;
+python:
+    out = Py_NewRef(Py_None);
+done:
+    PyMem_Free(b.p);
+    Py_XDECREF(index);
+    Py_XDECREF(regions);
+    return out;
+}

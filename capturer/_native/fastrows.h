@@ -14,7 +14,7 @@
  *   unjson.c         those json messages read back for the applier (kafka_unjson, kafka_unrow, kafka_untype)
  *   wire.c           the wire format's rows and values as msgpack (wire_rows, wire_unrows, wire_pack, wire_unpack_item, ...)
  *   causality.c      the MySQL sender's conflict keys and placing (conflict_keys, causality_place, stable_hash,
- *                    place_txns)
+ *                    place_txns, manifest_txns)
  *   snaprows.c       a snapshot chunk's rows: tuples -> dicts -> RowChanges (dict_rows, read_changes)
  *   arrowcols.c      the Spark sender's rows and Arrow column buffers of a batch (lake_rows, arrow_columns)
  *
@@ -150,6 +150,7 @@ PyObject *conflict_keys(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 PyObject *causality_place(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *stable_hash(PyObject *self, PyObject *key);
 PyObject *place_txns(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *manifest_txns(PyObject *self, PyObject *txns);
 PyObject *dict_rows(PyObject *self, PyObject *args);
 PyObject *read_changes(PyObject *self, PyObject *args);
 PyObject *arrow_columns(PyObject *self, PyObject *args);

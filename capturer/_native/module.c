@@ -27,6 +27,9 @@ static PyMethodDef module_methods[] = {
     {"place_txns", (PyCFunction)(void (*)(void))place_txns, METH_FASTCALL,
      "place_txns((keys_ctx, Op, descriptors), relations, lanes, n, placer, batch, ti, i, placed, limit, target_db)\n"
      "-> (ti, i, placed, barrier, whole): the MySQL sender's _send placing of a batch's transactions' changes"},
+    {"manifest_txns", (PyCFunction)manifest_txns, METH_O,
+     "manifest_txns(txns) -> (bytes, regions) or None: the \"txns\" JSON array and \"regions\" of\n"
+     "senders.mysql.position.Manifest.encode for (commit_ts, region, total, lo, hi) of exact ints and a str"},
     {"murmur2", (PyCFunction)murmur2, METH_O, "murmur2(data: bytes) -> int (Kafka's partitioner hash)"},
     {"baikal_plan", (PyCFunction)baikal_plan, METH_VARARGS,
      "baikal_plan(((field_id, name, kind), ...), known_field_ids, encoding) -> a BaikalDB row decoder"},

@@ -62,7 +62,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from capturer.model import StreamKey
-from capturer.model.encode import quote_ident
+from capturer.model.encode import _fastrows, quote_ident
 from senders.sqlbuild import param_ident
 
 LANES = "lanes"
@@ -167,6 +167,10 @@ def _k(v: Any) -> Any:
     return None if v is None else (int(v[0]), str(v[1]), int(v[2]))
 
 
+#: the "txns" array of Manifest.encode in C (capturer/_native/causality.c), or None
+_manifest_txns = getattr(_fastrows, "manifest_txns", None)
+
+
 @dataclass(slots=True)
 class Manifest:
     """One phase as handed out: see the module docstring. ``txns``: per source
@@ -182,6 +186,18 @@ class Manifest:
     lanes: bytearray = field(default_factory=bytearray)
 
     def encode(self) -> bytes:
+        made = _manifest_txns(self.txns) if _manifest_txns is not None else None
+        if made is not None:  # the same bytes, the transactions' part written in C
+            text, regions_c = made
+            doc = {"v": 1, "phase": self.phase, "before": _j(self.before), "whole": _j(self.whole),
+                   "start": _j(self.start), "end": _j(self.end), "regions": regions_c, "txns": []}
+            head = json.dumps(doc, separators=(",", ":"))
+            body = head[:-3].encode() + text + b"}"  # (head ends in "txns":[]})
+            return zlib.compress(len(body).to_bytes(4, "big") + body + bytes(self.lanes), 1)
+        return self.encode_py()
+
+    def encode_py(self) -> bytes:
+        """``encode``'s specification (and its path where the C extension is not built)."""
         regions: dict[str, int] = {}
         txns = []
         prev = 0

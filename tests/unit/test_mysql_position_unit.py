@@ -446,3 +446,36 @@ def test_a_phase_completed_by_a_retry_within_a_batch_split_in_two() -> None:
     s2.send(txns[3:])
     assert all(len(a) == 1 for a in target.applied.values()) and set(target.applied) == set(idents(txns))
     assert s2.counters["resume_skips"] > 0 and s2.counters["resume_applied"] > 0
+
+
+@pytest.mark.skipif(position._manifest_txns is None, reason="capturer._fastrows not built, or without manifest_txns")
+def test_the_manifest_written_in_c_is_the_bytes_of_the_specification() -> None:
+    """Manifest.encode writes its transactions' array in C (manifest_txns): the very bytes of encode_py,
+    on random manifests (big and negative steps of commit_ts, several and non-ASCII regions, lists or
+    tuples as the Placer or decode give them, values C leaves to Python: past 64 bits, a bool)."""
+    rng = random.Random(5)
+    fell_back = 0
+    for _ in range(3000):
+        ts = rng.choice([0, 1, 10**12, 2**62, -5])
+        txns: list[Any] = []
+        for _ in range(rng.choice([0, 1, 2, 5, 50])):
+            ts += rng.choice([0, 1, 7, 10**9, -3])
+            t = (ts, rng.choice(["r", "r2", "ü", 'a"b', "\ud800", "名"]), rng.randrange(1, 9), rng.randrange(5),
+                 rng.randrange(5, 9))
+            txns.append(list(t) if rng.random() < 0.5 else t)
+        odd = rng.random()
+        if odd < 0.03:
+            txns.append((2**70, "r", 1, 0, 1))
+        elif odd < 0.06:
+            txns.append((True, "r", 1, 0, 1))
+        elif odd < 0.09:
+            txns.append((2**63 - 1, "r", 1, 0, 1))  # the step from the one before may pass 64 bits
+        fell_back += position._manifest_txns(txns) is None
+        m = Manifest(rng.randrange(100), rng.choice([None, (1, "r", 0)]), rng.choice([None, (5, "ü", 0)]),
+                     (1, "r", 0) if txns else None, (2, "r", 3) if txns else None, txns,
+                     bytearray(rng.randrange(8) for _ in txns))
+        blob = m.encode()
+        assert blob == m.encode_py(), txns
+        back = Manifest.decode(blob)
+        assert back.txns == [tuple(t) for t in txns]
+    assert 0 < fell_back < 500
