@@ -11,7 +11,8 @@
  *   sql.c            SQL literals as pymysql writes them (sql_literals, sql_tuples)
  *   kafka.c          the Kafka sender's json messages, its partitioner hash and its produce loop (kafka_json,
  *                    murmur2, kafka_produce_each)
- *   unjson.c         those json messages read back for the applier (kafka_unjson, kafka_unrow, kafka_untype)
+ *   unjson.c         those json messages read back for the applier (kafka_unjson, kafka_unrow, kafka_untype,
+ *                    kafka_msgs: the consumer's messages as the applier's Msg objects)
  *   wire.c           the wire format's rows and values as msgpack (wire_rows, wire_unrows, wire_pack, wire_unpack_item, ...)
  *   causality.c      the MySQL sender's conflict keys and placing (conflict_keys, causality_place, stable_hash,
  *                    place_txns, manifest_txns)
@@ -139,6 +140,7 @@ PyObject *kafka_produce_each(PyObject *self, PyObject *const *args, Py_ssize_t n
 PyObject *kafka_unjson(PyObject *self, PyObject *arg);
 PyObject *kafka_untype(PyObject *self, PyObject *args);
 PyObject *kafka_unrow(PyObject *self, PyObject *args);
+PyObject *kafka_msgs(PyObject *self, PyObject *args);
 PyObject *wire_rows(PyObject *self, PyObject *args);
 PyObject *wire_unrows(PyObject *self, PyObject *args);
 PyObject *wire_ext(PyObject *self, PyObject *args);

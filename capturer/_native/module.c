@@ -50,6 +50,9 @@ static PyMethodDef module_methods[] = {
     {"kafka_unrow", (PyCFunction)kafka_unrow, METH_VARARGS,
      "kafka_unrow(headers, value) -> ((commit_ts, region, 0), seq, op, (op, db, table, before, after, b64) or None)\n"
      "or None: a json row message's identity headers (the sender's order) and its value, or None for the Python path"},
+    {"kafka_msgs", (PyCFunction)kafka_msgs, METH_VARARGS,
+     "kafka_msgs(messages, Msg) -> [Msg] or None: confluent-kafka's consumed messages as the applier's Msg\n"
+     "objects (each partition's last one with its Kafka timestamp), or None where one carries an error"},
     {"kafka_untype", (PyCFunction)kafka_untype, METH_VARARGS,
      "kafka_untype(image, ((column, f, catch), ...), b64) -> None: each str value of those columns not in b64\n"
      "becomes f(value) (kept where f raises catch), in place: the applier's typed values of a json row image"},

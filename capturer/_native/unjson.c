@@ -500,3 +500,98 @@ done:
     Py_XDECREF(op);
     return out;
 }
+
+/* kafka_msgs(messages, Msg) -> [Msg] or None: confluent-kafka's consumed messages (consume()'s list) made the
+ * applier's Msg objects (topic, partition, offset, key, value, headers or [], ts_ms 0; the last message of each
+ * partition with its Kafka timestamp, ts_ms, where the message has one): ConfluentConsumer.poll's loop, one C
+ * call a poll. None where a message carries an error (the Python loop reads that poll: it logs, skips or
+ * raises). Each message is read through its own methods (error(), topic(), ...), as the Python loop reads it. */
+static PyObject *s_error, *s_topic, *s_partition, *s_offset, *s_key, *s_value, *s_headers, *s_timestamp;
+static PyObject *s_f_topic, *s_f_partition, *s_f_offset, *s_f_key, *s_f_value, *s_f_headers, *s_f_ts_ms;
+
+static int msgs_names(void) {
+    if (s_error) return 0;
+#define IN(v, s) if (!(v = PyUnicode_InternFromString(s))) return -1;
+    IN(s_error, "error") IN(s_topic, "topic") IN(s_partition, "partition") IN(s_offset, "offset")
+    IN(s_key, "key") IN(s_value, "value") IN(s_headers, "headers") IN(s_timestamp, "timestamp")
+    IN(s_f_topic, "topic") IN(s_f_partition, "partition") IN(s_f_offset, "offset") IN(s_f_key, "key")
+    IN(s_f_value, "value") IN(s_f_headers, "headers") IN(s_f_ts_ms, "ts_ms")
+#undef IN
+    return 0;
+}
+
+PyObject *kafka_msgs(PyObject *self, PyObject *args) {
+    PyObject *ms, *mtype;
+    if (!PyArg_ParseTuple(args, "O!O!", &PyList_Type, &ms, &PyType_Type, &mtype)) return NULL;
+    if (msgs_names() < 0) return NULL;
+    PyTypeObject *tp = (PyTypeObject *)mtype;
+    Py_ssize_t n = PyList_GET_SIZE(ms);
+    for (Py_ssize_t i = 0; i < n; i++) {  /* an error anywhere: the Python loop reads the whole poll */
+        PyObject *err = PyObject_CallMethodNoArgs(PyList_GET_ITEM(ms, i), s_error);
+        if (!err) return NULL;
+        int bad = err != Py_None;
+        Py_DECREF(err);
+        if (bad) Py_RETURN_NONE;
+    }
+    PyObject *out = PyList_New(n), *last = PyDict_New(), *empty = PyTuple_New(0), *zero = PyLong_FromLong(0);
+    if (!out || !last || !empty || !zero) goto fail;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *m = PyList_GET_ITEM(ms, i);
+        PyObject *v[6] = {NULL, NULL, NULL, NULL, NULL, NULL};
+        PyObject *names[6] = {s_topic, s_partition, s_offset, s_key, s_value, s_headers};
+        PyObject *fields[6] = {s_f_topic, s_f_partition, s_f_offset, s_f_key, s_f_value, s_f_headers};
+        PyObject *o = NULL;
+        int ok = 1;
+        for (int k = 0; k < 6 && ok; k++) ok = (v[k] = PyObject_CallMethodNoArgs(m, names[k])) != NULL;
+        if (ok && v[5] == Py_None) {
+            Py_DECREF(v[5]);
+            ok = (v[5] = PyList_New(0)) != NULL;
+        }
+        if (ok) ok = (o = tp->tp_new(tp, empty, NULL)) != NULL;
+        for (int k = 0; k < 6 && ok; k++) ok = PyObject_SetAttr(o, fields[k], v[k]) == 0;
+        if (ok) ok = PyObject_SetAttr(o, s_f_ts_ms, zero) == 0;
+        PyObject *where = NULL;
+        if (ok) ok = (where = PyTuple_Pack(2, v[0], v[1])) != NULL;
+        if (ok) {
+            PyObject *pair = PyTuple_Pack(2, o, m);
+            ok = pair && PyDict_SetItem(last, where, pair) == 0;
+            Py_XDECREF(pair);
+        }
+        Py_XDECREF(where);
+        for (int k = 0; k < 6; k++) Py_XDECREF(v[k]);
+        if (!ok) {
+            Py_XDECREF(o);
+            goto fail;
+        }
+        PyList_SET_ITEM(out, i, o);
+    }
+    /* the Kafka timestamp of each partition's last message (the status's lag in seconds) */
+    Py_ssize_t pos = 0;
+    PyObject *k_, *pair;
+    while (PyDict_Next(last, &pos, &k_, &pair)) {
+        PyObject *ts = PyObject_CallMethodNoArgs(PyTuple_GET_ITEM(pair, 1), s_timestamp);
+        if (!ts) goto fail;
+        int set = PyTuple_Check(ts) && PyTuple_GET_SIZE(ts) == 2;
+        if (set) {
+            int t = PyObject_IsTrue(PyTuple_GET_ITEM(ts, 0));
+            if (t < 0) {
+                Py_DECREF(ts);
+                goto fail;
+            }
+            set = t;
+        }
+        int r = set ? PyObject_SetAttr(PyTuple_GET_ITEM(pair, 0), s_f_ts_ms, PyTuple_GET_ITEM(ts, 1)) : 0;
+        Py_DECREF(ts);
+        if (r < 0) goto fail;
+    }
+    Py_DECREF(last);
+    Py_DECREF(empty);
+    Py_DECREF(zero);
+    return out;
+fail:
+    Py_XDECREF(out);
+    Py_XDECREF(last);
+    Py_XDECREF(empty);
+    Py_XDECREF(zero);
+    return NULL;
+}

@@ -17,14 +17,18 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from capturer.errors import FatalSourceError, SourceError
+from capturer.model.encode import _fastrows
 from capturer.model.message import TP, Consumer, Msg
 from capturer.util.kafkasec import Watch, kafka_python_conf, librdkafka_conf
 
 log = logging.getLogger(__name__)
+
+# confluent-kafka's messages made Msg objects in one C call a poll (ConfluentConsumer.poll's loop; an older build lacks it)
+_msgs: Callable[[list[Any], type], list[Msg] | None] | None = getattr(_fastrows, "kafka_msgs", None)
 
 
 def _dl_headers(msg: Msg, why: str) -> list[tuple[str, bytes]]:
@@ -236,10 +240,15 @@ class ConfluentConsumer:
             self._fatal()
         if first is None:
             return out
+        got = [first] + self.c.consume(max_msgs - 1, 0)
+        if _msgs is not None:
+            fast = _msgs(got, Msg)  # the loop below in one C call (None: a message carries an error)
+            if fast is not None:
+                return fast
         append = out.append
         last: dict[TP, Any] = {}
         m: Any
-        for m in [first] + self.c.consume(max_msgs - 1, 0):
+        for m in got:
             err = m.error()
             if err is not None:
                 if err.code() == KafkaError._PARTITION_EOF:

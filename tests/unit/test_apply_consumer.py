@@ -54,3 +54,54 @@ def test_a_coordinator_that_never_answers_is_an_error_not_a_silent_wait() -> Non
     with pytest.raises(SourceError, match=r"cannot read the committed offsets of t\[0\]"):
         cc.add([("t", 0)])
     assert not c.assigned and not cc.assigned
+
+
+class Polled:
+    """A stand-in whose poll and consume hand out these confluent-kafka messages."""
+
+    def __init__(self, msgs: list[Any]) -> None:
+        self.msgs = msgs
+
+    def poll(self, timeout: float) -> Any:
+        return self.msgs.pop(0) if self.msgs else None
+
+    def consume(self, n: int, timeout: float) -> list[Any]:
+        out, self.msgs = self.msgs[:n], self.msgs[n:]
+        return out
+
+
+def polled(msgs: list[Any], fast: bool, monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, ...]]:
+    import senders.kafka.consumer as mod
+    from capturer.util.kafkasec import Watch
+
+    if not fast:
+        monkeypatch.setattr(mod, "_msgs", None)
+    cc = consumer(Polled(list(msgs)))
+    cc.assigned, cc.watch = {("a", 0)}, Watch()
+    out = cc.poll(5000, 0.1)
+    monkeypatch.undo()
+    return [(m.topic, m.partition, m.offset, m.key, m.value, m.headers, m.ts_ms) for m in out]
+
+
+def test_the_c_read_of_a_poll_is_the_python_loops(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``kafka_msgs`` (one C call a poll) makes the Msg objects the Python loop makes: headers or [],
+    each partition's last message with its Kafka timestamp (none where the message has none), the
+    others 0; a poll with an error in it goes the Python way (skipped, logged)."""
+    from confluent_kafka import Message
+
+    import senders.kafka.consumer as mod
+
+    assert mod._msgs is not None, "the C extension lacks kafka_msgs: rebuild it (setup.py build_ext --inplace)"
+    hs = [("region", b"r1"), ("commit_ts", b"12"), ("seq", b"3"), ("op", b"c")]
+    msgs = [Message(topic="a", partition=p, offset=o, key=k, value=v, headers=h, timestamp=ts)
+            for p, o, k, v, h, ts in [(0, 5, b"k", b"{}", hs, (1, 100)), (1, 7, None, None, None, (1, 200)),
+                                      (0, 6, b"k2", b"x", [], (1, 300)), (2, 1, b"", b"y", hs, (0, 400)),
+                                      (1, 8, b"z", b"w", [("h", None)], (2, 500))]]
+    want = [("a", 0, 5, b"k", b"{}", hs, 0), ("a", 1, 7, None, None, [], 0), ("a", 0, 6, b"k2", b"x", [], 300),
+            ("a", 2, 1, b"", b"y", hs, 0), ("a", 1, 8, b"z", b"w", [("h", None)], 500)]
+    assert polled(msgs, False, monkeypatch) == want
+    assert polled(msgs, True, monkeypatch) == want
+    assert mod._msgs(msgs, mod.Msg) is not None  # (the C path, not a fallback, gave it)
+    with_error = msgs[:2] + [Message(error=KafkaError(KafkaError._PARTITION_EOF))] + msgs[2:]
+    assert mod._msgs(with_error, mod.Msg) is None
+    assert polled(with_error, True, monkeypatch) == polled(with_error, False, monkeypatch) == want
