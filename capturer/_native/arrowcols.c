@@ -466,7 +466,11 @@ PyObject *lake_rows(PyObject *self, PyObject *args) {
                 if (!it) changed = -1;
                 while (it && !changed && (c = PyIter_Next(it))) {
                     PyObject *x = img_get(before, c), *y = x ? img_get(after, c) : NULL;
-                    changed = y ? PyObject_RichCompareBool(x, y, Py_NE) : -1;
+                    /* (x != y itself: RichCompareBool would take one object for equal to itself, a NaN
+                       too, where the specification's != says changed) */
+                    PyObject *ne = y ? PyObject_RichCompare(x, y, Py_NE) : NULL;
+                    changed = ne ? PyObject_IsTrue(ne) : -1;
+                    Py_XDECREF(ne);
                     Py_XDECREF(x);
                     Py_XDECREF(y);
                     Py_DECREF(c);

@@ -345,6 +345,20 @@ def test_a_comparison_that_raises_fails_both_ways() -> None:
         by_table_of(_fastrows.lake_rows, bad)
 
 
+def test_a_key_that_is_not_equal_to_itself_is_a_changed_key_both_ways() -> None:
+    """group_rows asks before.get(c) != after.get(c): one NaN object in both images (a float or a Decimal
+    key, the same object: as a filter or a merge of images may leave it) is a changed key, a 'd' and an
+    'i'; lake_rows asked PyObject_RichCompareBool, which takes an object for equal to itself, and wrote a
+    'u' (fails before the fix)."""
+    for nan in (float("nan"), Decimal("NaN")):
+        bad = [RowChange(T1, "update", {"id": nan, "v": 1}, {"id": nan, "v": 2}),
+               RowChange(T2, "update", {"a": 1, "b": nan}, {"a": 1, "b": nan}),
+               RowChange(T1, "update", {"id": nan, "v": 1}, {"id": float("nan"), "v": 2})]
+        a, b = by_table_of(_fastrows.lake_rows, bad), by_table_of(group_rows, bad)
+        assert_same_rows(a, b)
+        assert a[("d", "t1")].ops == ["d", "i", "d", "i"] and a[("d", "t2")].ops == ["d", "i"]
+
+
 def test_the_sender_groups_a_big_transaction_in_flushes(tmp_path: Any, monkeypatch: Any) -> None:
     """A transaction bigger than flush_rows still goes row by row (bounded memory); smaller ones whole."""
     from capturer.model import Position, Txn
