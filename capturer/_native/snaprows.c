@@ -47,7 +47,12 @@ PyObject *dict_rows(PyObject *self, PyObject *args) {
 }
 
 /* read_changes(rows, schema, row_change, op) -> (RowChange, ...): RowChange(schema, op, None, row) for each
-   row of the list rows, without running the dataclass's __init__ (it only assigns its four slots). */
+   row of the list rows, without running the dataclass's __init__ (it only assigns its four slots).
+   A change whose row is a dict the cyclic collector does not track (every value atomic: str, int, Decimal,
+   datetime, ... as a chunk's rows are) is not tracked either: it cannot be part of a cycle (its schema,
+   op and None do not lead back to it, and a RowChange is treated as immutable), and a chunk's 20,000
+   tracked changes would otherwise be walked by each young collection while they wait to be sent (and
+   then again as they are promoted): about 4 ms a young collection here. */
 PyObject *read_changes(PyObject *self, PyObject *args) {
     PyObject *rows, *schema, *row_change, *op;
     if (!PyArg_ParseTuple(args, "O!OO!O!", &PyList_Type, &rows, &schema, &PyType_Type, &row_change,
@@ -66,6 +71,9 @@ PyObject *read_changes(PyObject *self, PyObject *args) {
             Py_DECREF(out);
             return NULL;
         }
+        if (PyObject_IS_GC(ch) && PyObject_GC_IsTracked(ch) && PyDict_CheckExact(PyList_GET_ITEM(rows, i))
+            && !PyObject_GC_IsTracked(PyList_GET_ITEM(rows, i)))
+            PyObject_GC_UnTrack(ch);
         PyTuple_SET_ITEM(out, i, ch);
     }
     return out;

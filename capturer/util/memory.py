@@ -37,9 +37,12 @@ keeps Python's values.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import gc
 import os
+import threading
+from collections.abc import Iterator
 
 M_MMAP_THRESHOLD = -3  # from glibc's malloc.h
 THRESHOLD = 128 * 1024
@@ -79,3 +82,37 @@ def tune() -> None:
     """Both settings, as every process of the capturer starts."""
     tune_malloc()
     tune_gc()
+
+
+_pause_lock = threading.Lock()
+_pause_depth = 0
+_pause_owned = False
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """No automatic cyclic collection while the block runs (in any thread: the switch is the
+    process's), for a block that makes many short-lived containers at once and frees them
+    before it ends: a snapshot chunk's rows as the driver gives them (20,000 tuples, then a
+    dict each). A young collection that ran inside it would walk every one of those tuples
+    (each of its values' headers: cache misses) only to find them still referenced; paused,
+    they are freed by reference counting before any collection sees them. Collection resumes
+    at the block's end (the next allocation of a container then collects what accumulated,
+    if the count calls for it). Nested and concurrent blocks (read-ahead readers) share one
+    pause: the last to leave resumes it, and only if it was on when the first came in (one
+    switched off by someone else stays off)."""
+    global _pause_depth, _pause_owned
+    with _pause_lock:
+        if _pause_depth == 0:
+            _pause_owned = gc.isenabled()
+            if _pause_owned:
+                gc.disable()
+        _pause_depth += 1
+    try:
+        yield
+    finally:
+        with _pause_lock:
+            _pause_depth -= 1
+            if _pause_depth == 0 and _pause_owned:
+                _pause_owned = False
+                gc.enable()

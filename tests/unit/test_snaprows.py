@@ -57,3 +57,30 @@ def test_read_changes_are_the_dataclass_s_own() -> None:
     assert got[0].absent == () and got[1].db == "d"
     assert snaphost.read_changes([], schema) == ()
     assert snaphost.read_changes(iter(rows), schema) == want  # type: ignore[arg-type]  # (not a list: Python)
+
+
+def test_read_changes_of_atomic_rows_are_not_tracked_by_the_collector() -> None:
+    """A change whose row holds only atomic values cannot be in a cycle: left untracked (a chunk's
+    changes are not walked by every young collection); one whose row holds a container stays tracked,
+    and a cycle through it is still collected."""
+    import gc
+    import weakref
+
+    schema = TableSchema("d", "t", tuple(NAMES), ("id",), (), ())
+    rows = [dict(zip(NAMES, r)) for r in RAW]
+    assert not any(gc.is_tracked(r) for r in rows)
+    got = snaphost.read_changes(rows, schema)
+    assert not any(gc.is_tracked(c) for c in got)
+    assert got == tuple(map(partial(RowChange, schema, "read", None), rows))
+
+    class Holder(list):  # (weak-referenceable; a container: the row's dict is tracked)
+        pass
+
+    h = Holder()
+    boxed = snaphost.read_changes([{"id": 1, "box": h}], schema)
+    assert gc.is_tracked(boxed[0])
+    h.append(boxed)  # a cycle: change -> row -> holder -> the changes' tuple -> change
+    ref = weakref.ref(h)
+    del h, boxed
+    gc.collect()
+    assert ref() is None

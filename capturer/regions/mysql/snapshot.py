@@ -89,6 +89,7 @@ from capturer.regions.snapshot import ColumnsChanged, SnapshotHost, Snapshotter,
 from capturer.regions.snapshot_plan import Chunk, Column, TablePlan, split_key
 from capturer.util import mysqlconn
 from capturer.util.binlogpos import binlog_end
+from capturer.util.memory import gc_paused
 from capturer.util.mysqlconn import mariadb_tls_kwargs
 
 log = logging.getLogger(__name__)
@@ -668,14 +669,17 @@ class MySQLSnapshotter(Snapshotter):
             try:
                 # rows as tuples (the C client's fastest result: dicts made by its dictionary cursor cost
                 # about twice the read's time), made dicts once, with the names in column order
-                raw = reader.execute(sql, params)
-                rows = make_rows(raw, names, norm)
-                if not raw:
-                    last_key = p.last_key
-                elif kpos is None:
-                    last_key = (sig, *raw[-1][-nk:])
-                else:
-                    last_key = (sig, *(raw[-1][i] for i in kpos))
+                # (no cyclic collection in between: the tuples are freed before one could walk them)
+                with gc_paused():
+                    raw = reader.execute(sql, params)
+                    rows = make_rows(raw, names, norm)
+                    if not raw:
+                        last_key = p.last_key
+                    elif kpos is None:
+                        last_key = (sig, *raw[-1][-nk:])
+                    else:
+                        last_key = (sig, *(raw[-1][i] for i in kpos))
+                    del raw
             except Exception as exc:
                 if reader.is_error(exc) and reader.errno(exc) == 1146:
                     raise TableGone(plan.name) from None
