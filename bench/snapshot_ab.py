@@ -7,17 +7,22 @@ A ratio is the copy's rows/s over the raw read's measured just before it, in the
     .venv/bin/python bench/snapshot_ab.py --rows 500000 --rounds 3 --tree before=/tmp/old --tree after=.
         [--variant one,ahead] [--out bench/results/x.json]
 
-A noisy machine moves both figures of a pair together; compare trees by their ratios, interleaved."""
+A noisy machine moves both figures of a pair together; compare trees by their ratios, interleaved.
+Each run also gives the process's CPU seconds through the copy and the cyclic collector's collections
+and wall seconds during it, by generation (``gc.callbacks``)."""
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -42,15 +47,32 @@ def one_run(port: int, rows: int, variant: str) -> dict[str, Any]:
     srv: Any = Server()
     srv.port = port
     raw = b.raw_chunked_read(srv, "snap.t")
+    # the cyclic collector during the copy: collections and their wall seconds, by generation
+    gc_s, gc_n, started = [0.0, 0.0, 0.0], [0, 0, 0], {}
+
+    def on_gc(phase: str, info: dict[str, int]) -> None:
+        me = threading.get_ident()
+        if phase == "start":
+            started[me] = time.perf_counter()
+        elif me in started:
+            gc_s[info["generation"]] += time.perf_counter() - started.pop(me)
+            gc_n[info["generation"]] += 1
+
+    gc.callbacks.append(on_gc)
+    cpu0 = time.process_time()
     with tempfile.TemporaryDirectory(prefix="snap-ab-") as tmp:
         d = Path(tmp)
         r = b.snapshot_run(d, srv, f"[global]\ntype=local\n[local]\nfilepath={d / 'o.jsonl'}\nrotate_mb=100000\n",
                            rows, region_extra=OPTS[variant])
+    cpu = time.process_time() - cpu0
+    gc.callbacks.remove(on_gc)
     cores = r.get("cpu_cores", {}).get("capturer") or 0
     return {"raw_rows_per_s": raw["rows_per_s"], "raw_client_cpu_s": raw["client_cpu_s"],
             "rows_per_s": r["rows_per_s"], "rows": r["rows"], "exit": r["exit"], "capturer_cores": cores,
             "rows_per_capturer_cpu_s": round(r["rows_per_s"] / cores) if cores else None,
-            "ratio": round(r["rows_per_s"] / raw["rows_per_s"], 3)}
+            "ratio": round(r["rows_per_s"] / raw["rows_per_s"], 3),
+            # (the process's CPU through the copy: the capturer's start and stop included)
+            "copy_process_cpu_s": round(cpu, 3), "gc_collections": gc_n, "gc_seconds": [round(x, 3) for x in gc_s]}
 
 
 def main() -> int:
@@ -96,7 +118,9 @@ def main() -> int:
                 "ratio_median": statistics.median(x["ratio"] for x in xs),
                 "rows_per_s_median": statistics.median(x["rows_per_s"] for x in xs),
                 "raw_rows_per_s_median": statistics.median(x["raw_rows_per_s"] for x in xs),
-                "rows_per_capturer_cpu_s_median": statistics.median(x["rows_per_capturer_cpu_s"] or 0 for x in xs)}
+                "rows_per_capturer_cpu_s_median": statistics.median(x["rows_per_capturer_cpu_s"] or 0 for x in xs),
+                "copy_process_cpu_s_median": statistics.median(x["copy_process_cpu_s"] for x in xs),
+                "young_gc_seconds_median": statistics.median(x["gc_seconds"][0] for x in xs)}
     result = {"rows": args.rows, "rounds": args.rounds, "trees": dict(trees), "cpu": os.cpu_count(),
               "load_avg_end": os.getloadavg(), "runs": runs, "summary": summary}
     print(json.dumps(summary, indent=2))
