@@ -84,6 +84,7 @@ def tune() -> None:
     tune_gc()
 
 
+PAUSE_YOUNG_LIMIT = 8  # (young collections' worth of allocations a pause may defer while another block holds it)
 _pause_lock = threading.Lock()
 _pause_depth = 0
 _pause_owned = False
@@ -100,7 +101,8 @@ def gc_paused() -> Iterator[None]:
     at the block's end (the next allocation of a container then collects what accumulated,
     if the count calls for it). Nested and concurrent blocks (read-ahead readers) share one
     pause: the last to leave resumes it, and only if it was on when the first came in (one
-    switched off by someone else stays off)."""
+    switched off by someone else stays off); one that leaves the pause on to another block collects
+    the young generation itself once allocations are ``PAUSE_YOUNG_LIMIT`` thresholds past it."""
     global _pause_depth, _pause_owned
     with _pause_lock:
         if _pause_depth == 0:
@@ -116,3 +118,12 @@ def gc_paused() -> Iterator[None]:
             if _pause_depth == 0 and _pause_owned:
                 _pause_owned = False
                 gc.enable()
+                collect = False
+            else:
+                # readers whose blocks overlap without end (read-ahead) would keep the pause on for the
+                # whole copy: a leaver that leaves it on collects the young generation itself once it is
+                # far past its threshold, so that what the pause defers stays bounded
+                young = gc.get_threshold()[0]  # (0: no automatic collection at all)
+                collect = _pause_owned and young > 0 and gc.get_count()[0] > PAUSE_YOUNG_LIMIT * young
+        if collect:
+            gc.collect(0)
