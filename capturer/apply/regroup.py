@@ -308,6 +308,10 @@ class Regrouper:
         self.orphans = 0  # transactions whose rows came but the spine never named (dropped)
         self.rows_buffered = 0
         self._unrow = _unrow if fmt == "json" else None
+        # (partition, key, entry) of the last row added: the next row of the same transaction in the same
+        # partition (most rows) skips the look-ups it made (``_entry_for`` answers the same, ``last_key`` holds
+        # the key already); forgotten whenever entries or what is done change (``ready``, ``done_through``, ...)
+        self._last_row: tuple[TP, StreamKey, Entry] | None = None
 
     # --- input ---------------------------------------------------------------------
     def add(self, msg: Msg) -> None:
@@ -324,6 +328,7 @@ class Regrouper:
     def add_bad(self, msg: Msg) -> bool:
         """A message that did not decode was put aside (dead-letter topic): counted for its
         transaction when its identity headers say which (True), so the rest applies."""
+        self._last_row = None  # (its _entry_for may note another transaction in the partition)
         h = headers_of(msg)
         try:
             key: StreamKey = (int(h["commit_ts"]), h["region"], 0)
@@ -425,6 +430,7 @@ class Regrouper:
         e.expected = expected
 
     def _abandon(self, e: Entry, why: str) -> None:
+        self._last_row = None
         e.abandoned = why
         self.abandoned += 1
         self.rows_buffered -= sum(len(v) for v in e.events.values())
@@ -461,12 +467,19 @@ class Regrouper:
                 return
         if op in ("t", "ddl", "begin", "end"):
             return  # a TRUNCATE marker of a table topic: the spine's DDL record applies it
-        lk = self.last_key.get(tp)
-        if lk is None or key > lk:
-            self.last_key[tp] = key
-        e = self._entry_for(key, tp, msg.offset)
-        if e is None:
-            return
+        last = self._last_row
+        e: Entry | None
+        if last is not None and last[1] == key and last[0] == tp:
+            e = last[2]  # the previous row's transaction in the same partition: what follows was done for it
+        else:
+            lk = self.last_key.get(tp)
+            if lk is None or key > lk:
+                self.last_key[tp] = key
+            e = self._entry_for(key, tp, msg.offset)
+            if e is None:
+                return
+            self._last_row = (tp, key, e)
+        assert e is not None
         value = msg.value
         ident = (seq, op, value is None)
         seen = e.seen
@@ -530,6 +543,7 @@ class Regrouper:
     def ready(self) -> list[Ready]:
         """The complete entries at the front of the spine, in order (each once)."""
         out: list[Ready] = []
+        self._last_row = None
         if self.order and not self.order[0].complete:
             self._hole(self.order[0])
         while self.order and self.order[0].complete:
@@ -616,6 +630,7 @@ class Regrouper:
     # --- positions -----------------------------------------------------------------
     def done_through(self, key: StreamKey) -> None:
         """Every transaction at or below ``key`` is at every destination: what it held is released."""
+        self._last_row = None
         if self.done is None or key > self.done:
             self.done = key
         for q in self.pending.values():

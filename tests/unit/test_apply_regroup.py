@@ -348,3 +348,52 @@ def test_a_snapshot_chunk_sent_again_under_a_new_key_does_not_hold_the_applier()
         assert [stream_key(t) for t in applied] == [stream_key(again), stream_key(later)], cut
         assert_same_txn(again, applied[0])
         assert r.abandoned == 1 and r.rows_buffered == 0
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_the_last_rows_shortcut_changes_nothing(seed: int) -> None:
+    """A row of the previous row's transaction in the same partition skips ``_entry_for`` (``_last_row``):
+    step by step, with replays, done_through and a dead-lettered message between, the state is that of a
+    regrouper that never takes the shortcut."""
+    txns = workload(seed)
+    logs = messages(produce(txns, "json"))
+    rng = random.Random(seed)
+    fast, slow = Regrouper("txns"), Regrouper("txns")
+    outs: tuple[list[Any], list[Any]] = ([], [])
+    took = 0
+    for i, m in enumerate(interleave(logs, rng, replays=6)):
+        took += fast._last_row is not None and m.topic != "txns"
+        slow._last_row = None
+        for r, out in ((fast, outs[0]), (slow, outs[1])):
+            if i % 97 == 50 and m.topic != "txns":
+                r.add_bad(m)
+            else:
+                r.add(m)
+            if i % 13 == 0:
+                out += [(k, None if t is None else len(t.changes)) for k, t in r.ready()]
+            if i % 41 == 0 and out:
+                r.done_through(out[len(out) // 2][0])
+        assert fast.commit_offsets() == slow.commit_offsets()
+        assert {tp: list(q) for tp, q in fast.pending.items()} == {tp: list(q) for tp, q in slow.pending.items()}
+        assert fast.last_key == slow.last_key and fast.rows_buffered == slow.rows_buffered
+        assert (fast.duplicates, fast.dropped) == (slow.duplicates, slow.dropped)
+    assert outs[0] == outs[1] and outs[0]
+    assert took > 100  # (the shortcut was taken)
+
+
+def test_the_last_rows_shortcut_is_forgotten_after_a_dead_lettered_message() -> None:
+    """A message put aside (``add_bad``) between two rows of one transaction in a partition notes its own
+    transaction there: the next row notes its transaction again, as without the shortcut."""
+    logs = messages(produce(workload(4), "json"))
+    tp = next(tp for tp in sorted(logs) if tp[0] != "txns")
+    ms = logs[tp]
+    keys = [Regrouper._identity(m)[0] for m in ms]
+    i = next(i for i in range(1, len(ms) - 1) if keys[i] == keys[i - 1] and keys[i + 1] == keys[i])
+    j = next(j for j in range(len(ms)) if keys[j] != keys[i])
+    fast, slow = Regrouper("txns"), Regrouper("txns")
+    for r in (fast, slow):
+        r.add(ms[i - 1])
+        r.add_bad(ms[j])
+        slow._last_row = None
+        r.add(ms[i])
+    assert list(fast.pending[tp]) == list(slow.pending[tp]) == [(keys[i], i - 1), (keys[j], j), (keys[i], i)]
