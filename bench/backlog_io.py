@@ -28,8 +28,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import decimal
-import json
 import random
 import shutil
 import sys
@@ -52,16 +50,13 @@ def _tree(argv: list[str]) -> Path:
 TREE = _tree(sys.argv)
 sys.path.insert(0, str(TREE))
 
-from capturer.model import ColumnInfo, Heartbeat, Item, Position, RowChange, TableSchema, Txn, stream_key
+from microbench import SCHEMA, bench_row, report  # (this directory; after the tree is on the path)
+
+from capturer.model import Heartbeat, Item, Position, RowChange, Txn, stream_key
 from capturer.pipeline.backlog import Cut, StreamLog
 from capturer.pipeline.segments import Backlog
 from capturer.util.memory import tune
 
-COLS = ("id", "name", "city", "price", "qty", "created", "updated", "n", "big", "note")
-INFO = (ColumnInfo(3), ColumnInfo(15), ColumnInfo(15), ColumnInfo(246, precision=12, scale=2),
-        ColumnInfo(246, precision=10, scale=3), ColumnInfo(18), ColumnInfo(18), ColumnInfo(3), ColumnInfo(8),
-        ColumnInfo(252))
-SCHEMA = TableSchema("bench", "t", COLS, ("id",), (), tuple(c.type for c in INFO), INFO)
 READ_ROWS = 20_000  # what the mysql, kafka and file senders ask for at once (batch_rows)
 
 
@@ -72,10 +67,7 @@ def workload(txns: int, txn_rows: int) -> list[Item]:
     now = dt.datetime(2026, 1, 1, 12)
 
     def row(i: int) -> dict[str, Any]:
-        return {"id": i, "name": f"name-{i}", "city": rng.choice(["Paris", "Oslo", "Lima", "Pune"]),
-                "price": decimal.Decimal(rng.randrange(100000)) / 100,
-                "qty": decimal.Decimal(rng.randrange(100000)) / 1000, "created": now + dt.timedelta(microseconds=i),
-                "updated": now, "n": i, "big": i * 1000, "note": "x" * 60}
+        return bench_row(rng, now, i)
 
     def change(k: int, j: int) -> RowChange:
         i = k * txn_rows + j
@@ -179,9 +171,7 @@ def main() -> int:
         k = args.readers if name == "read_n" else 1
         out[name] = {"cpu_s": [round(c, 3) for c in cpu], "us_per_row": round(min(cpu) / (rows * k) * 1e6, 3),
                      "us_per_item": round(min(cpu) / (len(items) * k) * 1e6, 2)}
-    print(json.dumps(out))
-    if args.json:
-        Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
+    report(out, args.json)
     return 0
 
 

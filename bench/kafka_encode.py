@@ -33,7 +33,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from sender_encode import workload  # (this directory)
+from microbench import cpu_figures, report  # (this directory)
+from sender_encode import workload
 
 from capturer.model import Position, Txn
 from capturer.util.memory import tune
@@ -244,11 +245,8 @@ def main() -> int:
     for name, fn in (("send", send), ("encode", encode), ("produce", produce)):
         if name not in args.only.split(","):
             continue
-        runs = [fn(txns) for _ in range(args.repeat)]
-        out[name] = {"cpu_s": [round(r, 3) for r in runs], "us_per_row": round(min(runs) / rows * 1e6, 3)}
-    print(json.dumps(out))
-    if args.json:
-        Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
+        out[name] = cpu_figures([fn(txns) for _ in range(args.repeat)], rows)
+    report(out, args.json)
     return 0
 
 

@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import decimal
-import json
 import os
 import random
 import sys
@@ -34,14 +32,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from capturer.model import ColumnInfo, Position, RowChange, TableSchema, Txn
-from capturer.util.memory import tune
+from microbench import SCHEMA, bench_row, cpu_figures, report  # (this directory)
 
-COLS = ("id", "name", "city", "price", "qty", "created", "updated", "n", "big", "note")
-INFO = (ColumnInfo(3), ColumnInfo(15), ColumnInfo(15), ColumnInfo(246, precision=12, scale=2),
-        ColumnInfo(246, precision=10, scale=3), ColumnInfo(18), ColumnInfo(18), ColumnInfo(3), ColumnInfo(8),
-        ColumnInfo(252))
-SCHEMA = TableSchema("bench", "t", COLS, ("id",), (), tuple(c.type for c in INFO), INFO)
+from capturer.model import Position, RowChange, Txn
+from capturer.util.memory import tune
 
 
 def workload() -> list[Txn]:
@@ -49,10 +43,7 @@ def workload() -> list[Txn]:
     now = dt.datetime(2026, 1, 1, 12)
 
     def row(i: int) -> dict[str, Any]:
-        return {"id": i, "name": f"name-{i}", "city": rng.choice(["Paris", "Oslo", "Lima", "Pune"]),
-                "price": decimal.Decimal(rng.randrange(100000)) / 100,
-                "qty": decimal.Decimal(rng.randrange(100000)) / 1000, "created": now + dt.timedelta(microseconds=i),
-                "updated": now, "n": i, "big": i * 1000, "note": "x" * 60}
+        return bench_row(rng, now, i)
 
     def update(i: int) -> RowChange:
         before = row(i)
@@ -135,11 +126,8 @@ def main() -> int:
     rows = sum(len(t.changes) for t in txns)
     out: dict[str, Any] = {"tree": os.getcwd(), "rows": rows}
     for name, fn in (("file_json", file_json), ("spark_send", spark_send), ("procs4_send", procs4_send)):
-        runs = [fn(txns) for _ in range(args.repeat)]
-        out[name] = {"cpu_s": [round(r, 3) for r in runs], "us_per_row": round(min(runs) / rows * 1e6, 3)}
-    print(json.dumps(out))
-    if args.json:
-        Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
+        out[name] = cpu_figures([fn(txns) for _ in range(args.repeat)], rows)
+    report(out, args.json)
     return 0
 
 

@@ -405,6 +405,17 @@ static PyObject *image_of(PyObject *v, PyObject *cols) {
     return d;
 }
 
+/* a RowChange without running the dataclass's __init__ (it only assigns its four slots); b and a are taken */
+static PyObject *new_change(PyTypeObject *rt, PyObject *schema, PyObject *op, PyObject *b, PyObject *a) {
+    PyObject *ch = rt->tp_alloc(rt, 0);
+    if (ch && (PyObject_GenericSetAttr(ch, S_schema, schema) < 0 || PyObject_GenericSetAttr(ch, S_op, op) < 0
+               || PyObject_GenericSetAttr(ch, S_before, b) < 0 || PyObject_GenericSetAttr(ch, S_after, a) < 0))
+        Py_CLEAR(ch);
+    Py_DECREF(b);
+    Py_DECREF(a);
+    return ch;
+}
+
 PyObject *wire_unrows(PyObject *self, PyObject *args) {
     PyObject *rows, *schemas, *row_change, *ops;
     if (!PyArg_ParseTuple(args, "O!O!O!O!", &PyList_Type, &rows, &PyDict_Type, &schemas, &PyType_Type, &row_change,
@@ -431,18 +442,8 @@ PyObject *wire_unrows(PyObject *self, PyObject *args) {
         if (!b) goto fail;
         PyObject *a = image_of(PyList_GET_ITEM(r, 3), cols);
         if (!a) { Py_DECREF(b); goto fail; }
-        /* a RowChange without running the dataclass's __init__ (it only assigns its four slots) */
-        PyObject *ch = rt->tp_alloc(rt, 0);
-        if (!ch || PyObject_GenericSetAttr(ch, S_schema, schema) < 0
-            || PyObject_GenericSetAttr(ch, S_op, PyTuple_GET_ITEM(ops, op)) < 0
-            || PyObject_GenericSetAttr(ch, S_before, b) < 0 || PyObject_GenericSetAttr(ch, S_after, a) < 0) {
-            Py_XDECREF(ch);
-            Py_DECREF(b);
-            Py_DECREF(a);
-            goto fail;
-        }
-        Py_DECREF(b);
-        Py_DECREF(a);
+        PyObject *ch = new_change(rt, schema, PyTuple_GET_ITEM(ops, op), b, a);
+        if (!ch) goto fail;
         PyList_SET_ITEM(out, i, ch);
     }
     return out;
@@ -736,17 +737,8 @@ static PyObject *rd_rows(Rd *r, RowsCtx *c, int depth) {
         if (!b) goto fail;
         PyObject *a = rd_image(r, cols, depth + 2);
         if (!a) { Py_DECREF(b); goto fail; }
-        PyObject *ch = c->rt->tp_alloc(c->rt, 0);
-        if (!ch || PyObject_GenericSetAttr(ch, S_schema, schema) < 0
-            || PyObject_GenericSetAttr(ch, S_op, PyTuple_GET_ITEM(c->ops, op)) < 0
-            || PyObject_GenericSetAttr(ch, S_before, b) < 0 || PyObject_GenericSetAttr(ch, S_after, a) < 0) {
-            Py_XDECREF(ch);
-            Py_DECREF(b);
-            Py_DECREF(a);
-            goto fail;
-        }
-        Py_DECREF(b);
-        Py_DECREF(a);
+        PyObject *ch = new_change(c->rt, schema, PyTuple_GET_ITEM(c->ops, op), b, a);
+        if (!ch) goto fail;
         /* out of the cyclic collector's sight: a change refers to its schema, two images of plain values and
            an op name, never back to itself (no cycle to find), and the items read back live long enough (a
            sender's batch, the shared decoded cache) for young collections to go over each of them again and
