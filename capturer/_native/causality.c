@@ -528,6 +528,7 @@ static int place_changes(Run *r, PyObject *changes, PyObject *ts, PyObject *regi
         PyObject *ident = PyTuple_Pack(3, ts, region, seq);
         Py_DECREF(seq);
         if (!ident) goto done;
+        PyObject_GC_UnTrack(ident);  /* (an int, a str, an int) */
         if (!(op = r->optype->tp_alloc(r->optype, 0))) {
             Py_DECREF(ident);
             goto done;
@@ -544,6 +545,10 @@ static int place_changes(Run *r, PyObject *changes, PyObject *ts, PyObject *regi
         if (src < 0) goto done;
         PyObject *unit = PyList_New(1);
         if (!unit) goto done;
+        /* the Op, its identity and its unit live until the phase is applied, a few per row: the collector
+           need not walk them (nothing they hold refers back to them: they cannot be in a cycle) */
+        if (PyObject_IS_GC(op) && PyObject_GC_IsTracked(op)) PyObject_GC_UnTrack(op);
+        PyObject_GC_UnTrack(unit);
         PyList_SET_ITEM(unit, 0, op);  /* (stolen) */
         op = NULL;
         src = PyList_Append(r->lane_of[w], unit);

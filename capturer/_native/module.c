@@ -66,6 +66,9 @@ static PyMethodDef module_methods[] = {
     {"wire_unrows", (PyCFunction)wire_unrows, METH_VARARGS,
      "wire_unrows(rows, schemas, RowChange, ops) -> [RowChange]: the wire format's rows back (schemas: sid ->\n"
      "(schema, columns))"},
+    {"row_changes", (PyCFunction)row_changes, METH_VARARGS,
+     "row_changes(RowChange, schema, op, rows, kind) -> [RowChange]: a rows event's changes from the fast decoder's\n"
+     "(image, after_or_None) pairs (kind 0 update, 1 insert, 2 delete); untracked by the collector where atomic"},
     {"wire_ext", (PyCFunction)wire_ext, METH_VARARGS,
      "wire_ext(code, data): the wire format's extension values (the common ones in C)"},
     {"wire_setup", (PyCFunction)wire_setup, METH_VARARGS, "wire_setup(msgpack.ExtType, python_ext_hook)"},

@@ -451,6 +451,8 @@ static PyObject *plan_rows(Plan *self, PyObject *args) {
         Py_DECREF(a);
         Py_DECREF(b);
         if (!t) goto fail;
+        /* (the pair of untracked images need not be walked by the collector: the tuple is short-lived) */
+        if (!PyObject_GC_IsTracked(a) && !PyObject_GC_IsTracked(b)) PyObject_GC_UnTrack(t);
         int r = PyList_Append(out, t);
         Py_DECREF(t);
         if (r < 0) goto fail;

@@ -416,6 +416,58 @@ static PyObject *new_change(PyTypeObject *rt, PyObject *schema, PyObject *op, Py
     return ch;
 }
 
+/* an image the collector need not track: None, or a dict holding only values it does not track */
+static int untracked_image(PyObject *img) {
+    return img == Py_None || (PyDict_CheckExact(img) && !PyObject_GC_IsTracked(img));
+}
+
+/* row_changes(RowChange, schema, op, rows, kind) -> [RowChange]: a rows event's changes from the fast decoder's
+   (image, after_or_None) pairs; kind 0: update (before, after), 1: insert (None, image), 2: delete (image, None).
+   A change whose images hold only atomic values is left untracked by the collector (it cannot be in a cycle:
+   a region makes one per row, and each young collection would walk it and its values for nothing). */
+PyObject *row_changes(PyObject *self, PyObject *args) {
+    PyObject *row_change, *schema, *op, *rows;
+    int kind;
+    if (!PyArg_ParseTuple(args, "O!OOO!i", &PyType_Type, &row_change, &schema, &op, &PyList_Type, &rows, &kind))
+        return NULL;
+    if (kind < 0 || kind > 2) {
+        PyErr_SetString(PyExc_ValueError, "row_changes: kind is 0, 1 or 2");
+        return NULL;
+    }
+    PyTypeObject *rt = (PyTypeObject *)row_change;
+    Py_ssize_t n = PyList_GET_SIZE(rows);
+    PyObject *out = PyList_New(n);
+    if (!out) return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *r = PyList_GET_ITEM(rows, i);
+        if (!PyTuple_Check(r) || PyTuple_GET_SIZE(r) != 2) {
+            PyErr_SetString(PyExc_ValueError, "row_changes: a row is an (image, after_or_None) pair");
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyObject *img = PyTuple_GET_ITEM(r, 0), *b, *a;
+        if (kind == 0) {
+            b = img;
+            a = PyTuple_GET_ITEM(r, 1);
+        } else if (kind == 1) {
+            b = Py_None;
+            a = img;
+        } else {
+            b = img;
+            a = Py_None;
+        }
+        PyObject *ch = new_change(rt, schema, op, Py_NewRef(b), Py_NewRef(a));
+        if (!ch) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        if (PyObject_IS_GC(ch) && PyObject_GC_IsTracked(ch) && untracked_image(b) && untracked_image(a))
+            PyObject_GC_UnTrack(ch);
+        PyList_SET_ITEM(out, i, ch);
+    }
+    return out;
+}
+
 PyObject *wire_unrows(PyObject *self, PyObject *args) {
     PyObject *rows, *schemas, *row_change, *ops;
     if (!PyArg_ParseTuple(args, "O!O!O!O!", &PyList_Type, &rows, &PyDict_Type, &schemas, &PyType_Type, &row_change,
