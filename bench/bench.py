@@ -14,6 +14,7 @@ import argparse
 import contextlib
 import datetime as dt
 import decimal
+import gc
 import json
 import os
 import random
@@ -351,7 +352,50 @@ def run_until_delivered(config: Path, expect_rows: int, ha: bool = False) -> dic
             journal.REPLICATE = None
 
 
+class GcClock:
+    """The cyclic collector's collections and their seconds (wall, with the GIL held: no other
+    thread of the capturer runs meanwhile) while it is installed, by generation."""
+
+    def __init__(self) -> None:
+        self.count = [0, 0, 0]
+        self.seconds = [0.0, 0.0, 0.0]
+        self._t0: dict[int, float] = {}
+
+    def __enter__(self) -> GcClock:
+        gc.callbacks.append(self._cb)
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        gc.callbacks.remove(self._cb)
+
+    def _cb(self, phase: str, info: dict[str, int]) -> None:
+        me = threading.get_ident()
+        if phase == "start":
+            self._t0[me] = time.perf_counter()
+        elif me in self._t0:
+            g = info["generation"]
+            self.count[g] += 1
+            self.seconds[g] += time.perf_counter() - self._t0.pop(me)
+
+    def result(self) -> dict[str, Any]:
+        return {"collections": self.count, "seconds": [round(x, 3) for x in self.seconds],
+                "total_seconds": round(sum(self.seconds), 3)}
+
+
 def _run_cap(cap: Capturer, expect_rows: int) -> dict[str, Any]:
+    with GcClock() as clock:
+        out = _run_cap_timed(cap, expect_rows)
+    out["gc"] = clock.result()  # (the whole run: every thread of the capturer, and the bench's own)
+    manager, stream = getattr(cap, "manager", None), getattr(cap, "stream", None)
+    if manager is not None:  # items each sender read back from the backlog, and how many a reader found decoded
+        out["read_from_backlog"] = {n: c.read_from_backlog for n, c in manager.cursors.items()}
+        backlog = getattr(stream, "backlog", None)
+        if backlog is not None:
+            out["backlog_decoded_hits"] = backlog.decoded_hits
+    return out
+
+
+def _run_cap_timed(cap: Capturer, expect_rows: int) -> dict[str, Any]:
     cpu0 = cpu_by_role()
     cpu1: dict[str, float] = {}
     t0 = time.perf_counter()
@@ -1702,7 +1746,8 @@ class Bench:
         results[name] = r
         rep.add(label, r["rows_per_s"], baseline, r)
         if r.get("cpu_cores"):
-            self.cpu_lines.append(f"{name}: " + ", ".join(f"{k} {v:.2f}" for k, v in r["cpu_cores"].items()))
+            gcs = f" (the collector {r['gc']['total_seconds']:.2f} s of it)" if r.get("gc") else ""
+            self.cpu_lines.append(f"{name}: " + ", ".join(f"{k} {v:.2f}" for k, v in r["cpu_cores"].items()) + gcs)
         if r["rows"] != total or r["exit"] != 0:
             self.failures.append(f"{name}: {r['rows']} of {total} rows, exit {r['exit']}")
 

@@ -13,7 +13,7 @@
  *                    murmur2, kafka_produce_each)
  *   unjson.c         those json messages read back for the applier (kafka_unjson, kafka_unrow, kafka_untype,
  *                    kafka_msgs: the consumer's messages as the applier's Msg objects)
- *   wire.c           the wire format's rows and values as msgpack (wire_rows, wire_unrows, row_changes, wire_pack, wire_unpack_item, ...)
+ *   wire.c           the wire format's rows and values as msgpack (wire_rows, wire_unrows, row_changes, row_change, wire_pack, wire_unpack_item, ...)
  *   causality.c      the MySQL sender's conflict keys and placing (conflict_keys, causality_place, stable_hash,
  *                    place_txns, manifest_txns)
  *   snaprows.c       a snapshot chunk's rows: tuples -> dicts -> RowChanges (dict_rows, read_changes)
@@ -144,6 +144,7 @@ PyObject *kafka_msgs(PyObject *self, PyObject *args);
 PyObject *wire_rows(PyObject *self, PyObject *args);
 PyObject *wire_unrows(PyObject *self, PyObject *args);
 PyObject *row_changes(PyObject *self, PyObject *args);
+PyObject *row_change(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *wire_ext(PyObject *self, PyObject *args);
 PyObject *wire_unpack(PyObject *self, PyObject *arg);
 PyObject *wire_setup(PyObject *self, PyObject *args);

@@ -68,7 +68,11 @@ static PyMethodDef module_methods[] = {
      "(schema, columns))"},
     {"row_changes", (PyCFunction)row_changes, METH_VARARGS,
      "row_changes(RowChange, schema, op, rows, kind) -> [RowChange]: a rows event's changes from the fast decoder's\n"
-     "(image, after_or_None) pairs (kind 0 update, 1 insert, 2 delete); untracked by the collector where atomic"},
+     "(image, after_or_None) pairs or images (kind 0 update, 1 insert, 2 delete); untracked by the collector where\n"
+     "atomic"},
+    {"row_change", (PyCFunction)(void (*)(void))row_change, METH_FASTCALL,
+     "row_change(RowChange, schema, op, before, after) -> RowChange: one change, untracked by the collector where\n"
+     "its images are atomic"},
     {"wire_ext", (PyCFunction)wire_ext, METH_VARARGS,
      "wire_ext(code, data): the wire format's extension values (the common ones in C)"},
     {"wire_setup", (PyCFunction)wire_setup, METH_VARARGS, "wire_setup(msgpack.ExtType, python_ext_hook)"},

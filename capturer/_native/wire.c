@@ -422,7 +422,8 @@ static int untracked_image(PyObject *img) {
 }
 
 /* row_changes(RowChange, schema, op, rows, kind) -> [RowChange]: a rows event's changes from the fast decoder's
-   (image, after_or_None) pairs; kind 0: update (before, after), 1: insert (None, image), 2: delete (image, None).
+   (image, after_or_None) pairs (for an insert or a delete also bare images: dicts); kind 0: update (before,
+   after), 1: insert (None, image), 2: delete (image, None).
    A change whose images hold only atomic values is left untracked by the collector (it cannot be in a cycle:
    a region makes one per row, and each young collection would walk it and its values for nothing). */
 PyObject *row_changes(PyObject *self, PyObject *args) {
@@ -439,13 +440,15 @@ PyObject *row_changes(PyObject *self, PyObject *args) {
     PyObject *out = PyList_New(n);
     if (!out) return NULL;
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *r = PyList_GET_ITEM(rows, i);
-        if (!PyTuple_Check(r) || PyTuple_GET_SIZE(r) != 2) {
-            PyErr_SetString(PyExc_ValueError, "row_changes: a row is an (image, after_or_None) pair");
+        PyObject *r = PyList_GET_ITEM(rows, i), *img, *b, *a;
+        int pair = PyTuple_Check(r) && PyTuple_GET_SIZE(r) == 2;
+        if (!pair && (kind == 0 || !PyDict_Check(r))) {
+            PyErr_SetString(PyExc_ValueError, "row_changes: a row is an (image, after_or_None) pair, or an "
+                                              "image (a dict) for an insert or a delete");
             Py_DECREF(out);
             return NULL;
         }
-        PyObject *img = PyTuple_GET_ITEM(r, 0), *b, *a;
+        img = pair ? PyTuple_GET_ITEM(r, 0) : r;
         if (kind == 0) {
             b = img;
             a = PyTuple_GET_ITEM(r, 1);
@@ -466,6 +469,20 @@ PyObject *row_changes(PyObject *self, PyObject *args) {
         PyList_SET_ITEM(out, i, ch);
     }
     return out;
+}
+
+/* row_change(RowChange, schema, op, before, after) -> RowChange: one change, as RowChange(...) makes it, left
+   untracked by the collector when its images hold only atomic values (a PostgreSQL region's per-message path) */
+PyObject *row_change(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5 || !PyType_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "row_change(RowChange, schema, op, before, after)");
+        return NULL;
+    }
+    PyObject *b = args[3], *a = args[4];
+    PyObject *ch = new_change((PyTypeObject *)args[0], args[1], args[2], Py_NewRef(b), Py_NewRef(a));
+    if (ch && PyObject_IS_GC(ch) && PyObject_GC_IsTracked(ch) && untracked_image(b) && untracked_image(a))
+        PyObject_GC_UnTrack(ch);
+    return ch;
 }
 
 PyObject *wire_unrows(PyObject *self, PyObject *args) {

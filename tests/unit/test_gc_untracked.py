@@ -13,6 +13,7 @@ from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, Write
 
 from capturer.model import ColumnInfo, RowChange, TableSchema
 from capturer.model.encode import _fastrows
+from capturer.regions import base
 from capturer.regions.mysql import binlog
 
 pytestmark = pytest.mark.skipif(getattr(_fastrows, "row_changes", None) is None, reason="the C build is not built")
@@ -32,29 +33,54 @@ def _rows() -> list[tuple[object, object]]:
 
 
 @pytest.mark.parametrize("cls", [UpdateRowsEvent, WriteRowsEvent, DeleteRowsEvent])
-def test_row_changes_match_python(cls: type) -> None:
+def test_row_changes_match_python(cls: type, monkeypatch: pytest.MonkeyPatch) -> None:
     rows = _rows()
     c = binlog.fast_changes(_event(cls), SCHEMA, rows)
-    saved = binlog._row_changes
-    binlog._row_changes = None
-    try:
+    with monkeypatch.context() as m:
+        m.setattr(base, "_ROW_CHANGES", None)
         py = binlog.fast_changes(_event(cls), SCHEMA, rows)
-    finally:
-        binlog._row_changes = saved
     assert c == py
     assert [type(x) for x in c] == [RowChange] * len(rows)
     for ch in c:
         atomic = all(img is None or not gc.is_tracked(img) for img in (ch.before, ch.after))
         assert gc.is_tracked(ch) is not atomic, ch
+    assert all(gc.is_tracked(ch) for ch in py) and not all(gc.is_tracked(ch) for ch in c)
     if cls is WriteRowsEvent:
         assert [ch.before for ch in c] == [None] * 4 and c[0].after is rows[0][0]
     if cls is DeleteRowsEvent:
         assert [ch.after for ch in c] == [None] * 4 and c[1].before is rows[1][0]
 
 
+@pytest.mark.parametrize("kind", [1, 2])
+def test_make_changes_of_bare_images(kind: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """BaikalDB's inserts and deletes: images without pairs; the same changes as the Python path."""
+    images = [img for img, _ in _rows()]
+    c = base.make_changes(SCHEMA, kind, images)
+    with monkeypatch.context() as m:
+        m.setattr(base, "_ROW_CHANGES", None)
+        py = base.make_changes(SCHEMA, kind, images)
+    assert c == py and len(c) == 4
+    assert [gc.is_tracked(ch) for ch in c] == [False, False, True, False]
+    assert all(gc.is_tracked(ch) for ch in py)  # (the Python path's are: the check above can fail)
+
+
+def test_make_change_one() -> None:
+    """PostgreSQL's per-message path: one change, equal to RowChange(...), untracked where atomic."""
+    plain, when, nested, _ = (img for img, _ in _rows())
+    for args in [("insert", None, plain), ("delete", when, None), ("update", plain, when), ("update", plain, nested)]:
+        ch = base.make_change(SCHEMA, *args)
+        assert ch == RowChange(SCHEMA, *args) and type(ch) is RowChange
+        assert gc.is_tracked(ch) is (args[2] is nested)
+        assert ch.schema is SCHEMA and ch.before is args[1] and ch.after is args[2]
+
+
 def test_row_changes_bad_input() -> None:
     with pytest.raises(ValueError, match="pair"):
         _fastrows.row_changes(RowChange, SCHEMA, "insert", [({},)], 1)
+    with pytest.raises(ValueError, match="pair"):
+        _fastrows.row_changes(RowChange, SCHEMA, "update", [{"id": 1}], 0)  # (an update needs both images)
+    with pytest.raises(TypeError):
+        _fastrows.row_change(RowChange, SCHEMA, "insert", None)
     with pytest.raises(ValueError, match="kind"):
         _fastrows.row_changes(RowChange, SCHEMA, "insert", [], 3)
 

@@ -51,6 +51,7 @@ from capturer.regions.baikaldb.schema import (
     WIRE,
     TableDef,
 )
+from capturer.regions.base import make_change, make_changes
 
 _F = struct.Struct("<f").unpack_from
 _D = struct.Struct("<d").unpack_from
@@ -295,11 +296,11 @@ def mutation_changes(plan: RowPlan, mut: Any, split_unpaired: bool) -> tuple[lis
     if kind == 0:
         if mut.deleted_rows:
             raise ValueError(f"INSERT mutation of {plan.tdef.name} carries deleted rows")
-        return [RowChange(schema, "insert", None, r) for r in dec(mut.insert_rows)], tuple(unknown)
+        return make_changes(schema, 1, dec(mut.insert_rows)), tuple(unknown)
     if kind == 2:
         if mut.insert_rows:
             raise ValueError(f"DELETE mutation of {plan.tdef.name} carries inserted rows")
-        return [RowChange(schema, "delete", r, None) for r in dec(mut.deleted_rows)], tuple(unknown)
+        return make_changes(schema, 2, dec(mut.deleted_rows)), tuple(unknown)
     old, new = dec(mut.deleted_rows), dec(mut.insert_rows)
     return pair_update(schema, old, new, split_unpaired, plan.tdef.name), tuple(unknown)
 
@@ -323,7 +324,7 @@ def pair_update(schema: Any, old: list[dict[str, Any]], new: list[dict[str, Any]
     left_new = [j for j in range(len(new)) if j not in used]
     if len(left_old) == len(left_new):
         pairs.update(zip(left_old, left_new))
-        return [RowChange(schema, "update", old[i], new[pairs[i]]) for i in range(len(old))]
+        return [make_change(schema, "update", old[i], new[pairs[i]]) for i in range(len(old))]
     out = [RowChange(schema, "delete", old[i], None) for i in left_old]
     out += [RowChange(schema, "update", old[i], new[j]) for i, j in sorted(pairs.items())]
     out += [RowChange(schema, "insert", None, new[j]) for j in left_new]

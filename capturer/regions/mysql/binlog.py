@@ -23,8 +23,7 @@ from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, Write
 
 from capturer.errors import FatalSourceError
 from capturer.model import ColumnInfo, RowChange, TableSchema
-from capturer.model.encode import _fastrows
-from capturer.regions.base import ChangeBuffer
+from capturer.regions.base import ChangeBuffer, make_changes
 from capturer.regions.mysql.rowdecode import normalise_library_row
 
 EVENTS = [
@@ -78,10 +77,6 @@ def compressed_event_error(where: str, event_type: int, at: str) -> FatalSourceE
 
 
 
-_row_changes = getattr(_fastrows, "row_changes", None)  # (the C build; None without it)
-_KIND_OPS = ("update", "insert", "delete")
-
-
 def column_info(columns: Any) -> tuple[ColumnInfo, ...]:
     """A table map's columns (the library's) as the pipeline describes them."""
     return tuple(
@@ -94,17 +89,9 @@ def column_info(columns: Any) -> tuple[ColumnInfo, ...]:
 
 
 def fast_changes(ev: Any, schema: TableSchema, fast: list[tuple[Any, Any]]) -> list[RowChange]:
-    """The row changes of a rows event from the fast decoder's images (``fast_rows``); in C
-    where built (``row_changes``: the same changes, left untracked by the cyclic collector
-    when their images hold only atomic values)."""
-    kind = 0 if isinstance(ev, UpdateRowsEvent) else 1 if isinstance(ev, WriteRowsEvent) else 2
-    if _row_changes is not None and type(fast) is list:
-        return _row_changes(RowChange, schema, _KIND_OPS[kind], fast, kind)
-    if kind == 0:
-        return [RowChange(schema, "update", b, a) for b, a in fast]
-    if kind == 1:
-        return [RowChange(schema, "insert", None, img) for img, _ in fast]
-    return [RowChange(schema, "delete", img, None) for img, _ in fast]
+    """The row changes of a rows event from the fast decoder's images (``fast_rows``)."""
+    return make_changes(schema, 0 if isinstance(ev, UpdateRowsEvent) else 1 if isinstance(ev, WriteRowsEvent) else 2,
+                        fast)
 
 
 def library_changes(ev: Any, schema: TableSchema) -> list[RowChange]:

@@ -9,9 +9,9 @@ from __future__ import annotations
 from typing import Any
 
 from capturer.errors import FatalSourceError
-from capturer.model import Ddl, RowChange
+from capturer.model import Ddl
 from capturer.model.encode import qualified
-from capturer.regions.base import ChangeBuffer
+from capturer.regions.base import ChangeBuffer, make_change
 from capturer.regions.postgresql import pgoutput as po
 from capturer.regions.postgresql.relations import RelDef, ddl_for
 from capturer.regions.postgresql.types import Unrepresentable
@@ -65,12 +65,12 @@ def fast_change(region: Any, txn: TxnBuilder, session: dict[int, RelDef], buf: b
             if k != 0x4E:
                 return False
             after, _, _, bad = plan.image(buf, i, False)
-            ch = RowChange(rel.schema, "insert", None, after)
+            ch = make_change(rel.schema, "insert", None, after)
         elif tag == 0x44:  # D
             if k not in (0x4B, 0x4F):
                 return False
             before, _, _, bad = plan.image(buf, i, k == 0x4B)
-            ch = RowChange(rel.schema, "delete", before, None)
+            ch = make_change(rel.schema, "delete", before, None)
         else:  # U
             old, bad = None, 0
             if k in (0x4B, 0x4F):
@@ -85,7 +85,7 @@ def fast_change(region: Any, txn: TxnBuilder, session: dict[int, RelDef], buf: b
                 return False
             bad += bad_new
             before = old if old is not None else {c: after[c] for c in rel.pk if c in after}
-            ch = RowChange(rel.schema, "update", before, after)
+            ch = make_change(rel.schema, "update", before, after)
     except ValueError:
         return False
     region.unrepresentable += bad
@@ -148,10 +148,10 @@ class TxnBuilder:
         r = self.r
         if isinstance(m, po.Insert):
             after, _ = r.image(rel, m.new)
-            ch = RowChange(rel.schema, "insert", None, after)
+            ch = make_change(rel.schema, "insert", None, after)
         elif isinstance(m, po.Delete):
             before, _ = r.image(rel, m.old, only_present=m.old_kind == "K")
-            ch = RowChange(rel.schema, "delete", before, None)
+            ch = make_change(rel.schema, "delete", before, None)
         else:
             old = None
             if m.old is not None:
@@ -160,7 +160,7 @@ class TxnBuilder:
             if unchanged:
                 r.fill_toast(rel, after, unchanged, m.new, self.begin.xid)
             before = old if old is not None else {k: after[k] for k in rel.pk if k in after}
-            ch = RowChange(rel.schema, "update", before, after)
+            ch = make_change(rel.schema, "update", before, after)
         self.changes.append(ch, self.begin.xid)
 
     def finish(self) -> list[Any]:
