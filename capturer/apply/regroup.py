@@ -54,6 +54,7 @@ from capturer.model import (
     protogen,
     schema_from_json,
 )
+from capturer.model.changes import make_change
 from capturer.model.encode import _fastrows
 from capturer.model.message import TP, Msg
 
@@ -614,18 +615,18 @@ class Regrouper:
             by_op = {ev[0]: ev for ev in evs}
             if "d" in by_op and "c" in by_op:  # a primary-key change: the delete and the create of one update
                 d, c = by_op["d"], by_op["c"]
-                return RowChange(schema, "update", _image(schema, d[3], d[5], key, seq),
+                return make_change(schema, "update", _image(schema, d[3], d[5], key, seq),
                                  _image(schema, c[4], c[5], key, seq))
         op, _, _, before, after, b64 = evs[0]
         if op == "c":
-            return RowChange(schema, "insert", None, _image(schema, after, b64, key, seq))
+            return make_change(schema, "insert", None, _image(schema, after, b64, key, seq))
         if op == "u":
-            return RowChange(schema, "update", _image(schema, before, b64, key, seq), _image(schema, after, b64, key, seq))
+            return make_change(schema, "update", _image(schema, before, b64, key, seq), _image(schema, after, b64, key, seq))
         if op == "d":
-            return RowChange(schema, "delete", _image(schema, before, b64, key, seq), None)
+            return make_change(schema, "delete", _image(schema, before, b64, key, seq), None)
         if op == "r":
-            return RowChange(schema, "read", None, _image(schema, after, b64, key, seq))
-        return RowChange(schema, "insert", None, _image(schema, after, b64, key, seq))
+            return make_change(schema, "read", None, _image(schema, after, b64, key, seq))
+        return make_change(schema, "insert", None, _image(schema, after, b64, key, seq))
 
     # --- positions -----------------------------------------------------------------
     def done_through(self, key: StreamKey) -> None:

@@ -6,7 +6,6 @@ kind keeps next to the checkpoint."""
 
 from __future__ import annotations
 
-import functools
 import logging
 import threading
 import time
@@ -16,35 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from capturer.errors import CheckpointError, FatalSourceError, SourceError
-from capturer.model import AnyPosition, Heartbeat, Item, RowChange, TableSchema, Txn
-from capturer.model.encode import _fastrows
+from capturer.model import AnyPosition, Heartbeat, Item, RowChange, Txn
 from capturer.model.spill import DEFAULT_CHUNK_ROWS, SpilledChanges, SpillWriter
 from capturer.regions.clock import LiftJournal, RegionClock
 from capturer.regions.journal import PositionJournal as PositionJournal  # (for the kinds: they import base)
 from capturer.util.bqueue import Closed, WeightedQueue
-
-_ROW_CHANGE = getattr(_fastrows, "row_change", None)  # (the C build; None without it)
-_ROW_CHANGES = getattr(_fastrows, "row_changes", None)
-KIND_OPS = ("update", "insert", "delete")  # make_changes' kinds
-
-#: ``RowChange(schema, op, before, after)`` for a region's rows: made in C where built, and then left
-#: untracked by the cyclic collector when its images hold only atomic values (a region makes one per row;
-#: the collector's young collections would walk each and its values for nothing: one cannot be in a cycle)
-make_change: Callable[..., RowChange] = (
-    functools.partial(_ROW_CHANGE, RowChange) if _ROW_CHANGE is not None else RowChange)
-
-
-def make_changes(schema: TableSchema, kind: int, rows: list[Any]) -> list[RowChange]:
-    """The row changes of one event, as ``make_change`` makes them: ``kind`` 0 updates from ``(before,
-    after)`` pairs, 1 inserts and 2 deletes from images or ``(image, _)`` pairs (the fast decoder's)."""
-    if _ROW_CHANGES is not None and type(rows) is list:
-        return _ROW_CHANGES(RowChange, schema, KIND_OPS[kind], rows, kind)
-    if kind == 0:
-        return [RowChange(schema, "update", b, a) for b, a in rows]
-    images = [r[0] if type(r) is tuple else r for r in rows]
-    if kind == 1:
-        return [RowChange(schema, "insert", None, img) for img in images]
-    return [RowChange(schema, "delete", img, None) for img in images]
 
 log = logging.getLogger(__name__)
 

@@ -12,8 +12,8 @@ import pytest
 from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, WriteRowsEvent
 
 from capturer.model import ColumnInfo, RowChange, TableSchema
+from capturer.model import changes as base
 from capturer.model.encode import _fastrows
-from capturer.regions import base
 from capturer.regions.mysql import binlog
 
 pytestmark = pytest.mark.skipif(getattr(_fastrows, "row_changes", None) is None, reason="the C build is not built")

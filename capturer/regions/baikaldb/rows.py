@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from capturer.model import RowChange
+from capturer.model.changes import make_change, make_changes
 
 # the C build (setup.py builds it where a compiler is present); None without it
 from capturer.model.encode import _fastrows
@@ -51,7 +52,6 @@ from capturer.regions.baikaldb.schema import (
     WIRE,
     TableDef,
 )
-from capturer.regions.base import make_change, make_changes
 
 _F = struct.Struct("<f").unpack_from
 _D = struct.Struct("<d").unpack_from

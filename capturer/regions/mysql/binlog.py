@@ -23,7 +23,8 @@ from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, Write
 
 from capturer.errors import FatalSourceError
 from capturer.model import ColumnInfo, RowChange, TableSchema
-from capturer.regions.base import ChangeBuffer, make_changes
+from capturer.model.changes import make_changes
+from capturer.regions.base import ChangeBuffer
 from capturer.regions.mysql.rowdecode import normalise_library_row
 
 EVENTS = [

@@ -10,8 +10,9 @@ from typing import Any
 
 from capturer.errors import FatalSourceError
 from capturer.model import Ddl
+from capturer.model.changes import make_change
 from capturer.model.encode import qualified
-from capturer.regions.base import ChangeBuffer, make_change
+from capturer.regions.base import ChangeBuffer
 from capturer.regions.postgresql import pgoutput as po
 from capturer.regions.postgresql.relations import RelDef, ddl_for
 from capturer.regions.postgresql.types import Unrepresentable
