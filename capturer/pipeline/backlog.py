@@ -21,11 +21,13 @@ The backlog on disk (its segment files, their records and readers) is
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import os
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,6 +61,56 @@ class Cut:
         self.positions[region] = position
 
 
+class ReadAhead:
+    """One cursor's reads of the backlog, one read ahead: as soon as a read returns, the
+    next one (from where it ended, up to what was on disk then) starts in a thread of its
+    own, and the cursor's next read takes its result. Decoding what was read back is most
+    of a behind sender's cost of the backlog; this way it overlaps with the sender's own
+    waits (a Kafka flush, a MySQL phase being committed) instead of following them. The
+    reader is used by one thread at a time: the cursor's, or the read ahead's while the
+    cursor waits for it. Items are the same objects either way (read from the same records)."""
+
+    def __init__(self, name: str, new_reader: Callable[[], SegmentReader]):
+        self.name = name
+        self._new_reader = new_reader
+        self.reader = new_reader()
+        self._pending: tuple[int, Future[list[tuple[int, int, Item, bool]]]] | None = None
+        self._pool: ThreadPoolExecutor | None = None
+        self._closed = False
+        self.hits = 0  # reads served by a read ahead
+
+    def read(self, start: int, upto: int, max_weight: int) -> list[tuple[int, int, Item, bool]]:
+        got: list[tuple[int, int, Item, bool]] | None = None
+        p, self._pending = self._pending, None
+        if p is not None:
+            if p[0] == start:
+                got = p[1].result()  # (raises what the read raised: as reading it here would)
+                self.hits += 1
+            else:  # (not the way the cursor went on: the reader is elsewhere now; a fresh one finds start)
+                with contextlib.suppress(Exception):
+                    p[1].result()
+                self.reader = self._new_reader()
+        if got is None:
+            got = self.reader.read(start, upto, max_weight)
+        nxt = got[-1][0] + 1 if got else start
+        if nxt < upto and not self._closed:  # more is on disk (written and flushed before this read): decode it
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"backlog-{self.name}")
+            try:
+                self._pending = (nxt, self._pool.submit(self.reader.read, nxt, upto, max_weight))
+            except RuntimeError:  # closed meanwhile (the stream's end, or the cursor attached again)
+                self._pending = None
+        return got
+
+    def close(self) -> None:
+        """No more reads ahead (one running ends on its own; its result is dropped). From any thread."""
+        self._closed = True
+        self._pending = None
+        pool = self._pool
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
+
+
 class Cursor:
     """One sender's way through the stream (what ``Sender.queue`` is once the
     SenderManager attached it): ``get_many`` hands out ``(offset, item)`` pairs in
@@ -84,7 +136,7 @@ class Cursor:
         self.read_from_backlog = 0  # items read from disk
         # handed out, not acknowledged yet: (offset, region, commit_ts, position, samepos, key or None)
         self._inflight: collections.deque[tuple[int, str, int, Any, bool, StreamKey | None]] = collections.deque()
-        self._reader: SegmentReader | None = None
+        self._ahead: ReadAhead | None = None  # its reads of the backlog
         self.capacity = stream.capacity
         self.last_take = time.monotonic()  # when it last took items (StreamLog._spill_helps)
 
@@ -195,6 +247,9 @@ class StreamLog:
         with self._cond:
             self._closed = True
             self._cond.notify_all()
+        for c in self.cursors:
+            if c._ahead is not None:
+                c._ahead.close()
 
     # -- writing --
     def append(self, key: StreamKey, item: Item, stop: threading.Event | None = None) -> int:
@@ -325,7 +380,9 @@ class StreamLog:
             c.acked_offset = self.next - 1
             c.cut = self.head_cut.copy()
             c.rows_at_next = self.rows
-            c._reader = None
+            if c._ahead is not None:
+                c._ahead.close()
+                c._ahead = None
             self._cond.notify_all()
 
     # -- reading --
@@ -367,9 +424,10 @@ class StreamLog:
                 if b.flushed_to < upto - 1:
                     b.flush(upto - 1)
                 break
-        if c._reader is None:
-            c._reader = SegmentReader(b, self.spill_rows, self.spill_dir)
-        got = c._reader.read(c.next, upto, max_weight)
+        ahead = c._ahead
+        if ahead is None:
+            ahead = c._ahead = ReadAhead(c.name, lambda: SegmentReader(b, self.spill_rows, self.spill_dir))
+        got = ahead.read(c.next, upto, max_weight)
         c.last_take = time.monotonic()
         c.read_from_backlog += len(got)
         return [(off, stream_key(item), item, samepos, rows + (item.weight if isinstance(item, Txn) else 1))

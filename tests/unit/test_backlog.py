@@ -118,6 +118,67 @@ def test_two_held_senders_read_the_backlog_decoded_once(tmp_path: Path) -> None:
     m.join()
 
 
+def test_a_behind_sender_reads_the_backlog_one_read_ahead(tmp_path: Path) -> None:
+    """Reading the backlog back, the next read is decoded in a thread of its own while the
+    sender sends: the same items in the same order, each once, and most reads served by it."""
+
+    class Busy(Recorder):
+        def send(self, batch: list[Txn]) -> None:
+            time.sleep(0.005)  # (a flush's wait: the read ahead runs meanwhile)
+            super().send(batch)
+
+    gate = threading.Event()
+    fast, slow = Recorder("fast"), Busy("slow", gate)
+    m, stream, b = make(tmp_path, [fast, slow])
+    m.start()
+    for ts in range(1, 601):
+        m.dispatch(txn(ts, n=1 + ts % 3))
+    wait(lambda: len(fast.got) == 600)
+    gate.set()
+    wait(lambda: len(slow.got) == 600)
+    assert slow.got == [("r", ts) for ts in range(1, 601)]
+    assert [r["id"] for r in slow.rows_got] == [r["id"] for r in fast.rows_got]
+    ahead = m.cursors["slow"]._ahead
+    assert ahead is not None and slow.queue.read_from_backlog > 400
+    reads = slow.queue.read_from_backlog / slow.batch_rows  # (at least this many reads)
+    assert ahead.hits > reads / 2
+    m.stop()
+    m.join()
+
+
+def test_read_ahead_raises_what_the_read_raises_and_starts_over_elsewhere(tmp_path: Path) -> None:
+    """A read ahead that failed raises on the read that takes it; one the cursor does not take
+    (it went on elsewhere) is dropped and the read starts from a fresh reader."""
+    from capturer.pipeline.backlog import ReadAhead
+
+    calls: list[tuple[int, int]] = []
+
+    class Reader:
+        def read(self, start: int, upto: int, max_weight: int) -> list[tuple[int, int, Any, bool]]:
+            calls.append((start, upto))
+            if start == 3:
+                raise BacklogError("damaged at 3")
+            return [(o, o, Heartbeat("r", o, None), False) for o in range(start, min(upto, start + 2))]
+
+    made: list[Reader] = []
+
+    def new() -> Any:
+        made.append(Reader())
+        return made[-1]
+
+    ra = ReadAhead("t", new)
+    assert [o for o, *_ in ra.read(1, 10, 2)] == [1, 2]  # and 3.. is read ahead, which fails
+    with pytest.raises(BacklogError, match="damaged at 3"):
+        ra.read(3, 10, 2)
+    assert [o for o, *_ in ra.read(5, 10, 2)] == [5, 6] and ra.hits == 0  # (read here; 7.. read ahead)
+    assert [o for o, *_ in ra.read(7, 10, 2)] == [7, 8] and ra.hits == 1  # (9.. read ahead)
+    assert len(made) == 1
+    assert [o for o, *_ in ra.read(1, 10, 2)] == [1, 2]  # elsewhere: a fresh reader
+    assert len(made) == 2 and ra.hits == 1
+    ra.close()
+    assert ra.read(1, 10, 2)[0][0] == 1 and ra._pending is None  # closed: no more reads ahead
+
+
 def test_slow_but_busy_senders_pace_the_stream_instead_of_filling_the_backlog(tmp_path: Path) -> None:
     """A sender busy with what memory holds, neither waiting for more nor stalled: the
     backlog would only add a write and a read per item; the stream waits for it instead."""
