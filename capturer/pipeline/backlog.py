@@ -38,6 +38,7 @@ from capturer.util.bqueue import Closed
 log = logging.getLogger(__name__)
 
 STALL_S = 1.0  # a sender that took nothing for this long has stopped reading (StreamLog._spill_helps)
+READ_AHEAD_ROWS = 50_000  # at most this many rows read ahead (ReadAhead): a hung sender's batch is not held twice
 
 
 @dataclass
@@ -68,7 +69,9 @@ class ReadAhead:
     of a behind sender's cost of the backlog; this way it overlaps with the sender's own
     waits (a Kafka flush, a MySQL phase being committed) instead of following them. The
     reader is used by one thread at a time: the cursor's, or the read ahead's while the
-    cursor waits for it. Items are the same objects either way (read from the same records)."""
+    cursor waits for it. Items are the same objects either way (read from the same records). A read ahead
+    takes at most ``READ_AHEAD_ROWS`` rows (a sender asking for more gets a smaller batch then), so that a
+    sender with big batches that hangs holds at most that much more in memory."""
 
     def __init__(self, name: str, new_reader: Callable[[], SegmentReader]):
         self.name = name
@@ -97,7 +100,7 @@ class ReadAhead:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"backlog-{self.name}")
             try:
-                self._pending = (nxt, self._pool.submit(self.reader.read, nxt, upto, max_weight))
+                self._pending = (nxt, self._pool.submit(self.reader.read, nxt, upto, min(max_weight, READ_AHEAD_ROWS)))
             except RuntimeError:  # closed meanwhile (the stream's end, or the cursor attached again)
                 self._pending = None
         return got

@@ -179,6 +179,27 @@ def test_read_ahead_raises_what_the_read_raises_and_starts_over_elsewhere(tmp_pa
     assert ra.read(1, 10, 2)[0][0] == 1 and ra._pending is None  # closed: no more reads ahead
 
 
+def test_read_ahead_is_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A read ahead asks for at most READ_AHEAD_ROWS rows, whatever the sender's batch."""
+    from capturer.pipeline import backlog as bl
+
+    asked: list[int] = []
+
+    class Reader:
+        def read(self, start: int, upto: int, max_weight: int) -> list[tuple[int, int, Any, bool]]:
+            asked.append(max_weight)
+            return [(start, start, Heartbeat("r", start, None), False)]
+
+    monkeypatch.setattr(bl, "READ_AHEAD_ROWS", 7)
+    ra = bl.ReadAhead("t", Reader)
+    ra.read(1, 10, 1000)
+    ra.read(2, 10, 1000)  # (the read ahead of 2, then that of 3)
+    assert ra._pending is not None
+    ra._pending[1].result()
+    assert asked == [1000, 7, 7]
+    ra.close()
+
+
 def test_slow_but_busy_senders_pace_the_stream_instead_of_filling_the_backlog(tmp_path: Path) -> None:
     """A sender busy with what memory holds, neither waiting for more nor stalled: the
     backlog would only add a write and a read per item; the stream waits for it instead."""
