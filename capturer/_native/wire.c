@@ -421,6 +421,12 @@ static int untracked_image(PyObject *img) {
     return img == Py_None || (PyDict_CheckExact(img) && !PyObject_GC_IsTracked(img));
 }
 
+/* leaves the change ch (images b and a) untracked by the collector when both images are (row_changes, row_change) */
+static void untrack_if_atomic(PyObject *ch, PyObject *b, PyObject *a) {
+    if (PyObject_IS_GC(ch) && PyObject_GC_IsTracked(ch) && untracked_image(b) && untracked_image(a))
+        PyObject_GC_UnTrack(ch);
+}
+
 /* row_changes(RowChange, schema, op, rows, kind) -> [RowChange]: a rows event's changes from the fast decoder's
    (image, after_or_None) pairs (for an insert or a delete also bare images: dicts); kind 0: update (before,
    after), 1: insert (None, image), 2: delete (image, None).
@@ -464,8 +470,7 @@ PyObject *row_changes(PyObject *self, PyObject *args) {
             Py_DECREF(out);
             return NULL;
         }
-        if (PyObject_IS_GC(ch) && PyObject_GC_IsTracked(ch) && untracked_image(b) && untracked_image(a))
-            PyObject_GC_UnTrack(ch);
+        untrack_if_atomic(ch, b, a);
         PyList_SET_ITEM(out, i, ch);
     }
     return out;
@@ -480,8 +485,7 @@ PyObject *row_change(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     }
     PyObject *b = args[3], *a = args[4];
     PyObject *ch = new_change((PyTypeObject *)args[0], args[1], args[2], Py_NewRef(b), Py_NewRef(a));
-    if (ch && PyObject_IS_GC(ch) && PyObject_GC_IsTracked(ch) && untracked_image(b) && untracked_image(a))
-        PyObject_GC_UnTrack(ch);
+    if (ch) untrack_if_atomic(ch, b, a);
     return ch;
 }
 
