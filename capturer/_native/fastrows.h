@@ -13,7 +13,9 @@
  *                    murmur2, kafka_produce_each)
  *   unjson.c         those json messages read back for the applier (kafka_unjson, kafka_unrow, kafka_untype,
  *                    kafka_msgs: the consumer's messages as the applier's Msg objects)
- *   wire.c           the wire format's rows and values as msgpack (wire_rows, wire_unrows, row_changes, row_change, wire_pack, wire_unpack_item, ...)
+ *   wire.c           the wire format's rows and values written as msgpack (wire_rows, wire_pack, wire_setup)
+ *   wire_read.c      ... read back (wire_unrows, wire_ext, wire_unpack, wire_unpack_item), and RowChange
+ *                    objects made in C for the regions (row_changes, row_change)
  *   causality.c      the MySQL sender's conflict keys and placing (conflict_keys, causality_place, stable_hash,
  *                    place_txns, manifest_txns)
  *   snaprows.c       a snapshot chunk's rows: tuples -> dicts -> RowChanges (dict_rows, read_changes)
@@ -113,8 +115,9 @@ int put_b64_keys(Buf *b, PyObject *b64, Enc *e, const char *sep, Py_ssize_t sep_
 int change_fields(PyObject *ch, PyObject **schema, PyObject **op, PyObject **before, PyObject **after);
 PyObject *schema_piece(PyObject *cache, PyObject *schema, PyObject *piece, int (*valid)(PyObject *));
 
-/* wire.c: the interned change field names (module.c sets them at init) */
+/* wire.c: the interned change field names (module.c sets them at init); the Python ext hook (wire_setup) */
 extern PyObject *S_schema, *S_op, *S_before, *S_after;
+extern PyObject *WireSlowHook;
 
 /* the types (module.c readies them) */
 extern PyTypeObject PlanType, BPlanType, PgPlanType;
@@ -125,6 +128,7 @@ int fr_baikaldb_rows_datetime(void);
 int fr_pg_images_datetime(void);
 int fr_json_datetime(void);
 int fr_wire_datetime(void);
+int fr_wire_read_datetime(void);
 int fr_arrowcols_datetime(void);
 
 /* the module's functions (module.c's method table) */

@@ -1,5 +1,5 @@
 """Row changes as the regions (and the applier) make them: one per row, in C where the
-extension is built (``row_change``, ``row_changes`` in capturer/_native/wire.c), and then
+extension is built (``row_change``, ``row_changes`` in capturer/_native/wire_read.c), and then
 left untracked by the cyclic collector when their images hold only atomic values. A
 change made per row and kept in queues, windows and phases for a while would otherwise
 be walked, with its values, by every young collection it lives through, for nothing:
