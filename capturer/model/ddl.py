@@ -25,6 +25,19 @@ _DB_DDL = re.compile(
 )
 
 
+_ALTER_BODY = re.compile(r"\s*ALTER\s+(?:ONLINE\s+|IGNORE\s+)*TABLE(?:\s+|(?=`))(?:IF\s+EXISTS\s+)?" + _QNAME + r"\s*(.*)$",
+                         re.I | re.S)
+NAME = _NAME  # one identifier, bare or backquoted (a backquote inside doubled)
+
+
+def alter_clauses(sql: str) -> str | None:
+    """What follows the table's name in an ALTER TABLE (comments removed), or None for
+    another statement. The name may be backquoted with spaces, dots, commas or
+    backquotes inside it."""
+    m = _ALTER_BODY.match(re.sub(r"/\*.*?\*/", " ", sql, flags=re.S))
+    return m.group(2) if m else None
+
+
 def _unquote(n: str) -> str:
     n = n.strip()
     if n.startswith("`") and n.endswith("`"):

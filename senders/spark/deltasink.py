@@ -71,7 +71,7 @@ from typing import Any
 
 from capturer.errors import SinkError
 from capturer.model import RowChange, StreamKey, Txn, key_from_json, key_to_json, stream_key
-from capturer.model.ddl import renamed_tables, split_qname
+from capturer.model.ddl import NAME, alter_clauses, renamed_tables, split_qname
 from capturer.util import failpoints
 from senders.spark import deltajars, lake
 from senders.spark.sender import _AS_IS, SparkSender, _java_found, arrow_type, build_session
@@ -153,17 +153,16 @@ def keyless_state_sql(source: str, columns: list[str]) -> str:
 def parse_alter(sql: str) -> list[tuple[str, str, str]]:
     """The column changes of an ALTER TABLE this format applies: ``('drop', col, '')``,
     ``('rename', old, new)``, and ``('rename_table', '', new)`` (which it cannot)."""
-    body = re.sub(r"/\*.*?\*/", " ", sql, flags=re.S)
-    m = re.match(r"\s*ALTER\s+(?:ONLINE\s+|IGNORE\s+)*TABLE\s+\S+\s+(.*)$", body, re.I | re.S)
-    if not m:
+    body = alter_clauses(sql)
+    if body is None:
         return []
-    name = r"(`(?:[^`]|``)+`|[\w$]+)"
+    name = f"({NAME})"
 
     def unq(n: str) -> str:
         return n[1:-1].replace("``", "`") if n.startswith("`") else n
 
     out = []
-    for clause in lake._split_top(m.group(1)):
+    for clause in lake._split_top(body):
         c = re.match(r"\s*DROP\s+(?:COLUMN\s+)?(?:IF\s+EXISTS\s+)?" + name + r"\s*$", clause, re.I | re.S)
         if c and c.group(1).upper() not in ("INDEX", "KEY", "PRIMARY", "FOREIGN", "CONSTRAINT", "CHECK",
                                             "PARTITION", "SYSTEM"):
@@ -178,7 +177,7 @@ def parse_alter(sql: str) -> list[tuple[str, str, str]]:
         if c and unq(c.group(1)) != unq(c.group(2)):
             out.append(("rename", unq(c.group(1)), unq(c.group(2))))
             continue
-        c = re.match(r"\s*RENAME\s+(?:TO\s+|AS\s+)?(\S+)\s*$", clause, re.I | re.S)
+        c = re.match(r"\s*RENAME\s+(?:TO\s+|AS\s+)?(" + NAME + r"(?:\s*\.\s*" + NAME + r")?)\s*$", clause, re.I | re.S)
         if c and c.group(1).upper() not in ("INDEX", "KEY", "COLUMN"):
             out.append(("rename_table", "", c.group(1)))
     return out

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from capturer.model import ColumnInfo
+from capturer.model.ddl import alter_clauses
 from capturer.model.encode import T_BIT, decimal_text, format_timedelta
 from capturer.util.durable import fsync_dir
 from senders.spark.commits import recover_if_idle
@@ -352,12 +353,11 @@ def _ddl_type(spec: str) -> str | None:
 def parse_add_columns(sql: str) -> list[tuple[str, str | None, str | None]]:
     """``(column, spark type, default as a SQL literal)`` for each ADD COLUMN of an
     ALTER TABLE; the default is None when there is none or it is not a constant."""
-    body = re.sub(r"/\*.*?\*/", " ", sql, flags=re.S)
-    m = re.match(r"\s*ALTER\s+(?:ONLINE\s+|IGNORE\s+)*TABLE\s+\S+\s+(.*)$", body, re.I | re.S)
-    if not m:
+    body = alter_clauses(sql)
+    if body is None:
         return []
     out = []
-    for clause in _split_top(m.group(1)):
+    for clause in _split_top(body):
         c = re.match(r"\s*ADD\s+(?:COLUMN\s+)?(?:IF\s+NOT\s+EXISTS\s+)?(`(?:[^`]|``)+`|[\w$]+)\s+(.*)$",
                      clause, re.I | re.S)
         if not c or c.group(1).upper() in ("INDEX", "KEY", "UNIQUE", "PRIMARY", "CONSTRAINT", "FOREIGN",

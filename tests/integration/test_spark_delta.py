@@ -474,3 +474,48 @@ def test_rename_table_moves_the_lake_table_and_a_replay_or_a_crash_between_its_s
     with pytest.raises(SinkError, match=r"RENAME TABLE onto d\.final.*d\.kt_new"):
         s.send([_ddl_txn(10, "d", "kt_new", "RENAME TABLE kt_new TO final")])
     s.close()
+
+
+HOSTILE_DB, HOSTILE_TABLE = 'we"ird-db ü', "t a;b/c`d"
+HOSTILE_COLS = ["sp ace", "co,mm", "select", "a.b", "x=y", "{br}(p)", "Ünï", "tick`q", "UPPER"]
+
+
+def test_hostile_identifiers_and_values_reach_the_delta_table(tmp_path: Path, spark, capturer_running) -> None:  # type: ignore[no-untyped-def]
+    """Identifiers Delta and Parquet do not allow as they are (spaces, commas, dots, '=', braces, a backtick,
+    a reserved word, non-ASCII, upper case) in the database, table and column names, and values with quotes,
+    NULs, newlines and emoji; key changes, deletes, a rollback, ADD COLUMN with a default, DROP and RENAME
+    COLUMN: the lake table equals the source (Spark SQL and delta-rs). Before the fix the ALTERs of such a
+    table were not read (its name has spaces): the rows from before the ADD kept NULL instead of 7."""
+    from helpers import start_servers
+
+    def qi(n: str) -> str:
+        return "`" + n.replace("`", "``") + "`"
+
+    (m,) = start_servers(tmp_path, 1)
+    try:
+        t = f"{qi(HOSTILE_DB)}.{qi(HOSTILE_TABLE)}"
+        cols = ", ".join(f"{qi(c)} VARCHAR(40)" for c in HOSTILE_COLS[1:])
+        m.execute(f"CREATE DATABASE {qi(HOSTILE_DB)}", f"CREATE TABLE {t} ({qi('sp ace')} INT PRIMARY KEY, {cols})")
+        wh = tmp_path / "wh"
+        cfg = write_config(tmp_path, [m], senders=delta_senders(wh))
+        names = ", ".join(qi(c) for c in HOSTILE_COLS)
+        vals = ["'q''uote'", "'nl\\nline'", "'nul\\0byte'", "'emoji 😀'", "'back\\\\slash'", "NULL", "'`tick`'",
+                "'x'"]
+        with capturer_running(cfg):
+            m.execute(
+                *[f"INSERT INTO {t} ({names}) VALUES ({i}, {', '.join(vals[(i + j) % len(vals)] for j in range(8))})"
+                  for i in range(1, 9)],
+                f"UPDATE {t} SET {qi('sp ace')} = 100 WHERE {qi('sp ace')} = 1",  # a key change
+                f"UPDATE {t} SET {qi('select')} = 'upd''ated' WHERE {qi('sp ace')} = 2",
+                f"DELETE FROM {t} WHERE {qi('sp ace')} = 3",
+                "BEGIN", f"DELETE FROM {t} WHERE {qi('sp ace')} = 4", "ROLLBACK",
+                f"ALTER TABLE {t} ADD COLUMN {qi('new col;2')} INT DEFAULT 7",
+                f"INSERT INTO {t} ({qi('sp ace')}, {qi('new col;2')}) VALUES (9, 9)",
+                f"ALTER TABLE {t} DROP COLUMN {qi('x=y')}, RENAME COLUMN {qi('a.b')} TO {qi('a b`.c')}",
+                f"INSERT INTO {t} ({qi('sp ace')}, {qi('a b`.c')}) VALUES (11, 'after the rename')",
+                f"UPDATE {t} SET {qi('a b`.c')} = 'renamed' WHERE {qi('sp ace')} = 6",
+            )
+            wait_for(lambda: checkpoint_covers(tmp_path, [m]), 300, "Delta to catch up")
+        assert_equal(spark, wh, [m], HOSTILE_DB, HOSTILE_TABLE)
+    finally:
+        m.stop()

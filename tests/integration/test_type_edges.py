@@ -88,8 +88,22 @@ def _source_rows(m: MariaDBInstance) -> int:
         conn.close()
 
 
-@pytest.mark.parametrize("snapshot_driver", ["mariadb"])
-def test_type_edges_reach_every_sender_equal(tmp_path: Path, snapshot_driver: str) -> None:
+def _lake(table_format: str) -> str:
+    """The [spark] section's format keys: the Parquet changelog (Arrow writer), or Delta tables kept by MERGE
+    (skipped where the Delta runtime cannot run here, as in test_spark_delta.py)."""
+    if table_format == "changelog":
+        return "writer=arrow\n"
+    from senders.spark import deltajars
+
+    pytest.importorskip("deltalake")
+    if deltajars.incompatible():
+        pytest.skip(deltajars.incompatible())
+    return "table_format=delta\n"
+
+
+@pytest.mark.parametrize("snapshot_driver,table_format", [("mariadb", "changelog"), ("mariadb", "delta")])
+def test_type_edges_reach_every_sender_equal(tmp_path: Path, snapshot_driver: str, table_format: str) -> None:
+    lake = _lake(table_format)
     (m,) = start_servers(tmp_path, 1)
     target = MariaDBInstance(tmp_path / "target", server_id=99, binlog=False).start()
     broker = shared_broker()
@@ -104,7 +118,7 @@ def test_type_edges_reach_every_sender_equal(tmp_path: Path, snapshot_driver: st
             f"[local]\nfilepath={tmp_path / 'out' / 'changes.jsonl'}\n"
             f"[mysql]\nhost=127.0.0.1\nport={target.port}\nuser=root\npassword=\nthreadnum=2\n"
             f"[kafka]\nservers={broker.servers}\nclient=confluent\n"
-            f"[spark]\nwarehouse={tmp_path / 'wh'}\nwriter=arrow\nbatch_interval=1\nbatch_rows=500\n"
+            f"[spark]\nwarehouse={tmp_path / 'wh'}\n{lake}batch_interval=1\nbatch_rows=500\n"
             "compaction_interval=0\nmaster=local[1]\n")
         region = (f"\n[region:r1]\ntype=mysql\nhost=127.0.0.1\nport={m.port}\nuser=capturer\npassword=capturer\n"
                   f"server_id=800\nheartbeat_ms=200\nsnapshot=initial\nsnapshot_driver={snapshot_driver}\n")

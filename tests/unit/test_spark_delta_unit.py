@@ -10,6 +10,7 @@ import pytest
 
 from senders.spark import deltajars
 from senders.spark.deltasink import DeltaSender, parse_alter, read_position
+from senders.spark.lake import parse_add_columns
 from senders.spark.sender import SparkSender
 from senders.spark.verify import DeltaReader, LakeReader
 
@@ -22,6 +23,28 @@ def test_parse_alter() -> None:
     assert parse_alter("ALTER TABLE t RENAME TO u") == [("rename_table", "", "u")]
     assert parse_alter("ALTER TABLE t ADD COLUMN c INT, MODIFY d BIGINT") == []
     assert parse_alter("ALTER TABLE t /* x */ DROP PRIMARY KEY") == []
+
+
+# a table name with spaces, dots, a semicolon, a slash or a backquote (all legal when backquoted): the clauses
+# after it were not read at all (the name was taken as everything up to the first space), so a DROP / RENAME
+# COLUMN was not applied to the lake table and the rows from before an ADD COLUMN ... DEFAULT kept NULL
+HOSTILE = "ALTER TABLE `we\"ird-db \u00fc`.`t a;b/c``d` "
+
+
+def test_parse_alter_after_a_hostile_table_name() -> None:
+    assert parse_alter(HOSTILE + "DROP COLUMN `c d`, RENAME COLUMN `e``f` TO `g h`, RENAME TO `x y`.`z w`") == [
+        ("drop", "c d", ""), ("rename", "e`f", "g h"), ("rename_table", "", "`x y`.`z w`")]
+    assert parse_alter("ALTER TABLE `a b` RENAME `n m`") == [("rename_table", "", "`n m`")]
+    assert parse_alter("ALTER IGNORE TABLE IF EXISTS db.`t` DROP c") == [("drop", "c", "")]
+    assert parse_alter("CREATE TABLE `a b` (id INT)") == []
+
+
+def test_parse_add_columns_after_a_hostile_table_name() -> None:
+    assert parse_add_columns(HOSTILE + "ADD COLUMN `new col;2` INT DEFAULT 7, ADD `y, z` TEXT") == [
+        ("new col;2", "bigint", "7"), ("y, z", "string", None)]
+    assert parse_add_columns("ALTER TABLE`x`ADD c INT DEFAULT 3") == [("c", "bigint", "3")]
+    assert parse_add_columns("ALTER TABLE ty.t ADD COLUMN added VARCHAR(10) DEFAULT 'dflt'") == [
+        ("added", "string", "'dflt'")]
 
 
 def _commit(logdir: Path, n: int, *actions: dict[str, object]) -> None:
