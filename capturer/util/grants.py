@@ -11,8 +11,10 @@ from typing import Any
 
 from capturer.util.probe import Outcome
 
-_GRANT = re.compile(r"^GRANT\s+(.+?)\s+ON\s+(?:(?:TABLE|FUNCTION|PROCEDURE|PACKAGE(?:\s+BODY)?)\s+)?(\S+)\s+TO\s",
-                    re.I | re.S)
+# an object's part: quoted (a name may hold spaces, dots, quotes doubled), *, or bare
+_PART = r"(?:`(?:[^`]|``)*`|'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"|\*|[^\s.`'\"]+)"
+_GRANT = re.compile(r"^GRANT\s+(.+?)\s+ON\s+(?:(?:TABLE|FUNCTION|PROCEDURE|PACKAGE(?:\s+BODY)?)\s+)?"
+                    rf"({_PART})(?:\.({_PART}))?\s+TO\s", re.I | re.S)
 
 
 def account(user: str) -> str:
@@ -55,7 +57,7 @@ class Grants:
             privs = {p.strip().upper() for p in re.sub(r"\([^)]*\)", "", m.group(1)).split(",")}
             if privs & {"ALL", "ALL PRIVILEGES"}:
                 privs.add("ALL")
-            db, _, table = m.group(2).partition(".")
+            db, table = m.group(2), m.group(3) or ""
             if db == "*" and table == "*":
                 g.global_ |= privs
             elif table == "*":

@@ -307,6 +307,9 @@ def test_grants_as_mariadb_and_mysql_list_them() -> None:
     root = Grants.parse(["GRANT ALL PRIVILEGES ON *.* TO `root`@`localhost` WITH GRANT OPTION"])
     assert root.has_global({"REPLICATION SLAVE"}) and root.on_db("anything", "DELETE")
     assert Grants.parse(["GRANT `capture_role` TO `u`@`%`"]).roles
+    # a database whose name holds a space, a dot or a backquote (SHOW GRANTS quotes it): read whole
+    odd = Grants.parse(["GRANT SELECT ON `we\"ird db.1``x`.* TO `u`@`%`", "GRANT INSERT ON `a b`.`t u` TO `u`@`%`"])
+    assert odd.on_db('we"ird db.1`x', "SELECT") and not odd.on_db("we", "SELECT") and not odd.on_db("a b", "INSERT")
 
 
 def test_rebuild_backlog_is_not_checked(box: Box) -> None:
