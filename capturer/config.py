@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 from capturer import regions as regions_registry
 from capturer.errors import ConfigError
+from capturer.util import urlsecrets
 from capturer.util.dotted import load
 from capturer.util.ini import (
     IniFile,
@@ -203,9 +204,16 @@ class AppConfig:
             "ha": None if self.ha is None else {"endpoints": list(self.ha.endpoints), "name": self.ha.name,
                                                 "leaseSeconds": self.ha.lease_seconds, "id": self.ha.id},
             "regions": {r.name: r.masked() for r in self.regions},
-            "senders": {s.name: {k: ("***" if k in s.secret and v else v) for k, v in s.options.items()}
+            "senders": {s.name: {k: ("***" if k in s.secret and v else _url_shown(v)) for k, v in s.options.items()}
                         for s in self.senders},
         }
+
+
+def _url_shown(v: Any) -> Any:
+    """An option that is a URL, without its password and query values (a token there)."""
+    if isinstance(v, str) and v.lower().startswith(("http://", "https://")):
+        return urlsecrets.shown(v)
+    return v
 
 
 def _resolve(base: Path, value: str) -> Path:

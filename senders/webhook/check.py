@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from capturer.errors import SinkError
 from capturer.util.probe import Outcome, Probe, SenderCheck, unreadable
 from senders.webhook.sender import WebhookSender, shown
 
@@ -22,18 +23,25 @@ def offline(c: SenderCheck) -> list[str]:
 
 
 def probe(c: SenderCheck) -> Probe:
+    def ask(sender: WebhookSender, out: Outcome) -> None:
+        if sender.position_url:
+            key = sender.resume_key()
+            out.detail = f"{shown(sender.position_url)}: position {list(key) if key else 'none yet'}"
+        else:
+            sender.open()
+            assert sender._session is not None
+            got = sender._session.head(sender.url, timeout=sender.timeout, allow_redirects=False)
+            out.detail = f"{shown(sender.url)} answered {got.status_code}"
+
     def run(out: Outcome) -> None:
         opts = {**c.options, "timeout": min(float(c.options["timeout"]), max(0.5, c.timeout - 1))}
         sender = WebhookSender(c.name, {k: v for k, v in opts.items() if k != "process"}, c.queue_rows)
         try:
-            if sender.position_url:
-                key = sender.resume_key()
-                out.detail = f"{shown(sender.position_url)}: position {list(key) if key else 'none yet'}"
-            else:
-                sender.open()
-                assert sender._session is not None
-                got = sender._session.head(sender.url, timeout=sender.timeout, allow_redirects=False)
-                out.detail = f"{shown(sender.url)} answered {got.status_code}"
+            ask(sender, out)
+        except SinkError:
+            raise  # (its message shows no secret)
+        except Exception as exc:  # the client's own messages repeat the URL's path and query: a token there
+            raise RuntimeError(sender._scrub(f"{type(exc).__name__}: {exc}")) from None
         finally:
             sender.close()
 

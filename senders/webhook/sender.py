@@ -32,14 +32,21 @@ import hashlib
 import json
 import logging
 import re
+import socket
+import threading
+import time
 from typing import Any, ClassVar
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import requests
+from requests.adapters import HTTPAdapter
+from urllib3.connection import HTTPConnection, HTTPSConnection
+from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 
 from capturer.errors import ConfigError, SinkError
 from capturer.model import StreamKey, Txn, key_from_json, stream_key
 from capturer.util.ini import Key, p_bool, p_float, p_int, p_str
+from capturer.util.urlsecrets import basic_secrets, header_secrets, keep_out_of_logs, scrub, shown, url_secrets
 from senders.base import Sender
 from senders.local.sender import txn_blocks_json
 
@@ -55,14 +62,74 @@ def p_url(v: str) -> str:
     return v
 
 
-def shown(url: str) -> str:
-    """``url`` without a password in it (user:password@host)."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.hostname or ""
-    netloc = f"{parts.username}:***@{host}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+__all__ = ["WebhookSender", "batch_key", "shown"]
+
+# the connection each thread has a request on (the deadline's watchdog shuts its socket down)
+_IN_FLIGHT: dict[int, Any] = {}
+
+
+class WebhookHTTPConnection(HTTPConnection):
+    def request(self, *args: Any, **kwargs: Any) -> None:
+        _IN_FLIGHT[threading.get_ident()] = self
+        super().request(*args, **kwargs)
+
+
+class WebhookHTTPSConnection(HTTPSConnection):
+    def request(self, *args: Any, **kwargs: Any) -> None:
+        _IN_FLIGHT[threading.get_ident()] = self
+        super().request(*args, **kwargs)
+
+
+class WebhookHTTPPool(HTTPConnectionPool):
+    ConnectionCls = WebhookHTTPConnection
+
+
+class WebhookHTTPSPool(HTTPSConnectionPool):
+    ConnectionCls = WebhookHTTPSConnection
+
+
+class _Adapter(HTTPAdapter):
+    """requests' adapter whose connections say which thread has a request on them."""
+
+    def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
+        super().init_poolmanager(*args, **kwargs)
+        self.poolmanager.pool_classes_by_scheme = {"http": WebhookHTTPPool, "https": WebhookHTTPSPool}
+
+
+class _Deadline:
+    """``timeout`` for the whole request, answer and body included: requests' own timeout
+    bounds each read, so a receiver that trickles a byte now and then would hold the sender
+    forever. When it passes, the request's socket is shut down (the blocked read returns)."""
+
+    def __init__(self, seconds: float):
+        self.tid = threading.get_ident()
+        self.lock = threading.Lock()
+        self.done = self.expired = False
+        self.timer = threading.Timer(seconds, self._expire)
+        self.timer.daemon = True
+
+    def __enter__(self) -> _Deadline:
+        _IN_FLIGHT.pop(self.tid, None)
+        self.timer.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        with self.lock:
+            self.done = True
+        self.timer.cancel()
+        _IN_FLIGHT.pop(self.tid, None)
+
+    def _expire(self) -> None:
+        with self.lock:
+            if self.done:
+                return
+            self.expired = True
+            sock = getattr(_IN_FLIGHT.get(self.tid), "sock", None)
+            if sock is not None:
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
 
 
 def batch_key(sender: str, batch: list[Txn]) -> str:
@@ -100,12 +167,21 @@ class WebhookSender(Sender):
         self.posts = 0
         self.refused = 0  # answers that were retried (408/425/429/5xx, no answer)
         self._session: requests.Session | None = None
+        self._waiting: tuple[float, str] | None = None  # (since, what) while a request waits for its answer
+        # what no error, status or log line may show: the URLs' passwords and query values, auth_header
+        self._secrets = url_secrets(self.url) + url_secrets(self.position_url) + \
+            header_secrets(str(options.get("auth_header") or "")) + basic_secrets(self.url) + \
+            basic_secrets(self.position_url)
+        self._secrets.sort(key=len, reverse=True)
 
     @staticmethod
     def check_options(opts: dict[str, Any], where: Any) -> None:
         if bool(opts["tls_cert"]) != bool(opts["tls_key"]):
             raise ConfigError(f"{where('tls_cert' if opts['tls_cert'] else 'tls_key')}: tls_cert and tls_key go "
                               "together (a client certificate)")
+        if urlsplit(str(opts["url"])).password is not None and opts["auth_header"]:
+            raise ConfigError(f"{where('auth_header')}: url has a user:password and auth_header is set: one of them "
+                              "(the client would send the URL's as Basic and drop auth_header)")
         if opts["position_url"]:
             try:
                 p_url(opts["position_url"])
@@ -114,7 +190,11 @@ class WebhookSender(Sender):
 
     # --- the contract -------------------------------------------------------
     def open(self) -> None:
+        keep_out_of_logs(self._secrets)
         s = requests.Session()
+        adapter = _Adapter()
+        s.mount("http://", adapter)
+        s.mount("https://", adapter)
         s.headers["User-Agent"] = "binlog-capturer webhook sender"
         if self.options["auth_header"]:
             s.headers["Authorization"] = str(self.options["auth_header"])
@@ -133,9 +213,9 @@ class WebhookSender(Sender):
             body = r.json()
             return key_from_json(body.get("position") if isinstance(body, dict) else body)
         except ValueError as exc:
-            raise SinkError(f"sender {self.name}: {shown(self.position_url)} answered {r.text[:200]!r}: expected "
-                            f"{{\"position\": [commit_ts, region, sub]}} or {{\"position\": null}} ({exc})",
-                            retriable=False) from None
+            raise SinkError(self._scrub(f"sender {self.name}: {shown(self.position_url)} answered {r.text[:200]!r}: "
+                                        f"expected {{\"position\": [commit_ts, region, sub]}} or "
+                                        f"{{\"position\": null}} ({exc})"), retriable=False) from None
 
     def send(self, batch: list[Txn]) -> None:
         body = b"".join(block for t in batch for block in txn_blocks_json(t))
@@ -156,7 +236,16 @@ class WebhookSender(Sender):
             self._session = None
 
     def status(self) -> dict[str, Any]:
-        return {**super().status(), "url": shown(self.url), "posts": self.posts, "refused": self.refused}
+        waiting = self._waiting
+        st = super().status()
+        return {**st, "last_error": self._scrub(st["last_error"]), "url": shown(self.url), "posts": self.posts,
+                "refused": self.refused,
+                # a receiver that hangs: how long the request in hand has waited for its answer
+                "waiting_for": waiting[1] if waiting else None,
+                "waiting_seconds": round(time.monotonic() - waiting[0], 1) if waiting else None}
+
+    def _scrub(self, text: str) -> str:
+        return scrub(text, self._secrets)
 
     # --- HTTP ---------------------------------------------------------------
     def _request(self, method: str, url: str, what: str, body: bytes | None, headers: dict[str, str]
@@ -165,19 +254,26 @@ class WebhookSender(Sender):
             self.open()
         assert self._session is not None
         where = f"sender {self.name} ({method} {shown(url)})"
+        self._waiting = (time.monotonic(), f"{method} {shown(url)}: {what}")
         try:
-            r = self._session.request(method, url, data=body, headers=headers, timeout=self.timeout,
-                                      allow_redirects=False)
+            with _Deadline(self.timeout) as deadline:
+                r = self._session.request(method, url, data=body, headers=headers, timeout=self.timeout,
+                                          allow_redirects=False)
         except requests.exceptions.SSLError as exc:
-            raise SinkError(f"{where}: TLS failed ({_short(exc)}): check tls_ca (and tls_cert, tls_key) in [{self.name}]",
-                            retriable=False) from None
+            raise SinkError(self._scrub(f"{where}: TLS failed ({_short(exc)}): check tls_ca (and tls_cert, tls_key) "
+                                        f"in [{self.name}]"), retriable=False) from None
         except requests.exceptions.RequestException as exc:
             self.refused += 1
-            raise SinkError(f"{where}: {what}: no answer ({_short(exc)})") from None
+            if deadline.expired or isinstance(exc, requests.exceptions.ReadTimeout):
+                raise SinkError(f"{where}: {what}: no whole answer within timeout = {self.timeout:g} s (the receiver "
+                                "hangs or answers too slowly)") from None
+            raise SinkError(self._scrub(f"{where}: {what}: no answer ({_short(exc)})")) from None
+        finally:
+            self._waiting = None
         code = r.status_code
         if 200 <= code < 300 or (method == "GET" and code == 404):
             return r
-        text = " ".join(r.text[:200].split())
+        text = self._scrub(" ".join(r.text[:200].split()))
         if code in RETRIED or code >= 500:
             self.refused += 1
             wait = _retry_after(r.headers.get("Retry-After"), self.max_backoff)
@@ -186,7 +282,8 @@ class WebhookSender(Sender):
                 413: "the batch is too big for it: lower batch_rows"}.get(code, "")
         raise SinkError(f"{where}: {what}: the receiver answered {code} {r.reason} ({text!r})"
                         + (f"; {hint} in [{self.name}]" if hint else "")
-                        + ("; redirects are not followed: set url to where it points" if 300 <= code < 400 else ""),
+                        + (f"; redirects are not followed: set url to where it points"
+                           f" ({shown(self._scrub(r.headers.get('Location', '')))})" if 300 <= code < 400 else ""),
                         retriable=False)
 
 
@@ -198,5 +295,9 @@ def _retry_after(value: str | None, cap: float) -> float | None:
 
 
 def _short(exc: BaseException) -> str:
+    """The client's message, its root cause first (the socket's error: refused, reset, no such host)."""
     text = str(exc)
-    return text if len(text) <= 200 else text[:197] + "..."
+    cause = re.search(r"\[Errno -?\d+\] [^'\"()]+", text)
+    if len(text) > 200:
+        text = text[:197] + "..."
+    return f"{cause.group(0).strip()}: {text}" if cause else text

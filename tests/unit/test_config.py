@@ -113,3 +113,14 @@ def test_secret_sender_options_are_masked(tmp_path: Path) -> None:
     masked = cfg.masked()["senders"]["mysql"]
     assert masked["password"] == "***" and masked["user"] == "u"
     assert "s3cr%t" not in str(cfg.masked())
+
+
+def test_a_token_in_a_sender_url_is_masked(tmp_path: Path) -> None:
+    """The effective config (logged at start, served on the status server) shows a webhook's
+    URLs without their password and query values (a token there)."""
+    hook = ("[global]\ntype=webhook\n[webhook]\nurl=https://u:pw7Sekret@h/in?token=q7Sekret&x=1\n"
+            "position_url=https://h/pos?key=q7Sekret\n")
+    cfg = load_config(write(tmp_path, BASE, senders=hook), base_dir=tmp_path)
+    masked = cfg.masked()["senders"]["webhook"]
+    assert masked["url"] == "https://u:***@h/in?token=***&x=***" and masked["position_url"] == "https://h/pos?key=***"
+    assert "7Sekret" not in str(cfg.masked())

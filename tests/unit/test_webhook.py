@@ -6,7 +6,9 @@ stop it, the position it resumes after, and the config and --check errors."""
 from __future__ import annotations
 
 import json
+import socket
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -38,6 +40,7 @@ class Receiver:
         self.script: list[tuple[int, dict[str, str]]] = []
         self.position: Any = None
         self.position_body: bytes | None = None
+        self.echo = False  # refusals answer with the request's path and Authorization header in the body
         recv = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -54,9 +57,12 @@ class Receiver:
                 self.send_response(code)
                 for k, v in extra.items():
                     self.send_header(k, v)
-                self.send_header("Content-Length", "4")
+                answer = b"okay" if code == 200 else b"nope"
+                if recv.echo and code != 200:
+                    answer = f"nope: {self.path} {self.headers.get('Authorization')}".encode()
+                self.send_header("Content-Length", str(len(answer)))
                 self.end_headers()
-                self.wfile.write(b"nope" if code != 200 else b"okay")
+                self.wfile.write(answer)
 
             def do_GET(self) -> None:
                 body = recv.position_body if recv.position_body is not None else \
@@ -135,7 +141,6 @@ def test_no_answer_is_retried_and_names_the_url_without_its_password() -> None:
     with pytest.raises(SinkError) as e:
         s.send([txn(1)])
     assert e.value.retriable and "no answer" in str(e.value) and "pw1234" not in str(e.value)
-    assert shown("https://u:p@h:8443/x?y") == "https://u:***@h:8443/x?y"
 
 
 def test_it_resumes_after_the_position_the_receiver_stored(receiver: Receiver) -> None:
@@ -179,3 +184,139 @@ def test_check_connect_asks_the_receiver(receiver: Receiver) -> None:
     dead = SenderCheck("webhook", {**keys, "url": "http://127.0.0.1:9/in"}, Path("s.cfg"), 1000, timeout=2)
     with pytest.raises(Exception, match="Connection refused|Max retries"):
         check.probe(dead).run(Outcome("y"))
+
+
+SECRET_Q, SECRET_PW, SECRET_BEARER = "q7Sekret-in-query", "pw7Sekret", "b7Sekret-bearer"
+
+
+def test_no_token_in_the_url_or_the_header_is_ever_shown(receiver: Receiver, caplog: pytest.LogCaptureFixture
+                                                         ) -> None:
+    """A token in the URL's query, a password in it, the Authorization header: none is in an
+    error (no answer, 400 echoing the header, a redirect to a URL with the token, TLS), in the
+    status or in the HTTP client's own debug log."""
+    secrets = (SECRET_Q, SECRET_PW, SECRET_BEARER, "YWxpY2U6cHc3U2VrcmV0")  # (the last: alice:pw as Basic)
+
+    def clean(text: str) -> str:
+        assert not any(x in text for x in secrets), text
+        return text
+
+    caplog.set_level("DEBUG")
+    query = f"?token={SECRET_Q}"
+    shapes = [(receiver.url.replace("http://", f"http://alice:{SECRET_PW}@"), "", "Basic YWxpY2U6cHc3U2VrcmV0",
+               "http://alice:***@127.0.0.1:"),
+              (receiver.url, f"Bearer {SECRET_BEARER}", f"Bearer {SECRET_BEARER}", "http://127.0.0.1:")]
+    for base, auth, sent, where in shapes:
+        s = sender(base, auth_header=auth)
+        s = WebhookSender("webhook", {**s.options, "url": s.url + query})
+        s.open()
+        s.send([txn(1)])
+        assert receiver.posts[-1][0]["Authorization"] == sent
+        receiver.echo = True  # the refusals below repeat the request's header and path in their body
+        for code, extra, retried in [(400, {}, False), (503, {}, True),
+                                     (307, {"Location": f"/moved{query}&b=1"}, False)]:
+            receiver.script = [(code, extra)]
+            with pytest.raises(SinkError) as e:
+                s.send([txn(2)])
+            assert e.value.retriable is retried and str(code) in clean(str(e.value))
+            assert f"sender webhook (POST {where}" in str(e.value) and "token=***" in str(e.value)
+            s.last_error = str(e.value)
+            clean(json.dumps(s.status()))
+        assert "/moved?token=***&b=***" in s.last_error  # where the redirect points, without its token
+        dead = WebhookSender("webhook", {**s.options, "url": f"{base.replace(str(receiver.server.server_address[1]), '9')}"
+                                                             f"/in{query}", "timeout": 1})
+        with pytest.raises(SinkError) as e:
+            dead.send([txn(3)])
+        assert e.value.retriable and "Connection refused" in clean(str(e.value)) and "token=***" in str(e.value)
+        tls = WebhookSender("webhook", {**s.options, "url": s.url.replace("http://", "https://")})
+        with pytest.raises(SinkError) as e:
+            tls.send([txn(4)])
+        assert not e.value.retriable and "TLS failed" in clean(str(e.value)) and "tls_ca" in str(e.value)
+        for x in (s, dead, tls):
+            x.close()
+    clean(caplog.text)
+    assert "token=***" in caplog.text  # (urllib3 logged the requests, scrubbed)
+    assert shown("https://u:p@h:8443/x?y=1&z") == "https://u:***@h:8443/x?y=***&***"
+
+
+def test_a_password_in_the_url_and_auth_header_together_are_refused(tmp_path: Path) -> None:
+    """requests would send the URL's user:password as Basic and drop auth_header unsaid."""
+    p = tmp_path / "senderConfig.cfg"
+    p.write_text("[global]\ntype=webhook\n[webhook]\nurl=https://u:pw@h/in\nauth_header=Bearer x\n")
+    with pytest.raises(ConfigError, match=r"url.*user:password.*auth_header.*one of them"):
+        config.load_sender_config(p, CATALOG)
+
+
+class Hanging:
+    """Accepts connections and never answers (``trickle``: sends a byte of a status line
+    now and then, never the whole answer: each read gets something, so a read timeout
+    alone never fires)."""
+
+    def __init__(self, trickle: bool):
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen()
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.stop = threading.Event()
+        self.conns: list[socket.socket] = []
+        self.trickle = trickle
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self.stop.is_set():
+            try:
+                c, _ = self.sock.accept()
+            except OSError:
+                return
+            self.conns.append(c)
+            threading.Thread(target=self._serve, args=(c,), daemon=True).start()
+
+    def _serve(self, c: socket.socket) -> None:
+        line = b"HTTP/1.1 200 OK\r\nX-Slow: " + b"a" * 100_000
+        i = 0
+        while not self.stop.wait(0.2):
+            if self.trickle:
+                try:
+                    c.send(line[i:i + 1])
+                except OSError:
+                    return
+                i += 1
+
+    def close(self) -> None:
+        self.stop.set()
+        self.sock.close()
+        for c in self.conns:
+            c.close()
+
+
+@pytest.mark.parametrize("trickle", [False, True], ids=["silent", "trickling"])
+def test_a_hung_receiver_is_cut_at_timeout_and_shown_as_waiting(trickle: bool) -> None:
+    hung = Hanging(trickle)
+    s = sender(hung.url, timeout=1.5)
+    got: list[BaseException] = []
+
+    def post() -> None:
+        try:
+            s.send([txn(1)])
+        except BaseException as exc:
+            got.append(exc)
+
+    t = threading.Thread(target=post, daemon=True)
+    try:
+        t.start()
+        wait_for(lambda: (s.status()["waiting_seconds"] or 0) > 0, 30, "the status to show the request waiting")
+        assert s.status()["waiting_for"].startswith(f"POST {hung.url}/in: posting 1 transaction(s)")
+        t.join(60)  # (without the deadline a trickling receiver holds the request for as long as it trickles)
+        assert not t.is_alive(), "the request outlived its timeout"
+        (e,) = got
+        assert isinstance(e, SinkError) and e.retriable and "no whole answer within timeout = 1.5 s" in str(e)
+        assert s.status()["waiting_seconds"] is None and s.refused == 1
+    finally:
+        hung.close()
+        s.close()
+
+
+def wait_for(cond: Any, seconds: float, what: str) -> None:
+    deadline = time.monotonic() + seconds
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
