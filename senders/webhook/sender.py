@@ -120,6 +120,10 @@ class _Deadline:
         _IN_FLIGHT.pop(self.tid, None)
 
     def _expire(self) -> None:
+        self.cut()
+
+    def cut(self) -> None:
+        """End the request now (its timeout passed, or the sender stops)."""
         with self.lock:
             if self.done:
                 return
@@ -168,6 +172,7 @@ class WebhookSender(Sender):
         self.refused = 0  # answers that were retried (408/425/429/5xx, no answer)
         self._session: requests.Session | None = None
         self._waiting: tuple[float, str] | None = None  # (since, what) while a request waits for its answer
+        self._deadline: _Deadline | None = None  # the request in hand's
         # what no error, status or log line may show: the URLs' passwords and query values, auth_header
         self._secrets = url_secrets(self.url) + url_secrets(self.position_url) + \
             header_secrets(str(options.get("auth_header") or "")) + basic_secrets(self.url) + \
@@ -230,6 +235,14 @@ class WebhookSender(Sender):
         self._request("POST", self.url, f"posting {len(batch)} transaction(s), {rows} row(s)", body, headers)
         self.posts += 1
 
+    def stop(self) -> None:
+        """Stop now, also when the receiver hangs: the request in hand is cut (its batch is
+        not acknowledged), not waited for up to ``timeout``."""
+        super().stop()
+        deadline = self._deadline
+        if deadline is not None:
+            deadline.cut()
+
     def close(self) -> None:
         if self._session is not None:
             self._session.close()
@@ -257,19 +270,24 @@ class WebhookSender(Sender):
         self._waiting = (time.monotonic(), f"{method} {shown(url)}: {what}")
         try:
             with _Deadline(self.timeout) as deadline:
+                self._deadline = deadline
+                if self._stop.is_set():
+                    deadline.cut()
                 r = self._session.request(method, url, data=body, headers=headers, timeout=self.timeout,
                                           allow_redirects=False)
         except requests.exceptions.SSLError as exc:
             raise SinkError(self._scrub(f"{where}: TLS failed ({_short(exc)}): check tls_ca (and tls_cert, tls_key) "
                                         f"in [{self.name}]"), retriable=False) from None
         except requests.exceptions.RequestException as exc:
+            if self._stop.is_set():  # (the batch is not acknowledged: the next start sends it again)
+                raise SinkError(f"{where}: {what}: the capturer stops: the request was not answered") from None
             self.refused += 1
             if deadline.expired or isinstance(exc, requests.exceptions.ReadTimeout):
                 raise SinkError(f"{where}: {what}: no whole answer within timeout = {self.timeout:g} s (the receiver "
                                 "hangs or answers too slowly)") from None
             raise SinkError(self._scrub(f"{where}: {what}: no answer ({_short(exc)})")) from None
         finally:
-            self._waiting = None
+            self._waiting = self._deadline = None
         code = r.status_code
         if 200 <= code < 300 or (method == "GET" and code == 404):
             return r
@@ -280,8 +298,12 @@ class WebhookSender(Sender):
             raise SinkError(f"{where}: {what}: the receiver answered {code} {r.reason} ({text!r}); retrying", poll=wait)
         hint = {401: "check auth_header", 403: "check auth_header", 404: "check url",
                 413: "the batch is too big for it: lower batch_rows"}.get(code, "")
+        hint = f"; {hint} in [{self.name}]" if hint else ""
+        if code == 413 and body is not None and headers.get("X-Capturer-Txns") == "1":
+            hint = (f"; the batch is one transaction of {headers.get('X-Capturer-Rows')} row(s), {len(body):,} bytes, "
+                    "never split (batch_rows does not cut it): raise the receiver's request size limit")
         raise SinkError(f"{where}: {what}: the receiver answered {code} {r.reason} ({text!r})"
-                        + (f"; {hint} in [{self.name}]" if hint else "")
+                        + hint
                         + (f"; redirects are not followed: set url to where it points"
                            f" ({shown(self._scrub(r.headers.get('Location', '')))})" if 300 <= code < 400 else ""),
                         retriable=False)

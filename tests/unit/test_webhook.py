@@ -320,3 +320,32 @@ def wait_for(cond: Any, seconds: float, what: str) -> None:
     while not cond():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.05)
+
+
+def test_stop_cuts_the_request_a_hung_receiver_holds() -> None:
+    """The capturer's stop does not wait up to ``timeout`` for a hung receiver: the request in
+    hand is cut (its batch not acknowledged) and the sender's thread ends."""
+    hung = Hanging(trickle=False)
+    s = sender(hung.url, timeout=600)
+    s.queue.put((1, txn(1)), 2)
+    s.start(0)
+    try:
+        wait_for(lambda: (s.status()["waiting_seconds"] or 0) > 0, 30, "the post to wait for the receiver")
+        s.stop()
+        s.join(20)
+        assert not s._thread.is_alive(), "the sender waited for the hung receiver"
+        assert s.acked_seq == 0 and s.state == "stopped" and s.error is None
+    finally:
+        hung.close()
+
+
+def test_a_413_for_one_transaction_says_batch_rows_cannot_help(receiver: Receiver) -> None:
+    s = sender(receiver.url)
+    receiver.script = [(413, {}), (413, {})]
+    with pytest.raises(SinkError) as e:
+        s.send([txn(1, 3)])
+    assert not e.value.retriable and "one transaction of 3 row(s)" in str(e.value) and "never split" in str(e.value)
+    with pytest.raises(SinkError) as e:
+        s.send([txn(2), txn(3)])
+    assert "lower batch_rows in [webhook]" in str(e.value)
+    s.close()
