@@ -216,6 +216,10 @@ class WebhookSender(Sender):
             return None
         try:
             body = r.json()
+            if isinstance(body, dict) and "position" not in body:
+                # (e.g. a health endpoint's {"status": "ok"}: read as "nothing yet", every start would post
+                # again what the receiver has, and exactly once would quietly be at least once)
+                raise ValueError("no \"position\" in it")
             return key_from_json(body.get("position") if isinstance(body, dict) else body)
         except ValueError as exc:
             raise SinkError(self._scrub(f"sender {self.name}: {shown(self.position_url)} answered {r.text[:200]!r}: "

@@ -334,7 +334,9 @@ def test_hostile_names_and_values_reach_the_receiver_as_the_file_has_them(
               "'x', b'1000000000000000000000000000000000000000000000000000000000000001')",
               f"UPDATE {t} SET {_q('id')} = 10, {_q('c 1')} = 'k\\0ey' WHERE {_q('id')} = 1",
               "UPDATE d.edges SET tx = CONCAT(COALESCE(tx, ''), '+'), i64 = i64 + id, id = id + 100 WHERE id < 3",
-              f"DELETE FROM {t} WHERE {_q('id')} = 2", "DELETE FROM d.edges WHERE id = 4")
+              f"DELETE FROM {t} WHERE {_q('id')} = 2", "DELETE FROM d.edges WHERE id = 4",
+              f"ALTER TABLE {t} ADD COLUMN {_q('new `c é')} INT DEFAULT 7",
+              f"UPDATE {t} SET {_q('new `c é')} = 8 WHERE {_q('id')} = 3")
     conn = m.connect()
     try:
         with conn.cursor() as cur:
@@ -353,17 +355,22 @@ def test_hostile_names_and_values_reach_the_receiver_as_the_file_has_them(
     def ident(d: dict[str, Any]) -> tuple[Any, ...]:
         return d["region"], d["commit_ts"], d["seq"], d.get("op")
 
-    want_rows = {ident(d): d for d in want if d.get("op") != "ddl"}
-    got_rows = {ident(d): d for d in got if d.get("op") != "ddl"}
-    assert len(got_rows) == len([d for d in got if d.get("op") != "ddl"]), "a change posted twice"
-    assert set(got_rows) == set(want_rows)
-    for k, d in want_rows.items():
-        assert got_rows[k] == d, (k, got_rows[k], d)
+    want_all = {ident(d): d for d in want}
+    got_all = {ident(d): d for d in got}
+    assert len(got_all) == len(got), "a change posted twice"
+    assert set(got_all) == set(want_all)
+    for k, d in want_all.items():
+        assert got_all[k] == d, (k, got_all[k], d)
+    (ddl,) = [d for d in got if d["op"] == "ddl" and d["sql"].startswith("ALTER")]
+    assert (ddl["db"], ddl["table"]) == (HOSTILE_DB, HOSTILE_TABLE) and "new ``c é" in ddl["sql"], ddl
+    got_rows = {k: d for k, d in got_all.items() if d["op"] != "ddl"}
     tables = {(d["db"], d["table"]) for d in got_rows.values()}
     assert tables == {("d", "edges"), (HOSTILE_DB, HOSTILE_TABLE)}, tables
     hostile = [d for d in got_rows.values() if d["table"] == HOSTILE_TABLE]
-    assert {c for d in hostile for img in (d.get("before"), d.get("after")) if img for c in img} == set(HOSTILE_COLS)
-    assert [d["op"] for d in hostile] == ["insert"] * 3 + ["update", "delete"]  # (not the rolled-back one)
+    assert {c for d in hostile for img in (d.get("before"), d.get("after")) if img for c in img} == \
+        {*HOSTILE_COLS, "new `c é"}
+    assert [d["op"] for d in hostile] == ["insert"] * 3 + ["update", "delete", "update"]  # (not the rolled back)
+    assert hostile[-1]["after"]["new `c é"] == 8
     key_change = hostile[3]
     # the documented mapping: NUL kept, binary as base64 (named in b64), BIT(64) as its bit string, JSON as text
     assert key_change["before"]["id"] == 1 and key_change["after"]["id"] == 10

@@ -153,6 +153,13 @@ def test_it_resumes_after_the_position_the_receiver_stored(receiver: Receiver) -
     with pytest.raises(SinkError) as e:
         s.resume_key()
     assert not e.value.retriable and "/position" in str(e.value) and "commit_ts, region, sub" in str(e.value)
+    for body in (b'{"status": "ok"}', b"<html>login</html>", b"[1, 2]"):  # not the protocol's answer
+        receiver.position_body = body
+        with pytest.raises(SinkError) as e:
+            s.resume_key()
+        assert not e.value.retriable and "expected {\"position\"" in str(e.value), body
+    receiver.position_body = b'{"position": null}'
+    assert s.resume_key() is None
     s.close()
 
 
