@@ -280,6 +280,10 @@ class WebhookSender(Sender):
                 r = self._session.request(method, url, data=body, headers=headers, timeout=self.timeout,
                                           allow_redirects=False)
         except requests.exceptions.SSLError as exc:
+            if _tls_cut(exc) and not self._stop.is_set():
+                self.refused += 1  # the receiver (or a proxy before it) closed the connection mid-handshake: retried
+                raise SinkError(self._scrub(f"{where}: {what}: no answer (the connection was closed during the TLS "
+                                            f"handshake: {_short(exc)})")) from None
             raise SinkError(self._scrub(f"{where}: TLS failed ({_short(exc)}): check tls_ca (and tls_cert, tls_key) "
                                         f"in [{self.name}]"), retriable=False) from None
         except requests.exceptions.RequestException as exc:
@@ -311,6 +315,18 @@ class WebhookSender(Sender):
                         + (f"; redirects are not followed: set url to where it points"
                            f" ({shown(self._scrub(r.headers.get('Location', '')))})" if 300 <= code < 400 else ""),
                         retriable=False)
+
+
+_TLS_CUT = re.compile(r"UNEXPECTED_EOF_WHILE_READING|EOF occurred in violation of protocol|Connection reset by peer"
+                      r"|timed out", re.I)
+
+
+def _tls_cut(exc: BaseException) -> bool:
+    """A TLS failure that is the connection's, not the configuration's: the peer closed it
+    (or reset it, or was silent) during the handshake, as a receiver restarting or a proxy
+    shedding load does. A certificate the CA does not sign, a name that does not match, a
+    server that does not speak TLS, a refused client certificate stay fatal."""
+    return bool(_TLS_CUT.search(str(exc)))
 
 
 def _retry_after(value: str | None, cap: float) -> float | None:

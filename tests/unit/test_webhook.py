@@ -356,3 +356,36 @@ def test_a_413_for_one_transaction_says_batch_rows_cannot_help(receiver: Receive
         s.send([txn(2), txn(3)])
     assert "lower batch_rows in [webhook]" in str(e.value)
     s.close()
+
+
+def test_a_tls_handshake_cut_by_the_receiver_is_retried_a_bad_certificate_is_not(receiver: Receiver) -> None:
+    """A receiver (or its proxy) that closes the connection mid-handshake, as when it restarts
+    or sheds load, is retried like no answer; TLS to a server that does not speak it stops."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen()
+
+    def cut() -> None:
+        while True:
+            try:
+                c, _ = srv.accept()
+            except OSError:
+                return
+            c.shutdown(socket.SHUT_WR)  # (the client's hello unanswered: EOF)
+            time.sleep(0.2)
+            c.close()
+
+    threading.Thread(target=cut, daemon=True).start()
+    s = sender(f"https://127.0.0.1:{srv.getsockname()[1]}", timeout=5)
+    try:
+        with pytest.raises(SinkError) as e:
+            s.send([txn(1)])
+        assert e.value.retriable and "closed during the TLS handshake" in str(e.value), e.value
+    finally:
+        srv.close()
+        s.close()
+    plain = sender(receiver.url.replace("http://", "https://"))
+    with pytest.raises(SinkError) as e:
+        plain.send([txn(1)])
+    assert not e.value.retriable and "TLS failed" in str(e.value) and "tls_ca" in str(e.value)
+    plain.close()
