@@ -109,6 +109,30 @@ def _split_top(s: str) -> list[str]:
     return out
 
 
+_DROP_TABLES = re.compile(r"^DROP\s+(TEMPORARY\s+)?TABLES?\s+(?:IF\s+EXISTS\s+)?(.*?)"
+                          r"(?:\s+(?:WAIT\s+\d+|NOWAIT))?(?:\s+(?:RESTRICT|CASCADE))?\s*;?\s*$", re.I | re.S)
+
+
+def dropped_tables(sql: str, current_db: str) -> list[tuple[str, str]]:
+    """The ``(db, table)`` pairs a ``DROP TABLE a[, b ...]`` drops, ``[(db, "")]`` for a
+    ``DROP DATABASE`` / ``DROP SCHEMA`` (every table of it), none for a ``DROP TEMPORARY
+    TABLE`` (a session's table: the binlog's rows never named it) or any other statement."""
+    s = _COMMENT.sub(" ", sql).strip()
+    m = _DB_DDL.match(s)
+    if m and s[:4].upper() == "DROP":
+        return [(_unquote(m.group(1)), "")]
+    m = _DROP_TABLES.match(s)
+    if m is None or m.group(1):
+        return []
+    out = []
+    for piece in _split_top(m.group(2)):
+        if not re.fullmatch(_QNAME, piece.strip()):
+            return []
+        db, table = split_qname(piece.strip())
+        out.append((db or current_db, table))
+    return out
+
+
 def renamed_tables(sql: str, current_db: str) -> list[tuple[tuple[str, str], tuple[str, str]]]:
     """The ``((db, old), (db, new))`` pairs a ``RENAME TABLE a TO b[, c TO d]`` or an
     ``ALTER TABLE a RENAME [TO|AS] b`` statement renames (none for any other statement)."""

@@ -71,7 +71,7 @@ from typing import Any
 
 from capturer.errors import SinkError
 from capturer.model import RowChange, StreamKey, Txn, key_from_json, key_to_json, stream_key
-from capturer.model.ddl import NAME, alter_clauses, renamed_tables, split_qname
+from capturer.model.ddl import NAME, alter_clauses, dropped_tables, renamed_tables, split_qname
 from capturer.util import failpoints
 from senders.spark import deltajars, lake
 from senders.spark.sender import _AS_IS, SparkSender, _java_found, arrow_type, build_session
@@ -605,25 +605,28 @@ class DeltaSender(SparkSender):
         Each is idempotent: a replayed DDL finds its work done."""
         ddl = txn.ddl
         assert ddl is not None
+        head = re.sub(r"/\*.*?\*/", " ", ddl.sql, flags=re.S).strip().upper()
+        key = stream_key(txn)
+        try:
+            if head.startswith("DROP"):
+                # every table of the statement (DROP TABLE a, b), or of the database (DROP DATABASE)
+                for db, table in dropped_tables(ddl.sql, ddl.session_db or ddl.db):
+                    for t in [table] if table else sorted(t for d, t in self.dtables if d == db):
+                        self._drop((db, t), key)
+                return
+        except Exception as exc:
+            raise SinkError(f"Delta lake {self.warehouse}: applying the DDL {ddl.sql!r} failed: {exc}",
+                            retriable=False) from exc
         if not ddl.table:
             return
-        head = re.sub(r"/\*.*?\*/", " ", ddl.sql, flags=re.S).strip().upper()
         st = self.dtables.get((ddl.db, ddl.table))
         tdir = self.warehouse / lake.table_name(ddl.db, ddl.table)
-        key = stream_key(txn)
         if st is not None and st.key is not None and key <= st.key:
             return  # replayed: this table has it
         try:
             if head.startswith("RENAME"):
                 for old, new in renamed_tables(ddl.sql, ddl.session_db or ddl.db):
                     self._rename(old, new, key, ddl.sql)
-                return
-            if head.startswith("DROP"):
-                if st is not None or tdir.exists():
-                    gone = tdir.with_name(f".{tdir.name}.dropped.{uuid.uuid4().hex[:6]}")
-                    os.replace(tdir, gone)
-                    shutil.rmtree(gone, ignore_errors=True)
-                    self.dtables.pop((ddl.db, ddl.table), None)
                 return
             if st is None:
                 return  # no rows yet: the table is made from its first rows' schema
@@ -637,6 +640,19 @@ class DeltaSender(SparkSender):
         except Exception as exc:
             raise SinkError(f"Delta table {tdir}: applying {ddl.db}.{ddl.table}'s DDL failed: {ddl.sql!r}: {exc}",
                             retriable=False) from exc
+
+    def _drop(self, name: tuple[str, str], key: StreamKey) -> None:
+        """A DROP TABLE of ``name``: its directory removed (moved aside first: a crash leaves it whole or gone).
+        Replayed (the table's key at or past ``key``: a table of that name made after the DROP): nothing."""
+        st = self.dtables.get(name)
+        if st is not None and st.key is not None and key <= st.key:
+            return
+        tdir = self.warehouse / lake.table_name(*name)
+        if st is not None or tdir.exists():
+            gone = tdir.with_name(f".{tdir.name}.dropped.{uuid.uuid4().hex[:6]}")
+            os.replace(tdir, gone)
+            shutil.rmtree(gone, ignore_errors=True)
+            self.dtables.pop(name, None)
 
     def _alter(self, st: DeltaTableState, txn: Txn, key: StreamKey) -> None:
         """An ALTER TABLE of a table the lake has: ADD COLUMN (with a constant DEFAULT set on

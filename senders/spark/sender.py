@@ -41,6 +41,7 @@ from typing import Any, ClassVar
 
 from capturer.errors import SinkError
 from capturer.model import RowChange, StreamKey, TableSchema, Txn, key_to_json, stream_key
+from capturer.model.ddl import dropped_tables
 from capturer.model.encode import _fastrows
 from capturer.util import failpoints
 from capturer.util.ini import Key, p_bool, p_choice, p_float, p_int, p_nonempty, p_str
@@ -664,15 +665,33 @@ class SparkSender(Sender):
         if ddl.table and head.startswith("ALTER"):
             self._add_columns(txn)
             return
-        if not ddl.table or not (head.startswith(("TRUNCATE", "DROP"))):
-            return
-        st = self.tables.get((ddl.db, ddl.table))
+        if head.startswith("DROP"):
+            # every table of the statement (DROP TABLE a, b), or of the database (DROP DATABASE)
+            for db, table in dropped_tables(ddl.sql, ddl.session_db or ddl.db):
+                for t in [table] if table else self._lake_tables_of(db):
+                    self._reset((db, t), txn.commit_ts)
+        elif ddl.table and head.startswith("TRUNCATE"):
+            self._reset((ddl.db, ddl.table), txn.commit_ts)
+
+    def _lake_tables_of(self, db: str) -> list[str]:
+        """The tables of source database ``db`` the lake holds (loaded or not)."""
+        names = {t for d, t in self.tables if d == db}
+        if self.warehouse.is_dir():
+            for tdir in self.warehouse.iterdir():
+                st = lake.TableState.load(tdir) if tdir.is_dir() else None
+                if st is not None and st.db == db:
+                    names.add(st.table)
+        return sorted(names)
+
+    def _reset(self, name: tuple[str, str], commit_ts: int) -> None:
+        """TRUNCATE or DROP TABLE: the table's rows at or below ``commit_ts`` are gone."""
+        st = self.tables.get(name)
         if st is None:
-            st = lake.TableState.load(self.warehouse / lake.table_name(ddl.db, ddl.table))
+            st = lake.TableState.load(self.warehouse / lake.table_name(*name))
             if st is None:
                 return
-            self.tables[(ddl.db, ddl.table)] = st
-        st.reset_ts = txn.commit_ts
+            self.tables[name] = st
+        st.reset_ts = commit_ts
         st.save(self.warehouse / st.name)
         st._dirty = True  # type: ignore[attr-defined]
 

@@ -519,3 +519,53 @@ def test_hostile_identifiers_and_values_reach_the_delta_table(tmp_path: Path, sp
         assert_equal(spark, wh, [m], HOSTILE_DB, HOSTILE_TABLE)
     finally:
         m.stop()
+
+
+def test_ddl_a_schema_change_tool_and_operators_run(tmp_path: Path, spark, capturer_running) -> None:  # type: ignore[no-untyped-def]
+    """DDL as online schema change tools and operators run it: a gh-ost / pt-osc cut-over (a shadow table
+    filled, then ``RENAME TABLE t TO _t_old, _t_gho TO t`` in one statement), a swap of two tables through a
+    third name, a DROP of two tables in one statement, a column widened (INT -> BIGINT, VARCHAR(10) ->
+    VARCHAR(100)), a DROP DATABASE: the lake tables equal the source tables and no dropped or renamed-away
+    table is left (the DROP of two tables left the second, a DROP DATABASE left them all)."""
+    from helpers import start_servers
+
+    (m,) = start_servers(tmp_path, 1)
+    try:
+        m.execute("CREATE DATABASE o",
+                  "CREATE TABLE o.t (id INT PRIMARY KEY, v INT, s VARCHAR(10))",
+                  "CREATE TABLE o.a (id INT PRIMARY KEY, who VARCHAR(5))",
+                  "CREATE TABLE o.b (id INT PRIMARY KEY, who VARCHAR(5))",
+                  "CREATE TABLE o.d1 (id INT PRIMARY KEY)", "CREATE TABLE o.d2 (id INT PRIMARY KEY)",
+                  "CREATE DATABASE o2", "CREATE TABLE o2.x (id INT PRIMARY KEY)", "CREATE TABLE o2.y (k INT)")
+        wh = tmp_path / "wh"
+        cfg = write_config(tmp_path, [m], senders=delta_senders(wh))
+        with capturer_running(cfg):
+            m.execute("INSERT INTO o.t VALUES (1, 1, 'a'), (2, 2, 'b'), (3, 3, 'c')",
+                      "INSERT INTO o.a VALUES (1, 'a')", "INSERT INTO o.b VALUES (1, 'b'), (2, 'b')",
+                      "INSERT INTO o.d1 VALUES (1)", "INSERT INTO o.d2 VALUES (1)",
+                      "INSERT INTO o2.x VALUES (1)", "INSERT INTO o2.y VALUES (1)")
+            wait_for(lambda: all((wh / t / "_delta_log").is_dir() for t in ("o__t", "o__a", "o__b", "o__d1", "o__d2",
+                                                                            "o2__x", "o2__y")),
+                     300, "the first lake tables")
+            m.execute(
+                # gh-ost: the shadow table with the new schema, filled, written to while the tool copies
+                "CREATE TABLE o._t_gho (id INT PRIMARY KEY, v BIGINT, s VARCHAR(100), extra INT DEFAULT 5)",
+                "INSERT INTO o._t_gho (id, v, s) SELECT id, v, s FROM o.t",
+                "UPDATE o.t SET v = 20 WHERE id = 2", "UPDATE o._t_gho SET v = 20 WHERE id = 2",
+                "RENAME TABLE o.t TO o._t_old, o._t_gho TO o.t",
+                "INSERT INTO o.t (id, v, s) VALUES (4, 4000000000, 'a longer text than ten')",
+                "DROP TABLE o._t_old",
+                # a swap through a third name
+                "RENAME TABLE o.a TO o.tmp, o.b TO o.a, o.tmp TO o.b",
+                "INSERT INTO o.a VALUES (3, 'new a')", "UPDATE o.b SET who = 'was a' WHERE id = 1",
+                "DROP TABLE o.d1, o.d2",  # (only the first was dropped)
+                "DROP DATABASE o2",  # (none was)
+                "ALTER TABLE o.b MODIFY who VARCHAR(100)", "INSERT INTO o.b VALUES (9, 'widened text')",
+            )
+            wait_for(lambda: checkpoint_covers(tmp_path, [m]), 300, "Delta to catch up")
+        for table in ("t", "a", "b"):
+            assert_equal(spark, wh, [m], "o", table)
+        left = sorted(p.name for p in wh.iterdir() if (p / "_delta_log").is_dir())
+        assert left == ["o__a", "o__b", "o__t"], left
+    finally:
+        m.stop()

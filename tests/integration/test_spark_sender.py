@@ -89,6 +89,8 @@ def test_add_column_and_types_and_truncate(tmp_path: Path, two_servers, spark, c
            j JSON, b BLOB, bits BIT(5), s VARCHAR(50), u BIGINT UNSIGNED, dd DATE, tm TIME(3), f DOUBLE,
            e ENUM('x','y'), st SET('a','b','c'), y YEAR)""",
         "CREATE TABLE ty.gone (id INT PRIMARY KEY)",
+        "CREATE TABLE ty.d1 (id INT PRIMARY KEY)", "CREATE TABLE ty.d2 (id INT PRIMARY KEY)",
+        "CREATE DATABASE dd", "CREATE TABLE dd.x (id INT PRIMARY KEY)",
     )
     wh = tmp_path / "wh"
     cfg = write_config(tmp_path, two_servers[:1], senders=spark_senders(wh, writer=writer))
@@ -105,12 +107,21 @@ def test_add_column_and_types_and_truncate(tmp_path: Path, two_servers, spark, c
             "INSERT INTO ty.gone VALUES (1), (2)",
             "TRUNCATE TABLE ty.gone",
             "INSERT INTO ty.gone VALUES (3)",
+            "INSERT INTO ty.d1 VALUES (1)", "INSERT INTO ty.d2 VALUES (1), (2)", "INSERT INTO dd.x VALUES (1)",
         )
+        wait_for(lambda: all((wh / n / "_state.json").exists() for n in ("ty__d1", "ty__d2", "dd__x")), 120,
+                 "the lake tables to be dropped")
+        # every table of a DROP TABLE a, b, and every table of a DROP DATABASE (only the first table was)
+        m1.execute("DROP TABLE ty.d1, ty.d2", "DROP DATABASE dd")
         wait_for(lambda: checkpoint_covers(tmp_path, two_servers[:1]), 120)
     r = verify(spark, wh, "cdc", "ty", "t", sources(two_servers[:1]))
     assert r["equal"], json.dumps(r, default=str)
     r = verify(spark, wh, "cdc", "ty", "gone", sources(two_servers[:1]))
     assert r["equal"] and r["lake_rows"] == 1, r
+    for name in ("ty__d1", "ty__d2", "dd__x"):
+        st = lake.TableState.load(wh / name)
+        assert st is not None and st.reset_ts > 0, (name, st)
+        assert spark.sql(f"SELECT * FROM cdc.{name}").count() == 0, name
     row = spark.sql("SELECT * FROM cdc.ty__t WHERE id = 1").collect()[0]
     assert row["added"] == "set" and row["bits"] == 21 and row["b"] == bytearray(b"\x00\xff")
     types = dict(spark.table("cdc.ty__t").dtypes)

@@ -95,3 +95,17 @@ def test_open_refuses_an_incompatible_pyspark(tmp_path: Path, monkeypatch: pytes
     with pytest.raises(SinkError, match="table_format=delta: no") as e:
         s.open()
     assert not e.value.retriable
+
+
+def test_dropped_tables() -> None:
+    from capturer.model.ddl import dropped_tables
+
+    assert dropped_tables("DROP TABLE o.d1, o.d2", "cur") == [("o", "d1"), ("o", "d2")]
+    assert dropped_tables("drop table if exists `a b`, x.`c,d` /* c */ RESTRICT", "cur") == [("cur", "a b"),
+                                                                                             ("x", "c,d")]
+    assert dropped_tables("DROP TABLE t WAIT 5", "cur") == [("cur", "t")]
+    assert dropped_tables("DROP DATABASE `we ird`", "cur") == [("we ird", "")]
+    assert dropped_tables("DROP SCHEMA IF EXISTS s", "cur") == [("s", "")]
+    # a session's temporary table is not the lake's table of the same name; other statements drop nothing
+    for sql in ("DROP TEMPORARY TABLE t", "DROP INDEX i ON t", "DROP VIEW v", "CREATE TABLE x (a INT)"):
+        assert dropped_tables(sql, "cur") == [], sql
