@@ -71,7 +71,7 @@ from typing import Any
 
 from capturer.errors import SinkError
 from capturer.model import RowChange, StreamKey, Txn, key_from_json, key_to_json, stream_key
-from capturer.model.ddl import NAME, alter_clauses, dropped_tables, renamed_tables, split_qname
+from capturer.model.ddl import dropped_tables, renamed_tables, split_qname
 from capturer.util import failpoints
 from senders.spark import deltajars, lake
 from senders.spark.sender import _AS_IS, SparkSender, _java_found, arrow_type, build_session
@@ -148,39 +148,6 @@ def keyless_state_sql(source: str, columns: list[str]) -> str:
     cols = ", ".join(lake.q(c) for c in columns)
     return (f"SELECT {cols} FROM (SELECT {cols}, SUM(CASE WHEN _op = 'i' THEN 1 ELSE -1 END) AS _n "
             f"FROM {source} GROUP BY {cols}) LATERAL VIEW explode(sequence(1, _n)) AS _i WHERE _n > 0")
-
-
-def parse_alter(sql: str) -> list[tuple[str, str, str]]:
-    """The column changes of an ALTER TABLE this format applies: ``('drop', col, '')``,
-    ``('rename', old, new)``, and ``('rename_table', '', new)`` (which it cannot)."""
-    body = alter_clauses(sql)
-    if body is None:
-        return []
-    name = f"({NAME})"
-
-    def unq(n: str) -> str:
-        return n[1:-1].replace("``", "`") if n.startswith("`") else n
-
-    out = []
-    for clause in lake._split_top(body):
-        c = re.match(r"\s*DROP\s+(?:COLUMN\s+)?(?:IF\s+EXISTS\s+)?" + name + r"\s*$", clause, re.I | re.S)
-        if c and c.group(1).upper() not in ("INDEX", "KEY", "PRIMARY", "FOREIGN", "CONSTRAINT", "CHECK",
-                                            "PARTITION", "SYSTEM"):
-            out.append(("drop", unq(c.group(1)), ""))
-            continue
-        c = re.match(r"\s*RENAME\s+COLUMN\s+" + name + r"\s+TO\s+" + name + r"\s*$", clause, re.I | re.S)
-        if c:
-            out.append(("rename", unq(c.group(1)), unq(c.group(2))))
-            continue
-        c = re.match(r"\s*CHANGE\s+(?:COLUMN\s+)?(?:IF\s+EXISTS\s+)?" + name + r"\s+" + name + r"\s", clause,
-                     re.I | re.S)
-        if c and unq(c.group(1)) != unq(c.group(2)):
-            out.append(("rename", unq(c.group(1)), unq(c.group(2))))
-            continue
-        c = re.match(r"\s*RENAME\s+(?:TO\s+|AS\s+)?(" + NAME + r"(?:\s*\.\s*" + NAME + r")?)\s*$", clause, re.I | re.S)
-        if c and c.group(1).upper() not in ("INDEX", "KEY", "COLUMN"):
-            out.append(("rename_table", "", c.group(1)))
-    return out
 
 
 class DeltaSender(SparkSender):
@@ -673,7 +640,7 @@ class DeltaSender(SparkSender):
             # no later change of the table is merged before the table's key passes this DDL)
             self._txn_sql(st, txn, f"UPDATE delta.`{tdir}` SET {', '.join(fill)}")
         rename_to = ""
-        for what, a, b in parse_alter(ddl.sql):
+        for what, a, b in lake.parse_alter(ddl.sql):
             if what == "rename_table":
                 rename_to = b
             if what == "drop" and a in st.columns:

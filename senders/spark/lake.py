@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from capturer.model import ColumnInfo
-from capturer.model.ddl import alter_clauses
+from capturer.model.ddl import NAME, alter_clauses
 from capturer.model.encode import T_BIT, decimal_text, format_timedelta
 from capturer.util.durable import fsync_dir
 from senders.spark.commits import recover_if_idle
@@ -138,6 +138,8 @@ class TableState:
     watermark: int = 0  # every change with _commit_ts <= watermark is in the snapshot
     reset_ts: int = 0  # TRUNCATE / DROP: rows at or below this are gone
     added: dict[str, list[Any]] = field(default_factory=dict)  # column -> [ALTER's commit_ts, default literal]
+    # the RENAME TABLEs that brought this table's directory here: [db, table it was, stream key, pair index]
+    renamed_from: list[list[Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if not k.startswith("_")}
@@ -247,7 +249,8 @@ def list_tables(warehouse: Path) -> list[TableState]:
     out = []
     if warehouse.exists():
         for d in sorted(warehouse.iterdir()):
-            st = TableState.load(d) if d.is_dir() else None
+            # (not a table's directory set aside to be removed: .<name>.replaced.<id>)
+            st = TableState.load(d) if d.is_dir() and not d.name.startswith(".") else None
             if st is not None and (d / "changelog").exists():
                 out.append(st)
     return out
@@ -378,4 +381,37 @@ def parse_add_columns(sql: str) -> list[tuple[str, str | None, str | None]]:
             if re.fullmatch(r"'(?:[^'\\]|\\.|'')*'|-?[\d.]+(?:e-?\d+)?|NULL|TRUE|FALSE", lit, re.I):
                 default = lit
         out.append((name, _ddl_type(rest), default))
+    return out
+
+
+def parse_alter(sql: str) -> list[tuple[str, str, str]]:
+    """The column changes of an ALTER TABLE this format applies: ``('drop', col, '')``,
+    ``('rename', old, new)``, and ``('rename_table', '', new)`` (which it cannot)."""
+    body = alter_clauses(sql)
+    if body is None:
+        return []
+    name = f"({NAME})"
+
+    def unq(n: str) -> str:
+        return n[1:-1].replace("``", "`") if n.startswith("`") else n
+
+    out = []
+    for clause in _split_top(body):
+        c = re.match(r"\s*DROP\s+(?:COLUMN\s+)?(?:IF\s+EXISTS\s+)?" + name + r"\s*$", clause, re.I | re.S)
+        if c and c.group(1).upper() not in ("INDEX", "KEY", "PRIMARY", "FOREIGN", "CONSTRAINT", "CHECK",
+                                            "PARTITION", "SYSTEM"):
+            out.append(("drop", unq(c.group(1)), ""))
+            continue
+        c = re.match(r"\s*RENAME\s+COLUMN\s+" + name + r"\s+TO\s+" + name + r"\s*$", clause, re.I | re.S)
+        if c:
+            out.append(("rename", unq(c.group(1)), unq(c.group(2))))
+            continue
+        c = re.match(r"\s*CHANGE\s+(?:COLUMN\s+)?(?:IF\s+EXISTS\s+)?" + name + r"\s+" + name + r"\s", clause,
+                     re.I | re.S)
+        if c and unq(c.group(1)) != unq(c.group(2)):
+            out.append(("rename", unq(c.group(1)), unq(c.group(2))))
+            continue
+        c = re.match(r"\s*RENAME\s+(?:TO\s+|AS\s+)?(" + NAME + r"(?:\s*\.\s*" + NAME + r")?)\s*$", clause, re.I | re.S)
+        if c and c.group(1).upper() not in ("INDEX", "KEY", "COLUMN"):
+            out.append(("rename_table", "", c.group(1)))
     return out

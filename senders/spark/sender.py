@@ -31,6 +31,7 @@ import importlib.util
 import logging
 import os
 import re
+import shutil
 import threading
 import time
 import uuid
@@ -40,8 +41,8 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from capturer.errors import SinkError
-from capturer.model import RowChange, StreamKey, TableSchema, Txn, key_to_json, stream_key
-from capturer.model.ddl import dropped_tables
+from capturer.model import Ddl, RowChange, StreamKey, TableSchema, Txn, key_from_json, key_to_json, stream_key
+from capturer.model.ddl import dropped_tables, renamed_tables, split_qname
 from capturer.model.encode import _fastrows
 from capturer.util import failpoints
 from capturer.util.ini import Key, p_bool, p_choice, p_float, p_int, p_nonempty, p_str
@@ -261,6 +262,7 @@ class SparkSender(Sender):
         self._views_retry_at = 0.0  # a persistent catalog's session that failed: tried again then
         self.housekeeping_error = ""  # the last compaction (or view session) that could not run, "" once one ran
         self.tables: dict[tuple[str, str], lake.TableState] = {}
+        self._renamed: set[tuple[str, str, StreamKey | None, int]] = set()  # RENAME pairs done (``_rename_dir``)
         # the commit log, and the lake's last committed batch and its key (read back from the lake)
         self._commits = commits.CommitLog(self.warehouse)
         self._batch = 0
@@ -331,13 +333,33 @@ class SparkSender(Sender):
         except BaseException:
             self._commits.unlock()
             raise
+        self._renamed = set()
+        self._finish_renames()
         for st in lake.list_tables(self.warehouse):
             self.tables[(st.db, st.table)] = st
             st._dirty = True  # type: ignore[attr-defined]
+            for db, table, k, i in st.renamed_from:
+                self._renamed.add((db, table, key_from_json(k), i))
         self._closed = False
         if self._session_at_open():
             self._session(wait=self.options["writer"] == "spark")  # (its failure: open is tried again)
         self._opened = True
+
+    def _finish_renames(self) -> None:
+        """A directory whose manifest names another table: a RENAME (``_rename_dir``) that a crash cut
+        between writing the manifest and moving the directory. The move is done now."""
+        for d in sorted(self.warehouse.iterdir()):
+            st = lake.TableState.load(d) if d.is_dir() and not d.name.startswith(".") else None
+            if st is None or st.name == d.name:
+                continue
+            want = self.warehouse / st.name
+            if want.exists():
+                raise SinkError(f"lake table {d} was being renamed to {want} ({st.db}.{st.table}), which exists: "
+                                "move one of them aside", retriable=False)
+            os.replace(d, want)
+            lake.fsync_dir(self.warehouse)
+            log.warning("sender %s: %s: its RENAME TABLE to %s.%s finished (a crash came between its two steps)",
+                        self.name, d.name, st.db, st.table)
 
     def _start_session(self) -> None:
         try:
@@ -462,12 +484,20 @@ class SparkSender(Sender):
         self._token, self._n = uuid.uuid4().hex[:8], 0
         by_table: dict[tuple[str, str], _Rows] = {}
         pending = 0
+        prev: StreamKey | None = None  # the key of the transaction before this one
         for txn in batch:
             if txn.ddl is not None:
                 self._flush(by_table)
                 by_table = {}
+                if prev is not None and self._staged and _renames(txn.ddl):
+                    # a RENAME moves a table's directory: what is staged in it is committed first
+                    self._commit(prev)
+                    self._staged, self._stage_dirs, self._staged_rows = {}, set(), 0
+                    self._token, self._n = uuid.uuid4().hex[:8], 0
                 self._ddl(txn)
+                prev = stream_key(txn)
                 continue
+            prev = stream_key(txn)
             ts, region, changes = txn.commit_ts, txn.region, txn.changes
             # the whole transaction at once (in C where built), held in memory (not read from its spill)
             if isinstance(changes, tuple) and pending + len(changes) <= self.flush_rows:
@@ -664,7 +694,6 @@ class SparkSender(Sender):
         head = re.sub(r"/\*.*?\*/", " ", ddl.sql, flags=re.S).strip().upper()
         if ddl.table and head.startswith("ALTER"):
             self._add_columns(txn)
-            return
         if head.startswith("DROP"):
             # every table of the statement (DROP TABLE a, b), or of the database (DROP DATABASE)
             for db, table in dropped_tables(ddl.sql, ddl.session_db or ddl.db):
@@ -672,6 +701,50 @@ class SparkSender(Sender):
                     self._reset((db, t), txn.commit_ts)
         elif ddl.table and head.startswith("TRUNCATE"):
             self._reset((ddl.db, ddl.table), txn.commit_ts)
+        for i, (old, new) in enumerate(_renames(ddl)):  # RENAME TABLE, ALTER TABLE ... RENAME (after its columns)
+            self._rename_dir(old, new, stream_key(txn), i)
+
+    def _rename_dir(self, old: tuple[str, str], new: tuple[str, str], key: StreamKey, i: int) -> None:
+        """Pair ``i`` of a RENAME TABLE (or ALTER TABLE ... RENAME) at ``key``: the old table's
+        directory (changelog, snapshots, manifest) becomes the new table's, so its history
+        goes with it. Its manifest names the new table first (a crash before the move: the
+        next open finishes it) and keeps the pair, so a replayed RENAME finds it done. A
+        directory of the new name is a table dropped before (the source refuses a RENAME
+        onto a live one): removed."""
+        ident = (old[0], old[1], key, i)
+        if ident in self._renamed:
+            return
+        src, dst = self.warehouse / lake.table_name(*old), self.warehouse / lake.table_name(*new)
+        st = self.tables.get(old) or lake.TableState.load(src)
+        if st is None or not src.is_dir():
+            return  # the lake has no rows of it: the new name starts at its first rows
+        try:
+            if dst.exists():
+                aside = dst.with_name(f".{dst.name}.replaced.{uuid.uuid4().hex[:6]}")
+                os.replace(dst, aside)
+                shutil.rmtree(aside, ignore_errors=True)
+            moved = lake.TableState(**{**st.to_json(), "db": new[0], "table": new[1], "name": dst.name,
+                                       "renamed_from": [*st.renamed_from, [old[0], old[1], key_to_json(key), i]]})
+            moved.save(src)
+            failpoints.hit("spark.rename")
+            os.replace(src, dst)
+            lake.fsync_dir(self.warehouse)
+        except OSError as exc:
+            raise SinkError(f"the lake {self.warehouse}: RENAME of {old[0]}.{old[1]} to {new[0]}.{new[1]} "
+                            f"({src.name} -> {dst.name}) failed: {exc}") from exc
+        self.tables.pop(old, None)
+        self.tables.pop(new, None)
+        self.tables[new] = moved
+        moved._dirty = True  # type: ignore[attr-defined]
+        self._renamed.add(ident)
+        log.info("sender %s: %s.%s renamed to %s.%s: lake table %s is now %s", self.name, old[0], old[1], new[0],
+                 new[1], src.name, dst.name)
+        if self.spark is not None:  # the old name's views (a view of the new name comes with the next batch)
+            try:
+                self.spark.sql(f"DROP VIEW IF EXISTS {lake.q(self.database)}.{lake.q(src.name)}")
+                self.spark.sql(f"DROP TABLE IF EXISTS {lake.q(self.database)}.{lake.q(src.name + '_changelog')}")
+            except Exception as exc:
+                log.warning("sender %s: dropping the views of %s failed: %s", self.name, src.name, exc)
 
     def _lake_tables_of(self, db: str) -> list[str]:
         """The tables of source database ``db`` the lake holds (loaded or not)."""
@@ -737,6 +810,19 @@ class SparkSender(Sender):
         self.compactions += 1
         self.last_compaction_seconds = time.monotonic() - t0
         self._last_compaction = time.monotonic()
+
+
+def _renames(ddl: Ddl) -> list[tuple[tuple[str, str], tuple[str, str]]]:
+    """The ``((db, old), (db, new))`` pairs a DDL renames: a RENAME TABLE's, or an ALTER TABLE's
+    RENAME [TO|AS] clause (also among other clauses)."""
+    pairs = renamed_tables(ddl.sql, ddl.session_db or ddl.db)
+    if pairs or not ddl.table:
+        return pairs
+    for what, _, to in lake.parse_alter(ddl.sql):
+        if what == "rename_table":
+            db, table = split_qname(to)
+            return [((ddl.db, ddl.table), (db or ddl.db, table))]
+    return []
 
 
 def _java_found() -> bool:

@@ -13,6 +13,7 @@ files only.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -28,10 +29,10 @@ import pyarrow.parquet as pq
 
 from capturer import config
 from capturer.errors import SinkError
-from capturer.model import Position, RowChange, StreamKey, TableSchema, Txn, stream_key
+from capturer.model import Ddl, Position, RowChange, StreamKey, TableSchema, Txn, key_to_json, stream_key
 from capturer.util import failpoints
 from senders import CATALOG
-from senders.spark import commits
+from senders.spark import commits, lake
 from senders.spark import sender as spark_sender
 from senders.spark.sender import SparkSender
 
@@ -428,4 +429,82 @@ def test_a_sender_process_killed_after_its_commit_is_not_written_twice(tmp_path:
     s.open()
     key: StreamKey | None = s.resume_key()
     assert key == stream_key(txns(6, 3)[-1])
+    s.close()
+
+
+# --- RENAME TABLE in the changelog lake -----------------------------------------------------------------------------
+
+T2 = TableSchema("d", "t2", ("id", "v"), ("id",), (), (3, 15))
+
+
+def rename_batch() -> list[Txn]:
+    """Rows of d.t and d.u, then RENAME TABLE d.t TO d.t2, then rows of d.t2 (in one batch)."""
+    rn = Txn("r1", 1100 << 18, Position("bin.000001", 300), (), Ddl("d", "RENAME TABLE d.t TO d.t2", "t", "d"))
+    after = [Txn("r1", (1101 + i) << 18, Position("bin.000001", 301 + i),
+                 (RowChange(T2, "insert", None, {"id": 100 + i, "v": "new"}),)) for i in range(3)]
+    return [*txns(0, 4), rn, *after]
+
+
+def renamed_identities() -> dict[str, Counter[Identity]]:
+    """The identities of ``rename_batch``, by the lake table holding them after the RENAME."""
+    b = rename_batch()
+    want = expected([b[:4]])
+    want["d__t2"] = want.pop("d__t") + Counter((t.region, t.commit_ts, 0, 0) for t in b[5:])
+    return want
+
+
+def rename_child_main(wh: str) -> None:
+    s = make(Path(wh))
+    s.open()
+    s.send(rename_batch())
+    raise SystemExit("not killed")
+
+
+def test_a_rename_moves_the_table_with_its_history_and_survives_a_crash_between_its_steps(tmp_path: Path) -> None:
+    """The changelog lake before: a RENAME TABLE left the old table's rows under the old name (its view showed a
+    table the source no longer has) and the new name started empty (its view missed every older row)."""
+    wh = tmp_path / "wh"
+    wh.mkdir()
+    env = dict(os.environ, PYTHONPATH=str(ROOT), **{failpoints.ENV: "spark.rename=kill@1"})
+    code = f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import test_lake_commits as t; " \
+           f"t.rename_child_main({str(wh)!r})"
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == -9, r.stderr[-3000:]
+    # killed with the new name written into the old directory, not moved yet; the rows before it committed
+    assert json.loads((wh / "d__t" / "_state.json").read_text())["name"] == "d__t2"
+    s = make(wh)
+    s.open()  # finishes the move
+    assert not (wh / "d__t").exists() and (wh / "d__t2" / "changelog").is_dir()
+    key = s.resume_key()
+    assert key == stream_key(rename_batch()[3])  # committed before the RENAME
+    s.send([t for t in rename_batch() if stream_key(t) > key])  # the replayed RENAME finds its work done
+    assert identities(wh) == renamed_identities()
+    st = lake.TableState.load(wh / "d__t2")
+    assert st is not None and (st.db, st.table) == ("d", "t2") and st.renamed_from == [["d", "t", list(key_to_json(
+        stream_key(rename_batch()[4])) or []), 0]]
+    s.close()
+    # a new sender reads the journal back: the same RENAME sent again is done already
+    s = make(wh)
+    s.open()
+    s._recover()
+    s._key = None  # (as if the stream replayed the whole batch past the lake's own position)
+    s.send(rename_batch()[4:5])
+    assert identities(wh) == renamed_identities() and not (wh / "d__t").exists()
+    s.close()
+
+
+def test_a_rename_without_a_crash_and_a_swap_through_a_third_name(tmp_path: Path) -> None:
+    wh = tmp_path / "wh"
+    wh.mkdir()
+    s = make(wh)
+    s.open()
+    s.send(rename_batch())
+    assert identities(wh) == renamed_identities() and not (wh / "d__t").exists()
+    swap = Txn("r1", 1200 << 18, Position("bin.000001", 400), (),
+               Ddl("d", "RENAME TABLE d.t2 TO d.tmp, d.u TO d.t2, d.tmp TO d.u", "t2", "d"))
+    s.send([swap])
+    got = identities(wh)
+    want = renamed_identities()
+    assert got == {"d__t2": want["d__u"], "d__u": want["d__t2"]}, got
+    assert {(st.db, st.table, st.name) for st in lake.list_tables(wh)} == {("d", "t2", "d__t2"), ("d", "u", "d__u")}
     s.close()

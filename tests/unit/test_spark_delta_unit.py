@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from senders.spark import deltajars
-from senders.spark.deltasink import DeltaSender, parse_alter, read_position
-from senders.spark.lake import parse_add_columns
+from senders.spark.deltasink import DeltaSender, read_position
+from senders.spark.lake import parse_add_columns, parse_alter
 from senders.spark.sender import SparkSender
 from senders.spark.verify import DeltaReader, LakeReader
 
