@@ -37,6 +37,7 @@ class StoringReceiver:
         self.position: Any = None
         self.rng = random.Random(seed)
         self.accepted = self.refused = 0
+        self.poison = b""  # a batch holding these bytes is refused with a 400
         busy_share = busy
         recv = self
 
@@ -46,6 +47,15 @@ class StoringReceiver:
 
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers["Content-Length"]))
+                if recv.poison and recv.poison in body:
+                    with recv.lock:
+                        recv.refused += 1
+                    answer = b'{"error": "row 7 does not fit our schema"}'
+                    self.send_response(400)
+                    self.send_header("Content-Length", str(len(answer)))
+                    self.end_headers()
+                    self.wfile.write(answer)
+                    return
                 with recv.lock:
                     busy = recv.rng.random() < busy_share
                     if not busy:
@@ -378,3 +388,46 @@ def test_hostile_names_and_values_reach_the_receiver_as_the_file_has_them(
     assert key_change["after"]["c`2"] == "/wD+gA==" and "c`2" in key_change["b64"]
     assert key_change["after"]["n\\ul"] == "1" * 64 and key_change["after"]["üß€"] == "😀'\"`\\"
     assert json.loads(key_change["after"]["c'3\""]) == {"k": [1, 2.5, "é😀"]}
+
+
+def test_a_batch_the_receiver_refuses_stops_the_capturer_with_a_clear_error_not_a_retry_loop(
+        tmp_path: Path, two_servers: list[MariaDBInstance]) -> None:
+    """A 400 for one batch: not retried forever, not skipped. The capturer stops (exit 1)
+    after a final checkpoint, its log naming the sender, the URL (no token), the status and
+    the receiver's answer; the file beside it has everything up to there. With the receiver
+    fixed, a restart delivers everything, nothing twice."""
+    m = two_servers[0]
+    m.execute(*SCHEMA)
+    recv = StoringReceiver(tmp_path / "recv" / "out" / "changes.jsonl", busy=0.0)
+    recv.poison = b"poison-pill"
+    senders = ("[global]\ntype=local,webhook\n"
+               f"[local]\nfilepath={tmp_path / 'out' / 'changes.jsonl'}\n"
+               f"[webhook]\nurl={recv.url}/batches?token={TOKEN_Q}\nposition_url={recv.url}/position\n"
+               "batch_rows=50\nlinger_ms=0\nmax_backoff=0.5\n")
+    cfg = write_config(tmp_path, [m], senders=senders)
+    w = Workload(m, 1, seed=7)
+    w.run(20)
+    cap = CapturerProcess(cfg, tmp_path / "capturer.log").start()
+    cap.wait_ready()
+    wait_for(lambda: checkpoint_covers(tmp_path, [m]), 120, "the first changes everywhere")
+    m.execute("INSERT INTO app.log (msg, n) VALUES ('poison-pill', 424242)")
+    w.run(10)
+    assert cap.proc is not None
+    wait_for(lambda: cap.proc is not None and cap.proc.poll() is not None, 120, "the capturer to stop on the 400")
+    assert cap.proc.returncode == 1
+    log = (tmp_path / "capturer.log").read_text()
+    assert TOKEN_Q not in log
+    assert (f"sender webhook (POST {recv.url}/batches?token=***): posting" in log
+            and "the receiver answered 400 Bad Request" in log and "row 7 does not fit our schema" in log), log[-3000:]
+    assert recv.refused == 1  # once: not retried
+    recv.poison = b""
+    cap.start()
+    cap.wait_ready()
+    w.run(10)
+    wait_for(lambda: checkpoint_covers(tmp_path, [m]), 120, "everything everywhere after the restart")
+    assert cap.stop() == 0
+    file_state_equals(tmp_path, [m])
+    file_state_equals(tmp_path / "recv", [m])
+    lines = [json.loads(x) for x in recv.path.read_text().splitlines()]
+    ids = [(d["region"], d["commit_ts"], d["seq"]) for d in lines]
+    assert len(ids) == len(set(ids)) and any((d.get("after") or {}).get("n") == 424242 for d in lines)
