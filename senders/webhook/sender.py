@@ -369,8 +369,10 @@ def _tls_cut(exc: BaseException) -> bool:
 
 
 def _retry_after(value: str | None, cap: float) -> float | None:
-    """``Retry-After`` in seconds (capped), or None to back off as usual."""
-    if value and re.fullmatch(r"\d{1,6}", value.strip()):
+    """``Retry-After`` in seconds (capped), or None to back off as usual. ``0`` backs off as
+    usual too: taken as it is, a receiver answering ``503`` with ``Retry-After: 0`` for a
+    while had the sender retry in a tight loop (no wait at all, the back-off never grew)."""
+    if value and re.fullmatch(r"\d{1,6}", value.strip()) and int(value) > 0:
         return min(float(value), cap)
     return None
 

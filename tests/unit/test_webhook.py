@@ -123,6 +123,10 @@ def test_busy_answers_are_retried_with_the_same_key_and_refusals_stop_it(receive
     with pytest.raises(SinkError) as e2:
         s.send([txn(1)])
     assert e2.value.retriable and e2.value.poll == 2  # Retry-After, capped by max_backoff
+    receiver.script = [(503, {"Retry-After": "0"})]  # (no wait at all would be a tight loop: backs off as usual)
+    with pytest.raises(SinkError) as e0:
+        s.send([txn(1)])
+    assert e0.value.retriable and e0.value.poll is None
     s.send([txn(1)])
     assert len({a["Idempotency-Key"] for a in receiver.attempts}) == 1 and len(receiver.posts) == 1
     receiver.script = [(401, {})]
@@ -188,9 +192,11 @@ def test_check_connect_asks_the_receiver(receiver: Receiver) -> None:
     out = Outcome("x")
     check.probe(SenderCheck("webhook", {**keys, "url": receiver.url + "/in"}, Path("s.cfg"), 1000)).run(out)
     assert out.detail.endswith("answered 405") and not out.problems
-    dead = SenderCheck("webhook", {**keys, "url": "http://127.0.0.1:9/in"}, Path("s.cfg"), 1000, timeout=2)
-    with pytest.raises(Exception, match="Connection refused|Max retries"):
+    dead = SenderCheck("webhook", {**keys, "url": "http://127.0.0.1:9/in?token=t0psecret"}, Path("s.cfg"), 1000,
+                       timeout=2)
+    with pytest.raises(Exception, match="Connection refused|Max retries") as e:
         check.probe(dead).run(Outcome("y"))
+    assert "t0psecret" not in str(e.value) and "token=***" in str(e.value)
 
 
 SECRET_Q, SECRET_PW, SECRET_BEARER = "q7Sekret-in-query", "pw7Sekret", "b7Sekret-bearer"
