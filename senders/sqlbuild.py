@@ -69,6 +69,23 @@ def converted(s: TableSchema) -> frozenset[str | None]:
     return conv
 
 
+def case_clash(s: TableSchema) -> tuple[str, str] | None:
+    """Two columns whose names differ only in case (a PostgreSQL table may have ``"ID"`` and
+    ``"id"``): a MySQL target compares column names case-insensitively, so it cannot hold both;
+    found once per schema."""
+    got = s.__dict__.get("_case_clash", False)
+    if got is False:
+        seen: dict[str, str] = {}
+        got = None
+        for c in s.columns:
+            other = seen.setdefault(c.lower(), c)  # (as MariaDB compares them: lower case, accents kept)
+            if other != c:
+                got = (other, c)
+                break
+        s.__dict__["_case_clash"] = got  # a frozen dataclass: set through __dict__
+    return got
+
+
 def row_params(s: TableSchema, row: dict[str, Any], cols: list[str]) -> list[Any]:
     """The values of ``cols`` as pymysql parameters (``sql_param`` where the type needs it)."""
     conv = converted(s)

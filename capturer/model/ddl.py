@@ -155,3 +155,67 @@ def renamed_tables(sql: str, current_db: str) -> list[tuple[tuple[str, str], tup
         (da, ta), (db_, tb) = split_qname(a), split_qname(b)
         out.append(((da or current_db, ta), (db_ or current_db, tb)))
     return out
+
+
+_STRING_ESCAPES = {"0": "\0", "b": "\b", "n": "\n", "r": "\r", "t": "\t", "Z": "\x1a"}
+
+
+def string_value(lit: str) -> str:
+    """The value of a MySQL string literal (``'...'`` or ``"..."``): backslash escapes
+    (``\\%`` and ``\\_`` keep their backslash, as MySQL keeps them) and a doubled quote."""
+    q, body = lit[0], lit[1:-1]
+    out: list[str] = []
+    i = 0
+    while i < len(body):
+        ch = body[i]
+        if ch == "\\" and i + 1 < len(body):
+            nxt = body[i + 1]
+            out.append("\\" + nxt if nxt in "%_" else _STRING_ESCAPES.get(nxt, nxt))
+            i += 2
+        elif ch == q and body[i + 1:i + 2] == q:
+            out.append(q)
+            i += 2
+        else:
+            out.append(ch)
+            i += 1
+    return "".join(out)
+
+
+def create_columns(sql: str) -> list[str]:
+    """The column names a CREATE TABLE defines (best effort: each definition of its
+    parenthesised list that begins with a name that is not a key or constraint word)."""
+    pieces: list[str] = []
+    cur: list[str] = []
+    depth, quote, escaped = 0, "", False
+    for ch in _COMMENT.sub(" ", sql):
+        if quote:
+            if escaped:
+                escaped = False
+            elif ch == "\\" and quote != "`":
+                escaped = True
+            elif ch == quote:
+                quote = ""
+        elif ch in "`'\"":
+            quote = ch
+        elif ch == "(":
+            depth += 1
+            if depth == 1:
+                continue
+        elif ch == ")":
+            depth -= 1
+            if depth == 0:
+                pieces.append("".join(cur))
+                break
+        elif ch == "," and depth == 1:
+            pieces.append("".join(cur))
+            cur = []
+            continue
+        if depth >= 1:
+            cur.append(ch)
+    out = []
+    for piece in pieces:
+        m = re.match(r"\s*(" + _NAME + r")", piece)
+        if m and m.group(1).upper() not in ("PRIMARY", "UNIQUE", "KEY", "INDEX", "CONSTRAINT", "FOREIGN", "CHECK",
+                                            "FULLTEXT", "SPATIAL", "PERIOD", "SYSTEM"):
+            out.append(_unquote(m.group(1)))
+    return out

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from capturer.model.ddl import renamed_tables, string_value
 from senders.spark.lake import parse_add_columns
 
 RowKey = tuple[Any, ...]
@@ -77,8 +78,8 @@ def _literal(text: str | None) -> Any:
         return None
     if text.upper() in ("TRUE", "FALSE"):
         return 1 if text.upper() == "TRUE" else 0
-    if text.startswith("'"):
-        return text[1:-1].replace("''", "'").replace("\\'", "'").replace("\\\\", "\\")
+    if text[:1] in ("'", '"'):
+        return string_value(text)
     try:
         return int(text)
     except ValueError:
@@ -89,10 +90,14 @@ def _apply_ddl(state: dict[tuple[str, str], dict[RowKey, dict[str, Any]]], d: di
     """What an ALTER TABLE does to the rows already there: ADD COLUMN (with its
     constant default), DROP COLUMN, CHANGE COLUMN (a rename); TRUNCATE and DROP
     TABLE empty the table."""
+    sql = re.sub(r"/\*.*?\*/", " ", d.get("sql") or "", flags=re.S).strip()
+    for src, dst in renamed_tables(sql, d["db"]):  # (RENAME TABLE, ALTER TABLE ... RENAME TO)
+        moved = state.pop(src, None)
+        if moved is not None:
+            state[dst] = moved
     t = state.get((d["db"], d["table"]))
     if t is None:
         return
-    sql = re.sub(r"/\*.*?\*/", " ", d.get("sql") or "", flags=re.S).strip()
     head = sql.upper()
     if head.startswith(("TRUNCATE", "DROP TABLE")):
         t.clear()

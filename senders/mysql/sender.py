@@ -69,6 +69,7 @@ import pymysql.cursors
 
 from capturer.errors import ConfigError, Fenced, SinkError
 from capturer.model import Ddl, RowChange, StreamKey, Txn, key_to_json, stream_key
+from capturer.model.ddl import create_columns
 from capturer.model.encode import quote_ident
 from capturer.util import fencing
 from capturer.util.ini import Key, p_bool, p_choice, p_float, p_int, p_nonempty, p_str
@@ -78,6 +79,7 @@ from senders.mysql import position
 from senders.mysql.causality import Causality, conflict_keys, make_place_txns, stable_hash
 from senders.mysql.worker import (
     DDL_ALREADY_DONE,
+    ER_DUP_FIELDNAME,
     ER_NO_SUCH_TABLE,
     Ident,
     LaneMark,
@@ -619,6 +621,10 @@ class MySQLSender(Sender):
                     except pymysql.err.MySQLError as exc:
                         code = exc.args[0] if exc.args else 0
                         renamed = code == ER_NO_SUCH_TABLE and " RENAME " in f" {sql.upper()} "
+                        if code == ER_DUP_FIELDNAME and _CREATE_TABLE.match(sql):
+                            # (not a statement applied before: CREATE TABLE IF NOT EXISTS of a table there
+                            # is a note; two of its columns are one name to the target)
+                            raise SinkError(_same_name(ddl, sql, exc), retriable=False) from exc
                         if code in DDL_ALREADY_DONE or renamed:
                             log.warning("sender %s: DDL already applied on the target (%s); "
                                         "going on: %s", self.name, exc, sql[:200])
@@ -638,6 +644,19 @@ class MySQLSender(Sender):
 
         w.pool.submit(run).result()
         self._advance(key)
+
+
+def _same_name(ddl: Ddl, sql: str, exc: BaseException) -> str:
+    """The error of a CREATE TABLE the target refused for two columns of one name to it."""
+    seen: dict[str, str] = {}
+    pair = next(((seen[c.lower()], c) for c in create_columns(sql) if seen.setdefault(c.lower(), c) != c), None)
+    cols = f"columns {quote_ident(pair[0])} and {quote_ident(pair[1])}" if pair else "two columns"
+    return (f"applying DDL {sql[:200]!r}: {exc}: the source table {quote_ident(ddl.db)}.{quote_ident(ddl.table)} has "
+            f"{cols}, whose names differ only in case: a MySQL target compares column names case-insensitively, so "
+            "it cannot keep them apart (rename one at the source, or exclude the table in the filter)")
+
+
+_CREATE_TABLE = re.compile(r"^\s*CREATE\s+(?:OR\s+REPLACE\s+)?(?:TEMPORARY\s+)?TABLE\b", re.I)
 
 
 class _Phases:

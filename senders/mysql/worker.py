@@ -21,7 +21,7 @@ from capturer.errors import SinkError
 from capturer.model import RowChange
 from capturer.model.encode import _fastrows, quote_ident
 from capturer.util import failpoints, mysqlconn
-from senders.sqlbuild import Render, Stmt, Table, converted, param_ident, skip_partial
+from senders.sqlbuild import Render, Stmt, Table, case_clash, converted, param_ident, skip_partial
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +59,7 @@ RETRIABLE = {
 # DDL that was already applied (a replay after a crash): fine to skip
 DDL_ALREADY_DONE = {1007, 1008, 1050, 1051, 1060, 1061, 1068, 1091, 1826}
 ER_NO_SUCH_TABLE = 1146
+ER_DUP_FIELDNAME = 1060
 ER_DUP_ENTRY = 1062
 
 
@@ -319,6 +320,13 @@ class Worker:
                     j += 1
                 run = todo[i:j]
                 what = f"{head.ch.op} into {quote_ident(head.db)}.{quote_ident(head.table)}"
+                clash = case_clash(schema)
+                if clash is not None:
+                    raise SinkError(f"{what}: the source table {quote_ident(schema.db)}.{quote_ident(schema.table)} "
+                                    f"has columns {quote_ident(clash[0])} and {quote_ident(clash[1])}, whose names "
+                                    "differ only in case: a MySQL target compares column names case-insensitively, "
+                                    "so it cannot keep them apart (rename one at the source, or exclude the table in "
+                                    "the filter)", retriable=False)
                 try:
                     if kinds[i] == "upsert":
                         self._insert(cur, run)

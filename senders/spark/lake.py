@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from capturer.model import ColumnInfo
-from capturer.model.ddl import NAME, alter_clauses
+from capturer.model.ddl import NAME, alter_clauses, string_value
 from capturer.model.encode import T_BIT, decimal_text, format_timedelta
 from capturer.util.durable import fsync_dir
 from senders.spark.commits import recover_if_idle
@@ -314,11 +314,15 @@ _TYPE_WORDS = [
 
 def _split_top(s: str) -> list[str]:
     """Split at commas that are not inside parentheses or quotes."""
-    out, depth, cur, quote = [], 0, [], ""
+    out, depth, cur, quote, escaped = [], 0, [], "", False
     for ch in s:
         if quote:
             cur.append(ch)
-            if ch == quote:
+            if escaped:
+                escaped = False
+            elif ch == "\\" and quote != "`":  # (a string's backslash escape: \' does not end it)
+                escaped = True
+            elif ch == quote:
                 quote = ""
             continue
         if ch in "'\"`":
@@ -353,6 +357,12 @@ def _ddl_type(spec: str) -> str | None:
     return "string"
 
 
+def spark_string(v: str) -> str:
+    """A Spark SQL string literal of ``v`` (Spark reads backslash escapes; a doubled quote
+    is two literals run together there, not a quote)."""
+    return "'" + v.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
 def parse_add_columns(sql: str) -> list[tuple[str, str | None, str | None]]:
     """``(column, spark type, default as a SQL literal)`` for each ADD COLUMN of an
     ALTER TABLE; the default is None when there is none or it is not a constant."""
@@ -379,7 +389,7 @@ def parse_add_columns(sql: str) -> list[tuple[str, str | None, str | None]]:
             if lit.startswith("(") and lit.endswith(")"):
                 lit = lit[1:-1].strip()
             if re.fullmatch(r"'(?:[^'\\]|\\.|'')*'|-?[\d.]+(?:e-?\d+)?|NULL|TRUE|FALSE", lit, re.I):
-                default = lit
+                default = spark_string(string_value(lit)) if lit.startswith("'") else lit
         out.append((name, _ddl_type(rest), default))
     return out
 

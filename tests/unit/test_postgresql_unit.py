@@ -20,7 +20,7 @@ from capturer.regions.clock import LiftJournal, RegionClock
 from capturer.regions.postgresql import pgoutput as po
 from capturer.regions.postgresql import types as T
 from capturer.regions.postgresql.region import PostgresRegion, commit_tso
-from capturer.regions.postgresql.relations import _PG_C, RelationJournal, RelDef, ddl_for, uk_name
+from capturer.regions.postgresql.relations import _PG_C, RelationJournal, RelDef, align_attnums, ddl_for, uk_name
 
 
 def s(text: str) -> bytes:
@@ -141,6 +141,54 @@ def test_ddl_create_alter_rename() -> None:
                                       "MODIFY COLUMN `n` LONGTEXT NULL")
     assert ddl_for(r7, r6)[-1][1] == ("ALTER TABLE `s``x`.`t2` MODIFY COLUMN `n` VARCHAR(255) NULL, "
                                       f"ADD UNIQUE KEY `{uk_name(('n',))}` (`n`)")
+
+
+def _cols(*names: str, typ: int = T.TEXT) -> tuple[po.Column, ...]:
+    return tuple(po.Column(n, T.INT4 if n == "id" else typ, -1, n == "id") for n in names)
+
+
+def test_align_attnums_from_a_catalog_newer_than_the_message() -> None:
+    """The attnum of each column of a relation message, read from the catalog as it is now: a column
+    renamed or dropped since is placed by the attributes around it; one renamed since the message and
+    nothing after it (the last added column) by the live attributes after the last known one."""
+    cat = [(1, "id", False, T.INT4), (2, "........pg.dropped.2........", True, 0), (3, "b renamed", False, T.TEXT),
+           (4, "c", False, T.TEXT), (5, "d later", False, T.TEXT), (6, "e", False, T.TEXT)]
+    # as sent before a was dropped and b, d renamed (and e added)
+    assert align_attnums(_cols("id", "a", "b", "c", "d"), cat) == (1, 2, 3, 4, 5)
+    # as sent after a was dropped: b and d renamed since
+    assert align_attnums(_cols("id", "b", "c", "d"), cat) == (1, 3, 4, 5)
+    assert align_attnums(_cols("id", "b renamed", "c", "d later", "e"), cat) == (1, 3, 4, 5, 6)
+    # two columns for one live attribute and one dropped: which is which is not known when another was
+    # dropped before (three candidates, two columns): left unknown
+    cat2 = [(1, "id", False, T.INT4), (2, "x", True, 0), (3, "y", True, 0), (4, "z2", False, T.TEXT),
+            (5, "c", False, T.TEXT)]
+    assert align_attnums(_cols("id", "y", "z", "c"), cat2) == (1, 0, 0, 5)
+    # a type that does not fit is no match; a table dropped since (no catalog): nothing known
+    assert align_attnums(_cols("id", "b", typ=T.INT8), cat)[1] == 0
+    assert align_attnums(_cols("id", "b"), []) == (0, 0)
+
+
+def test_ddl_for_by_attnum_a_rename_with_other_changes() -> None:
+    """Before, a rename was told only when it was the one change between two relation messages:
+    a DROP COLUMN and a RENAME COLUMN before the next row change sent DROP + ADD, and every row
+    lost the renamed column's values downstream (NULL in the target, the file, the lake)."""
+    def r(names: tuple[str, ...], nums: tuple[int, ...]) -> RelDef:
+        return RelDef(1, "s", "t", "d", _cols(*names), ("id",), (), nums)
+
+    old = r(("id", "a,b", "tick`q", "n"), (1, 2, 3, 4))
+    new = r(("id", "tick`q re.named", "n", "added"), (1, 3, 4, 5))
+    assert ddl_for(old, new, {"added": "7"}) == [("s", "ALTER TABLE `s`.`t` DROP COLUMN `a,b`, CHANGE COLUMN "
+                                                 "`tick``q` `tick``q re.named` LONGTEXT NULL, ADD COLUMN `added` "
+                                                 "LONGTEXT NULL DEFAULT 7", "t")]
+    # a column dropped and another added under its name is no rename; a rename onto a dropped column's name is one
+    assert ddl_for(r(("id", "a"), (1, 2)), r(("id", "a"), (1, 3)))[0][1] == \
+        "ALTER TABLE `s`.`t` DROP COLUMN `a`, ADD COLUMN `a` LONGTEXT NULL"
+    assert ddl_for(r(("id", "a", "b"), (1, 2, 3)), r(("id", "a"), (1, 3)))[0][1] == \
+        "ALTER TABLE `s`.`t` DROP COLUMN `a`, CHANGE COLUMN `b` `a` LONGTEXT NULL"
+    # a journal from before attnums: the old rule (one column renamed in place)
+    assert RelDef.from_json(old.to_json()) == old and "attnums" not in RelDef.from_json(
+        {**old.to_json(), "attnums": []}).to_json()
+    assert ddl_for(r(("id", "a"), ()), r(("id", "b"), ()))[0][1] == "ALTER TABLE `s`.`t` CHANGE COLUMN `a` `b` LONGTEXT NULL"
 
 
 def test_relation_journal_state_at_prune_and_torn_line(tmp_path: Path) -> None:

@@ -109,3 +109,40 @@ def test_dropped_tables() -> None:
     # a session's temporary table is not the lake's table of the same name; other statements drop nothing
     for sql in ("DROP TEMPORARY TABLE t", "DROP INDEX i ON t", "DROP VIEW v", "CREATE TABLE x (a INT)"):
         assert dropped_tables(sql, "cur") == [], sql
+
+
+def test_hostile_string_defaults_reach_the_lake_and_the_file_as_their_values() -> None:
+    """A DEFAULT whose text holds ``\\'`` (the escape the PostgreSQL region and MySQL write), ``''``, ``\\"``,
+    a comma or a backquote. Before: the clause splitter took ``\\'`` as the end of the string, so a comma after
+    it cut the clause (the next ADD COLUMN lost, its default never set: older rows NULL), Spark read ``''`` as
+    two literals run together ('it''s' -> "its"), and the file's replay kept ``\\"`` as two characters."""
+    from senders.local.replay import _literal
+    from senders.spark.lake import _split_top
+
+    sql = ("ALTER TABLE `s`.`t a` ADD COLUMN `a` LONGTEXT NULL DEFAULT 'it\\'s, \\\\ \\\"d\\\" `b`;', "
+           "ADD COLUMN `n` INT NULL DEFAULT 7, ADD c VARCHAR(9) DEFAULT 'x''y,z'")
+    assert len(_split_top(sql)) == 3
+    got = parse_add_columns(sql)
+    assert got == [("a", "string", "'it\\'s, \\\\ \"d\" `b`;'"), ("n", "bigint", "7"), ("c", "string", "'x\\'y,z'")]
+    assert [_literal(d) for _, _, d in got] == ["it's, \\ \"d\" `b`;", 7, "x'y,z"]
+    assert _literal("'\\0\\n\\t\\Z\\%\\_'") == "\0\n\t\x1a\\%\\_"
+
+
+def test_the_file_replay_follows_a_renamed_table() -> None:
+    """RENAME TABLE / ALTER TABLE ... RENAME TO with names that need backquotes: the rows move to the new
+    name (before, the rebuild kept them under the old one, and verify found the renamed table's rows missing)."""
+    from senders.local.replay import rebuild
+
+    def row(table: str, i: int) -> dict[str, object]:
+        return {"db": 'S "q".d', "table": table, "op": "insert", "pk": ["id"], "before": None, "after": {"id": i}}
+
+    def ddl(table: str, sql: str) -> dict[str, object]:
+        return {"db": 'S "q".d', "table": table, "op": "ddl", "sql": sql}
+
+    state = rebuild(iter([
+        row("Order Items", 1), row("b", 2),
+        ddl('Order "Lines".v2', 'RENAME TABLE `S "q".d`.`Order Items` TO `S "q".d`.`Order "Lines".v2`'),
+        row('Order "Lines".v2', 3),
+        ddl("c`d", "ALTER TABLE `S \"q\".d`.`b` RENAME TO `c``d`")]))
+    assert sorted(state) == [('S "q".d', 'Order "Lines".v2'), ('S "q".d', "c`d")]
+    assert len(state[('S "q".d', 'Order "Lines".v2')]) == 2 and len(state[('S "q".d', "c`d")]) == 1

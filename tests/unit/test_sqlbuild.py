@@ -225,3 +225,18 @@ def test_a_unique_key_collision_in_a_multi_row_upsert_replaces_only_that_row() -
         ("INSERT INTO `d`.`t`", [3, "c"]),
     ]
     assert w.s.counters == {"replace_fallbacks": 1}
+
+
+def test_columns_a_mysql_target_takes_as_one() -> None:
+    """PostgreSQL columns whose names differ only in case ("ID" and "id"): the MySQL sender stops naming
+    both (before: its CREATE TABLE's "Duplicate column name" was taken for a statement applied before)."""
+    from capturer.model.ddl import create_columns
+    from senders.sqlbuild import case_clash
+
+    assert case_clash(TableSchema("d", "t", ("ID", "x", "id"), ("ID",))) == ("ID", "id")
+    assert case_clash(TableSchema("d", "t", ("Ünï", "üNÏ"), ())) == ("Ünï", "üNÏ")
+    # what MariaDB keeps apart: accents, and ß from ss
+    assert case_clash(TableSchema("d", "t", ("é", "e", "ß", "ss", "a b", "a_b"), ())) is None
+    sql = ("CREATE TABLE IF NOT EXISTS `a(b`.`c``,d` (\n  `ID` INT NOT NULL,\n  `id` DECIMAL(5,2) NULL DEFAULT "
+           "'a,)\\'b',\n  `x,y` LONGTEXT NULL,\n  PRIMARY KEY (`ID`),\n  UNIQUE KEY `uk` (`id`)\n) DEFAULT CHARSET=utf8mb4")
+    assert create_columns(sql) == ["ID", "id", "x,y"]

@@ -73,6 +73,7 @@ from capturer.regions.postgresql.publication import PublicationWatch
 from capturer.regions.postgresql.relations import (
     RelationJournal,
     RelDef,
+    align_attnums,
     ddl_for,
     quote_pg,
 )
@@ -278,7 +279,10 @@ class PostgresRegion(SnapshotHostMixin, ClockedRegion):
 
     def _reldef(self, m: po.Relation) -> RelDef:
         pk, uks = self._keys(m.relid, m.columns, m.replident)
-        rel = RelDef(m.relid, m.namespace, m.name, m.replident, m.columns, pk, uks)
+        catalog = self._query("SELECT attnum, attname::text, attisdropped, atttypid FROM pg_attribute "
+                              "WHERE attrelid = %s AND attnum > 0 ORDER BY attnum", (m.relid,))
+        attnums = align_attnums(m.columns, [(int(n), str(a), bool(d), int(t)) for n, a, d, t in catalog])
+        rel = RelDef(m.relid, m.namespace, m.name, m.replident, m.columns, pk, uks, attnums)
         if uks and m.replident != "f" and (rel.db, rel.table) not in self._warned:
             self._warned.add((rel.db, rel.table))
             log.warning("%s: table %s.%s has unique keys besides its primary key but REPLICA IDENTITY %s: old values "
@@ -408,7 +412,7 @@ class PostgresRegion(SnapshotHostMixin, ClockedRegion):
         columns = tuple(po.Column(str(name), int(oid), int(mod), ident == "f" or int(num) in keyset)
                         for num, name, oid, mod in cols)
         pk, uks = self._keys(relid, columns, ident, query)
-        return RelDef(relid, db, table, ident, columns, pk, uks)
+        return RelDef(relid, db, table, ident, columns, pk, uks, tuple(int(c[0]) for c in cols))
 
     def _forget_start(self) -> None:
         """(when_needed) The checkpoint's position is of no use: start over."""
@@ -471,13 +475,16 @@ class PostgresRegion(SnapshotHostMixin, ClockedRegion):
         """For columns ``new`` adds: the value rows already there have (PostgreSQL's
         "missing value" of a column added with a constant default), as a SQL literal."""
         have = {c.name for c in old.columns}
+        olds = {n for n in old.attnums if n}
         out: dict[str, str] = {}
-        for c, t in zip(new.columns, new.types):
-            if c.name in have:
+        for c, t, num in zip(new.columns, new.types, new.attnums or (0,) * len(new.columns)):
+            if (num in olds) if num and olds else c.name in have:
                 continue
+            # (by its attnum where known: the column may have been renamed since the message was sent)
+            where = "attnum = %s" if num else "attname = %s"
             try:
                 got = self._query("SELECT (attmissingval::text::text[])[1] FROM pg_attribute WHERE attrelid = %s "
-                                  "AND attname = %s AND atthasmissing", (new.relid, c.name))
+                                  f"AND {where} AND atthasmissing", (new.relid, num or c.name))
             except SourceError:
                 raise
             except Exception:

@@ -55,6 +55,9 @@ class RelDef:
     columns: tuple[po.Column, ...]
     pk: tuple[str, ...]
     unique_keys: tuple[tuple[str, ...], ...] = ()
+    # each column's attnum in the catalog (0: not known): what tells a column renamed from one dropped and
+    # another added, whatever else changed meanwhile (``align_attnums``); () where none is known
+    attnums: tuple[int, ...] = ()
     _cache: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -92,13 +95,64 @@ class RelDef:
     def to_json(self) -> dict[str, Any]:
         return {"relid": self.relid, "db": self.db, "table": self.table, "replident": self.replident,
                 "columns": [[c.name, c.type_oid, c.typmod, c.key] for c in self.columns],
-                "pk": list(self.pk), "unique_keys": [list(u) for u in self.unique_keys]}
+                "pk": list(self.pk), "unique_keys": [list(u) for u in self.unique_keys],
+                **({"attnums": list(self.attnums)} if self.attnums else {})}
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> RelDef:
         return cls(int(d["relid"]), str(d["db"]), str(d["table"]), str(d.get("replident", "d")),
                    tuple(po.Column(str(n), int(o), int(m), bool(k)) for n, o, m, k in d["columns"]),
-                   tuple(d.get("pk", ())), tuple(tuple(u) for u in d.get("unique_keys", ())))
+                   tuple(d.get("pk", ())), tuple(tuple(u) for u in d.get("unique_keys", ())),
+                   tuple(int(n) for n in d.get("attnums", ())))
+
+    def attnum(self, name: str) -> int:
+        """The catalog's attnum of column ``name`` (0: not known)."""
+        for c, n in zip(self.columns, self.attnums):
+            if c.name == name:
+                return n
+        return 0
+
+
+def align_attnums(columns: tuple[po.Column, ...], catalog: list[tuple[int, str, bool, int]]) -> tuple[int, ...]:
+    """The attnum of each of a relation message's ``columns`` (0 where it cannot be told), from
+    the catalog as it is now: ``(attnum, name, dropped, type oid)`` of every attribute, in attnum
+    order. The message is older than the catalog: a column may have been renamed or dropped since,
+    and columns added since come after all of its own (PostgreSQL only appends). Its columns are
+    the attributes alive when it was sent, in attnum order: a name alive now is that column; the
+    columns between two such are the attributes between them (dropped or renamed since) when
+    their number says which; after the last one, the first attributes alive now of the same types
+    when no dropped attribute lies among them."""
+    live = {name: (num, typ) for num, name, dropped, typ in catalog if not dropped}
+    out = [0] * len(columns)
+    last = 0
+    for i, c in enumerate(columns):  # the anchors: names alive now, in increasing attnum order
+        got = live.get(c.name)
+        if got is not None and got[0] > last and got[1] == c.type_oid:
+            out[i] = last = got[0]
+    anchored = set(out)
+    i = 0
+    while i < len(columns):
+        if out[i]:
+            i += 1
+            continue
+        j = i
+        while j < len(columns) and not out[j]:
+            j += 1
+        lo = out[i - 1] if i else 0
+        run = columns[i:j]
+        if j < len(columns):  # between two anchors: every attribute there was alive then or dropped before
+            cand = [a for a in catalog if lo < a[0] < out[j] and a[0] not in anchored]
+            alive = [a for a in cand if not a[2]]
+            pick = cand if len(cand) == len(run) else alive if len(alive) == len(run) else None
+        else:
+            cand = [a for a in catalog if a[0] > lo and a[0] not in anchored]
+            alive = [a for a in cand if not a[2]][:len(run)]
+            pick = alive if len(alive) == len(run) and not any(
+                a[2] for a in cand if alive and a[0] < alive[-1][0]) else None
+        if pick is not None and all(a[2] or a[3] == c.type_oid for a, c in zip(pick, run)):
+            out[i:j] = [a[0] for a in pick]
+        i = j
+    return tuple(out)
 
 
 class RelationJournal(PositionJournal[tuple[int, int], RelDef]):
@@ -159,6 +213,27 @@ def _cols(cols: tuple[str, ...]) -> str:
     return "(" + ", ".join(quote_ident(c) for c in cols) + ")"
 
 
+def _same_columns(old: RelDef, new: RelDef) -> dict[str, str]:
+    """Each column of ``new`` that is a column of ``old``: new name -> old name. The same
+    attnum where both are known (a rename, whatever else changed); else the same name."""
+    by_num = {n: c.name for c, n in zip(old.columns, old.attnums) if n}
+    out: dict[str, str] = {}
+    for c in new.columns:
+        n = new.attnum(c.name)
+        if n in by_num:
+            out[c.name] = by_num[n]
+    used = set(out.values())
+    names = {c.name for c in old.columns}
+    for c in new.columns:
+        if c.name in out or c.name not in names or c.name in used:
+            continue
+        n, o = new.attnum(c.name), old.attnum(c.name)
+        if not (n and o and n != o):  # (not a column dropped and another added under its name)
+            out[c.name] = c.name
+            used.add(c.name)
+    return out
+
+
 def create_table_sql(rel: RelDef) -> str:
     keys = _key_set(rel)
     parts = [_column_sql(c, t, keys, rel.pk) for c, t in zip(rel.columns, rel.types)]
@@ -192,20 +267,27 @@ def ddl_for(old: RelDef | None, new: RelDef, defaults: dict[str, str] | None = N
     clauses = [f"DROP INDEX {quote_ident(uk_name(u))}" for u in old.unique_keys if u not in new.unique_keys]
     if old.pk and old.pk != new.pk:
         clauses.append("DROP PRIMARY KEY")
-    gone = [n for n in before if n not in after]
-    added = [n for n in after if n not in before]
-    if len(gone) == 1 and len(added) == 1 and len(old.columns) == len(new.columns):
+    same = _same_columns(old, new)  # new name -> old name
+    renamed = {n: o for n, o in same.items() if n != o}
+    kept = set(same.values())
+    gone = [n for n in before if n not in kept]
+    added = [n for n in after if n not in same]
+    if not renamed and len(gone) == 1 and len(added) == 1 and len(old.columns) == len(new.columns):
         (oi, oc), (ni, nc) = before[gone[0]], after[added[0]]
-        if oi == ni and (oc.type_oid, oc.typmod) == (nc.type_oid, nc.typmod):  # a column renamed in place
-            clauses.append(f"CHANGE COLUMN {quote_ident(oc.name)} " + _column_sql(nc, types[nc.name], keys, new.pk))
-            gone, added = [], []
+        if oi == ni and (oc.type_oid, oc.typmod) == (nc.type_oid, nc.typmod) and not (
+                old.attnum(oc.name) and new.attnum(nc.name)):  # a column renamed in place (attnums unknown)
+            renamed, gone, added = {nc.name: oc.name}, [], []
     clauses += [f"DROP COLUMN {quote_ident(n)}" for n in gone]
+    for n, o in renamed.items():  # (its new definition too, if that changed)
+        clauses.append(f"CHANGE COLUMN {quote_ident(o)} " + _column_sql(after[n][1], types[n], keys, new.pk))
     for n in after:
+        if n in renamed:
+            continue
         if n in added:
             d = (defaults or {}).get(n)
             clauses.append("ADD COLUMN " + _column_sql(after[n][1], types[n], keys, new.pk)
                            + (f" DEFAULT {d}" if d is not None else ""))
-        elif n in before:
+        else:
             was = _column_sql(before[n][1], old_types[n], old_keys, old.pk)
             now = _column_sql(after[n][1], types[n], keys, new.pk)
             if was != now:  # its type, or its being in a key (an indexable type, NOT NULL), changed
