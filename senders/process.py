@@ -151,6 +151,7 @@ class ProcessSender(Sender):
         self._last_housekeeping = 0.0
         self._resume_key: Any = None
         self._fresh_key = False  # _resume_key came with the open's answer, not asked for yet
+        self._asked: float | None = None  # since when the child's answer is awaited
 
     def status(self) -> dict[str, Any]:
         st = dict(self.extras)
@@ -158,6 +159,14 @@ class ProcessSender(Sender):
         proc = self.proc  # the sender's thread may replace it meanwhile
         st["process"] = {"pid": proc.pid if proc is not None and proc.poll() is None else None,
                          "restarts": self.restarts}
+        asked = self._asked
+        # how long the child has had the batch (or question) in hand: a destination that hangs shows here,
+        # not only once its timeout passes (the child's own status fields are those of its last answer)
+        st["waiting_seconds"] = round(time.monotonic() - asked, 1) if asked is not None else None
+        if asked is not None and st.get("waiting_for") is None:
+            st["waiting_for"] = f"the answer of the sender's process {st['process']['pid']}"
+        elif asked is None:
+            st["waiting_for"] = None
         return st
 
     # --- the child ------------------------------------------------------------
@@ -206,10 +215,13 @@ class ProcessSender(Sender):
             raise self._gone() from None
 
     def _answer(self) -> None:
+        self._asked = time.monotonic()
         try:
             v = next(self._answers)
         except (StopIteration, OSError, ValueError, msgpack.UnpackException):
             raise self._gone() from None
+        finally:
+            self._asked = None
         if not isinstance(v, list) or not v or v[0] not in ("ok", "err"):
             self.close()
             raise SinkError(f"the sender's process answered {v!r:.80}")

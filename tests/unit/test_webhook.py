@@ -395,3 +395,38 @@ def test_a_tls_handshake_cut_by_the_receiver_is_retried_a_bad_certificate_is_not
         plain.send([txn(1)])
     assert not e.value.retriable and "TLS failed" in str(e.value) and "tls_ca" in str(e.value)
     plain.close()
+
+
+def test_a_hung_receiver_shows_as_waiting_with_the_sender_in_its_own_process(tmp_path: Path) -> None:
+    """process = true: the capturer's side shows the child's request waiting (the child's own
+    status fields are those of its last answer), and the child's timeout comes back as a retry."""
+    from senders.process import ProcessSender
+
+    hung = Hanging(trickle=True)
+    p = tmp_path / "senderConfig.cfg"
+    p.write_text(f"[global]\ntype=webhook\n[webhook]\nurl={hung.url}/in?token=t0psecret\ntimeout=2\nprocess=true\n")
+    (sc,) = config.load_sender_config(p, CATALOG)
+    ps = ProcessSender("webhook", sc.options)
+    got: list[BaseException] = []
+
+    def post() -> None:
+        try:
+            ps.send([txn(1)])
+        except BaseException as exc:
+            got.append(exc)
+
+    try:
+        ps.open()
+        t = threading.Thread(target=post, daemon=True)
+        t.start()
+        wait_for(lambda: (ps.status()["waiting_seconds"] or 0) > 0.2, 30, "the status to show the child waiting")
+        assert ps.status()["waiting_for"].startswith("the answer of the sender's process")
+        t.join(60)
+        assert not t.is_alive()
+        (e,) = got
+        assert isinstance(e, SinkError) and e.retriable and "no whole answer within timeout = 2 s" in str(e)
+        assert "t0psecret" not in str(e) and "t0psecret" not in json.dumps(ps.status())
+        assert ps.status()["waiting_seconds"] is None
+    finally:
+        ps.close()
+        hung.close()
