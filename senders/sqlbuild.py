@@ -36,7 +36,7 @@ identifier is doubled), or literals (``literal=True``).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from functools import lru_cache
 from typing import Any
 
@@ -75,15 +75,19 @@ def case_clash(s: TableSchema) -> tuple[str, str] | None:
     found once per schema."""
     got = s.__dict__.get("_case_clash", False)
     if got is False:
-        seen: dict[str, str] = {}
-        got = None
-        for c in s.columns:
-            other = seen.setdefault(c.lower(), c)  # (as MariaDB compares them: lower case, accents kept)
-            if other != c:
-                got = (other, c)
-                break
-        s.__dict__["_case_clash"] = got  # a frozen dataclass: set through __dict__
+        got = s.__dict__["_case_clash"] = name_clash(s.columns)  # a frozen dataclass: set through __dict__
     return got
+
+
+def name_clash(names: Iterable[str]) -> tuple[str, str] | None:
+    """The first two of ``names`` that differ only in case (as MariaDB and Spark compare
+    column names: lower case, accents kept), or None."""
+    seen: dict[str, str] = {}
+    for c in names:
+        other = seen.setdefault(c.lower(), c)
+        if other != c:
+            return (other, c)
+    return None
 
 
 def row_params(s: TableSchema, row: dict[str, Any], cols: list[str]) -> list[Any]:

@@ -75,6 +75,7 @@ from capturer.model.ddl import dropped_tables, renamed_tables, split_qname
 from capturer.util import failpoints
 from senders.spark import deltajars, lake
 from senders.spark.sender import _AS_IS, SparkSender, _java_found, arrow_type, build_session
+from senders.sqlbuild import name_clash
 
 log = logging.getLogger(__name__)
 
@@ -428,6 +429,10 @@ class DeltaSender(SparkSender):
         st = self.dtables.get((s.db, s.table))
         name = lake.table_name(s.db, s.table)
         tdir = self.warehouse / name
+        pair = name_clash([*(st.columns if st is not None else ()), *(c for c in columns if st is None
+                                                                       or c not in st.columns)])
+        if pair is not None:
+            raise SinkError(lake.case_clash_error(s.db, s.table, pair), retriable=False)
         if st is None:
             clash = [c for c in columns if c in META] if not s.pk else []
             if clash:

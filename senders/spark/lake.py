@@ -357,6 +357,13 @@ def _ddl_type(spec: str) -> str | None:
     return "string"
 
 
+def case_clash_error(db: str, table: str, pair: tuple[str, str]) -> str:
+    """Two columns of one source table whose names differ only in case (PostgreSQL's "ID" and "id")."""
+    return (f"{db}.{table}: columns {pair[0]!r} and {pair[1]!r} differ only in case: the lake's tables (Spark, "
+            "Parquet and Delta as Spark reads them) compare column names case-insensitively, so it cannot keep "
+            "them apart (rename one at the source, or exclude the table in the filter)")
+
+
 def spark_string(v: str) -> str:
     """A Spark SQL string literal of ``v`` (Spark reads backslash escapes; a doubled quote
     is two literals run together there, not a quote)."""

@@ -48,6 +48,7 @@ from capturer.util import failpoints
 from capturer.util.ini import Key, p_bool, p_choice, p_float, p_int, p_nonempty, p_str
 from senders.base import Sender
 from senders.spark import commits, lake
+from senders.sqlbuild import name_clash
 
 log = logging.getLogger(__name__)
 
@@ -559,6 +560,9 @@ class SparkSender(Sender):
                 f"({', '.join(lake.META_COLS)}); rename it on the source or exclude the table "
                 "(filter_rule.txt) to use the spark sender", retriable=False)
         known = dict(st.columns)
+        pair = name_clash([*known, *(c for c, _ in columns if c not in known)])
+        if pair is not None:
+            raise SinkError(lake.case_clash_error(schema.db, schema.table, pair), retriable=False)
         changed = False
         for c, t in columns:
             if c not in known:

@@ -240,3 +240,31 @@ def test_columns_a_mysql_target_takes_as_one() -> None:
     sql = ("CREATE TABLE IF NOT EXISTS `a(b`.`c``,d` (\n  `ID` INT NOT NULL,\n  `id` DECIMAL(5,2) NULL DEFAULT "
            "'a,)\\'b',\n  `x,y` LONGTEXT NULL,\n  PRIMARY KEY (`ID`),\n  UNIQUE KEY `uk` (`id`)\n) DEFAULT CHARSET=utf8mb4")
     assert create_columns(sql) == ["ID", "id", "x,y"]
+
+
+def test_the_lake_stops_on_columns_differing_only_in_case(tmp_path: Any) -> None:
+    """Spark (and so the lake's Parquet and Delta tables as Spark reads them) compares column names
+    case-insensitively: the changelog sender stops naming the table and both columns, also when the
+    second one comes later (an ADD COLUMN "ID" to a table with "id")."""
+    import pytest
+
+    from capturer.errors import SinkError
+    from senders.spark import sender as sp
+
+    opts = {k.name: k.default for k in sp.SparkSender.KEYS}
+    opts.update({"warehouse": str(tmp_path), "compaction_interval": 0, "conf.*": {}})
+    s = sp.SparkSender("spark", opts)
+    with pytest.raises(SinkError, match=r"S\.T x: columns 'ID' and 'id' differ only in case") as e:
+        s._state_for(TableSchema("S", "T x", ("ID", "id"), ("ID",)), [["ID", "bigint"], ["id", "bigint"]])
+    assert not e.value.retriable
+    s._state_for(TableSchema("S", "u", ("id", "é", "e"), ("id",)), [["id", "bigint"], ["é", "string"], ["e", "string"]])
+    with pytest.raises(SinkError, match=r"'id' and 'Id'"):
+        s._state_for(TableSchema("S", "u", ("id", "Id"), ("id",)), [["id", "bigint"], ["Id", "bigint"]])
+    from capturer.model import Position, Txn
+    from senders.spark.deltasink import DeltaSender
+
+    d = DeltaSender("spark", {**opts, "table_format": "delta"})
+    sch = TableSchema("S", "T x", ("ID", "id"), ("ID",))
+    txn = Txn("r0", 10, Position("b.1", 4), (RowChange(sch, "insert", None, {"ID": 1, "id": 2}),))
+    with pytest.raises(SinkError, match=r"S\.T x: columns 'ID' and 'id' differ only in case"):
+        d._table_for([(txn, 0, txn.changes[0])], {"ID": "bigint", "id": "bigint"})
