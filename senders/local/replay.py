@@ -7,6 +7,7 @@ dropped by their ``(region, commit_ts, seq)`` identity.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
@@ -80,6 +81,8 @@ def _literal(text: str | None) -> Any:
         return 1 if text.upper() == "TRUE" else 0
     if text[:1] in ("'", '"'):
         return string_value(text)
+    if text[:2] in ("X'", "x'"):  # (binary: base64 in the file's rows)
+        return base64.b64encode(bytes.fromhex(text[2:-1])).decode("ascii")
     try:
         return int(text)
     except ValueError:

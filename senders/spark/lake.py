@@ -388,14 +388,15 @@ def parse_add_columns(sql: str) -> list[tuple[str, str | None, str | None]]:
         rest = c.group(2)
         if rest.lstrip().startswith("("):  # ADD (a INT, b INT)
             continue
-        d = re.search(r"\bDEFAULT\s+(\((?:[^()]|\([^()]*\))*\)|'(?:[^'\\]|\\.|'')*'|-?[\d.]+(?:e-?\d+)?|NULL|TRUE|FALSE)",
+        d = re.search(r"\bDEFAULT\s+(\((?:[^()]|\([^()]*\))*\)|'(?:[^'\\]|\\.|'')*'|X'[0-9a-f]*'|-?[\d.]+(?:e-?\d+)?|NULL"
+                      r"|TRUE|FALSE)",
                       rest, re.I)
         default = None
         if d:
             lit = d.group(1)
             if lit.startswith("(") and lit.endswith(")"):
                 lit = lit[1:-1].strip()
-            if re.fullmatch(r"'(?:[^'\\]|\\.|'')*'|-?[\d.]+(?:e-?\d+)?|NULL|TRUE|FALSE", lit, re.I):
+            if re.fullmatch(r"'(?:[^'\\]|\\.|'')*'|X'[0-9a-f]*'|-?[\d.]+(?:e-?\d+)?|NULL|TRUE|FALSE", lit, re.I):
                 default = spark_string(string_value(lit)) if lit.startswith("'") else lit
         out.append((name, _ddl_type(rest), default))
     return out

@@ -109,6 +109,7 @@ def test_hostile_postgresql_reaches_every_sender_equal(tmp_path: Path) -> None:
                 # the rows there get the defaults without a logged change
                 c.execute(f"ALTER TABLE {T} ADD COLUMN {qpg('new col;2')} int DEFAULT 7")
                 c.execute(f"ALTER TABLE {T} ADD COLUMN {qpg('Dflt Tëxt')} text DEFAULT 'it''s \\ \"d\" `b`;'")
+                c.execute(f"ALTER TABLE {T} ADD COLUMN {qpg('Bläh;b')} bytea DEFAULT '\\xff00'")
                 _insert(c, range(9, 11))
                 c.execute(f"ALTER TABLE {T} DROP COLUMN {qpg(ABC)}")
                 c.execute(f"ALTER TABLE {T} RENAME COLUMN {qpg(TICK)} TO {qpg(TICK2)}")

@@ -146,3 +146,13 @@ def test_the_file_replay_follows_a_renamed_table() -> None:
         ddl("c`d", "ALTER TABLE `S \"q\".d`.`b` RENAME TO `c``d`")]))
     assert sorted(state) == [('S "q".d', 'Order "Lines".v2'), ('S "q".d', "c`d")]
     assert len(state[('S "q".d', 'Order "Lines".v2')]) == 2 and len(state[('S "q".d', "c`d")]) == 1
+
+
+def test_a_binary_default_reaches_the_lake_and_the_file() -> None:
+    """A bytea column added with a default (the PostgreSQL region writes it X'...'). Before: the lake did not
+    read the literal (the older rows NULL in the lake), and the file's replay failed on it (ValueError)."""
+    from senders.local.replay import _literal
+
+    got = parse_add_columns("ALTER TABLE `s`.`t` ADD COLUMN `b;x` LONGBLOB NULL DEFAULT X'ff00', ADD `e` BLOB DEFAULT ''")
+    assert got == [("b;x", "binary", "X'ff00'"), ("e", "binary", "''")]
+    assert _literal("X'ff00'") == "/wA=" and _literal("''") == ""
