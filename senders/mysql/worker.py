@@ -11,6 +11,7 @@ import random
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, Protocol
 
 import pymysql
@@ -144,6 +145,17 @@ def _kind(ch: RowChange) -> str:
             and all(c in after and c in before and before[c] == after[c] for c in s.pk)):
         return "upsert"
     return "update"
+
+
+@lru_cache(maxsize=4096)
+def applied_key(db: str, table: str) -> str:
+    """A keyless table's row in ``<meta_db>.applied``: ``db.table`` as ever where neither name
+    holds a dot or a backquote, else both quoted (which no plain key can be): ``"a.b" + "c"`` and
+    ``"a" + "b.c"`` were one key, so a crash could have one table's rows skipped or applied twice
+    by the other's progress."""
+    if "." in db or "." in table or "`" in db or "`" in table:
+        return f"{quote_ident(db)}.{quote_ident(table)}"
+    return f"{db}.{table}"
 
 
 def _classify(exc: BaseException, what: str) -> SinkError:
@@ -296,7 +308,7 @@ class Worker:
         todo = []
         for op in ops:
             if not op.keyed and self.s.meta_db:
-                tkey = f"{op.db}.{op.table}"
+                tkey = applied_key(op.db, op.table)
                 seen = self.s.progress.get(tkey)
                 if seen is not None and op.ident <= seen:
                     self.s.count("replayed_skips")

@@ -36,10 +36,12 @@ pytestmark = pytest.mark.integration
 SCHEMA = 'Sch "q".d,c;`ü'
 TABLE = 'Tab le."x",;`Ä'
 ITEMS, ITEMS_RENAMED = "Order Items", 'Order "Lines".v2'
+KEYLESS = 'key.less "T"'  # (REPLICA IDENTITY FULL, no key: the MySQL sender keeps its progress by name)
 KEY, SEL, ABC, TICK, UNI, ORDER, UPPER, RAW = "Key.Col", 'sel"ect', "a,b;c", "tick`q", "Ünï", "order", "UPPER", "raw data"
 TICK2 = "tick`q re.named"
 T = f"{qpg(SCHEMA)}.{qpg(TABLE)}"
 ITEMS_Q = f"{qpg(SCHEMA)}.{qpg(ITEMS)}"
+KL = f"{qpg(SCHEMA)}.{qpg(KEYLESS)}"
 TEXTS = ["q'uote \"dq\" `bt`", "back\\slash \\n not a newline", "new\nline\ttab\r\n", "emoji 😀 ünï",
          "", "semi; -- comment /* c */", "%s %% {}"]
 RAWS = [b"\xff\xfe\x00\x80", b"", b"\xc3\x28 not utf-8", b"\\x00'\""]
@@ -87,6 +89,9 @@ def test_hostile_postgresql_reaches_every_sender_equal(tmp_path: Path) -> None:
             c.execute(f"CREATE TABLE {ITEMS_Q} ({qpg('Id')} int, {qpg('line no')} int, qty int, "
                       f"PRIMARY KEY ({qpg('Id')}, {qpg('line no')}))")
             _insert(c, range(1, 5))
+            c.execute(f'CREATE TABLE {KL} ("a b" int, "V" text)')
+            c.execute(f"ALTER TABLE {KL} REPLICA IDENTITY FULL")
+            c.execute(f"INSERT INTO {KL} VALUES (1, 'x'), (1, 'x'), (2, 'y')")
         senders = ("[global]\ntype=local,mysql,kafka,spark\n"
                    f"[local]\nfilepath={tmp_path / 'out' / 'changes.jsonl'}\n"
                    f"[mysql]\nhost=127.0.0.1\nport={target.port}\nuser=root\npassword=\nthreadnum=2\n"
@@ -99,7 +104,7 @@ def test_hostile_postgresql_reaches_every_sender_equal(tmp_path: Path) -> None:
         try:
             cap.wait_ready()
             # (the file has the copy: the others, Spark's MERGEs above all, catch up while the load goes on)
-            wait_for(lambda: _copied(tmp_path) == 12, 120, "the snapshot of the first rows in the file")
+            wait_for(lambda: _copied(tmp_path) == 15, 120, "the snapshot of the first rows in the file")
             with pg.connect() as c:
                 _insert(c, range(5, 9))
                 c.execute(f"UPDATE {T} SET {qpg(KEY)} = 100 WHERE {qpg(KEY)} = 1")  # a key change
@@ -108,6 +113,9 @@ def test_hostile_postgresql_reaches_every_sender_equal(tmp_path: Path) -> None:
                           ("upd'ated\\ \"x\" 😀\n", b"\x80\x81"))
                 c.execute(f"DELETE FROM {T} WHERE {qpg(KEY)} = 3")
                 c.execute(f"DELETE FROM {ITEMS_Q} WHERE {qpg('Id')} = 3")
+                c.execute(f"INSERT INTO {KL} VALUES (3, 'z'), (3, 'z')")
+                c.execute(f"DELETE FROM {KL} WHERE ctid = (SELECT min(ctid) FROM {KL} WHERE \"a b\" = 3)")
+                c.execute(f"UPDATE {KL} SET \"V\" = 'y''\\' WHERE \"a b\" = 2")
             with pg.connect() as c, c.transaction(force_rollback=True):  # a rollback: none of it may arrive
                 c.execute(f"DELETE FROM {T} WHERE {qpg(KEY)} = 4")
                 c.execute(f"INSERT INTO {T} ({qpg(KEY)}, {qpg(SEL)}) VALUES (50, 'rolled back')")
@@ -135,12 +143,19 @@ def test_hostile_postgresql_reaches_every_sender_equal(tmp_path: Path) -> None:
             # the file, the target and the lake, the rows there before each ALTER untouched since (verify with
             # the capturer running: nothing changes meanwhile)
             tables = _equal(cfg, "local", "mysql", "spark")
-            assert {t for _, t in tables} == {f"{SCHEMA}.{TABLE}", f"{SCHEMA}.{ITEMS_RENAMED}"}, sorted(tables)
-            rows = {f"{SCHEMA}.{TABLE}": 8, f"{SCHEMA}.{ITEMS_RENAMED}": 18}
+            rows = {f"{SCHEMA}.{TABLE}": 8, f"{SCHEMA}.{ITEMS_RENAMED}": 18, f"{SCHEMA}.{KEYLESS}": 4}
+            assert {t for _, t in tables} == set(rows), sorted(tables)
             assert all(v["rows"] == rows[t] for (_, t), v in tables.items()), {k: v["rows"] for k, v in tables.items()}
-            for table in (TABLE, ITEMS_RENAMED):  # the target by hand, every value
+            for table in (TABLE, ITEMS_RENAMED, KEYLESS):  # the target by hand, every value
                 want, got = pg_rows(pg, SCHEMA, table), mysql_rows(target, SCHEMA, table)
                 assert got == want, (table, sorted(set(want) - set(got))[:3], sorted(set(got) - set(want))[:3])
+            conn = target.connect()
+            try:
+                with conn.cursor() as cur:  # the keyless table's progress under a key no other table can have
+                    cur.execute("SELECT tbl FROM _capturer.applied")
+                    assert [r[0] for r in cur.fetchall()] == ["`Sch \"q\".d,c;``ü`.`key.less \"T\"`"]
+            finally:
+                conn.close()
             # Kafka keeps each row's last message: one sent before an ALTER has the columns of then, and the
             # renamed table's rows stay in the old name's topic (docs/verify.md): every row changed once more
             with pg.connect() as c:
@@ -151,7 +166,7 @@ def test_hostile_postgresql_reaches_every_sender_equal(tmp_path: Path) -> None:
         finally:
             _stopped_cleanly(cap, tmp_path)
         tables = _equal(cfg, "kafka")
-        assert len(tables) == 2 and all(v["rows"] == rows[t] for (_, t), v in tables.items())
+        assert len(tables) == 3 and all(v["rows"] == rows[t] for (_, t), v in tables.items())
         assert "rolled back" not in (tmp_path / "out" / "changes.jsonl").read_text()
     finally:
         broker.kill()
