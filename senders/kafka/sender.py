@@ -56,7 +56,7 @@ from typing import Any, ClassVar
 
 from capturer.errors import FENCED_MARK, Fenced, SinkError
 from capturer.model import Ddl, RowChange, StreamKey, TableSchema, Txn, schema_json, stream_key, ts_physical_ms
-from capturer.model.encode import _fallback, _fastrows, dumps_compact
+from capturer.model.encode import _fallback, _fastrows, dumps_compact, quote_ident
 from capturer.model.spill import SpilledChanges
 from capturer.util import failpoints, fencing
 from capturer.util.ini import Key, p_bool, p_choice, p_int, p_nonempty, p_str
@@ -182,6 +182,8 @@ class KafkaSender(Sender):
         self.client: Client | None = None
         self._parts: dict[str, int] = {}
         self._topics: dict[tuple[str, str, str], str] = {}
+        # topic -> what the pattern names of the first table sent there, and its (db, table, region)
+        self._topic_owner: dict[str, tuple[tuple[str | None, ...], tuple[str, str, str]]] = {}
         self.messages = 0
         # what each partition holds already (read back), for the run: survives new producers
         self.marks = Marks()
@@ -277,8 +279,21 @@ class KafkaSender(Sender):
     def topic_for(self, db: str, table: str, region: str) -> str:
         hit = self._topics.get((db, table, region))
         if hit is None:
-            t = self.options["topic"].replace("{db}", db).replace("{table}", table).replace("{region}", region)
+            pattern = self.options["topic"]
+            t = pattern.replace("{db}", db).replace("{table}", table).replace("{region}", region)
             hit = _TOPIC_BAD.sub("_", t)[:249]
+            # what the pattern names: two of those on one topic only by the characters a topic cannot have
+            # (made "_") or the cut at 249, or by a dot in a name ("a.b" + "c", "a" + "b.c"), would put two
+            # tables' rows under the same keys in one topic (a compacted topic keeps one of them)
+            owner = tuple(v if f"{{{k}}}" in pattern else None for k, v in (("db", db), ("table", table),
+                                                                             ("region", region)))
+            other, first = self._topic_owner.setdefault(hit, (owner, (db, table, region)))
+            if other != owner:
+                names = [f"{quote_ident(d)}.{quote_ident(t)} (region {r})" for d, t, r in (first, (db, table, region))]
+                raise SinkError(f"sender {self.name}: {names[0]} and {names[1]} would both go to Kafka topic {hit!r} "
+                                f"(topic = {pattern}: a topic name keeps only a-z A-Z 0-9 . _ -, at most 249 of them), "
+                                "where their rows would share keys; rename or exclude one of the tables, or use a "
+                                "topic pattern that keeps them apart", retriable=False)
             if len(self._topics) > 100_000:
                 self._topics.clear()
             self._topics[(db, table, region)] = hit

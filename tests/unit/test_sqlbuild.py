@@ -280,3 +280,35 @@ def test_keyless_tables_have_one_applied_row_each_whatever_their_names() -> None
     keys = {applied_key(d, t) for d, t in [("a.b", "c"), ("a", "b.c"), ("a", "b`.`c"), ("a`.`b", "c"), ("a", "b_c"),
                                            ("a`", "b"), ("a", "`b")]}
     assert len(keys) == 7 and "a.b_c" in keys
+
+
+def test_two_tables_on_one_kafka_topic_by_their_names_stop_the_sender() -> None:
+    """Tables whose topics are one only because a topic name keeps a-z A-Z 0-9 . _ - ("a b" and "a_b",
+    "Ä" and "Ö") or because of a dot in a name ("a.b" + "c", "a" + "b.c"): their rows went to one topic under
+    the same keys (the message key is the primary key), so a compacted topic kept only one table's row of a
+    key. Now the sender stops naming both; a pattern that puts tables together by choice still may."""
+    import pytest
+
+    from capturer.errors import SinkError
+    from senders.kafka.sender import KafkaSender
+
+    def sender(topic: str) -> KafkaSender:
+        options = {k.name: k.default for k in KafkaSender.KEYS}
+        options.update(servers="127.0.0.1:9", process=False, topic=topic)
+        return KafkaSender("k", options)
+
+    s = sender("capturer.{db}.{table}")
+    assert s.topic_for("S", "a b", "r1") == "capturer.S.a_b" == s.topic_for("S", "a b", "r2")
+    for db, table in (("S", "a_b"), ("S", "a;b")):
+        with pytest.raises(SinkError, match=r"`S`\.`a b` \(region r1\) and .* would both go to Kafka topic "
+                                            r"'capturer\.S\.a_b'") as e:
+            s.topic_for(db, table, "r1")
+        assert not e.value.retriable
+    assert s.topic_for("S", "a.b", "r1") == "capturer.S.a.b"
+    with pytest.raises(SinkError, match=r"`S`\.`a\.b` \(region r1\) and `S\.a`\.`b` \(region r1\)"):
+        s.topic_for("S.a", "b", "r1")
+    assert s.topic_for("S", "Ä", "r1") == "capturer.S._"
+    with pytest.raises(SinkError):
+        s.topic_for("S", "Ö", "r1")
+    one = sender("all-{region}")  # every table in one topic per region: chosen, not by the names
+    assert one.topic_for("a", "b", "r") == one.topic_for("c", "d", "r") == "all-r"
