@@ -76,6 +76,11 @@ class Sender:
     #: wait up to this long for a batch to fill (senders with a high per-call cost)
     linger: float = 0.0
     max_backoff: float = 10.0
+    #: ``send`` may hand a batch over and leave waiting for its delivery to ``settle``: the loop then
+    #: sets ``settle_later`` and acknowledges a batch only after the ``settle`` that follows the next
+    #: batch's ``send`` (at once when no batch is waiting), so a batch's delivery overlaps the next
+    #: one's read and encoding. Any other caller of ``send`` (``settle_later`` False) gets it delivered.
+    defer_settle: bool = False
 
     def __init__(self, name: str, options: dict[str, Any], queue_rows: int = 100_000):
         self.name = name
@@ -98,6 +103,7 @@ class Sender:
         # the sender's own state after the batch in hand (send() sets it); kept with each acknowledgement
         self.position_state: dict[str, Any] | None = None
         self._acked_state: dict[str, Any] | None = None
+        self.settle_later = False  # (defer_settle) set by the loop while it settles batches itself
         self.resumed_at: Any = None  # the key resume_key() gave (shown in the status)
         self._stop = threading.Event()
         self._running = threading.Event()  # cleared while paused
@@ -121,6 +127,10 @@ class Sender:
     def ack_state(self) -> dict[str, Any] | None:
         """``position_state`` as of the last acknowledged batch (for the checkpoint)."""
         return self._acked_state
+
+    def settle(self) -> None:
+        """(``defer_settle``) Wait until everything ``send`` handed over is at the destination;
+        SinkError if not (every batch not acknowledged yet is then sent again)."""
 
     def housekeeping(self) -> None:
         """Work of the sender's own between batches (the loop runs it before every
@@ -255,20 +265,82 @@ class Sender:
             if skip is not None:
                 skip(key)
 
+    def _ack(self, batch: list[Txn], pairs: list[tuple[int, Item]]) -> None:
+        """The batch taken as ``pairs`` (its transactions ``batch``) is at the destination."""
+        if batch:
+            self.txns += len(batch)
+            self.rows += sum(len(t.changes) for t in batch)
+        self._acked_state = self.position_state
+        self.acked_ts = max(self.acked_ts, pairs[-1][1].commit_ts)
+        self.acked_seq = pairs[-1][0]
+
+    def _deliver(self, unsettled: list[tuple[list[Txn], list[tuple[int, Item]]]],
+                 new: tuple[list[Txn], list[tuple[int, Item]]] | None) -> bool:
+        """(``defer_settle``) Send the ``new`` batch, if any; then, when two batches are unsettled or
+        there is no new one, settle them all and acknowledge them. A failure sends every unsettled
+        batch again (how much of them arrived is not known) and settles them, retried as one
+        (``resume_key`` and the sender's own checks skip what the destination holds). False if
+        stopped meanwhile."""
+        if new is not None:
+            unsettled.append(new)
+        state = {"first": True, "settled": False}
+
+        def attempt() -> None:
+            if state["first"]:
+                state["first"] = False
+                if new is not None and new[0]:
+                    fencing.check(f"sender {self.name}")  # high availability: only the lease's holder writes
+                    self.send(new[0])
+                if new is not None and len(unsettled) < 2:
+                    return  # settled with the next batch, or when none is waiting
+            else:
+                again = [t for b, _ in unsettled for t in b]
+                if again:
+                    self._send_once_more(again, [False])
+            self.settle()
+            state["settled"] = True
+
+        if not self._with_retries("send", attempt):
+            return False
+        if state["settled"]:
+            for b, pairs in unsettled:
+                self._ack(b, pairs)
+            unsettled.clear()
+        return True
+
+    def _settle_at_stop(self, unsettled: list[tuple[list[Txn], list[tuple[int, Item]]]]) -> None:
+        """Stopping: one try to settle what was sent (what is not acknowledged is sent again after a restart)."""
+        if not unsettled:
+            return
+        try:
+            self.settle()
+            for b, pairs in unsettled:
+                self._ack(b, pairs)
+        except Exception as exc:
+            log.warning("sender %s: stopping with %d batch(es) not known to be delivered (%s): they are sent "
+                        "again after the restart", self.name, len(unsettled), exc)
+
     def _run(self) -> None:
         try:
             # a sender that starts paused (an operator paused it before a restart) opens nothing yet:
             # its target may be down for maintenance
             if not self._wait_while_paused() or not self._with_retries("open", self._open_and_resume):
                 return
+            deferred = self.settle_later = bool(self.defer_settle)
+            unsettled: list[tuple[list[Txn], list[tuple[int, Item]]]] = []  # sent, not acknowledged (deferred)
             while not self._stop.is_set():
+                if unsettled and self.paused and not self._deliver(unsettled, None):
+                    break  # (pausing: what was sent is settled and acknowledged first)
                 if not self._wait_while_paused() or not self._with_retries("housekeeping", self.housekeeping):
                     break
                 try:
-                    pairs = self.queue.get_many(self.batch_rows, timeout=0.2)
+                    # with a batch unsettled, only what is there now: none waiting, it is settled at once
+                    pairs = self.queue.get_many(self.batch_rows, timeout=0.0 if unsettled else 0.2)
                 except Closed:
                     break
                 if not pairs:
+                    if unsettled and not self._deliver(unsettled, None):
+                        break
                     continue
                 if self.linger > 0:
                     deadline = time.monotonic() + self.linger
@@ -285,14 +357,14 @@ class Sender:
                 if not self._wait_while_paused():
                     break
                 batch = [it for _, it in pairs if isinstance(it, Txn)]
-                if batch:
-                    if not self._with_retries("send", self._send_once_more, batch, [True]):
+                if deferred:
+                    if not self._deliver(unsettled, (batch, pairs)):
                         break
-                    self.txns += len(batch)
-                    self.rows += sum(len(t.changes) for t in batch)
-                self._acked_state = self.position_state
-                self.acked_ts = max(self.acked_ts, pairs[-1][1].commit_ts)
-                self.acked_seq = pairs[-1][0]
+                    continue
+                if batch and not self._with_retries("send", self._send_once_more, batch, [True]):
+                    break
+                self._ack(batch, pairs)
+            self._settle_at_stop(unsettled)
         except BaseException as exc:
             self.error = exc
             self.state = "failed"

@@ -204,6 +204,10 @@ class KafkaSender(Sender):
             self.transactional_id = f"{prefix}.{name}"
             self.options = {**self.options, "_transactional_id": self.transactional_id}
         self.epoch_header: list[tuple[str, bytes]] = [("capturer_epoch", str(epoch).encode())] if epoch else []
+        # not transactional: a batch's delivery (the flush) is waited for in settle(), after the next batch was
+        # read, encoded and produced (senders/base.py defer_settle); a transactional batch commits in send()
+        self.defer_settle = not self.transactional
+        self._unsettled: list[Txn] = []  # what send() handed over since the last settle()
 
     @staticmethod
     def check_options(opts: dict[str, Any], where: Callable[[str], str]) -> None:
@@ -265,6 +269,7 @@ class KafkaSender(Sender):
         return None
 
     def close(self) -> None:
+        self._unsettled = []  # (a retry hands every batch not acknowledged to send() again)
         client, self.client = self.client, None
         if client is not None:
             try:
@@ -367,6 +372,10 @@ class KafkaSender(Sender):
                 # runs again past its lease (what the client library held before the pause may still go out)
                 fencing.check(guard)
                 sent += self._send_txn(txn)
+            if self.settle_later:  # delivered by settle() (what it waits for is the next batch's overlap)
+                self.messages += sent
+                self._unsettled.extend(batch)
+                return
             self._flush_or_raise(self.client)
             if self.transactional:
                 if sent:
@@ -386,6 +395,24 @@ class KafkaSender(Sender):
             self._raise_if_too_large(batch, exc)
             raise SinkError(f"produce failed: {exc}") from exc
         self.messages += sent
+        self._batch_done()
+
+    def settle(self) -> None:
+        """Wait until every message produced so far is acknowledged by the broker (the batches
+        ``send`` handed over with ``settle_later``); SinkError if not, with a fresh producer for
+        the retry, as a failed ``send``."""
+        batch, self._unsettled = self._unsettled, []
+        if self.client is None:
+            return
+        try:
+            self._flush_or_raise(self.client)
+        except Exception as exc:
+            self.close()  # a fresh producer for the retry (what was not delivered is marked failed)
+            self._raise_if_too_large(batch, exc)
+            raise exc if isinstance(exc, SinkError) else SinkError(f"produce failed: {exc}") from exc
+        self._batch_done()
+
+    def _batch_done(self) -> None:
         self.marks.batch_done()
         if self.marks.skipped != self._skipped_logged:
             log.info("sender %s: %d messages Kafka held already were not sent again (%d so far)", self.name,
