@@ -296,6 +296,13 @@ def ddl_for(old: RelDef | None, new: RelDef, defaults: dict[str, str] | None = N
         clauses.append("ADD PRIMARY KEY " + _cols(new.pk))
     clauses += [f"ADD UNIQUE KEY {quote_ident(uk_name(u))} " + _cols(u)
                 for u in new.unique_keys if u not in old.unique_keys]
-    if clauses:
-        out.append((new.db, f"ALTER TABLE {qualified(new.db, new.table)} " + ", ".join(clauses), new.table))
+    # a column added under the name of one that goes or is renamed (dropped and added again, a rename onto
+    # it): its ADD in a statement of its own after the rest; the file's replay and the lake read a statement's
+    # ADD COLUMNs first, so in one statement they took the added column for the one already there
+    reused = set(added) & (set(gone) | set(renamed.values()))
+    later = [c for c in clauses if c.startswith(("ADD COLUMN", "ADD PRIMARY KEY", "ADD UNIQUE KEY"))] \
+        if reused else []
+    for part in ([c for c in clauses if c not in later], later):
+        if part:
+            out.append((new.db, f"ALTER TABLE {qualified(new.db, new.table)} " + ", ".join(part), new.table))
     return out
