@@ -35,6 +35,7 @@ class Deferred(Sender):
         self.send_fails, self.settle_fails = send_fails, settle_fails
         self.gate = gate
         self.bad: list[str] = []  # acknowledged before delivered
+        self.entered = threading.Event()  # a send() began
 
     def _check(self) -> None:
         if self.acked_ts and self.acked_ts not in self.delivered:
@@ -42,6 +43,7 @@ class Deferred(Sender):
 
     def send(self, batch: list[Txn]) -> None:
         self._check()
+        self.entered.set()
         if self.gate is not None:
             self.gate.wait(5)
         self.sends.append([t.commit_ts for t in batch])
@@ -124,7 +126,7 @@ def test_pausing_settles_what_was_sent_first() -> None:
     s.queue.put((1, txn(1)))
     s.queue.put((2, txn(2)))
     s.queue.put((3, txn(3)))
-    time.sleep(0.05)  # (the loop is in send of batch 1)
+    assert s.entered.wait(5)  # the loop is in send of batch 1
     s.pause()
     gate.set()
     deadline = time.monotonic() + 5
