@@ -200,6 +200,11 @@ class MySQLRegion(SnapshotHostMixin, ClockedRegion):
             srv_pk, uks = self._keys_from_server(ev.schema, ev.table)
             if not pk:
                 pk = tuple(c for c in srv_pk if c in cols)
+            elif len(pk) > 1 and sorted(pk) == sorted(srv_pk):
+                # the key's own column order: the library flags a table map's key columns in the
+                # table's column order, while a snapshot (and SHOW INDEX) name them in the key's
+                # order; one table's changes must carry one key order (a consumer keys rows by it)
+                pk = tuple(srv_pk)
             uks = tuple(u for u in uks if all(c in cols for c in u))
             info = column_info(ev.columns)
             s = TableSchema(ev.schema, ev.table, cols, pk, uks, tuple(c.type for c in ev.columns), info)
