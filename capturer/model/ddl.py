@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
 _NAME = r"(?:`(?:[^`]|``)+`|[\w$]+)"
 _QNAME = rf"({_NAME}(?:\s*\.\s*{_NAME})?)"
@@ -219,3 +220,156 @@ def create_columns(sql: str) -> list[str]:
                                             "FULLTEXT", "SPATIAL", "PERIOD", "SYSTEM"):
             out.append(_unquote(m.group(1)))
     return out
+
+
+# --- the column changes of an ALTER TABLE (the lake, the file's replay and Kafka's verify) --------
+
+def split_clauses(s: str) -> list[str]:
+    """``s`` split at the commas outside parentheses, quotes and backquotes (a string's
+    backslash escape, ``\\'``, does not end it)."""
+    out: list[str] = []
+    cur: list[str] = []
+    depth, quote, escaped = 0, "", False
+    for ch in s:
+        if quote:
+            cur.append(ch)
+            if escaped:
+                escaped = False
+            elif ch == "\\" and quote != "`":
+                escaped = True
+            elif ch == quote:
+                quote = ""
+            continue
+        if ch in "'\"`":
+            quote = ch
+        elif ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            out.append("".join(cur))
+            cur = []
+            continue
+        cur.append(ch)
+    out.append("".join(cur))
+    return out
+
+
+_NOT_A_COLUMN = ("INDEX", "KEY", "UNIQUE", "PRIMARY", "FOREIGN", "CONSTRAINT", "CHECK", "FULLTEXT", "SPATIAL",
+                 "PARTITION", "SYSTEM", "PERIOD")
+
+
+def alter_columns(sql: str) -> list[tuple[str, str, str]]:
+    """The column changes of an ALTER TABLE, in the order of its clauses: ``('add', col,
+    its definition)``, ``('drop', col, '')``, ``('rename', old, new)`` (RENAME COLUMN, or
+    CHANGE to another name), ``('rename_table', '', new name as written)``; none for
+    another statement. Names may be backquoted with spaces, commas or backquotes inside."""
+    body = alter_clauses(sql)
+    if body is None:
+        return []
+    name = f"({_NAME})"
+    out = []
+    for clause in split_clauses(body):
+        c = re.match(r"\s*ADD\s+(?:COLUMN\s+)?(?:IF\s+NOT\s+EXISTS\s+)?" + name + r"\s+(.*)$", clause, re.I | re.S)
+        if c and c.group(1).upper() not in _NOT_A_COLUMN:
+            if not c.group(2).lstrip().startswith("("):  # (ADD (a INT, b INT): not read)
+                out.append(("add", _unquote(c.group(1)), c.group(2)))
+            continue
+        c = re.match(r"\s*DROP\s+(?:COLUMN\s+)?(?:IF\s+EXISTS\s+)?" + name + r"\s*$", clause, re.I | re.S)
+        if c and c.group(1).upper() not in _NOT_A_COLUMN:
+            out.append(("drop", _unquote(c.group(1)), ""))
+            continue
+        c = re.match(r"\s*RENAME\s+COLUMN\s+" + name + r"\s+TO\s+" + name + r"\s*$", clause, re.I | re.S)
+        if c:
+            out.append(("rename", _unquote(c.group(1)), _unquote(c.group(2))))
+            continue
+        c = re.match(r"\s*CHANGE\s+(?:COLUMN\s+)?(?:IF\s+EXISTS\s+)?" + name + r"\s+" + name + r"\s", clause,
+                     re.I | re.S)
+        if c and _unquote(c.group(1)) != _unquote(c.group(2)):
+            out.append(("rename", _unquote(c.group(1)), _unquote(c.group(2))))
+            continue
+        c = re.match(r"\s*RENAME\s+(?:TO\s+|AS\s+)?(" + _NAME + r"(?:\s*\.\s*" + _NAME + r")?)\s*$", clause,
+                     re.I | re.S)
+        if c and c.group(1).upper() not in ("INDEX", "KEY", "COLUMN"):
+            out.append(("rename_table", "", c.group(1)))
+    return out
+
+
+_LITERAL = r"'(?:[^'\\]|\\.|'')*'|X'[0-9a-f]*'|-?[\d.]+(?:e-?\d+)?|NULL|TRUE|FALSE"
+_DEFAULT = re.compile(r"\bDEFAULT\s+(\((?:[^()]|\([^()]*\))*\)|" + _LITERAL + ")", re.I)
+
+
+def constant_default(definition: str) -> str | None:
+    """The DEFAULT of a column definition as its literal's text (``'a''b'``, ``7``,
+    ``X'ff'``, ``NULL``), or None: no DEFAULT, or one that is not a constant
+    (``CURRENT_TIMESTAMP``, an expression)."""
+    d = _DEFAULT.search(definition)
+    if not d:
+        return None
+    lit = d.group(1)
+    if lit.startswith("(") and lit.endswith(")"):
+        lit = lit[1:-1].strip()
+    return lit if re.fullmatch(_LITERAL, lit, re.I) else None
+
+
+def literal_value(text: str | None) -> Any:
+    """The value of a constant literal (``constant_default``'s): None, an int, a float,
+    a str, or bytes for ``X'...'``."""
+    if text is None or text.upper() == "NULL":
+        return None
+    if text.upper() in ("TRUE", "FALSE"):
+        return 1 if text.upper() == "TRUE" else 0
+    if text[:1] in ("'", '"'):
+        return string_value(text)
+    if text[:2] in ("X'", "x'"):
+        return bytes.fromhex(text[2:-1])
+    try:
+        return int(text)
+    except ValueError:
+        return float(text)
+
+
+RowStep = tuple[str, str, Any]
+
+
+def row_steps(sql: str) -> list[RowStep]:
+    """What an ALTER TABLE does to a row written before it, in clause order: ``('add', col,
+    value)`` (the column's constant DEFAULT; None without one: NULL), ``('drop', col, None)``,
+    ``('rename', old, new)``. Applied by ``apply_row_steps``."""
+    out: list[RowStep] = []
+    for what, a, b in alter_columns(sql):
+        if what == "add":
+            out.append(("add", a, literal_value(constant_default(b))))
+        elif what == "drop":
+            out.append(("drop", a, None))
+        elif what == "rename":
+            out.append(("rename", a, b))
+    return out
+
+
+def apply_row_steps(row: dict[str, Any], steps: list[RowStep]) -> dict[str, Any]:
+    """``row`` as the ALTERs ``steps`` leave it (a new dict: added columns take their
+    default unless the row has them, dropped ones go, renamed ones move)."""
+    row = dict(row)
+    for what, a, b in steps:
+        if what == "add":
+            row.setdefault(a, b)
+        elif what == "drop":
+            row.pop(a, None)
+        elif a in row:
+            row[b] = row.pop(a)
+    return row
+
+
+def table_renames(sql: str, db: str, table: str, session_db: str = "") -> list[tuple[tuple[str, str], tuple[str, str]]]:
+    """The ``((db, old), (db, new))`` pairs a DDL on ``db.table`` renames, in order: a
+    RENAME TABLE's, or an ALTER TABLE's RENAME [TO|AS] clause (also among other clauses,
+    after which the column changes are done)."""
+    pairs = renamed_tables(sql, session_db or db)
+    if pairs or not table:
+        return pairs
+    for what, _, to in alter_columns(sql):
+        if what == "rename_table":
+            to_db, to_table = split_qname(to)
+            return [((db, table), (to_db or db, to_table))]
+    return []

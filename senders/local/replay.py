@@ -15,8 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from capturer.model.ddl import renamed_tables, string_value
-from senders.spark.lake import parse_add_columns
+from capturer.model.ddl import apply_row_steps, literal_value, row_steps, table_renames
 
 RowKey = tuple[Any, ...]
 
@@ -74,56 +73,31 @@ def _keyless(t: dict[RowKey, dict[str, Any]], before: dict[str, Any] | None, aft
 
 
 def _literal(text: str | None) -> Any:
-    """A DEFAULT literal of an ALTER TABLE as the JSON value rows carry."""
-    if text is None or text.upper() == "NULL":
-        return None
-    if text.upper() in ("TRUE", "FALSE"):
-        return 1 if text.upper() == "TRUE" else 0
-    if text[:1] in ("'", '"'):
-        return string_value(text)
-    if text[:2] in ("X'", "x'"):  # (binary: base64 in the file's rows)
-        return base64.b64encode(bytes.fromhex(text[2:-1])).decode("ascii")
-    try:
-        return int(text)
-    except ValueError:
-        return float(text)
+    """A DEFAULT literal of an ALTER TABLE as the JSON value rows carry (binary: base64)."""
+    v = literal_value(text)
+    return base64.b64encode(v).decode("ascii") if isinstance(v, bytes) else v
 
 
 def _apply_ddl(state: dict[tuple[str, str], dict[RowKey, dict[str, Any]]], d: dict[str, Any]) -> None:
-    """What an ALTER TABLE does to the rows already there: ADD COLUMN (with its
-    constant default), DROP COLUMN, CHANGE COLUMN (a rename); TRUNCATE and DROP
-    TABLE empty the table."""
+    """What a DDL does to the rows already there: TRUNCATE and DROP TABLE empty the table;
+    an ALTER TABLE's ADD COLUMN (with its constant default), DROP COLUMN, RENAME COLUMN and
+    CHANGE COLUMN (capturer/model/ddl.py ``row_steps``), then its RENAME TO; RENAME TABLE."""
     sql = re.sub(r"/\*.*?\*/", " ", d.get("sql") or "", flags=re.S).strip()
-    for src, dst in renamed_tables(sql, d["db"]):  # (RENAME TABLE, ALTER TABLE ... RENAME TO)
+    head = sql.upper()
+    t = state.get((d["db"], d["table"]))
+    if t is not None and head.startswith(("TRUNCATE", "DROP TABLE")):
+        t.clear()
+        return
+    if t is not None and head.startswith("ALTER"):
+        steps = [(w, a, base64.b64encode(b).decode("ascii") if isinstance(b, bytes) else b)
+                 for w, a, b in row_steps(sql)]
+        if steps:
+            for k, row in t.items():
+                t[k] = apply_row_steps(row, steps)
+    for src, dst in table_renames(sql, d["db"], d["table"], d.get("session_db") or ""):
         moved = state.pop(src, None)
         if moved is not None:
             state[dst] = moved
-    t = state.get((d["db"], d["table"]))
-    if t is None:
-        return
-    head = sql.upper()
-    if head.startswith(("TRUNCATE", "DROP TABLE")):
-        t.clear()
-        return
-    if not head.startswith("ALTER"):
-        return
-    for name, _, default in parse_add_columns(sql):
-        for row in t.values():
-            row.setdefault(name, _literal(default))
-    ident = r"(`(?:[^`]|``)+`|[\w$]+)"
-    for m in re.finditer(r"\bDROP\s+(?:COLUMN\s+)?(?:IF\s+EXISTS\s+)?" + ident, sql, re.I):
-        col = m.group(1)
-        if col.upper() in ("INDEX", "KEY", "PRIMARY", "FOREIGN", "CONSTRAINT", "CHECK", "PARTITION", "UNIQUE"):
-            continue
-        col = col[1:-1].replace("``", "`") if col.startswith("`") else col
-        for row in t.values():
-            row.pop(col, None)
-    for m in re.finditer(r"\bCHANGE\s+(?:COLUMN\s+)?" + ident + r"\s+" + ident, sql, re.I):
-        old, new = (c[1:-1].replace("``", "`") if c.startswith("`") else c for c in m.groups())
-        if old != new:
-            for row in t.values():
-                if old in row:
-                    row[new] = row.pop(old)
 
 
 State = dict[tuple[str, str], dict[RowKey, dict[str, Any]]]

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from capturer.model import ColumnInfo
-from capturer.model.ddl import NAME, alter_clauses, string_value
+from capturer.model.ddl import alter_columns, constant_default, split_clauses, string_value
 from capturer.model.encode import T_BIT, decimal_text, format_timedelta
 from capturer.util.durable import fsync_dir
 from senders.spark.commits import recover_if_idle
@@ -312,32 +312,7 @@ _TYPE_WORDS = [
 ]
 
 
-def _split_top(s: str) -> list[str]:
-    """Split at commas that are not inside parentheses or quotes."""
-    out, depth, cur, quote, escaped = [], 0, [], "", False
-    for ch in s:
-        if quote:
-            cur.append(ch)
-            if escaped:
-                escaped = False
-            elif ch == "\\" and quote != "`":  # (a string's backslash escape: \' does not end it)
-                escaped = True
-            elif ch == quote:
-                quote = ""
-            continue
-        if ch in "'\"`":
-            quote = ch
-        elif ch == "(":
-            depth += 1
-        elif ch == ")":
-            depth -= 1
-        elif ch == "," and depth == 0:
-            out.append("".join(cur))
-            cur = []
-            continue
-        cur.append(ch)
-    out.append("".join(cur))
-    return out
+_split_top = split_clauses  # (where it was first; tests/unit/test_spark_delta_unit.py names it)
 
 
 def _ddl_type(spec: str) -> str | None:
@@ -371,65 +346,20 @@ def spark_string(v: str) -> str:
 
 
 def parse_add_columns(sql: str) -> list[tuple[str, str | None, str | None]]:
-    """``(column, spark type, default as a SQL literal)`` for each ADD COLUMN of an
-    ALTER TABLE; the default is None when there is none or it is not a constant."""
-    body = alter_clauses(sql)
-    if body is None:
-        return []
+    """``(column, spark type, default as a Spark SQL literal)`` for each ADD COLUMN of an
+    ALTER TABLE (capturer/model/ddl.py ``alter_columns``); the default is None when there
+    is none or it is not a constant."""
     out = []
-    for clause in _split_top(body):
-        c = re.match(r"\s*ADD\s+(?:COLUMN\s+)?(?:IF\s+NOT\s+EXISTS\s+)?(`(?:[^`]|``)+`|[\w$]+)\s+(.*)$",
-                     clause, re.I | re.S)
-        if not c or c.group(1).upper() in ("INDEX", "KEY", "UNIQUE", "PRIMARY", "CONSTRAINT", "FOREIGN",
-                                           "FULLTEXT", "SPATIAL", "PARTITION", "CHECK"):
+    for what, name, definition in alter_columns(sql):
+        if what != "add":
             continue
-        name = c.group(1)
-        name = name[1:-1].replace("``", "`") if name.startswith("`") else name
-        rest = c.group(2)
-        if rest.lstrip().startswith("("):  # ADD (a INT, b INT)
-            continue
-        d = re.search(r"\bDEFAULT\s+(\((?:[^()]|\([^()]*\))*\)|'(?:[^'\\]|\\.|'')*'|X'[0-9a-f]*'|-?[\d.]+(?:e-?\d+)?|NULL"
-                      r"|TRUE|FALSE)",
-                      rest, re.I)
-        default = None
-        if d:
-            lit = d.group(1)
-            if lit.startswith("(") and lit.endswith(")"):
-                lit = lit[1:-1].strip()
-            if re.fullmatch(r"'(?:[^'\\]|\\.|'')*'|X'[0-9a-f]*'|-?[\d.]+(?:e-?\d+)?|NULL|TRUE|FALSE", lit, re.I):
-                default = spark_string(string_value(lit)) if lit.startswith("'") else lit
-        out.append((name, _ddl_type(rest), default))
+        lit = constant_default(definition)
+        default = spark_string(string_value(lit)) if lit is not None and lit.startswith("'") else lit
+        out.append((name, _ddl_type(definition), default))
     return out
 
 
 def parse_alter(sql: str) -> list[tuple[str, str, str]]:
     """The column changes of an ALTER TABLE this format applies: ``('drop', col, '')``,
     ``('rename', old, new)``, and ``('rename_table', '', new)`` (which it cannot)."""
-    body = alter_clauses(sql)
-    if body is None:
-        return []
-    name = f"({NAME})"
-
-    def unq(n: str) -> str:
-        return n[1:-1].replace("``", "`") if n.startswith("`") else n
-
-    out = []
-    for clause in _split_top(body):
-        c = re.match(r"\s*DROP\s+(?:COLUMN\s+)?(?:IF\s+EXISTS\s+)?" + name + r"\s*$", clause, re.I | re.S)
-        if c and c.group(1).upper() not in ("INDEX", "KEY", "PRIMARY", "FOREIGN", "CONSTRAINT", "CHECK",
-                                            "PARTITION", "SYSTEM"):
-            out.append(("drop", unq(c.group(1)), ""))
-            continue
-        c = re.match(r"\s*RENAME\s+COLUMN\s+" + name + r"\s+TO\s+" + name + r"\s*$", clause, re.I | re.S)
-        if c:
-            out.append(("rename", unq(c.group(1)), unq(c.group(2))))
-            continue
-        c = re.match(r"\s*CHANGE\s+(?:COLUMN\s+)?(?:IF\s+EXISTS\s+)?" + name + r"\s+" + name + r"\s", clause,
-                     re.I | re.S)
-        if c and unq(c.group(1)) != unq(c.group(2)):
-            out.append(("rename", unq(c.group(1)), unq(c.group(2))))
-            continue
-        c = re.match(r"\s*RENAME\s+(?:TO\s+|AS\s+)?(" + NAME + r"(?:\s*\.\s*" + NAME + r")?)\s*$", clause, re.I | re.S)
-        if c and c.group(1).upper() not in ("INDEX", "KEY", "COLUMN"):
-            out.append(("rename_table", "", c.group(1)))
-    return out
+    return [c for c in alter_columns(sql) if c[0] != "add"]

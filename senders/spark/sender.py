@@ -42,7 +42,7 @@ from typing import Any, ClassVar
 
 from capturer.errors import SinkError
 from capturer.model import Ddl, RowChange, StreamKey, TableSchema, Txn, key_from_json, key_to_json, stream_key
-from capturer.model.ddl import dropped_tables, renamed_tables, split_qname
+from capturer.model.ddl import dropped_tables, table_renames
 from capturer.model.encode import _fastrows
 from capturer.util import failpoints
 from capturer.util.ini import Key, p_bool, p_choice, p_float, p_int, p_nonempty, p_str
@@ -819,14 +819,7 @@ class SparkSender(Sender):
 def _renames(ddl: Ddl) -> list[tuple[tuple[str, str], tuple[str, str]]]:
     """The ``((db, old), (db, new))`` pairs a DDL renames: a RENAME TABLE's, or an ALTER TABLE's
     RENAME [TO|AS] clause (also among other clauses)."""
-    pairs = renamed_tables(ddl.sql, ddl.session_db or ddl.db)
-    if pairs or not ddl.table:
-        return pairs
-    for what, _, to in lake.parse_alter(ddl.sql):
-        if what == "rename_table":
-            db, table = split_qname(to)
-            return [((ddl.db, ddl.table), (db or ddl.db, table))]
-    return []
+    return table_renames(ddl.sql, ddl.db, ddl.table, ddl.session_db)
 
 
 def _java_found() -> bool:
