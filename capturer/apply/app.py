@@ -375,6 +375,7 @@ class Applier:
                 "lag_messages": lag, "lag_seconds": round(max(0.0, now - last / 1000.0), 3) if lag and last else 0.0,
                 "paused": tp in self.paused}
         waiting = self.regroup.waiting()
+        senders = {s.name: s.status() for s in self.senders}
         lag_s = 0.0
         if self.inflight or waiting or any(p["lag_messages"] for p in parts.values()):
             lag_s = max(0.0, now - self.last_applied_ms / 1000.0) if self.last_applied_ms else 0.0
@@ -390,7 +391,10 @@ class Applier:
             "errors": {"bad_messages": self.bad_messages, "dead_letters": self.dead_letters,
                        "last_bad": self.last_bad, "commit_errors": self.commit_errors,
                        "last_commit_error": self.last_commit_error, "kafka": self.kafka_error},
-            "senders": {s.name: s.status() for s in self.senders},
+            "senders": senders,
+            # what the senders wait for at their destinations now (a target holding a lock, a hung receiver)
+            "waiting_for": [f"sender {n}: {st['waiting_for']} ({st.get('waiting_seconds')} s)"
+                            for n, st in senders.items() if st.get("waiting_for")],
         }
 
 

@@ -58,11 +58,16 @@ class ApplyCollector(Collector):
         sa = GaugeMetricFamily("capturer_apply_sender_acked_ts_seconds", "commit time of the last transaction a "
                                "sender acknowledged", labels=["sender"])
         se = CounterMetricFamily("capturer_apply_sender_errors", "a sender's errors", labels=["sender"])
+        sw = GaugeMetricFamily("capturer_apply_sender_waiting_seconds", "how long a sender has waited for its "
+                               "destination's answer (a statement, commit or request in flight; 0 when none)",
+                               labels=["sender"])
         for name, st in s["senders"].items():
             sa.add_metric([name], (st.get("acked_ts", 0) >> 18) / 1000.0)
             se.add_metric([name], st.get("errors", 0))
+            sw.add_metric([name], st.get("waiting_seconds") or 0.0)
         yield sa
         yield se
+        yield sw
 
 
 def spark_pages() -> dict[str, tuple[bytes, str]]:

@@ -162,7 +162,30 @@ class MySQLSender(Sender):
         st["position"] = key_to_json(self._whole)  # the last transaction known whole at the target
         st["phase"] = self._phase
         st["resumed_at"] = key_to_json(self._read_at)  # the target's position as read at open
+        st.update(self._waiting())
         return st
+
+    #: a statement, commit or DDL running at the target longer than this is shown as what the sender waits for
+    WAIT_SHOWN = 1.0
+
+    def _waiting(self) -> dict[str, Any]:
+        """What the sender waits for at the target: the workers whose statement, commit or DDL has run
+        for ``WAIT_SHOWN`` seconds or more (a row or metadata lock another session holds there, a slow or
+        hung server), the longest first; ``waiting_for``/``waiting_seconds`` name the longest (as every
+        sender that can hang shows them), ``workers_waiting`` all of them."""
+        now = time.monotonic()
+        busy = []
+        for w in self.workers:
+            doing = getattr(w, "doing", None)  # (one read: the worker's thread replaces it)
+            if doing is not None and now - doing[0] >= self.WAIT_SHOWN:
+                busy.append({"worker": w.index, "doing": doing[1], "seconds": round(now - doing[0], 1)})
+        busy.sort(key=lambda b: -b["seconds"])
+        if not busy:
+            return {"waiting_for": None, "waiting_seconds": None, "workers_waiting": []}
+        o, b = self.options, busy[0]
+        more = f"; {len(busy) - 1} more worker(s) waiting" if len(busy) > 1 else ""
+        return {"waiting_for": f"the target {o['host']}:{o['port']}: worker {b['worker']}'s {b['doing']}{more}",
+                "waiting_seconds": b["seconds"], "workers_waiting": busy}
 
     # --- lifecycle ----------------------------------------------------------
     def open(self) -> None:
@@ -616,6 +639,7 @@ class MySQLSender(Sender):
                         except pymysql.err.OperationalError as exc:
                             if exc.args[0] != 1049:  # unknown database: run it unqualified
                                 raise
+                    w.doing = (time.monotonic(), f"DDL {sql[:200]!r}")
                     try:
                         cur.execute(sql)
                     except pymysql.err.MySQLError as exc:
@@ -641,6 +665,8 @@ class MySQLSender(Sender):
                 if err.retriable:
                     w.drop()
                 raise err from exc
+            finally:
+                w.doing = None
 
         w.pool.submit(run).result()
         self._advance(key)

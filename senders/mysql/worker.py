@@ -174,6 +174,9 @@ class Worker:
         self.index = index
         self.conn: pymysql.connections.Connection | None = None
         self.used = 0.0  # (monotonic) when the connection was last handed out
+        # what the connection is doing at the target now and since when (monotonic): a statement or the
+        # commit of a chunk, a DDL; None between them. The sender's status says what it waits for from it
+        self.doing: tuple[float, str] | None = None
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"mysql-w{index}")
 
     # --- connection ---------------------------------------------------------
@@ -275,6 +278,7 @@ class Worker:
                 chunk = chunks[committed[0]]
                 done = self._apply_ops(conn, chunk)
                 failpoints.hit("mysql.commit")  # a chunk is about to be committed (the others' may be already)
+                self.doing = (time.monotonic(), f"COMMIT of {len(chunk)} change(s)")
                 if mark is not None and self.s.meta_db and chunk and chunk[-1].pos >= 0:
                     # the lane's row and the commit in one round trip (a statement each would cost a
                     # transaction per source transaction with txn_atomic a third more time)
@@ -298,6 +302,8 @@ class Worker:
             if err.retriable and code not in (1213, 1205):
                 self.drop()
             raise err from inner
+        finally:
+            self.doing = None
 
     def _apply_ops(self, conn: pymysql.connections.Connection, ops: list[Op]) -> int:
         """Apply ``ops`` in the open transaction (not committed here): their statements
@@ -332,6 +338,7 @@ class Worker:
                     j += 1
                 run = todo[i:j]
                 what = f"{head.ch.op} into {quote_ident(head.db)}.{quote_ident(head.table)}"
+                self.doing = (time.monotonic(), f"{what} ({j - i} row(s))")
                 clash = case_clash(schema)
                 if clash is not None:
                     raise SinkError(f"{what}: the source table {quote_ident(schema.db)}.{quote_ident(schema.table)} "
@@ -349,6 +356,9 @@ class Worker:
                 except pymysql.err.MySQLError as exc:
                     raise _classify(exc, what) from exc
                 i = j
+            if progress:
+                self.doing = (time.monotonic(), f"the progress rows of tables without keys in "
+                                                f"{quote_ident(self.s.meta_db)}.`applied`")
             for tkey, ident in progress.items():
                 cur.execute(
                     f"INSERT INTO {param_ident(self.s.meta_db)}.`applied` (tbl, commit_ts, region, seq) "

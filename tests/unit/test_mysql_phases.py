@@ -250,3 +250,25 @@ def test_runs_group_by_table_kind_and_columns_and_pick_the_literal_path_only_wit
     # one value needs sql_param (BIT '101' -> 5): the whole run goes with parameters
     assert "`d`.`t2` " in s3 and p3 == [3, 3, 4, 4, 5, 5]
     assert "(`id`) VALUES (%s)" in s4 and p4 == [6]  # other columns; types unknown: parameters
+
+
+def test_status_names_what_the_sender_waits_for_at_the_target() -> None:
+    """A statement, commit or DDL a worker has had at the target for a second or more (a row lock held
+    there by another session, a hung server) is what ``/status`` says the sender waits for."""
+    s = sender(n=3)
+    s.options.update(port=3307)
+    st = s.status()
+    assert st["waiting_for"] is None and st["waiting_seconds"] is None and st["workers_waiting"] == []
+    now = time.monotonic()
+    s.workers[0].doing = (now - 0.2, "COMMIT of 2 change(s)")  # (a short one is not a wait)
+    s.workers[2].doing = (now - 7.5, "update into `d`.`t` (3 row(s))")
+    s.workers[1].doing = (now - 2.0, "insert into `d`.`u` (1 row(s))")
+    st = s.status()
+    assert st["waiting_for"] == "the target h:3307: worker 2's update into `d`.`t` (3 row(s)); 1 more worker(s) waiting"
+    assert st["waiting_seconds"] >= 7.5
+    assert [w["worker"] for w in st["workers_waiting"]] == [2, 1]
+    for w in s.workers:
+        w.doing = None
+    assert s.status()["waiting_for"] is None
+    for w in s.workers:
+        w.close()

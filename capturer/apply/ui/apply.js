@@ -24,8 +24,9 @@ async function refresh() {
     document.getElementById("summary").textContent =
       `${a.txns} transactions, ${a.rows} rows, ${a.ddls} DDL applied; lag ${a.lag_seconds} s; ` +
       `${s.in_flight} in flight; ${s.regroup.rows_buffered} rows held; group ${s.group}; tables ${s.tables.join(", ")}`;
-    table("senders", ["sender", "state", "rows", "txns", "errors", "last error"],
-      Object.entries(s.senders).map(([n, x]) => [n, x.state, x.rows, x.txns, x.errors, x.last_error]));
+    table("senders", ["sender", "state", "rows", "txns", "errors", "last error", "waiting for"],
+      Object.entries(s.senders).map(([n, x]) => [n, x.state, x.rows, x.txns, x.errors, x.last_error,
+        x.waiting_for ? x.waiting_for + " (" + x.waiting_seconds + " s)" : ""]));
     table("partitions", ["topic", "partition", "next offset", "committed", "lag (messages)", "lag (s)", "paused"],
       Object.values(s.partitions).map((p) => [p.topic, p.partition, p.next_offset, p.committed, p.lag_messages,
         p.lag_seconds, p.paused ? "yes" : ""]));
