@@ -3,7 +3,7 @@ from setuptools import Extension, find_packages, setup
 # The C row decoder is optional: where it cannot be built (no compiler or
 # Python headers) the install still succeeds and the Python decoder is used.
 # One module built from capturer/_native/, one C file per concern (capturer/_native/fastrows.h lists them).
-NATIVE = ["module", "mysql_rows", "baikaldb_rows", "pg_images", "json", "sql", "kafka", "unjson", "wire", "wire_read", "causality", "snaprows", "arrowcols"]
+NATIVE = ["module", "mysql_rows", "baikaldb_rows", "pg_images", "json", "sql", "kafka", "unjson", "wire", "wire_read", "causality", "snaprows", "arrowcols", "decimal"]
 FASTROWS = Extension("capturer._fastrows", [f"capturer/_native/{n}.c" for n in NATIVE], optional=True,
                      depends=["capturer/_native/fastrows.h"],
                      # the files' shared names stay inside the module (only PyInit__fastrows is exported)

@@ -44,13 +44,16 @@ static u128 pow10_u128(int k) {
 /* a Decimal as the unscaled 128-bit value of a decimal(38, scale): 1 and *out set when str(v) is a finite
    number that scale holds exactly in 38 digits, 0 when it is not (the Python path then decides), -1 on error */
 static int decimal_unscaled(PyObject *v, int scale, __int128 *out) {
-    PyObject *s = PyObject_Str(v);
-    if (!s) return -1;
-    Py_ssize_t n;
-    const char *p = PyUnicode_AsUTF8AndSize(s, &n);
-    if (!p) {
-        Py_DECREF(s);
-        return -1;
+    char t[DEC_TEXT_CAP];
+    PyObject *s = NULL;
+    Py_ssize_t n = dec_chars(v, DEC_STR, t, sizeof(t)); /* str(v)'s text, without the str (decimal.c) */
+    const char *p = t;
+    if (n <= 0) {
+        if (!(s = PyObject_Str(v))) return -1;
+        if (!(p = PyUnicode_AsUTF8AndSize(s, &n))) {
+            Py_DECREF(s);
+            return -1;
+        }
     }
     const char *e = p + n;
     int neg = 0, ok = 0;
@@ -107,7 +110,7 @@ static int decimal_unscaled(PyObject *v, int scale, __int128 *out) {
         if (ok) *out = neg ? -(__int128)coef : (__int128)coef;
     }
 done:
-    Py_DECREF(s);
+    Py_XDECREF(s);
     return ok;
 }
 

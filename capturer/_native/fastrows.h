@@ -20,6 +20,7 @@
  *                    place_txns, manifest_txns)
  *   snaprows.c       a snapshot chunk's rows: tuples -> dicts -> RowChanges (dict_rows, read_changes)
  *   arrowcols.c      the Spark sender's rows and Arrow column buffers of a batch (lake_rows, arrow_columns)
+ *   decimal.c        a Decimal's text read from the object, without str() (dec_chars; dec_text, dec_fast)
  *
  * <datetime.h> gives every file that includes it its own (static) PyDateTimeAPI: a file that uses the
  * datetime C API includes it, defines its import function with FR_DATETIME_IMPORT, and module.c's init
@@ -115,6 +116,14 @@ int put_b64_keys(Buf *b, PyObject *b64, Enc *e, const char *sep, Py_ssize_t sep_
 int change_fields(PyObject *ch, PyObject **schema, PyObject **op, PyObject **before, PyObject **after);
 PyObject *schema_piece(PyObject *cache, PyObject *schema, PyObject *piece, int (*valid)(PyObject *));
 
+/* decimal.c: a Decimal's text as str() (DEC_STR), format(d, "f") (DEC_PLAIN) or the JSON writer's rule
+   (DEC_JSON: plain unless str() has an exponent beyond +/-20000) into out; its length, or 0 when it is not
+   written there (not the exact C Decimal, NaN/Infinity, longer than cap, the check at init failed) */
+enum { DEC_STR = 0, DEC_PLAIN = 1, DEC_JSON = 2 };
+#define DEC_TEXT_CAP 160
+Py_ssize_t dec_chars(PyObject *o, int mode, char *out, Py_ssize_t cap);
+int dec_setup(void);
+
 /* wire.c: the interned change field names (module.c sets them at init); the Python ext hook (wire_setup) */
 extern PyObject *S_schema, *S_op, *S_before, *S_after;
 extern PyObject *WireSlowHook;
@@ -135,6 +144,8 @@ int fr_arrowcols_datetime(void);
 PyObject *baikal_plan(PyObject *mod, PyObject *args);
 PyObject *pg_plan(PyObject *mod, PyObject *args);
 PyObject *json_dumps(PyObject *self, PyObject *args);
+PyObject *dec_text(PyObject *self, PyObject *args);
+PyObject *dec_fast(PyObject *self, PyObject *unused);
 PyObject *json_lines(PyObject *self, PyObject *args);
 PyObject *sql_literals(PyObject *self, PyObject *args);
 PyObject *sql_tuples(PyObject *self, PyObject *args);

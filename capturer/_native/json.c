@@ -313,6 +313,9 @@ int put_obj(Buf *b, PyObject *o, Enc *e, PyObject *key, int depth, int row) {
     }
     if (Decimal && Py_IS_TYPE(o, (PyTypeObject *)Decimal)) {
         /* plain notation, never an exponent (str(Decimal("1E-20")) is "1E-20"): as json_value writes it */
+        char t[DEC_TEXT_CAP];
+        Py_ssize_t tn = dec_chars(o, DEC_JSON, t, sizeof(t)); /* (the same text without str(): decimal.c) */
+        if (tn > 0) return put_escaped(b, t, tn);
         PyObject *r = PyObject_Str(o);
         if (!r) return -1;
         const char *s = PyUnicode_AsUTF8(r);

@@ -56,6 +56,10 @@ static PyMethodDef module_methods[] = {
     {"kafka_untype", (PyCFunction)kafka_untype, METH_VARARGS,
      "kafka_untype(image, ((column, f, catch), ...), b64) -> None: each str value of those columns not in b64\n"
      "becomes f(value) (kept where f raises catch), in place: the applier's typed values of a json row image"},
+    {"dec_text", (PyCFunction)dec_text, METH_VARARGS,
+     "dec_text(d, mode) -> str or None: a Decimal's text written without str() (mode 0: as str(), 1: as\n"
+     "format(d, 'f'), 2: as the JSON writer writes it); None where the callers use str()"},
+    {"dec_fast", (PyCFunction)dec_fast, METH_NOARGS, "dec_fast() -> whether Decimal texts are written without str()"},
     {"json_dumps", (PyCFunction)json_dumps, METH_VARARGS,
      "json_dumps(obj, fallback, b64_keys=None, compact=False, as_bytes=False, rows=None) -> str (or its UTF-8\n"
      "bytes): json.dumps(obj, ensure_ascii=False, default=fallback) for row values; the columns of base64-encoded\n"
@@ -113,6 +117,7 @@ PyMODINIT_FUNC PyInit__fastrows(void) {
     Decimal = PyObject_GetAttrString(decmod, "Decimal");
     Py_DECREF(decmod);
     if (!Decimal) return NULL;
+    if (dec_setup() < 0) return NULL;
     Epoch = PyDateTime_FromDateAndTime(1970, 1, 1, 0, 0, 0, 0);
     if (!Epoch) return NULL;
     S_schema = PyUnicode_InternFromString("schema");

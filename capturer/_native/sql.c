@@ -73,6 +73,9 @@ static int lit_one(Buf *b, PyObject *o, int no_backslash) {
     if (rc) return rc;
     if (Decimal && Py_IS_TYPE(o, (PyTypeObject *)Decimal)) {
         /* str() is format(o, "f") unless it uses an exponent (then format, which is slower) */
+        char t[DEC_TEXT_CAP];
+        Py_ssize_t tn = dec_chars(o, DEC_PLAIN, t, sizeof(t)); /* (format's text without a str: decimal.c) */
+        if (tn > 0) return buf_put(b, t, tn) < 0 ? -1 : 1;
         PyObject *r = PyObject_Str(o);
         if (!r) return -1;
         Py_ssize_t n;

@@ -179,6 +179,9 @@ static int mp_value(Buf *b, PyObject *o, PyObject *fallback, int depth) {
     }
     if (PyBytes_Check(o)) return mp_bin(b, PyBytes_AS_STRING(o), PyBytes_GET_SIZE(o));
     if (Decimal && Py_TYPE(o) == (PyTypeObject *)Decimal) {
+        char dt[DEC_TEXT_CAP];
+        Py_ssize_t dn = dec_chars(o, DEC_STR, dt, sizeof(dt)); /* str(o)'s text without the str (decimal.c) */
+        if (dn > 0) return mp_ext(b, 1, dt, dn);
         PyObject *t = PyObject_Str(o);
         if (!t) return -1;
         Py_ssize_t n;

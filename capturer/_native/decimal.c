@@ -1,0 +1,169 @@
+/*
+ * decimal.c (capturer._fastrows): a decimal.Decimal's text read from the object itself, without str().
+ * Python-visible: dec_text (for the tests), dec_fast.
+ *
+ * Every sender writes the text of each DECIMAL value (the file's and Kafka's JSON, the MySQL sender's SQL
+ * literals, the wire format, the lake's unscaled integers), and str() made a str object each time, through
+ * libmpdec's formatter. Here the digits are read from the C Decimal's own number (CPython's _decimal:
+ * PyDecObject holds an mpd_t, its coefficient in base-10**19 words, least significant first) and written
+ * straight into the caller's buffer, as str() or format(d, "f") writes them.
+ *
+ * The layout is CPython's, not a public API: dec_setup (module init) checks the type's size and then
+ * compares this writer with str() and format() on values that take every branch; any difference (another
+ * Python, _pydecimal, a changed layout) turns it off, and every caller then goes the str() way, as before.
+ * Only the exact type, finite values and texts that fit the caller's buffer are written here; NaN, Infinity,
+ * subclasses and anything else answer 0 (the caller's former path).
+ */
+#include "fastrows.h"
+
+#define DEC_RDIGITS 19 /* MPD_RDIGITS of a 64-bit build */
+#define DEC_SPECIAL 14 /* MPD_INF | MPD_NAN | MPD_SNAN */
+#define DEC_NEG 1
+
+typedef struct {
+    uint8_t flags;
+    Py_ssize_t exp, digits, len, alloc;
+    uint64_t *data;
+} DecNum; /* mpd_t */
+
+typedef struct {
+    PyObject_HEAD
+    Py_hash_t hash;
+    DecNum dec;
+    uint64_t data[4]; /* _Py_DEC_MINALLOC */
+} DecObj; /* PyDecObject */
+
+static int dec_ok = 0;
+
+/* the text of o as str(o) (DEC_STR), format(o, "f") (DEC_PLAIN) or the JSON writer's rule (DEC_JSON: plain
+   unless str() has an exponent beyond +/-20000) into out (cap bytes); its length, 0 when not written here */
+Py_ssize_t dec_chars(PyObject *o, int mode, char *out, Py_ssize_t cap) {
+    if (!dec_ok || Py_TYPE(o) != (PyTypeObject *)Decimal) return 0;
+    const DecNum *d = &((DecObj *)o)->dec;
+    if (d->flags & DEC_SPECIAL) return 0;
+    Py_ssize_t len = d->len, digits = d->digits, exp = d->exp;
+    if (len < 1 || digits < 1 || digits > len * DEC_RDIGITS || !d->data) return 0;
+    char c[DEC_RDIGITS * 2 + 512];
+    if (len > (Py_ssize_t)(sizeof(c) / DEC_RDIGITS)) return 0; /* (every word fits, whatever digits says) */
+    char *p = fmt_uint(c, d->data[len - 1], 0);
+    for (Py_ssize_t i = len - 2; i >= 0; i--) p = fmt_uint(p, d->data[i], DEC_RDIGITS);
+    if (p - c != digits) return 0; /* (never, for a number libmpdec made) */
+    Py_ssize_t adj = exp + digits - 1;
+    int sci = !(exp <= 0 && adj >= -6); /* str()'s rule (to-scientific-string) */
+    if (mode == DEC_PLAIN || (mode == DEC_JSON && adj >= -20000 && adj <= 20000)) sci = 0;
+    int zero = digits == 1 && c[0] == '0';
+    Py_ssize_t need = sci ? digits + 26 : exp >= 0 ? (zero ? 2 : 2 + digits + exp) : digits + exp > 0 ? 3 + digits
+                                                                                    : 3 - (digits + exp) + digits;
+    if (need > cap) return 0; /* (the caller's str() path then) */
+    char *q = out;
+    if (d->flags & DEC_NEG) *q++ = '-';
+    if (sci) {
+        *q++ = c[0];
+        if (digits > 1) {
+            *q++ = '.';
+            memcpy(q, c + 1, digits - 1);
+            q += digits - 1;
+        }
+        *q++ = 'E';
+        *q++ = adj < 0 ? '-' : '+';
+        q = fmt_uint(q, (unsigned long long)(adj < 0 ? -adj : adj), 0);
+    } else if (exp >= 0) {
+        if (zero) {
+            *q++ = '0'; /* format(Decimal("0E+2"), "f") is "0" */
+        } else {
+            memcpy(q, c, digits);
+            q += digits;
+            memset(q, '0', exp);
+            q += exp;
+        }
+    } else {
+        Py_ssize_t ld = digits + exp; /* digits before the point */
+        if (ld > 0) {
+            memcpy(q, c, ld);
+            q += ld;
+            *q++ = '.';
+            memcpy(q, c + ld, -exp);
+            q += -exp;
+        } else {
+            *q++ = '0';
+            *q++ = '.';
+            memset(q, '0', -ld);
+            q += -ld;
+            memcpy(q, c, digits);
+            q += digits;
+        }
+    }
+    return q - out;
+}
+
+/* the self-test: dec_chars against str() and format(d, "f"), 1 = equal everywhere */
+static int dec_agrees(void) {
+    static const char *vals[] = {
+        "0", "-0", "1", "-1", "123.45", "-123.45", "0.001", "0.000001", "0.0000001", "1E-7", "1E+2", "0E+2",
+        "-0E+3", "0E-5", "-0.00", "123E-10", "1.5E+3", "-1E-20", "9999999999999999999", "10000000000000000000",
+        "12345678901234567890123", "-98765432109876543210987654321098765432109876543210.0123456789012345678901",
+        "99999999999999999999999999999999999999999999999999999999999999999999999999999999999.5", "1E+25000",
+        "-3E-25000", "1.00000000000000000000000000001E+60", "4.2E-30001", "0.1000000000000000000", NULL};
+    static const int modes[] = {DEC_STR, DEC_PLAIN, DEC_JSON};
+    PyObject *f = PyUnicode_FromString("f");
+    if (!f) return -1;
+    int ok = 1;
+    char buf[2048];
+    for (int i = 0; ok && vals[i]; i++) {
+        PyObject *d = PyObject_CallFunction(Decimal, "s", vals[i]);
+        if (!d) { Py_DECREF(f); return -1; }
+        PyObject *s = PyObject_Str(d), *pf = PyObject_Format(d, f);
+        if (!s || !pf) { Py_XDECREF(s); Py_XDECREF(pf); Py_DECREF(d); Py_DECREF(f); return -1; }
+        for (int m = 0; ok && m < 3; m++) {
+            PyObject *want = modes[m] == DEC_PLAIN ? pf : s;
+            if (modes[m] == DEC_JSON) {
+                const char *t = PyUnicode_AsUTF8(s), *ex = t ? strpbrk(t, "E") : NULL;
+                long e10 = ex ? strtol(ex + 1, NULL, 10) : 0;
+                if (ex && e10 >= -20000 && e10 <= 20000) want = pf;
+            }
+            Py_ssize_t n = dec_chars(d, modes[m], buf, sizeof(buf)), wn;
+            const char *w = PyUnicode_AsUTF8AndSize(want, &wn);
+            if (!w) { ok = -1; break; }
+            if (n == 0) { /* not written here: only a text longer than the buffer may be that */
+                if (wn < (Py_ssize_t)sizeof(buf) - 600) ok = 0;
+            } else if (n != wn || memcmp(buf, w, n) != 0) {
+                ok = 0;
+            }
+        }
+        Py_DECREF(s);
+        Py_DECREF(pf);
+        Py_DECREF(d);
+    }
+    Py_DECREF(f);
+    return ok;
+}
+
+int dec_setup(void) {
+    dec_ok = 0;
+    if (!Decimal || !PyType_Check(Decimal) || ((PyTypeObject *)Decimal)->tp_basicsize != (Py_ssize_t)sizeof(DecObj))
+        return 0;
+    dec_ok = 1;
+    int rc = dec_agrees();
+    dec_ok = rc == 1;
+    return rc < 0 ? -1 : 0;
+}
+
+/* dec_text(d, mode) -> str or None: dec_chars' text (mode 0 str(), 1 format "f", 2 the JSON rule) */
+PyObject *dec_text(PyObject *self, PyObject *args) {
+    PyObject *o;
+    int mode;
+    if (!PyArg_ParseTuple(args, "Oi", &o, &mode)) return NULL;
+    if (mode < DEC_STR || mode > DEC_JSON) {
+        PyErr_SetString(PyExc_ValueError, "mode is 0, 1 or 2");
+        return NULL;
+    }
+    char buf[DEC_TEXT_CAP];
+    Py_ssize_t n = dec_chars(o, mode, buf, sizeof(buf));
+    if (n <= 0) Py_RETURN_NONE;
+    return PyUnicode_DecodeASCII(buf, n, NULL);
+}
+
+/* dec_fast() -> bool: whether dec_setup's check passed (the Decimal texts are written here) */
+PyObject *dec_fast(PyObject *self, PyObject *unused) {
+    return PyBool_FromLong(dec_ok);
+}

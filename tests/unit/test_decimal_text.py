@@ -1,0 +1,94 @@
+"""A Decimal's text written by the C module from the number itself (capturer/_native/decimal.c), without
+``str()``: every sender's writer of DECIMAL values uses it (JSON lines and Kafka messages, SQL literals, the
+wire format, the lake's unscaled integers). Its specification is Python's own ``str(d)`` and
+``format(d, "f")``; where it cannot answer (NaN, Infinity, a subclass, a text longer than its buffer) it
+answers None and the writers take the ``str()`` path as before."""
+
+from __future__ import annotations
+
+import decimal
+import json
+import random
+from decimal import Decimal
+
+import pytest
+
+from capturer.model import encode, wire
+
+_fastrows = pytest.importorskip("capturer._fastrows")
+CAP = 160  # DEC_TEXT_CAP (fastrows.h)
+
+
+def _json_rule(d: Decimal) -> str:
+    """The JSON writer's text: plain unless str() has an exponent beyond +/-20000 (json.c)."""
+    s = str(d)
+    if "E" in s and -20000 <= int(s.split("E")[1]) <= 20000:
+        return format(d, "f")
+    return s
+
+
+def _random_decimal(rng: random.Random) -> Decimal:
+    digits = rng.choice([1, 1, 2, 5, 18, 19, 20, 38, 39, 57, 65, 76, 77, 100])
+    coef = rng.randrange(10 ** (digits - 1) if digits > 1 else 0, 10 ** digits)
+    if rng.random() < 0.05:
+        coef = 0
+    exp = rng.choice([0, rng.randrange(-12, 4), rng.randrange(-80, 80), rng.randrange(-30000, 30000)])
+    return Decimal((rng.random() < 0.4, tuple(int(c) for c in str(coef)), exp))
+
+
+def test_the_c_writer_is_on_for_this_python() -> None:
+    # CPython's _decimal: decimal.c's layout check and self-test pass (off, every writer would use str())
+    if not hasattr(decimal, "__libmpdec_version__"):
+        pytest.skip("decimal is not CPython's C module here")
+    assert _fastrows.dec_fast() is True
+
+
+def test_text_equals_str_and_format_on_random_decimals() -> None:
+    rng = random.Random(20261129)
+    written = 0
+    for _ in range(30_000):
+        d = _random_decimal(rng)
+        for mode, want in ((0, str(d)), (1, format(d, "f")), (2, _json_rule(d))):
+            got = _fastrows.dec_text(d, mode)
+            if got is None:
+                assert len(want) > CAP - 30, (d, mode, want)  # only what does not fit its buffer
+            else:
+                assert got == want, (d, mode)
+                written += 1
+    assert written > 60_000  # (most are written by C, not handed back)
+
+
+def test_edges() -> None:
+    for s in ["0", "-0", "0E+2", "-0E+3", "0E-5", "-0.00", "1E-7", "0.000001", "1E+2", "1.5E+3",
+              "9999999999999999999", "10000000000000000000", "-1E-20", "4.2E-30001", "1E+25000",
+              "0.1000000000000000000", "12345678901234567890.1234567890123456789"]:
+        d = Decimal(s)
+        assert _fastrows.dec_text(d, 0) in (str(d), None)
+        assert _fastrows.dec_text(d, 0) is not None or len(str(d)) > CAP - 30
+        assert _fastrows.dec_text(d, 1) in (format(d, "f"), None)
+        assert _fastrows.dec_text(d, 2) == _json_rule(d) or len(_json_rule(d)) > CAP - 30
+
+
+class _Sub(Decimal):
+    def __str__(self) -> str:
+        return "sub"
+
+
+@pytest.mark.parametrize("v", [Decimal("NaN"), Decimal("-Infinity"), Decimal("sNaN"), _Sub("1.5"), 1.5, "1.5"])
+def test_what_it_leaves_to_str(v: object) -> None:
+    assert all(_fastrows.dec_text(v, m) is None for m in range(3))
+
+
+def test_the_writers_give_the_python_paths_text() -> None:
+    rng = random.Random(7)
+    values = [_random_decimal(rng) for _ in range(3000)] + [Decimal("1E+25000"), Decimal("-0"), Decimal("NaN")]
+    # the JSON writer (file lines, Kafka json) against the Python path
+    for v in values:
+        got = _fastrows.json_dumps({"v": v}, encode._fallback, None, False, False, None)
+        assert got == json.dumps({"v": v}, ensure_ascii=False, default=encode._fallback), v
+    # the wire format (backlog, agents, sender processes): the same bytes as the msgpack path, read back equal
+    finite = [v for v in values if v.is_finite()]
+    assert wire.unpackb(wire.packb(finite)) == finite
+    # SQL literals: format(d, "f"), as pymysql writes a Decimal
+    lits = _fastrows.sql_literals(finite, False, lambda x: "FALLBACK")
+    assert list(lits) == [format(v, "f") for v in finite]
