@@ -1,6 +1,6 @@
 /*
  * decimal.c (capturer._fastrows): a decimal.Decimal's text read from the object itself, without str().
- * Python-visible: dec_text (for the tests), dec_fast.
+ * Python-visible: dec_text, dec_parse (for the tests), dec_fast.
  *
  * Every sender writes the text of each DECIMAL value (the file's and Kafka's JSON, the MySQL sender's SQL
  * literals, the wire format, the lake's unscaled integers), and str() made a str object each time, through
@@ -13,12 +13,22 @@
  * Python, _pydecimal, a changed layout) turns it off, and every caller then goes the str() way, as before.
  * Only the exact type, finite values and texts that fit the caller's buffer are written here; NaN, Infinity,
  * subclasses and anything else answer 0 (the caller's former path).
+ *
+ * The other way, dec_from_text makes the Decimal of a plain text ("-123.4500": what the MySQL rows decoder
+ * prints of a binary DECIMAL, PostgreSQL's numeric text, the wire format's) by filling a new object as
+ * _decimal's own constructor does (PyDecType_New: the coefficient in the object's four inline words), instead
+ * of Decimal(str), which converts the text again and parses it. Only on CPython 3.11 and older (3.12 made
+ * the type a heap type with another allocation), only where the same check at import passed for it too
+ * (values compared with Decimal(text): str, ==, hash, as_tuple, arithmetic), and only for up to 76
+ * significant digits; anything else is Decimal(text) as before.
  */
 #include "fastrows.h"
 
 #define DEC_RDIGITS 19 /* MPD_RDIGITS of a 64-bit build */
 #define DEC_SPECIAL 14 /* MPD_INF | MPD_NAN | MPD_SNAN */
 #define DEC_NEG 1
+#define DEC_STATIC 16      /* MPD_STATIC: the mpd_t is not malloc'd (it is in the object) */
+#define DEC_STATIC_DATA 32 /* MPD_STATIC_DATA: nor are its words, until libmpdec grows them */
 
 typedef struct {
     uint8_t flags;
@@ -33,7 +43,7 @@ typedef struct {
     uint64_t data[4]; /* _Py_DEC_MINALLOC */
 } DecObj; /* PyDecObject */
 
-static int dec_ok = 0;
+static int dec_ok = 0, dec_new_ok = 0;
 
 /* the text of o as str(o) (DEC_STR), format(o, "f") (DEC_PLAIN) or the JSON writer's rule (DEC_JSON: plain
    unless str() has an exponent beyond +/-20000) into out (cap bytes); its length, 0 when not written here */
@@ -96,6 +106,104 @@ Py_ssize_t dec_chars(PyObject *o, int mode, char *out, Py_ssize_t cap) {
     return q - out;
 }
 
+/* the Decimal of a plain text: [-]digits[.digits] (at least one digit, at most 76 significant ones, no
+   exponent, no sign "+", no spaces or underscores), as Decimal(text) makes it; NULL without an error when the
+   text is not of that form or this is off (the caller makes Decimal(text)), NULL with one when out of memory */
+PyObject *dec_from_text(const char *s, Py_ssize_t n) {
+#if PY_VERSION_HEX >= 0x030C0000
+    (void)s;
+    (void)n;
+    return NULL;
+#else
+    if (!dec_new_ok || n > 200) return NULL;
+    const char *p = s, *e = s + n;
+    int neg = 0, dot = 0, any = 0, nd = 0;
+    Py_ssize_t frac = 0;
+    char dig[4 * DEC_RDIGITS];
+    if (p < e && *p == '-') {
+        neg = 1;
+        p++;
+    }
+    for (; p < e; p++) {
+        char c = *p;
+        if (c >= '0' && c <= '9') {
+            any = 1;
+            if (dot) frac++;
+            if (nd == 0 && c == '0') continue; /* (leading zeros are not in the coefficient) */
+            if (nd == (int)sizeof(dig)) return NULL;
+            dig[nd++] = c;
+        } else if (c == '.' && !dot) {
+            dot = 1;
+        } else {
+            return NULL;
+        }
+    }
+    if (!any) return NULL;
+    DecObj *d = PyObject_New(DecObj, (PyTypeObject *)Decimal);
+    if (!d) return NULL;
+    d->hash = -1;
+    d->dec.flags = DEC_STATIC | DEC_STATIC_DATA | (neg ? DEC_NEG : 0);
+    d->dec.exp = -frac;
+    d->dec.alloc = 4;
+    d->dec.data = d->data;
+    if (nd == 0) { /* zero: one word, one digit */
+        d->data[0] = 0;
+        d->dec.len = 1;
+        d->dec.digits = 1;
+    } else {
+        Py_ssize_t len = (nd + DEC_RDIGITS - 1) / DEC_RDIGITS;
+        int end = nd;
+        for (Py_ssize_t w = 0; w < len; w++) { /* least significant word first */
+            int start = end > DEC_RDIGITS ? end - DEC_RDIGITS : 0;
+            uint64_t v = 0;
+            for (int i = start; i < end; i++) v = v * 10 + (uint64_t)(dig[i] - '0');
+            d->data[w] = v;
+            end = start;
+        }
+        d->dec.len = len;
+        d->dec.digits = nd;
+    }
+    return (PyObject *)d;
+#endif
+}
+
+/* the self-test of dec_from_text: each text's Decimal the same as Decimal(text) made; 1 = all, 0, -1 error */
+static int dec_parse_agrees(void) {
+    static const char *texts[] = {
+        "0", "-0", "0.00", "-0.000", "1", "-1", "123.", ".5", "-.5", "00012.3400", "123456789012345678.9",
+        "1234567890123456789", "12345678901234567890", "-99999999999999999999999999999999999999.999999999",
+        "1234567890123456789012345678901234567890123456789012345678901234567890123456",
+        "0.0000000000000000000000000000000000000000000000000000000000000000000000000000000001", NULL};
+    int ok = 1;
+    for (int i = 0; ok == 1 && texts[i]; i++) {
+        PyObject *mine = dec_from_text(texts[i], (Py_ssize_t)strlen(texts[i]));
+        if (!mine) return PyErr_Occurred() ? -1 : 0;
+        PyObject *ref = PyObject_CallFunction(Decimal, "s", texts[i]);
+        PyObject *s1 = ref ? PyObject_Str(mine) : NULL, *s2 = s1 ? PyObject_Str(ref) : NULL;
+        PyObject *t1 = s2 ? PyObject_CallMethod(mine, "as_tuple", NULL) : NULL;
+        PyObject *t2 = t1 ? PyObject_CallMethod(ref, "as_tuple", NULL) : NULL;
+        PyObject *a1 = t2 ? PyNumber_Add(mine, mine) : NULL, *a2 = a1 ? PyNumber_Add(ref, ref) : NULL;
+        if (!a2) {
+            ok = -1;
+        } else {
+            Py_hash_t h1 = PyObject_Hash(mine), h2 = PyObject_Hash(ref);
+            int eq = PyObject_RichCompareBool(mine, ref, Py_EQ), se = PyObject_RichCompareBool(s1, s2, Py_EQ);
+            int te = PyObject_RichCompareBool(t1, t2, Py_EQ), ae = PyObject_RichCompareBool(a1, a2, Py_EQ);
+            if (h1 == -1 || h2 == -1 || eq < 0 || se < 0 || te < 0 || ae < 0) ok = -1;
+            else if (h1 != h2 || !eq || !se || !te || !ae) ok = 0;
+        }
+        Py_XDECREF(a2);
+        Py_XDECREF(a1);
+        Py_XDECREF(t2);
+        Py_XDECREF(t1);
+        Py_XDECREF(s2);
+        Py_XDECREF(s1);
+        Py_XDECREF(ref);
+        Py_DECREF(mine);
+    }
+    return ok;
+}
+
 /* the self-test: dec_chars against str() and format(d, "f"), 1 = equal everywhere */
 static int dec_agrees(void) {
     static const char *vals[] = {
@@ -145,6 +253,13 @@ int dec_setup(void) {
     dec_ok = 1;
     int rc = dec_agrees();
     dec_ok = rc == 1;
+    if (rc < 0) return -1;
+    PyTypeObject *t = (PyTypeObject *)Decimal;
+    /* making objects too: only the static, untracked type of 3.11 and older whose texts were right */
+    dec_new_ok = dec_ok && PY_VERSION_HEX < 0x030C0000 && !(t->tp_flags & (Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HEAPTYPE));
+    if (!dec_new_ok) return 0;
+    rc = dec_parse_agrees();
+    dec_new_ok = rc == 1;
     return rc < 0 ? -1 : 0;
 }
 
@@ -163,7 +278,18 @@ PyObject *dec_text(PyObject *self, PyObject *args) {
     return PyUnicode_DecodeASCII(buf, n, NULL);
 }
 
-/* dec_fast() -> bool: whether dec_setup's check passed (the Decimal texts are written here) */
+/* dec_parse(text) -> Decimal or None: dec_from_text's Decimal of text (str), None where the callers make
+   Decimal(text) */
+PyObject *dec_parse(PyObject *self, PyObject *arg) {
+    Py_ssize_t n;
+    const char *s = PyUnicode_AsUTF8AndSize(arg, &n);
+    if (!s) return NULL;
+    PyObject *d = dec_from_text(s, n);
+    if (d || PyErr_Occurred()) return d;
+    Py_RETURN_NONE;
+}
+
+/* dec_fast() -> (bool, bool): whether dec_setup's checks passed (texts written here, Decimals made here) */
 PyObject *dec_fast(PyObject *self, PyObject *unused) {
-    return PyBool_FromLong(dec_ok);
+    return Py_BuildValue("(OO)", dec_ok ? Py_True : Py_False, dec_new_ok ? Py_True : Py_False);
 }

@@ -20,7 +20,8 @@
  *                    place_txns, manifest_txns)
  *   snaprows.c       a snapshot chunk's rows: tuples -> dicts -> RowChanges (dict_rows, read_changes)
  *   arrowcols.c      the Spark sender's rows and Arrow column buffers of a batch (lake_rows, arrow_columns)
- *   decimal.c        a Decimal's text read from the object, without str() (dec_chars; dec_text, dec_fast)
+ *   decimal.c        a Decimal's text read from the object, without str(), and Decimals made from plain texts
+ *                    (dec_chars, dec_from_text; dec_text, dec_parse, dec_fast)
  *
  * <datetime.h> gives every file that includes it its own (static) PyDateTimeAPI: a file that uses the
  * datetime C API includes it, defines its import function with FR_DATETIME_IMPORT, and module.c's init
@@ -122,6 +123,9 @@ PyObject *schema_piece(PyObject *cache, PyObject *schema, PyObject *piece, int (
 enum { DEC_STR = 0, DEC_PLAIN = 1, DEC_JSON = 2 };
 #define DEC_TEXT_CAP 160
 Py_ssize_t dec_chars(PyObject *o, int mode, char *out, Py_ssize_t cap);
+/* ... and the Decimal of a plain text [-]digits[.digits], made as Decimal(text) makes it; NULL without an
+   error where the caller makes Decimal(text) itself (another form, over 76 digits, off) */
+PyObject *dec_from_text(const char *s, Py_ssize_t n);
 int dec_setup(void);
 
 /* wire.c: the interned change field names (module.c sets them at init); the Python ext hook (wire_setup) */
@@ -146,6 +150,7 @@ PyObject *pg_plan(PyObject *mod, PyObject *args);
 PyObject *json_dumps(PyObject *self, PyObject *args);
 PyObject *dec_text(PyObject *self, PyObject *args);
 PyObject *dec_fast(PyObject *self, PyObject *unused);
+PyObject *dec_parse(PyObject *self, PyObject *arg);
 PyObject *json_lines(PyObject *self, PyObject *args);
 PyObject *sql_literals(PyObject *self, PyObject *args);
 PyObject *sql_tuples(PyObject *self, PyObject *args);

@@ -59,7 +59,11 @@ static PyMethodDef module_methods[] = {
     {"dec_text", (PyCFunction)dec_text, METH_VARARGS,
      "dec_text(d, mode) -> str or None: a Decimal's text written without str() (mode 0: as str(), 1: as\n"
      "format(d, 'f'), 2: as the JSON writer writes it); None where the callers use str()"},
-    {"dec_fast", (PyCFunction)dec_fast, METH_NOARGS, "dec_fast() -> whether Decimal texts are written without str()"},
+    {"dec_parse", (PyCFunction)dec_parse, METH_O,
+     "dec_parse(text) -> Decimal or None: Decimal(text) made without parsing a str; None where the callers\n"
+     "make Decimal(text)"},
+    {"dec_fast", (PyCFunction)dec_fast, METH_NOARGS,
+     "dec_fast() -> (texts written without str(), Decimals made without Decimal(text))"},
     {"json_dumps", (PyCFunction)json_dumps, METH_VARARGS,
      "json_dumps(obj, fallback, b64_keys=None, compact=False, as_bytes=False, rows=None) -> str (or its UTF-8\n"
      "bytes): json.dumps(obj, ensure_ascii=False, default=fallback) for row values; the columns of base64-encoded\n"

@@ -196,6 +196,8 @@ static PyObject *decode_decimal(const unsigned char *src, int precision, int sca
     }
     if (tail) sl += snprintf(s + sl, sizeof(s) - sl, "%0*lld", frac0x, (long long)(be_signed(b + p, tail) ^ mask));
     if (sl >= (int)sizeof(s)) { PyErr_SetString(PyExc_ValueError, "decimal too long"); return NULL; }
+    PyObject *d = dec_from_text(s, sl); /* (decimal.c: Decimal(s) without a str parsed) */
+    if (d || PyErr_Occurred()) return d;
     return PyObject_CallFunction(Decimal, "s#", s, (Py_ssize_t)sl);
 }
 

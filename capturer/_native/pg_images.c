@@ -138,12 +138,14 @@ static PyObject *pg_fast(int kind, const char *s, Py_ssize_t n) {
     }
     case PG_NUMERIC: {
         if (n < 1 || s[n - 1] < '0' || s[n - 1] > '9') return Py_NewRef(Py_NotImplemented);  /* NaN, +-Infinity */
+        PyObject *v = dec_from_text((const char *)s, n); /* (decimal.c: Decimal(text) without a str parsed) */
+        if (v || PyErr_Occurred()) return v;
         PyObject *t = PyUnicode_DecodeASCII(s, n, "strict");
         if (!t) {
             PyErr_Clear();
             return Py_NewRef(Py_NotImplemented);
         }
-        PyObject *v = PyObject_CallOneArg(Decimal, t);
+        v = PyObject_CallOneArg(Decimal, t);
         Py_DECREF(t);
         return v;
     }

@@ -39,6 +39,8 @@ static int parse_hms(const char *s, Py_ssize_t n, Py_ssize_t at, int *h, int *m,
 
 static PyObject *ext_make(int code, const char *s, Py_ssize_t n) {
     if (code == 1) {
+        PyObject *dv = dec_from_text(s, n); /* (decimal.c: Decimal(text) without a str parsed) */
+        if (dv || PyErr_Occurred()) return dv;
         PyObject *str = PyUnicode_DecodeUTF8(s, n, "strict");
         if (!str) return NULL;
         PyObject *d = PyObject_CallOneArg(Decimal, str);

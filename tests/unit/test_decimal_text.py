@@ -2,13 +2,20 @@
 ``str()``: every sender's writer of DECIMAL values uses it (JSON lines and Kafka messages, SQL literals, the
 wire format, the lake's unscaled integers). Its specification is Python's own ``str(d)`` and
 ``format(d, "f")``; where it cannot answer (NaN, Infinity, a subclass, a text longer than its buffer) it
-answers None and the writers take the ``str()`` path as before."""
+answers None and the writers take the ``str()`` path as before.
+
+And the other way: ``dec_parse`` (``dec_from_text``, used by the MySQL rows decoder, PostgreSQL's numeric and
+the wire format's reader) makes the Decimal of a plain text by filling the object; its specification is
+``Decimal(text)``: the same value, text, tuple, hash and arithmetic, or None (the caller then calls
+``Decimal(text)``)."""
 
 from __future__ import annotations
 
 import decimal
 import json
+import pickle
 import random
+import sys
 from decimal import Decimal
 
 import pytest
@@ -40,7 +47,10 @@ def test_the_c_writer_is_on_for_this_python() -> None:
     # CPython's _decimal: decimal.c's layout check and self-test pass (off, every writer would use str())
     if not hasattr(decimal, "__libmpdec_version__"):
         pytest.skip("decimal is not CPython's C module here")
-    assert _fastrows.dec_fast() is True
+    texts, made = _fastrows.dec_fast()
+    assert texts is True
+    if sys.version_info < (3, 12):  # (3.12 made Decimal a heap type: objects are not filled in there)
+        assert made is True
 
 
 def test_text_equals_str_and_format_on_random_decimals() -> None:
@@ -92,3 +102,47 @@ def test_the_writers_give_the_python_paths_text() -> None:
     # SQL literals: format(d, "f"), as pymysql writes a Decimal
     lits = _fastrows.sql_literals(finite, False, lambda x: "FALLBACK")
     assert list(lits) == [format(v, "f") for v in finite]
+
+
+def _random_text(rng: random.Random) -> str:
+    intg = "".join(rng.choice("0123456789") for _ in range(rng.choice([0, 1, 1, 3, 9, 19, 20, 38, 65])))
+    frac = "".join(rng.choice("0123456789") for _ in range(rng.choice([0, 0, 1, 2, 9, 19, 30])))
+    text = (rng.choice(["", "", "-"]) + intg + (rng.choice([".", "."]) + frac if frac or rng.random() < 0.2 else ""))
+    if rng.random() < 0.1:  # forms left to Decimal(text), and texts that are not numbers
+        text = rng.choice(["+1", " 1", "1_0", "1E5", "1e-3", "NaN", "-Inf", "", "-", ".", "1.2.3", "--1", "1-",
+                           "0x10", "\u0661", "9" * 77, "0." + "0" * 100 + "1" * 77])
+    return text
+
+
+def _outcome(op: object, x: Decimal) -> object:
+    try:
+        return op(x)  # type: ignore[operator]
+    except decimal.DecimalException as e:
+        return type(e)
+
+
+def test_parse_equals_decimal_of_the_text() -> None:
+    rng = random.Random(1129)
+    made = 0
+    for _ in range(30_000):
+        text = _random_text(rng)
+        d = _fastrows.dec_parse(text)
+        try:
+            ref = Decimal(text)
+        except decimal.InvalidOperation:
+            assert d is None, text
+            continue
+        if d is None:
+            significant = text.lstrip("-").replace(".", "").lstrip("0")
+            assert not (set(text) <= set("-.0123456789") and text.count("-") <= 1 and text.find("-") <= 0
+                        and len(significant) <= 76 and any(c.isdigit() for c in text)), text
+            continue
+        made += 1
+        assert type(d) is Decimal
+        assert str(d) == str(ref) and d.as_tuple() == ref.as_tuple() and d == ref and hash(d) == hash(ref), text
+        for op in (lambda x: x + x, lambda x: x * 3 - ref, lambda x: str(x.quantize(Decimal("0.1"))), lambda x: -x,
+                   lambda x: x.sqrt() if x >= 0 else x.copy_abs(), lambda x: x.to_integral_value()):
+            assert _outcome(op, d) == _outcome(op, ref), text
+        assert pickle.loads(pickle.dumps(d)) == ref
+        assert _fastrows.dec_text(d, 0) in (str(ref), None)
+    assert made > 20_000
