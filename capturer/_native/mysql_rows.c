@@ -167,6 +167,13 @@ static int64_t frac_us(const unsigned char *p, int fsp) {
     return v * scale;
 }
 
+/* v in decimal, zero-padded to width, at s + sl (fmt_uint; snprintf for a negative v: a corrupt body's, whose
+   text Decimal() then refuses as the Python decoder's does); the new length */
+static int put_group(char *s, int sl, int cap, long long v, int width) {
+    if (v >= 0 && sl + 20 < cap) return (int)(fmt_uint(s + sl, (unsigned long long)v, width) - s);
+    return sl + snprintf(s + sl, cap - sl, "%0*lld", width, v);
+}
+
 static PyObject *decode_decimal(const unsigned char *src, int precision, int scale_) {
     int intg = precision - scale_;
     int intg0 = intg / 9, intg0x = intg % 9, frac0 = scale_ / 9, frac0x = scale_ % 9;
@@ -182,19 +189,19 @@ static PyObject *decode_decimal(const unsigned char *src, int precision, int sca
     int64_t mask = negative ? -1 : 0;
     if (negative) s[sl++] = '-';
     if (lead) {
-        sl += snprintf(s + sl, sizeof(s) - sl, "%lld", (long long)(be_signed(b + p, lead) ^ mask));
+        sl = put_group(s, sl, (int)sizeof(s), (long long)(be_signed(b + p, lead) ^ mask), 0);
         p += lead;
     }
     for (int i = 0; i < intg0; i++) {
-        sl += snprintf(s + sl, sizeof(s) - sl, "%09lld", (long long)((int32_t)be_signed(b + p, 4) ^ mask));
+        sl = put_group(s, sl, (int)sizeof(s), (long long)((int32_t)be_signed(b + p, 4) ^ mask), 9);
         p += 4;
     }
     s[sl++] = '.';
     for (int i = 0; i < frac0; i++) {
-        sl += snprintf(s + sl, sizeof(s) - sl, "%09lld", (long long)((int32_t)be_signed(b + p, 4) ^ mask));
+        sl = put_group(s, sl, (int)sizeof(s), (long long)((int32_t)be_signed(b + p, 4) ^ mask), 9);
         p += 4;
     }
-    if (tail) sl += snprintf(s + sl, sizeof(s) - sl, "%0*lld", frac0x, (long long)(be_signed(b + p, tail) ^ mask));
+    if (tail) sl = put_group(s, sl, (int)sizeof(s), (long long)(be_signed(b + p, tail) ^ mask), frac0x);
     if (sl >= (int)sizeof(s)) { PyErr_SetString(PyExc_ValueError, "decimal too long"); return NULL; }
     PyObject *d = dec_from_text(s, sl); /* (decimal.c: Decimal(s) without a str parsed) */
     if (d || PyErr_Occurred()) return d;
