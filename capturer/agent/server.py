@@ -8,9 +8,10 @@ session (the capturer reconnected; two binlog dumps with one server_id would
 push each other off). The agent keeps no position of its own: when the capturer
 goes away the region stops, and it starts again where the next subscription says.
 
-Ordering inside a session: lifts of commit_ts and a pinned start position are
-recorded by the region *before* it queues the items they concern, and a batch
-carries every lift and pin recorded by the time its items were taken, so the
+Ordering inside a session: lifts of commit_ts, floors (a snapshot chunk's
+commit_ts at its point of the stream) and a pinned start position are recorded
+by the region *before* it queues the items they concern, and a batch carries
+every lift, floor and pin recorded by the time its items were taken, so the
 capturer journals them before it passes the items on.
 """
 
@@ -20,7 +21,7 @@ import hmac
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from concurrent import futures
 from pathlib import Path
 from typing import Any, NoReturn, Protocol
@@ -31,7 +32,7 @@ from capturer.model import Item, LsnPosition, Position, protogen, wire
 from capturer.pipeline.filter import Filter, parse_filter_text
 from capturer.regions import make_region
 from capturer.regions.base import Region, RegionContext
-from capturer.regions.clock import LiftJournal
+from capturer.regions.clock import FLOOR, LiftJournal
 from capturer.util.bqueue import WeightedQueue
 
 log = logging.getLogger(__name__)
@@ -62,19 +63,27 @@ BATCH_WEIGHT = 5000  # rows taken from the region's queue at once
 
 class RelayJournal(LiftJournal):
     """A lift journal in memory, preloaded with the capturer's entries for the
-    region; every new lift is also queued for the capturer (which journals it
-    durably before the lifted transaction goes on)."""
+    region (its lifts and its floors); every new lift and every floor set (a
+    snapshot chunk's, ``RegionClock.extra``; a settled reservation) is also queued
+    for the capturer, which journals it durably before the items after it go on.
+    A floor kept only here would be gone with a capturer killed -9: the replay
+    would stamp what the first run never delivered below a chunk a sender holds,
+    and that sender would skip it as held."""
 
-    def __init__(self, region: str, entries: list[Any]):
+    def __init__(self, region: str, entries: list[Any], floors: list[Any] | None = None):
         super().__init__(None)
+        self.region = region
         for file, pos, ts in entries:
             self._entries[(region, str(file), int(pos))] = int(ts)
+        for file, pos, ts in floors or ():
+            self._entries[(region + FLOOR, str(file), int(pos))] = int(ts)
         self.pending: list[list[Any]] = []
+        self.pending_floors: list[list[Any]] = []
 
     def record(self, region: str, pos: Position | LsnPosition, commit_ts: int,
                floors: list[tuple[tuple[str, int], int]] | None = None) -> None:
         if floors:
-            self.set_floors(region, floors)  # (kept here, in memory, as every floor the agent's region sets)
+            self.set_floors(region, floors)
         with self._lock:
             file, at = pos.lift_key()
             if self._entries.get((region, file, at)) == commit_ts:
@@ -82,10 +91,26 @@ class RelayJournal(LiftJournal):
             self._entries[(region, file, at)] = commit_ts
             self.pending.append([file, at, commit_ts])
 
-    def take(self) -> list[list[Any]]:
+    def put(self, key: tuple[str, str, int], value: int) -> bool:
         with self._lock:
-            out, self.pending = self.pending, []
-            return out
+            changed = self._entries.get(key) != value
+            self._entries[key] = value
+            if changed and key[0].endswith(FLOOR):
+                self.pending_floors.append([key[1], key[2], value])
+            return changed
+
+    def put_many(self, pairs: Iterable[tuple[tuple[str, str, int], int]]) -> int:
+        return sum(self.put(k, v) for k, v in pairs)
+
+    def take(self) -> tuple[list[list[Any]], list[list[Any]]]:
+        """(lifts, floors) recorded since the last take, each in the order set."""
+        with self._lock:
+            out, floors = self.pending, self.pending_floors
+            self.pending, self.pending_floors = [], []
+            return out, floors
+
+    def waiting(self) -> bool:
+        return bool(self.pending or self.pending_floors)
 
 
 class Session:
@@ -102,9 +127,10 @@ class Session:
         try:
             start = wire.read_position(wire.unpackb(sub.position)) if sub.position else None
             lifts = wire.unpackb(sub.lifts) if sub.lifts else []
+            floors = wire.unpackb(sub.floors) if sub.floors else []
         except (wire.WireError, ValueError) as exc:
             raise ValueError(f"bad subscription: {exc}") from None
-        self.journal = RelayJournal(rcfg.name, lifts)
+        self.journal = RelayJournal(rcfg.name, lifts, floors)
         flt = parse_filter_text(sub.filter_rules, Path(sub.filter_source or "<the capturer's filter rules>")) \
             if sub.filter_rules else Filter.empty()
         self._pin: Any = None
@@ -204,7 +230,7 @@ class Session:
                             pieces, size, rows = [], 0, 0
                 now = time.monotonic()
                 status = now - last_status >= interval
-                if pieces or status or self.journal.pending or self._pin is not None or self._ask:
+                if pieces or status or self.journal.waiting() or self._pin is not None or self._ask:
                     yield self._batch(pb, pieces, rows, status)
                     if status:
                         last_status = now
@@ -229,8 +255,9 @@ class Session:
             return b""
 
     def _batch(self, pb: Any, pieces: list[bytes], rows: int, status: bool) -> Any:
-        lifts = self.journal.take()
-        return pb.Batch(lifts=wire.packb(lifts) if lifts else b"", pin=self._take_pin(), items=b"".join(pieces),
+        lifts, floors = self.journal.take()
+        return pb.Batch(lifts=wire.packb(lifts) if lifts else b"", floors=wire.packb(floors) if floors else b"",
+                        pin=self._take_pin(), items=b"".join(pieces),
                         rows=rows, status=self._status() if status else b"", ask=self._take_ask())
 
 

@@ -27,7 +27,7 @@ from capturer.regions.journal import PositionJournal
 log = logging.getLogger(__name__)
 
 
-_FLOOR = "\x00floor"  # a floor's key: (region + _FLOOR, file, pos) (a region name holds no NUL)
+FLOOR = _FLOOR = "\x00floor"  # a floor's key: (region + _FLOOR, file, pos) (a region name holds no NUL)
 
 
 class LiftJournal(PositionJournal[tuple[str, str, int], int]):

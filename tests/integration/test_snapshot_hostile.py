@@ -5,10 +5,13 @@ source and target)."""
 from __future__ import annotations
 
 import json
+import os
+import re
+import signal
 from pathlib import Path
 
 import pytest
-from helpers import checkpoint_covers, read_lines, start_servers, wait_for, write_config
+from helpers import CapturerProcess, checkpoint_covers, read_lines, start_servers, wait_for, write_config
 
 from capturer.model.encode import json_row, qualified, quote_ident
 from devtools.local_mariadb import MariaDBInstance
@@ -87,4 +90,65 @@ def test_a_composite_key_in_another_order_than_the_columns_is_one_key_order(
         assert file_rows(tmp_path, DB, TABLE) == want
         assert rows_of(target, DB, TABLE) == want
     finally:
+        m.stop()
+
+
+
+def test_a_chunks_floor_outlives_a_kill9_with_the_region_in_a_worker_process(
+        tmp_path: Path, target: MariaDBInstance, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``process = true``: the region runs in a worker process (an agent) whose lift journal is the
+    capturer's, relayed. A snapshot chunk's commit_ts T is the source's clock (ms); the floor that
+    keeps a replay's transactions after the chunk above T was kept in the worker's memory only. So
+    after kill -9 a transaction the first run had not delivered, replayed, took its own time (the
+    second it committed in, below T) and the file sender, which held T, skipped it as held (a
+    hostile run lost 280 transactions in a row this way). Here: a MySQL target that hangs (a global
+    read lock) keeps the checkpoint before the copy; the worker freezes at a DDL right after a
+    marker transaction the file has; kill -9. Now floors go to the capturer's journal like lifts,
+    and back to the worker when it starts again."""
+    (m,) = start_servers(tmp_path, 1)
+    hold = target.connect()
+    try:
+        m.execute("CREATE DATABASE d", "CREATE TABLE d.t (id INT PRIMARY KEY, v INT)",
+                  "CREATE TABLE d.w (id INT PRIMARY KEY, v INT)",
+                  "INSERT INTO d.t SELECT seq, seq FROM d.seq_0_to_19999")
+        m.execute("FLUSH BINARY LOGS", "PURGE BINARY LOGS BEFORE NOW() + INTERVAL 1 DAY")
+        with hold.cursor() as cur:
+            cur.execute("FLUSH TABLES WITH READ LOCK")  # the MySQL sender hangs: nothing is checkpointed
+        senders = (f"[global]\ntype=local,mysql\n[local]\nfilepath={tmp_path / 'out' / 'changes.jsonl'}\n"
+                   f"[mysql]\nhost=127.0.0.1\nport={target.port}\nuser=root\npassword=\nthreadnum=2\n")
+        cfg = write_config(tmp_path, [m], senders=senders,
+                           region_extra="snapshot=initial\nsnapshot_chunk_rows=10\nprocess=true\n")
+        log = tmp_path / "capturer.log"
+        monkeypatch.setenv("CAPTURER_FAILPOINTS", "region.ddl=stop@1")  # (the worker inherits it)
+        p = CapturerProcess(cfg, log).start()
+        p.wait_ready()
+        wait_for(lambda: sum(x["op"] == "read" for x in read_lines(tmp_path)) >= 200, 120, "the copy to be going")
+        c = m.connect()
+        with c.cursor() as cur:  # one after the other, while chunks go out: in the second of the last ones
+            cur.execute("INSERT INTO d.w VALUES (1, 1)")
+            c.commit()
+            cur.execute("CREATE TABLE d.late (id INT PRIMARY KEY)")  # the worker stops here
+            cur.execute("INSERT INTO d.late VALUES (1), (2)")
+            cur.execute("INSERT INTO d.w VALUES (2, 2)")
+            c.commit()
+        wait_for(lambda: any(x["op"] == "insert" and x["table"] == "w" for x in read_lines(tmp_path)), 60,
+                 "the file to hold the marker before the DDL")
+        worker = int(re.findall(r"worker pid (\d+)", log.read_text())[-1])
+        p.kill9()
+        os.kill(worker, signal.SIGKILL)
+        monkeypatch.delenv("CAPTURER_FAILPOINTS")
+        p = CapturerProcess(cfg, log).start()
+        p.wait_ready()
+        with hold.cursor() as cur:
+            cur.execute("UNLOCK TABLES")
+        wait_for(lambda: "snapshot of d.t done" in log.read_text(errors="replace"), 180, "the copy")
+        wait_for(lambda: checkpoint_covers(tmp_path, [m]), 180, "every sender to catch up")
+        assert p.stop() == 0
+        c.close()
+        for t in ("t", "w", "late"):
+            want = rows_of(m, "d", t)
+            assert file_rows(tmp_path, "d", t) == want, f"file: d.{t}"
+            assert rows_of(target, "d", t) == want, f"target: d.{t}"
+    finally:
+        hold.close()
         m.stop()

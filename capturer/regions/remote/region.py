@@ -200,6 +200,7 @@ class RemoteRegion(Region):
             position=wire.packb(wire.position_json(self.position)) if self.position is not None else b"",
             floor=self.last_txn_ts, promised=self.promised,
             lifts=wire.packb([list(e) for e in self.ctx.journal.entries(self.name)]),
+            floors=wire.packb([[f, p, ts] for (f, p), ts in self.ctx.journal.floors(self.name)]),
             filter_rules=rules, filter_source=source, capturer=self.identity))
 
     def _stream(self, channel: Any, pb: Any, wire: Any, where: str) -> None:
@@ -282,6 +283,8 @@ class RemoteRegion(Region):
         if batch.lifts:
             for file, pos, ts in wire.unpackb(batch.lifts):
                 self.ctx.journal.record(self.name, Position(str(file), int(pos)), int(ts))
+        if batch.floors:  # (as set there, also below what a key held: a settled reservation)
+            self.ctx.journal.set_floors(self.name, [((str(f), int(p)), int(ts)) for f, p, ts in wire.unpackb(batch.floors)])
         if batch.pin:
             pinned = wire.read_position(wire.unpackb(batch.pin))
             self.ctx.pin_start(self.name, pinned)
