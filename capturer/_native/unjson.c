@@ -418,9 +418,14 @@ PyObject *kafka_untype(PyObject *self, PyObject *args) {
             if (in < 0) return NULL;
             if (in) continue;
         }
-        Py_INCREF(v);
-        PyObject *made = PyObject_CallOneArg(PyTuple_GET_ITEM(cv, 1), v);
-        Py_DECREF(v);
+        PyObject *f = PyTuple_GET_ITEM(cv, 1), *made = NULL;
+        if (f == Decimal && PyUnicode_IS_COMPACT_ASCII(v)) /* Decimal(v) without a str parsed (decimal.c) */
+            made = dec_from_text((const char *)PyUnicode_DATA(v), PyUnicode_GET_LENGTH(v));
+        if (!made && !PyErr_Occurred()) {
+            Py_INCREF(v);
+            made = PyObject_CallOneArg(f, v);
+            Py_DECREF(v);
+        }
         if (!made) {
             if (!PyErr_ExceptionMatches(PyTuple_GET_ITEM(cv, 2))) return NULL;
             PyErr_Clear(); /* (a text the type's parser refuses stays text) */

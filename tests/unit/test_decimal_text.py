@@ -146,3 +146,20 @@ def test_parse_equals_decimal_of_the_text() -> None:
         assert pickle.loads(pickle.dumps(d)) == ref
         assert _fastrows.dec_text(d, 0) in (str(ref), None)
     assert made > 20_000
+
+
+def test_the_applier_makes_the_same_decimals() -> None:
+    # kafka_untype (the applier's typed columns) takes dec_from_text for a Decimal column: Decimal(text)'s
+    # value, or the text kept where Decimal refuses it, exactly as the Python path (_untype_py)
+    from capturer.apply import regroup
+
+    rng = random.Random(5)
+    convs = (("d", Decimal, ArithmeticError),)
+    for _ in range(5000):
+        text = _random_text(rng) if rng.random() < 0.9 else rng.choice(["١٢", "1E+3", "NaN", "abc", "-"])
+        a, b = {"d": text}, {"d": text}
+        regroup._untype_py(a, convs, frozenset())
+        _fastrows.kafka_untype(b, convs, frozenset())
+        assert type(a["d"]) is type(b["d"]) and str(a["d"]) == str(b["d"]), text
+        if isinstance(a["d"], Decimal):
+            assert a["d"].as_tuple() == b["d"].as_tuple()
