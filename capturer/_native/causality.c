@@ -170,7 +170,7 @@ static int one_key(PyObject *keys, Buf *b, PyObject *head, PyObject *cols, PyObj
     return rc;
 }
 
-static PyObject *S_get_schema, *S_get_before, *S_get_after, *S_star;
+static PyObject *S_get_schema, *S_get_before, *S_get_after, *S_star, *S_primary;
 
 /* conflict_keys((plans, plan, canon, spec, fold_char), ch, db, table) -> [key]: the spec's conflict_keys(ch,
    db, table); plans: the spec's plan cache ((id(schema), db, table) -> (schema, prefix, indexes)),
@@ -193,7 +193,8 @@ PyObject *conflict_keys(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     if ((!S_get_schema && !(S_get_schema = PyUnicode_InternFromString("schema")))
         || (!S_get_before && !(S_get_before = PyUnicode_InternFromString("before")))
         || (!S_get_after && !(S_get_after = PyUnicode_InternFromString("after")))
-        || (!S_star && !(S_star = PyUnicode_InternFromString("|*"))))
+        || (!S_star && !(S_star = PyUnicode_InternFromString("|*")))
+        || (!S_primary && !(S_primary = PyUnicode_InternFromString("|PRIMARY|"))))
         return NULL;
     PyObject *schema = NULL, *before = NULL, *after = NULL, *made = NULL, *keys = NULL, *prefix, *indexes;
     Buf b = {0};
@@ -243,12 +244,29 @@ PyObject *conflict_keys(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             goto done;
         }
         PyObject *images[2] = {before, after};
+        /* the plan puts a primary key first, its head ending in "|PRIMARY|" */
+        int rc = PyUnicode_Tailmatch(PyTuple_GET_ITEM(PyList_GET_ITEM(indexes, 0), 0), S_primary, 0,
+                                     PY_SSIZE_T_MAX, 1);
+        if (rc < 0) goto fail;
+        int nopk = !rc, starred = 0;
         for (int m = 0; m < 2; m++) {
             if (images[m] == Py_None) continue;
+            Py_ssize_t n = PyList_GET_SIZE(keys);
             for (Py_ssize_t j = 0; j < ni; j++) {
                 PyObject *ix = PyList_GET_ITEM(indexes, j);
                 if (one_key(keys, &b, PyTuple_GET_ITEM(ix, 0), PyTuple_GET_ITEM(ix, 1), images[m], canon, fold) < 0)
                     goto fail;
+            }
+            if (nopk && !starred && PyList_GET_SIZE(keys) == n) {
+                /* a row of a table without a primary key whose unique keys are all NULL in this image: the
+                   table-wide key names it (the spec's conflict_keys) */
+                PyObject *k = PyUnicode_Concat(prefix, S_star);
+                if (!k || PyList_Append(keys, k) < 0) {
+                    Py_XDECREF(k);
+                    goto fail;
+                }
+                Py_DECREF(k);
+                starred = 1;
             }
         }
     }

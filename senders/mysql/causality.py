@@ -2,6 +2,8 @@
 
 Every change has conflict keys: its table's primary key and each unique key,
 from both the before and the after image, qualified by target db and table.
+An image of a table without a primary key whose unique keys are all NULL there
+(NULLs never collide, so no key names that row) gets the table-wide key.
 Changes whose keys fall into one causal group go to one worker, in order; a
 change whose keys link two groups cannot be placed without risking reorder, so
 the caller flushes (a barrier), resets, and places it again. A table with no
@@ -75,9 +77,11 @@ def conflict_keys_py(ch: RowChange, db: str, table: str) -> list[Key]:
     if not indexes:
         return [prefix + "|*"]
     keys: list[Key] = []
+    nopk = not ch.schema.pk
     for image in (ch.before, ch.after):
         if image is None:
             continue
+        n = len(keys)
         for head, cols in indexes:
             if len(cols) == 1:
                 v = image.get(cols[0])
@@ -88,6 +92,11 @@ def conflict_keys_py(ch: RowChange, db: str, table: str) -> list[Key]:
             if any(v is None for v in vals):
                 continue
             keys.append(head + "\x1f".join(_canon(v) for v in vals))
+        if nopk and len(keys) == n and prefix + "|*" not in keys:
+            # a row of a table without a primary key whose unique keys are all NULL in this image: no key
+            # names the row, so the table-wide key does (its other changes in that state have it too, and the
+            # change that gives it a unique value carries both: they stay in order on one worker)
+            keys.append(prefix + "|*")
     return keys or [prefix + "|*"]
 
 
