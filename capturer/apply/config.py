@@ -10,9 +10,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from capturer.apply.regroup import owned_by
 from capturer.config import SenderCatalog, SenderConfig, load_sender_config
 from capturer.errors import ConfigError
-from capturer.util.ini import Key, p_choice, p_float, p_int, p_list, p_nonempty, p_str, parse_section, read_ini
+from capturer.util.ini import Key, p_choice, p_float, p_int, p_names, p_nonempty, p_str, parse_section, read_ini
 from capturer.util.kafkasec import SECURITY_KEYS, check_security, security_of
 
 APPLY_SENDERS = ("mysql", "local", "spark")
@@ -35,8 +36,8 @@ KEYS = [
         doc="the capturer Kafka sender's txn_topic (BEGIN/END/DDL records): the order of the stream"),
     Key("format", p_choice("json", "protobuf"), "json", doc="the capturer Kafka sender's format"),
     Key("client", p_choice("kafka-python", "confluent"), "kafka-python"),
-    Key("tables", p_list, ["*.*"], doc="db.table patterns (* ?) this applier applies; every other table is "
-        "another applier's (scale-out by table)"),
+    Key("tables", p_names, ["*.*"], doc="db.table patterns (* ?) this applier applies; every other table is "
+        "another applier's (scale-out by table); backticks quote a part holding dots or commas (`` for a backtick)"),
     Key("untabled_ddl", p_choice("auto", "apply", "skip"), "auto",
         doc="DDL that names no table (CREATE/DROP DATABASE): apply or skip; auto = apply when tables is *.* "
             "(appliers that split one database's tables need its CREATE DATABASE: set apply)"),
@@ -129,6 +130,10 @@ def load_apply_config(path: Path | str, catalog: SenderCatalog, base_dir: Path |
     if g["on_bad_message"] == "dead_letter" and not g["dead_letter_topic"]:
         raise ConfigError(f"{ini.where('global', 'dead_letter_topic')}: on_bad_message=dead_letter needs a topic")
     check_security(g, lambda key: ini.where("global", key))
+    try:
+        owned_by(g["tables"])
+    except ValueError as exc:
+        raise ConfigError(f"{ini.where('global', 'tables')}: {exc}") from None
     senders = load_sender_config(sp, _ApplyCatalog(catalog))
     return ApplyConfig(path, g["name"], g["servers"], g["txn_topic"], g["format"], g["client"], tuple(g["tables"]),
                        g["untabled_ddl"], sp, g["httpHost"], g["httpPort"], g["on_bad_message"], g["dead_letter_topic"],

@@ -57,6 +57,7 @@ from capturer.model import (
 from capturer.model.changes import make_change
 from capturer.model.encode import _fastrows
 from capturer.model.message import TP, Msg
+from capturer.pipeline.filter import split_pattern
 
 log = logging.getLogger(__name__)
 
@@ -680,7 +681,9 @@ class Regrouper:
 
 
 def owned_by(patterns: Iterable[str]) -> Callable[[str, str], bool]:
-    """``db.table`` glob patterns (``*``, ``?``; backticks quote a name with dots) -> a test."""
+    """``db.table`` glob patterns (``*``, ``?``; backticks quote a part with dots, ```` `` ```` is a backtick
+    in it, as in filter rules; ``db`` alone is ``db.*``) -> a test. ValueError for a pattern that does not
+    read (an unterminated backtick, text after the table)."""
     import fnmatch
 
     pats: list[tuple[str, str]] = []
@@ -688,14 +691,7 @@ def owned_by(patterns: Iterable[str]) -> Callable[[str, str], bool]:
         p = p.strip()
         if not p:
             continue
-        if p.startswith("`"):
-            end = p.index("`", 1)
-            db, rest = p[1:end], p[end + 1:]
-            table = rest[1:] if rest.startswith(".") else "*"
-        else:
-            db, _, table = p.partition(".")
-        table = table.strip("`") or "*"
-        pats.append((db, table))
+        pats.append(split_pattern(p))
     if not pats or ("*", "*") in pats:
         return lambda db, table: True
     cache: dict[tuple[str, str], bool] = {}

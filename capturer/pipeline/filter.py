@@ -367,6 +367,15 @@ def load_filter(path: Path | None) -> Filter:
     return parse_filter_text(read_text_file(path, "filter rule file (filterRuleDict)"), path)
 
 
+def split_pattern(text: str) -> tuple[str, str]:
+    """``db.table`` glob patterns as filter rules read them (backticks quote a part, ```` `` ```` is a backtick
+    in it; ``db`` alone is ``db.*``); ValueError for anything else."""
+    try:
+        return _split_name(text.strip(), Path("<pattern>"), 1)
+    except ConfigError as exc:
+        raise ValueError(str(exc).replace("<pattern>:1: ", "")) from None
+
+
 def split_table_name(text: str) -> tuple[str, str]:
     """``db.table`` (backticks quote a part that holds dots, as in filter rules);
     ValueError for anything else (no globs here)."""

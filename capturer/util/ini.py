@@ -255,6 +255,26 @@ def p_list(v: str) -> list[str]:
     return [x.strip() for x in v.split(",") if x.strip()]
 
 
+def p_names(v: str) -> list[str]:
+    """A comma-separated list of ``db.table`` names or patterns whose parts may be quoted in backticks: a
+    comma inside backticks belongs to the name (```a,b`.t``); an unterminated backtick is refused."""
+    out: list[str] = []
+    cur: list[str] = []
+    quoted = False
+    for c in v:
+        if c == "`":
+            quoted = not quoted  # (a doubled backtick inside a quoted part toggles twice: it stays quoted)
+        if c == "," and not quoted:
+            out.append("".join(cur))
+            cur = []
+        else:
+            cur.append(c)
+    if quoted:
+        raise ValueError(f"unterminated backtick in {v!r}")
+    out.append("".join(cur))
+    return [x.strip() for x in out if x.strip()]
+
+
 def parse_section(ini: IniFile, section: str, keys: list[Key]) -> dict[str, Any]:
     """Validate one section against its keys; unknown keys are an error."""
     sec = ini.sections.get(section)

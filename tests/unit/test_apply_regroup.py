@@ -11,6 +11,7 @@ import datetime as dt
 import decimal
 import json
 import random
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -224,6 +225,29 @@ def test_an_applier_that_owns_some_tables_counts_only_theirs() -> None:
                                 want.snapshot), got)
     assert r.topics == {"capturer.app.rich"}
     assert owned_by(["`odd.db`.lo*"])("odd.db", "lo`g") and not owned_by(["app.*"])("odd.db", "lo`g")
+
+
+def test_tables_with_hostile_names_are_read_whole(tmp_path: Path) -> None:
+    """``tables`` naming a database and a table that hold commas, dots, doubled backticks and quotes, as
+    filter rules quote them. Before: the list was cut at every comma (inside backticks too) and a doubled
+    backtick ended the quoted name, so such an applier owned nothing of its table (or another's)."""
+    from capturer.apply.config import load_apply_config
+    from capturer.errors import ConfigError
+    from senders import CATALOG
+
+    db, table = 'Sch "q".d,c;`ü', 'Tab le."x",;`Ä'
+    (tmp_path / "s.cfg").write_text(f"[global]\ntype=local\n[local]\nfilepath={tmp_path / 'x.jsonl'}\n")
+    cfg = tmp_path / "a.cfg"
+    cfg.write_text("[global]\nservers=k:9092\ntxn_topic=t\nsenderConfig=s.cfg\n"
+                   "tables = `Sch \"q\".d,c;``ü`.`Tab le.\"x\",;``Ä`, `a,b`.*, plain.t?\n")
+    c = load_apply_config(cfg, CATALOG, base_dir=tmp_path)
+    assert c.tables == ('`Sch "q".d,c;``ü`.`Tab le."x",;``Ä`', "`a,b`.*", "plain.t?")
+    owns = owned_by(c.tables)
+    assert owns(db, table) and owns("a,b", "anything") and owns("plain", "t1")
+    assert not owns(db, "Tab le") and not owns("Sch \"q\"", table) and not owns("a", "b") and not owns("plain", "t")
+    cfg.write_text("[global]\nservers=k:9092\ntxn_topic=t\nsenderConfig=s.cfg\ntables = `open.t\n")
+    with pytest.raises(ConfigError, match=r"a.cfg:5: .*unterminated backtick"):
+        load_apply_config(cfg, CATALOG, base_dir=tmp_path)
 
 
 def test_done_transactions_are_dropped_and_offsets_move_behind_them() -> None:
