@@ -17,10 +17,15 @@
  * The other way, dec_from_text makes the Decimal of a plain text ("-123.4500": what the MySQL rows decoder
  * prints of a binary DECIMAL, PostgreSQL's numeric text, the wire format's) by filling a new object as
  * _decimal's own constructor does (PyDecType_New: the coefficient in the object's four inline words), instead
- * of Decimal(str), which converts the text again and parses it. Only on CPython 3.11 and older (3.12 made
- * the type a heap type with another allocation), only where the same check at import passed for it too
- * (values compared with Decimal(text): str, ==, hash, as_tuple, arithmetic), and only for up to 76
- * significant digits; anything else is Decimal(text) as before.
+ * of Decimal(str), which converts the text again and parses it. Only on CPython 3.11 and older (the
+ * allocation this mirrors is 3.11's PyDecType_New; 3.13 made the type a heap type tracked by the collector,
+ * and 3.12 is not checked here, so it is off from 3.12 on), only where the same check at import passed for
+ * it too (values compared with Decimal(text): str, ==, hash, as_tuple, arithmetic in a private context), and
+ * only for up to 76 significant digits; anything else is Decimal(text) as before.
+ *
+ * The checks never fail the import: an error in them (other than running out of memory) turns the fast
+ * paths off. str() follows the thread's context (capitals = 0 writes "e"); the capturer never changes it,
+ * and a context that differs at import turns the texts off.
  */
 #include "fastrows.h"
 
@@ -167,29 +172,45 @@ PyObject *dec_from_text(const char *s, Py_ssize_t n) {
 #endif
 }
 
-/* the self-test of dec_from_text: each text's Decimal the same as Decimal(text) made; 1 = all, 0, -1 error */
+/* the self-test of dec_from_text: each text's Decimal the same as Decimal(text) made (arithmetic in a context
+   of its own, which traps nothing: the importer's may); 1 = all, 0 = a difference, -1 = an error */
 static int dec_parse_agrees(void) {
     static const char *texts[] = {
         "0", "-0", "0.00", "-0.000", "1", "-1", "123.", ".5", "-.5", "00012.3400", "123456789012345678.9",
         "1234567890123456789", "12345678901234567890", "-99999999999999999999999999999999999999.999999999",
         "1234567890123456789012345678901234567890123456789012345678901234567890123456",
         "0.0000000000000000000000000000000000000000000000000000000000000000000000000000000001", NULL};
+    /* Context(prec=200, rounding=None, Emin, Emax, capitals=1, clamp=0, flags=[], traps=[]) */
+    PyObject *mod = PyImport_ImportModule("decimal"), *ctx = NULL, *none1 = PyList_New(0), *none2 = PyList_New(0);
+    if (mod && none1 && none2)
+        ctx = PyObject_CallMethod(mod, "Context", "(iOnniiOO)", 200, Py_None, (Py_ssize_t)-999999,
+                                  (Py_ssize_t)999999, 1, 0, none1, none2);
+    Py_XDECREF(mod);
+    Py_XDECREF(none1);
+    Py_XDECREF(none2);
+    if (!ctx) return -1;
     int ok = 1;
     for (int i = 0; ok == 1 && texts[i]; i++) {
         PyObject *mine = dec_from_text(texts[i], (Py_ssize_t)strlen(texts[i]));
-        if (!mine) return PyErr_Occurred() ? -1 : 0;
+        if (!mine) {
+            ok = PyErr_Occurred() ? -1 : 0;
+            break;
+        }
         PyObject *ref = PyObject_CallFunction(Decimal, "s", texts[i]);
         PyObject *s1 = ref ? PyObject_Str(mine) : NULL, *s2 = s1 ? PyObject_Str(ref) : NULL;
         PyObject *t1 = s2 ? PyObject_CallMethod(mine, "as_tuple", NULL) : NULL;
         PyObject *t2 = t1 ? PyObject_CallMethod(ref, "as_tuple", NULL) : NULL;
-        PyObject *a1 = t2 ? PyNumber_Add(mine, mine) : NULL, *a2 = a1 ? PyNumber_Add(ref, ref) : NULL;
+        PyObject *a1 = t2 ? PyObject_CallMethod(ctx, "add", "OO", mine, mine) : NULL;
+        PyObject *a2 = a1 ? PyObject_CallMethod(ctx, "add", "OO", ref, ref) : NULL;
         if (!a2) {
             ok = -1;
         } else {
-            Py_hash_t h1 = PyObject_Hash(mine), h2 = PyObject_Hash(ref);
-            int eq = PyObject_RichCompareBool(mine, ref, Py_EQ), se = PyObject_RichCompareBool(s1, s2, Py_EQ);
-            int te = PyObject_RichCompareBool(t1, t2, Py_EQ), ae = PyObject_RichCompareBool(a1, a2, Py_EQ);
-            if (h1 == -1 || h2 == -1 || eq < 0 || se < 0 || te < 0 || ae < 0) ok = -1;
+            Py_hash_t h1 = PyObject_Hash(mine), h2 = h1 == -1 ? -1 : PyObject_Hash(ref);
+            int eq = h2 == -1 ? -1 : PyObject_RichCompareBool(mine, ref, Py_EQ);
+            int se = eq < 0 ? -1 : PyObject_RichCompareBool(s1, s2, Py_EQ);
+            int te = se < 0 ? -1 : PyObject_RichCompareBool(t1, t2, Py_EQ);
+            int ae = te < 0 ? -1 : PyObject_RichCompareBool(a1, a2, Py_EQ);
+            if (ae < 0) ok = -1;
             else if (h1 != h2 || !eq || !se || !te || !ae) ok = 0;
         }
         Py_XDECREF(a2);
@@ -201,6 +222,7 @@ static int dec_parse_agrees(void) {
         Py_XDECREF(ref);
         Py_DECREF(mine);
     }
+    Py_DECREF(ctx);
     return ok;
 }
 
@@ -217,12 +239,12 @@ static int dec_agrees(void) {
     if (!f) return -1;
     int ok = 1;
     char buf[2048];
-    for (int i = 0; ok && vals[i]; i++) {
+    for (int i = 0; ok == 1 && vals[i]; i++) {
         PyObject *d = PyObject_CallFunction(Decimal, "s", vals[i]);
         if (!d) { Py_DECREF(f); return -1; }
         PyObject *s = PyObject_Str(d), *pf = PyObject_Format(d, f);
         if (!s || !pf) { Py_XDECREF(s); Py_XDECREF(pf); Py_DECREF(d); Py_DECREF(f); return -1; }
-        for (int m = 0; ok && m < 3; m++) {
+        for (int m = 0; ok == 1 && m < 3; m++) {
             PyObject *want = modes[m] == DEC_PLAIN ? pf : s;
             if (modes[m] == DEC_JSON) {
                 const char *t = PyUnicode_AsUTF8(s), *ex = t ? strpbrk(t, "E") : NULL;
@@ -246,21 +268,31 @@ static int dec_agrees(void) {
     return ok;
 }
 
+/* the checks' error: out of memory fails the import, anything else (a context that traps, a changed type)
+   turns the fast paths off; 0 or -1 */
+static int dec_check_failed(void) {
+    dec_ok = dec_new_ok = 0;
+    if (PyErr_ExceptionMatches(PyExc_MemoryError)) return -1;
+    PyErr_Clear();
+    return 0;
+}
+
 int dec_setup(void) {
-    dec_ok = 0;
+    dec_ok = dec_new_ok = 0;
     if (!Decimal || !PyType_Check(Decimal) || ((PyTypeObject *)Decimal)->tp_basicsize != (Py_ssize_t)sizeof(DecObj))
         return 0;
     dec_ok = 1;
     int rc = dec_agrees();
+    if (rc < 0) return dec_check_failed();
     dec_ok = rc == 1;
-    if (rc < 0) return -1;
     PyTypeObject *t = (PyTypeObject *)Decimal;
     /* making objects too: only the static, untracked type of 3.11 and older whose texts were right */
     dec_new_ok = dec_ok && PY_VERSION_HEX < 0x030C0000 && !(t->tp_flags & (Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HEAPTYPE));
     if (!dec_new_ok) return 0;
     rc = dec_parse_agrees();
+    if (rc < 0) return dec_check_failed();
     dec_new_ok = rc == 1;
-    return rc < 0 ? -1 : 0;
+    return 0;
 }
 
 /* dec_text(d, mode) -> str or None: dec_chars' text (mode 0 str(), 1 format "f", 2 the JSON rule) */

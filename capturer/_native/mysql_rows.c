@@ -67,6 +67,10 @@ static int get_int(PyObject *spec, Py_ssize_t i, int *out) {
 static int plan_init(Plan *self, PyObject *args, PyObject *kw) {
     PyObject *names, *specs;
     if (!PyArg_ParseTuple(args, "O!O!", &PyTuple_Type, &names, &PyTuple_Type, &specs)) return -1;
+    if (self->cols || self->names) { /* (a second __init__ would leave a half-checked plan in place) */
+        PyErr_SetString(PyExc_TypeError, "a Plan is initialized once");
+        return -1;
+    }
     Py_ssize_t n = PyTuple_GET_SIZE(names);
     if (PyTuple_GET_SIZE(specs) != n) {
         PyErr_SetString(PyExc_ValueError, "names and specs differ in length");

@@ -49,8 +49,24 @@ def test_the_c_writer_is_on_for_this_python() -> None:
         pytest.skip("decimal is not CPython's C module here")
     texts, made = _fastrows.dec_fast()
     assert texts is True
-    if sys.version_info < (3, 12):  # (3.12 made Decimal a heap type: objects are not filled in there)
+    if sys.version_info < (3, 12):  # (objects are filled in as CPython 3.11 does: off from 3.12 on)
         assert made is True
+
+
+def test_the_checks_at_import_never_fail_it() -> None:
+    # the import-time checks ran their arithmetic in the importer's context, so a context that traps Inexact
+    # (common in money code) made `import capturer._fastrows` raise; a changed context only turns paths off
+    import subprocess
+
+    prog = ("import decimal; c = decimal.getcontext(); c.traps[decimal.Inexact] = c.traps[decimal.Rounded] = True; "
+            "c.prec = 10; c.Emax = 30; import capturer._fastrows as f; "
+            "print(f.dec_fast(), c.flags[decimal.Inexact], c.flags[decimal.Rounded])")
+    out = subprocess.run([sys.executable, "-c", prog], capture_output=True, text=True, check=True).stdout.strip()
+    assert out.endswith("False False"), out  # (and the importer's flags untouched)
+    assert out.startswith("(True, True)" if sys.version_info < (3, 12) else "(True, False)"), out
+    prog = "import decimal; decimal.getcontext().capitals = 0; import capturer._fastrows as f; print(f.dec_fast())"
+    out = subprocess.run([sys.executable, "-c", prog], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "(False, False)", out  # (str() would write "e" there: the C texts are off, not different)
 
 
 def test_text_equals_str_and_format_on_random_decimals() -> None:
@@ -122,6 +138,8 @@ def _outcome(op: object, x: Decimal) -> object:
 
 
 def test_parse_equals_decimal_of_the_text() -> None:
+    if not _fastrows.dec_fast()[1]:
+        pytest.skip("Decimals are not made by the C module on this Python")
     rng = random.Random(1129)
     made = 0
     for _ in range(30_000):

@@ -694,10 +694,14 @@ def fuzz_mysql_specs(seed_: int, n: int, trace: Trace) -> dict[str, Any]:
             raise Finding(f"an uninitialised Plan {describe(got)} on {data.hex()}")
         stats["inputs"] += 1
     twice = _fastrows.Plan(("a", "b"), ((1, 4, 0), (5, 1, "utf-8")))
-    for spec in (((1, 1, 0),), ((6, 10, 2), (7, 6)), ((99,),), ((1, 0, 0),)):
+    for spec in (((1, 1, 0),), ((6, 10, 2), (7, 6)), ((99,),), ((1, 0, 0),), ((6, -5, 0),)):
         names = tuple(f"n{j}" for j in range(len(spec)))
         trace(f"Plan.__init__ again with {spec!r}")
-        outcome(lambda: twice.__init__(names, spec))
+        again = outcome(lambda: twice.__init__(names, spec))
+        # refused, the plan left as it was (a second __init__ used to install a half-checked plan: ((6, -5, 0),)
+        # read DIG2BYTES[-5] and memcpy'd a garbage size, a bus error)
+        if again[0] != "err" or not isinstance(again[1], TypeError):
+            raise Finding(f"Plan.__init__ again with {spec!r}: {describe(again)}")
         for data in blobs[:10]:
             got = outcome(lambda: twice.rows(data, False))
             if got[0] == "err" and not isinstance(got[1], C_DECODE_ANY_SPEC):
