@@ -720,5 +720,5 @@ class Capturer:
             "stream": self.stream.status(),
             "lag_ms_behind_sources": max(
                 0, int(time.time() * 1000) - ts_physical_ms(self.manager.acked_ts())
-            ) if self.manager.acked_ts() else None,
+            ) if ts_physical_ms(self.manager.acked_ts()) else None,
         }

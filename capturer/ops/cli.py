@@ -81,7 +81,7 @@ def request(url: str, path: str, token: str = "", body: dict[str, Any] | None = 
 
 # --- status -------------------------------------------------------------------
 def _when(ts: int) -> str:
-    if not ts:
+    if not ts_physical_ms(ts):  # (none, or a commit_ts without a time: a first start's CREATE statements)
         return "-"
     return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ts_physical_ms(ts) / 1000)) + \
         f".{ts_physical_ms(ts) % 1000:03d}"

@@ -40,8 +40,9 @@ SENDER_STATES = ("new", "running", "retrying", "paused", "failed", "stopped")
 STREAM_STATES = ("live", "catching up", "paused", "failing", "detached")
 
 
-def _ts_seconds(ts: int) -> float:
-    """A TSO's physical part (ms since the epoch) in seconds; 0 for none."""
+def _ts_seconds(ts: int | None) -> float:
+    """A TSO's physical part (ms since the epoch) in seconds; 0 for none (also a commit_ts
+    without a time: the CREATE statements a first start's copy sends take 1, 2, ...)."""
     return ts_physical_ms(ts) / 1000.0 if ts else 0.0
 
 
@@ -81,17 +82,17 @@ def _checkpoint_metrics(s: dict[str, Any], now: float) -> Iterator[Any]:
     yield age
     cpt = GaugeMetricFamily("capturer_checkpoint_timestamp_seconds",
                             "commit time the checkpoint holds (unix time)")
-    if s["checkpoint"]["commit_ts"]:
+    if _ts_seconds(s["checkpoint"]["commit_ts"]):
         cpt.add_metric([], _ts_seconds(s["checkpoint"]["commit_ts"]))
     yield cpt
     cplag = GaugeMetricFamily("capturer_checkpoint_lag_seconds",
                               "seconds between now and the commit time the checkpoint holds")
-    if s["checkpoint"]["commit_ts"]:
+    if _ts_seconds(s["checkpoint"]["commit_ts"]):
         cplag.add_metric([], max(0.0, now - _ts_seconds(s["checkpoint"]["commit_ts"])))
     yield cplag
     lag = GaugeMetricFamily("capturer_lag_seconds",
                             "seconds between now and the commit time every sender has acknowledged")
-    if s.get("acked_ts"):
+    if _ts_seconds(s.get("acked_ts")):
         lag.add_metric([], max(0.0, now - _ts_seconds(s["acked_ts"])))
     yield lag
 
@@ -236,7 +237,7 @@ def _sender_metrics(senders: dict[str, Any], now: float) -> Iterator[Any]:
         srow.add_metric([name], snd["rows"])
         stx.add_metric([name], snd["txns"])
         sack.add_metric([name], snd["acked_ts"])
-        if snd["acked_ts"]:
+        if _ts_seconds(snd["acked_ts"]):
             sackt.add_metric([name], _ts_seconds(snd["acked_ts"]))
             slg.add_metric([name], max(0.0, now - _ts_seconds(snd["acked_ts"])))
         serr.add_metric([name], snd["errors"])

@@ -267,7 +267,7 @@ class SenderManager:
                 "stream_state": self.stream_state(s),
                 "offset": c.acked(),
                 "key": key_to_json(c.key),
-                "lag_seconds": round(max(0, now_ms - ts_physical_ms(acked)) / 1000, 3) if acked else None,
+                "lag_seconds": round(max(0, now_ms - ts_physical_ms(acked)) / 1000, 3) if ts_physical_ms(acked) else None,
                 "lag_items": len(c),
                 "lag_rows": c.weight,
                 "backlog_bytes": self.stream.bytes_held(c),

@@ -562,3 +562,15 @@ def test_segments_stay_until_no_checkpoint_on_disk_needs_them(tmp_path: Path) ->
     b.keep_for_checkpoint({"a": SenderPosition(offset=149)}, {"a"}, 201)
     b.release(150)
     assert all(s.last >= 150 for s in b.segments)
+
+
+def test_a_sender_at_a_commit_ts_without_a_time_has_no_lag(tmp_path: Path) -> None:
+    """A first start's copy sends its CREATE statements at commit_ts 1, 2, ... (right after a
+    floor of 0): a sender that has acknowledged only those has no lag to show, not the ~56
+    years since the epoch (/status said lag_seconds 1795977619 after a kill -9 mid-copy)."""
+    s = Recorder("s")
+    m, _, _ = make(tmp_path, [s])
+    s.acked_ts = 11
+    assert m.status()["s"]["lag_seconds"] is None
+    s.acked_ts = (int(time.time() * 1000) - 2000) << 18
+    assert 1.5 <= m.status()["s"]["lag_seconds"] < 3600

@@ -280,3 +280,24 @@ def test_merge_waits_only_for_silent_regions() -> None:
     assert stage.waiting_for() == ["b", "a"]  # silent longest first
     queues["a"].put(Heartbeat("a", 5), 1)
     assert stage.waiting_for() == ["b"]
+
+
+def test_commit_ts_without_a_time_shows_no_lag() -> None:
+    """Acknowledged only up to a first start's CREATE statements (commit_ts 1, 2, ...): the
+    metrics and the terminal view show no lag and no time, not the time since the epoch."""
+    snap = snapshot()
+    snap["checkpoint"]["commit_ts"] = snap["acked_ts"] = snap["senders"]["local"]["acked_ts"] = 11
+    snap["senders"]["local"]["lag_seconds"] = None
+    srv = StatusServer("127.0.0.1", 0, lambda: snap, lambda: (True, "ok"), lambda p, b: (200, {}), TOKEN)
+    srv.start()
+    try:
+        text = requests.get(f"http://127.0.0.1:{srv.port}/metrics", timeout=5).text
+    finally:
+        srv.stop()
+    samples = [line for line in text.splitlines() if not line.startswith("#")]
+    for name in ("capturer_sender_lag_seconds", "capturer_lag_seconds", "capturer_checkpoint_lag_seconds",
+                 "capturer_sender_acked_timestamp_seconds", "capturer_checkpoint_timestamp_seconds"):
+        assert not [x for x in samples if x.startswith((name + " ", name + "{"))], name
+    assert any(x.startswith("capturer_sender_acked_ts{") for x in samples)
+    view = render("http://x", snap, {"ok": True}, None)
+    assert "1970-01-01" not in view
