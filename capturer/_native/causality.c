@@ -5,7 +5,8 @@
  * as senders/mysql/sender.py _send places their changes one by one).
  *
  * conflict_keys gives exactly the strings of the Python conflict_keys: ints, bytes and strings are folded
- * here, any other value (a float, a Decimal, a datetime, a bool, a subclass) goes through the Python _canon.
+ * here, a Decimal by decimal.c's text; any other value (a float, a datetime, a bool, a subclass) goes through
+ * the Python _canon.
  * ASCII is folded in C (casefold = lower; NFKD leaves ASCII alone and it has no combining marks). Other
  * characters of the Basic Multilingual Plane are folded one by one through a table filled from the
  * Python fold_char(c) (NFKD of c.casefold() without its combining marks), so the folding of Unicode is
@@ -119,6 +120,9 @@ static int put_canon(Buf *b, PyObject *v, PyObject *canon, PyObject *fold, int *
     }
     if (fold != Py_None && PyUnicode_CheckExact(v) && PyUnicode_KIND(v) != PyUnicode_4BYTE_KIND)
         return put_folded(b, v, fold, ascii);
+    char t[DEC_TEXT_CAP];
+    Py_ssize_t tn = dec_chars(v, DEC_STR, t, sizeof(t)); /* a Decimal: "Decimal:" + str(v) (decimal.c) */
+    if (tn > 0) return buf_put(b, "Decimal:", 8) < 0 || buf_put(b, t, tn) < 0 ? -1 : 0;
     PyObject *r = PyObject_CallOneArg(canon, v);
     if (!r) return -1;
     if (!PyUnicode_Check(r)) {

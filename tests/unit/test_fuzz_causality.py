@@ -88,7 +88,9 @@ def rand_value(rng: random.Random) -> Any:
         return rng.choice([0.0, -0.0, 1.5, float("nan"), float("inf"), -1e300, 1e-7])
     if r == 7:
         return rng.choice([decimal.Decimal("1.50"), decimal.Decimal("-0"), decimal.Decimal("1E+3"),
-                           decimal.Decimal("NaN"), decimal.Decimal(rng.randrange(10**6)) / 100])
+                           decimal.Decimal("NaN"), decimal.Decimal(rng.randrange(10**6)) / 100,
+                           decimal.Decimal((rng.random() < 0.5, tuple(map(int, str(rng.randrange(10**rng.randrange(1, 70))))),
+                                            rng.randrange(-40, 40)))])
     if r == 8:
         return bytes(rng.randrange(256) for _ in range(rng.randrange(10)))
     if r == 9:
