@@ -5,8 +5,8 @@
  * as senders/mysql/sender.py _send places their changes one by one).
  *
  * conflict_keys gives exactly the strings of the Python conflict_keys: ints, bytes and strings are folded
- * here, a Decimal by decimal.c's text; any other value (a float, a datetime, a bool, a subclass) goes through
- * the Python _canon.
+ * here, a Decimal by decimal.c's text, a naive datetime and a date as str() writes them; any other value (a
+ * float, an aware datetime, a time, a bool, a subclass) goes through the Python _canon.
  * ASCII is folded in C (casefold = lower; NFKD leaves ASCII alone and it has no combining marks). Other
  * characters of the Basic Multilingual Plane are folded one by one through a table filled from the
  * Python fold_char(c) (NFKD of c.casefold() without its combining marks), so the folding of Unicode is
@@ -15,6 +15,9 @@
  * dropped. A string with a character beyond the BMP goes to _canon whole.
  */
 #include "fastrows.h"
+#include <datetime.h>
+
+FR_DATETIME_IMPORT(fr_causality_datetime)
 
 /* u's text appended as UTF-8 (lone surrogates kept, as "surrogatepass" writes them); *ascii cleared when
    it is not ASCII */
@@ -123,6 +126,32 @@ static int put_canon(Buf *b, PyObject *v, PyObject *canon, PyObject *fold, int *
     char t[DEC_TEXT_CAP];
     Py_ssize_t tn = dec_chars(v, DEC_STR, t, sizeof(t)); /* a Decimal: "Decimal:" + str(v) (decimal.c) */
     if (tn > 0) return buf_put(b, "Decimal:", 8) < 0 || buf_put(b, t, tn) < 0 ? -1 : 0;
+    /* a naive datetime or a date (a partitioned table's key: (id, created)): "datetime:" / "date:" + str(v) */
+    int dtm = PyDateTime_CheckExact(v) && !((PyDateTime_DateTime *)v)->hastzinfo;
+    if (dtm || PyDate_CheckExact(v)) {
+        char *p = t;
+        memcpy(p, dtm ? "datetime:" : "date:", dtm ? 9 : 5);
+        p += dtm ? 9 : 5;
+        p = fmt_uint(p, (unsigned)PyDateTime_GET_YEAR(v), 4);
+        *p++ = '-';
+        p = fmt_uint(p, (unsigned)PyDateTime_GET_MONTH(v), 2);
+        *p++ = '-';
+        p = fmt_uint(p, (unsigned)PyDateTime_GET_DAY(v), 2);
+        if (dtm) {
+            *p++ = ' ';
+            p = fmt_uint(p, (unsigned)PyDateTime_DATE_GET_HOUR(v), 2);
+            *p++ = ':';
+            p = fmt_uint(p, (unsigned)PyDateTime_DATE_GET_MINUTE(v), 2);
+            *p++ = ':';
+            p = fmt_uint(p, (unsigned)PyDateTime_DATE_GET_SECOND(v), 2);
+            int us = PyDateTime_DATE_GET_MICROSECOND(v);
+            if (us) {
+                *p++ = '.';
+                p = fmt_uint(p, (unsigned)us, 6);
+            }
+        }
+        return buf_put(b, t, p - t);
+    }
     PyObject *r = PyObject_CallOneArg(canon, v);
     if (!r) return -1;
     if (!PyUnicode_Check(r)) {

@@ -143,6 +143,7 @@ int fr_json_datetime(void);
 int fr_wire_datetime(void);
 int fr_wire_read_datetime(void);
 int fr_arrowcols_datetime(void);
+int fr_causality_datetime(void);
 
 /* the module's functions (module.c's method table) */
 PyObject *baikal_plan(PyObject *mod, PyObject *args);

@@ -115,7 +115,7 @@ PyMODINIT_FUNC PyInit__fastrows(void) {
     if (!PyDateTimeAPI) return NULL;
     if (fr_mysql_rows_datetime() < 0 || fr_baikaldb_rows_datetime() < 0 || fr_pg_images_datetime() < 0
         || fr_json_datetime() < 0 || fr_wire_datetime() < 0 || fr_wire_read_datetime() < 0
-        || fr_arrowcols_datetime() < 0) return NULL;
+        || fr_arrowcols_datetime() < 0 || fr_causality_datetime() < 0) return NULL;
     PyObject *decmod = PyImport_ImportModule("decimal");
     if (!decmod) return NULL;
     Decimal = PyObject_GetAttrString(decmod, "Decimal");

@@ -102,7 +102,11 @@ def rand_value(rng: random.Random) -> Any:
     if r == 12:
         return rng.choice([dt.datetime(2026, 1, 2, 3, 4, 5, rng.randrange(10**6)), dt.date(1999, 12, 31),
                            dt.time(23, 59, 59), dt.timedelta(hours=-rng.randrange(900)),
-                           dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)])
+                           dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc),
+                           dt.datetime(rng.randrange(1, 10000), rng.randrange(1, 13), rng.randrange(1, 29),
+                                       rng.randrange(24), rng.randrange(60), rng.randrange(60),
+                                       rng.choice([0, 0, 1, 999999, rng.randrange(10**6)]), fold=rng.randrange(2)),
+                           dt.date(rng.randrange(1, 10000), rng.randrange(1, 13), rng.randrange(1, 29))])
     if r <= 17:
         return rand_str(rng, ascii_only=True)
     return rand_str(rng)
