@@ -37,7 +37,8 @@ KEY, SEL, ABC, TICK, UNI, ORDER, UPPER, RAW, BLOB = ("Key.Col", 'sel"ect', "a,b;
 TEXTS = ["q'uote \"dq\" `bt`", "back\\slash \\n not a newline", "new\nline\ttab\r\n", "emoji 😀 ünï 𝄞",
          "", "semi; -- comment /* c */", "%s %% {}", "nul\x00byte", "'); DROP TABLE x; --"]
 RAWS = [b"\xff\xfe\x00\x80", b"", b"\xc3\x28 not utf-8", b"\\x00'\"", b"\x00" * 5]
-TABLES = [T, UQ, KL]
+NU = "null Uniq"  # no primary key, a nullable UNIQUE key: rows with NULL there have no key at all
+TABLES = [T, UQ, KL, NU]
 
 SCHEMA = [
     f"CREATE DATABASE {q(DB)}",
@@ -47,6 +48,8 @@ SCHEMA = [
     f"CREATE TABLE {q(DB)}.{q(UQ)} ({q('u k')} INT NOT NULL, {q('v')} TEXT, UNIQUE KEY {q('u`x')} ({q('u k')})) "
     "DEFAULT CHARSET=utf8mb4",
     f"CREATE TABLE {q(DB)}.{q(KL)} ({q('a')} INT, {q('b')} TEXT) DEFAULT CHARSET=utf8mb4",
+    f"CREATE TABLE {q(DB)}.{q(NU)} ({q('u')} INT NULL, {q('v')} VARCHAR(40), UNIQUE KEY ({q('u')})) "
+    "DEFAULT CHARSET=utf8mb4",
 ]
 
 
@@ -122,7 +125,7 @@ class Hostile:
             self.conn.autocommit(False)
         c, r = self.conn, self.rnd
         kind = r.choice(["ins", "ins", "upd", "shift", "swap", "delre", "rollback", "fail", "keyless", "keyless",
-                         "uq", "uq", "del"])
+                         "uq", "uq", "del", "nu", "nu"])
         if r.random() < self.big:
             kind = "big"
         try:
@@ -196,6 +199,16 @@ class Hostile:
                 cur.execute(f"UPDATE {full(UQ)} SET {q('u k')}=%s WHERE {q('u k')}=%s", (-a, a))
                 cur.execute(f"UPDATE {full(UQ)} SET {q('u k')}=%s, v=%s WHERE {q('u k')}=%s", (a, r.choice(TEXTS), b))
                 cur.execute(f"UPDATE {full(UQ)} SET {q('u k')}=%s WHERE {q('u k')}=%s", (b, -a))
+        elif kind == "nu":  # rows with a NULL unique value: changed, given a value, NULL again, deleted
+            v, w = r.choice(TEXTS)[:40], r.choice(TEXTS)[:40]
+            cur.execute(f"INSERT INTO {full(NU)} VALUES (NULL,%s),(NULL,%s)", (v, v))
+            cur.execute(f"UPDATE {full(NU)} SET v=%s WHERE u IS NULL AND v=%s LIMIT 1", (w, v))
+            u = self.base * 1000 + self.txns + 1
+            cur.execute(f"UPDATE {full(NU)} SET u=%s WHERE u IS NULL AND v=%s LIMIT 1", (u, w))
+            if r.random() < 0.5:
+                cur.execute(f"UPDATE {full(NU)} SET u=NULL, v=%s WHERE u=%s", (v, u))
+            if r.random() < 0.3:
+                cur.execute(f"DELETE FROM {full(NU)} WHERE u IS NULL AND v=%s LIMIT 1", (v,))
         elif kind == "big":  # thousands of rows in one transaction, most in the keyless table
             v = r.choice(TEXTS)
             cur.executemany(f"INSERT INTO {full(KL)} VALUES (%s,%s)", [(self.base + 7, v)] * 1500)
@@ -273,13 +286,13 @@ def wait_equal(source: MariaDBInstance, target: MariaDBInstance, ap: ApplierProc
 
 
 def start(tmp: Path, source: MariaDBInstance, target: MariaDBInstance, sender_extra: str = "",
-          extra: str = "") -> tuple[CapturerProcess, ApplierProcess, Any]:
+          extra: str = "", tables: str = "*.*") -> tuple[CapturerProcess, ApplierProcess, Any]:
     broker = shared_broker()
     cap = CapturerProcess(capturer_config(tmp, [source], broker.servers), tmp / "capturer.log").start()
     cap.wait_ready()
     mysql = (f"[global]\ntype=mysql\n[mysql]\nhost=127.0.0.1\nport={target.port}\nuser=root\npassword=\n"
              f"threadnum=4\n{sender_extra}")
-    cfg, port = write_applier(tmp, "h", broker.servers, mysql, extra=extra)
+    cfg, port = write_applier(tmp, "h", broker.servers, mysql, tables=tables, extra=extra)
     ap = ApplierProcess(cfg, tmp / "h.log", port).start()
     return cap, ap, broker
 
@@ -318,6 +331,77 @@ def test_target_row_lock_held_under_load(hrig: dict[str, Any]) -> None:
             hold.close()
             wait_for(lambda: ap.status()["senders"]["h.mysql"]["waiting_for"] is None, 120, "the wait is over")
         wait_equal(source, target, ap, 180)
+        assert ap.stop() == 0
+        assert cap.stop() == 0
+    finally:
+        tear_down(tmp, [cap, ap], broker)
+
+
+def verify_target(tmp: Path, target: MariaDBInstance) -> dict[str, Any]:
+    """``python -m capturer verify`` of the source against the target (the applier's destination as a
+    capturer's MySQL sender)."""
+    from helpers import verify_equal
+
+    (tmp / "verifySenders.cfg").write_text(
+        f"[global]\ntype=mysql\n[mysql]\nhost=127.0.0.1\nport={target.port}\nuser=root\npassword=\n")
+    text = (tmp / "config.cfg").read_text()
+    text = text.replace(f"senderConfig={tmp / 'senderConfig.cfg'}", f"senderConfig={tmp / 'verifySenders.cfg'}")
+    text = text.replace(f"binlogCheckPointPath={tmp / 'checkpoint.json'}",
+                        f"binlogCheckPointPath={tmp / 'verify-checkpoint.json'}")
+    (tmp / "verify.cfg").write_text(text)
+    return verify_equal(tmp / "verify.cfg", ["mysql"], 30)
+
+
+def test_hostile_load_kill9_and_ddl_mid_load(hrig: dict[str, Any]) -> None:
+    """The most demanding mix at once, on the applier that owns the hostile database by name (``tables``
+    quotes it: commas, dots, doubled backticks): every hostile transaction kind, big transactions (1,500-row
+    keyless inserts, 700 keyless updates, 300 deletes, 200 keyed inserts), and while rows flow ADD COLUMN
+    with a DEFAULT (a quote and a backslash in it), DROP COLUMN, RENAME COLUMN, CHANGE COLUMN, RENAME TABLE
+    and an ADD on the renamed table, with the applier killed (kill -9) three times between them. The target
+    then equals the source row for row (the keyless table as a multiset: a row applied twice would show),
+    ``verify`` finds every table equal, and the old table name is gone from the target."""
+    tmp, source, target = hrig["tmp"], hrig["source"], hrig["target"]
+    owned = q(DB) + ".*"
+    cap, ap, broker = start(tmp, source, target, tables=f"{owned}, nothing.else", extra="untabled_ddl=apply\n")
+    t2 = 'Re named.`T`,2'
+    try:
+        w = Hostile(source, seed=21)
+        w.big = 0.02
+        ddls = [(f"ALTER TABLE {full(T)} ADD COLUMN {q('new `c`ol é')} VARCHAR(30) NOT NULL DEFAULT 'd''ef\\\\ault'",
+                 {}),
+                (f"ALTER TABLE {full(T)} ADD COLUMN {q('n2')} INT DEFAULT 7 AFTER {q(KEY)}", {}),
+                (f"ALTER TABLE {full(T)} DROP COLUMN {q(ABC)}", {ABC: ""}),
+                (f"ALTER TABLE {full(T)} RENAME COLUMN {q(SEL)} TO {q('re.named `x`')}", {SEL: "re.named `x`"}),
+                (f"ALTER TABLE {full(T)} CHANGE COLUMN {q(ORDER)} {q('Order2')} BIGINT", {ORDER: "Order2"}),
+                (f"RENAME TABLE {full(T)} TO {full(t2)}", {}),
+                (f"ALTER TABLE {full(t2)} ADD COLUMN {q('last')} TEXT DEFAULT NULL", {})]
+        kills = 0
+        with Run(w, pace=0.002):
+            for i, (ddl, cols) in enumerate(ddls):
+                before = w.txns
+                wait_for(lambda: w.txns > before + 40, 120, "the load goes on")
+                source.execute(ddl)
+                w.cols.update(cols)
+                w.t = t2 if "RENAME TABLE" in ddl else w.t
+                if i % 2 == 1:  # the applier killed mid-load, around a DDL
+                    applied = max(ap.rows(), 0)
+                    wait_for(lambda: ap.rows() > applied, 120, "the applier applies rows")
+                    ap.kill9()
+                    kills += 1
+                    ap.start()
+        assert kills == 3 and w.txns > 300
+        tables = [t2, UQ, KL, NU]
+        wait_equal(source, target, ap, 240, tables)
+        counts = {t: len(rows(source, t)) for t in tables}
+        assert counts[KL] > 1000 and counts[NU] > 10 and counts[t2] > 100, counts
+        print(f"hostile load: {w.txns} source transactions, rows now {counts}, applier kills {kills}, "
+              f"DDL {len(ddls)}; duplicates and differences: {diff(source, target, tables) or 0}")
+        report = verify_target(tmp, target)
+        assert {t["table"] for t in report["tables"]} >= {f"{DB}.{t}" for t in tables}, report["summary"]
+        with target.connect() as c, c.cursor() as cur:  # the old name is gone from the target
+            cur.execute("SELECT COUNT(*) FROM information_schema.tables WHERE table_schema=%s AND table_name=%s",
+                        (DB, T))
+            assert cur.fetchone()[0] == 0
         assert ap.stop() == 0
         assert cap.stop() == 0
     finally:
