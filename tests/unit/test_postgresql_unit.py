@@ -166,6 +166,25 @@ def test_align_attnums_from_a_catalog_newer_than_the_message() -> None:
     # a type that does not fit is no match; a table dropped since (no catalog): nothing known
     assert align_attnums(_cols("id", "b", typ=T.INT8), cat)[1] == 0
     assert align_attnums(_cols("id", "b"), []) == (0, 0)
+    # sent before v was dropped and added again under its name (now after w): v is the dropped attribute
+    cat3 = [(1, "id", False, T.INT4), (2, "........pg.dropped.2........", True, 0), (3, "w", False, T.TEXT),
+            (4, "v", False, T.TEXT)]
+    assert align_attnums(_cols("id", "v", "w"), cat3) == (1, 2, 3)
+    assert align_attnums(_cols("id", "w", "v"), cat3) == (1, 3, 4)
+
+
+def test_same_shape_tells_a_column_dropped_and_added_under_its_name() -> None:
+    """The relation message after ``DROP COLUMN w; ADD COLUMN w`` of the last column is the one before it;
+    only the attnum differs. Before, same_shape said nothing changed: no DDL, and rows there kept their
+    old values of w downstream (NULL in the source)."""
+    def r(nums: tuple[int, ...]) -> RelDef:
+        return RelDef(1, "s", "t", "d", _cols("id", "v", "w"), ("id",), (), nums)
+
+    assert r((1, 2, 3)).same_shape(r((1, 2, 3))) and r((1, 2, 3)).same_shape(r(()))
+    assert r((1, 2, 0)).same_shape(r((1, 2, 4)))  # (not known on one side: the names decide)
+    assert not r((1, 2, 3)).same_shape(r((1, 2, 4)))
+    assert [x[1] for x in ddl_for(r((1, 2, 3)), r((1, 2, 4)))] == [
+        "ALTER TABLE `s`.`t` DROP COLUMN `w`", "ALTER TABLE `s`.`t` ADD COLUMN `w` LONGTEXT NULL"]
 
 
 def test_ddl_for_by_attnum_a_rename_with_other_changes() -> None:

@@ -89,8 +89,12 @@ class RelDef:
         return s
 
     def same_shape(self, other: RelDef) -> bool:
+        """The same table downstream: names, columns, keys, and no column of the same name another
+        attribute in the catalog (dropped and added again under its name: the same relation message,
+        but the rows there hold NULL or the new default in it now)."""
         return (self.db, self.table, self.columns, self.pk, self.unique_keys) == \
-            (other.db, other.table, other.columns, other.pk, other.unique_keys)
+            (other.db, other.table, other.columns, other.pk, other.unique_keys) and \
+            all(not (a and b) or a == b for a, b in zip(self.attnums, other.attnums))
 
     def to_json(self) -> dict[str, Any]:
         return {"relid": self.relid, "db": self.db, "table": self.table, "replident": self.replident,
@@ -123,12 +127,27 @@ def align_attnums(columns: tuple[po.Column, ...], catalog: list[tuple[int, str, 
     their number says which; after the last one, the first attributes alive now of the same types
     when no dropped attribute lies among them."""
     live = {name: (num, typ) for num, name, dropped, typ in catalog if not dropped}
+    # the anchors (names alive now, in increasing attnum order) taken from the first column on and from the
+    # last one back: where they differ (a column dropped and added again under its name since the message:
+    # its name alive now comes after columns that came after it then), the one that places more columns
+    ways = [_aligned(columns, catalog, _anchors(columns, live, False)),
+            _aligned(columns, catalog, _anchors(columns, live, True))]
+    return max(ways, key=lambda w: sum(1 for n in w if n))  # (a tie: the first, from the first column on)
+
+
+def _anchors(columns: tuple[po.Column, ...], live: dict[str, tuple[int, int]], backward: bool) -> list[int]:
     out = [0] * len(columns)
-    last = 0
-    for i, c in enumerate(columns):  # the anchors: names alive now, in increasing attnum order
-        got = live.get(c.name)
-        if got is not None and got[0] > last and got[1] == c.type_oid:
+    last = 1 << 31 if backward else 0
+    for i in (range(len(columns) - 1, -1, -1) if backward else range(len(columns))):
+        got = live.get(columns[i].name)
+        if got is not None and (got[0] < last if backward else got[0] > last) and got[1] == columns[i].type_oid:
             out[i] = last = got[0]
+    return out
+
+
+def _aligned(columns: tuple[po.Column, ...], catalog: list[tuple[int, str, bool, int]],
+             out: list[int]) -> tuple[int, ...]:
+    """``align_attnums`` from its anchors: the columns between them."""
     anchored = set(out)
     i = 0
     while i < len(columns):
