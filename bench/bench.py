@@ -402,9 +402,13 @@ def _run_cap_timed(cap: Capturer, expect_rows: int) -> dict[str, Any]:
     cap.start()
     done_at: list[float] = []
     marks: dict[int, tuple[float, int]] = {}  # first sample at or past 10 % / 90 % of the rows
+    first_by_sender: dict[str, float] = {}
 
     def until(c: Capturer) -> bool:
         now, rows = time.perf_counter(), min(s.rows for s in c.senders)
+        for s in c.senders:  # (when each sender delivered its first row: what the start-up costs whom)
+            if s.rows and s.name not in first_by_sender:
+                first_by_sender[s.name] = round(now - t0, 2)
         for pct in (0, 10, 90):
             if pct not in marks and rows * 100 >= max(expect_rows * pct, 1):
                 marks[pct] = (now, rows)
@@ -432,6 +436,7 @@ def _run_cap_timed(cap: Capturer, expect_rows: int) -> dict[str, Any]:
         out["steady_seconds"] = round(tb - ta, 2)
         # where the rest of the time went: until the first row was delivered, and the last 10 %
         out["first_row_seconds"] = round(marks[0][0] - t0, 2)
+        out["first_row_by_sender"] = first_by_sender
         out["last_10pct_seconds"] = round(elapsed - (tb - t0), 2)
     return out
 
@@ -927,6 +932,21 @@ def verify_cost(tmp: Path, preload: int = 200_000, rate: int = 2000, seconds: in
         target.stop()
         src.stop()
     return out
+
+
+def warm_broker(broker: Any) -> Any:
+    """``broker`` once it has answered an idempotent producer: a fresh broker's first InitProducerId is
+    answered "coordinator load in progress" until its transaction state is loaded (librdkafka retries
+    it, ~0.5-1.5 s here), a start-up cost of the broker that a capturer meets only on a broker started
+    just before it. Without this, whichever timed run came first on a new broker paid it (the all-four
+    run's first Kafka row took 1.8-3.5 s)."""
+    import confluent_kafka
+
+    p = confluent_kafka.Producer({"bootstrap.servers": broker.servers, "acks": "all", "enable.idempotence": True})
+    p.produce("bench-warm-up", value=b"x")
+    if p.flush(120):
+        raise RuntimeError(f"the broker at {broker.servers} did not take a warm-up message in 120 s")
+    return broker
 
 
 def baseline_producer(servers: str, client: str, n: int) -> float:
@@ -1527,7 +1547,7 @@ def apply_runs(tmp: Path, servers: list[MariaDBInstance], target: MariaDBInstanc
 
     d = tmp / "apply"
     d.mkdir()
-    broker = Broker().start()
+    broker = warm_broker(Broker().start())
     mysql = (f"[global]\ntype=mysql\n[mysql]\nhost=127.0.0.1\nport={target.port}\nuser=root\n"
              f"threadnum={threads}\n")
     kcfg = (f"[global]\ntype=kafka\n[kafka]\nservers={broker.servers}\nclient=confluent\n"
@@ -1919,7 +1939,7 @@ def part_postgresql(ctx: Bench) -> None:
     if "kafka" in only and "confluent" in args.kafka_clients.split(","):
         from devtools.local_kafka import Broker
 
-        pg_broker = Broker().start()
+        pg_broker = warm_broker(Broker().start())
         extra.append(pg_broker)
         pg_variants["kafka"] = ("", f"[global]\ntype=kafka\n[kafka]\nservers={pg_broker.servers}\n"
                                     "client=confluent\n")
@@ -2016,7 +2036,7 @@ def part_kafka(ctx: Bench) -> None:
     from devtools.local_kafka import Broker
 
     for client in args.kafka_clients.split(","):
-        broker = Broker().start()  # a fresh broker each: memory storage grows
+        broker = warm_broker(Broker().start())  # a fresh broker each: memory storage grows
         extra.append(broker)
         c0 = time.process_time()
         raw = baseline_producer(broker.servers, client, total)
@@ -2026,7 +2046,7 @@ def part_kafka(ctx: Bench) -> None:
         e2e(f"kafka-{client}", kcfg, total, raw, f"capturer -> kafka ({client})")
         broker.kill()
         if "workers" in only:
-            broker = Broker().start()
+            broker = warm_broker(Broker().start())
             extra.append(broker)
             kcfg = f"[global]\ntype=kafka\n[kafka]\nservers={broker.servers}\nclient={client}\n"
             e2e(f"kafka-{client}-workers", kcfg, total, results[f"kafka-{client}"]["rows_per_s"],
@@ -2036,7 +2056,7 @@ def part_kafka(ctx: Bench) -> None:
         if "ab" in only:
             from senders.kafka import sender as ksender
 
-            broker = Broker().start()
+            broker = warm_broker(Broker().start())
             extra.append(broker)
             kcfg = f"[global]\ntype=kafka\n[kafka]\nservers={broker.servers}\nclient={client}\n"
             real_c, ksender._kafka_json = ksender._kafka_json, None
@@ -2047,7 +2067,7 @@ def part_kafka(ctx: Bench) -> None:
                 ksender._kafka_json = real_c
             broker.kill()
         if "senderprocs" in only and client == "confluent":
-            broker = Broker().start()
+            broker = warm_broker(Broker().start())
             extra.append(broker)
             kcfg = f"[global]\ntype=kafka\n[kafka]\nservers={broker.servers}\nclient={client}\n"
             e2e("kafka-confluent-proc", with_procs(kcfg), total, results["kafka-confluent"]["rows_per_s"],
@@ -2079,7 +2099,7 @@ def part_all(ctx: Bench) -> None:
     results, total, decode, target, e2e = ctx.results, ctx.total, ctx.decode, ctx.target, ctx.e2e
     from devtools.local_kafka import Broker
 
-    broker = Broker().start()
+    broker = warm_broker(Broker().start())
     extra.append(broker)
     reset_target(target)
     e2e("all", "[global]\ntype=local,mysql,kafka,spark\n"
@@ -2093,7 +2113,7 @@ def part_all(ctx: Bench) -> None:
         rep.add("capturer -> all four at once; ratio to capturer -> file alone", results["all"]["rows_per_s"],
                 results["file"]["rows_per_s"], results["all"])
     if "ab" in only:
-        broker = Broker().start()
+        broker = warm_broker(Broker().start())
         extra.append(broker)
         reset_target(target)
         (tmp / "all-nobacklog").mkdir()
@@ -2111,7 +2131,7 @@ def part_all(ctx: Bench) -> None:
         broker.kill()
         import gc
 
-        broker = Broker().start()
+        broker = warm_broker(Broker().start())
         extra.append(broker)
         reset_target(target)
         tuned = gc.get_threshold()
@@ -2128,7 +2148,7 @@ def part_all(ctx: Bench) -> None:
             gc.set_threshold(*tuned)
         broker.kill()
     if "senderprocs" in only:
-        broker = Broker().start()
+        broker = warm_broker(Broker().start())
         extra.append(broker)
         reset_target(target)
         e2e("all-proc", with_procs("[global]\ntype=local,mysql,kafka,spark\n"
@@ -2139,7 +2159,7 @@ def part_all(ctx: Bench) -> None:
             total, results["all"]["rows_per_s"],
             "capturer -> all four, each sender in its own process; ratio to all four in-process")
         broker.kill()
-        broker = Broker().start()
+        broker = warm_broker(Broker().start())
         extra.append(broker)
         reset_target(target)
         e2e("all-proc-ks", with_procs("[global]\ntype=local,mysql,kafka,spark\n"
@@ -2154,7 +2174,7 @@ def part_all(ctx: Bench) -> None:
     if "ha" in only:
         all_with_ha(ctx)
     if "workers" in only:
-        broker = Broker().start()
+        broker = warm_broker(Broker().start())
         extra.append(broker)
         reset_target(target)
         e2e("all-workers", "[global]\ntype=local,mysql,kafka,spark\n"
@@ -2177,7 +2197,7 @@ def all_with_ha(ctx: Bench) -> None:
 
     etcd = EtcdCluster(tmp / "etcd-all", 1).start()
     extra.append(etcd)
-    broker = Broker().start()
+    broker = warm_broker(Broker().start())
     extra.append(broker)
     reset_target(target)
     e2e("all-ha", "[global]\ntype=local,mysql,kafka,spark\n"
@@ -2192,7 +2212,7 @@ def all_with_ha(ctx: Bench) -> None:
     etcd.stop()
     # the same without [ha] again, after it (A B A: the second run of a kind in one process, a
     # Spark session already up, is what the first one is not); the ratio is to their mean
-    broker = Broker().start()
+    broker = warm_broker(Broker().start())
     extra.append(broker)
     reset_target(target)
     e2e("all-again", "[global]\ntype=local,mysql,kafka,spark\n"
@@ -2217,7 +2237,7 @@ def part_independent(ctx: Bench) -> None:
     total, target = ctx.total, ctx.target
     from devtools.local_kafka import Broker
 
-    broker = Broker().start()
+    broker = warm_broker(Broker().start())
     extra.append(broker)
     ind = independent_runs(tmp, servers, target, broker.servers, total, args.threads)
     broker.kill()
@@ -2350,7 +2370,7 @@ def part_latency(ctx: Bench) -> None:
         from devtools.local_kafka import Broker
 
         half = max(1000, results["all"]["rows_per_s"] // 2 // 100 * 100)
-        broker = Broker().start()
+        broker = warm_broker(Broker().start())
         extra.append(broker)
         results["latency_all_half"] = latency_run(
             tmp, servers, rate=half, name="latency-all",
@@ -2396,7 +2416,7 @@ def part_spark_apply(ctx: Bench) -> None:
     from devtools.local_kafka import Broker
 
     small = args.smoke
-    broker = Broker().start()
+    broker = warm_broker(Broker().start())
     try:
         r = spark_apply.run(tmp / "spark_apply", broker.servers, changes=3_000 if small else 60_000,
                             max_offsets=1_000 if small else 20_000, rounds=1 if small else 2)
