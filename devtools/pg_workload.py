@@ -18,7 +18,7 @@ import psycopg
 import pymysql
 
 from capturer.model.encode import json_row
-from capturer.regions.postgresql.types import Unrepresentable, pg_type
+from capturer.regions.postgresql.types import Unrepresentable, pg_type, resolve_domains
 from devtools.local_mariadb import MariaDBInstance
 from devtools.local_postgres import PostgresInstance
 
@@ -234,8 +234,11 @@ def pg_rows(pg: PostgresInstance, db: str, table: str) -> list[str]:
                   "SET extra_float_digits = 3")
         cols = c.execute("SELECT a.attname, a.atttypid, a.atttypmod FROM pg_attribute a JOIN pg_class r ON "
                          "r.oid = a.attrelid JOIN pg_namespace n ON n.oid = r.relnamespace WHERE n.nspname = %s "
-                         "AND r.relname = %s AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
-                         (db, table)).fetchall()
+                         "AND r.relname = %s AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = '' "
+                         "ORDER BY a.attnum", (db, table)).fetchall()
+        # (domains as their base types, as the region carries them)
+        bases = resolve_domains(lambda q, a: c.execute(q, a).fetchall(), [(oid, mod) for _, oid, mod in cols])
+        cols = [(n, oid, mod) for (n, _, _), (oid, mod) in zip(cols, bases)]
         # format('%s', c): the type's output function, as pgoutput writes values (c::text differs for char, inet)
         sel = ", ".join(f"CASE WHEN {qpg(n)} IS NULL THEN NULL ELSE format('%s', {qpg(n)}) END" for n, _, _ in cols)
         out = []

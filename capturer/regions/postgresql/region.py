@@ -74,6 +74,7 @@ from capturer.regions.postgresql.relations import (
     RelationJournal,
     RelDef,
     align_attnums,
+    base_columns,
     ddl_for,
     quote_pg,
 )
@@ -279,10 +280,12 @@ class PostgresRegion(SnapshotHostMixin, ClockedRegion):
 
     def _reldef(self, m: po.Relation) -> RelDef:
         pk, uks = self._keys(m.relid, m.columns, m.replident)
+        # (generated columns: never in a relation message, as if they were not there)
         catalog = self._query("SELECT attnum, attname::text, attisdropped, atttypid FROM pg_attribute "
-                              "WHERE attrelid = %s AND attnum > 0 ORDER BY attnum", (m.relid,))
+                              "WHERE attrelid = %s AND attnum > 0 AND attgenerated = '' ORDER BY attnum", (m.relid,))
         attnums = align_attnums(m.columns, [(int(n), str(a), bool(d), int(t)) for n, a, d, t in catalog])
-        rel = RelDef(m.relid, m.namespace, m.name, m.replident, m.columns, pk, uks, attnums)
+        rel = RelDef(m.relid, m.namespace, m.name, m.replident, base_columns(self._query, m.columns), pk, uks,
+                     attnums)
         if uks and m.replident != "f" and (rel.db, rel.table) not in self._warned:
             self._warned.add((rel.db, rel.table))
             log.warning("%s: table %s.%s has unique keys besides its primary key but REPLICA IDENTITY %s: old values "
@@ -407,11 +410,13 @@ class PostgresRegion(SnapshotHostMixin, ClockedRegion):
             got = query("SELECT indkey::int2[] FROM pg_index WHERE indrelid = %s AND "
                         + ("indisprimary" if ident == "d" else "indisreplident"), (relid,))
             keyset = {int(x) for x in got[0][0]} if got else set()
+        # (generated columns: pgoutput leaves them out of its relation messages and rows)
         cols = query("SELECT attnum, attname::text, atttypid, atttypmod FROM pg_attribute WHERE attrelid = %s AND "
-                     "attnum > 0 AND NOT attisdropped ORDER BY attnum", (relid,))
+                     "attnum > 0 AND NOT attisdropped AND attgenerated = '' ORDER BY attnum", (relid,))
         columns = tuple(po.Column(str(name), int(oid), int(mod), ident == "f" or int(num) in keyset)
                         for num, name, oid, mod in cols)
         pk, uks = self._keys(relid, columns, ident, query)
+        columns = base_columns(query, columns)
         return RelDef(relid, db, table, ident, columns, pk, uks, tuple(int(c[0]) for c in cols))
 
     def _forget_start(self) -> None:

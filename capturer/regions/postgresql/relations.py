@@ -117,6 +117,14 @@ class RelDef:
         return 0
 
 
+def base_columns(query: Any, columns: tuple[po.Column, ...]) -> tuple[po.Column, ...]:
+    """A relation message's columns with each domain's base type (``types.resolve_domains``): the
+    message names the domain; its values are the base type's."""
+    got = pgt.resolve_domains(query, [(c.type_oid, c.typmod) for c in columns])
+    return tuple(c if (c.type_oid, c.typmod) == t else po.Column(c.name, t[0], t[1], c.key)
+                 for c, t in zip(columns, got))
+
+
 def align_attnums(columns: tuple[po.Column, ...], catalog: list[tuple[int, str, bool, int]]) -> tuple[int, ...]:
     """The attnum of each of a relation message's ``columns`` (0 where it cannot be told), from
     the catalog as it is now: ``(attnum, name, dropped, type oid)`` of every attribute, in attnum

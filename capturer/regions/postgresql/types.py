@@ -29,6 +29,7 @@ uuid                 CHAR(36)      str
 bit(n), n <= 64      BIT(n)        the bit string, as MySQL BIT values travel
 anything else        LONGTEXT      the text form: arrays ``{1,2}``, enums,
                                    interval (ISO 8601), timetz, inet, money ...
+a domain             its base type's (``resolve_domains``)
 ==================== ============= ==========================================
 
 A key column of a text-like type becomes ``VARCHAR(255)`` in the MySQL DDL (a
@@ -219,6 +220,38 @@ def pg_type(oid: int, typmod: int) -> PgType:
     if oid == BIT and 0 < typmod <= 64:
         return PgType(M_BIT, _text, f"BIT({typmod})")
     return _TEXT
+
+
+FIRST_USER_OID = 10000  # (FirstGenbkiObjectId: every type below it is built in, none a domain)
+
+
+def resolve_domains(query: Callable[..., Any], types: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Each ``(type oid, typmod)`` with a domain replaced by its base type (and the typmod the
+    domain gives it, as PostgreSQL's getBaseTypeAndTypmod): a domain's values are its base type's
+    (the same output form), so they are carried as the base type's (a domain over boolean as 1/0,
+    over bytea as bytes, over numeric(12,2) as DECIMAL(12,2)), not as text. ``query(sql, args)``
+    reads the catalog; nothing is asked when no type is user-defined."""
+    step: dict[int, tuple[int, int]] = {}
+    todo = sorted({o for o, _ in types if o >= FIRST_USER_OID})
+    for _ in range(32):  # (domains over domains: a chain, never a cycle)
+        todo = [o for o in todo if o not in step]
+        if not todo:
+            break
+        rows = query("SELECT oid::bigint, typbasetype::bigint, typtypmod FROM pg_type "
+                     "WHERE typtype = 'd' AND oid = ANY(%s::oid[])", (todo,))
+        for oid, base, mod in rows:
+            step[int(oid)] = (int(base), int(mod))
+        todo = [b for b, _ in step.values() if b >= FIRST_USER_OID]
+    out = []
+    for oid, mod in types:
+        seen = 0
+        while oid in step and seen < 32:
+            oid, dmod = step[oid]
+            if dmod != -1:
+                mod = dmod
+            seen += 1
+        out.append((oid, mod))
+    return out
 
 
 def parse_value(t: PgType, text: str) -> Any:

@@ -10,7 +10,7 @@ from typing import Any
 from capturer.model import LsnPosition, parse_lsn, wal_record_end
 from capturer.model.compare import SourceUnreachable, SqlSource, TableMeta
 from capturer.regions.postgresql.keys import PostgresRegionConfig
-from capturer.regions.postgresql.types import parse_value, pg_type
+from capturer.regions.postgresql.types import parse_value, pg_type, resolve_domains
 from capturer.util.perthread import PerThread
 
 
@@ -68,13 +68,16 @@ class PostgresSource(SqlSource):
             "CASE WHEN i.indkey IS NULL THEN 0 ELSE array_position(i.indkey::int2[], a.attnum) END "
             "FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace "
             "LEFT JOIN pg_index i ON i.indrelid = c.oid AND i.indisprimary "
-            "WHERE n.nspname = %s AND c.relname = %s AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
+            "WHERE n.nspname = %s AND c.relname = %s AND a.attnum > 0 AND NOT a.attisdropped "
+            "AND a.attgenerated = '' ORDER BY a.attnum",  # (generated columns: pgoutput never sends them)
             (db, table))
         if not rows:
             return None
-        types = [pg_type(int(r[1]), int(r[2])) for r in rows]
+        # (a domain as its base type, as the region carries it; its values come back in the base type's OID)
+        bases = resolve_domains(self.query, [(int(r[1]), int(r[2])) for r in rows])
+        types = [pg_type(oid, mod) for oid, mod in bases]
         self._types[(db, table)] = types
-        self._oids[(db, table)] = sorted({int(r[1]) for r in rows})
+        self._oids[(db, table)] = sorted({int(r[1]) for r in rows} | {oid for oid, _ in bases})
         kinds = {}
         for r, t in zip(rows, types):
             kinds[str(r[0])] = "bytes" if t.binary else _PG_CODE_KINDS.get(t.code, "text")
