@@ -34,7 +34,10 @@ between batches, at most once a second, ``["hk"]`` for a sender that has
 housekeeping of its own (the Spark sender's compaction); ``["key"]`` before a
 batch is retried (the destination's position, ``resume_key()``); ``["close"]``
 at the end. Child -> capturer, one answer per open, per batch, per ``hk`` and
-per ``key``: ``["ok", status extras]`` or ``["err", retriable, message, poll]``. The
+per ``key``: ``["ok", status extras]`` or ``["err", retriable, message, poll]``; while a batch
+takes longer than a second, the child also sends its sender's status extras once a second
+(``["st", extras]``, before the batch's answer: what it waits for, e.g. the statement a target's lock
+holds, shows in the capturer's /status while it waits). The
 open message carries the checkpoint's ``resume_state`` (a seventh element) and the
 sender's name when it is not its type (an eighth: an applier's ``<name>.mysql``); the
 extras of its answer hold ``resume_key``, those of a batch's answer the sender's
@@ -65,6 +68,7 @@ log = logging.getLogger(__name__)
 
 _WRITE_BYTES = 1 << 20  # the pipe is written in pieces of about this size
 _CACHE_ROWS = 20_000  # a transaction up to this size keeps its encoded values for the other children
+_STATUS_EVERY = 1.0  # seconds: how often a child busy with a batch sends its sender's status
 # what Sender.status() holds; the rest of a child's sender status is passed on
 _BASE_STATUS = frozenset(("state", "paused", "paused_since", "rows", "txns", "acked_ts", "queue_items", "queue_rows",
                           "queue_capacity_rows", "errors", "retries", "last_error"))
@@ -217,7 +221,12 @@ class ProcessSender(Sender):
     def _answer(self) -> None:
         self._asked = time.monotonic()
         try:
-            v = next(self._answers)
+            while True:
+                v = next(self._answers)
+                if not (isinstance(v, list) and len(v) == 2 and v[0] == "st"):
+                    break
+                if isinstance(v[1], dict):  # the busy child's status meanwhile: what it waits for
+                    self.extras = dict(v[1])
         except (StopIteration, OSError, ValueError, msgpack.UnpackException):
             raise self._gone() from None
         finally:
@@ -352,19 +361,57 @@ class _Child:
 
     def __init__(self, out: Any):
         self.out = out
+        self._out_lock = threading.Lock()  # answers and the status sent while a batch is in hand
+        self._busy: Sender | None = None  # the sender while it has a batch in hand (under _out_lock)
+        self._busy_changed = threading.Condition(self._out_lock)
         self.batch: list[Txn] = []
         # a value of this batch could not be read or kept: the batch is refused at its end (the rest of it
         # is still read, so that the pipe stays in step), retriable or not
         self.broken: tuple[str, bool] | None = None
 
     def answer(self, v: list[Any]) -> None:
-        self.out.write(wire.packb(v))
-        self.out.flush()
+        data = wire.packb(v)
+        with self._out_lock:
+            self._busy = None  # (no status after the answer: the capturer reads one answer per request)
+            self._busy_changed.notify_all()
+            self.out.write(data)
+            self.out.flush()
+
+    @staticmethod
+    def extras(sender: Sender) -> dict[str, Any]:
+        return {k: x for k, x in sender.status().items() if k not in _BASE_STATUS}
 
     def answer_ok(self, sender: Sender) -> None:  # with the sender's own status fields and position state
-        extras = {k: x for k, x in sender.status().items() if k not in _BASE_STATUS}
+        extras = self.extras(sender)
         extras["position_state"] = sender.position_state
         self.answer(["ok", extras])
+
+    def _send_status(self) -> None:
+        """While a batch is in hand for longer than ``_STATUS_EVERY``: the sender's status extras once
+        every ``_STATUS_EVERY`` (what a destination that hangs holds it on, as the sender says it)."""
+        while True:
+            with self._out_lock:
+                while self._busy is None:
+                    self._busy_changed.wait()
+                since = time.monotonic()
+                while self._busy is not None and time.monotonic() - since < _STATUS_EVERY:
+                    self._busy_changed.wait(_STATUS_EVERY)
+                sender = self._busy
+            if sender is None:
+                continue
+            try:
+                extras = self.extras(sender)  # (outside the lock: the sender's status may take its own locks)
+                data = wire.packb(["st", extras])
+            except Exception:
+                log.debug("sender status while busy failed", exc_info=True)
+                continue
+            with self._out_lock:
+                if self._busy is sender:  # still in hand: the answer has not gone yet
+                    self.out.write(data)
+                    self.out.flush()
+
+    def start_status(self) -> None:
+        threading.Thread(target=self._send_status, name="busy-status", daemon=True).start()
 
     def answer_key(self, sender: Sender) -> None:
         k = sender.resume_key()
@@ -405,6 +452,9 @@ class _Child:
                 self.broken = ("the batch ended inside a transaction", False)
             if self.broken is not None:
                 raise SinkError(f"sender process: batch refused: {self.broken[0]}", retriable=self.broken[1])
+            with self._out_lock:
+                self._busy = sender
+                self._busy_changed.notify_all()
             sender.send(self.batch)
             self.answer_ok(sender)
         except Exception as exc:
@@ -463,6 +513,7 @@ def child_main(argv: list[str] | None = None) -> int:
             child.answer(_err(exc))
             return 1
         reader = child.new_reader(first[4], first[5])
+        child.start_status()
         try:
             child.serve(sender, values, reader)
         except BrokenPipeError:

@@ -318,6 +318,10 @@ class WebhookSender(Sender):
                     deadline.cut()
                 r = self._session.request(method, url, data=body, headers=headers, timeout=self.timeout,
                                           allow_redirects=False)
+            if deadline.expired:
+                # cut at the deadline after a status line: the client ended the headers at the connection's
+                # end and made an answer of what it had read; the receiver never finished answering
+                raise requests.exceptions.ReadTimeout("the whole-request deadline cut the answer")
         except requests.exceptions.SSLError as exc:
             if _tls_cut(exc) and not self._stop.is_set():
                 self.refused += 1  # the receiver (or a proxy before it) closed the connection mid-handshake: retried

@@ -264,7 +264,8 @@ class Hanging:
     now and then, never the whole answer: each read gets something, so a read timeout
     alone never fires)."""
 
-    def __init__(self, trickle: bool):
+    def __init__(self, trickle: bool, head: bytes = b""):
+        self.head = head  # sent at once, before the trickle (e.g. a whole "200 OK" status line)
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
         self.sock.listen()
@@ -286,6 +287,12 @@ class Hanging:
     def _serve(self, c: socket.socket) -> None:
         line = b"HTTP/1.1 200 OK\r\nX-Slow: " + b"a" * 100_000
         i = 0
+        if self.head:
+            line = b"X-Slow: " + b"a" * 100_000
+            try:
+                c.sendall(self.head)
+            except OSError:
+                return
         while not self.stop.wait(0.2):
             if self.trickle:
                 try:
@@ -301,9 +308,13 @@ class Hanging:
             c.close()
 
 
-@pytest.mark.parametrize("trickle", [False, True], ids=["silent", "trickling"])
-def test_a_hung_receiver_is_cut_at_timeout_and_shown_as_waiting(trickle: bool) -> None:
-    hung = Hanging(trickle)
+@pytest.mark.parametrize("trickle,head", [(False, b""), (True, b""), (True, b"HTTP/1.1 200 OK\r\n")],
+                         ids=["silent", "trickling", "200-then-trickling"])
+def test_a_hung_receiver_is_cut_at_timeout_and_shown_as_waiting(trickle: bool, head: bytes) -> None:
+    """200-then-trickling: a receiver that sent its status line, never the rest of its answer. Cut at the
+    deadline, the answer read so far was taken for a whole ``200 OK`` (the client ends the headers at the
+    connection's end) and the batch acknowledged though the receiver never finished answering."""
+    hung = Hanging(trickle, head)
     s = sender(hung.url, timeout=1.5)
     got: list[BaseException] = []
 
@@ -398,13 +409,14 @@ def test_a_tls_handshake_cut_by_the_receiver_is_retried_a_bad_certificate_is_not
 
 
 def test_a_hung_receiver_shows_as_waiting_with_the_sender_in_its_own_process(tmp_path: Path) -> None:
-    """process = true: the capturer's side shows the child's request waiting (the child's own
-    status fields are those of its last answer), and the child's timeout comes back as a retry."""
+    """process = true: the capturer's side shows the child's request waiting: first as the child's
+    answer awaited, then, from the status the busy child sends once a second, the request itself (the
+    URL with its token masked); the child's timeout comes back as a retry."""
     from senders.process import ProcessSender
 
     hung = Hanging(trickle=True)
     p = tmp_path / "senderConfig.cfg"
-    p.write_text(f"[global]\ntype=webhook\n[webhook]\nurl={hung.url}/in?token=t0psecret\ntimeout=2\nprocess=true\n")
+    p.write_text(f"[global]\ntype=webhook\n[webhook]\nurl={hung.url}/in?token=t0psecret\ntimeout=8\nprocess=true\n")
     (sc,) = config.load_sender_config(p, CATALOG)
     ps = ProcessSender("webhook", sc.options)
     got: list[BaseException] = []
@@ -420,11 +432,17 @@ def test_a_hung_receiver_shows_as_waiting_with_the_sender_in_its_own_process(tmp
         t = threading.Thread(target=post, daemon=True)
         t.start()
         wait_for(lambda: (ps.status()["waiting_seconds"] or 0) > 0.2, 30, "the status to show the child waiting")
-        assert ps.status()["waiting_for"].startswith("the answer of the sender's process")
+        first = ps.status()["waiting_for"]
+        assert first.startswith(("the answer of the sender's process", "POST ")), first
+        host = hung.url.split("//", 1)[1]
+        wait_for(lambda: (ps.status()["waiting_for"] or "").startswith("POST "), 30,
+                 "the status to name the child's request")
+        shown = ps.status()["waiting_for"]
+        assert host in shown and "t0psecret" not in shown, shown
         t.join(60)
         assert not t.is_alive()
         (e,) = got
-        assert isinstance(e, SinkError) and e.retriable and "no whole answer within timeout = 2 s" in str(e)
+        assert isinstance(e, SinkError) and e.retriable and "no whole answer within timeout = 8 s" in str(e)
         assert "t0psecret" not in str(e) and "t0psecret" not in json.dumps(ps.status())
         assert ps.status()["waiting_seconds"] is None
     finally:
