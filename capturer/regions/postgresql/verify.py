@@ -20,7 +20,7 @@ def source(r: PostgresRegionConfig) -> PostgresSource:
 
     ci = make_conninfo("", host=r.host, port=r.port, user=r.user, password=r.password or None,
                        dbname=r.dbname, sslmode=r.sslmode, connect_timeout=int(max(1, r.connect_timeout)))
-    return PostgresSource(r.name, ci, f"{r.host}:{r.port}/{r.dbname}")
+    return PostgresSource(r.name, ci, f"{r.host}:{r.port}/{r.dbname}", r.publication)
 
 
 _PG_CODE_KINDS = {1: "int", 2: "int", 3: "int", 8: "int", 4: "float32", 5: "float", 246: "decimal", 10: "date",
@@ -34,8 +34,9 @@ class PostgresSource(SqlSource):
 
     kind = "postgresql"
 
-    def __init__(self, region: str, conninfo: str, where: str):
+    def __init__(self, region: str, conninfo: str, where: str, publication: str = ""):
         self.region = region
+        self.publication = publication
         self._conninfo = conninfo
         self.where = where
         self._conns = PerThread(self._connect)
@@ -56,9 +57,18 @@ class PostgresSource(SqlSource):
         return list(self._conn().execute(sql, tuple(args)).fetchall())
 
     def tables(self) -> list[tuple[str, str]]:
+        """The tables the region reads: its publication's (a partitioned table's partitions, or the
+        table itself under ``publish_via_partition_root``, as the stream names their changes; no table
+        left out of a publication of some tables). Before the publication exists (created at the
+        region's first start): every table with rows of its own, as FOR ALL TABLES publishes them."""
+        if self.publication and self.query("SELECT 1 FROM pg_publication WHERE pubname = %s", (self.publication,)):
+            return [(str(s), str(t)) for s, t in self.query(
+                "SELECT schemaname::text, tablename::text FROM pg_publication_tables WHERE pubname = %s",
+                (self.publication,))]
         return [(str(s), str(t)) for s, t in self.query(
-            "SELECT table_schema, table_name FROM information_schema.tables WHERE table_type='BASE TABLE' "
-            "AND table_schema NOT IN ('pg_catalog', 'information_schema')")]
+            "SELECT n.nspname::text, c.relname::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE c.relkind = 'r' AND n.nspname NOT IN ('pg_catalog', 'information_schema') "
+            "AND n.nspname !~ '^pg_'")]
 
     def meta(self, db: str, table: str) -> TableMeta | None:
 
