@@ -7,7 +7,131 @@ from typing import Any
 
 _NAME = r"(?:`(?:[^`]|``)+`|[\w$]+)"
 _QNAME = rf"({_NAME}(?:\s*\.\s*{_NAME})?)"
-_COMMENT = re.compile(r"/\*.*?\*/|--[^\n]*\n|#[^\n]*\n", re.S)
+
+# --- the one scanner of DDL text: quotes, backquotes, comments, parentheses ------------------------
+#
+# Every reader of DDL text here (which table, the column changes of an ALTER, the columns of a
+# CREATE, the pairs of a RENAME) goes through ``strip_comments`` and ``split_top``: a ``#``, ``--``,
+# ``/*``, comma or parenthesis inside a string or a backquoted name is text, never syntax.
+
+_EXEC_OPEN = re.compile(r"/\*M?!\d{0,6}")
+
+
+def strip_comments(sql: str) -> str:
+    """``sql`` with its comments (``/* */``, ``-- `` to the line's end, ``#`` to the line's end)
+    each replaced by a space, outside strings and backquoted names only. An executable comment
+    (``/*!50100 ... */``, MariaDB's ``/*M!100100 ... */``) is SQL the server runs: its text is
+    kept, its markers become spaces."""
+    out: list[str] = []
+    i, n = 0, len(sql)
+    quote = ""
+    in_exec = False
+    while i < n:
+        ch = sql[i]
+        if quote:
+            out.append(ch)
+            if ch == "\\" and quote != "`" and i + 1 < n:
+                out.append(sql[i + 1])
+                i += 2
+                continue
+            if ch == quote:
+                quote = ""
+            i += 1
+            continue
+        if ch in "'\"`":
+            quote = ch
+        elif ch == "/" and sql.startswith("/*", i):
+            m = _EXEC_OPEN.match(sql, i)
+            if m and not in_exec:
+                in_exec = True
+                out.append(" ")
+                i = m.end()
+                continue
+            end = sql.find("*/", i + 2)
+            out.append(" ")
+            i = n if end < 0 else end + 2
+            continue
+        elif ch == "*" and in_exec and sql.startswith("*/", i):
+            in_exec = False
+            out.append(" ")
+            i += 2
+            continue
+        elif ch == "#" or (ch == "-" and sql.startswith("--", i) and (i + 2 == n or sql[i + 2] in " \t\r\n\f\v")):
+            end = sql.find("\n", i)
+            out.append(" ")
+            i = n if end < 0 else end  # (the newline stays)
+            continue
+        out.append(ch)
+        i += 1
+    return "".join(out)
+
+
+def _scan(s: str) -> list[tuple[int, int, str]]:
+    """Per character of comment-free ``s``: (parenthesis depth, 1 inside a string or backquoted
+    name else 0, the character); a string's backslash escape and a doubled quote stay inside."""
+    out: list[tuple[int, int, str]] = []
+    depth, quote, escaped = 0, "", False
+    for ch in s:
+        if quote:
+            out.append((depth, 1, ch))
+            if escaped:
+                escaped = False
+            elif ch == "\\" and quote != "`":
+                escaped = True
+            elif ch == quote:
+                quote = ""
+            continue
+        if ch in "'\"`":
+            quote = ch
+            out.append((depth, 1, ch))
+            continue
+        if ch == ")":
+            depth -= 1
+        out.append((depth, 0, ch))
+        if ch == "(":
+            depth += 1
+    return out
+
+
+def split_top(s: str, at: int = 0) -> list[str]:
+    """Comment-free ``s`` split at the commas at parenthesis depth ``at`` outside strings and
+    backquoted names (a ``\\'`` escape or a doubled quote does not end a string); with ``at=1``
+    the pieces of the first parenthesised list only (a CREATE TABLE's definitions)."""
+    out: list[str] = []
+    cur: list[str] = []
+    started = at == 0
+    for depth, quoted, ch in _scan(s):
+        if at and not started:
+            if not quoted and ch == "(" and depth == 0:
+                started = True
+            continue
+        if at and not quoted and ch == ")" and depth == 0:
+            break
+        if not quoted and ch == "," and depth == at:
+            out.append("".join(cur))
+            cur = []
+            continue
+        cur.append(ch)
+    if started:
+        out.append("".join(cur))
+    return out
+
+
+def _top_level(s: str) -> str:
+    """Comment-free ``s`` with everything inside strings, backquoted names and parentheses
+    replaced by spaces (same length): keywords are then searched where they are syntax."""
+    return "".join(ch if not quoted and depth == 0 else " " for depth, quoted, ch in _scan(s))
+
+
+def statement_head(sql: str) -> str:
+    """The first word of a statement (upper case), past its comments: ``ALTER``, ``DROP`` ..."""
+    m = re.match(r"\s*([A-Za-z]+)", strip_comments(sql))
+    return m.group(1).upper() if m else ""
+
+
+def clean(sql: str) -> str:
+    """``sql`` without its comments, stripped, without a trailing ``;``."""
+    return strip_comments(sql).strip().rstrip(";").strip()
 _TABLE_DDL = re.compile(
     r"^(?:CREATE|ALTER|DROP|TRUNCATE|RENAME)\s+(?:OR\s+REPLACE\s+)?(?:TEMPORARY\s+)?"
     r"(?:ONLINE\s+|IGNORE\s+)?TABLE\s+(?:IF\s+(?:NOT\s+)?EXISTS\s+)?" + _QNAME,
@@ -32,10 +156,10 @@ NAME = _NAME  # one identifier, bare or backquoted (a backquote inside doubled)
 
 
 def alter_clauses(sql: str) -> str | None:
-    """What follows the table's name in an ALTER TABLE (comments removed), or None for
+    """What follows the table's name in an ALTER TABLE (comments removed: ``strip_comments``), or None for
     another statement. The name may be backquoted with spaces, dots, commas or
     backquotes inside it."""
-    m = _ALTER_BODY.match(re.sub(r"/\*.*?\*/", " ", sql, flags=re.S))
+    m = _ALTER_BODY.match(clean(sql))
     return m.group(2) if m else None
 
 
@@ -55,7 +179,7 @@ def split_qname(q: str) -> tuple[str | None, str]:
 
 def ddl_target(sql: str, current_db: str) -> tuple[str, str]:
     """(db, table) a statement changes; table is "" for a database-level one."""
-    s = _COMMENT.sub(" ", sql).strip()
+    s = clean(sql)
     for rx in (_TABLE_DDL, _TRUNCATE, _INDEX_DDL):
         m = rx.match(s)
         if m:
@@ -72,7 +196,7 @@ _IGNORED = re.compile(r"^(?:SAVEPOINT|ROLLBACK\s+TO|RELEASE\s+SAVEPOINT|XA\s)", 
 
 def is_ignorable(sql: str) -> bool:
     """Statements inside a transaction that change no data by themselves."""
-    return bool(_IGNORED.match(_COMMENT.sub(" ", sql).strip()))
+    return bool(_IGNORED.match(clean(sql)))
 
 
 _DATA_DDL = re.compile(
@@ -84,30 +208,13 @@ _DATA_DDL = re.compile(
 def is_data_ddl(sql: str) -> bool:
     """Statements that change data objects (tables, databases, indexes, views...);
     account and server statements (GRANT, CREATE USER, FLUSH ...) are not passed on."""
-    return bool(_DATA_DDL.match(_COMMENT.sub(" ", sql).strip()))
+    return bool(_DATA_DDL.match(clean(sql)))
 
 
 _RENAME = re.compile(r"^RENAME\s+TABLES?\s+(.*)$", re.I | re.S)
 _RENAME_PAIR = re.compile(rf"^\s*{_QNAME}\s+TO\s+{_QNAME}\s*$", re.I | re.S)
 _ALTER_RENAME = re.compile(
     rf"^ALTER\s+(?:ONLINE\s+|IGNORE\s+)?TABLE\s+{_QNAME}\s+RENAME\s+(?:TO\s+|AS\s+)?{_QNAME}\s*;?\s*$", re.I | re.S)
-
-
-def _split_top(s: str) -> list[str]:
-    """``s`` split at the commas outside backquotes."""
-    out: list[str] = []
-    cur: list[str] = []
-    quoted = False
-    for ch in s:
-        if ch == "`":
-            quoted = not quoted
-        if ch == "," and not quoted:
-            out.append("".join(cur))
-            cur = []
-        else:
-            cur.append(ch)
-    out.append("".join(cur))
-    return out
 
 
 _DROP_TABLES = re.compile(r"^DROP\s+(TEMPORARY\s+)?TABLES?\s+(?:IF\s+EXISTS\s+)?(.*?)"
@@ -118,7 +225,7 @@ def dropped_tables(sql: str, current_db: str) -> list[tuple[str, str]]:
     """The ``(db, table)`` pairs a ``DROP TABLE a[, b ...]`` drops, ``[(db, "")]`` for a
     ``DROP DATABASE`` / ``DROP SCHEMA`` (every table of it), none for a ``DROP TEMPORARY
     TABLE`` (a session's table: the binlog's rows never named it) or any other statement."""
-    s = _COMMENT.sub(" ", sql).strip()
+    s = clean(sql)
     m = _DB_DDL.match(s)
     if m and s[:4].upper() == "DROP":
         return [(_unquote(m.group(1)), "")]
@@ -126,7 +233,7 @@ def dropped_tables(sql: str, current_db: str) -> list[tuple[str, str]]:
     if m is None or m.group(1):
         return []
     out = []
-    for piece in _split_top(m.group(2)):
+    for piece in split_top(m.group(2)):
         if not re.fullmatch(_QNAME, piece.strip()):
             return []
         db, table = split_qname(piece.strip())
@@ -137,7 +244,7 @@ def dropped_tables(sql: str, current_db: str) -> list[tuple[str, str]]:
 def renamed_tables(sql: str, current_db: str) -> list[tuple[tuple[str, str], tuple[str, str]]]:
     """The ``((db, old), (db, new))`` pairs a ``RENAME TABLE a TO b[, c TO d]`` or an
     ``ALTER TABLE a RENAME [TO|AS] b`` statement renames (none for any other statement)."""
-    s = _COMMENT.sub(" ", sql).strip().rstrip(";")
+    s = clean(sql)
     m = _ALTER_RENAME.match(s)
     parts: list[tuple[str, str]] = []
     if m:
@@ -146,7 +253,7 @@ def renamed_tables(sql: str, current_db: str) -> list[tuple[tuple[str, str], tup
         m = _RENAME.match(s)
         if m is None:
             return []
-        for piece in _split_top(m.group(1)):
+        for piece in split_top(m.group(1)):
             pm = _RENAME_PAIR.match(piece)
             if pm is None:
                 return []
@@ -182,108 +289,70 @@ def string_value(lit: str) -> str:
     return "".join(out)
 
 
+# what begins a definition (or an ADD / DROP without COLUMN) that is not a column's: a bare
+# keyword (a column of such a name is backquoted, or named after the COLUMN keyword)
+_NOT_A_COLUMN = re.compile(
+    r"\s*(?:PRIMARY\s+KEY|UNIQUE\b|KEY\b|INDEX\b|CONSTRAINT\b|FOREIGN\s+KEY|CHECK\b|FULLTEXT\b|SPATIAL\b|"
+    r"PERIOD\s+FOR\b|SYSTEM\s+VERSIONING\b|PARTITION\b|PARTITIONING\b)", re.I)
+
+
 def create_columns(sql: str) -> list[str]:
-    """The column names a CREATE TABLE defines (best effort: each definition of its
-    parenthesised list that begins with a name that is not a key or constraint word)."""
-    pieces: list[str] = []
-    cur: list[str] = []
-    depth, quote, escaped = 0, "", False
-    for ch in _COMMENT.sub(" ", sql):
-        if quote:
-            if escaped:
-                escaped = False
-            elif ch == "\\" and quote != "`":
-                escaped = True
-            elif ch == quote:
-                quote = ""
-        elif ch in "`'\"":
-            quote = ch
-        elif ch == "(":
-            depth += 1
-            if depth == 1:
-                continue
-        elif ch == ")":
-            depth -= 1
-            if depth == 0:
-                pieces.append("".join(cur))
-                break
-        elif ch == "," and depth == 1:
-            pieces.append("".join(cur))
-            cur = []
-            continue
-        if depth >= 1:
-            cur.append(ch)
+    """The column names a CREATE TABLE defines: each definition of its parenthesised list
+    that begins with a name that is not a key or constraint word (none for ``CREATE TABLE
+    ... LIKE`` or ``... AS SELECT`` without a list)."""
+    s = clean(sql)
+    m = _TABLE_DDL.match(s)
+    if m is None or not s[m.end():].lstrip().startswith("("):
+        return []
     out = []
-    for piece in pieces:
-        m = re.match(r"\s*(" + _NAME + r")", piece)
-        if m and m.group(1).upper() not in ("PRIMARY", "UNIQUE", "KEY", "INDEX", "CONSTRAINT", "FOREIGN", "CHECK",
-                                            "FULLTEXT", "SPATIAL", "PERIOD", "SYSTEM"):
-            out.append(_unquote(m.group(1)))
+    for piece in split_top(s[m.end():], at=1):
+        m2 = re.match(r"\s*(" + _NAME + r")", piece)
+        if m2 and not _NOT_A_COLUMN.match(piece):
+            out.append(_unquote(m2.group(1)))
     return out
 
 
 # --- the column changes of an ALTER TABLE (the lake, the file's replay and Kafka's verify) --------
 
-def split_clauses(s: str) -> list[str]:
-    """``s`` split at the commas outside parentheses, quotes and backquotes (a string's
-    backslash escape, ``\\'``, does not end it)."""
-    out: list[str] = []
-    cur: list[str] = []
-    depth, quote, escaped = 0, "", False
-    for ch in s:
-        if quote:
-            cur.append(ch)
-            if escaped:
-                escaped = False
-            elif ch == "\\" and quote != "`":
-                escaped = True
-            elif ch == quote:
-                quote = ""
-            continue
-        if ch in "'\"`":
-            quote = ch
-        elif ch == "(":
-            depth += 1
-        elif ch == ")":
-            depth -= 1
-        elif ch == "," and depth == 0:
-            out.append("".join(cur))
-            cur = []
-            continue
-        cur.append(ch)
-    out.append("".join(cur))
-    return out
-
-
-_NOT_A_COLUMN = ("INDEX", "KEY", "UNIQUE", "PRIMARY", "FOREIGN", "CONSTRAINT", "CHECK", "FULLTEXT", "SPATIAL",
-                 "PARTITION", "SYSTEM", "PERIOD")
+split_clauses = split_top  # (the name the lake knew it by)
 
 
 def alter_columns(sql: str) -> list[tuple[str, str, str]]:
     """The column changes of an ALTER TABLE, in the order of its clauses: ``('add', col,
-    its definition)``, ``('drop', col, '')``, ``('rename', old, new)`` (RENAME COLUMN, or
-    CHANGE to another name), ``('rename_table', '', new name as written)``; none for
-    another statement. Names may be backquoted with spaces, commas or backquotes inside."""
+    its definition)`` (``ADD [COLUMN] [IF NOT EXISTS] c ...`` and each column of ``ADD
+    [COLUMN] (a ..., b ...)``), ``('drop', col, '')``, ``('rename', old, new)`` (RENAME
+    COLUMN, or CHANGE to another name), ``('rename_table', '', new name as written)``; none
+    for another statement. Names may be backquoted with anything inside (doubled backquotes,
+    commas, parentheses, quotes, ``#``, ``--``); comments anywhere (``strip_comments``)."""
     body = alter_clauses(sql)
     if body is None:
         return []
     name = f"({_NAME})"
-    out = []
-    for clause in split_clauses(body):
-        c = re.match(r"\s*ADD\s+(?:COLUMN\s+)?(?:IF\s+NOT\s+EXISTS\s+)?" + name + r"\s+(.*)$", clause, re.I | re.S)
-        if c and c.group(1).upper() not in _NOT_A_COLUMN:
-            if not c.group(2).lstrip().startswith("("):  # (ADD (a INT, b INT): not read)
-                out.append(("add", _unquote(c.group(1)), c.group(2)))
+    out: list[tuple[str, str, str]] = []
+    for clause in split_top(body):
+        c = re.match(r"\s*ADD\s+(COLUMN\s+)?(?:IF\s+NOT\s+EXISTS\s+)?(.*)$", clause, re.I | re.S)
+        if c:
+            rest = c.group(2)
+            if rest.startswith("("):  # ADD [COLUMN] (a INT, b INT, INDEX (a) ...)
+                for piece in split_top(rest, at=1):
+                    d = re.match(r"\s*" + name + r"\s+(.*)$", piece, re.S)
+                    if d and not _NOT_A_COLUMN.match(piece):
+                        out.append(("add", _unquote(d.group(1)), d.group(2).strip()))
+                continue
+            d = re.match(name + r"\s+(.*)$", rest, re.S)
+            if d and (c.group(1) or not _NOT_A_COLUMN.match(rest)):
+                out.append(("add", _unquote(d.group(1)), d.group(2).strip()))
             continue
-        c = re.match(r"\s*DROP\s+(?:COLUMN\s+)?(?:IF\s+EXISTS\s+)?" + name + r"\s*$", clause, re.I | re.S)
-        if c and c.group(1).upper() not in _NOT_A_COLUMN:
-            out.append(("drop", _unquote(c.group(1)), ""))
+        c = re.match(r"\s*DROP\s+(COLUMN\s+)?(?:IF\s+EXISTS\s+)?" + name + r"\s*(?:RESTRICT|CASCADE)?\s*$", clause,
+                     re.I | re.S)
+        if c and (c.group(1) or not _NOT_A_COLUMN.match(c.group(2))):
+            out.append(("drop", _unquote(c.group(2)), ""))
             continue
         c = re.match(r"\s*RENAME\s+COLUMN\s+" + name + r"\s+TO\s+" + name + r"\s*$", clause, re.I | re.S)
         if c:
             out.append(("rename", _unquote(c.group(1)), _unquote(c.group(2))))
             continue
-        c = re.match(r"\s*CHANGE\s+(?:COLUMN\s+)?(?:IF\s+EXISTS\s+)?" + name + r"\s+" + name + r"\s", clause,
+        c = re.match(r"\s*CHANGE\s+(?:COLUMN\s+)?(?:IF\s+EXISTS\s+)?" + name + r"\s*" + name + r"\s", clause,
                      re.I | re.S)
         if c and _unquote(c.group(1)) != _unquote(c.group(2)):
             out.append(("rename", _unquote(c.group(1)), _unquote(c.group(2))))
@@ -296,20 +365,89 @@ def alter_columns(sql: str) -> list[tuple[str, str, str]]:
 
 
 _LITERAL = r"'(?:[^'\\]|\\.|'')*'|X'[0-9a-f]*'|-?[\d.]+(?:e-?\d+)?|NULL|TRUE|FALSE"
-_DEFAULT = re.compile(r"\bDEFAULT\s+(\((?:[^()]|\([^()]*\))*\)|" + _LITERAL + ")", re.I)
+_INTRODUCER = re.compile(r"(?:_\w+|N)(?=')", re.I)  # _utf8mb4'x', N'x': the string is the value
+
+
+def _default_text(definition: str) -> str | None:
+    """The text of a column definition's DEFAULT (its literal, or its expression in parentheses
+    without them), read where DEFAULT is syntax: not inside a COMMENT's string, an ENUM's
+    members or a CHECK's parentheses. None without a DEFAULT."""
+    d = re.search(r"\bDEFAULT\b", _top_level(definition), re.I)
+    if d is None:
+        return None
+    rest = definition[d.end():].lstrip()
+    if rest.startswith("("):
+        inner = split_top(rest, at=1)
+        return ",".join(inner).strip()
+    m = re.match(r"(?:" + _INTRODUCER.pattern + ")?(" + _LITERAL + r")(?![\w.])", rest, re.I)
+    if m:
+        return m.group(1)
+    m = re.match(r"[^\s,]+", rest)
+    return m.group(0) if m else ""
 
 
 def constant_default(definition: str) -> str | None:
     """The DEFAULT of a column definition as its literal's text (``'a''b'``, ``7``,
     ``X'ff'``, ``NULL``), or None: no DEFAULT, or one that is not a constant
-    (``CURRENT_TIMESTAMP``, an expression)."""
-    d = _DEFAULT.search(definition)
-    if not d:
-        return None
-    lit = d.group(1)
-    if lit.startswith("(") and lit.endswith(")"):
-        lit = lit[1:-1].strip()
+    (``CURRENT_TIMESTAMP``, an expression). A ``NOT NULL`` column without a DEFAULT takes
+    the type's implied one (``implied_default``)."""
+    lit = _default_text(definition)
+    if lit is None:
+        return implied_default(definition)
+    lit = _INTRODUCER.sub("", lit, count=1) if _INTRODUCER.match(lit) else lit
     return lit if re.fullmatch(_LITERAL, lit, re.I) else None
+
+
+_ZERO_TYPES = re.compile(r"(?:tiny|small|medium|big)?int(?:eger)?|bit|bool(?:ean)?|decimal|numeric|dec|fixed|float|"
+                         r"double|real", re.I)
+_EMPTY_TYPES = re.compile(r"(?:var)?char|(?:tiny|medium|long)?text|json|set|character|nchar|nvarchar", re.I)
+
+
+def _is_generated(top: str) -> bool:
+    return bool(re.search(r"\b(?:AS\s*\(|GENERATED\b|AUTO_INCREMENT\b)", top, re.I))
+
+
+def implied_default(definition: str) -> str | None:
+    """The literal a ``NOT NULL`` column without a DEFAULT takes in the rows that were there
+    when it was added (the server's implied default): ``0`` for numbers, ``''`` for strings,
+    JSON and SET, ``X''`` for VARBINARY and BLOBs, an ENUM's first member. None otherwise:
+    a column that may be NULL (NULL), a generated or AUTO_INCREMENT one, and the types whose
+    implied value is not written here (dates and times, TIMESTAMP's CURRENT_TIMESTAMP, BINARY(n),
+    YEAR: ``unknown_adds`` names those)."""
+    top = _top_level(definition)
+    if not re.search(r"\bNOT\s+NULL\b", top, re.I) or _is_generated(top) or re.search(r"\bDEFAULT\b", top, re.I):
+        return None
+    m = re.match(r"\s*([A-Za-z]+)", definition)
+    word = m.group(1) if m else ""
+    if _ZERO_TYPES.fullmatch(word):
+        return "0"
+    if _EMPTY_TYPES.fullmatch(word):
+        return "''"
+    if re.fullmatch(r"varbinary|(?:tiny|medium|long)?blob", word, re.I):
+        return "X''"
+    if word.upper() == "ENUM":
+        first = split_top(definition[m.end():] if m else "", at=1)
+        lit = first[0].strip() if first else ""
+        return lit if re.fullmatch(_LITERAL, lit, re.I) and lit[:1] in "'\"" else None
+    return None
+
+
+def unknown_adds(sql: str) -> list[str]:
+    """The columns an ALTER TABLE adds whose values in the rows already there only the source
+    knows (it computed them: a generated column, an AUTO_INCREMENT, a DEFAULT that is not a
+    constant, a NOT NULL one whose implied default is not written here): the stream carries
+    none of them, so a sink that keeps those rows (the lake, the file's replay, Kafka's verify)
+    has NULL there until the rows change."""
+    out = []
+    for what, col, definition in alter_columns(sql):
+        if what != "add":
+            continue
+        top = _top_level(definition)
+        text = _default_text(definition)
+        if _is_generated(top) or (text is not None and constant_default(definition) is None) or (
+                text is None and re.search(r"\bNOT\s+NULL\b", top, re.I) and implied_default(definition) is None):
+            out.append(col)
+    return out
 
 
 def literal_value(text: str | None) -> Any:
@@ -349,16 +487,30 @@ def row_steps(sql: str) -> list[RowStep]:
 
 def apply_row_steps(row: dict[str, Any], steps: list[RowStep]) -> dict[str, Any]:
     """``row`` as the ALTERs ``steps`` leave it (a new dict: added columns take their
-    default unless the row has them, dropped ones go, renamed ones move)."""
+    default unless the row has them, dropped ones go, renamed ones move; names matched
+    regardless of case, as MySQL matches them)."""
     row = dict(row)
     for what, a, b in steps:
+        have = _column(row, a)
         if what == "add":
-            row.setdefault(a, b)
+            if have is None:
+                row[a] = b
+        elif have is None:
+            continue
         elif what == "drop":
-            row.pop(a, None)
-        elif a in row:
-            row[b] = row.pop(a)
+            del row[have]
+        else:
+            row[b] = row.pop(have)
     return row
+
+
+def _column(row: dict[str, Any], name: str) -> str | None:
+    """The key of ``row`` that is column ``name`` (MySQL compares column names case-insensitively:
+    ``DROP COLUMN ID`` drops ``id``), or None."""
+    if name in row:
+        return name
+    low = name.lower()
+    return next((k for k in row if k.lower() == low), None)
 
 
 def table_renames(sql: str, db: str, table: str, session_db: str = "") -> list[tuple[tuple[str, str], tuple[str, str]]]:

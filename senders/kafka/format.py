@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from capturer.model import Ddl, LsnPosition, Position, RowChange, Txn, protogen, ts_physical_ms
+from capturer.model.ddl import clean
 from capturer.model.encode import dumps_compact, encode_line_bytes, json_value, type_name
 from senders.sqlbuild import build
 
@@ -62,12 +63,12 @@ def snapshot_fields(txn: Txn, seq: int) -> dict[str, Any]:
     return {"snapshot": "last" if last else "true", "snapshot_chunk": m.to_json()}
 
 
-_TRUNCATE = re.compile(r"^\s*(?:/\*.*?\*/\s*)*TRUNCATE\b", re.I | re.S)
+_TRUNCATE = re.compile(r"^\s*TRUNCATE\b", re.I)
 
 
 def is_truncate(ddl: Ddl) -> bool:
     """A TRUNCATE of one table (a snapshot's, or the source's own)."""
-    return bool(ddl.table) and bool(_TRUNCATE.match(ddl.sql))
+    return bool(ddl.table) and bool(_TRUNCATE.match(clean(ddl.sql)))
 
 
 def truncate_message(txn: Txn, ddl: Ddl, fmt: str) -> bytes:

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from capturer.model import Ddl, protogen
-from capturer.model.ddl import RowStep, apply_row_steps, dropped_tables, row_steps, table_renames
+from capturer.model.ddl import RowStep, apply_row_steps, clean, dropped_tables, row_steps, table_renames
 from senders.kafka.client import ConfluentTopicReader, KafkaMessage, KafkaPythonTopicReader
 from senders.kafka.format import Name, decode, is_truncate
 
@@ -58,7 +58,7 @@ class _Ddl:
     renames: list[tuple[Name, Name]]  # after the column changes, in the statement's order
 
 
-_CREATE_OR_REPLACE = re.compile(r"^\s*(?:/\*.*?\*/\s*)*CREATE\s+OR\s+REPLACE\s+(?:TEMPORARY\s+)?TABLE\b", re.I | re.S)
+_CREATE_OR_REPLACE = re.compile(r"^\s*CREATE\s+OR\s+REPLACE\s+(?:TEMPORARY\s+)?TABLE\b", re.I)
 
 
 class SchemaLog:
@@ -75,7 +75,7 @@ class SchemaLog:
     def add(self, region: str, commit_ts: int, seq: int, db: str, table: str, sql: str, session_db: str) -> None:
         steps = row_steps(sql) if table else []
         drops = dropped_tables(sql, session_db or db)
-        if (table and is_truncate(Ddl(db, sql, table, session_db, seq))) or (table and _CREATE_OR_REPLACE.match(sql)):
+        if (table and is_truncate(Ddl(db, sql, table, session_db, seq))) or (table and _CREATE_OR_REPLACE.match(clean(sql))):
             drops.append((db, table))
         d = _Ddl(db, table, drops, steps, table_renames(sql, db, table, session_db))
         if not (d.drops or d.steps or d.renames):

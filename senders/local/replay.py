@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from capturer.model.ddl import apply_row_steps, literal_value, row_steps, table_renames
+from capturer.model.ddl import apply_row_steps, clean, literal_value, row_steps, table_renames
 
 RowKey = tuple[Any, ...]
 
@@ -82,7 +82,7 @@ def _apply_ddl(state: dict[tuple[str, str], dict[RowKey, dict[str, Any]]], d: di
     """What a DDL does to the rows already there: TRUNCATE and DROP TABLE empty the table;
     an ALTER TABLE's ADD COLUMN (with its constant default), DROP COLUMN, RENAME COLUMN and
     CHANGE COLUMN (capturer/model/ddl.py ``row_steps``), then its RENAME TO; RENAME TABLE."""
-    sql = re.sub(r"/\*.*?\*/", " ", d.get("sql") or "", flags=re.S).strip()
+    sql = clean(d.get("sql") or "")  # (comments out: capturer/model/ddl.py strip_comments)
     head = sql.upper()
     t = state.get((d["db"], d["table"]))
     if t is not None and head.startswith(("TRUNCATE", "DROP TABLE")):

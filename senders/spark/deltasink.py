@@ -60,7 +60,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import shutil
 import time
 import uuid
@@ -71,7 +70,7 @@ from typing import Any
 
 from capturer.errors import SinkError
 from capturer.model import RowChange, StreamKey, Txn, key_from_json, key_to_json, stream_key
-from capturer.model.ddl import dropped_tables, renamed_tables, split_qname
+from capturer.model.ddl import clean, dropped_tables, renamed_tables, split_qname
 from capturer.util import failpoints
 from senders.spark import deltajars, lake
 from senders.spark.sender import _AS_IS, SparkSender, _java_found, arrow_type, build_session
@@ -577,7 +576,7 @@ class DeltaSender(SparkSender):
         Each is idempotent: a replayed DDL finds its work done."""
         ddl = txn.ddl
         assert ddl is not None
-        head = re.sub(r"/\*.*?\*/", " ", ddl.sql, flags=re.S).strip().upper()
+        head = clean(ddl.sql).upper()
         key = stream_key(txn)
         try:
             if head.startswith("DROP"):

@@ -42,7 +42,7 @@ from typing import Any, ClassVar
 
 from capturer.errors import SinkError
 from capturer.model import Ddl, RowChange, StreamKey, TableSchema, Txn, key_from_json, key_to_json, stream_key
-from capturer.model.ddl import dropped_tables, table_renames
+from capturer.model.ddl import clean, dropped_tables, table_renames
 from capturer.model.encode import _fastrows
 from capturer.util import failpoints
 from capturer.util.ini import Key, p_bool, p_choice, p_float, p_int, p_nonempty, p_str
@@ -695,7 +695,7 @@ class SparkSender(Sender):
         its default (older rows read it); other DDL shows in the rows that follow."""
         ddl = txn.ddl
         assert ddl is not None
-        head = re.sub(r"/\*.*?\*/", " ", ddl.sql, flags=re.S).strip().upper()
+        head = clean(ddl.sql).upper()
         if ddl.table and head.startswith("ALTER"):
             self._add_columns(txn)
         if head.startswith("DROP"):

@@ -42,7 +42,7 @@ from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, Write
 
 from capturer.errors import FatalSourceError, SourceError
 from capturer.model import Ddl, Position, RowChange, TableProgress, TableSchema, Txn
-from capturer.model.ddl import ddl_target, is_data_ddl, is_ignorable
+from capturer.model.ddl import clean, ddl_target, is_data_ddl, is_ignorable
 from capturer.model.encode import qualified, quote_ident
 from capturer.regions.base import ClockedRegion, RegionContext, close_quietly, require_start_kind
 from capturer.regions.clock import RegionClock
@@ -504,7 +504,7 @@ class MySQLRegion(SnapshotHostMixin, ClockedRegion):
         RENAME) or none; or every table when the database is unknown. Names are kept
         in lower case; entries pruned away leave their newest position as a floor
         (any table: a chunk described before it is read again)."""
-        head = re.sub(r"/\*.*?\*/", " ", d.sql, flags=re.S).strip().upper()
+        head = clean(d.sql).upper()
         many = head.startswith("DROP") or bool(re.search(r"\bRENAME\b", head))
         if not d.db:
             key = ("", "")
