@@ -30,11 +30,14 @@ memory).
 The pipe carries msgpack values. Capturer -> child: ``["open", sender, options,
 log level, spillRows, spillDir]``, then per batch ``["r", region]`` before the
 transactions of each region, the transactions' wire values, and ``["end"]``;
+a batch's ``["end", 1]`` (instead of ``["end"]``) hands the batch to a sender that delivers it
+later (``defer_settle``, the Kafka sender: produced, not flushed) and ``["settle"]`` waits for its
+delivery, so the child's flush overlaps the next batch as in-process;
 between batches, at most once a second, ``["hk"]`` for a sender that has
 housekeeping of its own (the Spark sender's compaction); ``["key"]`` before a
 batch is retried (the destination's position, ``resume_key()``); ``["close"]``
-at the end. Child -> capturer, one answer per open, per batch, per ``hk`` and
-per ``key``: ``["ok", status extras]`` or ``["err", retriable, message, poll]``; while a batch
+at the end. Child -> capturer, one answer per open, per batch, per ``settle``, per ``hk``
+and per ``key``: ``["ok", status extras]`` or ``["err", retriable, message, poll]``; while a batch
 takes longer than a second, the child also sends its sender's status extras once a second
 (``["st", extras]``, before the batch's answer: what it waits for, e.g. the statement a target's lock
 holds, shows in the capturer's /status while it waits). The
@@ -141,6 +144,9 @@ class ProcessSender(Sender):
         # batching as the real sender would batch (some set it from their options); making one opens nothing
         probe = sender_class(self.kind)(name, {k: v for k, v in options.items() if k != "process"}, queue_rows)
         self.batch_rows, self.linger, self.max_backoff = probe.batch_rows, probe.linger, probe.max_backoff
+        # a sender that delivers a batch in settle(): the child produces it, the next batch is read and
+        # sent while the child's client delivers it, as in-process (senders/base.py defer_settle)
+        self.defer_settle = bool(probe.defer_settle)
         self.queue = WeightedQueue(probe.queue.capacity)  # (its own, before any inbox is attached)
         self.log_level = log_level
         self.spill_rows, self.spill_dir = spill_rows, spill_dir
@@ -284,8 +290,18 @@ class ProcessSender(Sender):
                 if size >= _WRITE_BYTES:
                     self._write(pieces)
                     pieces, size = [], 0
-        pieces.append(wire.packb(["end"]))
+        pieces.append(wire.packb(["end", 1] if self.settle_later and self.defer_settle else ["end"]))
         self._write(pieces)
+        self._answer()
+
+    def settle(self) -> None:
+        """The child's sender's ``settle``: every batch it was handed with ``["end", 1]`` delivered.
+        A child that died meanwhile is a retriable error (the loop sends those batches again)."""
+        if not self.defer_settle:
+            return
+        if self.proc is None or self.proc.poll() is not None:
+            raise self._gone()
+        self._write([wire.packb(["settle"])])
         self._answer()
 
     def resume_key(self) -> Any:
@@ -427,7 +443,14 @@ class _Child:
         for v in values:
             tag = v[0] if isinstance(v, list) and v else None
             if tag == "end":
-                self._end_batch(sender, reader)
+                self._end_batch(sender, reader, len(v) == 2 and v[1] == 1)
+            elif tag == "settle":  # what the batches handed over with ["end", 1] became
+                try:
+                    self._set_busy(sender)
+                    sender.settle()
+                    self.answer_ok(sender)
+                except Exception as exc:
+                    self.answer(_err(exc))
             elif tag == "hk":  # between batches: the sender's own work
                 try:
                     sender.housekeeping()
@@ -446,15 +469,20 @@ class _Child:
             elif self.broken is None or tag == "s":  # schemas are read even then: the capturer's encoder sent them
                 self._feed(reader, v)
 
-    def _end_batch(self, sender: Sender, reader: wire.TxnReader) -> None:
+    def _set_busy(self, sender: Sender) -> None:
+        with self._out_lock:
+            self._busy = sender
+            self._busy_changed.notify_all()
+
+    def _end_batch(self, sender: Sender, reader: wire.TxnReader, later: bool = False) -> None:
+        """``later``: the capturer settles it (``["settle"]``): ``send`` may leave its delivery to ``settle``."""
         try:
             if self.broken is None and reader.inside:
                 self.broken = ("the batch ended inside a transaction", False)
             if self.broken is not None:
                 raise SinkError(f"sender process: batch refused: {self.broken[0]}", retriable=self.broken[1])
-            with self._out_lock:
-                self._busy = sender
-                self._busy_changed.notify_all()
+            self._set_busy(sender)
+            sender.settle_later = later and sender.defer_settle
             sender.send(self.batch)
             self.answer_ok(sender)
         except Exception as exc:

@@ -222,3 +222,62 @@ def test_other_formats(tmp_path: Path, two_servers, broker, capturer_running, fm
         assert ops == [pb.RowChange.INSERT, pb.RowChange.UPDATE, pb.RowChange.DELETE]
     ddl = consume_all(broker.servers, ["capturer.schema_changes"])
     assert len(ddl) == 2  # CREATE DATABASE, CREATE TABLE
+
+
+def test_a_sender_process_settles_kafka_batches_later_and_loses_nothing_to_a_kill(tmp_path: Path,
+                                                                                   broker: Broker) -> None:
+    """``process = true``: the Kafka sender's child produces a batch handed over with ``["end", 1]`` and
+    delivers it at the ``settle`` that follows (its flush overlaps the next batch, as in-process). A child
+    killed (-9) between a batch's send and its settle is a retriable error at the settle, not an
+    acknowledgement; the batches sent again then reach Kafka once each. A transactional sender commits in
+    ``send`` and is not deferred."""
+    import os
+    import signal
+
+    from capturer import config
+    from capturer.errors import SinkError
+    from capturer.model import ColumnInfo, Position, RowChange, TableSchema, Txn
+    from senders import CATALOG
+    from senders.process import ProcessSender
+
+    s = TableSchema("d", "t", ("id", "v"), ("id",), (), (3, 15), (ColumnInfo(3), ColumnInfo(15)))
+
+    def batch(first: int) -> list[Txn]:
+        return [Txn("r1", (first + i) << 18, Position("bin.000001", 4 + first + i),
+                    tuple(RowChange(s, "insert", None, {"id": (first + i) * 10 + k, "v": f"'{k}\\"})
+                          for k in range(10)))
+                for i in range(20)]
+
+    def opts(extra: str = "") -> dict[str, Any]:
+        p = tmp_path / f"s{len(extra)}.cfg"
+        p.write_text(kafka_senders(broker.servers, client="confluent", topic="settle_later") + extra +
+                     "process=true\n")
+        (sc,) = config.load_sender_config(p, CATALOG)
+        return sc.options
+
+    assert not ProcessSender("kafka", opts("transactional=true\n")).defer_settle
+    ps = ProcessSender("kafka", opts())
+    assert ps.defer_settle
+    ps.settle_later = True  # (as the sender's loop sets it)
+    try:
+        ps.open()
+        ps.resume_key()
+        ps.send(batch(1))
+        ps.send(batch(100))
+        ps.settle()
+        ps.send(batch(200))
+        assert ps.proc is not None
+        os.kill(ps.proc.pid, signal.SIGKILL)  # produced, not settled
+        ps.proc.wait()
+        with pytest.raises(SinkError) as e:
+            ps.settle()
+        assert e.value.retriable
+        ps.resume_key()  # (a new child: it reads back what the topic holds)
+        ps.send(batch(200))  # the loop sends every unsettled batch again
+        ps.settle()
+    finally:
+        ps.close()
+    recs = consume_all(broker.servers, ["settle_later"])
+    ids = sorted(json.loads(r.value)["after"]["id"] for r in recs)
+    want = sorted(i * 10 + k for f in (1, 100, 200) for i in range(f, f + 20) for k in range(10))
+    assert ids == want  # each once: nothing lost, nothing twice
