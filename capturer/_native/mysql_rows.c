@@ -303,6 +303,14 @@ static PyObject *decode_col(const Col *c, const unsigned char *d, Py_ssize_t *po
         int32_t secs = (int32_t)be_signed(d + o, 4);
         int64_t us = frac_us(d + o + 4, c->a);
         if (us > 999999) { PyErr_SetString(PyExc_ValueError, "microsecond must be in 0..999999"); return NULL; }
+        if (secs == 0) {
+            /* the zero TIMESTAMP ('0000-00-00 00:00:00', stored as 0 s: 1970-01-01 00:00:00 UTC is below the
+               type's range), a date no calendar has: None, as a zero DATETIME (rowdecode.py's _timestamp2) */
+            v = Py_None;
+            Py_INCREF(v);
+            o += 4 + nf;
+            break;
+        }
         PyObject *delta = PyDelta_FromDSU(0, secs, us > 0 ? (int)us : 0);
         if (!delta) return NULL;
         v = PyNumber_Add(Epoch, delta);

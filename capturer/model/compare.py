@@ -30,6 +30,9 @@ KINDS = {
     **dict.fromkeys(("datetime", "timestamp"), "datetime"),
     "date": "date", "time": "time", "bit": "bit", "set": "set", "json": "json",
     **dict.fromkeys(("binary", "varbinary", "tinyblob", "blob", "mediumblob", "longblob"), "bytes"),
+    # spatial values are bytes too (the server's WKB with its SRID): JSON sinks carry them as base64
+    **dict.fromkeys(("geometry", "point", "linestring", "polygon", "multipoint", "multilinestring",
+                     "multipolygon", "geometrycollection"), "bytes"),
 }
 
 

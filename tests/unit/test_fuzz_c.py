@@ -336,8 +336,9 @@ def enc_value(rng: random.Random, c: Any) -> tuple[Segs, Any]:
     if t == T.TIMESTAMP2:
         secs = pick(rng, [0, 1, 2**31 - 1], lambda: rng.randrange(2**31))
         us = frac_digits(rng, c.fsp)
+        # 0 s: the zero TIMESTAMP ('0000-00-00 00:00:00'), a date no calendar has: None, as a zero DATETIME
         return [(secs.to_bytes(4, "big") + frac_bytes(us, c.fsp), "val")], \
-            EPOCH + dt.timedelta(seconds=secs, microseconds=us)
+            (EPOCH + dt.timedelta(seconds=secs, microseconds=us) if secs else None)
     if t == T.TIME2:
         us = frac_digits(rng, c.fsp)
         h, m, s = pick(rng, [(838, 59, 59), (0, 0, 0), (0, 0, 1)],

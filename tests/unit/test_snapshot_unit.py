@@ -510,6 +510,25 @@ def test_chunk_rows_from_tuples_are_the_row_dicts() -> None:
     assert make_rows([], names, norm) == []
 
 
+def test_a_zero_timestamp_is_read_as_null_as_the_binlog_decoder_gives_it() -> None:
+    """SELECT reads a TIMESTAMP as UNIX_TIMESTAMP(...): 0 (an int, or a Decimal with a fraction) is the zero
+    TIMESTAMP '0000-00-00 00:00:00', a date no calendar has: None, as the binlog decoder gives it (it arrived
+    as 1970-01-01 00:00:00, below the type's range, until 2026-11-29); 1 s is 1970-01-01 00:00:01."""
+    import datetime as dt
+    import decimal
+
+    from capturer.regions.mysql.snapshot import normalizers
+
+    cols = [Column("id", "int", "int(11)", 10, 0, False, False), Column("ts", "timestamp", "timestamp(6)", 0, 6, False, True)]
+    p = TablePlan("d", "t", cols, ("id",), TableSchema("d", "t", ("id", "ts"), ("id",), (), (3, 17)))
+    for driver in ("pymysql", "mariadb"):
+        f = normalizers(p, driver)[1]
+        assert f is not None
+        assert [f(v) for v in (0, decimal.Decimal("0.000000"), None)] == [None, None, None]
+        assert f(decimal.Decimal("1.000001")) == dt.datetime(1970, 1, 1, 0, 0, 1, 1)
+        assert f(2147483647) == dt.datetime(2038, 1, 19, 3, 14, 7)
+
+
 def test_a_run_whose_unfinished_tables_all_went_to_a_newer_run_leaves_the_positions() -> None:
     """A run with d.k done and d.t still running: a request of d.t (a newer run) takes
     d.t over; the old run has nothing left to copy and leaves the positions, as when its

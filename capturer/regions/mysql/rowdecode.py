@@ -162,8 +162,13 @@ def _timestamp2(fsp: int) -> Decoder:
     nf, frac = _fsp_reader(fsp)
 
     def dec(d: bytes, o: int) -> tuple[Any, int]:
-        t = _EPOCH + dt.timedelta(seconds=struct.unpack_from(">i", d, o)[0])
+        secs = struct.unpack_from(">i", d, o)[0]
+        t = _EPOCH + dt.timedelta(seconds=secs)
         us = frac(d, o + 4)
+        if secs == 0 and us <= 999999:
+            # the zero TIMESTAMP ('0000-00-00 00:00:00' is stored as 0 s: 1970-01-01 00:00:00 UTC is below
+            # the type's range) is a date no calendar has: None, as a zero DATETIME (docs/limits.md)
+            return None, o + 4 + nf
         return (t.replace(microsecond=us) if us > 0 else t), o + 4 + nf
 
     return dec

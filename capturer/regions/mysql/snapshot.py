@@ -217,7 +217,7 @@ def _key_cmp(c: Column, op: str, v: Any, ident: Callable[[str], str], ph: str) -
 
 
 def _epoch_value(v: Any) -> Any:
-    if v is None:
+    if v is None or v == 0:  # (0: the zero TIMESTAMP, None as the binlog decoder gives it)
         return None
     return dt.datetime(1970, 1, 1) + dt.timedelta(microseconds=int(round(v * 1_000_000)) if not isinstance(v, int)
                                                   else v * 1_000_000)
