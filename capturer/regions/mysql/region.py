@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import re
 import struct
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -400,8 +401,13 @@ class MySQLRegion(SnapshotHostMixin, ClockedRegion):
         with self._lock:
             self._alive(self.position)
         txn = TxnAssembler(self.ctx.spill_rows, self.ctx.spill_dir, self.where)
+        started = threading.Event()  # the dump's first event arrived
+        threading.Thread(target=self._free_dump, args=(stream, started), name=f"free-dump-{self.name}",
+                         daemon=True).start()
         try:
             for ev in stream:
+                if not started.is_set():
+                    started.set()
                 if self.ctx.stop.is_set():
                     break
                 if isinstance(ev, HeartbeatLogEvent):
@@ -460,7 +466,57 @@ class MySQLRegion(SnapshotHostMixin, ClockedRegion):
                     "and go on from the current position)") from None
             raise
         finally:
+            started.set()
             stream.close()
+
+    def _free_dump(self, stream: Any, started: threading.Event) -> None:
+        """End the older binlog dumps that hold this one back, until its first event arrives.
+
+        A dump with the region's ``server_id`` makes MariaDB end the older dump of that
+        ``server_id``, but only by marking it killed (``KILL_SLAVE_SAME_ID``), which does not
+        close its socket, and the new dump waits (state ``starting``) until that one is gone.
+        A dump whose reader is alive but does not read (a capturer frozen by SIGSTOP or a
+        paused VM: with ``[ha]``, the deposed active; a frozen host whose TCP stays up) stays
+        blocked writing into its full socket until the server's ``net_write_timeout`` (and for
+        the whole freeze while its host acknowledges nothing more): the new reader got nothing
+        for that long (a takeover measured at 60 s instead of the lease). ``KILL CONNECTION``
+        closes the socket: such a dump ends at once. So, when no event came within 2 s, every
+        second until one does: the connections of this region's user that the server already
+        marked killed (``Command = 'Killed'``, never this dump's own) are ended. A user may end
+        its own connections without any privilege; MySQL ends the older dump itself."""
+        if started.wait(2.0):
+            return
+        ended: set[int] = set()
+        while not started.is_set() and not self.ctx.stop.is_set():
+            conn = getattr(stream, "_stream_connection", None)
+            mine = getattr(conn, "server_thread_id", None) if conn is not None else None
+            if mine:
+                try:
+                    side = self._connect()
+                except (SourceError, FatalSourceError):
+                    side = None
+                if side is not None:
+                    try:
+                        with side.cursor() as cur:
+                            cur.execute("SELECT ID FROM information_schema.PROCESSLIST WHERE COMMAND = 'Killed' "
+                                        "AND USER = SUBSTRING_INDEX(USER(), '@', 1) AND ID <> %s AND ID <> "
+                                        "CONNECTION_ID()", (int(mine[0]),))
+                            for (tid,) in cur.fetchall():
+                                if tid in ended:
+                                    continue
+                                try:
+                                    cur.execute(f"KILL CONNECTION {int(tid)}")
+                                    ended.add(tid)
+                                    log.warning("%s: ended connection %d: a binlog dump of an earlier reader (same "
+                                                "server_id or user) the server had marked killed; it was not reading "
+                                                "(a frozen capturer?) and held this dump back", self.where, tid)
+                                except pymysql.err.MySQLError:
+                                    pass  # gone meanwhile, or not ours
+                    except pymysql.err.MySQLError as exc:
+                        log.debug("%s: looking for older dumps: %s", self.where, exc)
+                    finally:
+                        close_quietly(side)
+            started.wait(1.0)
 
     def _changes(self, ev: Any, schema: TableSchema) -> list[RowChange]:
         """Row changes of a rows event: the fast decoder where it can, else the library;
