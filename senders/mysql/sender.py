@@ -132,6 +132,7 @@ class MySQLSender(Sender):
         self.epoch = int(options.get("ha_epoch") or 0)
         self.idle_limit = max(15.0, 3.0 * float(options.get("ha_lease") or 0)) if self.epoch else 0.0
         self.workers = [Worker(self, i) for i in range(self.n)]
+        self._nopad_as: str | None = None  # the target's name of a binary NO PAD collation (_collated)
         self.progress: dict[str, Ident] = {}
         self.progress_after_commit: dict[str, Ident] = {}
         self._progress_loaded = False
@@ -641,7 +642,7 @@ class MySQLSender(Sender):
                                 raise
                     w.doing = (time.monotonic(), f"DDL {sql[:200]!r}")
                     try:
-                        cur.execute(sql)
+                        cur.execute(self._collated(cur, sql))
                     except pymysql.err.MySQLError as exc:
                         code = exc.args[0] if exc.args else 0
                         renamed = code == ER_NO_SUCH_TABLE and " RENAME " in f" {sql.upper()} "
@@ -670,6 +671,24 @@ class MySQLSender(Sender):
 
         w.pool.submit(run).result()
         self._advance(key)
+
+
+    _NOPAD = "utf8mb4_nopad_bin"
+
+    def _collated(self, cur: Any, sql: str) -> str:
+        """``sql`` with MariaDB's binary NO PAD collation (a PostgreSQL region's text key columns:
+        relations.KEY_COLLATION) named as this target names it: utf8mb4_0900_bin on MySQL 8,
+        utf8mb4_bin (PAD SPACE: trailing spaces ignored) where there is neither."""
+        if self._NOPAD not in sql:
+            return sql
+        if self._nopad_as is None:
+            cur.execute("SELECT COLLATION_NAME FROM information_schema.COLLATIONS WHERE COLLATION_NAME IN "
+                        "('utf8mb4_nopad_bin', 'utf8mb4_0900_bin')")
+            have = {str(r[0]) for r in cur.fetchall()}
+            self._nopad_as = next((c for c in (self._NOPAD, "utf8mb4_0900_bin") if c in have), "utf8mb4_bin")
+        if self._nopad_as == self._NOPAD:
+            return sql
+        return re.sub(r"(?<= COLLATE )utf8mb4_nopad_bin(?=[ ,)]|$)", self._nopad_as, sql)
 
 
 def _same_name(ddl: Ddl, sql: str, exc: BaseException) -> str:

@@ -158,3 +158,40 @@ def test_verify_compares_the_tables_the_publication_publishes(tmp_path: Path, ta
         _equal(pg, target, tmp_path, ["parted_eu", "Parted US", "plain"])
     finally:
         pg.destroy()
+
+
+def test_text_keys_differing_in_case_accents_or_trailing_spaces_stay_apart(
+        tmp_path: Path, target: MariaDBInstance, capturer_running) -> None:  # type: ignore[no-untyped-def]
+    """PostgreSQL compares text keys byte by byte: 'abc', 'ABC', 'abc ', 'e', 'é', 'ß', 'ss' are seven
+    rows. The MySQL target's tables had the default collation (case- and accent-insensitive, PAD
+    SPACE): the sender's upserts merged them into four rows of the primary key, and one row of a
+    unique key of 'x', 'X', 'x '. Key columns are now compared in binary, NO PAD (created by the
+    snapshot, and by the stream when a column enters a key)."""
+    pg = PostgresInstance().start()
+    try:
+        with pg.connect() as c:
+            c.execute("CREATE TABLE tk (k text PRIMARY KEY, v int)")
+            c.execute("INSERT INTO tk VALUES ('abc', 1), ('ABC', 2)")
+            c.execute("CREATE TABLE uq (id int PRIMARY KEY, u varchar(20) UNIQUE, w text)")
+            c.execute("ALTER TABLE uq REPLICA IDENTITY FULL")
+        cfg = config(tmp_path, pg_region("pg", pg, "snapshot=initial\n"), file_and_mysql(tmp_path, target))
+        with capturer_running(cfg) as cap:
+            streaming(cap)
+            with pg.connect() as c:
+                c.execute("INSERT INTO tk VALUES ('abc ', 3), ('e', 4), ('é', 5), ('ß', 6), ('ss', 7), ('E', 8)")
+                c.execute("UPDATE tk SET v = v + 10")
+                c.execute("DELETE FROM tk WHERE k = 'e'")
+                c.execute("UPDATE tk SET k = 'Abc' WHERE k = 'ABC'")
+                c.execute("INSERT INTO uq VALUES (1, 'x', 'a'), (2, 'X', 'A'), (3, 'x ', 'a ')")
+                c.execute("CREATE UNIQUE INDEX uq_w ON uq (w)")  # (w enters a key: MODIFY COLUMN)
+                c.execute("UPDATE uq SET u = u || '!'")
+                c.execute("INSERT INTO uq VALUES (4, 'Ä', 'À')")
+            end = current_lsn(pg)
+            wait_for(lambda: covered(tmp_path, "pg", end), 60, "every change")
+            code, report = run_verify(cfg, "--wait", "30")
+        bad = {k: v for k, v in by_table(report).items() if v["status"] != "equal"}
+        assert code == 0 and not bad, (bad, report.get("errors"))
+        _equal(pg, target, tmp_path, ["tk", "uq"])
+        assert len(mysql_rows(target, "public", "tk")) == 7 and len(mysql_rows(target, "public", "uq")) == 4
+    finally:
+        pg.destroy()

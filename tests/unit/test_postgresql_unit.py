@@ -115,7 +115,7 @@ def test_ddl_create_alter_rename() -> None:
     stmts = ddl_for(None, r1)
     assert stmts[0] == ("s`x", "CREATE DATABASE IF NOT EXISTS `s``x`", "")
     create = stmts[1][1]
-    assert "`id` INT NOT NULL" in create and "`code` VARCHAR(255) NULL" in create and "`v` LONGTEXT NULL" in create
+    assert "`id` INT NOT NULL" in create and "`code` VARCHAR(255) COLLATE utf8mb4_nopad_bin NULL" in create and "`v` LONGTEXT NULL" in create
     assert "PRIMARY KEY (`id`)" in create and f"UNIQUE KEY `{uk_name(('code',))}` (`code`)" in create
     r2 = rel([("id", T.INT4, -1, True), ("code", T.TEXT, -1, False), ("w", T.TEXT, -1, False)], uks=(("code",),))
     assert ddl_for(r1, r2) == [("s`x", "ALTER TABLE `s``x`.`t` CHANGE COLUMN `v` `w` LONGTEXT NULL", "t")]
@@ -132,14 +132,14 @@ def test_ddl_create_alter_rename() -> None:
     # the unique key goes, the primary key changes; code stays a key column (NOT NULL now)
     assert ddl_for(r4, r5)[-1][1] == (
         f"ALTER TABLE `s``x`.`t2` DROP INDEX `{uk_name(('code',))}`, DROP PRIMARY KEY, "
-        "MODIFY COLUMN `code` VARCHAR(255) NOT NULL, ADD PRIMARY KEY (`id`, `code`)")
+        "MODIFY COLUMN `code` VARCHAR(255) COLLATE utf8mb4_nopad_bin NOT NULL, ADD PRIMARY KEY (`id`, `code`)")
     # a text column that becomes a key gets an indexable type; one that leaves every key gets its own back
     r6 = rel([("id", T.INT8, -1, True), ("code", T.TEXT, -1, False), ("n", T.TEXT, -1, False)], name="t2",
              uks=(("n",),))
     r7 = rel([("id", T.INT8, -1, True), ("code", T.TEXT, -1, False), ("n", T.TEXT, -1, False)], name="t2")
     assert ddl_for(r6, r7)[-1][1] == (f"ALTER TABLE `s``x`.`t2` DROP INDEX `{uk_name(('n',))}`, "
                                       "MODIFY COLUMN `n` LONGTEXT NULL")
-    assert ddl_for(r7, r6)[-1][1] == ("ALTER TABLE `s``x`.`t2` MODIFY COLUMN `n` VARCHAR(255) NULL, "
+    assert ddl_for(r7, r6)[-1][1] == ("ALTER TABLE `s``x`.`t2` MODIFY COLUMN `n` VARCHAR(255) COLLATE utf8mb4_nopad_bin NULL, "
                                       f"ADD UNIQUE KEY `{uk_name(('n',))}` (`n`)")
 
 
@@ -456,3 +456,23 @@ def test_timestamps_python_3_10_cannot_read_are_rewritten_to_forms_it_can() -> N
         assert T._iso_for_310(text) == want
         if not text.startswith("10000"):
             assert dt.datetime.fromisoformat(want) == dt.datetime.fromisoformat(text)
+
+
+def test_key_collation_named_as_the_target_names_it() -> None:
+    """Text key columns are created with MariaDB's binary NO PAD collation; the MySQL sender names it as
+    its target does (MySQL 8: utf8mb4_0900_bin; neither: utf8mb4_bin), asking the target once."""
+    from types import SimpleNamespace
+
+    from senders.mysql.sender import MySQLSender
+
+    sql = ddl_for(None, RelDef(1, "s", "t", "d", _cols("id", "k"), ("id", "k"), (), (1, 2)))[1][1]
+    assert "`k` VARCHAR(255) COLLATE utf8mb4_nopad_bin NOT NULL" in sql
+    for have, want in ((["utf8mb4_nopad_bin"], "utf8mb4_nopad_bin"), (["utf8mb4_0900_bin"], "utf8mb4_0900_bin"),
+                       ([], "utf8mb4_bin")):
+        asked: list[str] = []
+        cur = SimpleNamespace(execute=asked.append, fetchall=lambda have=have: [(c,) for c in have])
+        s = SimpleNamespace(_NOPAD=MySQLSender._NOPAD, _nopad_as=None)
+        got = MySQLSender._collated(s, cur, sql)  # type: ignore[arg-type]
+        assert got == sql.replace("utf8mb4_nopad_bin", want) and len(asked) == 1
+        assert MySQLSender._collated(s, cur, sql) == got and len(asked) == 1  # (asked once)
+        assert MySQLSender._collated(s, cur, "ALTER TABLE t DROP COLUMN c") == "ALTER TABLE t DROP COLUMN c"

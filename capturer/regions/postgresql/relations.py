@@ -221,9 +221,19 @@ class RelationJournal(PositionJournal[tuple[int, int], RelDef]):
         self.forget(stale)
 
 
+# PostgreSQL compares text keys byte by byte (deterministic collations): 'abc', 'ABC', 'é', 'e' and 'abc '
+# are five keys. A MySQL table's default collation (utf8mb4_general_ci, PAD SPACE) takes them for two, and
+# the target merged their rows (ON DUPLICATE KEY UPDATE): a key column's text is compared in binary, NO PAD
+# (MariaDB's name; the MySQL sender uses the target's own: utf8mb4_0900_bin on MySQL 8)
+KEY_COLLATION = "utf8mb4_nopad_bin"
+
+
 def _column_sql(c: po.Column, t: PgType, keys: set[str], pk: tuple[str, ...]) -> str:
-    """A column definition: key columns (primary or unique) get a type MySQL can index."""
+    """A column definition: key columns (primary or unique) get a type MySQL can index, text compared
+    as PostgreSQL compares it (``KEY_COLLATION``)."""
     sql = (t.key_sql or t.sql) if c.name in keys else t.sql
+    if c.name in keys and sql.startswith(("VARCHAR", "CHAR")):
+        sql += f" COLLATE {KEY_COLLATION}"
     return f"{quote_ident(c.name)} {sql}{' NOT NULL' if c.name in pk else ' NULL'}"
 
 
