@@ -25,7 +25,7 @@ from typing import Any, Protocol
 from capturer.errors import SinkError
 from capturer.model.encode import _fastrows
 from capturer.util.kafkasec import Watch, kafka_python_conf, librdkafka_conf
-from senders.kafka.positions import Record
+from senders.kafka.positions import Partition, Record, per_topic, per_topic_offsets
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +90,10 @@ class Client(Protocol):
     """What the sender needs from a Kafka client library."""
 
     def partitions(self, topic: str) -> int: ...
+    def partitions_of(self, topics: Sequence[str]) -> dict[str, int]:
+        """``partitions`` of several topics (0: a topic that does not exist), the producer told of them all."""
+        return {t: self.partitions(t) for t in topics}
+
     def create_topic(self, topic: str, partitions: int, replication: int) -> None: ...
     def learn(self, topic: str) -> None:
         """Before the first message to ``topic`` (which exists): fetch what the producer needs."""
@@ -128,6 +132,19 @@ class Client(Protocol):
         or, but for those in ``patient``, one that gives nothing at all for READ_BACK_STALL s).
         A consumer of no group (assign and seek), ``read_committed``."""
         raise NotImplementedError
+
+    def offsets_of(self, topics: dict[str, Sequence[int]]) -> tuple[dict[Partition, tuple[int, int]],
+                                                                     dict[str, Exception]]:
+        """``offsets`` of the partitions of several topics: each partition's ``(low, high)``, and the error
+        of each topic whose offsets could not be listed (here one topic after the other)."""
+        return per_topic_offsets(self.offsets)(topics)
+
+    def last_records_of(self, starts: dict[Partition, int], timeout: float,
+                        patient: Collection[Partition] = ()) -> tuple[dict[Partition, Record], dict[str, Exception]]:
+        """``last_records`` of the partitions of several topics at once: the last message read of each
+        partition, and the error of each topic that could not be read (here: one topic after the other;
+        the clients read them all with one consumer)."""
+        return per_topic(self.last_records)(starts, timeout, patient)
 
     def failures(self) -> list[Failure]:
         """The messages the producer reported as not delivered since the last call (after
@@ -193,6 +210,21 @@ class KafkaPythonClient(Client):
             return 0
         parts = self.producer.partitions_for(topic)
         return len(parts) if parts else 0
+
+    def partitions_of(self, topics: Sequence[str]) -> dict[str, int]:
+        # the producer told of every topic first: partitions_for() one topic after another waits for a
+        # metadata update each (~0.1 s: its retry back-off), one update brings them all
+        known = set(self.admin.list_topics())
+        add = getattr(getattr(self.producer, "_sender", None), "add_topic", None)
+        if add is not None:
+            for t in topics:
+                if t in known:
+                    add(t)
+        out = {}
+        for t in topics:
+            parts = self.producer.partitions_for(t) if t in known else None
+            out[t] = len(parts) if parts else 0
+        return out
 
     def create_topic(self, topic: str, partitions: int, replication: int) -> None:
         from kafka.admin import NewTopic
@@ -264,35 +296,59 @@ class KafkaPythonClient(Client):
         low, high = c.beginning_offsets(tps), c.end_offsets(tps)
         return {tp.partition: (low[tp], high[tp]) for tp in tps}
 
+    def offsets_of(self, topics: dict[str, Sequence[int]]) -> tuple[dict[Partition, tuple[int, int]],
+                                                                     dict[str, Exception]]:
+        if self._read is not None:
+            return per_topic_offsets(self._read.offsets)(topics)
+        from kafka import TopicPartition
+
+        # one ListOffsets round for all (topic by topic: a metadata update of the consumer each, ~0.1 s)
+        c = self._consumer()
+        tps = [TopicPartition(t, p) for t, parts in topics.items() for p in parts]
+        try:
+            low, high = c.beginning_offsets(tps), c.end_offsets(tps)
+        except Exception:  # told topic by topic: which of them failed
+            return per_topic_offsets(self.offsets)(topics)
+        return {(tp.topic, tp.partition): (low[tp], high[tp]) for tp in tps}, {}
+
     def last_records(self, topic: str, starts: dict[int, int], timeout: float,
                      patient: Collection[int] = ()) -> dict[int, Record]:
+        got, errors = self.last_records_of({(topic, p): off for p, off in starts.items()}, timeout,
+                                           [(topic, p) for p in patient])
+        if topic in errors:
+            raise errors[topic]
+        return {p: rec for (_t, p), rec in got.items()}
+
+    def last_records_of(self, starts: dict[Partition, int], timeout: float,
+                        patient: Collection[Partition] = ()) -> tuple[dict[Partition, Record], dict[str, Exception]]:
         if self._read is not None:
-            return self._read.last_records(topic, starts, timeout, patient)
+            return self._read.last_records_of(starts, timeout, patient)
         from kafka import TopicPartition
 
         c = self._consumer()
-        tps = [TopicPartition(topic, p) for p in starts]
+        tps = [TopicPartition(t, p) for t, p in starts]
         c.assign(tps)
         for tp in tps:
-            c.seek(tp, starts[tp.partition])
-        out: dict[int, Record] = {}
+            c.seek(tp, starts[(tp.topic, tp.partition)])
+        out: dict[Partition, Record] = {}
         left = set(tps)
         deadline = time.monotonic() + timeout
         try:
             while left and time.monotonic() < deadline:
                 for tp, recs in c.poll(timeout_ms=100).items():
                     if recs:
-                        out[tp.partition] = (recs[-1].headers, recs[-1].value is None)
+                        out[(tp.topic, tp.partition)] = (recs[-1].headers, recs[-1].value is None)
                 for tp in list(left):
                     hw = c.highwater(tp)  # from the last fetch response: the true end, also on Tansu
                     if hw is not None and c.position(tp) >= hw:
                         left.discard(tp)
         finally:
             c.unsubscribe()
-        if left:
-            raise SinkError(f"topic {topic!r}: partitions {sorted(tp.partition for tp in left)} not read to "
-                            f"their end in {timeout:.0f}s")
-        return out
+        errors: dict[str, Exception] = {}
+        for t in sorted({tp.topic for tp in left}):
+            parts = sorted(tp.partition for tp in left if tp.topic == t)
+            errors[t] = SinkError(f"topic {t!r}: partitions {parts} not read to their end in {timeout:.0f}s")
+        return {tp: rec for tp, rec in out.items() if tp[0] not in errors}, errors
 
     def close(self) -> None:
         try:
@@ -410,11 +466,23 @@ class ConfluentReadBack:
 
     def last_records(self, topic: str, starts: dict[int, int], timeout: float,
                      patient: Collection[int] = ()) -> dict[int, Record]:
+        got, errors = self.last_records_of({(topic, p): off for p, off in starts.items()}, timeout,
+                                           [(topic, p) for p in patient])
+        if topic in errors:
+            raise errors[topic]
+        return {p: rec for (_t, p), rec in got.items()}
+
+    def last_records_of(self, starts: dict[Partition, int], timeout: float,
+                        patient: Collection[Partition] = ()) -> tuple[dict[Partition, Record], dict[str, Exception]]:
+        """``last_records`` of the partitions of any topics at once, one consumer assigned to all of them
+        (one fetch per broker reads them all): the last message read of each partition, and each topic
+        that failed (a partition not read to its end in ``timeout``, a read error) with its error."""
         from confluent_kafka import KafkaError, TopicPartition
 
         c = self._fresh()  # a consumer of its own for each read: one left stalled by a broker fetches no more
-        c.assign([TopicPartition(topic, p, off) for p, off in starts.items()])
-        out: dict[int, Record] = {}
+        c.assign([TopicPartition(t, p, off) for (t, p), off in starts.items()])
+        out: dict[Partition, Record] = {}
+        errors: dict[str, Exception] = {}
         left = set(starts)
         deadline = time.monotonic() + timeout
         moved = dict.fromkeys(starts, time.monotonic())  # when each partition last gave something
@@ -423,25 +491,33 @@ class ConfluentReadBack:
                 first = c.poll(0.1)  # (consume() would wait its whole timeout for fewer messages)
                 for m in ([first] + c.consume(1000, 0)) if first is not None else ():
                     err = m.error()
-                    p = m.partition()
-                    moved[p] = time.monotonic()
+                    tp = (m.topic(), m.partition())
+                    if tp not in moved:  # a consumer-wide error (no partition): every topic's
+                        if err is not None and not err.retriable():
+                            for t in {x[0] for x in left} - set(errors):
+                                errors[t] = SinkError(f"topic {t!r}: reading its last messages failed: {err}")
+                            left.clear()
+                        continue
+                    moved[tp] = time.monotonic()
                     if err is None:
-                        out[p] = (m.headers(), m.value() is None)
+                        out[tp] = (m.headers(), m.value() is None)
                     elif err.code() == KafkaError._PARTITION_EOF:  # at the fetch response's high watermark
-                        left.discard(p)
-                    elif not err.retriable():
-                        raise SinkError(f"topic {topic!r}: reading its last messages failed: {err}")
+                        left.discard(tp)
+                    elif not err.retriable() and tp[0] not in errors:
+                        errors[tp[0]] = SinkError(f"topic {tp[0]!r}: reading its last messages failed: {err}")
+                        left -= {x for x in left if x[0] == tp[0]}
                 # a partition that gives nothing at all from its start (Tansu on S3 storage serves nothing
                 # from an offset inside a record batch): given up here, read again from further back
                 # (``patient``: partitions read from their start, which may take the broker a while)
-                for p in [p for p in left if p not in out and p not in patient
-                          and time.monotonic() - moved[p] > READ_BACK_STALL]:
-                    left.discard(p)
+                for tp in [tp for tp in left if tp not in out and tp not in patient
+                           and time.monotonic() - moved[tp] > READ_BACK_STALL]:
+                    left.discard(tp)
         finally:
             c.close()
-        if left:
-            raise SinkError(f"topic {topic!r}: partitions {sorted(left)} not read to their end in {timeout:.0f}s")
-        return out
+        for t in sorted({tp[0] for tp in left} - set(errors)):
+            parts = sorted(p for x, p in left if x == t)
+            errors[t] = SinkError(f"topic {t!r}: partitions {parts} not read to their end in {timeout:.0f}s")
+        return {tp: rec for tp, rec in out.items() if tp[0] not in errors}, errors
 
     def close(self) -> None:
         if self._reader is not None:
@@ -504,6 +580,14 @@ class ConfluentClient(Client):
         if t is None or t.error is not None:
             return 0
         return len(t.partitions)
+
+    def partitions_of(self, topics: Sequence[str]) -> dict[str, int]:
+        md = self.admin.list_topics(timeout=10)  # (one answer for all)
+        out = {}
+        for topic in topics:
+            t = md.topics.get(topic)
+            out[topic] = 0 if t is None or t.error is not None else len(t.partitions)
+        return out
 
     def learn(self, topic: str) -> None:
         # the producer's own metadata for the topic now: without it, the first messages to a
@@ -589,6 +673,10 @@ class ConfluentClient(Client):
     def last_records(self, topic: str, starts: dict[int, int], timeout: float,
                      patient: Collection[int] = ()) -> dict[int, Record]:
         return self._read.last_records(topic, starts, timeout, patient)
+
+    def last_records_of(self, starts: dict[Partition, int], timeout: float,
+                        patient: Collection[Partition] = ()) -> tuple[dict[Partition, Record], dict[str, Exception]]:
+        return self._read.last_records_of(starts, timeout, patient)
 
     def close(self) -> None:
         try:

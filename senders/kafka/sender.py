@@ -82,7 +82,16 @@ from senders.kafka.format import (
     key_bytes,
     truncate_message,
 )
-from senders.kafka.positions import END_POS, Marks, MsgKey, message_key, read_marks, row_key
+from senders.kafka.positions import (
+    END_POS,
+    Marks,
+    MsgKey,
+    message_key,
+    per_topic,
+    per_topic_offsets,
+    read_marks_of,
+    row_key,
+)
 
 log = logging.getLogger(__name__)
 
@@ -141,7 +150,8 @@ def partition_for(key: bytes, partitions: int) -> int:
     return (_murmur2(key) & 0x7FFFFFFF) % partitions
 
 
-READ_BACK_TIMEOUT = 60.0  # seconds to read the last messages of one topic's partitions
+READ_BACK_TIMEOUT = 60.0  # seconds to read the last messages of one topic's partitions (+1 s a topic more)
+READ_BACK_TOPICS = 100  # topics read back at once at most (one consumer assigned to all their partitions)
 # attempts in a row after which a topic that cannot be read back is written without skipping (at least once
 # there, loudly) rather than never again: a broker that cannot serve a read must not stop this sender for good
 READ_BACK_GIVE_UP = 3
@@ -181,6 +191,11 @@ class KafkaSender(Sender):
         self.encode = FORMATS[self.fmt]
         self.client: Client | None = None
         self._parts: dict[str, int] = {}
+        # the batch in hand and the index of its transaction in hand (the topics it goes on to: _batch_topics),
+        # and the topics prepared for it (each looked for once a batch)
+        self._batch: Sequence[Txn] = ()
+        self._batch_at = 0
+        self._batch_seen: set[str] = set()
         self._topics: dict[tuple[str, str, str], str] = {}
         # topic -> what the pattern names of the first table sent there, and its (db, table, region)
         self._topic_owner: dict[str, tuple[tuple[str | None, ...], tuple[str, str, str]]] = {}
@@ -306,56 +321,149 @@ class KafkaSender(Sender):
 
     def _partitions(self, topic: str) -> int:
         """The partition count of ``topic`` (created if missing); the first time with this
-        producer, after reading its partitions' marks back."""
+        producer, after reading its partitions' marks back: together with every other topic
+        the rest of the batch in hand goes to that this producer has not written yet (one
+        read of them all, ``_prepare``)."""
         n = self._parts.get(topic)
         if n is None:
-            assert self.client is not None
-            n = self.client.partitions(topic)
-            if n == 0:
-                if not self.options["create_topics"]:
-                    raise SinkError(f"topic {topic!r} does not exist and create_topics = false "
-                                    f"in [{self.name}]: create the topic on the broker (kafka-topics.sh --create "
-                                    f"--topic {topic}), or set create_topics = true", retriable=False)
-                self.client.create_topic(topic, self.options["partitions"], self.options["replication_factor"])
-                deadline = time.monotonic() + 15
-                while n == 0 and time.monotonic() < deadline:
-                    time.sleep(0.1)
-                    n = self.client.partitions(topic)
-                if n == 0:
-                    raise SinkError(f"topic {topic!r} was created but has no partitions yet")
-            self.client.learn(topic)
-            self._read_back(topic, n)
-            self._parts[topic] = n
+            self._prepare(topic)
+            n = self._parts[topic]
         return n
 
+    def _prepare(self, topic: str) -> None:
+        """Make ``topic`` ready for this producer (its partitions known, created if missing, its
+        marks read back), and with it the other topics the rest of the batch in hand writes to for
+        the first time: their marks read back in one go (``read_marks_of``: one consumer for all of
+        their partitions), not one topic after another, each costing a consumer's first fetch
+        (~0.5 s a topic: with tens of tables a snapshot restarted by kill -9 every few seconds was
+        killed again before its first batch was acknowledged, and copied its tables again and
+        again). The other topics are found only here, when a topic is new to the producer (at
+        start, after a failed batch, a new table): nothing is looked at per row otherwise."""
+        assert self.client is not None
+        client = self.client
+        topics = [topic]
+        if topic not in self._batch_seen and self.options["read_back"]:
+            topics += [t for t in self._batch_topics() if t != topic and t not in self._parts
+                       and t not in self._batch_seen]
+        self._batch_seen.update(topics)
+        partitions_of = getattr(client, "partitions_of", None)
+        counts = partitions_of(topics) if partitions_of is not None else {t: client.partitions(t) for t in topics}
+        missing = [t for t, n in counts.items() if n == 0]
+        if missing and not self.options["create_topics"]:
+            if counts[topic] == 0:
+                raise SinkError(f"topic {topic!r} does not exist and create_topics = false "
+                                f"in [{self.name}]: create the topic on the broker (kafka-topics.sh --create "
+                                f"--topic {topic}), or set create_topics = true", retriable=False)
+            for t in missing:  # (said when it is written to: a TRUNCATE of a table with no topic is not sent)
+                del counts[t]
+        elif missing:
+            for t in missing:
+                self.client.create_topic(t, self.options["partitions"], self.options["replication_factor"])
+            deadline = time.monotonic() + 15
+            while missing and time.monotonic() < deadline:
+                time.sleep(0.1)
+                for t in missing:
+                    counts[t] = client.partitions(t)
+                missing = [t for t in missing if counts[t] == 0]
+            if counts[topic] == 0:
+                raise SinkError(f"topic {topic!r} was created but has no partitions yet")
+            for t in missing:  # (tried again when written to)
+                del counts[t]
+        for t in counts:
+            client.learn(t)
+        self._read_back_all(counts)
+
+    def _batch_topics(self) -> list[str]:
+        """The topics the rest of the batch in hand (from the transaction in hand on) writes to,
+        in the order it first does (a spilled transaction's tables are not looked for: that
+        would read it from disk; its topics are prepared as they come)."""
+        out: dict[str, None] = {}
+        txn_topic, schema_topic = self.options["txn_topic"], self.options["schema_topic"]
+        for txn in self._batch[self._batch_at:]:
+            d = txn.ddl
+            if d is not None:
+                if txn_topic:
+                    out[txn_topic] = None
+                if schema_topic:
+                    out[schema_topic] = None
+                if is_truncate(d):
+                    self._add_topic(out, d.db, d.table, txn.region)
+                continue
+            changes = txn.changes
+            if not changes:
+                continue
+            if txn_topic:
+                out[txn_topic] = None
+            if isinstance(changes, SpilledChanges):
+                continue
+            for schema in {id(ch.schema): ch.schema for ch in changes}.values():
+                self._add_topic(out, schema.db, schema.table, txn.region)
+        return list(out)
+
+    def _add_topic(self, out: dict[str, None], db: str, table: str, region: str) -> None:
+        try:
+            out[self.topic_for(db, table, region)] = None
+        except SinkError:
+            pass  # (two tables on one topic: said when the second one is written)
+
     def _read_back(self, topic: str, partitions: int) -> None:
-        """Learn what ``topic``'s partitions hold of this sender's messages (their last
-        message's key), before this producer writes to it (even a topic just created:
-        another writer may have been quicker, and an empty topic costs one ListOffsets)."""
+        """``_read_back_all`` of one topic."""
+        self._read_back_all({topic: partitions})
+
+    def _read_back_all(self, topics: dict[str, int]) -> None:
+        """Learn what the partitions of ``topics`` (each with its partition count) hold of this
+        sender's messages (their last message's key), before this producer writes to them (even a
+        topic just created: another writer may have been quicker, and an empty topic costs one
+        ListOffsets); every topic read, or given up on (READ_BACK_GIVE_UP), is ready for the producer.
+        A topic that cannot be read back raises (the first such topic's error), as it did alone."""
         client = self.client
         if not self.options["read_back"] or client is None or getattr(client, "last_records", None) is None:
+            self._parts.update(topics)
             return
         t0 = time.monotonic()
-        try:
-            marks = read_marks(topic, range(partitions), client.offsets, client.last_records, READ_BACK_TIMEOUT)
-        except Exception as exc:
-            err = exc if isinstance(exc, SinkError) else \
-                SinkError(f"topic {topic!r}: cannot read its last messages back: {exc}")
-            n = self.read_back_failures[topic] = self.read_back_failures.get(topic, 0) + 1
-            if n < READ_BACK_GIVE_UP or not err.retriable:
-                raise err from exc
-            log.error("sender %s: topic %s could not be read back %d times in a row (%s): writing to it without "
-                      "skipping what it may hold already; what reached it after the last checkpoint may be there "
-                      "twice (identified by the region, commit_ts and seq headers)", self.name, topic, n, err)
-            self.read_back_given_up.add(topic)
-            return
-        self.read_back_failures.pop(topic, None)
-        before = len(self.marks.limits)
-        self.marks.learn(topic, marks, self._txn_key)
-        if len(self.marks.limits) != before or log.isEnabledFor(logging.DEBUG):
-            log.info("sender %s: topic %s read back in %.2fs: %d of %d partitions hold messages of the stream from "
-                     "%s on (those are not sent again)", self.name, topic, time.monotonic() - t0,
-                     sum(1 for tp in self.marks.limits if tp[0] == topic), partitions, list(self._txn_key))
+        read_of = getattr(client, "last_records_of", None) or per_topic(client.last_records)
+        offsets_of = getattr(client, "offsets_of", None) or per_topic_offsets(client.offsets)
+        marks: dict[str, dict[int, MsgKey]] = {}
+        errors: dict[str, Exception] = {}  # topic -> the error it raises (failed_with: what the read said)
+        names = list(topics)
+        for i in range(0, len(names), READ_BACK_TOPICS):
+            part = {t: topics[t] for t in names[i:i + READ_BACK_TOPICS]}
+            got, failed = read_marks_of(part, offsets_of, read_of, READ_BACK_TIMEOUT + len(part) - 1)
+            marks.update(got)
+            errors.update(failed)
+        took = time.monotonic() - t0
+        failed_with = dict(errors)
+        for topic, parts in topics.items():
+            exc = errors.get(topic)
+            if exc is not None:
+                err = exc if isinstance(exc, SinkError) else \
+                    SinkError(f"topic {topic!r}: cannot read its last messages back: {exc}")
+                n = self.read_back_failures[topic] = self.read_back_failures.get(topic, 0) + 1
+                if n < READ_BACK_GIVE_UP or not err.retriable:
+                    errors[topic] = err
+                    continue
+                log.error("sender %s: topic %s could not be read back %d times in a row (%s): writing to it "
+                          "without skipping what it may hold already; what reached it after the last checkpoint "
+                          "may be there twice (identified by the region, commit_ts and seq headers)",
+                          self.name, topic, n, err)
+                self.read_back_given_up.add(topic)
+                del errors[topic]
+                self._parts[topic] = parts
+                continue
+            self.read_back_failures.pop(topic, None)
+            before = len(self.marks.limits)
+            self.marks.learn(topic, marks.get(topic, {}), self._txn_key)
+            if len(self.marks.limits) != before or log.isEnabledFor(logging.DEBUG):
+                log.info("sender %s: topic %s read back in %.2fs%s: %d of %d partitions hold messages of the stream "
+                         "from %s on (those are not sent again)", self.name, topic, took,
+                         f" (with {len(topics) - 1} other topics)" if len(topics) > 1 else "",
+                         sum(1 for tp in self.marks.limits if tp[0] == topic), parts, list(self._txn_key))
+            self._parts[topic] = parts
+        for topic, why in errors.items():
+            exc = failed_with[topic]
+            if why is exc:
+                raise why
+            raise why from exc
 
     def send(self, batch: list[Txn]) -> None:
         if self.client is None:
@@ -366,12 +474,16 @@ class KafkaSender(Sender):
             if self.transactional:
                 self.client.begin()
             guard = f"sender {self.name}"
-            for txn in batch:
-                # high availability: the lease before each transaction (and each slice of rows), not only
-                # before the batch: a capturer paused in the middle of a batch produces nothing more once it
-                # runs again past its lease (what the client library held before the pause may still go out)
-                fencing.check(guard)
-                sent += self._send_txn(txn)
+            self._batch, self._batch_seen = batch, set()
+            try:
+                for self._batch_at, txn in enumerate(batch):
+                    # high availability: the lease before each transaction (and each slice of rows), not only
+                    # before the batch: a capturer paused in the middle of a batch produces nothing more once it
+                    # runs again past its lease (what the client library held before the pause may still go out)
+                    fencing.check(guard)
+                    sent += self._send_txn(txn)
+            finally:
+                self._batch = ()
             if self.settle_later:  # delivered by settle() (what it waits for is the next batch's overlap)
                 self.messages += sent
                 self._unsettled.extend(batch)

@@ -103,7 +103,7 @@ class FakeKafka:
 
 def sender(client: FakeKafka, marks: Marks | None = None, **opts: Any) -> KafkaSender:
     options: dict[str, Any] = {k.name: k.default for k in KafkaSender.KEYS}
-    options.update(servers="127.0.0.1:9", process=False, tombstones=True, txn_topic="txns", **opts)
+    options.update({"servers": "127.0.0.1:9", "process": False, "tombstones": True, "txn_topic": "txns", **opts})
     s = KafkaSender("k", options)
     s._new_client = lambda servers: client  # type: ignore[method-assign]
     s.open()
@@ -423,3 +423,101 @@ def test_a_topic_that_cannot_be_read_back_is_written_after_a_few_attempts_not_ne
             s._read_back("t", 1)
     s._read_back("t", 1)  # the last attempt gives up on skipping, and goes on
     assert s.status()["read_back_given_up"] == ["t"] and not s.marks.limits
+
+
+# --- the read-back of many topics at once ------------------------------------------------------
+
+class JointKafka(FakeKafka):
+    """A client that reads the partitions of several topics at once (as both real clients do:
+    one consumer assigned to all of them): counts those reads and the topics each one read."""
+
+    def __init__(self, missing: set[str] | None = None, stuck: set[str] | None = None) -> None:
+        super().__init__()
+        self.joint: list[list[str]] = []  # the topics of each read
+        self.missing = missing or set()
+        self.stuck = stuck or set()  # topics whose partitions are never read to their end
+
+    def partitions(self, topic: str) -> int:
+        return 0 if topic in self.missing else self.parts
+
+    def last_records(self, topic: str, starts: dict[int, int], timeout: float, patient: Any = ()) -> dict[int, Any]:
+        raise AssertionError("read topic by topic")
+
+    def last_records_of(self, starts: dict[tuple[str, int], int], timeout: float,
+                        patient: Any = ()) -> tuple[dict[tuple[str, int], Any], dict[str, Exception]]:
+        self.joint.append(sorted({t for t, _p in starts}))
+        out, errors = {}, {}
+        for (topic, p), start in starts.items():
+            if topic in self.stuck:
+                errors[topic] = SinkError(f"topic {topic!r}: partitions [{p}] not read to their end in 60s")
+                continue
+            log = self.logs.get((topic, p), [])
+            if len(log) > start:
+                _k, value, headers = log[-1]
+                out[(topic, p)] = (headers, value is None)
+        return out, errors
+
+
+def many_tables(n: int, first_ts: int, rows: int = 4) -> list[Txn]:
+    """One transaction per table (``n`` tables, a topic each), ``rows`` inserts each."""
+    out = []
+    for i in range(n):
+        schema = TableSchema("app", f"t{i}", ("id", "v"), ("id",))
+        out.append(txn("r1", first_ts + i, *(RowChange(schema, "insert", None, {"id": k, "v": i})
+                                              for k in range(rows))))
+    return out
+
+
+def test_the_topics_of_a_batch_are_read_back_together_not_one_by_one() -> None:
+    """kill -9 restarts with 30 tables: the new sender reads the marks of every topic of its first
+    batch in one read (one consumer for all partitions), not 30 one after the other (~0.5 s each on
+    a real broker: a snapshot killed every few seconds never had a batch acknowledged), and skips
+    exactly what the partitions hold."""
+    first, second = many_tables(30, 1000), many_tables(30, 2000)
+    want = strip(reference(first + second, size=len(first + second)))
+    fk = JointKafka()
+    s = sender(fk)
+    s.send(first)
+    s.send(second[:11])  # the crash: the checkpoint says only `first`... or less
+    s2 = sender(fk)
+    s2.send(first[5:] + second)  # the replay from an older checkpoint
+    assert strip(fk.logs) == want
+    assert s2.marks.skipped > 0 and s2.marks.limits == {}
+    # the first sender read nothing (empty topics: their offsets say so); the second one read the
+    # transaction topic and the 30 tables' topics in one go
+    assert [len(r) for r in fk.joint] == [31], fk.joint
+
+
+def test_one_topic_that_cannot_be_read_back_does_not_hold_the_others() -> None:
+    """A topic whose partitions cannot be read to their end fails the batch (retried) as it did
+    alone, counted for itself only; the others read in the same go learn their marks, and after
+    READ_BACK_GIVE_UP failures the stuck topic alone is written without skipping."""
+    first = many_tables(5, 1000)
+    fk = JointKafka()
+    sender(fk).send(first)
+    fk.stuck = {"capturer.app.t2"}
+    s = sender(fk)
+    for _ in range(ks.READ_BACK_GIVE_UP - 1):
+        with pytest.raises(SinkError, match="t2"):
+            s.send(first)
+        s.open()
+    assert s.read_back_failures == {"capturer.app.t2": ks.READ_BACK_GIVE_UP - 1}
+    before = {tp: len(log) for tp, log in fk.logs.items()}
+    s.send(first)
+    assert s.status()["read_back_given_up"] == ["capturer.app.t2"]
+    grew = {tp[0] for tp, log in fk.logs.items() if len(log) != before.get(tp, 0)}
+    assert grew == {"capturer.app.t2"}, grew  # the others skipped all they held: nothing written twice
+
+
+def test_a_missing_topic_of_the_batch_is_no_error_until_written() -> None:
+    """create_topics = false: a table later in the batch whose topic does not exist does not stop the
+    topics before it (its own error comes when it is written); a TRUNCATE of a table without a topic
+    is not sent, as before."""
+    fk = JointKafka(missing={"capturer.app.t3"})
+    s = sender(fk, create_topics=False, txn_topic="", schema_topic="")
+    trunc = Txn("r1", 999, Position("b", 999), ddl=Ddl("app", "TRUNCATE TABLE t3", "t3"))
+    batch = [trunc, *many_tables(5, 1000)]
+    with pytest.raises(SinkError, match="t3") as e:
+        s.send(batch)
+    assert not e.value.retriable
+    assert {tp[0] for tp in fk.logs} == {f"capturer.app.t{i}" for i in range(3)}
