@@ -632,7 +632,9 @@ class DeltaSender(SparkSender):
         assert ddl is not None
         tdir = self.warehouse / st.name
         fill = []
+        lake.warn_unknown_adds(log, self.name, ddl.db, ddl.table, ddl.sql)
         for col, stype, default in lake.parse_add_columns(ddl.sql):
+            col = lake.column_named(col, st.columns) or col  # (ADD COLUMN IF NOT EXISTS of a column there)
             if col not in st.columns and stype is not None:
                 self.spark.sql(f"ALTER TABLE delta.`{tdir}` ADD COLUMNS ({lake.q(col)} {stype})")
                 st.columns[col] = stype
@@ -647,12 +649,13 @@ class DeltaSender(SparkSender):
         for what, a, b in lake.parse_alter(ddl.sql):
             if what == "rename_table":
                 rename_to = b
+            a = lake.column_named(a, st.columns) or a  # (DROP COLUMN ID drops id, as on the source)
             if what == "drop" and a in st.columns:
                 if a in st.pk:
                     self._cannot(ddl.db, ddl.table, ddl.sql, "DROP of a primary key column")
                 self.spark.sql(f"ALTER TABLE delta.`{tdir}` DROP COLUMN {lake.q(a)}")
                 del st.columns[a]
-            elif what == "rename" and a in st.columns and b not in st.columns:
+            elif what == "rename" and a in st.columns and (b not in st.columns or b.lower() == a.lower()):
                 self.spark.sql(f"ALTER TABLE delta.`{tdir}` RENAME COLUMN {lake.q(a)} TO {lake.q(b)}")
                 st.columns = {(b if c == a else c): t for c, t in st.columns.items()}
                 st.pk = [b if c == a else c for c in st.pk]

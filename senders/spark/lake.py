@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from capturer.model import ColumnInfo
-from capturer.model.ddl import alter_columns, constant_default, split_clauses, string_value
+from capturer.model.ddl import alter_columns, constant_default, split_clauses, string_value, unknown_adds
 from capturer.model.encode import T_BIT, decimal_text, format_timedelta
 from capturer.util.durable import fsync_dir
 from senders.spark.commits import recover_if_idle
@@ -138,6 +138,11 @@ class TableState:
     watermark: int = 0  # every change with _commit_ts <= watermark is in the snapshot
     reset_ts: int = 0  # TRUNCATE / DROP: rows at or below this are gone
     added: dict[str, list[Any]] = field(default_factory=dict)  # column -> [ALTER's commit_ts, default literal]
+    # DROP / RENAME COLUMN: a column -> [[ALTER's commit_ts, the name rows older than it have the column
+    # under, the snapshot generation then], ...] (oldest first); and the names dropped or renamed away
+    # (-> the ALTER's commit_ts), which rows staged again after a crash do not bring back
+    moved: dict[str, list[list[Any]]] = field(default_factory=dict)
+    gone: dict[str, int] = field(default_factory=dict)
     # the RENAME TABLEs that brought this table's directory here: [db, table it was, stream key, pair index]
     renamed_from: list[list[Any]] = field(default_factory=list)
 
@@ -180,16 +185,38 @@ def fsync_tree(d: Path, done: set[str]) -> None:
 
 
 def _cols_sql(cols: list[list[str]], have: set[str] | None = None,
-              added: dict[str, list[Any]] | None = None) -> str:
+              added: dict[str, list[Any]] | None = None, moved: dict[str, list[list[Any]]] | None = None,
+              generation: int | None = None) -> str:
+    """The select list of the state's columns over files that have the columns ``have``: rows older
+    than an ADD COLUMN read its default (``added``), rows older than a RENAME COLUMN read the
+    column under the name they have it (``moved``; for a snapshot of ``generation``, only the
+    renames it was made before: a later one wrote the columns renamed)."""
     out = []
     for name, typ in cols:
         expr = q(name) if have is None or name in have else f"CAST(NULL AS {typ})"
+        branches: list[tuple[int, str]] = []
         if added and name in added and added[name][1] is not None:
             # rows from before the ALTER read the column's default, as on the source
             ts, lit = added[name]
-            expr = f"CASE WHEN _commit_ts < {int(ts)} THEN CAST({lit} AS {typ}) ELSE {expr} END"
+            branches.append((int(ts), f"CAST({lit} AS {typ})"))
+        for ts, old, gen in (moved or {}).get(name, ()):
+            if generation is not None and gen < generation:
+                continue
+            branches.append((int(ts), q(old) if have is None or old in have else f"CAST(NULL AS {typ})"))
+        if branches:
+            expr = ("CASE " + " ".join(f"WHEN _commit_ts < {ts} THEN {e}" for ts, e in sorted(branches))
+                    + f" ELSE {expr} END")
         out.append(expr if expr == q(name) else f"{expr} AS {q(name)}")
     return ", ".join(out)
+
+
+def column_named(name: str, columns: Any) -> str | None:
+    """The column of ``columns`` that is ``name`` (MySQL and Spark compare column names
+    case-insensitively: ``DROP COLUMN ID`` drops ``id``), or None."""
+    names = [c[0] if isinstance(c, (list, tuple)) else c for c in columns]
+    if name in names:
+        return name
+    return next((c for c in names if c.lower() == name.lower()), None)
 
 
 def changes_sql(st: TableState, database: str, include_snapshot: bool, warehouse: Path) -> str:
@@ -198,12 +225,12 @@ def changes_sql(st: TableState, database: str, include_snapshot: bool, warehouse
     meta = [["_op", "string"], ["_commit_ts", "bigint"], ["_region", "string"], ["_seq", "int"], ["_sub", "int"]]
     allc = meta + data_cols
     cl_have = getattr(st, "_cl_cols", None)  # columns the changelog files really have
-    parts = [f"SELECT {_cols_sql(allc, cl_have, st.added)} FROM {q(database)}.{q(st.name + '_changelog')} "
+    parts = [f"SELECT {_cols_sql(allc, cl_have, st.added, st.moved)} FROM {q(database)}.{q(st.name + '_changelog')} "
              f"WHERE _commit_ts > {max(st.watermark, st.reset_ts)}"]
     if include_snapshot and st.generation:
         snap = warehouse / st.name / "snapshots" / f"gen-{st.generation:06d}"
         have = {c[0] for c in st.snapshot_columns} | set(META_COLS)
-        parts.append(f"SELECT {_cols_sql(allc, have, st.added)} FROM parquet.{q(str(snap))} "
+        parts.append(f"SELECT {_cols_sql(allc, have, st.added, st.moved, st.generation)} FROM parquet.{q(str(snap))} "
                      f"WHERE _commit_ts > {st.reset_ts}")
     return " UNION ALL ".join(parts)
 
@@ -357,6 +384,17 @@ def parse_add_columns(sql: str) -> list[tuple[str, str | None, str | None]]:
         default = spark_string(string_value(lit)) if lit is not None and lit.startswith("'") else lit
         out.append((name, _ddl_type(definition), default))
     return out
+
+
+def warn_unknown_adds(log: Any, sender: str, db: str, table: str, sql: str) -> None:
+    """A warning naming the statement and the columns it adds whose values on the rows already there
+    only the source computes (capturer/model/ddl.py ``unknown_adds``: a generated column, a default
+    that is not a constant): the lake has NULL there until those rows change (docs/limits.md)."""
+    cols = unknown_adds(sql)
+    if cols:
+        log.warning("sender %s: %s.%s: the DDL %r adds %s whose values on the rows already there the source "
+                    "computes and the binlog does not carry: the lake has NULL there until those rows change "
+                    "(verify reports them different)", sender, db, table, sql[:300], ", ".join(map(repr, cols)))
 
 
 def parse_alter(sql: str) -> list[tuple[str, str, str]]:

@@ -560,6 +560,8 @@ class SparkSender(Sender):
                 f"({', '.join(lake.META_COLS)}); rename it on the source or exclude the table "
                 "(filter_rule.txt) to use the spark sender", retriable=False)
         known = dict(st.columns)
+        # (a column the stream dropped or renamed away, in rows from before it staged again after a crash)
+        columns = [[c, t] for c, t in columns if c in known or c not in st.gone]
         pair = name_clash([*known, *(c for c, _ in columns if c not in known)])
         if pair is not None:
             raise SinkError(lake.case_clash_error(schema.db, schema.table, pair), retriable=False)
@@ -698,6 +700,7 @@ class SparkSender(Sender):
         head = clean(ddl.sql).upper()
         if ddl.table and head.startswith("ALTER"):
             self._add_columns(txn)
+            self._drop_rename_columns(txn)
         if head.startswith("DROP"):
             # every table of the statement (DROP TABLE a, b), or of the database (DROP DATABASE)
             for db, table in dropped_tables(ddl.sql, ddl.session_db or ddl.db):
@@ -778,19 +781,62 @@ class SparkSender(Sender):
         added = lake.parse_add_columns(ddl.sql)
         if not added:
             return
+        lake.warn_unknown_adds(log, self.name, ddl.db, ddl.table, ddl.sql)
         st = self.tables.get((ddl.db, ddl.table)) or lake.TableState.load(
             self.warehouse / lake.table_name(ddl.db, ddl.table))
         if st is None:
             return  # no rows yet: nothing older to fill in
         self.tables[(ddl.db, ddl.table)] = st
-        known = {c for c, _ in st.columns}
         for col, stype, default in added:
-            if col in known:
-                continue
-            if default is not None and default.upper() != "NULL":
+            if lake.column_named(col, st.columns) is not None:
+                continue  # (ADD COLUMN IF NOT EXISTS of a column there)
+            if col in st.gone:  # added again: its older values are the dropped column's, never this one's
+                del st.gone[col]
+                st.added[col] = [txn.commit_ts, default or "NULL"]
+            elif default is not None and default.upper() != "NULL":
                 st.added[col] = [txn.commit_ts, default]
             if stype is not None:
                 st.columns.append([col, stype])
+        st.save(self.warehouse / st.name)
+        st._dirty = True  # type: ignore[attr-defined]
+
+    def _drop_rename_columns(self, txn: Txn) -> None:
+        """DROP COLUMN: the column leaves the table's state (its values stay in the changelog files,
+        read by no view); RENAME COLUMN (CHANGE to another name): rows older than the ALTER read the
+        column under its old name (``TableState.moved``). Names matched regardless of case, as the
+        source matches them. A replay finds the work done."""
+        ddl = txn.ddl
+        assert ddl is not None
+        changes = [c for c in lake.parse_alter(ddl.sql) if c[0] in ("drop", "rename")]
+        if not changes:
+            return
+        st = self.tables.get((ddl.db, ddl.table)) or lake.TableState.load(
+            self.warehouse / lake.table_name(ddl.db, ddl.table))
+        if st is None:
+            return  # no rows yet: the table starts with the columns of its first rows
+        self.tables[(ddl.db, ddl.table)] = st
+        ts = txn.commit_ts
+        for what, a, b in changes:
+            have = lake.column_named(a, st.columns)
+            if have is None:
+                continue
+            if what == "drop":
+                if have in st.pk:
+                    raise SinkError(f"lake table {self.database}.{st.name} ({ddl.db}.{ddl.table}): the DDL "
+                                    f"{ddl.sql[:300]!r} drops its primary-key column {have!r}, which the lake cannot "
+                                    "follow (its rows are kept by that key)", retriable=False)
+                st.columns = [c for c in st.columns if c[0] != have]
+                st.added.pop(have, None)
+                st.moved.pop(have, None)
+                st.gone[have] = ts
+            elif lake.column_named(b, st.columns) is None or b.lower() == have.lower():
+                st.columns = [[b if c == have else c, t] for c, t in st.columns]
+                st.pk = [b if c == have else c for c in st.pk]
+                if have in st.added:
+                    st.added[b] = st.added.pop(have)
+                st.moved[b] = [*st.moved.pop(have, []), [ts, have, st.generation]]
+                st.gone[have] = ts
+                st.gone.pop(b, None)
         st.save(self.warehouse / st.name)
         st._dirty = True  # type: ignore[attr-defined]
 
