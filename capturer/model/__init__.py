@@ -162,6 +162,27 @@ class SnapshotMark:
         return {"run": self.run, "chunk": self.chunk, "last": self.last}
 
 
+@dataclass(frozen=True)
+class ChunkMark(SnapshotMark):
+    """The snapshot mark of a chunk's rows, with its table and the binlog position P
+    it was read at (rows of two chunks, or a chunk read again after a crash, can be
+    told apart and placed: P <= the transaction's position). The regions' snapshot
+    engine makes it (capturer/regions/snapshot.py ``chunk_mark``); the wire format
+    carries it whole (the backlog, sender processes, agents)."""
+
+    db: str = ""
+    table: str = ""
+    read_at: Any = None  # Position; LsnPosition (without the progress it carries)
+
+    def to_json(self) -> dict[str, Any]:
+        d = super().to_json()
+        d["db"], d["table"] = self.db, self.table
+        if self.read_at is not None:
+            r = self.read_at
+            d["read_at"] = {"file": r.file, "pos": r.pos} if isinstance(r, Position) else r.to_json()
+        return d
+
+
 @dataclass(frozen=True, order=True)
 class Position:
     """A resume point in a MySQL/MariaDB binlog: the byte offset *after* a transaction.

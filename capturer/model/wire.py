@@ -5,7 +5,8 @@ A batch's ``items`` is a concatenation of msgpack values, read in order:
 * ``["s", sid, db, table, columns, pk, unique_keys, column_types, column_info]``: a
   table schema, sent once per stream before the first row that uses it.
 * ``["t", commit_ts, position, source_ts, gtid, ddl, snapshot, nrows, rows]``: a
-  transaction. ``rows`` holds its first row changes; when it holds fewer than
+  transaction (``snapshot``: nil, ``[run, chunk, last]``, or a chunk's ``[run, chunk, last,
+  db, table, read_at]``). ``rows`` holds its first row changes; when it holds fewer than
   ``nrows``, ``["c", rows]`` values follow (in this batch or the next ones) until
   ``nrows`` are read: a big transaction never makes one big message.
 * ``["h", commit_ts, position]``: a heartbeat.
@@ -33,6 +34,7 @@ from typing import Any
 import msgpack
 
 from capturer.model import (
+    ChunkMark,
     ColumnInfo,
     Ddl,
     Heartbeat,
@@ -230,7 +232,9 @@ class Encoder:
         ddl = item.ddl
         d = None if ddl is None else [ddl.db, ddl.sql, ddl.table, ddl.session_db, ddl.seq]
         m = item.snapshot
-        snap = None if m is None else [m.run, m.chunk, m.last]
+        # a chunk's mark with its table and the position it was read at (what the file's and Kafka's lines show)
+        snap = None if m is None else [m.run, m.chunk, m.last] if not isinstance(m, ChunkMark) else \
+            [m.run, m.chunk, m.last, m.db, m.table, position_json(m.read_at)]
         changes = item.changes
         n = len(changes)
         chunks = changes.chunks() if hasattr(changes, "chunks") else \
@@ -310,10 +314,19 @@ class Decoder:
             fields = {"region": self.region, "commit_ts": int(commit_ts), "position": self._position(pos),
                       "source_ts": int(source_ts), "gtid": str(gtid),
                       "ddl": None if d is None else Ddl(d[0], d[1], d[2], d[3], int(d[4])),
-                      "snapshot": None if snap is None else SnapshotMark(str(snap[0]), int(snap[1]), bool(snap[2]))}
+                      "snapshot": self._mark(snap)}
             return fields, int(n)
         except (TypeError, ValueError, IndexError) as exc:
             raise WireError(f"bad transaction header: {exc!r}") from None
+
+    def _mark(self, snap: Any) -> SnapshotMark | None:
+        """A snapshot mark: [run, chunk, last], or a chunk's [run, chunk, last, db, table, read_at]."""
+        if snap is None:
+            return None
+        if len(snap) >= 6:
+            return ChunkMark(str(snap[0]), int(snap[1]), bool(snap[2]), str(snap[3]), str(snap[4]),
+                             read_position(snap[5]))
+        return SnapshotMark(str(snap[0]), int(snap[1]), bool(snap[2]))
 
     def _position(self, d: Any) -> Any:
         """``read_position(d)``; with ``reuse_positions``, the same object again for the same value

@@ -21,7 +21,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol
 
 from capturer.errors import FatalSourceError, SourceError
-from capturer.model import Position, SnapshotMark, TableProgress
+from capturer.model import ChunkMark, Position, SnapshotMark, TableProgress
 from capturer.regions.snapshot_plan import KEY_SIG, Chunk, TablePlan, key_matches, split_key
 from capturer.util import failpoints
 
@@ -586,25 +586,6 @@ class Snapshotter:
         self.stop.set()
         for t in self.threads:
             t.join(2)
-
-
-@dataclass(frozen=True)
-class ChunkMark(SnapshotMark):
-    """The snapshot mark of a chunk's rows, with its table and the binlog position P
-    it was read at (rows of two chunks, or a chunk read again after a crash, can be
-    told apart and placed: P <= the transaction's position)."""
-
-    db: str = ""
-    table: str = ""
-    read_at: Any = None  # Position; LsnPosition (without the progress it carries)
-
-    def to_json(self) -> dict[str, Any]:
-        d = super().to_json()
-        d["db"], d["table"] = self.db, self.table
-        if self.read_at is not None:
-            r = self.read_at
-            d["read_at"] = {"file": r.file, "pos": r.pos} if isinstance(r, Position) else r.to_json()
-        return d
 
 
 def chunk_mark(chunk: Chunk) -> SnapshotMark:

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import CapturerProcess, checkpoint_covers, shared_broker, start_servers, wait_for
+from helpers import CapturerProcess, checkpoint_covers, consume_all, shared_broker, start_servers, wait_for
 
 from devtools.local_mariadb import MariaDBInstance, free_port
 from integration.test_verify import by_table, run_verify, write_config
@@ -503,3 +503,106 @@ def _select_all(srv: MariaDBInstance, table: str) -> list[tuple[Any, ...]]:
             return list(cur.fetchall())
     finally:
         conn.close()
+
+
+class PurePython(CapturerProcess):
+    """The capturer without its C extension (``capturer._fastrows`` cannot be imported): every
+    value decoded, encoded and written by the Python specifications of the C paths."""
+
+    def start(self) -> CapturerProcess:
+        import os
+        import subprocess
+        import sys
+
+        from helpers import LIVE_PROCESSES, ROOT
+
+        self._ready_before = self._ready_count()
+        code = ("import runpy, sys; sys.modules['capturer._fastrows'] = None; "
+                f"sys.argv = ['capturer', '--config', {str(self.cfg)!r}]; "
+                "runpy.run_module('capturer', run_name='__main__', alter_sys=True)")
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen([sys.executable, "-c", code], stdout=out, stderr=subprocess.STDOUT,
+                                         env=dict(os.environ, PYTHONPATH=str(ROOT)), cwd=str(ROOT))
+        LIVE_PROCESSES.append(self.proc)
+        return self
+
+
+# the only fields two capturers of one source differ in: the commit_ts each one's clock gives (Kafka's json
+# messages also name their transaction by it), the time a snapshot read a row and a Kafka message was made,
+# the snapshot's run id
+_VOLATILE = re.compile(rb'"(?:commit_ts|source_ts|ts_ms)": ?\d+,? ?|"id": ?"r1:\d+",? ?|"run": ?"[0-9a-f]+",? ?')
+
+
+def test_c_paths_write_the_texts_the_python_paths_write(tmp_path: Path) -> None:
+    """Two capturers read one source of every type at its limits, keys of those types, key changes
+    and deletes, its first rows by a snapshot: one with the C extension (its senders in processes of
+    their own, paused behind a small window: their rows come back from the backlog and over the wire
+    format), one without it (every value through the Python specifications of the C paths). Their
+    files are the same text line by line, and so are their Kafka json messages (keys and values), but
+    for the commit_ts each capturer's clock gives (and the time each Kafka message was made)."""
+    (m,) = start_servers(tmp_path, 1)
+    broker = shared_broker()
+    caps: list[CapturerProcess] = []
+    url = ""
+    try:
+        m.execute("SET GLOBAL sql_mode = ''", "CREATE DATABASE d", *ZOO)
+        _zoo_load(m, range(6))
+        m.execute(*KEYED)
+        for name, cls, extra, proc in (("c", CapturerProcess, "queueRows=4\ncontrolToken=t0ken-edges\n", "process=true\n"),
+                                       ("py", PurePython, "", "")):
+            d = tmp_path / name
+            d.mkdir()
+            (d / "senderConfig.cfg").write_text(
+                "[global]\ntype=local,kafka\n"
+                f"[local]\nfilepath={d / 'changes.jsonl'}\n{proc}"
+                f"[kafka]\nservers={broker.servers}\nclient=confluent\ntopic={name}.{{db}}.{{table}}\n"
+                f"schema_topic={name}.schema\n{proc}")
+            region = (f"\n[region:r1]\ntype=mysql\nhost=127.0.0.1\nport={m.port}\nuser=capturer\npassword=capturer\n"
+                      f"server_id={810 + len(caps)}\nheartbeat_ms=200\nsnapshot=initial\n")
+            port = free_port()
+            url = url or f"http://127.0.0.1:{port}"
+            caps.append(cls(write_config(d, region, port, extra), d / "capturer.log").start())
+        for name, cap in zip(("c", "py"), caps):
+            cap.wait_ready()
+            wait_for(lambda name=name: _snapshot_done(tmp_path / name), 120, f"capturer {name}'s snapshot")
+        for s in ("local", "kafka"):
+            _post(url, f"/senders/{s}/pause")
+        _zoo_load(m, range(6, 16))
+        m.execute("SET SESSION sql_mode = ''", *CHANGES)
+        wait_for(lambda: all(_status(url)["senders"][s]["backlog_bytes"] > 0 for s in ("local", "kafka")), 120,
+                 "the paused senders to be behind the window")
+        for s in ("local", "kafka"):
+            _post(url, f"/senders/{s}/resume")
+        for name in ("c", "py"):
+            wait_for(lambda name=name: checkpoint_covers(tmp_path / name, [m]), 180, f"capturer {name} to have every change")
+        st = _status(url)["senders"]
+        assert all(st[s]["read_from_backlog"] > 0 for s in ("local", "kafka")), st
+        for name, cap in zip(("c", "py"), caps):
+            _stopped_cleanly(cap, tmp_path / name)
+        files = [[_VOLATILE.sub(b"", line) for line in (tmp_path / n / "changes.jsonl").read_bytes().splitlines()]
+                 for n in ("c", "py")]
+        assert len(files[0]) == len(files[1]) > 90
+        # the binlog's changes in order; the snapshot's tables (copied side by side) in any order
+        binlog = [[line for line in f if re.search(rb'"op": "(?:insert|update|delete)"', line)] for f in files]
+        diffs = [(a, b) for a, b in zip(*binlog) if a != b] + [(a, b) for a, b in zip(*map(sorted, files)) if a != b]
+        assert len(binlog[0]) > 60 and not diffs, [_where(a, b) for a, b in diffs[:4]]
+        msgs: dict[str, dict[str, list[tuple[bytes, bytes]]]] = {"c": {}, "py": {}}
+        for r in consume_all(broker.servers):
+            name, _, rest = r.topic.partition(".")
+            msgs[name].setdefault(f"{rest}/{r.partition}", []).append((r.key or b"", _VOLATILE.sub(b"", r.value or b"")))
+        assert msgs["c"].keys() == msgs["py"].keys() and len(msgs["c"]) > 5, (msgs["c"].keys(), msgs["py"].keys())
+        kdiffs = [(t, a, b) for t in msgs["c"] for a, b in zip(msgs["c"][t], msgs["py"][t]) if a != b]
+        assert not kdiffs and all(len(msgs["c"][t]) == len(msgs["py"][t]) for t in msgs["c"]), [
+            (t, _where(a[0], b[0]), _where(a[1], b[1])) for t, a, b in kdiffs[:4]]
+    finally:
+        for cap in caps:
+            if cap.proc is not None and cap.proc.poll() is None:
+                cap.proc.kill()
+        broker.kill()
+        m.stop()
+
+
+def _where(a: bytes, b: bytes) -> str:
+    """Where two texts part: the text before, and each one's from there."""
+    i = next((k for k in range(min(len(a), len(b))) if a[k] != b[k]), min(len(a), len(b)))
+    return f"...{a[max(0, i - 60):i]!r} C: {a[i:i + 80]!r} Python: {b[i:i + 80]!r}"

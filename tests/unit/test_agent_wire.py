@@ -11,6 +11,7 @@ import threading
 import pytest
 
 from capturer.model import (
+    ChunkMark,
     ColumnInfo,
     Ddl,
     Heartbeat,
@@ -88,6 +89,24 @@ def test_transactions_heartbeats_and_images_with_other_columns() -> None:
     assert t2.ddl == Ddl("db", "ALTER TABLE t ADD c INT", "t", "db", -1) and t2.changes == ()
     assert t2.position == TsPosition(99, ((7, 120),), 3)
     assert hb1.position == TsPosition(120, (), 3)
+
+
+def test_a_chunks_snapshot_mark_keeps_its_table_and_read_position() -> None:
+    """A snapshot chunk's mark (run, chunk, last, db, table, read_at: what the file's ``snapshot`` and Kafka's
+    ``snapshot_chunk`` show) arrives whole through the wire format: the backlog, sender processes and agents
+    carried only (run, chunk, last) until 2026-11-29, so a file sender with process=true, or one reading the
+    backlog, wrote lines without db, table and read_at."""
+    from capturer.model import LsnPosition
+
+    marks = [ChunkMark("run1", 3, True, "d`b", "t.1", Position("b.000001", 120)),
+             ChunkMark("run2", 0, False, "public", "t", LsnPosition(0x16B3748)), ChunkMark("run3", 1, False, "d", "t")]
+    items = [Txn("r", 5 + i, Position("b.000001", 200), (RowChange(S, "read", None, {"id": 1, "v": "x", "w": None}),),
+                 snapshot=m) for i, m in enumerate(marks)]
+    got = roundtrip(items)
+    assert [t.snapshot for t in got] == marks
+    assert [t.snapshot.to_json() for t in got] == [m.to_json() for m in marks]
+    assert got[0].snapshot.to_json() == {"run": "run1", "chunk": 3, "last": True, "db": "d`b", "table": "t.1",
+                                         "read_at": {"file": "b.000001", "pos": 120}}
 
 
 def test_big_transaction_in_chunks_and_spilled_on_arrival() -> None:
