@@ -829,7 +829,14 @@ class SparkSender(Sender):
                 st.added.pop(have, None)
                 st.moved.pop(have, None)
                 st.gone[have] = ts
-            elif lake.column_named(b, st.columns) is None or b.lower() == have.lower():
+            elif b.lower() == have.lower():
+                if b != have:  # (Spark reads the files' columns case-insensitively: "ex" and "EX" are one)
+                    raise SinkError(f"lake table {self.database}.{st.name} ({ddl.db}.{ddl.table}): the DDL "
+                                    f"{ddl.sql[:300]!r} renames column {have!r} to {b!r}, a change of case only, "
+                                    "which the Parquet changelog cannot follow (Spark compares its files' column "
+                                    "names case-insensitively); table_format=delta can, or move the table's "
+                                    "directory aside and copy the table again", retriable=False)
+            elif lake.column_named(b, st.columns) is None:
                 st.columns = [[b if c == have else c, t] for c, t in st.columns]
                 st.pk = [b if c == have else c for c in st.pk]
                 if have in st.added:

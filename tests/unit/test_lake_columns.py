@@ -92,3 +92,14 @@ def test_an_added_column_only_the_source_computes_is_named_in_a_warning(tmp_path
     with caplog.at_level("WARNING"):
         _alter(s, 100, "ADD COLUMN `g (1)` INT AS (`Id` * 2) STORED, ADD d INT DEFAULT 4")
     assert "'g (1)'" in caplog.text and "ADD COLUMN `g (1)`" in caplog.text and "'d'" not in caplog.text
+
+
+def test_a_rename_of_case_only_stops_the_changelog_lake_naming_it(tmp_path: Path) -> None:
+    """CHANGE ex EX: the Parquet changelog's files would hold "ex" and "EX", which Spark reads as one column (the
+    rows written after it read NULL there: a silent difference). It stops, naming the table and the DDL."""
+    s = _sender(tmp_path)
+    s._state_for(TableSchema(DB, TABLE, ("Id", "ex"), ("Id",)), [["Id", "bigint"], ["ex", "bigint"]])
+    with pytest.raises(SinkError, match=r"CHANGE ex EX INT.*renames column 'ex' to 'EX'") as e:
+        _alter(s, 100, "CHANGE ex EX INT")
+    assert not e.value.retriable
+    _alter(s, 101, "CHANGE ex ex BIGINT")  # (the same name: a type change, no rename)
