@@ -422,7 +422,7 @@ def _status(url: str) -> dict[str, Any]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["process"])
+@pytest.mark.parametrize("mode", ["process", "protobuf-delta"])
 def test_every_type_through_sender_processes_and_the_backlog(tmp_path: Path, mode: str) -> None:
     """Every MariaDB type at its limits (integers, DECIMAL(65,30) max/min/-0/tiny, DECIMAL(1,1),
     float subnormals, BIT, YEAR, zero and extreme dates, TIME +/-838:59:59.999999, ENUM/SET with
@@ -431,9 +431,12 @@ def test_every_type_through_sender_processes_and_the_backlog(tmp_path: Path, mod
     and keys of DECIMAL, DATETIME(6), VARBINARY and a composite key in another order than the
     columns, with inserts, updates of every column, key changes and deletes: every sender paused
     behind a small window, so each reads every change back from the backlog on disk; ``process``:
-    every sender in a process of its own (the wire format both ways). The file, the MySQL target,
-    Kafka and the lake each equal the source (verify), and the target value by value."""
+    every sender in a process of its own (the wire format both ways); ``protobuf-delta``: senders in
+    the capturer's process, Kafka's protobuf format and Delta tables. The file, the MySQL target, Kafka
+    and the lake each equal the source (verify), and the target value by value."""
     proc = "process=true\n" if mode == "process" else ""
+    kafka = "format=protobuf\n" if mode == "protobuf-delta" else ""
+    lake = _lake("delta") if mode == "protobuf-delta" else "writer=arrow\n"
     (m,) = start_servers(tmp_path, 1)
     target = MariaDBInstance(tmp_path / "target", server_id=99, binlog=False).start()
     broker = shared_broker()
@@ -449,9 +452,9 @@ def test_every_type_through_sender_processes_and_the_backlog(tmp_path: Path, mod
             "[global]\ntype=local,mysql,kafka,spark\n"
             f"[local]\nfilepath={tmp_path / 'out' / 'changes.jsonl'}\n{proc}"
             f"[mysql]\nhost=127.0.0.1\nport={target.port}\nuser=root\npassword=\nthreadnum=2\n{proc}"
-            f"[kafka]\nservers={broker.servers}\nclient=confluent\n{proc}"
+            f"[kafka]\nservers={broker.servers}\nclient=confluent\n{proc}{kafka}"
             # (the window is at least twice the lake's batch_rows: 20 rows, of the ~150 row changes)
-            f"[spark]\nwarehouse={tmp_path / 'wh'}\nwriter=arrow\nbatch_interval=1\nbatch_rows=10\n"
+            f"[spark]\nwarehouse={tmp_path / 'wh'}\n{lake}batch_interval=1\nbatch_rows=10\n"
             f"compaction_interval=0\nmaster=local[1]\n{proc}")
         region = (f"\n[region:r1]\ntype=mysql\nhost=127.0.0.1\nport={m.port}\nuser=capturer\npassword=capturer\n"
                   "server_id=800\nheartbeat_ms=200\nsnapshot=initial\n")
