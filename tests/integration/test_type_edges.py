@@ -543,12 +543,17 @@ def test_c_paths_write_the_texts_the_python_paths_write(tmp_path: Path) -> None:
     their own, paused behind a small window: their rows come back from the backlog and over the wire
     format), one without it (every value through the Python specifications of the C paths). Their
     files are the same text line by line, and so are their Kafka json messages (keys and values), but
-    for the commit_ts each capturer's clock gives (and the time each Kafka message was made)."""
+    for the commit_ts each capturer's clock gives (and the time each Kafka message was made); their lakes
+    hold the same Arrow changelog and their MySQL targets the same rows."""
     (m,) = start_servers(tmp_path, 1)
+    targets = {n: MariaDBInstance(tmp_path / f"target-{n}", server_id=90 + i, binlog=False).start()
+               for i, n in enumerate(("c", "py"))}
     broker = shared_broker()
     caps: list[CapturerProcess] = []
     url = ""
     try:
+        for t in targets.values():  # (see test_every_type_through_sender_processes_and_the_backlog)
+            t.execute("SET GLOBAL sql_mode = ''", "CREATE DATABASE d", ZOO[0])
         m.execute("SET GLOBAL sql_mode = ''", "CREATE DATABASE d", *ZOO)
         _zoo_load(m, range(6))
         m.execute(*KEYED)
@@ -557,8 +562,9 @@ def test_c_paths_write_the_texts_the_python_paths_write(tmp_path: Path) -> None:
             d = tmp_path / name
             d.mkdir()
             (d / "senderConfig.cfg").write_text(
-                "[global]\ntype=local,kafka,spark\n"
+                "[global]\ntype=local,kafka,spark,mysql\n"
                 f"[local]\nfilepath={d / 'changes.jsonl'}\n{proc}"
+                f"[mysql]\nhost=127.0.0.1\nport={targets[name].port}\nuser=root\npassword=\nthreadnum=2\n{proc}"
                 f"[kafka]\nservers={broker.servers}\nclient=confluent\ntopic={name}.{{db}}.{{table}}\n"
                 f"schema_topic={name}.schema\n{proc}"
                 f"[spark]\nwarehouse={d / 'wh'}\nwriter=arrow\nbatch_interval=1\nbatch_rows=2\n"
@@ -571,13 +577,13 @@ def test_c_paths_write_the_texts_the_python_paths_write(tmp_path: Path) -> None:
         for name, cap in zip(("c", "py"), caps):
             cap.wait_ready()
             wait_for(lambda name=name: _snapshot_done(tmp_path / name), 120, f"capturer {name}'s snapshot")
-        for s in ("local", "kafka", "spark"):
+        for s in ("local", "kafka", "spark", "mysql"):
             _post(url, f"/senders/{s}/pause")
         _zoo_load(m, range(6, 16))
         m.execute("SET SESSION sql_mode = ''", *CHANGES)
-        wait_for(lambda: all(_status(url)["senders"][s]["backlog_bytes"] > 0 for s in ("local", "kafka", "spark")),
+        wait_for(lambda: all(_status(url)["senders"][s]["backlog_bytes"] > 0 for s in ("local", "kafka", "spark", "mysql")),
                  120, "the paused senders to be behind the window")
-        for s in ("local", "kafka", "spark"):
+        for s in ("local", "kafka", "spark", "mysql"):
             _post(url, f"/senders/{s}/resume")
         for name in ("c", "py"):
             wait_for(lambda name=name: checkpoint_covers(tmp_path / name, [m]), 180, f"capturer {name} to have every change")
@@ -607,6 +613,9 @@ def test_c_paths_write_the_texts_the_python_paths_write(tmp_path: Path) -> None:
         kdiffs = [(t, a, b) for t in msgs["c"] for a, b in zip(msgs["c"][t], msgs["py"][t]) if a != b]
         assert not kdiffs and all(len(msgs["c"][t]) == len(msgs["py"][t]) for t in msgs["c"]), [
             (t, _where(a[0], b[0]), _where(a[1], b[1])) for t, a, b in kdiffs[:4]]
+        for t in ("d.zoo", "d.kdec", "d.kdt", "d.kvb", "d.kcomp"):  # the targets: the same values (SQL made by sql.c)
+            got = [_select_all(targets[n], t) for n in ("c", "py")]
+            assert len(got[0]) >= 3 and got[0] == got[1], (t, [(a, b) for a, b in zip(*got) if a != b][:2])
         lakes = [_lake_changes(tmp_path / n / "wh") for n in ("c", "py")]
         assert lakes[0].keys() == lakes[1].keys() == {"d__zoo", "d__kdec", "d__kdt", "d__kvb", "d__kcomp"}, lakes[0].keys()
         for t in lakes[0]:
@@ -618,7 +627,8 @@ def test_c_paths_write_the_texts_the_python_paths_write(tmp_path: Path) -> None:
             if cap.proc is not None and cap.proc.poll() is None:
                 cap.proc.kill()
         broker.kill()
-        m.stop()
+        for srv in (m, *targets.values()):
+            srv.stop()
 
 
 def _where(a: bytes, b: bytes) -> str:
