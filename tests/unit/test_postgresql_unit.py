@@ -171,6 +171,14 @@ def test_align_attnums_from_a_catalog_newer_than_the_message() -> None:
             (4, "v", False, T.TEXT)]
     assert align_attnums(_cols("id", "v", "w"), cat3) == (1, 2, 3)
     assert align_attnums(_cols("id", "w", "v"), cat3) == (1, 3, 4)
+    # sent between DROP/ADD c and DROP/ADD b, read after both: both ways place three; the definition before
+    # (b at 3) keeps b where it was and agrees more (before: b at the new b's 6, its DROP and ADD too early)
+    cat4 = [(1, "id", False, T.INT4), (2, "a", False, T.TEXT), (3, "........pg.dropped.3........", True, 0),
+            (4, "........pg.dropped.4........", True, 0), (5, "c", False, T.TEXT), (6, "b", False, T.TEXT)]
+    known = RelDef(1, "s", "t", "d", _cols("id", "a", "b", "c"), ("id",), (), (1, 2, 3, 4))
+    assert align_attnums(_cols("id", "a", "b", "c"), cat4) == (1, 2, 6, 0)
+    assert align_attnums(_cols("id", "a", "b", "c"), cat4, known) == (1, 2, 3, 5)
+    assert align_attnums(_cols("id", "a", "c", "b"), cat4, known) == (1, 2, 5, 6)
 
 
 def test_same_shape_tells_a_column_dropped_and_added_under_its_name() -> None:

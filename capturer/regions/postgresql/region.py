@@ -283,7 +283,9 @@ class PostgresRegion(SnapshotHostMixin, ClockedRegion):
         # (generated columns: never in a relation message, as if they were not there)
         catalog = self._query("SELECT attnum, attname::text, attisdropped, atttypid FROM pg_attribute "
                               "WHERE attrelid = %s AND attnum > 0 AND attgenerated = '' ORDER BY attnum", (m.relid,))
-        attnums = align_attnums(m.columns, [(int(n), str(a), bool(d), int(t)) for n, a, d, t in catalog])
+        # (the definition before: what it was aligned to, closer to the message's time, decides between alignments)
+        attnums = align_attnums(m.columns, [(int(n), str(a), bool(d), int(t)) for n, a, d, t in catalog],
+                                self.rels_known.get(m.relid))
         rel = RelDef(m.relid, m.namespace, m.name, m.replident, base_columns(self._query, m.columns), pk, uks,
                      attnums)
         if uks and m.replident != "f" and (rel.db, rel.table) not in self._warned:

@@ -125,7 +125,8 @@ def base_columns(query: Any, columns: tuple[po.Column, ...]) -> tuple[po.Column,
                  for c, t in zip(columns, got))
 
 
-def align_attnums(columns: tuple[po.Column, ...], catalog: list[tuple[int, str, bool, int]]) -> tuple[int, ...]:
+def align_attnums(columns: tuple[po.Column, ...], catalog: list[tuple[int, str, bool, int]],
+                  known: RelDef | None = None) -> tuple[int, ...]:
     """The attnum of each of a relation message's ``columns`` (0 where it cannot be told), from
     the catalog as it is now: ``(attnum, name, dropped, type oid)`` of every attribute, in attnum
     order. The message is older than the catalog: a column may have been renamed or dropped since,
@@ -133,14 +134,43 @@ def align_attnums(columns: tuple[po.Column, ...], catalog: list[tuple[int, str, 
     the attributes alive when it was sent, in attnum order: a name alive now is that column; the
     columns between two such are the attributes between them (dropped or renamed since) when
     their number says which; after the last one, the first attributes alive now of the same types
-    when no dropped attribute lies among them."""
+    when no dropped attribute lies among them.
+
+    ``known``: the table's definition before this message (its attnums as they were aligned then,
+    closer to the message's time). It breaks a tie between two alignments, and a column left unknown
+    keeps its attnum there when that attribute is dropped now or still has its name, in order: under
+    DDL the catalog is often newer than the message by more than one change (a message sent between
+    ``DROP/ADD COLUMN c`` and ``DROP/ADD COLUMN b``, read after both: b's name alive now is the new b)."""
     live = {name: (num, typ) for num, name, dropped, typ in catalog if not dropped}
+    before = {c.name: n for c, n in zip(known.columns, known.attnums) if n} if known is not None else {}
     # the anchors (names alive now, in increasing attnum order) taken from the first column on and from the
     # last one back: where they differ (a column dropped and added again under its name since the message:
     # its name alive now comes after columns that came after it then), the one that places more columns
-    ways = [_aligned(columns, catalog, _anchors(columns, live, False)),
-            _aligned(columns, catalog, _anchors(columns, live, True))]
-    return max(ways, key=lambda w: sum(1 for n in w if n))  # (a tie: the first, from the first column on)
+    # (a tie: the one agreeing with ``known`` on more columns, else the first, from the first column on)
+    ways = [_kept(columns, catalog, _aligned(columns, catalog, _anchors(columns, live, backward)), before)
+            for backward in (False, True)]
+    return max(ways, key=lambda w: (sum(1 for n in w if n),
+                                    sum(1 for c, n in zip(columns, w) if n and before.get(c.name) == n)))
+
+
+def _kept(columns: tuple[po.Column, ...], catalog: list[tuple[int, str, bool, int]], got: tuple[int, ...],
+          before: dict[str, int]) -> tuple[int, ...]:
+    """``got`` with each column it left unknown at its attnum in the definition before (``before``: name ->
+    attnum) where that attribute is dropped now or still has the column's name and type, in order."""
+    out = list(got)
+    if not before or all(out):
+        return got
+    by_num = {a[0]: a for a in catalog}
+    for i, c in enumerate(columns):
+        n = before.get(c.name, 0)
+        a = by_num.get(n)
+        if out[i] or a is None or n in out or not (a[2] or (a[1] == c.name and a[3] == c.type_oid)):
+            continue
+        lo = max((x for x in out[:i] if x), default=0)
+        hi = min((x for x in out[i + 1:] if x), default=1 << 31)
+        if lo < n < hi:
+            out[i] = n
+    return tuple(out)
 
 
 def _anchors(columns: tuple[po.Column, ...], live: dict[str, tuple[int, int]], backward: bool) -> list[int]:
