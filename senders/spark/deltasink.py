@@ -200,7 +200,8 @@ class DeltaSender(SparkSender):
         if not self._commits.lock():  # (the changelog format's lock: one writer per warehouse, either format)
             raise SinkError(f"the lake {self.warehouse} is being written by another process (pid "
                             f"{self._commits.holder()}: another capturer, or this sender's previous process "
-                            "still exiting); waiting for it")
+                            "still exiting); waiting for it", poll=0.2)  # (as the file's lock: freed at once
+            # when its writer stops; a takeover must not then sit in a growing back-off)
         try:
             self._closed = False
             try:

@@ -328,7 +328,8 @@ class SparkSender(Sender):
         if not self._commits.lock():
             raise SinkError(f"the lake {self.warehouse} is being written by another process (pid "
                             f"{self._commits.holder()}: another capturer, or this sender's previous process "
-                            "still exiting); waiting for it")
+                            "still exiting); waiting for it", poll=0.2)  # (as the file's lock: freed at once
+            # when its writer stops; a takeover must not then sit in a growing back-off)
         try:
             self._recover()
         except BaseException:

@@ -280,3 +280,32 @@ def test_the_sender_loop_runs_housekeeping_between_batches_and_while_idle() -> N
     assert s.got == [4] and s.state == "running"
     m.stop()
     m.join()
+
+
+def test_the_lakes_lock_held_by_another_writer_is_polled_as_the_files(tmp_path: Path) -> None:
+    """High availability: a new active's lake sender waits for the deposed capturer's lock (a frozen
+    capturer on the same machine holds it until it runs again and steps down). The lock is freed at
+    once then, so the wait is a poll every 0.2 s, as the file sender's; before, it was the growing
+    back-off of other errors (a takeover's lake waited up to 10 s more after the lock was free)."""
+    import pytest
+
+    from capturer import config
+    from senders import CATALOG
+    from senders.spark.commits import CommitLog
+    from senders.spark.sender import SparkSender
+
+    p = tmp_path / "s.cfg"
+    p.write_text(f"[global]\ntype=spark\n[spark]\nwarehouse={tmp_path / 'wh'}\nwriter=arrow\ncompaction_interval=0\n")
+    (sc,) = config.load_sender_config(p, CATALOG)
+    other = CommitLog(tmp_path / "wh")
+    assert other.lock()  # another writer (a descriptor of its own: flock excludes it as another process)
+    try:
+        s = SparkSender("spark", sc.options)
+        with pytest.raises(SinkError) as ei:
+            s.open()
+        assert "being written by another process" in str(ei.value) and ei.value.retriable
+        assert ei.value.poll == 0.2
+    finally:
+        other.unlock()
+    s.open()  # free: it opens at once
+    s.close()
