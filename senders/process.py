@@ -44,7 +44,16 @@ holds, shows in the capturer's /status while it waits). The
 open message carries the checkpoint's ``resume_state`` (a seventh element) and the
 sender's name when it is not its type (an eighth: an applier's ``<name>.mysql``); the
 extras of its answer hold ``resume_key``, those of a batch's answer the sender's
-``position_state``.
+``position_state``. A ``Fenced`` in the child (high availability: the lease below, or the
+destination's own fence) answers ``["err", false, message, null, "fenced"]`` and is raised as
+``Fenced`` in the capturer.
+
+High availability: the child runs in a session of its own, so a capturer frozen (SIGSTOP)
+leaves it running. With ``[ha]`` it follows the capturer's lease (the options' ``ha_epoch``
+and ``ha_lease_file``, the file the lease keeper renews only while the capturer runs,
+``capturer/util/fencing.py``): before it opens its destination and before every batch, as
+the sender's thread in the capturer does, and inside the senders' own checks (the Kafka
+sender's before each transaction, slice and commit).
 """
 
 from __future__ import annotations
@@ -60,8 +69,9 @@ from typing import Any
 
 import msgpack
 
-from capturer.errors import SinkError
+from capturer.errors import Fenced, SinkError
 from capturer.model import Txn, wire
+from capturer.util import fencing
 from capturer.util.bqueue import WeightedQueue
 from capturer.util.memory import tune
 from senders import sender_class
@@ -241,6 +251,8 @@ class ProcessSender(Sender):
             self.close()
             raise SinkError(f"the sender's process answered {v!r:.80}")
         if v[0] == "err":
+            if len(v) > 4 and v[4] == "fenced":
+                raise Fenced(str(v[2]))
             poll = v[3] if len(v) > 3 and isinstance(v[3], (int, float)) else None
             raise SinkError(str(v[2]), retriable=bool(v[1]), poll=poll)
         if len(v) > 1 and isinstance(v[1], dict):
@@ -348,9 +360,29 @@ class ProcessSender(Sender):
 
 # --- the child process ----------------------------------------------------------
 def _err(exc: BaseException) -> list[Any]:
+    if isinstance(exc, Fenced):  # (a fifth element: the capturer raises it as Fenced, never retried)
+        return ["err", False, str(exc), None, "fenced"]
     if isinstance(exc, SinkError):
         return ["err", exc.retriable, str(exc), exc.poll]
     return ["err", False, f"{type(exc).__name__}: {exc}"]
+
+
+def _end_with_the_lease(name: str) -> None:
+    """High availability: end this process once the capturer's lease is gone, as a kill -9 would. A
+    capturer frozen past its lease (SIGSTOP, on the machine of its successor) leaves this process
+    running in a session of its own: it would write nothing more (every batch is checked), but it
+    would keep its destination's lock (the file's flock) and connections until the capturer runs
+    again, and the new active's file sender would wait that long. Every sender takes a crash at
+    any point: the file is cut to its last whole transaction, an open MySQL chunk or Kafka
+    transaction is rolled back or aborted."""
+    while True:
+        time.sleep(0.2)
+        why = fencing.GUARD.lost or ("its lease ran out" if fencing.GUARD.remaining() <= 0 else "")
+        if why:
+            log.error("sender %s: the capturer's lease is gone (%s): this process ends, writing nothing more",
+                      name, why)
+            logging.shutdown()
+            os._exit(3)
 
 
 def _die_with(parent: int) -> None:
@@ -481,6 +513,9 @@ class _Child:
                 self.broken = ("the batch ended inside a transaction", False)
             if self.broken is not None:
                 raise SinkError(f"sender process: batch refused: {self.broken[0]}", retriable=self.broken[1])
+            # high availability: the capturer checked its lease before it handed the batch over, but this
+            # process runs on when the capturer is frozen (a session of its own): the lease once more here
+            fencing.check(f"sender {sender.name}")
             self._set_busy(sender)
             sender.settle_later = later and sender.defer_settle
             sender.send(self.batch)
@@ -511,6 +546,9 @@ def _new_sender(first: list[Any]) -> Sender:
     name = str(first[7]) if len(first) == 8 else kind  # (the sender's name, when not its type)
     logging.basicConfig(level=getattr(logging, str(level).upper(), logging.INFO), stream=sys.stderr,
                         format=f"%(asctime)s %(levelname)s [sender {name} pid {os.getpid()}] %(name)s: %(message)s")
+    if options.get("ha_epoch") and options.get("ha_lease_file"):
+        fencing.follow(int(options["ha_epoch"]), str(options["ha_lease_file"]))  # the capturer's lease, here too
+        threading.Thread(target=_end_with_the_lease, args=(name,), name="lease-watch", daemon=True).start()
     sender = sender_class(kind)(name, options, 1)
     sender.resume_state = first[6] if len(first) == 7 and isinstance(first[6], dict) else None
     return sender
@@ -535,6 +573,7 @@ def child_main(argv: list[str] | None = None) -> int:
             return 2
         sender = _new_sender(first)
         try:
+            fencing.check(f"sender {sender.name}")
             sender.open()
             child.answer_key(sender)
         except Exception as exc:

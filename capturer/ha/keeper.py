@@ -30,9 +30,7 @@ from __future__ import annotations
 
 import json
 import logging
-import mmap
 import os
-import struct
 import subprocess
 import sys
 import tempfile
@@ -41,47 +39,11 @@ from pathlib import Path
 from typing import Any
 
 from capturer.ha.coord import CoordinationError, Coordinator
+from capturer.util.fencing import LOST, SharedLease
+
+__all__ = ["LOST", "LeaseKeeper", "SharedLease", "run"]
 
 log = logging.getLogger("capturer.ha.keeper")
-
-_LAYOUT = struct.Struct("<dqq")  # valid until (monotonic, less the margin), state (0: held), renewals
-
-#: why a lease is lost, by the state the keeper writes
-LOST = {
-    1: "etcd says its lease expired",
-    2: "the leader key is gone or another capturer's",
-    3: "etcd unreachable for the lease's length",
-    4: "the lease keeper process stopped",
-}
-
-
-class SharedLease:
-    """The file the keeper writes and the capturer's guard reads: 16 bytes, mapped by both."""
-
-    def __init__(self, path: Path, create: bool = False):
-        self.path = path
-        fd = os.open(path, os.O_RDWR | (os.O_CREAT if create else 0), 0o600)
-        try:
-            if create:
-                os.ftruncate(fd, _LAYOUT.size)
-            self._map = mmap.mmap(fd, _LAYOUT.size)
-        finally:
-            os.close(fd)
-
-    def read(self) -> tuple[float, int]:
-        until, state, _ = _LAYOUT.unpack_from(self._map, 0)
-        return float(until), int(state)
-
-    def renewals(self) -> int:
-        return int(_LAYOUT.unpack_from(self._map, 0)[2])
-
-    def write(self, until: float, state: int = 0, renewals: int | None = None) -> None:
-        if renewals is None:
-            renewals = self.renewals()
-        _LAYOUT.pack_into(self._map, 0, until, state, renewals)
-
-    def close(self) -> None:
-        self._map.close()
 
 
 class LeaseKeeper:

@@ -257,6 +257,9 @@ class HaNode:
         self.role, self.role_since = "active", time.time()
         self.holder, self.holder_epoch = self._record("active"), epoch
         log.warning("ha: %s is now the active capturer of group %r (epoch %d)", self.id, self.hc.name, epoch)
+        # the lease's file before any sender starts: the senders' own processes (process = true) follow it too
+        self.keeper = LeaseKeeper(self.hc.endpoints, self.hc.name, self.hc.lease_seconds, self.coord.lease_id,
+                                  self.epoch, self._margin(), GUARD.remaining() + time.monotonic())
         threading.Thread(target=self._keepalive, name="ha-lease", daemon=True).start()
         cfg, restored = self._restore()
         self._note_takeover(prev, vacant_since)
@@ -328,11 +331,10 @@ class HaNode:
         every = max(0.2, self.hc.lease_seconds / 4)
         ka = Coordinator(self.hc.endpoints, self.hc.name, self.hc.lease_seconds)  # its own connection
         ka.epoch = self.epoch
-        keeper = LeaseKeeper(self.hc.endpoints, self.hc.name, self.hc.lease_seconds, self.coord.lease_id,
-                             self.epoch, self._margin(), GUARD.remaining() + time.monotonic())
+        keeper = self.keeper
+        assert keeper is not None  # (made by begin)
         GUARD.attach(keeper.shared, LOST)
         keeper.start()
-        self.keeper = keeper
         n = 0
         quiet_until = 0.0
         compact_at, next_compact = 0, time.monotonic() + COMPACT_EVERY
@@ -462,7 +464,8 @@ class HaNode:
                 shutil.rmtree(backlog)
         senders = tuple(dataclasses.replace(s, options={**s.options, "ha_epoch": self.epoch,
                                                          "ha_lease": self.hc.lease_seconds,
-                                                         "ha_group": self.hc.name})
+                                                         "ha_group": self.hc.name,
+                                                         "ha_lease_file": str(self.keeper.path) if self.keeper else ""})
                         for s in self.cfg.senders)
         cfg = dataclasses.replace(self.cfg, checkpoint_path=self.local_dir / cp_name, backlog_dir=backlog,
                                   http_port=self.port, senders=senders)

@@ -14,8 +14,12 @@ pause between this check and the write would let through.
 
 from __future__ import annotations
 
+import mmap
+import os
+import struct
 import threading
 import time
+from pathlib import Path
 from typing import Protocol
 
 from capturer.errors import Fenced
@@ -26,6 +30,47 @@ class LeaseSource(Protocol):
     (valid until on the monotonic clock, 0 or why it is lost)."""
 
     def read(self) -> tuple[float, int]: ...
+
+
+_LAYOUT = struct.Struct("<dqq")  # valid until (monotonic, less the margin), state (0: held), renewals
+
+#: why a lease is lost, by the state the keeper writes
+LOST = {
+    1: "etcd says its lease expired",
+    2: "the leader key is gone or another capturer's",
+    3: "etcd unreachable for the lease's length",
+    4: "the lease keeper process stopped",
+}
+
+
+class SharedLease:
+    """The file the lease keeper (capturer/ha/keeper.py) writes and the guards read: 24 bytes,
+    mapped by the capturer, its keeper and its senders' processes (``process = true``)."""
+
+    def __init__(self, path: Path, create: bool = False):
+        self.path = path
+        fd = os.open(path, os.O_RDWR | (os.O_CREAT if create else 0), 0o600)
+        try:
+            if create:
+                os.ftruncate(fd, _LAYOUT.size)
+            self._map = mmap.mmap(fd, _LAYOUT.size)
+        finally:
+            os.close(fd)
+
+    def read(self) -> tuple[float, int]:
+        until, state, _ = _LAYOUT.unpack_from(self._map, 0)
+        return float(until), int(state)
+
+    def renewals(self) -> int:
+        return int(_LAYOUT.unpack_from(self._map, 0)[2])
+
+    def write(self, until: float, state: int = 0, renewals: int | None = None) -> None:
+        if renewals is None:
+            renewals = self.renewals()
+        _LAYOUT.pack_into(self._map, 0, until, state, renewals)
+
+    def close(self) -> None:
+        self._map.close()
 
 
 class LeaseGuard:
@@ -98,6 +143,16 @@ class LeaseGuard:
 
 
 GUARD = LeaseGuard()
+
+
+def follow(epoch: int, lease_file: str) -> None:
+    """Arm this process's guard from the capturer's lease file: a sender's own process
+    (``process = true``) checks the same lease as the capturer that started it. The file is
+    renewed only while the capturer runs: a capturer frozen (SIGSTOP) past its lease leaves
+    its sender processes, which run on in sessions of their own, refusing every write, as
+    its own threads would."""
+    GUARD.arm(epoch, 0.0)
+    GUARD.attach(SharedLease(Path(lease_file)), LOST)
 
 
 def check(what: str) -> None:

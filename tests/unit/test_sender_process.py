@@ -229,3 +229,40 @@ def test_batching_is_the_real_senders(tmp_path: Path) -> None:
     assert (ps.batch_rows, ps.linger) == (70_000, 3.5)
     assert ps.queue.capacity == 140_000  # room for two batches, as the Spark sender asks
     assert ps.proc is None  # nothing started before open()
+
+
+def test_the_child_follows_the_capturers_lease_and_writes_nothing_past_it(tmp_path: Path) -> None:
+    """High availability: the child runs in a session of its own, so a capturer frozen (SIGSTOP) past its
+    lease leaves it running, with a batch in hand or the next one already in its pipe. It follows the
+    capturer's lease file (``ha_lease_file``, renewed by the lease keeper only while the capturer runs):
+    once the lease ran out it ends itself (releasing the file's lock for the new active, as a kill -9
+    would), a new child refuses to open, and the capturer gets ``Fenced`` (never retried); nothing more is
+    written. Before, its lease guard was never armed: it wrote every batch it was handed."""
+    import time
+
+    from capturer.errors import Fenced
+    from capturer.util import fencing
+
+    lease = fencing.SharedLease(tmp_path / "lease", create=True)
+    until = time.monotonic() + 2.0
+    lease.write(until, 0, 1)  # held for 2 s
+    opts = {**options(tmp_path, "proc"), "ha_epoch": 7, "ha_lease": 4, "ha_lease_file": str(tmp_path / "lease")}
+    ps = ProcessSender("local", opts, spill_rows=2000, spill_dir=str(tmp_path / "spill"))
+    batch = txns()
+    out = tmp_path / "proc" / "out.jsonl"
+    try:
+        ps.open()
+        ps.send(batch[:1])
+        assert out.read_bytes().count(b"\n") == 5
+        child = ps.proc
+        assert child is not None
+        child.wait(30)  # not renewed (the capturer is frozen): the lease runs out, the child ends itself
+        assert child.returncode == 3
+        with pytest.raises(Fenced, match="epoch 7"):  # a new child refuses to open
+            ps.send(batch[1:2])
+        lease.write(time.monotonic() + 60, 2, 2)  # renewed, but lost (the leader key is another's): refused
+        with pytest.raises(Fenced):
+            ps.send(batch[1:2])
+    finally:
+        ps.close()
+    assert out.read_bytes().count(b"\n") == 5  # nothing of the second batch
