@@ -550,7 +550,7 @@ def _new_sender(first: list[Any]) -> Sender:
         fencing.follow(int(options["ha_epoch"]), str(options["ha_lease_file"]))  # the capturer's lease, here too
         threading.Thread(target=_end_with_the_lease, args=(name,), name="lease-watch", daemon=True).start()
     sender = sender_class(kind)(name, options, 1)
-    sender.resume_state = first[6] if len(first) == 7 and isinstance(first[6], dict) else None
+    sender.resume_state = first[6] if len(first) >= 7 and isinstance(first[6], dict) else None
     return sender
 
 

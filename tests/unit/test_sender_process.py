@@ -266,3 +266,31 @@ def test_the_child_follows_the_capturers_lease_and_writes_nothing_past_it(tmp_pa
     finally:
         ps.close()
     assert out.read_bytes().count(b"\n") == 5  # nothing of the second batch
+
+
+def test_the_child_gets_the_checkpoints_resume_state(tmp_path: Path) -> None:
+    """The open message's seventh element, the sender's state in the checkpoint, reaches the child's
+    sender also when the eighth (its name) follows, as the capturer always sends it: the file sender
+    then refuses to cut a transaction the checkpoint says was acknowledged (a file changed by something
+    else), as in-process. Before, the child read it only from a message of exactly seven elements: it was
+    always dropped, and the acknowledged transaction was cut."""
+    opts = options(tmp_path, "proc")
+    ps = ProcessSender("local", opts, spill_rows=2000, spill_dir=str(tmp_path / "spill"))
+    try:
+        ps.open()
+        ps.send(txns()[:1])
+        state = ps.position_state
+    finally:
+        ps.close()
+    assert isinstance(state, dict) and state.get("bytes")
+    out = tmp_path / "proc" / "out.jsonl"
+    data = out.read_bytes()
+    out.write_bytes(data[:-10])  # something else cut the acknowledged transaction short
+    again = ProcessSender("local", opts, spill_rows=2000, spill_dir=str(tmp_path / "spill"))
+    again.resume_state = state
+    try:
+        with pytest.raises(SinkError, match="changed by something else") as ei:
+            again.open()
+        assert not ei.value.retriable
+    finally:
+        again.close()
