@@ -364,6 +364,23 @@ def alter_columns(sql: str) -> list[tuple[str, str, str]]:
     return out
 
 
+def added_if_not_exists(sql: str) -> set[str]:
+    """The columns an ALTER TABLE adds with ``ADD COLUMN IF NOT EXISTS`` (a column already
+    there is left as it is, its values too: no default is set on it)."""
+    body = alter_clauses(sql)
+    out: set[str] = set()
+    for clause in split_top(body or ""):
+        c = re.match(r"\s*ADD\s+(?:COLUMN\s+)?IF\s+NOT\s+EXISTS\s+(.*)$", clause, re.I | re.S)
+        if c:
+            rest = c.group(1)
+            pieces = split_top(rest, at=1) if rest.startswith("(") else [rest]
+            for piece in pieces:
+                d = re.match(r"\s*(" + _NAME + r")\s", piece)
+                if d and not _NOT_A_COLUMN.match(piece):
+                    out.add(_unquote(d.group(1)))
+    return out
+
+
 _LITERAL = r"'(?:[^'\\]|\\.|'')*'|X'[0-9a-f]*'|-?[\d.]+(?:e-?\d+)?|NULL|TRUE|FALSE"
 _INTRODUCER = re.compile(r"(?:_\w+|N)(?=')", re.I)  # _utf8mb4'x', N'x': the string is the value
 

@@ -70,7 +70,7 @@ from typing import Any
 
 from capturer.errors import SinkError
 from capturer.model import RowChange, StreamKey, Txn, key_from_json, key_to_json, stream_key
-from capturer.model.ddl import clean, dropped_tables, renamed_tables, split_qname
+from capturer.model.ddl import added_if_not_exists, clean, dropped_tables, renamed_tables, split_qname
 from capturer.util import failpoints
 from senders.spark import deltajars, lake
 from senders.spark.sender import _AS_IS, SparkSender, _java_found, arrow_type, build_session
@@ -634,8 +634,14 @@ class DeltaSender(SparkSender):
         tdir = self.warehouse / st.name
         fill = []
         lake.warn_unknown_adds(log, self.name, ddl.db, ddl.table, ddl.sql)
+        if_new = {c.lower() for c in added_if_not_exists(ddl.sql)}
         for col, stype, default in lake.parse_add_columns(ddl.sql):
-            col = lake.column_named(col, st.columns) or col  # (ADD COLUMN IF NOT EXISTS of a column there)
+            col = lake.column_named(col, st.columns) or col
+            if col in st.columns and col.lower() in if_new:
+                # ADD COLUMN IF NOT EXISTS of a column the table has: the source leaves it and its values
+                # as they are (the default is not set on its rows; a crash between this ALTER's ADD COLUMNS
+                # and its UPDATE leaves such a column's older rows NULL: docs/limits.md)
+                continue
             if col not in st.columns and stype is not None:
                 self.spark.sql(f"ALTER TABLE delta.`{tdir}` ADD COLUMNS ({lake.q(col)} {stype})")
                 st.columns[col] = stype

@@ -79,7 +79,8 @@ STEPS: list[tuple[str, list[str]]] = [
       f"UPDATE {QDB}.{T1} SET `new.name` = `new.name` + 1 WHERE `Id` = 3"]),
     (f"ALTER TABLE {QDB}.{T1} ADD (`a1` INT DEFAULT 1, `a 2` VARCHAR(5) DEFAULT 'x,y', INDEX `i(1)` (`a1`))",
      [f"INSERT INTO {QDB}.{T1} (`Id`, `a1`, `a 2`) VALUES (102, 2, 'z')"]),
-    (f"ALTER TABLE {QDB}.{T1} /*!50100 ADD COLUMN `ex` INT DEFAULT 6 */",
+    (f"ALTER TABLE {QDB}.{T1} /*!50100 ADD COLUMN `ex` INT DEFAULT 6 */, "
+     "ADD COLUMN IF NOT EXISTS `N,EW` VARCHAR(20) DEFAULT 'not set: the column is there'",
      [f"INSERT INTO {QDB}.{T1} (`Id`, `ex`) VALUES (103, 60)"]),
     (f"ALTER TABLE {QDB}.{T1} DROP COLUMN MIXED, ADD COLUMN `nn` INT NOT NULL, ADD COLUMN `ns` VARCHAR(5) NOT NULL, "
      "ADD COLUMN `ne` ENUM('z,1', 'y') NOT NULL",

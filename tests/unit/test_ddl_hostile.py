@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 
 from capturer.model.ddl import (
+    added_if_not_exists,
     alter_columns,
     apply_row_steps,
     constant_default,
@@ -158,3 +159,10 @@ def test_an_added_column_whose_older_values_only_the_source_knows(sql: str) -> N
     assert row_steps(sql)[0][2] is None
     assert unknown_adds(sql) == [row_steps(sql)[0][1]]
     assert unknown_adds("ALTER TABLE t ADD COLUMN a INT DEFAULT 3, ADD b INT NOT NULL, ADD c TEXT") == []
+
+
+def test_columns_added_if_not_exists() -> None:
+    """The Delta lake sets an added column's default on every row there: not on a column that was there."""
+    assert added_if_not_exists("ALTER TABLE t ADD COLUMN IF NOT EXISTS `a,b` INT DEFAULT 1, ADD c INT, "
+                               "ADD IF NOT EXISTS (d INT, `e f` INT, INDEX (d)) -- x") == {"a,b", "d", "e f"}
+    assert added_if_not_exists("CREATE TABLE t (a INT)") == set()
