@@ -158,6 +158,11 @@ def _ddl_of(m: KafkaMessage, fmt: str) -> tuple[str, str, str, str] | None:
 _NEWEST = 1 << 63  # a message without a commit_ts header: no DDL is after it
 
 
+def _text(row: dict[str, Any]) -> str:
+    """A row's text for the keyless rows' index (rows equal by == but written otherwise are found by a scan)."""
+    return json.dumps(row, sort_keys=True, default=repr)
+
+
 class KafkaState:
     """The tables as the messages applied so far leave them (see the module docstring).
     Messages of ``ddl_topic`` feed the ``SchemaLog``."""
@@ -168,8 +173,14 @@ class KafkaState:
         self.log = SchemaLog()
         # (topic, partition) -> (table, message key) -> (region, commit_ts, row; None: deleted)
         self.keyed: dict[tuple[str, int], dict[tuple[Name, bytes], tuple[str, int, dict[str, Any] | None]]] = {}
-        # (topic, partition) -> [(table, region, commit_ts, row)]; deletes that found no equal row there
-        self.keyless: dict[tuple[str, int], list[tuple[Name, str, int, dict[str, Any]]]] = {}
+        # (topic, partition) -> {n: (table, region, commit_ts, row)} in the order written; deletes that found
+        # no equal row there
+        self.keyless: dict[tuple[str, int], dict[int, tuple[Name, str, int, dict[str, Any]]]] = {}
+        # (topic, partition, table, the row's JSON text) -> its entries' numbers in ``keyless``: a delete finds
+        # one equal row without a scan of the partition's rows (a scan per delete made verify of a keyless
+        # table of 100,000 rows with as many deletes take minutes); a row not found so is still scanned for
+        self._bag_index: dict[tuple[str, int, Name, str], list[int]] = {}
+        self._bag_n = 0
         self.unmatched: list[tuple[Name, str, int, dict[str, Any]]] = []
         self.seen: set[tuple[str, int, str, str, str, str]] = set()
         self.messages = 0
@@ -195,24 +206,38 @@ class KafkaState:
         name, op, before, after = change
         part = (m.topic, m.partition)
         rows = self.keyed.setdefault(part, {})
-        bag = self.keyless.setdefault(part, [])
+        bag = self.keyless.setdefault(part, {})
         if op == "t":
             for k in [k for k in rows if k[0] == name]:
                 del rows[k]
-            bag[:] = [e for e in bag if e[0] != name]
+            for i in [i for i, e in bag.items() if e[0] == name]:
+                del bag[i]  # (their numbers left in the index are skipped: gone from the bag)
         elif m.key is None:
             if op in ("u", "d") and before is not None:
-                i = next((i for i, e in enumerate(bag) if e[0] == name and e[3] == before), -1)
+                i = self._bag_find(part, bag, name, before)
                 if i >= 0:
                     del bag[i]
                 else:  # written before a DDL, maybe in a renamed table's topic: matched in ``rows``
                     self.unmatched.append((name, region, ts, before))
             if op in ("c", "u", "r") and after is not None:
-                bag.append((name, region, ts, after))
+                self._bag_n += 1
+                bag[self._bag_n] = (name, region, ts, after)
+                self._bag_index.setdefault((*part, name, _text(after)), []).append(self._bag_n)
         elif op in ("c", "u", "r") and after is not None:
             rows[(name, m.key)] = (region, ts, after)
         elif op == "d":
             rows[(name, m.key)] = (region, ts, None)
+
+    def _bag_find(self, part: tuple[str, int], bag: dict[int, tuple[Name, str, int, dict[str, Any]]], name: Name,
+                  before: dict[str, Any]) -> int:
+        """The number of one row of ``name`` equal to ``before`` in the partition's bag (-1: none)."""
+        nums = self._bag_index.get((*part, name, _text(before)))
+        while nums:
+            i = nums.pop()
+            e = bag.get(i)
+            if e is not None and e[0] == name and e[3] == before:
+                return i
+        return next((i for i, e in bag.items() if e[0] == name and e[3] == before), -1)
 
     def _now(self, region: str, ts: int, name: Name, row: dict[str, Any] | None) -> tuple[Name | None, bool, Any]:
         """Where a row written at ``ts`` is now, whether the DDL since moved it (another table or
@@ -243,7 +268,7 @@ class KafkaState:
         for part_rows in self.keyed.values():
             names |= {self.log.plan(region, ts, n)[0] for (n, _), (region, ts, _) in part_rows.items()}
         for bag in self.keyless.values():
-            names |= {self.log.plan(region, ts, n)[0] for n, region, ts, _ in bag}
+            names |= {self.log.plan(region, ts, n)[0] for n, region, ts, _ in bag.values()}
         out: dict[Name, list[dict[str, Any]]] = {}
         for n in names:
             got = self.rows(n) if n is not None else []
@@ -255,7 +280,7 @@ class KafkaState:
         if not self.log.at:  # no DDL: each key's newest message, as it is
             out = [row for part_rows in self.keyed.values() for (n, _), (_, _, row) in part_rows.items()
                    if n == name and row is not None]
-            return out + [row for bag in self.keyless.values() for n, _, _, row in bag if n == name]
+            return out + [row for bag in self.keyless.values() for n, _, _, row in bag.values() if n == name]
         return self._keyed_rows(name) + self._keyless_rows(name)
 
     def _keyed_rows(self, name: Name) -> list[dict[str, Any]]:
@@ -285,7 +310,7 @@ class KafkaState:
     def _keyless_rows(self, name: Name) -> list[dict[str, Any]]:
         got: list[tuple[int, dict[str, Any]]] = []
         for bag in self.keyless.values():
-            for n, region, ts, row in bag:
+            for n, region, ts, row in bag.values():
                 to, _, now = self._now(region, ts, n, row)
                 if to == name:
                     got.append((ts, now))
