@@ -299,7 +299,7 @@ class KafkaPythonClient(Client):
     def offsets_of(self, topics: dict[str, Sequence[int]]) -> tuple[dict[Partition, tuple[int, int]],
                                                                      dict[str, Exception]]:
         if self._read is not None:
-            return per_topic_offsets(self._read.offsets)(topics)
+            return self._read.offsets_of(topics)
         from kafka import TopicPartition
 
         # one ListOffsets round for all (topic by topic: a metadata update of the consumer each, ~0.1 s)
@@ -423,6 +423,7 @@ class ConfluentReadBack:
     confluent-kafka is installed (kafka-python's consumer is the fallback)."""
 
     _reader: Any = None  # the consumer, made when first needed
+    _admin: Any = None  # the admin client of offsets_of, made when first needed
 
     def __init__(self, servers: str, opts: dict[str, Any] | None = None):
         self.servers = servers
@@ -463,6 +464,41 @@ class ConfluentReadBack:
                     time.sleep(0.1)
                     continue
                 raise SinkError(f"topic {topic!r}: cannot list its offsets: {exc}") from exc
+
+    def offsets_of(self, topics: dict[str, Sequence[int]]) -> tuple[dict[Partition, tuple[int, int]],
+                                                                     dict[str, Exception]]:
+        """``offsets`` of the partitions of several topics: two ListOffsets requests (earliest, latest) a
+        broker for all of them (the admin client's list_offsets), not two a partition; read_committed, as
+        the consumer's get_watermark_offsets in ``offsets`` answers (the end is the last stable offset: a
+        transaction still open is not counted). A topic any of whose partitions gave an error is listed
+        again alone (``offsets``: its retries of a leader not known yet)."""
+        from confluent_kafka import IsolationLevel, TopicPartition
+        from confluent_kafka.admin import AdminClient, OffsetSpec
+
+        tps = [TopicPartition(t, p) for t, parts in topics.items() for p in parts]
+        if not tps:
+            return {}, {}
+        if self._admin is None:
+            self._admin = AdminClient({**self.security, "bootstrap.servers": self.servers})
+        bounds: dict[Partition, list[int]] = {}
+        again: set[str] = set()
+        try:
+            for spec, at in ((OffsetSpec.earliest(), 0), (OffsetSpec.latest(), 1)):
+                futures = self._admin.list_offsets(dict.fromkeys(tps, spec), request_timeout=10,
+                                                   isolation_level=IsolationLevel.READ_COMMITTED)
+                for tp, fut in futures.items():
+                    try:
+                        off = fut.result(15).offset
+                    except Exception:
+                        again.add(tp.topic)
+                        continue
+                    bounds.setdefault((tp.topic, tp.partition), [0, 0])[at] = off
+        except Exception:  # (the request itself refused: every topic alone)
+            again = set(topics)
+        out = {tp: (b[0], b[1]) for tp, b in bounds.items() if tp[0] not in again}
+        listed, errors = per_topic_offsets(self.offsets)({t: topics[t] for t in sorted(again)})
+        out.update(listed)
+        return out, errors
 
     def last_records(self, topic: str, starts: dict[int, int], timeout: float,
                      patient: Collection[int] = ()) -> dict[int, Record]:
@@ -520,6 +556,7 @@ class ConfluentReadBack:
         return {tp: rec for tp, rec in out.items() if tp[0] not in errors}, errors
 
     def close(self) -> None:
+        self._admin = None  # (an admin client has no close: dropped)
         if self._reader is not None:
             self._reader.close()
             self._reader = None
@@ -673,6 +710,10 @@ class ConfluentClient(Client):
     def last_records(self, topic: str, starts: dict[int, int], timeout: float,
                      patient: Collection[int] = ()) -> dict[int, Record]:
         return self._read.last_records(topic, starts, timeout, patient)
+
+    def offsets_of(self, topics: dict[str, Sequence[int]]) -> tuple[dict[Partition, tuple[int, int]],
+                                                                     dict[str, Exception]]:
+        return self._read.offsets_of(topics)
 
     def last_records_of(self, starts: dict[Partition, int], timeout: float,
                         patient: Collection[Partition] = ()) -> tuple[dict[Partition, Record], dict[str, Exception]]:

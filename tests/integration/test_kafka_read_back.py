@@ -108,6 +108,41 @@ def test_a_restarted_sender_reads_its_topics_back_together(broker: Broker, monke
     assert 1 <= reads <= 2 + (client != "kafka-python-alone"), reads
 
 
+def test_offsets_of_many_topics_at_once_are_those_of_each_topic(broker: Broker) -> None:
+    """confluent-kafka's offsets of several topics in one ListOffsets round (the admin client) answer what
+    the consumer's get_watermark_offsets answers topic by topic, also where a transaction is still open
+    (the end is then the last stable offset, read_committed, not the high watermark) and an empty topic."""
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from senders.kafka.client import ConfluentReadBack
+
+    admin = AdminClient({"bootstrap.servers": broker.servers})
+    names = ["ob.full", "ob.open", "ob.empty"]
+    for f in admin.create_topics([NewTopic(t, 2, 1) for t in names]).values():
+        f.result(30)
+    p = Producer({"bootstrap.servers": broker.servers, "transactional.id": "ob.t"})
+    p.init_transactions(60)
+    p.begin_transaction()
+    for i in range(7):
+        p.produce("ob.full", b"x", partition=i % 2)
+        p.produce("ob.open", b"y", partition=0)
+    p.commit_transaction(60)
+    p.begin_transaction()  # left open: beyond the last stable offset
+    for _ in range(5):
+        p.produce("ob.open", b"z", partition=0)
+    p.flush(30)
+    rb = ConfluentReadBack(broker.servers)
+    try:
+        want = {(t, q): b for t in names for q, b in rb.offsets(t, [0, 1]).items()}
+        got, errors = rb.offsets_of({t: [0, 1] for t in names})
+        assert not errors and got == want, (got, want)
+        assert want[("ob.open", 0)] == (0, 8)  # 7 messages and the commit marker; the open 5 not counted
+    finally:
+        p.abort_transaction(30)
+        rb.close()
+
+
 def source_rows(m: MariaDBInstance, db: str, table: str) -> list[str]:
     c = m.connect()
     try:
