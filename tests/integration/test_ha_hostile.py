@@ -40,7 +40,7 @@ from integration.test_apply_hostile import KEY, KL, NU, SCHEMA, SEL, UQ, Hostile
 from integration.test_ha import LEASE, Node, ha_config, one_active, state_covers
 from integration.test_independent_senders import TOKEN, lake_duplicates
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]  # (2-2.5 min with verify: --runslow)
 SENDERS = ["local", "mysql", "kafka", "spark"]
 
 
