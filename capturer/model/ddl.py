@@ -191,6 +191,15 @@ def ddl_target(sql: str, current_db: str) -> tuple[str, str]:
     return current_db, ""
 
 
+def names_several_tables(sql: str) -> bool:
+    """Whether a statement may change tables besides the one ``ddl_target`` names: a DROP
+    (``DROP TABLE a, b``, a database) or a RENAME anywhere in it (``RENAME TABLE a TO b, c TO
+    d``; ``ALTER TABLE a ... RENAME TO b``, on a line of its own too). A name or string that
+    holds the word errs on the side of several."""
+    s = clean(sql)
+    return s[:4].upper() == "DROP" or bool(re.search(r"\bRENAME\b", s, re.I))
+
+
 _IGNORED = re.compile(r"^(?:SAVEPOINT|ROLLBACK\s+TO|RELEASE\s+SAVEPOINT|XA\s)", re.I)
 
 

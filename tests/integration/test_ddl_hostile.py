@@ -57,6 +57,11 @@ def _create() -> list[str]:
 \tCONSTRAINT `ck, (1)` CHECK (`Id` >= 0)
 ) /*!50100 COMMENT = 'a table, (hostile)' */""",
         f"CREATE TABLE {QDB}.{T2} (id INT PRIMARY KEY, `ü ñ` VARCHAR(10))",
+        # two tables of the same columns and other keys, swapped by one RENAME (its keyword on a line of its own)
+        f"CREATE TABLE {QDB}.`k 1` (a INT PRIMARY KEY, b INT)",
+        f"CREATE TABLE {QDB}.`k 2` (a INT, b INT PRIMARY KEY)",
+        f"INSERT INTO {QDB}.`k 1` VALUES (1, 5), (2, 5)",
+        f"INSERT INTO {QDB}.`k 2` VALUES (7, 10), (7, 20)",
     ]
 
 
@@ -92,6 +97,10 @@ STEPS: list[tuple[str, list[str]]] = [
      f"RENAME TO {QDB}.`o3, final`",
      [f"INSERT INTO {QDB}.`o3, final` (`I.d`) VALUES (51)",
       f"UPDATE {QDB}.`o3, final` SET `z)` = 10 WHERE `I.d` = 1"]),
+    # (a swap of two tables of the same columns and other keys, its RENAME on a line of its own: every sink
+    # keeps each table's rows under its own key)
+    (f"RENAME\nTABLE {QDB}.`k 1` TO {QDB}.`k tmp`, {QDB}.`k 2` TO {QDB}.`k 1`, {QDB}.`k tmp` TO {QDB}.`k 2`",
+     [f"UPDATE {QDB}.`k 2` SET b = 6 WHERE a = 1", f"UPDATE {QDB}.`k 1` SET a = 8 WHERE b = 10"]),
     (f"CREATE TABLE {QDB}.`li ke` LIKE {QDB}.`T1 re.named`",
      [f"INSERT INTO {QDB}.`li ke` (`Id`, `n,ew`) VALUES (1, 'like')"]),
     (f"CREATE TABLE {QDB}.`as sel` (PRIMARY KEY (`Id`)) AS SELECT `Id`, `v,(w)` FROM {QDB}.`T1 re.named` "
@@ -101,7 +110,7 @@ STEPS: list[tuple[str, list[str]]] = [
 # a rename that changes only the case (the changelog lake stops on it, naming it: tests/unit/test_lake_columns.py)
 CASE_ONLY = (f"ALTER TABLE {QDB}.`T1 re.named` CHANGE COLUMN ex EX INT DEFAULT 6",
              [f"UPDATE {QDB}.`T1 re.named` SET EX = 61 WHERE `Id` = 104"])
-TABLES = {"T1 re.named": 11, "o3, final": 6, "li ke": 1, "as sel": 4}
+TABLES = {"T1 re.named": 11, "o3, final": 6, "li ke": 1, "as sel": 4, "k 1": 2, "k 2": 2}
 
 
 def _source(m: MariaDBInstance, sql: str) -> list[tuple[Any, ...]]:

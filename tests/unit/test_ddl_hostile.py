@@ -19,6 +19,7 @@ from capturer.model.ddl import (
     ddl_target,
     dropped_tables,
     is_data_ddl,
+    names_several_tables,
     renamed_tables,
     row_steps,
     split_top,
@@ -166,3 +167,13 @@ def test_columns_added_if_not_exists() -> None:
     assert added_if_not_exists("ALTER TABLE t ADD COLUMN IF NOT EXISTS `a,b` INT DEFAULT 1, ADD c INT, "
                                "ADD IF NOT EXISTS (d INT, `e f` INT, INDEX (d)) -- x") == {"a,b", "d", "e f"}
     assert added_if_not_exists("CREATE TABLE t (a INT)") == set()
+
+
+def test_statements_naming_several_tables() -> None:
+    """The MySQL region forgets its cached table definitions (keys) of every table such a statement may
+    change: before, only " RENAME " between spaces was seen, so an ALTER TABLE a\n\tRENAME TO b kept a's key."""
+    for sql in ("ALTER TABLE a\n\tRENAME TO b", "alter table a rename\tb", "RENAME TABLE a TO b, c TO d",
+                "/* x */ drop table a, b", "ALTER TABLE a ADD c INT,\nRENAME AS b"):
+        assert names_several_tables(sql), sql
+    for sql in ("ALTER TABLE a ADD c INT -- rename later", "CREATE TABLE a (b INT)", "ALTER TABLE a RENAME COLUMN"[:14]):
+        assert not names_several_tables(sql), sql

@@ -22,7 +22,6 @@ and failovers failover.py; the events and rows events made row changes binlog.py
 from __future__ import annotations
 
 import logging
-import re
 import struct
 import threading
 import time
@@ -43,7 +42,7 @@ from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, Write
 
 from capturer.errors import FatalSourceError, SourceError
 from capturer.model import Ddl, Position, RowChange, TableProgress, TableSchema, Txn
-from capturer.model.ddl import clean, ddl_target, is_data_ddl, is_ignorable
+from capturer.model.ddl import ddl_target, is_data_ddl, is_ignorable, names_several_tables
 from capturer.model.encode import qualified, quote_ident
 from capturer.regions.base import ClockedRegion, RegionContext, close_quietly, require_start_kind
 from capturer.regions.clock import RegionClock
@@ -178,7 +177,7 @@ class MySQLRegion(SnapshotHostMixin, ClockedRegion):
     def _forget(self, db: str, table: str, sql: str) -> None:
         """Drop cached table metadata after a DDL: of that table, of a whole
         database, or everything when the statement renames (it names two tables)."""
-        if not db or " RENAME " in f" {sql.upper()} ":
+        if not db or names_several_tables(sql):  # (a RENAME after a newline or a tab too)
             self._schemas.clear()
             self._ukeys.clear()
             return
@@ -560,8 +559,7 @@ class MySQLRegion(SnapshotHostMixin, ClockedRegion):
         RENAME) or none; or every table when the database is unknown. Names are kept
         in lower case; entries pruned away leave their newest position as a floor
         (any table: a chunk described before it is read again)."""
-        head = clean(d.sql).upper()
-        many = head.startswith("DROP") or bool(re.search(r"\bRENAME\b", head))
+        many = names_several_tables(d.sql)
         if not d.db:
             key = ("", "")
         elif not d.table or many:
