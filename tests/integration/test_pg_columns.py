@@ -8,7 +8,7 @@ from decimal import Decimal
 from pathlib import Path
 
 import pytest
-from helpers import wait_for
+from helpers import CapturerProcess, wait_for
 
 from devtools.local_mariadb import MariaDBInstance
 from devtools.local_postgres import PostgresInstance
@@ -227,5 +227,56 @@ def test_columns_dropped_and_added_again_read_after_later_ddl(tmp_path: Path, ta
             end = current_lsn(pg)
             wait_for(lambda: covered(tmp_path, "pg", end), 60, "every change")
         _equal(pg, target, tmp_path, ["churn"])
+    finally:
+        pg.destroy()
+
+
+def test_a_transaction_read_again_after_kill9_keeps_its_columns(tmp_path: Path, target: MariaDBInstance,
+                                                                capturer_running) -> None:  # type: ignore[no-untyped-def]
+    """kill -9 after a transaction was delivered but before a checkpoint passed it; then a column is
+    dropped and added again under its name; the restart reads the transaction again. Its relation
+    message (sent before the DROP) was aligned against the newer catalog: the new column's attnum, so
+    the DROP and ADD went out with it (the DROP skipped by the senders as delivered before, the ADD
+    not), its row again under a new identity, and the later transaction that did see the new column
+    sent no DDL: the target kept the old column's values (NULL in the source). The restart now gives
+    the message what it was given the first time (``seen``, journaled at the commit)."""
+    from capturer.model import parse_lsn
+    from integration.test_postgresql import checkpoint
+
+    pg = PostgresInstance().start()
+    try:
+        with pg.connect() as c:
+            c.execute("CREATE TABLE churn (id int PRIMARY KEY, a text, b int, c text)")
+        cfg = config(tmp_path, pg_region("pg", pg), file_and_mysql(tmp_path, target))
+        with capturer_running(cfg) as cap:
+            streaming(cap)
+            with pg.connect() as c:
+                c.execute("INSERT INTO churn SELECT g, 'a' || g, g, 'c' || g FROM generate_series(1, 6) g")
+            end = current_lsn(pg)
+            wait_for(lambda: covered(tmp_path, "pg", end), 60, "the first rows")
+        slow = tmp_path / "slow.cfg"  # (no checkpoint while it runs)
+        slow.write_text(cfg.read_text().replace("checkpointInterval=0.5", "checkpointInterval=3600"))
+        proc = CapturerProcess(slow, tmp_path / "capturer.log").start()
+        try:
+            proc.wait_ready()
+            before = current_lsn(pg)
+            with pg.connect() as c:
+                c.execute("UPDATE churn SET a = 'delivered' WHERE id = 1")
+            wait_for(lambda: any((d.get("after") or {}).get("a") == "delivered"
+                                 for d in read_changes(tmp_path / "out" / "changes.jsonl")), 60, "the update")
+        finally:
+            proc.kill9()
+        assert parse_lsn(checkpoint(tmp_path)["regions"]["pg"]["lsn"]) <= before  # (read again after the restart)
+        with pg.connect() as c:
+            c.execute("ALTER TABLE churn DROP COLUMN c")
+            c.execute("ALTER TABLE churn ADD COLUMN c text")
+            c.execute("UPDATE churn SET b = b + 100 WHERE id % 2 = 0")
+        with capturer_running(cfg) as cap:
+            end = current_lsn(pg)
+            wait_for(lambda: covered(tmp_path, "pg", end), 60, "every change")
+        _equal(pg, target, tmp_path, ["churn"])
+        lines = [d for d in read_changes(tmp_path / "out" / "changes.jsonl", dedupe=False) if d["op"] != "ddl"]
+        assert [d["after"]["id"] for d in lines if d["op"] == "update" and d["after"]["a"] == "delivered"] == [1]
+        assert len({(d["region"], d["commit_ts"], d["seq"]) for d in lines}) == len(lines)
     finally:
         pg.destroy()

@@ -113,6 +113,8 @@ class PostgresRegion(SnapshotHostMixin, ClockedRegion):
         self.cfg = cfg
         self.where = f"region {cfg.name} (postgresql {cfg.host}:{cfg.port}/{cfg.dbname}, slot {cfg.slot})"
         self.relations = RelationJournal(self.state_file("postgresql"))
+        # (commit LSN of a transaction, relid) -> the definition its relation message was given (``_reldef``)
+        self.seen = RelationJournal(self.state_file("postgresql-seen"))
         self.confirmed = 0  # the LSN the slot may be confirmed to (the checkpoint's)
         self.slot_confirmed = ""  # what the server said at connect
         self.unrepresentable = 0
@@ -278,16 +280,28 @@ class PostgresRegion(SnapshotHostMixin, ClockedRegion):
         """The insert position as the end of the last record (``wal_record_end``)."""
         return wal_record_end(insert_lsn, self._block, self._segment)
 
-    def _reldef(self, m: po.Relation) -> RelDef:
+    def _reldef(self, m: po.Relation, since: int = 0) -> RelDef:
+        """The definition of relation message ``m`` (of the transaction committed at ``since``). Its
+        columns' attnums come from the catalog as it is now (``align_attnums``), which may be later than
+        the message; a transaction read again (after a kill -9 or a reconnection) gets what its message
+        was given the first time (``seen``, journaled at its commit): read again against a newer catalog,
+        a message sent before a column was dropped and added again under its name took the new column's
+        attnum, its DROP and ADD went out with that transaction (before rows that still had the old
+        column's values) and the transaction's rows under new identities (sent again), and the later
+        transaction that did see the new column sent no DDL."""
         pk, uks = self._keys(m.relid, m.columns, m.replident)
-        # (generated columns: never in a relation message, as if they were not there)
-        catalog = self._query("SELECT attnum, attname::text, attisdropped, atttypid FROM pg_attribute "
-                              "WHERE attrelid = %s AND attnum > 0 AND attgenerated = '' ORDER BY attnum", (m.relid,))
-        # (the definition before: what it was aligned to, closer to the message's time, decides between alignments)
-        attnums = align_attnums(m.columns, [(int(n), str(a), bool(d), int(t)) for n, a, d, t in catalog],
-                                self.rels_known.get(m.relid))
-        rel = RelDef(m.relid, m.namespace, m.name, m.replident, base_columns(self._query, m.columns), pk, uks,
-                     attnums)
+        rel = RelDef(m.relid, m.namespace, m.name, m.replident, base_columns(self._query, m.columns), pk, uks)
+        then = self.seen.lookup((since, m.relid)) if since else None
+        if then is not None and then.attnums and then.same_shape(rel):
+            attnums = then.attnums
+        else:
+            # (generated columns: never in a relation message, as if they were not there)
+            catalog = self._query("SELECT attnum, attname::text, attisdropped, atttypid FROM pg_attribute WHERE "
+                                  "attrelid = %s AND attnum > 0 AND attgenerated = '' ORDER BY attnum", (m.relid,))
+            # (the definition before: aligned closer to the message's time, it decides between alignments)
+            attnums = align_attnums(m.columns, [(int(n), str(a), bool(d), int(t)) for n, a, d, t in catalog],
+                                    self.rels_known.get(m.relid))
+        rel = RelDef(rel.relid, rel.db, rel.table, rel.replident, rel.columns, pk, uks, attnums)
         if uks and m.replident != "f" and (rel.db, rel.table) not in self._warned:
             self._warned.add((rel.db, rel.table))
             log.warning("%s: table %s.%s has unique keys besides its primary key but REPLICA IDENTITY %s: old values "
@@ -313,6 +327,7 @@ class PostgresRegion(SnapshotHostMixin, ClockedRegion):
             self._apply_requests()
             end = LsnPosition(c.end_lsn, self.snap_progress)
             self.clock.at(end)  # (items a run before a crash inserted before this point raised the clock)
+            self.seen.put_many(((b.begin.final_lsn, r.relid), r) for r in b.seen_relations)
             for lsn_rel in b.new_relations:
                 self.relations.record(c.end_lsn, lsn_rel)
                 # a chunk of it described before reads again (its columns may have changed)
@@ -548,6 +563,7 @@ class PostgresRegion(SnapshotHostMixin, ClockedRegion):
         if isinstance(position, LsnPosition):
             self.confirmed = max(self.confirmed, position.lsn)
             self.relations.prune(position.lsn)
+            self.seen.forget(lambda entries: [k for k in entries if k[0] < position.lsn])
 
     def status(self) -> dict[str, Any]:
         d = super().status()

@@ -143,7 +143,7 @@ class PgStream:
             self.observed = max(self.observed, msg.end_lsn)
             self.received = max(self.received, msg.end_lsn)
         elif isinstance(msg, po.Relation):
-            rel = r._reldef(msg)
+            rel = r._reldef(msg, self.txn.begin.final_lsn if self.txn is not None else 0)
             self.session[rel.relid] = rel
             if self.txn is not None:
                 self.txn.relation(rel)

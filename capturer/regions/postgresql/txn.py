@@ -105,6 +105,7 @@ class TxnBuilder:
         self.parts: list[Any] = []
         self.changes = ChangeBuffer(region.ctx.spill_rows, region.ctx.spill_dir, region.where)
         self.new_relations: list[RelDef] = []
+        self.seen_relations: list[RelDef] = []  # every relation message's definition (region.seen)
 
     def _cut(self) -> None:
         if not self.changes.empty:
@@ -121,6 +122,7 @@ class TxnBuilder:
             self.parts.append(Ddl(db, sql, table, db))
 
     def relation(self, rel: RelDef) -> None:
+        self.seen_relations.append(rel)
         known = self.r.rels_known.get(rel.relid)
         if known is not None and known.same_shape(rel):
             return
