@@ -73,6 +73,11 @@ class Sender:
     KEYS: ClassVar[list[Key]] = []
     #: the most rows handed to one ``send`` call
     batch_rows: int = 5000
+    #: the first batch after the start takes at most this many rows, each next one 4x more up to
+    #: ``batch_rows`` (0: every batch ``batch_rows``): a sender whose first batch waits for something
+    #: (the Kafka sender's read-back) gets it acknowledged early, so that a capturer killed a few seconds
+    #: after its start has made progress (a snapshot's chunks acknowledged are not copied again)
+    start_rows: int = 0
     #: wait up to this long for a batch to fill (senders with a high per-call cost)
     linger: float = 0.0
     max_backoff: float = 10.0
@@ -328,6 +333,7 @@ class Sender:
                 return
             deferred = self.settle_later = bool(self.defer_settle)
             unsettled: list[tuple[list[Txn], list[tuple[int, Item]]]] = []  # sent, not acknowledged (deferred)
+            limit = min(self.start_rows, self.batch_rows) if self.start_rows > 0 else self.batch_rows
             while not self._stop.is_set():
                 if unsettled and self.paused and not self._deliver(unsettled, None):
                     break  # (pausing: what was sent is settled and acknowledged first)
@@ -335,20 +341,22 @@ class Sender:
                     break
                 try:
                     # with a batch unsettled, only what is there now: none waiting, it is settled at once
-                    pairs = self.queue.get_many(self.batch_rows, timeout=0.0 if unsettled else 0.2)
+                    pairs = self.queue.get_many(limit, timeout=0.0 if unsettled else 0.2)
                 except Closed:
                     break
                 if not pairs:
                     if unsettled and not self._deliver(unsettled, None):
                         break
                     continue
+                if limit < self.batch_rows:
+                    limit = min(limit * 4, self.batch_rows)
                 if self.linger > 0:
                     deadline = time.monotonic() + self.linger
                     rows = sum(len(it.changes) for _, it in pairs if isinstance(it, Txn))
-                    while rows < self.batch_rows and time.monotonic() < deadline and not self._stop.is_set() \
+                    while rows < limit and time.monotonic() < deadline and not self._stop.is_set() \
                             and self._running.is_set():
                         try:
-                            more = self.queue.get_many(self.batch_rows - rows, timeout=0.05)
+                            more = self.queue.get_many(limit - rows, timeout=0.05)
                         except Closed:
                             break
                         pairs.extend(more)

@@ -154,6 +154,7 @@ class ProcessSender(Sender):
         # batching as the real sender would batch (some set it from their options); making one opens nothing
         probe = sender_class(self.kind)(name, {k: v for k, v in options.items() if k != "process"}, queue_rows)
         self.batch_rows, self.linger, self.max_backoff = probe.batch_rows, probe.linger, probe.max_backoff
+        self.start_rows = probe.start_rows
         # a sender that delivers a batch in settle(): the child produces it, the next batch is read and
         # sent while the child's client delivers it, as in-process (senders/base.py defer_settle)
         self.defer_settle = bool(probe.defer_settle)

@@ -148,3 +148,21 @@ def test_a_direct_send_is_delivered_before_it_returns() -> None:
     s = Deferred()
     s.send([txn(7)])
     assert s.delivered == [7] and s.settles == 1
+
+
+def test_the_first_batches_after_the_start_are_small_then_grow() -> None:
+    """``start_rows``: the first batch after the start takes at most that much (a queue full already:
+    a restart), each next one 4x more, up to ``batch_rows``: the first acknowledgement comes early (a
+    capturer killed a few seconds after its start has made progress), the rest at full size."""
+
+    class Ramp(Deferred):
+        batch_rows = 400
+        start_rows = 10
+
+    s = Ramp()
+    run(s, 300)
+    assert not s.bad
+    sizes = [len(b) for b in s.sends]
+    assert sum(sizes) == 300
+    # (get_many takes a transaction more than the weight asked: 10 -> 11)
+    assert sizes[0] <= 11 and sizes[1] <= 41 and sizes[2] <= 161 and sizes[0] < sizes[1] < sizes[2], sizes
