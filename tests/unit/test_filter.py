@@ -163,10 +163,6 @@ def test_a_reload_waiting_for_its_copies_lets_no_added_table_through(tmp_path: P
 
 def test_a_name_with_glob_characters_is_selected_exactly_by_bracketing_them() -> None:
     """As docs/configuration.md says: quoted or not a name is a glob; `a[[]1]` is the table a[1] only."""
-    from pathlib import Path
-
-    from capturer.pipeline.filter import parse_filter_text
-
     f = parse_filter_text("include `d.b`.`a[[]1]`\ninclude x.`t[*]`\n", Path("filter_rule.txt"))
     assert f.table_selected("d.b", "a[1]") and not f.table_selected("d.b", "a1")
     assert f.table_selected("x", "t*") and not f.table_selected("x", "tx")
