@@ -422,7 +422,7 @@ def _status(url: str) -> dict[str, Any]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["process", "protobuf-delta"])
+@pytest.mark.parametrize("mode", ["process", "protobuf-delta", "canal"])
 def test_every_type_through_sender_processes_and_the_backlog(tmp_path: Path, mode: str) -> None:
     """Every MariaDB type at its limits (integers, DECIMAL(65,30) max/min/-0/tiny, DECIMAL(1,1),
     float subnormals, BIT, YEAR, zero and extreme dates, TIME +/-838:59:59.999999, ENUM/SET with
@@ -432,10 +432,11 @@ def test_every_type_through_sender_processes_and_the_backlog(tmp_path: Path, mod
     columns, with inserts, updates of every column, key changes and deletes: every sender paused
     behind a small window, so each reads every change back from the backlog on disk; ``process``:
     every sender in a process of its own (the wire format both ways); ``protobuf-delta``: senders in
-    the capturer's process, Kafka's protobuf format and Delta tables. The file, the MySQL target, Kafka
+    the capturer's process, Kafka's protobuf format and Delta tables; ``canal``: in the capturer's
+    process, Kafka's canal format (every value a string). The file, the MySQL target, Kafka
     and the lake each equal the source (verify), and the target value by value."""
     proc = "process=true\n" if mode == "process" else ""
-    kafka = "format=protobuf\n" if mode == "protobuf-delta" else ""
+    kafka = {"protobuf-delta": "format=protobuf\n", "canal": "format=canal\n"}.get(mode, "")
     lake = _lake("delta") if mode == "protobuf-delta" else "writer=arrow\n"
     (m,) = start_servers(tmp_path, 1)
     target = MariaDBInstance(tmp_path / "target", server_id=99, binlog=False).start()
