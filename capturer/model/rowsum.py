@@ -24,9 +24,12 @@ from capturer.model.encode import quote_ident
 
 
 def row_text_sql(columns: Sequence[str]) -> str:
+    """The row's text: each value's bytes (``CAST(... AS BINARY)``: columns of character sets that
+    do not convert into one another, utf16 and sjis, made CONCAT_WS fail with "Illegal mix of
+    collations" until 2026-11-29), joined, then the NULL flags."""
     cols = [quote_ident(c) for c in columns]
     flags = "CONCAT(" + ", ".join(f"ISNULL({c})" for c in cols) + ")"
-    return f"CONCAT_WS(0x1f, {', '.join(cols)}, {flags})"
+    return f"CONCAT_WS(0x1f, {', '.join(f'CAST({c} AS BINARY)' for c in cols)}, {flags})"
 
 
 def _after(pk: Sequence[str], vals: Sequence[Any], inclusive: bool, op: str) -> tuple[str, list[Any]]:

@@ -344,3 +344,23 @@ def test_c_sql_tuples_equal_pymysql() -> None:
         return "X"
 
     assert sql_tuples(rows2, cols2, False, clear) == "(X, 1), (2, 3)"
+
+
+def test_wide_character_sets_are_read_big_endian_as_mysql_stores_them() -> None:
+    """MySQL's utf16, utf32 and ucs2 are big-endian without a BOM (utf16le little-endian): a VARCHAR of each
+    reads as its text in both decoders. Python's 'utf16'/'utf32' codecs (what the charset names gave) read
+    little-endian: a utf32 value failed the region, a utf16 one arrived as other characters, ucs2 as bytes."""
+    text = "é😀a\x00" 
+    cases = [("utf16", "utf-16-be", text), ("utf32", "utf-32-be", text), ("ucs2", "utf-16-be", "éπa\x00"),
+             ("utf16le", "utf-16-le", text)]
+    cols = [col(T.VARCHAR, max_length=80, character_set_name=cs) for cs, _, _ in cases]
+    for i, cc in enumerate(cols):
+        cc.name = f"w{i}"
+    data = bytes((len(cols) + 7) // 8)
+    for _, enc, t in cases:
+        b = t.encode(enc)
+        data += bytes([len(b)]) + b
+    c, py = plans(cols)
+    want = [{f"w{i}": t for i, (_, _, t) in enumerate(cases)}]
+    for p in (c, py):
+        assert [r for pair in p.rows(data, False) for r in pair if isinstance(r, dict)] == want

@@ -540,3 +540,17 @@ def test_a_run_whose_unfinished_tables_all_went_to_a_newer_run_leaves_the_positi
     r.add_snapshot_progress((TableProgress("d", "t", "run3", "pending", truncate=True),), wait=True)
     assert [(p.table, p.run) for p in r.snap_progress] == [("u", "run2"), ("v", "run2"), ("t", "run3")]
     assert r.position is not None and [p.table for p in r.position.snapshot] == ["u", "v", "t"]
+
+
+def test_integer_zerofill_columns_are_read_as_unsigned_numbers() -> None:
+    """MariaDB Connector/Python 1.1 fails on an integer ZEROFILL column's values (a SystemError on 0): the
+    snapshot reads them, and a chunk key of them, as CAST(... AS UNSIGNED); other columns as they are."""
+    from capturer.regions.mysql.snapshot import MySQLPlan
+
+    cols = [Column("id", "int", "int(6) unsigned zerofill", 10, 0, False, False),
+            Column("z", "bigint", "bigint(20) unsigned zerofill", 20, 0, False, True),
+            Column("d", "decimal", "decimal(10,2) unsigned zerofill", 10, 2, False, True),
+            Column("n", "int", "int(11)", 10, 0, False, True)]
+    p = MySQLPlan("d", "t", cols, ("id",), TableSchema("d", "t", ("id", "z", "d", "n"), ("id",), (), (3, 8, 246, 3)))
+    assert p.select_list() == "CAST(`id` AS UNSIGNED), CAST(`z` AS UNSIGNED), `d`, `n`"
+    assert p.key_select() == "CAST(`id` AS UNSIGNED)"

@@ -68,11 +68,19 @@ def _year(d: bytes, o: int) -> tuple[Any, int]:
     return (d[o] + 1900 if d[o] else 0), o + 1
 
 
+# MySQL's UTF-16/UTF-32/UCS-2 are big-endian without a BOM: pymysql knows none of them, and Python's codecs of
+# those names ('utf16', 'utf32') read a little-endian text (a utf32 value failed the region; a utf16 one
+# arrived as other characters) and it has no 'ucs2' (its values arrived as bytes)
+_WIDE = {"utf16": "utf-16-be", "utf32": "utf-32-be", "ucs2": "utf-16-be", "utf16le": "utf-16-le"}
+
+
 def _encoding(column: Any) -> str | None:
     """The Python codec the library would decode with; None = keep bytes."""
     name = column.character_set_name
     if name is None:
         return "utf-8"
+    if name.lower() in _WIDE:
+        return _WIDE[name.lower()]
     cs = charset_by_name(name)
     enc = cs.encoding if cs else name
     try:

@@ -114,6 +114,14 @@ _STRINGISH = {"char", "varchar", "tinytext", "text", "mediumtext", "longtext", "
               "longblob", "binary", "varbinary", "enum", "set", "json", "uuid", "inet6", "inet4"}
 _NUMERIC_KEY = {"enum", "set", "bit"}  # kept as their number in a chunk key
 _TEMPORAL = {"datetime", "date", "timestamp", "time"}  # kept as text in a chunk key (zero dates too)
+_INTEGER = {"tinyint", "smallint", "mediumint", "int", "integer", "bigint"}
+
+
+def _zerofill_int(c: Column) -> bool:
+    """An integer column with ZEROFILL: MariaDB Connector/Python 1.1 fails on its values (a SystemError,
+    "returned a result with an exception set", on 0 and some others), so it is read as CAST(... AS UNSIGNED)
+    (ZEROFILL implies UNSIGNED: the same number)."""
+    return c.data_type in _INTEGER and "zerofill" in c.column_type.lower()
 
 
 def type_code(c: Column) -> int:
@@ -140,6 +148,8 @@ class MySQLPlan(TablePlan):
                 out.append(f"CAST({q} AS BINARY)")
             elif c.data_type == "float":
                 out.append(f"CAST({q} AS DOUBLE)")
+            elif _zerofill_int(c):
+                out.append(f"CAST({q} AS UNSIGNED)")
             else:
                 out.append(q)
         return ", ".join(out)
@@ -177,8 +187,8 @@ class MySQLPlan(TablePlan):
                 e = f"CAST({q} AS DOUBLE)"  # the float's exact value, as the binlog has it
             elif c.data_type == "timestamp":
                 e = f"UNIX_TIMESTAMP({q})"  # independent of time zones; 0 for the zero timestamp
-            elif c.data_type == "year":
-                e = f"CAST({q} AS UNSIGNED)"  # (MariaDB Connector/Python fails on the year 0000)
+            elif c.data_type == "year" or _zerofill_int(c):
+                e = f"CAST({q} AS UNSIGNED)"  # (MariaDB Connector/Python fails on the year 0000, and on ZEROFILL)
             elif c.data_type in ("datetime", "date"):
                 # a date no calendar has (zero dates, a zero month or day, 2020-02-30 under ALLOW_INVALID_DATES,
                 # the year 0) as NULL, as the binlog decoder gives it: MariaDB Connector/Python 1.1 crashes the
