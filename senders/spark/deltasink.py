@@ -632,40 +632,48 @@ class DeltaSender(SparkSender):
         ddl = txn.ddl
         assert ddl is not None
         tdir = self.warehouse / st.name
-        fill = []
+        fill: dict[str, str] = {}  # column added -> its default, set on the rows there in one commit at the end
         lake.warn_unknown_adds(log, self.name, ddl.db, ddl.table, ddl.sql)
         if_new = {c.lower() for c in added_if_not_exists(ddl.sql)}
-        for col, stype, default in lake.parse_add_columns(ddl.sql):
-            col = lake.column_named(col, st.columns) or col
-            if col in st.columns and col.lower() in if_new:
-                # ADD COLUMN IF NOT EXISTS of a column the table has: the source leaves it and its values
-                # as they are (the default is not set on its rows; a crash between this ALTER's ADD COLUMNS
-                # and its UPDATE leaves such a column's older rows NULL: docs/limits.md)
-                continue
-            if col not in st.columns and stype is not None:
-                self.spark.sql(f"ALTER TABLE delta.`{tdir}` ADD COLUMNS ({lake.q(col)} {stype})")
-                st.columns[col] = stype
-            if col in st.columns and default is not None and default.upper() != "NULL":
-                fill.append(f"{lake.q(col)} = CAST({default} AS {st.columns[col]})")
-        if fill:
-            # the rows from before the ALTER read the column's default, as on the source: set in one
-            # commit with the txn pair (a replay that finds the ALTER done sets it again, harmlessly:
-            # no later change of the table is merged before the table's key passes this DDL)
-            self._txn_sql(st, txn, f"UPDATE delta.`{tdir}` SET {', '.join(fill)}")
+        adds = iter(lake.parse_add_columns(ddl.sql))  # (its ADDs, in the same order)
         rename_to = ""
-        for what, a, b in lake.parse_alter(ddl.sql):
+        for what, a, b in lake.alter_columns(ddl.sql):  # in the clauses' order (DROP c, ADD c: added again)
             if what == "rename_table":
                 rename_to = b
+                continue
+            if what == "add":
+                col, stype, default = next(adds)
+                col = lake.column_named(col, st.columns) or col
+                if col in st.columns and col.lower() in if_new:
+                    # ADD COLUMN IF NOT EXISTS of a column the table has: the source leaves it and its values
+                    # as they are (the default is not set on its rows; a crash between this ALTER's ADD COLUMNS
+                    # and its UPDATE leaves such a column's older rows NULL: docs/limits.md)
+                    continue
+                if col not in st.columns and stype is not None:
+                    self.spark.sql(f"ALTER TABLE delta.`{tdir}` ADD COLUMNS ({lake.q(col)} {stype})")
+                    st.columns[col] = stype
+                if col in st.columns and default is not None and default.upper() != "NULL":
+                    fill[col] = default
+                continue
             a = lake.column_named(a, st.columns) or a  # (DROP COLUMN ID drops id, as on the source)
             if what == "drop" and a in st.columns:
                 if a in st.pk:
                     self._cannot(ddl.db, ddl.table, ddl.sql, "DROP of a primary key column")
                 self.spark.sql(f"ALTER TABLE delta.`{tdir}` DROP COLUMN {lake.q(a)}")
                 del st.columns[a]
+                fill.pop(a, None)
             elif what == "rename" and a in st.columns and (b not in st.columns or b.lower() == a.lower()):
                 self.spark.sql(f"ALTER TABLE delta.`{tdir}` RENAME COLUMN {lake.q(a)} TO {lake.q(b)}")
                 st.columns = {(b if c == a else c): t for c, t in st.columns.items()}
                 st.pk = [b if c == a else c for c in st.pk]
+                if a in fill:
+                    fill[b] = fill.pop(a)
+        if fill:
+            # the rows from before the ALTER read the column's default, as on the source: set in one
+            # commit with the txn pair (a replay that finds the ALTER done sets it again, harmlessly:
+            # no later change of the table is merged before the table's key passes this DDL)
+            sets = ", ".join(f"{lake.q(c)} = CAST({d} AS {st.columns[c]})" for c, d in fill.items())
+            self._txn_sql(st, txn, f"UPDATE delta.`{tdir}` SET {sets}")
         if rename_to:  # (after the column changes: MySQL applies the clauses so too)
             to_db, to_table = split_qname(rename_to)
             self._rename((ddl.db, ddl.table), (to_db or ddl.db, to_table), key, ddl.sql)

@@ -700,8 +700,7 @@ class SparkSender(Sender):
         assert ddl is not None
         head = clean(ddl.sql).upper()
         if ddl.table and head.startswith("ALTER"):
-            self._add_columns(txn)
-            self._drop_rename_columns(txn)
+            self._alter_columns(txn)
         if head.startswith("DROP"):
             # every table of the statement (DROP TABLE a, b), or of the database (DROP DATABASE)
             for db, table in dropped_tables(ddl.sql, ddl.session_db or ddl.db):
@@ -776,48 +775,40 @@ class SparkSender(Sender):
         st.save(self.warehouse / st.name)
         st._dirty = True  # type: ignore[attr-defined]
 
-    def _add_columns(self, txn: Txn) -> None:
+    def _alter_columns(self, txn: Txn) -> None:
+        """An ALTER TABLE's column clauses, in their order (DROP c, ADD c in one statement: the column
+        added again). ADD COLUMN: the column joins the table's state with its default for the rows
+        from before (``added``; a column there already: IF NOT EXISTS, left alone). DROP COLUMN: the
+        column leaves the state (its values stay in the changelog files, read by no view). RENAME
+        COLUMN (CHANGE to another name): rows older than the ALTER read the column under its old name
+        (``moved``). Names matched regardless of case, as the source matches them. A replay of the
+        batch's ALTERs, in order, comes to the same state."""
         ddl = txn.ddl
         assert ddl is not None
-        added = lake.parse_add_columns(ddl.sql)
-        if not added:
-            return
-        lake.warn_unknown_adds(log, self.name, ddl.db, ddl.table, ddl.sql)
-        st = self.tables.get((ddl.db, ddl.table)) or lake.TableState.load(
-            self.warehouse / lake.table_name(ddl.db, ddl.table))
-        if st is None:
-            return  # no rows yet: nothing older to fill in
-        self.tables[(ddl.db, ddl.table)] = st
-        for col, stype, default in added:
-            if lake.column_named(col, st.columns) is not None:
-                continue  # (ADD COLUMN IF NOT EXISTS of a column there)
-            if col in st.gone:  # added again: its older values are the dropped column's, never this one's
-                del st.gone[col]
-                st.added[col] = [txn.commit_ts, default or "NULL"]
-            elif default is not None and default.upper() != "NULL":
-                st.added[col] = [txn.commit_ts, default]
-            if stype is not None:
-                st.columns.append([col, stype])
-        st.save(self.warehouse / st.name)
-        st._dirty = True  # type: ignore[attr-defined]
-
-    def _drop_rename_columns(self, txn: Txn) -> None:
-        """DROP COLUMN: the column leaves the table's state (its values stay in the changelog files,
-        read by no view); RENAME COLUMN (CHANGE to another name): rows older than the ALTER read the
-        column under its old name (``TableState.moved``). Names matched regardless of case, as the
-        source matches them. A replay finds the work done."""
-        ddl = txn.ddl
-        assert ddl is not None
-        changes = [c for c in lake.parse_alter(ddl.sql) if c[0] in ("drop", "rename")]
+        changes = [c for c in lake.alter_columns(ddl.sql) if c[0] in ("add", "drop", "rename")]
         if not changes:
             return
+        lake.warn_unknown_adds(log, self.name, ddl.db, ddl.table, ddl.sql)
         st = self.tables.get((ddl.db, ddl.table)) or lake.TableState.load(
             self.warehouse / lake.table_name(ddl.db, ddl.table))
         if st is None:
             return  # no rows yet: the table starts with the columns of its first rows
         self.tables[(ddl.db, ddl.table)] = st
         ts = txn.commit_ts
+        adds = iter(lake.parse_add_columns(ddl.sql))  # (its ADDs, in the same order)
         for what, a, b in changes:
+            if what == "add":
+                col, stype, default = next(adds)
+                if lake.column_named(col, st.columns) is not None:
+                    continue  # (ADD COLUMN IF NOT EXISTS of a column there)
+                if col in st.gone:  # added again: its older values are the dropped column's, never this one's
+                    del st.gone[col]
+                    st.added[col] = [ts, default or "NULL"]
+                elif default is not None and default.upper() != "NULL":
+                    st.added[col] = [ts, default]
+                if stype is not None:
+                    st.columns.append([col, stype])
+                continue
             have = lake.column_named(a, st.columns)
             if have is None:
                 continue

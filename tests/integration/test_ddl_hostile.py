@@ -97,6 +97,10 @@ STEPS: list[tuple[str, list[str]]] = [
      f"RENAME TO {QDB}.`o3, final`",
      [f"INSERT INTO {QDB}.`o3, final` (`I.d`) VALUES (51)",
       f"UPDATE {QDB}.`o3, final` SET `z)` = 10 WHERE `I.d` = 1"]),
+    # a column dropped and added again in one ALTER: the rows there take the new column's default (the lake
+    # applied the ADD first, found the column there, then dropped it: the column was gone from the lake)
+    (f"ALTER TABLE {QDB}.`o3, final` DROP COLUMN `z)`, ADD COLUMN `z)` INT DEFAULT 4 FIRST",
+     [f"INSERT INTO {QDB}.`o3, final` (`I.d`) VALUES (52)"]),
     # (a swap of two tables of the same columns and other keys, its RENAME on a line of its own: every sink
     # keeps each table's rows under its own key)
     (f"RENAME\nTABLE {QDB}.`k 1` TO {QDB}.`k tmp`, {QDB}.`k 2` TO {QDB}.`k 1`, {QDB}.`k tmp` TO {QDB}.`k 2`",
@@ -117,10 +121,8 @@ EXTRA = [
     (f"/* pre */ TRUNCATE /* mid */ TABLE {QDB}.`li ke`", [f"INSERT INTO {QDB}.`li ke` (`Id`) VALUES (2)"]),
     (f"CREATE TABLE {QDB}.`d1` (a INT PRIMARY KEY)", [f"INSERT INTO {QDB}.`d1` VALUES (1)"]),
     (f"-- x\nDROP TABLE /* y */ {QDB}.`d1`, {QDB}.`as sel` # z", []),
-    (f"ALTER TABLE {QDB}.`o3, final` DROP COLUMN `z)`, ADD COLUMN `z)` VARCHAR(3) DEFAULT 'z,' FIRST",
-     [f"INSERT INTO {QDB}.`o3, final` (`I.d`) VALUES (52)"]),
 ]
-TABLES = {"T1 re.named": 11, "o3, final": 6, "li ke": 1, "as sel": 4, "k 1": 2, "k 2": 2}
+TABLES = {"T1 re.named": 11, "o3, final": 7, "li ke": 1, "as sel": 4, "k 1": 2, "k 2": 2}
 
 
 def _source(m: MariaDBInstance, sql: str) -> list[tuple[Any, ...]]:
@@ -181,7 +183,7 @@ def _run(tmp_path: Path, table_format: str | None) -> None:
             f"{s}/{t}: {v['status']} ({v['missing']} missing, {v['extra']} extra, {v['different']} different) "
             f"{v.get('note') or ''}\n    " + "\n    ".join(e[:500] for e in v["examples"][:3])
             for (s, t), v in bad.items()) or json.dumps(report, default=str)[:4000]
-        tables_now = dict(TABLES) if table_format else {**TABLES, "T1 re.named": 12, "o3, final": 7, "li ke": 1}
+        tables_now = dict(TABLES) if table_format else {**TABLES, "T1 re.named": 12, "li ke": 1}
         if not table_format:
             del tables_now["as sel"]
         want = {(s, f"{DB}.{t}"): n for s in senders for t, n in tables_now.items()}

@@ -103,3 +103,15 @@ def test_a_rename_of_case_only_stops_the_changelog_lake_naming_it(tmp_path: Path
         _alter(s, 100, "CHANGE ex EX INT")
     assert not e.value.retriable
     _alter(s, 101, "CHANGE ex ex BIGINT")  # (the same name: a type change, no rename)
+
+
+def test_a_column_dropped_and_added_again_in_one_alter_is_there_with_its_default(tmp_path: Path) -> None:
+    """DROP COLUMN c, ADD COLUMN c ... DEFAULT 4 in one ALTER: before, the ADD was applied first (the column there:
+    left alone), then the DROP: the column was gone from the lake while the source has it, 4 on every row."""
+    s = _sender(tmp_path)
+    s._state_for(TableSchema(DB, TABLE, ("Id", "z)"), ("Id",)), [["Id", "bigint"], ["z)", "bigint"]])
+    _alter(s, 100, "DROP COLUMN `z)`, ADD COLUMN `z)` INT DEFAULT 4 FIRST")
+    st = _state(s)
+    assert st.columns == [["Id", "bigint"], ["z)", "bigint"]] and st.added == {"z)": [100, "4"]}
+    assert "CASE WHEN _commit_ts < 100 THEN CAST(4 AS bigint) ELSE `z)` END AS `z)`" in lake.changes_sql(
+        st, "db", False, tmp_path)
