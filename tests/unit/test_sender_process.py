@@ -244,8 +244,10 @@ def test_the_child_follows_the_capturers_lease_and_writes_nothing_past_it(tmp_pa
     from capturer.util import fencing
 
     lease = fencing.SharedLease(tmp_path / "lease", create=True)
-    until = time.monotonic() + 2.0
-    lease.write(until, 0, 1)  # held for 2 s
+    # held for 10 s, never renewed: long enough for the child to start and write the first batch on a loaded
+    # machine (2 s ran out before the child had opened in 2 of 4 runs at a load of 13-15); a guard's lease only
+    # grows, so it cannot be shortened afterwards
+    lease.write(time.monotonic() + 10.0, 0, 1)
     opts = {**options(tmp_path, "proc"), "ha_epoch": 7, "ha_lease": 4, "ha_lease_file": str(tmp_path / "lease")}
     ps = ProcessSender("local", opts, spill_rows=2000, spill_dir=str(tmp_path / "spill"))
     batch = txns()
@@ -256,7 +258,7 @@ def test_the_child_follows_the_capturers_lease_and_writes_nothing_past_it(tmp_pa
         assert out.read_bytes().count(b"\n") == 5
         child = ps.proc
         assert child is not None
-        child.wait(30)  # not renewed (the capturer is frozen): the lease runs out, the child ends itself
+        child.wait(60)  # not renewed (the capturer is frozen): the lease runs out, the child ends itself
         assert child.returncode == 3
         with pytest.raises(Fenced, match="epoch 7"):  # a new child refuses to open
             ps.send(batch[1:2])
