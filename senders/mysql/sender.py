@@ -135,6 +135,9 @@ class MySQLSender(Sender):
         self._nopad_as: str | None = None  # the target's name of a binary NO PAD collation (_collated)
         self.progress: dict[str, Ident] = {}
         self.progress_after_commit: dict[str, Ident] = {}
+        # per target table, its NOT NULL date columns and their zero dates (worker.py _zero_dates); forgotten
+        # at every DDL applied (workers fill it: a dict's item assignment is atomic)
+        self.zero_date_columns: dict[tuple[str, str], dict[str, str]] = {}
         self._progress_loaded = False
         # the position (senders/mysql/position.py): the last phase number (across runs), what the target
         # holds of the last phase while the stream hands it again, and the key of the last transaction
@@ -656,6 +659,7 @@ class MySQLSender(Sender):
                         else:
                             raise
                 conn.commit()
+                self.zero_date_columns.clear()  # (a column added, made NOT NULL, a table renamed)
                 self.count("ddl_applied")
                 if mark is not None:
                     with conn.cursor() as cur:

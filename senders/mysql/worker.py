@@ -10,7 +10,7 @@ import logging
 import random
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any, Protocol
 
@@ -63,6 +63,19 @@ ER_NO_SUCH_TABLE = 1146
 ER_DUP_FIELDNAME = 1060
 ER_DUP_ENTRY = 1062
 
+
+
+def _zeroed(image: dict[str, Any] | None, cols: dict[str, str]) -> dict[str, Any] | None:
+    """``image`` with ``cols``' zero date where it holds None (the same dict when none does)."""
+    if image is None:
+        return None
+    out = None
+    for c, zero in cols.items():
+        if c in image and image[c] is None:
+            if out is None:
+                out = dict(image)
+            out[c] = zero
+    return image if out is None else out
 
 
 @dataclass(slots=True)
@@ -324,6 +337,7 @@ class Worker:
         i, n = 0, len(todo)
         kinds = [_kind(op.ch) for op in todo]
         with conn.cursor() as cur:
+            todo = self._zero_dates(cur, todo)
             while i < n:
                 # a run: consecutive changes of one table and kind whose images have the same columns
                 head = todo[i]
@@ -369,6 +383,37 @@ class Worker:
         for tkey, ident in progress.items():
             self.s.progress_after_commit[tkey] = ident
         return len(todo)
+
+    def _zero_dates(self, cur: Any, todo: list[Op]) -> list[Op]:
+        """``todo`` with the zero date written back where a ``NOT NULL`` date column of the target has
+        NULL: the sources' zero dates (``0000-00-00``) arrive as NULL (no calendar has them), which such a
+        column refuses (error 1048 for a row inserted alone) or replaces by its implicit default (the
+        current time for a ``TIMESTAMP``). The source's column is ``NOT NULL`` too (the target's was made
+        from its definition), so its NULL there can only have been a zero date. The target's columns are
+        read once a table (``zero_date_columns``, forgotten at every DDL the sender applies)."""
+        known: dict[tuple[str, str], dict[str, str]] | None = getattr(self.s, "zero_date_columns", None)
+        if known is None:
+            return todo
+        out: list[Op] | None = None
+        for k, op in enumerate(todo):
+            cols = known.get((op.db, op.table))
+            if cols is None:
+                cur.execute("SELECT COLUMN_NAME, DATA_TYPE FROM information_schema.COLUMNS WHERE TABLE_SCHEMA=%s "
+                            "AND TABLE_NAME=%s AND IS_NULLABLE='NO' AND DATA_TYPE IN ('date','datetime','timestamp')",
+                            (op.db, op.table))
+                cols = {str(c): "0000-00-00" if str(t).lower() == "date" else "0000-00-00 00:00:00"
+                        for c, t in cur.fetchall()}
+                known[(op.db, op.table)] = cols
+            if not cols:
+                continue
+            ch = op.ch
+            before, after = _zeroed(ch.before, cols), _zeroed(ch.after, cols)
+            if before is ch.before and after is ch.after:
+                continue
+            if out is None:
+                out = list(todo)
+            out[k] = Op(op.ident, replace(ch, before=before, after=after), op.db, op.table, op.pos)
+        return todo if out is None else out
 
     @staticmethod
     def _render(cur: Any, run: list[Op]) -> Render | None:

@@ -157,6 +157,55 @@ def test_types_round_trip_to_target(tmp_path: Path, two_servers, target, capture
     assert rows_of(target, "ty", "we`ird tbl") == rows_of(m1, "ty", "we`ird tbl") == [(1, "%s %% `` \\ '")]
 
 
+def test_zero_dates_in_not_null_columns_reach_the_target_as_zero_dates(tmp_path: Path, two_servers, target, capturer_running) -> None:  # type: ignore[no-untyped-def]
+    """Legacy schemas: ``NOT NULL`` DATE/DATETIME/TIMESTAMP columns holding zero dates (a source whose
+    ``sql_mode`` allows them). They travel as NULL (no calendar has them); the target's ``NOT NULL``
+    column got that NULL: a row inserted alone was refused (1048, the MySQL sender stopped), rows inserted
+    together got the implicit default (the current time in a ``TIMESTAMP``). The sender writes the zero
+    date back where the target's column is ``NOT NULL``: equal to the source row for row, also a keyless
+    table's update and delete (matched by every column), and after an ADD COLUMN; a nullable column keeps
+    the NULL (the documented mapping)."""
+    m1 = two_servers[0]
+    m1.execute(
+        "SET SESSION sql_mode=''",
+        "CREATE DATABASE zd",
+        """CREATE TABLE zd.t (id INT PRIMARY KEY, d DATE NOT NULL DEFAULT '0000-00-00',
+            dt DATETIME NOT NULL DEFAULT '0000-00-00 00:00:00',
+            ts TIMESTAMP NOT NULL DEFAULT '0000-00-00 00:00:00', n DATETIME NULL)""",
+        "CREATE TABLE zd.k (v INT, dt DATETIME NOT NULL)",
+    )
+    cfg = write_config(tmp_path, two_servers[:1], senders=mysql_senders(target))
+    with capturer_running(cfg) as cap:
+        c = m1.connect()
+        with c.cursor() as cur:
+            cur.execute("SET SESSION sql_mode=''")
+            cur.execute("INSERT INTO zd.t (id) VALUES (1)")  # a row alone, its zero dates the defaults: refused before
+            c.commit()
+            cur.execute("INSERT INTO zd.t VALUES (2, '2024-01-02', '2024-01-02 03:04:05', '2024-01-02 03:04:05', "
+                        "NULL), (3, '0000-00-00', '0000-00-00 00:00:00', '0000-00-00 00:00:00', NULL), "
+                        "(4, '0000-00-00', '2020-05-06 07:08:09', '0000-00-00 00:00:00', '2020-01-01')")
+            c.commit()
+            cur.execute("UPDATE zd.t SET d = '0000-00-00', ts = '0000-00-00 00:00:00' WHERE id = 2")
+            cur.execute("INSERT INTO zd.k VALUES (1, '0000-00-00 00:00:00'), (2, '2021-01-01'), "
+                        "(3, '0000-00-00 00:00:00')")
+            c.commit()
+            cur.execute("UPDATE zd.k SET v = 10 WHERE v = 1")  # found at the target by its zero date
+            cur.execute("DELETE FROM zd.k WHERE v = 3")
+            cur.execute("ALTER TABLE zd.t ADD COLUMN later DATE NOT NULL DEFAULT '0000-00-00'")
+            cur.execute("INSERT INTO zd.t (id) VALUES (5)")
+            c.commit()
+        c.close()
+        wait_for(lambda: checkpoint_covers(tmp_path, two_servers[:1]), 60)
+        st = cap.senders[0].status()
+    assert st["errors"] == 0 and st["state"] != "failed", st
+    assert rows_of(target, "zd", "t") == rows_of(m1, "zd", "t")
+    assert sorted(rows_of(target, "zd", "k")) == sorted(rows_of(m1, "zd", "k"))
+    assert rows_of(target, "zd", "t")[0][4] is None  # the nullable column: NULL, as documented
+    from helpers import verify_equal
+
+    verify_equal(cfg, ["mysql"], 30)  # verify agrees
+
+
 def test_big_transaction_is_spilled_and_arrives_whole(tmp_path: Path, two_servers, target, capturer_running) -> None:  # type: ignore[no-untyped-def]
     """A transaction past spillRows goes to disk in chunks; the filter, the file
     sender and the MySQL sender read it from there. Everything arrives, in order,
