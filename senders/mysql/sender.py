@@ -649,6 +649,9 @@ class MySQLSender(Sender):
                     except pymysql.err.MySQLError as exc:
                         code = exc.args[0] if exc.args else 0
                         renamed = code == ER_NO_SUCH_TABLE and " RENAME " in f" {sql.upper()} "
+                        # a column renamed by this statement before a crash (its position not written yet): the
+                        # replay finds no column of the old name
+                        renamed = renamed or (code == ER_BAD_FIELD and _RENAMES_COLUMN.search(sql) is not None)
                         if code == ER_DUP_FIELDNAME and _CREATE_TABLE.match(sql):
                             # (not a statement applied before: CREATE TABLE IF NOT EXISTS of a table there
                             # is a note; two of its columns are one name to the target)
@@ -706,6 +709,8 @@ def _same_name(ddl: Ddl, sql: str, exc: BaseException) -> str:
 
 
 _CREATE_TABLE = re.compile(r"^\s*CREATE\s+(?:OR\s+REPLACE\s+)?(?:TEMPORARY\s+)?TABLE\b", re.I)
+_RENAMES_COLUMN = re.compile(r"(?is)^\s*ALTER\b.*\b(?:CHANGE|RENAME\s+COLUMN)\b")
+ER_BAD_FIELD = 1054  # unknown column
 
 
 class _Phases:

@@ -206,6 +206,43 @@ def test_zero_dates_in_not_null_columns_reach_the_target_as_zero_dates(tmp_path:
     verify_equal(cfg, ["mysql"], 30)  # verify agrees
 
 
+def test_a_column_rename_replayed_after_a_crash_goes_on(tmp_path: Path, target) -> None:  # type: ignore[no-untyped-def]
+    """A crash between a DDL's commit at the target and its position's row (two transactions: MySQL
+    commits a DDL on its own) applies the DDL again after the restart. For CHANGE COLUMN and RENAME
+    COLUMN the second run finds no column of the old name (1054): already applied, not a failure. Before,
+    the MySQL sender stopped there for good (seen in CI: the hostile applier test, kill -9 mid-load)."""
+    from capturer.model import Ddl, Position, Txn
+    from senders.mysql.sender import MySQLSender
+
+    target.execute("CREATE DATABASE rc", "CREATE TABLE rc.t (id INT PRIMARY KEY, `order` INT, sel INT)")
+    from capturer import config
+    from senders import CATALOG
+
+    p = tmp_path / "senderConfig.cfg"
+    p.write_text(mysql_senders(target, threadnum=2))
+    (sc,) = config.load_sender_config(p, CATALOG)
+    ddls = ["ALTER TABLE rc.t CHANGE COLUMN `order` `Order2` BIGINT",
+            "ALTER TABLE rc.t\nRENAME COLUMN sel TO `re.named`"]
+    txns = [Txn("r1", (i + 1) << 18, Position("bin.000001", 100 + i), ddl=Ddl("rc", sql, "t", "rc", 0))
+            for i, sql in enumerate(ddls)]
+    # the crash's effect: the DDL at the target, its position not (a second sender, whose position rows
+    # are its own, has none: it runs each DDL again, as the restarted one would)
+    first, again = MySQLSender("mysql", sc.options), MySQLSender("mysql_after_crash", sc.options)
+    for s in (first, again):
+        s.open()
+        try:
+            for t in txns:
+                s.send([t])
+        finally:
+            s.close()
+    c = target.connect()
+    with c.cursor() as cur:
+        cur.execute("SELECT COLUMN_NAME FROM information_schema.COLUMNS WHERE TABLE_SCHEMA='rc' AND TABLE_NAME='t' "
+                    "ORDER BY ORDINAL_POSITION")
+        assert [r[0] for r in cur.fetchall()] == ["id", "Order2", "re.named"]
+    c.close()
+
+
 def test_big_transaction_is_spilled_and_arrives_whole(tmp_path: Path, two_servers, target, capturer_running) -> None:  # type: ignore[no-untyped-def]
     """A transaction past spillRows goes to disk in chunks; the filter, the file
     sender and the MySQL sender read it from there. Everything arrives, in order,
