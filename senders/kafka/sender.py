@@ -8,7 +8,9 @@ in order.
   become ``_``.
 * partition: Kafka's murmur2 of the key bytes (what the Java client does), so
   consumers in any language can find a key. Keyless tables are partitioned by
-  table name: their rows keep their order.
+  table name: their rows keep their order. The partition count is the one the
+  sender first wrote the topic with, kept in the checkpoint (``_pin``): partitions
+  added to a topic later stay empty, so no key moves and a replay goes where it went.
 * a primary-key change is a delete under the old key, then a create under the
   new key (as Debezium does); ``tombstones=true`` adds a null-value message
   after each delete for log compaction.
@@ -227,6 +229,10 @@ class KafkaSender(Sender):
         # read, encoded and produced (senders/base.py defer_settle); a transactional batch commits in send()
         self.defer_settle = not self.transactional
         self._unsettled: list[Txn] = []  # what send() handed over since the last settle()
+        # topic -> the partition count this sender hashes its keys over (kept in the checkpoint: position_state),
+        # read from the checkpoint's copy when first needed; and topic -> the count the broker says, where more
+        self._pins: dict[str, int] | None = None
+        self.partitions_raised: dict[str, int] = {}
 
     @staticmethod
     def check_options(opts: dict[str, Any], where: Callable[[str], str]) -> None:
@@ -237,6 +243,9 @@ class KafkaSender(Sender):
         st = super().status()
         st.update({"messages": self.messages, "client": self.options["client"], "format": self.fmt,
                    "skipped": self.marks.skipped, "read_back_given_up": sorted(self.read_back_given_up)})
+        if self.partitions_raised:  # topics written over fewer partitions than they have (see _pin)
+            pins = self._pins or {}
+            st["partitions_kept"] = {t: [pins.get(t, n), n] for t, n in sorted(self.partitions_raised.items())}
         return st
 
     def open(self) -> None:
@@ -373,9 +382,47 @@ class KafkaSender(Sender):
                 raise SinkError(f"topic {topic!r} was created but has no partitions yet")
             for t in missing:  # (tried again when written to)
                 del counts[t]
+        self._pin(counts)
         for t in counts:
             client.learn(t)
         self._read_back_all(counts)
+
+    def _pin(self, counts: dict[str, int]) -> None:
+        """The partition count each topic of ``counts`` is written with, in place of the broker's: the one
+        this sender hashed the topic's keys over before, as long as the broker's is not lower. A topic's
+        partitions raised (``kafka-topics --alter --partitions``) would move half of the keys to other
+        partitions: a consumer could read a key's newer change before its older one (in the partition it
+        left), and a restart after kill -9 would write what it replays from the checkpoint into other
+        partitions than those that hold it, where the read-back finds no mark of it: twice. So the count
+        first seen is kept (in the checkpoint, ``position_state``): every key stays in its partition, in
+        order, once; the new partitions stay empty (shown in the status, ``partitions_kept``). A count
+        lower than the one kept (the topic deleted and made again) is taken as it is."""
+        pins = self._pins
+        if pins is None:
+            kept = (self.resume_state or {}).get("partitions")
+            pins = self._pins = {str(t): int(n) for t, n in kept.items()} if isinstance(kept, dict) else {}
+            self.position_state = {**(self.position_state or {}), "partitions": dict(pins)}
+        changed = False
+        for t, n in counts.items():
+            was = pins.get(t)
+            if was is None or n < was:
+                if was is not None:
+                    log.warning("sender %s: topic %s has %d partitions, fewer than the %d its keys were hashed "
+                                "over (deleted and made again?): hashed over %d from now on", self.name, t, n,
+                                was, n)
+                pins[t] = n
+                changed = True
+                self.partitions_raised.pop(t, None)
+            elif n > was:
+                counts[t] = was
+                if self.partitions_raised.get(t) != n:
+                    log.warning("sender %s: topic %s has %d partitions now; its keys stay hashed over the %d "
+                                "they were written to (each key in its partition, in order; nothing written "
+                                "twice after a crash), the new partitions get nothing (docs/senders.md: "
+                                "partitions raised)", self.name, t, n, was)
+                self.partitions_raised[t] = n
+        if changed:
+            self.position_state = {**(self.position_state or {}), "partitions": dict(pins)}
 
     def _batch_topics(self) -> list[str]:
         """The topics the rest of the batch in hand (from the transaction in hand on) writes to,
