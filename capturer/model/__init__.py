@@ -183,6 +183,34 @@ class ChunkMark(SnapshotMark):
         return d
 
 
+@dataclass(frozen=True)
+class PreparedXa:
+    """An XA transaction the source has prepared (MariaDB 10.5+, MySQL 5.7+ write its rows to
+    the binlog at ``XA PREPARE``, in a group of their own) and not yet decided (``XA COMMIT``
+    or ``XA ROLLBACK``, later, as a group of its own). ``xid``: ``format_id:gtrid:bqual``
+    (the two in hex); ``file``/``pos``: where its group starts in the binlog (a region
+    resuming past the group reads its rows again from there); ``gtid``: the group's GTID."""
+
+    xid: str
+    file: str
+    pos: int
+    gtid: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"xid": self.xid, "file": self.file, "pos": self.pos, "gtid": self.gtid}
+
+    @classmethod
+    def from_json(cls, d: Any) -> PreparedXa:
+        if not isinstance(d, dict):
+            raise ValueError(f"position.xa entries must be objects, got {d!r}")
+        xid, file, pos, gtid = d.get("xid"), d.get("file"), d.get("pos"), d.get("gtid", "")
+        if not isinstance(xid, str) or not xid or not isinstance(file, str) or not file:
+            raise ValueError(f"position.xa entry needs a non-empty xid and file, got {d!r}")
+        if not isinstance(pos, int) or isinstance(pos, bool) or pos < 4 or not isinstance(gtid, str):
+            raise ValueError(f"position.xa entry: bad pos or gtid in {d!r}")
+        return cls(xid, file, pos, gtid)
+
+
 @dataclass(frozen=True, order=True)
 class Position:
     """A resume point in a MySQL/MariaDB binlog: the byte offset *after* a transaction.
@@ -193,12 +221,15 @@ class Position:
     GTID set; '' where unknown): where a region resumes on another server of the
     topology (failover, capturer/regions/mysql/gtid.py); not compared. ``snapshot``:
     the progress of a running table snapshot at this point (kept in the checkpoint
-    only, not in every change)."""
+    only, not in every change). ``xa``: the XA transactions prepared before this point
+    and not decided at it (``PreparedXa``): their rows are read again from their own
+    groups when the region resumes here (kept in the checkpoint and the wire format)."""
 
     file: str
     pos: int
     gtid: str = field(default="", compare=False)
     snapshot: tuple[TableProgress, ...] = field(default=(), compare=False, repr=False)
+    xa: tuple[PreparedXa, ...] = field(default=(), compare=False, repr=False)
 
     def to_json(self) -> dict[str, Any]:
         return {"file": self.file, "pos": self.pos, "gtid": self.gtid}
@@ -207,6 +238,8 @@ class Position:
         d = self.to_json()
         if self.snapshot:
             d["snapshot"] = [t.to_json() for t in self.snapshot]
+        if self.xa:
+            d["xa"] = [x.to_json() for x in self.xa]
         return d
 
     @classmethod
@@ -223,7 +256,11 @@ class Position:
         snap = d.get("snapshot", [])
         if not isinstance(snap, list):
             raise ValueError("position.snapshot must be a list")
-        return cls(file, pos, gtid, tuple(TableProgress.from_json(t) for t in snap))
+        xa = d.get("xa", [])
+        if not isinstance(xa, list):
+            raise ValueError("position.xa must be a list")
+        return cls(file, pos, gtid, tuple(TableProgress.from_json(t) for t in snap),
+                   tuple(PreparedXa.from_json(x) for x in xa))
 
     def __str__(self) -> str:
         return f"{self.file}:{self.pos}" + (f" ({self.gtid})" if self.gtid else "")

@@ -8,6 +8,7 @@ the library's rows normalised (``library_changes``), a table map's columns as
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from pymysqlreplication.event import (
@@ -17,6 +18,7 @@ from pymysqlreplication.event import (
     NotImplementedEvent,
     QueryEvent,
     RotateEvent,
+    XAPrepareEvent,
     XidEvent,
 )
 from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, WriteRowsEvent
@@ -28,7 +30,7 @@ from capturer.regions.base import ChangeBuffer
 from capturer.regions.mysql.rowdecode import normalise_library_row
 
 EVENTS = [
-    GtidEvent, MariadbGtidEvent, QueryEvent, XidEvent, RotateEvent, HeartbeatLogEvent,
+    GtidEvent, MariadbGtidEvent, QueryEvent, XidEvent, XAPrepareEvent, RotateEvent, HeartbeatLogEvent,
     WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent,
     NotImplementedEvent,  # (looked at for one thing: a compressed event, never skipped silently)
 ]
@@ -36,6 +38,34 @@ EVENTS = [
 #: MariaDB's compressed events (log_bin_compress=ON): QUERY_COMPRESSED, and WRITE/UPDATE/DELETE_ROWS_COMPRESSED
 #: v1 and v2. python-mysql-replication does not read them; skipped, they would lose their rows without a word.
 COMPRESSED_EVENTS = frozenset(range(165, 172))
+
+
+#: ``XA COMMIT`` / ``XA ROLLBACK`` as the server writes them in the binlog (the xid's parts in hex:
+#: ``XA COMMIT X'7831',X'',1``): the decision on a transaction prepared earlier (its own group)
+_XA_DECISION = re.compile(r"^\s*XA\s+(COMMIT|ROLLBACK)\s+X'([0-9A-Fa-f]*)'\s*,\s*X'([0-9A-Fa-f]*)'\s*,\s*(\d+)\s*"
+                          r"(ONE\s+PHASE)?", re.I)
+
+
+def xid_key(format_id: int, gtrid: bytes, bqual: bytes) -> str:
+    """An XA transaction's identity as ``PreparedXa.xid`` names it: ``format_id:gtrid:bqual``
+    (the two in lower-case hex)."""
+    return f"{int(format_id)}:{bytes(gtrid).hex()}:{bytes(bqual).hex()}"
+
+
+def xa_decision(sql: str) -> tuple[str, str, bool] | None:
+    """``(COMMIT or ROLLBACK, the xid_key, one phase)`` of an ``XA COMMIT``/``XA ROLLBACK`` Query
+    event; None for any other statement."""
+    m = _XA_DECISION.match(sql)
+    if m is None:
+        return None
+    return (m.group(1).upper(), xid_key(int(m.group(4)), bytes.fromhex(m.group(2)), bytes.fromhex(m.group(3))),
+            bool(m.group(5)))
+
+
+def group_start(ev: Any) -> int:
+    """Where an event starts in its binlog file: its header's next position minus its size (the
+    header's: header, body and checksum; ``ev.event_size`` is the body's)."""
+    return int(ev.packet.log_pos) - int(ev.packet.event_size)
 
 
 _T_STRING = 254  # MYSQL_TYPE_STRING: CHAR(n) and BINARY(n) in a table map
@@ -124,6 +154,7 @@ class TxnAssembler:
 
     def _reset(self) -> None:
         self.gtid = ""
+        self.start: tuple[str, int] | None = None  # (file, pos) of its GTID event, where its group starts
         self.buf = ChangeBuffer(self.spill_rows, self.spill_dir, self.where)
         self.open = False
 
@@ -131,10 +162,11 @@ class TxnAssembler:
     def rows(self) -> int:
         return self.buf.rows
 
-    def begin(self, gtid: str) -> None:
-        """A GTID event: a new transaction (anything unfinished before it is dropped)."""
+    def begin(self, gtid: str, start: tuple[str, int] | None = None) -> None:
+        """A GTID event (starting at ``start``): a new transaction (anything unfinished before it is dropped)."""
         self._reset()
         self.gtid = gtid
+        self.start = start
         self.open = True
 
     def add(self, changes: list[RowChange], at: str) -> None:

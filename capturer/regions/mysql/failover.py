@@ -211,7 +211,7 @@ def rebase(region: Any, low: Position, say: bool = True) -> None:
     last delivered key, read on this server."""
     with region._lock:
         region._apply_requests()
-        region.position = Position(low.file, low.pos, low.gtid, region.snap_progress)
+        region.position = Position(low.file, low.pos, low.gtid, region.snap_progress, region.xa.marks())
         region._void_chunks(new_log=True)
         region._lock.notify_all()
     if say:

@@ -257,7 +257,7 @@ def upfront_creates(region: Any, cur: Any) -> None:
                          for p in region.snap_progress)
         here = region.position
         assert here is not None
-        after = Position(here.file, here.pos, here.gtid, progress)
+        after = Position(here.file, here.pos, here.gtid, progress, here.xa)
         for i, (db, t, sql) in enumerate(stmts):
             ts = region.clock.next()
             region._emit(Txn(region.name, ts, after if i == len(stmts) - 1 else here, (),

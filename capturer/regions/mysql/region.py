@@ -36,17 +36,18 @@ from pymysqlreplication.event import (
     MariadbGtidEvent,
     NotImplementedEvent,
     QueryEvent,
+    XAPrepareEvent,
     XidEvent,
 )
 from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, WriteRowsEvent
 
 from capturer.errors import FatalSourceError, SourceError
-from capturer.model import Ddl, Position, RowChange, TableProgress, TableSchema, Txn
+from capturer.model import Ddl, Position, PreparedXa, RowChange, TableProgress, TableSchema, Txn
 from capturer.model.ddl import ddl_target, is_data_ddl, is_ignorable, names_several_tables
 from capturer.model.encode import qualified, quote_ident
 from capturer.regions.base import ClockedRegion, RegionContext, close_quietly, require_start_kind
 from capturer.regions.clock import RegionClock
-from capturer.regions.mysql import failover, prepare, tablemap
+from capturer.regions.mysql import failover, prepare, tablemap, xa
 from capturer.regions.mysql.binlog import (
     COMPRESSED_EVENTS,
     EVENTS,
@@ -54,8 +55,11 @@ from capturer.regions.mysql.binlog import (
     column_info,
     compressed_event_error,
     fast_changes,
+    group_start,
     library_changes,
     pad_binary,
+    xa_decision,
+    xid_key,
 )
 from capturer.regions.mysql.gtid import GtidTracker
 from capturer.regions.mysql.keys import RegionConfig
@@ -97,6 +101,9 @@ class MySQLRegion(SnapshotHostMixin, ClockedRegion):
         self._meta: pymysql.connections.Connection | None = None
         self.fast_events = 0
         self.library_events = 0
+        # XA transactions prepared and not decided yet: their rows, held until XA COMMIT or XA ROLLBACK (xa.py)
+        self.xa = xa.Prepared()
+        self.xa_unknown = 0  # decisions on XA transactions prepared before the region could read them
         self._init_snapshot_host(ctx.start.snapshot if isinstance(ctx.start, Position) else ())
         self._snap_method = ""  # resolved snapshot_method (consistent | watermark), once the server is known
         # the server snapshot chunks are read on: the one the stream settled on (set with the snapshot
@@ -225,6 +232,7 @@ class MySQLRegion(SnapshotHostMixin, ClockedRegion):
     def _connect_and_stream(self) -> None:
         start = self._prepare()
         self.position = start
+        xa.restore(self, start)  # the XA transactions prepared before start and not decided there
         self._stream(start)
 
     def _source_now_ms(self) -> int:
@@ -247,7 +255,7 @@ class MySQLRegion(SnapshotHostMixin, ClockedRegion):
             self._apply_requests()
             if here is not None and (self.position is None or (here.file, here.pos) > (self.position.file,
                                                                                        self.position.pos)):
-                self.position = Position(here.file, here.pos, here.gtid, self.snap_progress)
+                self.position = Position(here.file, here.pos, here.gtid, self.snap_progress, here.xa)
             self._clock_heartbeat(now_ms, self.position)
             self._lock.notify_all()
 
@@ -258,6 +266,8 @@ class MySQLRegion(SnapshotHostMixin, ClockedRegion):
         d["gtid"] = self.gtid.state
         d["failovers"] = self.failover_count
         d["failover_history"] = list(self.failovers)
+        d["xa_prepared"] = len(self.xa)
+        d["xa_unknown"] = self.xa_unknown
         snap = self.snapshot_status()
         if snap is not None:
             d["snapshot"] = snap
@@ -362,7 +372,7 @@ class MySQLRegion(SnapshotHostMixin, ClockedRegion):
         return (pos.file, pos.pos)
 
     def _stamped(self, pos: Any, progress: tuple[TableProgress, ...]) -> Position:
-        return Position(pos.file, pos.pos, pos.gtid, progress)
+        return Position(pos.file, pos.pos, pos.gtid, progress, getattr(pos, "xa", ()))
 
     def _start_statements(self, plan: TablePlan, create: Any, truncate: bool) -> list[tuple[str, str, str]]:
         stmts: list[tuple[str, str, str]] = []
@@ -413,7 +423,8 @@ class MySQLRegion(SnapshotHostMixin, ClockedRegion):
                     if not txn.open:
                         # the server has sent everything: the stream position is at a
                         # transaction boundary, past any trailing non-transaction events
-                        self._heartbeat(Position(str(stream.log_file), int(stream.log_pos), self.gtid.state))
+                        self._heartbeat(Position(str(stream.log_file), int(stream.log_pos), self.gtid.state, (),
+                                                 self.xa.marks()))
                     continue
                 if type(ev) is NotImplementedEvent:
                     if ev.event_type in COMPRESSED_EVENTS:
@@ -422,38 +433,18 @@ class MySQLRegion(SnapshotHostMixin, ClockedRegion):
                 if ev.timestamp:
                     self.last_source_time = float(ev.timestamp)
                 if isinstance(ev, (MariadbGtidEvent, GtidEvent)):
-                    txn.begin(str(getattr(ev, "gtid", "")))
+                    txn.begin(str(getattr(ev, "gtid", "")), (str(stream.log_file), group_start(ev)))
                 elif isinstance(ev, (WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent)):
                     txn.add(self._changes(ev, self._schema(ev)), f"at {stream.log_file}:{stream.log_pos}")
                 elif isinstance(ev, XidEvent):
                     self._commit(stream, ev.timestamp, *txn.finish())
-                elif isinstance(ev, QueryEvent):
-                    q = ev.query if isinstance(ev.query, str) else ev.query.decode("utf-8", "replace")
-                    head = q.strip().upper()
-                    if head == "BEGIN":
-                        txn.open = True
-                    elif head in ("COMMIT", "ROLLBACK"):
-                        # COMMIT ends a group of non-transactional (e.g. MyISAM) changes;
-                        # ROLLBACK here means they were applied anyway and cannot be undone
-                        if head == "ROLLBACK" and txn.rows:
-                            log.warning("%s: non-transactional changes before ROLLBACK at %s:%s "
-                                        "were applied by the source; passing them on",
-                                        self.where, stream.log_file, stream.log_pos)
+                elif isinstance(ev, XAPrepareEvent):
+                    if ev.one_phase:  # (MySQL's XA COMMIT ... ONE PHASE: an ordinary commit)
                         self._commit(stream, ev.timestamp, *txn.finish())
-                    elif is_ignorable(q):
-                        continue
-                    elif not is_data_ddl(q):
-                        # GRANT, CREATE USER, FLUSH ...: nothing to replicate, but the
-                        # position moves on (an empty transaction)
-                        log.debug("%s: not passing on %r", self.where, q[:80])
-                        gtid = txn.finish_empty()
-                        self._commit(stream, ev.timestamp, gtid, (), None)
                     else:
-                        schema_db = ev.schema.decode("utf-8", "replace") if isinstance(ev.schema, bytes) else str(ev.schema or "")
-                        db, table = ddl_target(q, schema_db)
-                        self._forget(db, table, q)
-                        gtid = txn.finish_empty()
-                        self._commit(stream, ev.timestamp, gtid, (), Ddl(db, q, table, schema_db))
+                        self._xa_prepared(stream, txn, xid_key(ev.xid_format_id, ev.xid_gtrid, ev.xid_bqual))
+                elif isinstance(ev, QueryEvent):
+                    self._query(stream, ev, txn)
         except pymysql.err.OperationalError as exc:
             if self._gtid_start and exc.args and exc.args[0] == 1236:
                 # the server's own check of a GTID start (strict mode): not in its binlog, or diverged
@@ -517,6 +508,69 @@ class MySQLRegion(SnapshotHostMixin, ClockedRegion):
                         close_quietly(side)
             started.wait(1.0)
 
+    def _query(self, stream: BinLogStreamReader, ev: Any, txn: TxnAssembler) -> None:
+        """A Query event: BEGIN, the COMMIT or ROLLBACK of a non-transactional group, an XA
+        decision, a statement inside a transaction (ignored), or a statement of its own (DDL ...)."""
+        q = ev.query if isinstance(ev.query, str) else ev.query.decode("utf-8", "replace")
+        head = q.strip().upper()
+        if head == "BEGIN":
+            txn.open = True
+        elif head in ("COMMIT", "ROLLBACK"):
+            # COMMIT ends a group of non-transactional (e.g. MyISAM) changes;
+            # ROLLBACK here means they were applied anyway and cannot be undone
+            if head == "ROLLBACK" and txn.rows:
+                log.warning("%s: non-transactional changes before ROLLBACK at %s:%s "
+                            "were applied by the source; passing them on",
+                            self.where, stream.log_file, stream.log_pos)
+            self._commit(stream, ev.timestamp, *txn.finish())
+        elif (decided := xa_decision(q)) is not None:
+            self._xa_decided(stream, ev.timestamp, txn, *decided)
+        elif is_ignorable(q):
+            return
+        elif not is_data_ddl(q):
+            # GRANT, CREATE USER, FLUSH ...: nothing to replicate, but the
+            # position moves on (an empty transaction)
+            log.debug("%s: not passing on %r", self.where, q[:80])
+            gtid = txn.finish_empty()
+            self._commit(stream, ev.timestamp, gtid, (), None)
+        else:
+            schema_db = ev.schema.decode("utf-8", "replace") if isinstance(ev.schema, bytes) else str(ev.schema or "")
+            db, table = ddl_target(q, schema_db)
+            self._forget(db, table, q)
+            gtid = txn.finish_empty()
+            self._commit(stream, ev.timestamp, gtid, (), Ddl(db, q, table, schema_db))
+
+    def _xa_prepared(self, stream: BinLogStreamReader, txn: TxnAssembler, xid: str) -> None:
+        """An XA transaction's group ends with its prepare: its rows are held (not sent) until
+        its decision; the GTID state moves past the group."""
+        start = txn.start or (str(stream.log_file), 4)  # (no GTID event before it: read again from the file's start)
+        gtid, rows, _, spilled = txn.finish()
+        with self._lock:
+            self.gtid.advance(gtid)
+            self.xa.hold(PreparedXa(xid, start[0], start[1], gtid), rows, spilled)
+        log.debug("%s: XA transaction %s prepared at %s:%d: %d row(s) held until its decision", self.where, xid,
+                  start[0], start[1], len(rows))
+
+    def _xa_decided(self, stream: BinLogStreamReader, source_ts: int, txn: TxnAssembler, what: str, xid: str,
+                    one_phase: bool) -> None:
+        """``XA COMMIT`` (the rows held since its prepare leave here, in the order of the commits)
+        or ``XA ROLLBACK`` (they are dropped) of a transaction prepared earlier: a group of its own."""
+        gtid = txn.finish_empty()
+        held = self.xa.take(xid)
+        if what == "ROLLBACK" or (held is None and one_phase):
+            self._commit(stream, source_ts, gtid, (), None)
+            return
+        if held is None:
+            self.xa_unknown += 1
+            log.error("%s: XA COMMIT of %s at %s:%s, a transaction prepared before the region's start (or its "
+                      "checkpoint was written by a version that did not hold XA transactions): its rows are not "
+                      "in the stream; copy its tables again (POST /snapshot)", self.where, xid, stream.log_file,
+                      stream.log_pos)
+            self._commit(stream, source_ts, gtid, (), None)
+            return
+        _, rows, spilled = held
+        self._commit(stream, source_ts, gtid, rows, None, spilled)
+
     def _changes(self, ev: Any, schema: TableSchema) -> list[RowChange]:
         """Row changes of a rows event: the fast decoder where it can, else the library;
         BINARY(n) values padded back to n bytes (``pad_binary``)."""
@@ -540,7 +594,8 @@ class MySQLRegion(SnapshotHostMixin, ClockedRegion):
             self.spilled_txns += 1
         with self._lock:
             self._apply_requests()
-            pos = Position(str(stream.log_file), int(stream.log_pos), self.gtid.advance(gtid), self.snap_progress)
+            pos = Position(str(stream.log_file), int(stream.log_pos), self.gtid.advance(gtid), self.snap_progress,
+                           self.xa.marks())
             self.clock.at(pos)  # (items a run before a crash inserted before this point raised the clock)
             ts = self.clock.commit(int(source_ts), pos)
             txn = Txn(self.name, ts, pos, rows, ddl, int(source_ts), gtid)

@@ -1,0 +1,126 @@
+"""Transaction shapes at a MariaDB source that the usual workloads do not make: XA
+transactions (their rows are in the binlog at ``XA PREPARE``, the decision comes later
+as a group of its own), through the file, a MySQL target and Apache Kafka, with a
+``kill -9`` of the capturer between a prepare and its commit (capturer/regions/mysql/xa.py).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import CapturerProcess, checkpoint_covers, read_lines, shared_broker, start_servers, verify_equal, wait_for
+from helpers import write_config as write_mysql_config
+
+from devtools.local_mariadb import MariaDBInstance
+
+pytestmark = pytest.mark.integration
+
+
+def _xa(m: MariaDBInstance, xid: str, *stmts: str) -> None:
+    """An XA transaction prepared by a session that then goes away (MariaDB keeps it prepared)."""
+    m.execute(f"XA START {xid}", *stmts, f"XA END {xid}", f"XA PREPARE {xid}")
+
+
+def _pending(tmp: Path) -> set[str]:
+    """The XA transactions the checkpoint's resume point holds as prepared and undecided."""
+    try:
+        cp = json.loads((tmp / "checkpoint.json").read_text())
+    except (OSError, ValueError):
+        return set()
+    return {x["xid"] for x in cp["regions"]["r1"].get("xa", [])}
+
+
+def _senders(tmp: Path, target: MariaDBInstance, servers: str) -> str:
+    return ("[global]\ntype=local,mysql,kafka\n"
+            f"[local]\nfilepath={tmp / 'out' / 'changes.jsonl'}\n"
+            f"[mysql]\nhost=127.0.0.1\nport={target.port}\nuser=root\npassword=\nthreadnum=2\n"
+            f"[kafka]\nservers={servers}\nclient=confluent\n")
+
+
+def _table(m: MariaDBInstance) -> dict[int, str]:
+    conn = m.connect()
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT id, v FROM d.t")
+            return {int(i): str(v) for i, v in cur.fetchall()}
+    finally:
+        conn.close()
+
+
+def test_xa_transactions_committed_once_rolled_back_never_across_kill9(tmp_path: Path) -> None:
+    """Committed XA transactions arrive once, at their commit's place; rolled-back ones never;
+    one kill -9 after the checkpoint passed two prepares (one committed, one rolled back while
+    the capturer is down): the restarted region reads the prepared groups again."""
+    (m,) = start_servers(tmp_path, 1)
+    target = MariaDBInstance(tmp_path / "target", server_id=99, binlog=False).start()
+    broker = shared_broker()
+    log = tmp_path / "capturer.log"
+    cap: CapturerProcess | None = None
+    try:
+        m.execute("CREATE DATABASE d", "CREATE TABLE d.t (id INT PRIMARY KEY, v VARCHAR(40))",
+                  "INSERT INTO d.t VALUES (1, 'seed'), (2, 'seed'), (3, 'seed')")
+        cfg = write_mysql_config(tmp_path, [m], senders=_senders(tmp_path, target, broker.servers))
+        cap = CapturerProcess(cfg, log).start()
+        cap.wait_ready()
+        wait_for(lambda: checkpoint_covers(tmp_path, [m]), 120, "the first checkpoint")
+        # prepared, other transactions in between, then committed; a key changed after the commit
+        _xa(m, "'a'", "INSERT INTO d.t VALUES (10, 'a')", "UPDATE d.t SET v = 'a' WHERE id = 1",
+            "DELETE FROM d.t WHERE id = 2", "UPDATE d.t SET id = 13 WHERE id = 3")
+        m.execute("INSERT INTO d.t VALUES (11, 'plain')")
+        m.execute("XA COMMIT 'a'")
+        m.execute("UPDATE d.t SET v = 'after a', id = 14 WHERE id = 10", "INSERT INTO d.t VALUES (3, 'plain')")
+        # prepared, then rolled back: none of it anywhere
+        _xa(m, "'b'", "INSERT INTO d.t VALUES (20, 'b')", "UPDATE d.t SET v = 'b' WHERE id = 11")
+        m.execute("XA ROLLBACK 'b'")
+        # one phase: an ordinary commit
+        m.execute("XA START 'c'", "INSERT INTO d.t VALUES (30, 'c')", "XA END 'c'", "XA COMMIT 'c' ONE PHASE")
+        # hostile xids: quotes, bytes that are no text, a branch qualifier and a format id; the same gtrid twice
+        _xa(m, "X'00ff27', 'q''b', 77", "INSERT INTO d.t VALUES (31, 'hex')")
+        _xa(m, "'x''y', ''", "INSERT INTO d.t VALUES (32, 'quote')")
+        _xa(m, "'x''y', 'z'", "INSERT INTO d.t VALUES (33, 'other branch')")
+        m.execute("XA COMMIT 'x''y', 'z'", "XA ROLLBACK 'x''y', ''", "XA COMMIT X'00ff27', 'q''b', 77")
+        wait_for(lambda: checkpoint_covers(tmp_path, [m]), 120, "every sender to have the decided transactions")
+        assert _table(target) == _table(m)  # (before the fix: the committed XA rows were missing)
+        # prepared before the kill, decided while the capturer is down
+        _xa(m, "'k'", "INSERT INTO d.t VALUES (40, 'k'), (41, 'k')", "UPDATE d.t SET v = 'k' WHERE id = 1")
+        _xa(m, "'r'", "INSERT INTO d.t VALUES (50, 'r')", "DELETE FROM d.t WHERE id = 11")
+        m.execute("INSERT INTO d.t VALUES (12, 'after the prepares')")
+        k, r = "1:6b:", "1:72:"
+        wait_for(lambda: checkpoint_covers(tmp_path, [m]) and _pending(tmp_path) == {k, r}, 120,
+                 "a checkpoint past both prepares, holding them")
+        cap.kill9()
+        m.execute("XA COMMIT 'k'", "XA ROLLBACK 'r'", "UPDATE d.t SET v = 'after k' WHERE id = 40")
+        cap = CapturerProcess(cfg, log).start()
+        cap.wait_ready()
+        m.execute("INSERT INTO d.t VALUES (60, 'after the restart')")
+        wait_for(lambda: checkpoint_covers(tmp_path, [m]) and not _pending(tmp_path), 120,
+                 "every sender to have every change")
+        text = log.read_text(errors="replace")
+        assert cap.stop() == 0, text[-4000:]
+        cap = None
+        assert "Traceback" not in text, text[-4000:]
+        assert "read again, held until its XA COMMIT" in text, text[-4000:]  # (the kill -9 case was exercised)
+        want = {1: "k", 3: "plain", 11: "plain", 12: "after the prepares", 13: "seed", 14: "after a",
+                30: "c", 31: "hex", 33: "other branch", 40: "after k", 41: "k", 60: "after the restart"}
+        assert _table(m) == want
+        assert _table(target) == want
+        verify_equal(cfg, ["local", "mysql", "kafka"])
+        # the file: rolled-back rows never; every change once (a repeat after the kill has the same identity)
+        lines = [x for x in read_lines(tmp_path) if x["op"] != "ddl"]
+        seen: dict[tuple[Any, ...], dict[str, Any]] = {}
+        for x in lines:
+            ident = (x["region"], x["commit_ts"], x["seq"])
+            assert seen.setdefault(ident, x) == x, f"a repeat of {ident} differs"
+        values = [img.get("v") for x in seen.values() for img in (x.get("before"), x.get("after")) if img]
+        assert not {"b", "r", "quote"} & set(values), values
+        inserts = sorted(x["after"]["id"] for x in seen.values() if x["op"] == "insert")
+        assert inserts == [1, 2, 3, 3, 10, 11, 12, 30, 31, 33, 40, 41, 60], inserts
+    finally:
+        if cap is not None:
+            cap.kill9()
+        broker.kill()
+        for srv in (m, target):
+            srv.stop()
