@@ -16,7 +16,8 @@ renamed), ``region.ddl`` (a region is about to emit a DDL), ``spill.chunk``
 (a chunk of a big transaction was written to the spill file), ``spill.write``
 (before writing a spill chunk), ``local.write`` (the file sender writes a block),
 ``backlog.write`` (a record was appended to a backlog segment), ``mysql.commit`` (a MySQL sender worker is
-about to commit a chunk), ``spark.stage`` / ``spark.commit`` / ``spark.committed`` (the lake's batch: its
+about to commit a chunk), ``mysql.ddl`` (a MySQL sender's DDL committed at the target, its position not written
+yet), ``spark.stage`` / ``spark.commit`` / ``spark.committed`` (the lake's batch: its
 files staged, its commit line about to be written, committed but not yet published), ``spark.upkeep`` (a
 Delta table's OPTIMIZE/VACUUM round, per table), ``spark.rename`` (a Delta table's RENAME TABLE: its new
 name written, its directory not moved yet), ``kafka.produce`` (after

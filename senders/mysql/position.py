@@ -43,8 +43,9 @@ converge by upsert, rows of tables without keys are skipped by ``applied``), cou
 ``position_mismatches`` and logs it.
 
 A DDL is a phase without changes (worker 0's row, in a transaction of its own right
-after the DDL: MySQL commits a DDL implicitly, so a crash in between applies it
-again, which the sender takes: "table exists" and the like are skipped).
+after the DDL: MySQL commits a DDL implicitly, so a crash in between hands it again;
+its intent row, written before it ran with the schema state it started from, tells
+whether it ran: senders/mysql/ddlstate.py).
 
 Chosen over per-worker "last transaction whole" rows (the previous design: a crash
 while a phase was partly committed re-applied its committed rows, and readers saw

@@ -71,11 +71,11 @@ from capturer.errors import ConfigError, Fenced, SinkError
 from capturer.model import Ddl, RowChange, StreamKey, Txn, key_to_json, stream_key
 from capturer.model.ddl import create_columns
 from capturer.model.encode import quote_ident
-from capturer.util import fencing
+from capturer.util import failpoints, fencing
 from capturer.util.ini import Key, p_bool, p_choice, p_float, p_int, p_nonempty, p_str
 from capturer.util.mysqlconn import SSL_KEYS
 from senders.base import Sender
-from senders.mysql import position
+from senders.mysql import ddlstate, position
 from senders.mysql.causality import Causality, conflict_keys, make_place_txns, stable_hash
 from senders.mysql.worker import (
     DDL_ALREADY_DONE,
@@ -133,6 +133,7 @@ class MySQLSender(Sender):
         self.idle_limit = max(15.0, 3.0 * float(options.get("ha_lease") or 0)) if self.epoch else 0.0
         self.workers = [Worker(self, i) for i in range(self.n)]
         self._nopad_as: str | None = None  # the target's name of a binary NO PAD collation (_collated)
+        self._schema = ddlstate.Fingerprint()  # the schema state a DDL starts from (its intent row)
         self.progress: dict[str, Ident] = {}
         self.progress_after_commit: dict[str, Ident] = {}
         # per target table, its NOT NULL date columns and their zero dates (worker.py _zero_dates); forgotten
@@ -148,6 +149,7 @@ class MySQLSender(Sender):
         self._read_at: StreamKey | None = None  # what resume_key() read at open
         self._read_since_open = False
         self.counters: dict[str, int] = {"phases": 0, "barriers": 0, "ddl_applied": 0, "ddl_skipped": 0,
+                                         "ddl_replays_skipped": 0,
                                          "replace_fallbacks": 0, "upsert_fallbacks": 0,
                                          "replayed_skips": 0, "deadlock_retries": 0,
                                          # changes handed again that the target holds (skipped), those of the
@@ -206,6 +208,7 @@ class MySQLSender(Sender):
                         "DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin"
                     )
                     cur.execute(position.create_sql(self.meta_db))
+                    cur.execute(ddlstate.create_sql(self.meta_db))
                     if self.epoch:
                         cur.execute(position.fence_create_sql(self.meta_db))
                         cur.execute(position.sessions_create_sql(self.meta_db))
@@ -634,8 +637,6 @@ class MySQLSender(Sender):
             conn = w.connect()
             try:
                 self.fence_check(conn)  # (a DDL commits on its own: checked just before it)
-                conn.commit()
-                fencing.check(f"sender {self.name}: DDL")  # (and the lease, right before it runs)
                 with conn.cursor() as cur:
                     if use:
                         try:
@@ -643,9 +644,20 @@ class MySQLSender(Sender):
                         except pymysql.err.OperationalError as exc:
                             if exc.args[0] != 1049:  # unknown database: run it unqualified
                                 raise
+                    stmt = self._collated(cur, sql)
+                    # (its intent, in the fenced transaction: the schema state it starts from)
+                    ran = self._ddl_intent(cur, ddl, stmt, use, key) if self.meta_db else False
+                conn.commit()
+                fencing.check(f"sender {self.name}: DDL")  # (and the lease, right before it runs)
+                with conn.cursor() as cur:
                     w.doing = (time.monotonic(), f"DDL {sql[:200]!r}")
                     try:
-                        cur.execute(self._collated(cur, sql))
+                        if ran:
+                            self.count("ddl_replays_skipped")
+                            log.warning("sender %s: DDL applied on the target before a crash (the schema is no "
+                                        "longer the one it started from); not run again: %s", self.name, sql[:200])
+                        else:
+                            cur.execute(stmt)
                     except pymysql.err.MySQLError as exc:
                         code = exc.args[0] if exc.args else 0
                         renamed = code == ER_NO_SUCH_TABLE and " RENAME " in f" {sql.upper()} "
@@ -660,10 +672,15 @@ class MySQLSender(Sender):
                             log.warning("sender %s: DDL already applied on the target (%s); "
                                         "going on: %s", self.name, exc, sql[:200])
                         else:
+                            if self.meta_db and _classify(exc, "").retriable is False:
+                                # refused: it did not run. Its intent is no evidence now, so that a run after the target was
+                                # mended runs it again (the mended schema is not taken for its effect)
+                                self._forget_intent(cur, key)
                             raise
                 conn.commit()
                 self.zero_date_columns.clear()  # (a column added, made NOT NULL, a table renamed)
                 self.count("ddl_applied")
+                failpoints.hit("mysql.ddl")  # (the DDL committed, its position not written yet)
                 if mark is not None:
                     with conn.cursor() as cur:
                         cur.execute(position.upsert_sql(self.meta_db), (self.name, 0, mark.phase, 0, mark.manifest))
@@ -679,6 +696,38 @@ class MySQLSender(Sender):
         w.pool.submit(run).result()
         self._advance(key)
 
+
+    def _ddl_intent(self, cur: Any, ddl: Ddl, stmt: str, use: str | None, key: StreamKey) -> bool:
+        """True if ``stmt`` (the DDL at ``key``) already ran at the target: its intent row (written
+        before it ran, in a run that crashed before its position) holds the schema state it started
+        from and the schema is no longer that. Else its intent is written (the caller commits it)
+        and it is to run. See senders/mysql/ddlstate.py."""
+        where = ddlstate.scope(ddl, stmt, use, mapped=self.target_db is not None)
+        kt, digest = ddlstate.key_text(key), ddlstate.stmt_digest(stmt)
+        cur.execute(ddlstate.read_sql(self.meta_db), (self.name,))
+        row = cur.fetchone()
+        if row is not None and str(row[0]) == kt and str(row[1]) == digest:
+            before = str(row[2])
+            ddlstate.wait_for_twin(cur, stmt, self.name)  # (the crashed run's, still at work at the target)
+            mode = ddlstate.state_mode(before)
+            now = self._schema.state(cur, where, mode) if mode else None
+            if now is not None:
+                if now != before:
+                    return True
+                log.info("sender %s: DDL handed again after a crash did not run (the schema is the one it "
+                         "started from): running it: %s", self.name, stmt[:200])
+                return False
+            # (a state this run cannot make again: the errors that say "already there" decide)
+        state = self._schema.state(cur, where)
+        cur.execute(ddlstate.write_sql(self.meta_db), (self.name, kt, digest, state))
+        return False
+
+    def _forget_intent(self, cur: Any, key: StreamKey) -> None:
+        try:
+            cur.execute(ddlstate.clear_sql(self.meta_db), (self.name, ddlstate.key_text(key)))
+            cur.connection.commit()
+        except pymysql.err.MySQLError:
+            log.warning("sender %s: cannot mark the intent row of a refused DDL", self.name, exc_info=True)
 
     _NOPAD = "utf8mb4_nopad_bin"
 

@@ -100,6 +100,7 @@ class Target:
         self.applied: dict[tuple[int, str, int], list[tuple[int, int]]] = {}  # ident -> [(attempt, order)]
         self.lanes: dict[tuple[str, int], tuple[int, int, bytes | None]] = {}
         self.legacy: list[tuple[Any, ...]] = []
+        self.intents: dict[str, tuple[Any, ...]] = {}  # <meta>.ddl_intents: sender -> (key, stmt, state)
         self.commits = 0
         self.order = 0
         self.crash_at: int | None = None
@@ -159,6 +160,12 @@ class RecConn:
         if self.n in self.fail_at:
             self.fail_at.discard(self.n)
             raise pymysql.err.OperationalError(1213, "Deadlock found")
+        if "information_schema" in sql:  # (the schema state a DDL starts from: an empty target)
+            self._result = []
+            return 0
+        if "`ddl_intents`" in sql and sql.startswith("SELECT"):
+            self._result = [self.target.intents[params[0]]] if params[0] in self.target.intents else []
+            return len(self._result)
         if sql.startswith("SELECT lane"):
             self._result = [(lane, *v) for (s, lane), v in sorted(self.target.lanes.items()) if s == params[0]]
             return len(self._result)
@@ -180,10 +187,18 @@ class RecConn:
     def fetchall(self) -> list[tuple[Any, ...]]:
         return self._result
 
+    def fetchone(self) -> tuple[Any, ...] | None:
+        return self._result[0] if self._result else None
+
     def commit(self) -> None:
         rows = [p for sql, p in self.pending if "`lanes`" in sql and sql.startswith("INSERT")]
         if any(sql.startswith(("INSERT", "UPDATE", "DELETE", "REPLACE")) for sql, _ in self.pending):  # (not a read)
             self.target.commit([], rows)
+        for sql, p in self.pending:  # (after the commit went through: a crash at it loses them)
+            if "`ddl_intents`" in sql and sql.startswith("INSERT"):
+                self.target.intents[p[0]] = tuple(p[1:])
+            elif "`ddl_intents`" in sql and sql.startswith("UPDATE") and p[0] in self.target.intents:
+                self.target.intents[p[0]] = (*self.target.intents[p[0]][:2], "refused")
         self.committed.append(self.pending)
         self.pending = []
 
