@@ -130,8 +130,26 @@ class Sender:
         return None
 
     def ack_state(self) -> dict[str, Any] | None:
-        """``position_state`` as of the last acknowledged batch (for the checkpoint)."""
-        return self._acked_state
+        """``position_state`` as of the last acknowledged batch (for the checkpoint), with what
+        ``pending_state`` says now."""
+        st = self._acked_state
+        pending = self.pending_state()
+        if not pending:
+            return st
+        out = dict(st or {})
+        for k, v in pending.items():
+            if v:
+                out[k] = v
+            else:
+                out.pop(k, None)
+        return out if out or st is not None else None
+
+    def pending_state(self) -> dict[str, Any] | None:
+        """State the checkpoint keeps whether or not a batch was acknowledged since it changed (the Kafka
+        sender's gaps: messages a failed batch could not deliver while later ones got through); a key
+        with an empty value is dropped from the acknowledged state. None: nothing of the kind. Read
+        from the checkpoint's thread."""
+        return None
 
     def settle(self) -> None:
         """(``defer_settle``) Wait until everything ``send`` handed over is at the destination;

@@ -163,6 +163,7 @@ class ProcessSender(Sender):
         self.spill_rows, self.spill_dir = spill_rows, spill_dir
         self.proc: subprocess.Popen[bytes] | None = None
         self.extras: dict[str, Any] = {}
+        self._pending: dict[str, Any] | None = None  # the child's sender's pending_state, as it last said it
         self.restarts = 0
         self._schemas_sent = 0  # how many of _SHARED.schemas the child has
         _SHARED.users += 1
@@ -251,6 +252,8 @@ class ProcessSender(Sender):
         if not isinstance(v, list) or not v or v[0] not in ("ok", "err"):
             self.close()
             raise SinkError(f"the sender's process answered {v!r:.80}")
+        if len(v) > 5 and v[0] == "err" and isinstance(v[5], dict):
+            self._pending = v[5]
         if v[0] == "err":
             if len(v) > 4 and v[4] == "fenced":
                 raise Fenced(str(v[2]))
@@ -263,9 +266,15 @@ class ProcessSender(Sender):
                 self._resume_key = tuple(k) if isinstance(k, list) and len(k) == 3 else None
             if "position_state" in extras:
                 self.position_state = extras.pop("position_state")
+            if "pending_state" in extras:
+                pending = extras.pop("pending_state")
+                self._pending = pending if isinstance(pending, dict) else None
             self.extras = extras
 
     # --- Sender ---------------------------------------------------------------
+    def pending_state(self) -> dict[str, Any] | None:
+        return self._pending
+
     def open(self) -> None:
         if self.proc is not None:
             self._reap()
@@ -360,12 +369,15 @@ class ProcessSender(Sender):
 
 
 # --- the child process ----------------------------------------------------------
-def _err(exc: BaseException) -> list[Any]:
+def _err(exc: BaseException, sender: Sender | None = None) -> list[Any]:
+    """The error answer; a sixth element: the sender's ``pending_state`` (kept by the checkpoint although
+    the batch failed)."""
+    pending = sender.pending_state() if sender is not None else None
     if isinstance(exc, Fenced):  # (a fifth element: the capturer raises it as Fenced, never retried)
-        return ["err", False, str(exc), None, "fenced"]
+        return ["err", False, str(exc), None, "fenced", pending]
     if isinstance(exc, SinkError):
-        return ["err", exc.retriable, str(exc), exc.poll]
-    return ["err", False, f"{type(exc).__name__}: {exc}"]
+        return ["err", exc.retriable, str(exc), exc.poll, None, pending]
+    return ["err", False, f"{type(exc).__name__}: {exc}", None, None, pending]
 
 
 def _end_with_the_lease(name: str) -> None:
@@ -433,6 +445,7 @@ class _Child:
     def answer_ok(self, sender: Sender) -> None:  # with the sender's own status fields and position state
         extras = self.extras(sender)
         extras["position_state"] = sender.position_state
+        extras["pending_state"] = sender.pending_state()
         self.answer(["ok", extras])
 
     def _send_status(self) -> None:
@@ -483,7 +496,7 @@ class _Child:
                     sender.settle()
                     self.answer_ok(sender)
                 except Exception as exc:
-                    self.answer(_err(exc))
+                    self.answer(_err(exc, sender))
             elif tag == "hk":  # between batches: the sender's own work
                 try:
                     sender.housekeeping()
@@ -522,7 +535,7 @@ class _Child:
             sender.send(self.batch)
             self.answer_ok(sender)
         except Exception as exc:
-            self.answer(_err(exc))
+            self.answer(_err(exc, sender))
         self.batch, self.broken = [], None
         reader.discard()
 

@@ -113,6 +113,9 @@ class Marks:
         self.limits: dict[Partition, tuple[MsgKey, bool]] = {}
         self.top: StreamKey | None = None  # the greatest transaction key of a limit
         self._failed: dict[Partition, MsgKey] = {}
+        # partitions of failures no read-back has applied since (kept until one has: a batch that did not
+        # write to the topic says nothing of the gap)
+        self._unread: set[Partition] = set()
         self.skipped = 0  # messages dropped since the sender started
 
     def learn(self, topic: str, marks: dict[int, MsgKey], txn_key: StreamKey) -> None:
@@ -121,6 +124,8 @@ class Marks:
         topic). Marks below that transaction are no use."""
         for tp in [tp for tp in self.limits if tp[0] == topic]:
             del self.limits[tp]
+        for tp in [tp for tp in self._unread if tp[0] == topic]:
+            self._unread.discard(tp)
         for part, mark in marks.items():
             tp = (topic, part)
             limit, inclusive = mark, True
@@ -158,10 +163,32 @@ class Marks:
         old = self._failed.get(tp)
         if old is None or low < old:
             self._failed[tp] = low
+        self._unread.add(tp)
 
-    def batch_done(self) -> None:
-        """A batch was acknowledged whole: everything sent so far is in Kafka."""
-        self._failed.clear()
+    def batch_done(self, upto: StreamKey | None = None) -> None:
+        """A batch was acknowledged whole: everything sent so far is in Kafka. ``upto``: the key of the
+        last transaction sent; a failure above it (one the checkpoint kept from an earlier run, see
+        ``gaps``) is not written again yet, and stays."""
+        if upto is None:
+            self._failed.clear()
+            self._unread.clear()
+        else:
+            for tp in [tp for tp, k in self._failed.items() if k[:3] <= upto and tp not in self._unread]:
+                del self._failed[tp]
+
+    def gaps(self) -> list[list[Any]]:
+        """The failures remembered, as the checkpoint keeps them: ``[[topic, partition, key...]]``."""
+        return [[t, p, *k] for (t, p), k in sorted(self._failed.items())]
+
+    def add_gaps(self, gaps: Any) -> None:
+        """The failures the checkpoint kept (``gaps``), remembered as the producer's own: what a
+        stopped run could not deliver is written again, even where later messages got through."""
+        for g in gaps if isinstance(gaps, list) else ():
+            try:
+                t, p, ts, region, sub, pos, rank = g
+                self.failed((str(t), int(p)), (int(ts), str(region), int(sub), int(pos), int(rank)))
+            except (TypeError, ValueError):
+                log.warning("a Kafka gap the checkpoint kept is not understood: %r", g)
 
 
 # --- reading a partition's last message -------------------------------------------------

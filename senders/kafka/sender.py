@@ -233,6 +233,10 @@ class KafkaSender(Sender):
         # read from the checkpoint's copy when first needed; and topic -> the count the broker says, where more
         self._pins: dict[str, int] | None = None
         self.partitions_raised: dict[str, int] = {}
+        # the messages the producer could not deliver (Marks.gaps), for the checkpoint (ack_state): set by the
+        # sender's thread, read by the checkpoint's; the checkpoint's own are taken at the first open()
+        self._gaps: list[list[Any]] = []
+        self._gaps_loaded = False
 
     @staticmethod
     def check_options(opts: dict[str, Any], where: Callable[[str], str]) -> None:
@@ -248,7 +252,19 @@ class KafkaSender(Sender):
             st["partitions_kept"] = {t: [pins.get(t, n), n] for t, n in sorted(self.partitions_raised.items())}
         return st
 
+    def pending_state(self) -> dict[str, Any] | None:
+        """The messages a producer of this run could not deliver while later ones of their partitions may
+        have got through (``gaps``, Marks.gaps), kept by the checkpoint whether or not a batch was acknowledged
+        since: a run stopped by a message the broker refuses (too large for the topic) leaves the messages
+        after it in Kafka, and the next run must write it again rather than skip it on the strength of those
+        (it would be lost). None until the checkpoint's own gaps were taken (the first open())."""
+        return {"gaps": self._gaps} if self._gaps_loaded else None
+
     def open(self) -> None:
+        if not self._gaps_loaded:
+            self._gaps_loaded = True
+            self.marks.add_gaps((self.resume_state or {}).get("gaps"))
+            self._gaps = self.marks.gaps()
         self.client = self._new_client(self.options["servers"])
         # a new producer: every topic's partitions are read back before its first message
         self._parts = {}
@@ -308,6 +324,7 @@ class KafkaSender(Sender):
             # (a gap before it), for the rest of the run
             for topic, part, headers, null in getattr(client, "failures", list)():
                 self.marks.failed((topic, part), message_key(headers, null))
+            self._gaps = self.marks.gaps()
 
     def topic_for(self, db: str, table: str, region: str) -> str:
         hit = self._topics.get((db, table, region))
@@ -576,7 +593,9 @@ class KafkaSender(Sender):
         self._batch_done()
 
     def _batch_done(self) -> None:
-        self.marks.batch_done()
+        self.marks.batch_done(self._txn_key)
+        if self._gaps:
+            self._gaps = self.marks.gaps()
         if self.marks.skipped != self._skipped_logged:
             log.info("sender %s: %d messages Kafka held already were not sent again (%d so far)", self.name,
                      self.marks.skipped - self._skipped_logged, self.marks.skipped)

@@ -255,6 +255,35 @@ def test_marks_never_skip_at_or_after_a_failed_message() -> None:
     assert m.keep(("t", 1), row_key(10, "r1", 0, b"c", False))
 
 
+def test_gaps_kept_by_the_checkpoint_are_written_again_by_the_next_run() -> None:
+    """The failures of a stopped run, as the checkpoint keeps them (``gaps``), make the next run write the
+    failed message and what follows in its partition; they are forgotten only once a batch acknowledged
+    went past them (an earlier batch of the replay does not)."""
+    m = Marks()
+    failed = row_key(10, "r1", 3, b"c", False)
+    m.failed(("t", 0), failed)
+    m.failed(("t", 1), None)
+    kept = m.gaps()
+    assert kept == [["t", 0, 10, "r1", 0, 3, 2], ["t", 1, -1, "", 0, 0, 0]]
+    n = Marks()  # the next run
+    n.add_gaps([*kept, ["bad"]])  # (an entry not understood: a warning)
+    assert n.gaps() == kept
+    n.learn("t", {0: row_key(10, "r1", 6, b"c", False)}, (9, "r1", 0))
+    assert not n.keep(("t", 0), row_key(10, "r1", 2, b"c", False))
+    assert n.keep(("t", 0), failed)
+    n.batch_done((9, "r1", 0))  # a batch before the gap: it stays
+    assert n.gaps() == [["t", 0, 10, "r1", 0, 3, 2]]
+    n.batch_done((10, "r1", 0))
+    assert n.gaps() == []
+    o = Marks()  # a gap of a topic the batches acknowledged did not write to (not read back): kept
+    o.add_gaps(kept)
+    o.batch_done((20, "r1", 0))
+    assert o.gaps() == kept
+    o.learn("t", {}, (20, "r1", 0))
+    o.batch_done((20, "r1", 0))
+    assert o.gaps() == []
+
+
 def test_a_new_read_replaces_what_an_earlier_one_said() -> None:
     m = Marks()
     m.learn("t", {0: row_key(10, "r1", 6, b"c", False)}, (10, "r1", 0))
