@@ -148,6 +148,19 @@ def _slices(changes: Sequence[RowChange], rows: int) -> Iterator[Sequence[RowCha
             yield chunk[i:i + rows]
 
 
+def _invalid_topic(exc: BaseException) -> bool:
+    """Kafka's INVALID_TOPIC_EXCEPTION (17) from either client: a topic name the broker refuses (e.g. one
+    that collides with an existing topic's), by the clients' error codes, not the text."""
+    err = exc.args[0] if type(exc).__name__ == "KafkaException" and exc.args else exc
+    code = getattr(err, "code", None)
+    if callable(code):  # confluent-kafka's KafkaError
+        try:
+            return bool(code() == 17)
+        except Exception:
+            return False
+    return getattr(type(exc), "errno", None) == 17  # kafka-python's InvalidTopicError
+
+
 def partition_for(key: bytes, partitions: int) -> int:
     return (_murmur2(key) & 0x7FFFFFFF) % partitions
 
@@ -205,6 +218,8 @@ class KafkaSender(Sender):
         self._topics: dict[tuple[str, str, str], str] = {}
         # topic -> what the pattern names of the first table sent there, and its (db, table, region)
         self._topic_owner: dict[str, tuple[tuple[str | None, ...], tuple[str, str, str]]] = {}
+        # a topic name with its '.' made '_' -> the first topic of that form and its (db, table, region)
+        self._topic_alike: dict[str, tuple[str, tuple[str, str, str]]] = {}
         self.messages = 0
         # what each partition holds already (read back), for the run: survives new producers
         self.marks = Marks()
@@ -344,6 +359,16 @@ class KafkaSender(Sender):
                                 f"(topic = {pattern}: a topic name keeps only a-z A-Z 0-9 . _ -, at most 249 of them), "
                                 "where their rows would share keys; rename or exclude one of the tables, or use a "
                                 "topic pattern that keeps them apart", retriable=False)
+            # Kafka refuses a topic whose name differs from an existing one's only by '.' against '_' (its
+            # metrics names do not tell them apart): said here, naming both tables, rather than retried for good
+            alike, seen = self._topic_alike.setdefault(hit.replace(".", "_"), (hit, (db, table, region)))
+            if alike != hit:
+                names = [f"{quote_ident(d)}.{quote_ident(t)} (region {r})" for d, t, r in (seen, (db, table, region))]
+                raise SinkError(f"sender {self.name}: {names[0]} and {names[1]} go to Kafka topics {alike!r} and "
+                                f"{hit!r} (topic = {pattern}), which Kafka cannot have both of: it takes '.' and '_' "
+                                "in topic names for the same (its metrics names), and refuses the second ('collides "
+                                "with existing topic'); rename or exclude one of the tables, or use a topic pattern "
+                                "that keeps them apart", retriable=False)
             if len(self._topics) > 100_000:
                 self._topics.clear()
             self._topics[(db, table, region)] = hit
@@ -388,7 +413,15 @@ class KafkaSender(Sender):
                 del counts[t]
         elif missing:
             for t in missing:
-                self.client.create_topic(t, self.options["partitions"], self.options["replication_factor"])
+                try:
+                    self.client.create_topic(t, self.options["partitions"], self.options["replication_factor"])
+                except Exception as exc:
+                    if _invalid_topic(exc):  # refused for its name: every attempt would be
+                        raise SinkError(f"sender {self.name}: Kafka refuses to create topic {t!r} ({exc}): a name "
+                                        "that differs from an existing topic's only by '.' against '_' collides "
+                                        "with it; rename or exclude the table, delete the other topic, or change "
+                                        f"topic = {self.options['topic']}", retriable=False) from None
+                    raise
             deadline = time.monotonic() + 15
             while missing and time.monotonic() < deadline:
                 time.sleep(0.1)

@@ -182,3 +182,52 @@ def test_a_row_bigger_than_the_topic_takes_stops_the_sender_and_is_sent_after_th
         assert Counter(ids)[(100, 0)] == 1, ids
     last = {r.key: int(dict(r.headers)["commit_ts"]) for r in records}
     assert last == {b'{"id":1}': 100, b'{"id":7}': 101, b'{"id":2}': 101, b'{"id":3}': 102, b'{"id":4}': 103}
+
+
+def test_table_names_that_kafka_cannot_keep_apart_stop_the_sender_naming_both(broker: Broker) -> None:
+    """Hostile table names made topic names: ``a.b`` and ``a_b`` are two topic names, but Kafka refuses
+    the second (its metrics do not tell '.' from '_': "collides with existing topics"); ``tést`` and
+    ``t_st`` become one name (a topic name keeps a-z A-Z 0-9 . _ - only); names longer than 249
+    characters are cut; ``T`` and ``t`` are two topics. Every case where two tables would share a topic
+    or one could not be made stops the sender with an error naming both tables, before anything of the
+    second is written; a table whose name fits gets its own topic. A later run whose first table collides
+    with a topic made before: the broker's refusal is a fatal error naming the topic. Before, a colliding
+    name was a retriable "produce failed" retried for good."""
+    from capturer.errors import SinkError
+    from senders.kafka.sender import KafkaSender
+
+    def txn(ts: int, table: str, db: str = "hn") -> list[Any]:
+        return updates(ts, 1, db, table)
+
+    s = KafkaSender("k", options(broker))
+    s.open()
+    try:
+        s.send(txn(10, "T") + txn(11, "t") + txn(12, "a.b") + txn(13, "x" * 300))
+        s.settle()
+        for table, clash in [("a_b", "a.b"), ("t_st", None), ("tést", "t_st"), ("x" * 301, "x" * 300)]:
+            if clash is None:
+                s.send(txn(20, table))
+                s.settle()
+                continue
+            with pytest.raises(SinkError) as err:
+                s.send(txn(30, table))
+            assert not err.value.retriable
+            text = str(err.value)
+            assert f"`hn`.`{clash}`" in text and f"`hn`.`{table}`" in text, text
+    finally:
+        s.close()
+    for client in ("confluent", "kafka-python"):  # a new run whose first table collides with an older topic
+        s = KafkaSender("k", options(broker, client=client))
+        s.open()
+        try:
+            with pytest.raises(SinkError, match="refuses to create topic 'capturer.hn.a_b'") as err:
+                s.send(txn(40, "a_b"))
+            assert not err.value.retriable
+        finally:
+            s.close()
+    from confluent_kafka.admin import AdminClient
+
+    topics = {t for t in AdminClient({"bootstrap.servers": broker.servers}).list_topics(timeout=30).topics
+              if t.startswith("capturer.hn.")}
+    assert topics == {"capturer.hn.T", "capturer.hn.t", "capturer.hn.a.b", "capturer.hn.t_st",
+                      ("capturer.hn." + "x" * 300)[:249]}, topics
