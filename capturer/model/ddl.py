@@ -214,10 +214,20 @@ _DATA_DDL = re.compile(
 )
 
 
+_IDENT_OR_STR = r"(?:`(?:[^`]|``)*`|'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"|[^\s@`'\"]+)"
+#: triggers: their rows are in the binlog already (a row-based replica does not run them either); a
+#: target that had the trigger would run it again on the rows applied (its rows twice)
+_TRIGGER_DDL = re.compile(
+    rf"^(?:CREATE(?:\s+OR\s+REPLACE)?(?:\s+DEFINER\s*=\s*{_IDENT_OR_STR}(?:\s*@\s*{_IDENT_OR_STR})?)?|DROP)"
+    r"\s+TRIGGER\b", re.I)
+
+
 def is_data_ddl(sql: str) -> bool:
     """Statements that change data objects (tables, databases, indexes, views...);
-    account and server statements (GRANT, CREATE USER, FLUSH ...) are not passed on."""
-    return bool(_DATA_DDL.match(clean(sql)))
+    account and server statements (GRANT, CREATE USER, FLUSH ...) and triggers
+    (their effects are in the binlog as rows) are not passed on."""
+    text = clean(sql)
+    return bool(_DATA_DDL.match(text)) and not _TRIGGER_DDL.match(text)
 
 
 _RENAME = re.compile(r"^RENAME\s+TABLES?\s+(.*)$", re.I | re.S)

@@ -152,6 +152,25 @@ class SpillWriter:
     def rows(self) -> int:
         return sum(n for _, _, n in self._chunks)
 
+    def truncate(self, rows: int) -> None:
+        """Keep only the first ``rows`` changes written (a ``ROLLBACK TO SAVEPOINT`` inside a
+        spilled transaction): the chunks after go, the chunk across the cut is written again."""
+        total = 0
+        for i, (off, length, n) in enumerate(self._chunks):
+            if total + n > rows:
+                data = os.pread(self._f.fileno(), length, off)
+                part = [RowChange(self._schemas[si], op, before, after)
+                        for si, op, before, after in pickle.loads(data)][: rows - total]
+                del self._chunks[i:]
+                self._f.flush()
+                self._f.truncate(off)
+                self._f.seek(off)
+                self._off = off
+                if part:
+                    self.add(part)
+                return
+            total += n
+
     def finish(self) -> SpilledChanges:
         self._f.flush()
         return SpilledChanges(self._f, self._chunks, self._schemas, self.directory, self.chunk_rows)

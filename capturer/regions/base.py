@@ -321,6 +321,18 @@ class ChangeBuffer:
         self.spill.add(self.changes)
         self.changes = []
 
+    def truncate(self, rows: int) -> None:
+        """Keep only the first ``rows`` changes added (a ``ROLLBACK TO SAVEPOINT``)."""
+        if rows >= self.rows:
+            return
+        spilled = self.spill.rows if self.spill is not None else 0
+        if rows >= spilled:
+            del self.changes[rows - spilled:]
+            return
+        assert self.spill is not None
+        self.spill.truncate(rows)
+        self.changes = []
+
     def take(self) -> tuple[tuple[RowChange, ...] | SpilledChanges, bool]:
         """(the changes added since the last ``take``, whether they were spilled); then empty."""
         spill, changes = self.spill, self.changes

@@ -62,6 +62,26 @@ def xa_decision(sql: str) -> tuple[str, str, bool] | None:
             bool(m.group(5)))
 
 
+#: ``SAVEPOINT name`` and ``ROLLBACK TO [SAVEPOINT] name`` as the server writes them inside a transaction's
+#: group (the name backquoted, a backquote in it doubled). The server logs a rollback to a savepoint (instead
+#: of cutting its cache) when the transaction also changed a non-transactional table: the rows between are
+#: in the group but not in the source.
+_SAVEPOINT = re.compile(r"^\s*(SAVEPOINT|ROLLBACK\s+(?:WORK\s+)?TO(?:\s+SAVEPOINT)?|RELEASE\s+SAVEPOINT)(?:\s+|(?=`))"
+                        r"(`(?:[^`]|``)*`|[^\s;`]+)", re.I)
+
+
+def savepoint_statement(sql: str) -> tuple[str, str] | None:
+    """``(SAVEPOINT | ROLLBACK TO | RELEASE, the name as the server compares it: lower case)``, or None."""
+    m = _SAVEPOINT.match(sql)
+    if m is None:
+        return None
+    verb = m.group(1).split()[0].upper()
+    name = m.group(2)
+    if name.startswith("`"):
+        name = name[1:-1].replace("``", "`")
+    return ("ROLLBACK TO" if verb == "ROLLBACK" else verb, name.lower())
+
+
 def group_start(ev: Any) -> int:
     """Where an event starts in its binlog file: its header's next position minus its size (the
     header's: header, body and checksum; ``ev.event_size`` is the body's)."""
@@ -154,6 +174,7 @@ class TxnAssembler:
 
     def _reset(self) -> None:
         self.gtid = ""
+        self.savepoints: dict[str, int] = {}  # name -> how many changes the transaction had at it
         self.start: tuple[str, int] | None = None  # (file, pos) of its GTID event, where its group starts
         self.buf = ChangeBuffer(self.spill_rows, self.spill_dir, self.where)
         self.open = False
@@ -173,6 +194,21 @@ class TxnAssembler:
         """Changes read at ``at`` (named in the log line if the transaction spills)."""
         self.open = True
         self.buf.extend(changes, at)
+
+    def savepoint(self, verb: str, name: str) -> None:
+        """``SAVEPOINT name`` marks the changes so far; ``ROLLBACK TO name`` drops those
+        added since (and the savepoints set after it); ``RELEASE SAVEPOINT name`` forgets it."""
+        if verb == "SAVEPOINT":
+            self.savepoints.pop(name, None)
+            self.savepoints[name] = self.buf.rows
+        elif verb == "RELEASE":
+            self.savepoints.pop(name, None)
+        elif name in self.savepoints:
+            at = self.savepoints[name]
+            self.buf.truncate(at)
+            names = list(self.savepoints)
+            for later in names[names.index(name) + 1:]:
+                del self.savepoints[later]
 
     def finish(self) -> tuple[str, Any, None, bool]:
         """(gtid, its changes: in memory or spilled, no DDL, whether they were spilled)

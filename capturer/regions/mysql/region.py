@@ -58,6 +58,7 @@ from capturer.regions.mysql.binlog import (
     group_start,
     library_changes,
     pad_binary,
+    savepoint_statement,
     xa_decision,
     xid_key,
 )
@@ -525,6 +526,8 @@ class MySQLRegion(SnapshotHostMixin, ClockedRegion):
             self._commit(stream, ev.timestamp, *txn.finish())
         elif (decided := xa_decision(q)) is not None:
             self._xa_decided(stream, ev.timestamp, txn, *decided)
+        elif (sp := savepoint_statement(q)) is not None:
+            txn.savepoint(*sp)
         elif is_ignorable(q):
             return
         elif not is_data_ddl(q):

@@ -28,6 +28,7 @@ from pymysqlreplication.event import (
     HeartbeatLogEvent,
     MariadbGtidEvent,
     NotImplementedEvent,
+    QueryEvent,
     XAPrepareEvent,
     XidEvent,
 )
@@ -36,7 +37,14 @@ from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, Write
 from capturer.errors import FatalSourceError
 from capturer.model import PreparedXa
 from capturer.regions.mysql import tablemap
-from capturer.regions.mysql.binlog import COMPRESSED_EVENTS, EVENTS, TxnAssembler, compressed_event_error, xid_key
+from capturer.regions.mysql.binlog import (
+    COMPRESSED_EVENTS,
+    EVENTS,
+    TxnAssembler,
+    compressed_event_error,
+    savepoint_statement,
+    xid_key,
+)
 from capturer.util import mysqlconn
 
 log = logging.getLogger(__name__)
@@ -138,6 +146,10 @@ def read_prepared(region: Any, mark: PreparedXa) -> tuple[Any, bool]:
                 txn.finish()
             elif isinstance(ev, XidEvent):
                 txn.finish()
+            elif isinstance(ev, QueryEvent):
+                sp = savepoint_statement(ev.query if isinstance(ev.query, str) else ev.query.decode("utf-8", "replace"))
+                if sp is not None:
+                    txn.savepoint(*sp)
     except FatalSourceError:
         raise
     except Exception as exc:  # (a purged file: the server's 1236, a connection refused ...)
