@@ -37,6 +37,8 @@ Failure = tuple[str, int, Any, bool]
 
 READ_BACK_STALL = 15.0  # seconds a partition may give nothing from where its read-back started
 # (a broker on slow storage takes seconds to answer a fetch: too short a wait steps back for nothing)
+READ_BACK_FAST_WAIT_MS = 20  # the first pass's fetch.wait.max.ms (see ConfluentReadBack.last_records_of)
+READ_BACK_FAST_STALL = 2.0  # seconds the first pass waits for a partition's first message before the patient pass
 
 
 FENCED, UNAUTHORIZED = "fenced", "unauthorized"
@@ -429,15 +431,16 @@ class ConfluentReadBack:
         self.servers = servers
         self.security = librdkafka_conf(opts or {})
 
-    def _fresh(self) -> Any:
+    def _fresh(self, fetch_wait_ms: int | None = None) -> Any:
         import confluent_kafka
 
         # group.id only because the client wants one: no group is joined (assign, never subscribe)
         # and nothing is committed
+        fast = {} if fetch_wait_ms is None else {"fetch.wait.max.ms": fetch_wait_ms}
         return confluent_kafka.Consumer({
             **self.security, "bootstrap.servers": self.servers, "group.id": "capturer-read-back", "enable.auto.commit": False,
             "isolation.level": "read_committed", "enable.partition.eof": True, "auto.offset.reset": "earliest",
-            "session.timeout.ms": 6000, "heartbeat.interval.ms": 2000})
+            "session.timeout.ms": 6000, "heartbeat.interval.ms": 2000, **fast})
 
     def _consumer(self) -> Any:
         if self._reader is None:
@@ -512,14 +515,42 @@ class ConfluentReadBack:
                         patient: Collection[Partition] = ()) -> tuple[dict[Partition, Record], dict[str, Exception]]:
         """``last_records`` of the partitions of any topics at once, one consumer assigned to all of them
         (one fetch per broker reads them all): the last message read of each partition, and each topic
-        that failed (a partition not read to its end in ``timeout``, a read error) with its error."""
+        that failed (a partition not read to its end in ``timeout``, a read error) with its error.
+
+        Two passes. A partition's end is known when a fetch comes back with nothing more after it, and a
+        fetch with nothing to give waits the consumer's ``fetch.wait.max.ms`` (500 ms by default): every
+        read-back (a sender's start, each new topic's first batch) paid that half second. The first pass
+        waits ``READ_BACK_FAST_WAIT_MS``; a partition that gave it nothing at all in
+        ``READ_BACK_FAST_STALL`` s (a broker on slow storage, which answers a short wait empty every time:
+        Tansu on S3 did) is read again, from its start, by a second pass with the client's default wait
+        and the usual stall and timeout rules. What the first pass read to the end or found failed stays
+        as it found it."""
+        t0 = time.monotonic()
+        out, errors, slow = self._read_pass(starts, timeout, patient, READ_BACK_FAST_WAIT_MS, READ_BACK_FAST_STALL)
+        if slow:
+            left = max(timeout - (time.monotonic() - t0), 1.0)
+            got, more, _slow = self._read_pass({tp: starts[tp] for tp in slow}, left, [tp for tp in patient if tp in slow],
+                                        None, READ_BACK_STALL)
+            out.update(got)
+            errors.update({t: e for t, e in more.items() if t not in errors})
+        return {tp: rec for tp, rec in out.items() if tp[0] not in errors}, errors
+
+    def _read_pass(self, starts: dict[Partition, int], timeout: float, patient: Collection[Partition],
+                   fetch_wait_ms: int | None, stall: float
+                   ) -> tuple[dict[Partition, Record], dict[str, Exception], set[Partition]]:
+        """One pass of ``last_records_of``: what it read, the topics that failed, and (a first pass: with
+        ``fetch_wait_ms``) the partitions that gave nothing for ``stall`` s, left for the next pass. Without
+        ``fetch_wait_ms``, a partition outside ``patient`` that gave nothing at all from its start for
+        ``stall`` s is done: nothing read there."""
         from confluent_kafka import KafkaError, TopicPartition
 
-        c = self._fresh()  # a consumer of its own for each read: one left stalled by a broker fetches no more
+        # a consumer of its own for each read: one left stalled by a broker fetches no more
+        c = self._fresh(fetch_wait_ms)
         c.assign([TopicPartition(t, p, off) for (t, p), off in starts.items()])
         out: dict[Partition, Record] = {}
         errors: dict[str, Exception] = {}
         left = set(starts)
+        slow: set[Partition] = set()
         deadline = time.monotonic() + timeout
         moved = dict.fromkeys(starts, time.monotonic())  # when each partition last gave something
         try:
@@ -544,16 +575,21 @@ class ConfluentReadBack:
                         left -= {x for x in left if x[0] == tp[0]}
                 # a partition that gives nothing at all from its start (Tansu on S3 storage serves nothing
                 # from an offset inside a record batch): given up here, read again from further back
-                # (``patient``: partitions read from their start, which may take the broker a while)
-                for tp in [tp for tp in left if tp not in out and tp not in patient
-                           and time.monotonic() - moved[tp] > READ_BACK_STALL]:
+                # (``patient``: partitions read from their start, which may take the broker a while);
+                # a first pass hands every partition that stopped moving to the patient pass, whole
+                now = time.monotonic()
+                for tp in [tp for tp in left if now - moved[tp] > stall
+                           and (fetch_wait_ms is not None or (tp not in out and tp not in patient))]:
                     left.discard(tp)
+                    if fetch_wait_ms is not None:
+                        slow.add(tp)
+                        out.pop(tp, None)
         finally:
             c.close()
         for t in sorted({tp[0] for tp in left} - set(errors)):
             parts = sorted(p for x, p in left if x == t)
             errors[t] = SinkError(f"topic {t!r}: partitions {parts} not read to their end in {timeout:.0f}s")
-        return {tp: rec for tp, rec in out.items() if tp[0] not in errors}, errors
+        return out, errors, {tp for tp in slow if tp[0] not in errors}
 
     def close(self) -> None:
         self._admin = None  # (an admin client has no close: dropped)

@@ -89,7 +89,7 @@ def test_a_restarted_sender_reads_its_topics_back_together(broker: Broker, monke
     run(first + second[:7])  # what reached Kafka before the crash
     readers: list[int] = []  # consumers made (confluent-kafka) / assignments (kafka-python's consumer)
     fresh, assign = kc.ConfluentReadBack._fresh, kafka.KafkaConsumer.assign
-    monkeypatch.setattr(kc.ConfluentReadBack, "_fresh", lambda self: (readers.append(1), fresh(self))[1])
+    monkeypatch.setattr(kc.ConfluentReadBack, "_fresh", lambda self, *a: (readers.append(1), fresh(self, *a))[1])
     monkeypatch.setattr(kafka.KafkaConsumer, "assign", lambda self, tps: (readers.append(1), assign(self, tps))[1])
     s = run(first[4:] + second)  # the restart replays from an older checkpoint
     reads = len(readers)
