@@ -19,7 +19,8 @@ renamed), ``region.ddl`` (a region is about to emit a DDL), ``spill.chunk``
 about to commit a chunk), ``mysql.ddl`` (a MySQL sender's DDL committed at the target, its position not written
 yet), ``spark.stage`` / ``spark.commit`` / ``spark.committed`` (the lake's batch: its
 files staged, its commit line about to be written, committed but not yet published), ``spark.upkeep`` (a
-Delta table's OPTIMIZE/VACUUM round, per table), ``spark.rename`` (a Delta table's RENAME TABLE: its new
+Delta table's OPTIMIZE/VACUUM round, per table), ``spark.alter`` (a Delta table's ALTER: a clause committed, the next not
+yet), ``spark.rename`` (a Delta table's RENAME TABLE: its new
 name written, its directory not moved yet), ``kafka.produce`` (after
 each produce call of the Kafka sender), ``kafka.commit`` (a transactional Kafka sender's batch is
 acknowledged, its transaction not committed yet), ``snapshot.begin`` / ``snapshot.chunk_read`` (a table's copy starts;

@@ -142,6 +142,41 @@ def read_position(tdir: Path, app_id: str) -> tuple[int, StreamKey | None, bool]
     return 0, None, True
 
 
+DDL_META = "capturer_ddl"  # the userMetadata field of an ALTER clause's commit: [commit_ts, region, sub, clause]
+
+
+def ddl_done(tdir: Path, key: StreamKey, scan: int = 1000) -> set[int]:
+    """The clauses of the DDL at ``key`` the Delta table at ``tdir`` has committed (their
+    numbers, ``DDL_META``): its newest JSON commits read back to the first one of an older
+    key (upkeep's commits, untagged, passed over; at most ``scan`` of them)."""
+    logdir = tdir / "_delta_log"
+    done: set[int] = set()
+    if not logdir.is_dir():
+        return done
+    for f in sorted(logdir.glob("[0-9]*.json"), reverse=True)[:scan]:
+        meta = None
+        for line in f.read_text().splitlines():
+            if line.strip():
+                ci = json.loads(line).get("commitInfo")
+                if ci is not None and ci.get("userMetadata"):
+                    meta = ci["userMetadata"]
+        if not meta:
+            continue
+        try:
+            doc = json.loads(meta)
+            tag = doc.get(DDL_META)
+            k = key_from_json(tag[:3]) if tag is not None else key_from_json(doc.get(KEY_META))
+        except (ValueError, AttributeError, TypeError):
+            continue
+        if k is None:
+            continue
+        if tag is not None and k == key:
+            done.add(int(tag[3]))
+        elif k < key:
+            break
+    return done
+
+
 def keyless_state_sql(source: str, columns: list[str]) -> str:
     """The current rows of an append-only table as a query over ``source`` (each row as
     many times as its 'i' rows outnumber its 'd' rows)."""
@@ -628,50 +663,73 @@ class DeltaSender(SparkSender):
 
     def _alter(self, st: DeltaTableState, txn: Txn, key: StreamKey) -> None:
         """An ALTER TABLE of a table the lake has: ADD COLUMN (with a constant DEFAULT set on
-        the older rows), DROP / RENAME / CHANGE COLUMN, then a RENAME TO."""
+        the older rows), DROP / RENAME / CHANGE COLUMN, then a RENAME TO. Each clause is a
+        Delta commit of its own, tagged with the DDL's key and the clause's number
+        (``DDL_META``): a replay after a crash skips the clauses the table has (``ddl_done``),
+        so a statement whose clauses are not idempotent one by one (``DROP COLUMN a, CHANGE b
+        a``: a second DROP would drop the renamed column) is applied once."""
         ddl = txn.ddl
         assert ddl is not None
         tdir = self.warehouse / st.name
+        done = ddl_done(tdir, key)  # the clauses of this DDL the table has (a replay after a crash)
         fill: dict[str, str] = {}  # column added -> its default, set on the rows there in one commit at the end
         lake.warn_unknown_adds(log, self.name, ddl.db, ddl.table, ddl.sql)
         if_new = {c.lower() for c in added_if_not_exists(ddl.sql)}
         adds = iter(lake.parse_add_columns(ddl.sql))  # (its ADDs, in the same order)
         rename_to = ""
-        for what, a, b in lake.alter_columns(ddl.sql):  # in the clauses' order (DROP c, ADD c: added again)
+
+        def run(i: int, sql: str) -> None:  # one clause's Delta commit, tagged
+            conf = self.spark.conf
+            conf.set(_TXN_CONF[2], json.dumps({DDL_META: [key[0], key[1], key[2], i], "sender": self.name}))
+            try:
+                self.spark.sql(sql)
+            finally:
+                conf.unset(_TXN_CONF[2])
+            failpoints.hit("spark.alter")  # (a clause committed, the next not yet)
+
+        for i, (what, a, b) in enumerate(lake.alter_columns(ddl.sql)):  # in the clauses' order (DROP c, ADD c)
             if what == "rename_table":
                 rename_to = b
                 continue
             if what == "add":
                 col, stype, default = next(adds)
                 col = lake.column_named(col, st.columns) or col
+                if i in done:  # (committed before the crash: what it set on the rows is still to do)
+                    if col in st.columns and default is not None and default.upper() != "NULL":
+                        fill[col] = default
+                    continue
                 if col in st.columns and col.lower() in if_new:
                     # ADD COLUMN IF NOT EXISTS of a column the table has: the source leaves it and its values
-                    # as they are (the default is not set on its rows; a crash between this ALTER's ADD COLUMNS
-                    # and its UPDATE leaves such a column's older rows NULL: docs/limits.md)
+                    # as they are (the default is not set on its rows)
                     continue
                 if col not in st.columns and stype is not None:
-                    self.spark.sql(f"ALTER TABLE delta.`{tdir}` ADD COLUMNS ({lake.q(col)} {stype})")
+                    run(i, f"ALTER TABLE delta.`{tdir}` ADD COLUMNS ({lake.q(col)} {stype})")
                     st.columns[col] = stype
                 if col in st.columns and default is not None and default.upper() != "NULL":
                     fill[col] = default
+                continue
+            if i in done:
+                if what == "drop":
+                    fill.pop(lake.column_named(a, fill) or a, None)
+                elif what == "rename" and a in fill:
+                    fill[b] = fill.pop(a)
                 continue
             a = lake.column_named(a, st.columns) or a  # (DROP COLUMN ID drops id, as on the source)
             if what == "drop" and a in st.columns:
                 if a in st.pk:
                     self._cannot(ddl.db, ddl.table, ddl.sql, "DROP of a primary key column")
-                self.spark.sql(f"ALTER TABLE delta.`{tdir}` DROP COLUMN {lake.q(a)}")
+                run(i, f"ALTER TABLE delta.`{tdir}` DROP COLUMN {lake.q(a)}")
                 del st.columns[a]
                 fill.pop(a, None)
             elif what == "rename" and a in st.columns and (b not in st.columns or b.lower() == a.lower()):
-                self.spark.sql(f"ALTER TABLE delta.`{tdir}` RENAME COLUMN {lake.q(a)} TO {lake.q(b)}")
+                run(i, f"ALTER TABLE delta.`{tdir}` RENAME COLUMN {lake.q(a)} TO {lake.q(b)}")
                 st.columns = {(b if c == a else c): t for c, t in st.columns.items()}
                 st.pk = [b if c == a else c for c in st.pk]
                 if a in fill:
                     fill[b] = fill.pop(a)
         if fill:
             # the rows from before the ALTER read the column's default, as on the source: set in one
-            # commit with the txn pair (a replay that finds the ALTER done sets it again, harmlessly:
-            # no later change of the table is merged before the table's key passes this DDL)
+            # commit with the txn pair (the table's key is then this DDL's: a replay skips it whole)
             sets = ", ".join(f"{lake.q(c)} = CAST({d} AS {st.columns[c]})" for c, d in fill.items())
             self._txn_sql(st, txn, f"UPDATE delta.`{tdir}` SET {sets}")
         if rename_to:  # (after the column changes: MySQL applies the clauses so too)

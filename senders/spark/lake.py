@@ -145,6 +145,10 @@ class TableState:
     gone: dict[str, int] = field(default_factory=dict)
     # the RENAME TABLEs that brought this table's directory here: [db, table it was, stream key, pair index]
     renamed_from: list[list[Any]] = field(default_factory=list)
+    # the stream key of the last ALTER applied to ``columns`` (saved at once, before its batch commits): the
+    # same ALTER handed again after a crash is not applied twice (``DROP COLUMN a, CHANGE b a`` again would
+    # drop the renamed column)
+    altered: list[Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if not k.startswith("_")}

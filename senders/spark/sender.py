@@ -781,8 +781,9 @@ class SparkSender(Sender):
         from before (``added``; a column there already: IF NOT EXISTS, left alone). DROP COLUMN: the
         column leaves the state (its values stay in the changelog files, read by no view). RENAME
         COLUMN (CHANGE to another name): rows older than the ALTER read the column under its old name
-        (``moved``). Names matched regardless of case, as the source matches them. A replay of the
-        batch's ALTERs, in order, comes to the same state."""
+        (``moved``). Names matched regardless of case, as the source matches them. The state is saved
+        at once with the ALTER's key (``altered``): the same ALTER handed again after a crash (its
+        batch not committed) is skipped, a later one applied."""
         ddl = txn.ddl
         assert ddl is not None
         changes = [c for c in lake.alter_columns(ddl.sql) if c[0] in ("add", "drop", "rename")]
@@ -794,6 +795,10 @@ class SparkSender(Sender):
         if st is None:
             return  # no rows yet: the table starts with the columns of its first rows
         self.tables[(ddl.db, ddl.table)] = st
+        key = stream_key(txn)
+        last = key_from_json(st.altered) if st.altered is not None else None
+        if last is not None and key <= last:
+            return  # applied before a crash (its batch not committed): handed again
         ts = txn.commit_ts
         adds = iter(lake.parse_add_columns(ddl.sql))  # (its ADDs, in the same order)
         for what, a, b in changes:
@@ -836,6 +841,7 @@ class SparkSender(Sender):
                 st.moved[b] = [*st.moved.pop(have, []), [ts, have, st.generation]]
                 st.gone[have] = ts
                 st.gone.pop(b, None)
+        st.altered = key_to_json(key)
         st.save(self.warehouse / st.name)
         st._dirty = True  # type: ignore[attr-defined]
 

@@ -109,7 +109,6 @@ def test_partitions_raised_mid_run_then_a_crash_keep_each_key_in_its_partition_o
         assert ts == sorted(ts), f"key {k!r} out of order: {ts}"
 
 
-
 def set_topic_config(servers: str, topic: str, **conf: str) -> None:
     from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
 
@@ -231,3 +230,43 @@ def test_table_names_that_kafka_cannot_keep_apart_stop_the_sender_naming_both(br
               if t.startswith("capturer.hn.")}
     assert topics == {"capturer.hn.T", "capturer.hn.t", "capturer.hn.a.b", "capturer.hn.t_st",
                       ("capturer.hn." + "x" * 300)[:249]}, topics
+
+
+def test_ddl_messages_written_before_a_crash_are_in_kafka_once(broker: Broker) -> None:
+    """DDL written to Kafka (the schema topic, the transaction topic, a TRUNCATE's event in every partition
+    of the table's topic), then kill -9 before the checkpoint took it: the restarted sender hands the DDL
+    again, and the read-back of each partition's last message skips what is there. Each DDL message is in
+    Kafka once, as rows are (docs/senders.md: positions and duplicates)."""
+    from capturer.model import Ddl, Position, Txn
+    from senders.kafka.sender import KafkaSender
+
+    def ddl(ts: int, sql: str) -> Txn:
+        return Txn("r1", ts, Position("f", ts), (), ddl=Ddl("ph", sql, "t", "ph"))
+
+    rows1, rows2 = updates(1000, 2), updates(3000, 2)
+    ddls = [ddl(2000, "ALTER TABLE t ADD COLUMN w INT"), ddl(2001, "TRUNCATE TABLE t"),
+            ddl(2002, "ALTER TABLE t DROP COLUMN w, CHANGE v w INT")]
+    opts = options(broker, schema_topic="ph.schema", txn_topic="ph.txn", partitions=3)
+    a = KafkaSender("k", opts)
+    a.open()
+    a.send(rows1)
+    a.settle()
+    state = a.position_state  # what the checkpoint holds: rows1 acknowledged
+    a.send(ddls[:2])
+    a.settle()
+    a.close()  # kill -9: the DDL written, not in the checkpoint
+    b = KafkaSender("k", opts)
+    b.resume_state = state
+    b.open()
+    b.send(ddls + rows2)
+    b.settle()
+    b.close()
+    records = consume_all(broker.servers, ["ph.schema", "ph.txn", "capturer.ph.t"])
+    seen = Counter((r.topic, r.partition, int(dict(r.headers)["commit_ts"]), int(dict(r.headers)["seq"]),
+                    dict(r.headers)["op"]) for r in records)
+    twice = sorted(k for k, n in seen.items() if n > 1)
+    assert not twice, f"written twice: {twice[:5]}"
+    for topic in ("ph.schema", "ph.txn"):
+        assert sorted(k[2] for k in seen if k[0] == topic and k[4] == b"ddl") == [2000, 2001, 2002], topic
+    assert sorted(k[1] for k in seen if k[4] == b"t") == [0, 1, 2]  # the TRUNCATE: once in every partition
+    assert sum(1 for k in seen if k[0] == "capturer.ph.t" and k[4] == b"u") == 4 * KEYS

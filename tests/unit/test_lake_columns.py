@@ -115,3 +115,21 @@ def test_a_column_dropped_and_added_again_in_one_alter_is_there_with_its_default
     assert st.columns == [["Id", "bigint"], ["z)", "bigint"]] and st.added == {"z)": [100, "4"]}
     assert "CASE WHEN _commit_ts < 100 THEN CAST(4 AS bigint) ELSE `z)` END AS `z)`" in lake.changes_sql(
         st, "db", False, tmp_path)
+
+
+def test_an_alter_handed_again_after_a_crash_is_applied_once(tmp_path: Path) -> None:
+    """The state is saved at the ALTER, before its batch commits: a crash in between hands the same ALTER
+    again. ``DROP COLUMN a, CHANGE b a`` applied a second time dropped the renamed column (the values of
+    ``b``) for good; the state now keeps the last ALTER's key and the replay skips it."""
+    s = _sender(tmp_path)
+    cols = [["id", "bigint"], ["a", "string"], ["b", "string"]]
+    s._state_for(TableSchema(DB, TABLE, tuple(c for c, _ in cols), ("id",)), cols)
+    _alter(s, 100, "DROP COLUMN a, CHANGE b a VARCHAR(15)")
+    once = _state(s)
+    assert once.columns == [["id", "bigint"], ["a", "string"]] and once.moved == {"a": [[100, "b", 0]]}
+    again = _sender(tmp_path)  # the restart: the batch (and its ALTER) handed again
+    _alter(again, 100, "DROP COLUMN a, CHANGE b a VARCHAR(15)")
+    st = _state(again)
+    assert (st.columns, st.moved, st.added, st.gone) == (once.columns, once.moved, once.added, once.gone)
+    _alter(again, 200, "ADD COLUMN c INT")  # a later ALTER is applied
+    assert [c for c, _ in _state(again).columns] == ["id", "a", "c"]
