@@ -79,3 +79,35 @@ def test_trigger_statements_are_not_passed_on() -> None:
     for q in ("CREATE TABLE `trigger` (id INT)", "CREATE TABLE t (`trigger` INT)", "DROP TABLE triggers",
               "CREATE DEFINER=`root`@`localhost` VIEW v AS SELECT 1", "ALTER TABLE t ADD COLUMN `trigger` INT"):
         assert is_data_ddl(q), q
+
+
+def test_system_versioned_rows_become_the_current_rows() -> None:
+    """The binlog's rows of a system-versioned table: history rows go, an ended row is a delete,
+    the period columns go from every image and from the keys (versioning.py)."""
+    from capturer.regions.mysql.versioning import current_changes, current_schema
+
+    full = TableSchema("s", "v", ("id", "v", "row_start", "row_end"), ("id", "row_end"), (("v", "row_end"),),
+                       (3, 15, 17, 17))
+    cur = current_schema(full, "row_start", "row_end")
+    assert (cur.columns, cur.pk, cur.unique_keys, cur.column_types) == (("id", "v"), ("id",), (("v",),), (3, 15))
+    end, then = "2038-01-19 03:14:07.999999", "2026-11-30 00:36:44.556412"
+
+    def img(i: int, v: str, e: str) -> dict[str, object]:
+        return {"id": i, "v": v, "row_start": "2026-11-30 00:00:00", "row_end": e}
+
+    changes = [
+        RowChange(full, "insert", None, img(1, "a", end)),               # a new row
+        RowChange(full, "update", img(1, "a", end), img(1, "b", end)),   # UPDATE: the current row ...
+        RowChange(full, "insert", None, img(1, "a", then)),              # ... and its history row
+        RowChange(full, "update", img(1, "b", end), img(1, "b", then)),  # DELETE: the row ended
+        RowChange(full, "delete", img(1, "a", then), None),              # DELETE HISTORY
+        RowChange(full, "update", img(2, "x", then), img(2, "x", end)),  # (a history row made current)
+    ]
+    out = [(c.op, c.before, c.after) for c in current_changes(changes, cur, "row_start", "row_end")]
+    assert out == [("insert", None, {"id": 1, "v": "a"}), ("update", {"id": 1, "v": "a"}, {"id": 1, "v": "b"}),
+                   ("delete", {"id": 1, "v": "b"}, None), ("insert", None, {"id": 2, "v": "x"})]
+    # transaction-precise history: the end is the largest BIGINT UNSIGNED
+    trx = TableSchema("s", "t", ("id", "s", "e"), ("id", "e"))
+    rows = [RowChange(trx, "insert", None, {"id": 1, "s": 5, "e": (1 << 64) - 1}),
+            RowChange(trx, "insert", None, {"id": 1, "s": 5, "e": 9})]
+    assert [c.after for c in current_changes(rows, current_schema(trx, "s", "e"), "s", "e")] == [{"id": 1}]

@@ -47,7 +47,7 @@ from capturer.model.ddl import ddl_target, is_data_ddl, is_ignorable, names_seve
 from capturer.model.encode import qualified, quote_ident
 from capturer.regions.base import ClockedRegion, RegionContext, close_quietly, require_start_kind
 from capturer.regions.clock import RegionClock
-from capturer.regions.mysql import failover, prepare, tablemap, xa
+from capturer.regions.mysql import failover, prepare, tablemap, versioning, xa
 from capturer.regions.mysql.binlog import (
     COMPRESSED_EVENTS,
     EVENTS,
@@ -99,6 +99,8 @@ class MySQLRegion(SnapshotHostMixin, ClockedRegion):
         self._clock_offset_ms = 0.0
         self._schemas: dict[tuple[str, str, tuple[str, ...]], TableSchema] = {}
         self._ukeys: dict[tuple[str, str], tuple[tuple[str, ...], tuple[tuple[str, ...], ...]]] = {}
+        # system-versioned tables (versioning.py): a table definition's current-rows schema and period columns
+        self._current: dict[tuple[str, str, tuple[str, ...]], tuple[TableSchema, str, str] | None] = {}
         self._meta: pymysql.connections.Connection | None = None
         self.fast_events = 0
         self.library_events = 0
@@ -188,8 +190,9 @@ class MySQLRegion(SnapshotHostMixin, ClockedRegion):
         if not db or names_several_tables(sql):  # (a RENAME after a newline or a tab too)
             self._schemas.clear()
             self._ukeys.clear()
+            self._current.clear()
             return
-        caches: tuple[dict[Any, Any], ...] = (self._schemas, self._ukeys)
+        caches: tuple[dict[Any, Any], ...] = (self._schemas, self._ukeys, self._current)
         for cache in caches:
             for k in [k for k in cache if k[0] == db and (not table or k[1] == table)]:
                 del cache[k]
@@ -576,11 +579,40 @@ class MySQLRegion(SnapshotHostMixin, ClockedRegion):
 
     def _changes(self, ev: Any, schema: TableSchema) -> list[RowChange]:
         """Row changes of a rows event: the fast decoder where it can, else the library;
-        BINARY(n) values padded back to n bytes (``pad_binary``)."""
+        BINARY(n) values padded back to n bytes (``pad_binary``); a system-versioned
+        table's as its current rows (``versioning.py``)."""
         changes = self._decode(ev, schema)
         if any(ci.length for ci in schema.column_info):
             pad_binary(changes, schema)
+        current = self._current_rows(schema)
+        if current is not None:
+            changes = versioning.current_changes(changes, *current)
         return changes
+
+    def _current_rows(self, schema: TableSchema) -> tuple[TableSchema, str, str] | None:
+        """(the current rows' schema, row start, row end) of a system-versioned table, else None;
+        read once per table definition (until a DDL)."""
+        key = (schema.db, schema.table, schema.columns)
+        if key in self._current:
+            return self._current[key]
+        try:
+            if self._meta is None:
+                self._meta = self._connect()
+            with self._meta.cursor() as cur:
+                period = versioning.period_columns(cur, schema.db, schema.table)
+        except (pymysql.err.MySQLError, SourceError) as exc:
+            self._meta = None
+            if "row_end" in schema.columns and "row_start" in schema.columns:
+                raise SourceError(f"{self.where}: cannot tell whether {schema.db}.{schema.table} is system-versioned: "
+                                  f"{exc}") from exc
+            period = None  # (a table dropped since: its rows are read as they are)
+        res = None
+        if period is not None and all(c in schema.columns for c in period):
+            res = (versioning.current_schema(schema, *period), *period)
+            log.info("%s: %s.%s is system-versioned: its current rows are passed on, without %s and %s",
+                     self.where, schema.db, schema.table, *period)
+        self._current[key] = res
+        return res
 
     def _decode(self, ev: Any, schema: TableSchema) -> list[RowChange]:
         fast = fast_rows(ev, isinstance(ev, UpdateRowsEvent)) if self.cfg.decoder == "fast" else None
