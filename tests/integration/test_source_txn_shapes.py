@@ -266,3 +266,115 @@ def test_rollbacks_savepoints_implicit_commits_triggers_sequences(tmp_path: Path
         broker.kill()
         for srv in (m, target):
             srv.stop()
+
+
+def test_postgresql_prepared_transactions_subtransactions_and_a_spilled_one_across_kill9(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """PostgreSQL: PREPARE TRANSACTION then COMMIT PREPARED (others committed between) or
+    ROLLBACK PREPARED, subtransactions rolled back (a key change among them), and a
+    transaction bigger than ``logical_decoding_work_mem`` (the walsender spills it) and than
+    the capturer's ``spillRows``, whose receipt a ``kill -9`` interrupts (at its second
+    spilled chunk) while another is prepared and decided after the restart: the file, a
+    MariaDB target and Kafka equal the source."""
+    from devtools.local_postgres import PostgresInstance
+    from integration.test_postgresql import config, covered, current_lsn, pg_region
+
+    pg = PostgresInstance(settings={"max_prepared_transactions": "10", "logical_decoding_work_mem": "64kB"}).start()
+    target = MariaDBInstance(tmp_path / "target", server_id=99, binlog=False).start()
+    broker = shared_broker()
+    log = tmp_path / "capturer.log"
+    cap: CapturerProcess | None = None
+    try:
+        pg.sql("CREATE TABLE t (id int PRIMARY KEY, v text)")
+        pg.sql("CREATE TABLE big (id int PRIMARY KEY, pad text)")
+        cfg = config(tmp_path, pg_region("pg", pg), _senders(tmp_path, target, broker.servers), "spillRows=2000\n")
+        cap = CapturerProcess(cfg, log).start()
+        cap.wait_ready()
+        wait_for(lambda: covered(tmp_path, "pg", current_lsn(pg)), 120, "the slot's start in the checkpoint")
+        with pg.connect() as c:
+            c.execute("BEGIN")
+            c.execute("INSERT INTO t VALUES (1, 'p1'), (2, 'p1')")
+            c.execute("UPDATE t SET v = 'p1 updated' WHERE id = 1")
+            c.execute("PREPARE TRANSACTION 'p1'")
+            c.execute("INSERT INTO t VALUES (3, 'plain')")
+            c.execute("COMMIT PREPARED 'p1'")
+            c.execute("UPDATE t SET id = 4, v = 'after p1' WHERE id = 2")
+            c.execute("BEGIN")
+            c.execute("INSERT INTO t VALUES (10, 'rolled back')")
+            c.execute("UPDATE t SET v = 'rolled back' WHERE id = 1")
+            c.execute("PREPARE TRANSACTION 'p''2 \"x\"'")
+            c.execute("ROLLBACK PREPARED 'p''2 \"x\"'")
+            # subtransactions
+            c.execute("BEGIN")
+            c.execute("INSERT INTO t VALUES (20, 'kept')")
+            c.execute("SAVEPOINT a")
+            c.execute("INSERT INTO t VALUES (21, 'gone')")
+            c.execute("UPDATE t SET id = 22 WHERE id = 20")
+            c.execute("SAVEPOINT b")
+            c.execute("DELETE FROM t WHERE id = 3")
+            c.execute("ROLLBACK TO SAVEPOINT a")
+            c.execute("SAVEPOINT c")
+            c.execute("INSERT INTO t VALUES (23, 'released')")
+            c.execute("RELEASE SAVEPOINT c")
+            c.execute("UPDATE t SET v = 'kept, updated' WHERE id = 20")
+            c.execute("COMMIT")
+            # prepared before the kill, committed after the restart
+            c.execute("BEGIN")
+            c.execute("INSERT INTO t VALUES (30, 'p3')")
+            c.execute("PREPARE TRANSACTION 'p3'")
+        wait_for(lambda: covered(tmp_path, "pg", current_lsn(pg)), 120, "every sender to have the first part")
+        text = log.read_text(errors="replace")
+        assert cap.stop() == 0, text[-4000:]
+        # the big transaction: the capturer is killed while it receives it (its second spilled chunk)
+        monkeypatch.setenv("CAPTURER_FAILPOINTS", "spill.chunk=kill@2")
+        cap = CapturerProcess(cfg, log).start()
+        monkeypatch.delenv("CAPTURER_FAILPOINTS")
+        cap.wait_ready()
+        with pg.connect() as c:
+            c.execute("BEGIN")
+            c.execute("INSERT INTO big SELECT g, repeat(md5(g::text), 4) FROM generate_series(1, 12000) g")
+            c.execute("UPDATE big SET pad = 'updated' WHERE id % 3 = 0")
+            c.execute("SAVEPOINT s")
+            c.execute("DELETE FROM big WHERE id > 11000")
+            c.execute("ROLLBACK TO SAVEPOINT s")
+            c.execute("DELETE FROM big WHERE id % 5 = 0")
+            c.execute("COMMIT")
+        assert cap.proc is not None
+        wait_for(lambda: cap is not None and cap.proc is not None and cap.proc.poll() is not None, 120,
+                 "the capturer to be killed at the failpoint")
+        assert cap.proc.returncode == -9, cap.proc.returncode
+        with pg.connect() as c:
+            c.execute("COMMIT PREPARED 'p3'")
+            c.execute("INSERT INTO t VALUES (40, 'after the kill')")
+        cap = CapturerProcess(cfg, log).start()
+        cap.wait_ready()
+        wait_for(lambda: covered(tmp_path, "pg", current_lsn(pg)), 180, "every sender to have every change")
+        text = log.read_text(errors="replace")
+        assert cap.stop() == 0, text[-4000:]
+        cap = None
+        assert "Traceback" not in text, text[-4000:]
+        conn = target.connect()
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SELECT id, v FROM public.t ORDER BY id")
+                assert cur.fetchall() == ((1, "p1 updated"), (3, "plain"), (4, "after p1"), (20, "kept, updated"),
+                                          (23, "released"), (30, "p3"), (40, "after the kill"))
+                cur.execute("SELECT COUNT(*), SUM(pad = 'updated') FROM public.big")
+                assert cur.fetchone() == (9600, 3200)
+        finally:
+            conn.close()
+        _verify(cfg, ["local", "mysql", "kafka"])
+        seen: dict[tuple[Any, ...], dict[str, Any]] = {}
+        for x in read_lines(tmp_path):
+            if x["op"] != "ddl":
+                ident = (x["region"], x["commit_ts"], x["seq"])
+                assert seen.setdefault(ident, x) == x, f"a repeat of {ident} differs"
+        values = {img.get("v") for x in seen.values() for img in (x.get("before"), x.get("after")) if img}
+        assert not {"rolled back", "gone"} & values, values
+        assert sum(1 for x in seen.values() if x["table"] == "big" and x["op"] == "insert") == 12000
+    finally:
+        if cap is not None and cap.proc is not None and cap.proc.poll() is None:
+            cap.kill9()
+        broker.kill()
+        target.stop()
+        pg.destroy()
