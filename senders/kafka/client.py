@@ -148,6 +148,12 @@ class Client(Protocol):
         the clients read them all with one consumer)."""
         return per_topic(self.last_records)(starts, timeout, patient)
 
+    def topic_configs(self, topics: Sequence[str], keys: Collection[str]) -> dict[str, dict[str, str]]:
+        """The settings ``keys`` of each topic the broker says (``ConfluentReadBack.topic_configs``; none
+        where confluent-kafka is not installed, or for a topic it could not read)."""
+        read = getattr(self, "_read", None)
+        return read.topic_configs(topics, keys) if read is not None else {}
+
     def failures(self) -> list[Failure]:
         """The messages the producer reported as not delivered since the last call (after
         ``close()``: also those it gave up on at the close)."""
@@ -191,7 +197,8 @@ class KafkaPythonClient(Client):
             **common, acks="all", enable_idempotence=True, max_in_flight_requests_per_connection=1,
             **({"transactional_id": tid, "transaction_timeout_ms": 60000} if tid else {}),
             linger_ms=opts["linger_ms"], max_request_size=opts.get("max_message_bytes", 1_048_576),
-            batch_size=256 * 1024, max_block_ms=15000, delivery_timeout_ms=60000,
+            batch_size=min(256 * 1024, opts.get("_batch_cap") or 256 * 1024), max_block_ms=15000,
+            delivery_timeout_ms=60000,
             compression_type=None if opts["compression"] == "none" else opts["compression"],
         )
         from kafka.record import util as record_util
@@ -447,6 +454,29 @@ class ConfluentReadBack:
             self._reader = self._fresh()  # kept for the offsets (ListOffsets) of every topic
         return self._reader
 
+    def topic_configs(self, topics: Sequence[str], keys: Collection[str]) -> dict[str, dict[str, str]]:
+        """The settings ``keys`` of each topic (DescribeConfigs, one request): a topic whose settings cannot
+        be read (no DescribeConfigs right, a broker that does not answer) is left out."""
+        from confluent_kafka.admin import AdminClient, ConfigResource
+
+        if not topics:
+            return {}
+        if self._admin is None:
+            self._admin = AdminClient({**self.security, "bootstrap.servers": self.servers})
+        out: dict[str, dict[str, str]] = {}
+        try:
+            futures = self._admin.describe_configs([ConfigResource(ConfigResource.Type.TOPIC, t) for t in topics],
+                                                   request_timeout=10)
+            for res, fut in futures.items():
+                try:
+                    entries = fut.result(15)
+                except Exception:
+                    continue
+                out[res.name] = {k: str(e.value) for k, e in entries.items() if k in keys and e.value is not None}
+        except Exception as exc:
+            log.info("topic settings of %s not read: %s", list(topics)[:3], exc)
+        return out
+
     def offsets(self, topic: str, partitions: Sequence[int]) -> dict[int, tuple[int, int]]:
         from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
@@ -644,6 +674,8 @@ class ConfluentClient(Client):
                 "message.max.bytes": opts.get("max_message_bytes", 1_048_576),
                 "compression.type": opts["compression"], "queue.buffering.max.messages": 1_000_000,
                 "delivery.report.only.error": True, "on_delivery": self.reports,
+                # a topic of a lower max.message.bytes than a batch can reach (the sender's _batch_cap)
+                **({"batch.size": opts["_batch_cap"]} if opts.get("_batch_cap") else {}),
                 **({"transactional.id": opts["_transactional_id"], "transaction.timeout.ms": 60000}
                    if opts.get("_transactional_id") else {})}
 

@@ -165,6 +165,11 @@ def partition_for(key: bytes, partitions: int) -> int:
     return (_murmur2(key) & 0x7FFFFFFF) % partitions
 
 
+# the largest record batch each client makes by default (confluent: librdkafka's batch.size; kafka-python: the
+# batch_size the sender sets), and what a record batch adds to its records' bytes (header, per-record framing)
+_BATCH_BYTES = {"confluent": 1_000_000, "kafka-python": 256 * 1024}
+_BATCH_FRAMING = 512
+
 READ_BACK_TIMEOUT = 60.0  # seconds to read the last messages of one topic's partitions (+1 s a topic more)
 READ_BACK_TOPICS = 100  # topics read back at once at most (one consumer assigned to all their partitions)
 # attempts in a row after which a topic that cannot be read back is written without skipping (at least once
@@ -252,6 +257,12 @@ class KafkaSender(Sender):
         # sender's thread, read by the checkpoint's; the checkpoint's own are taken at the first open()
         self._gaps: list[list[Any]] = []
         self._gaps_loaded = False
+        # what the broker says of the topics (DescribeConfigs, when first written with a producer): each one's
+        # max.message.bytes, the compacted ones; the largest record batch the producer makes (None: the client's)
+        self._topic_limit: dict[str, int] = {}
+        self._compact: set[str] = set()
+        self._truncate_skipped: set[str] = set()
+        self._batch_cap: int | None = None
 
     @staticmethod
     def check_options(opts: dict[str, Any], where: Callable[[str], str]) -> None:
@@ -433,9 +444,45 @@ class KafkaSender(Sender):
             for t in missing:  # (tried again when written to)
                 del counts[t]
         self._pin(counts)
+        self._learn_settings(list(counts))
         for t in counts:
             client.learn(t)
         self._read_back_all(counts)
+
+    def _learn_settings(self, topics: list[str]) -> None:
+        """The topics' max.message.bytes and cleanup.policy, as the broker says them (left as they were
+        where it does not: no DescribeConfigs right, no confluent-kafka). A topic that takes record batches
+        smaller than the producer makes (e.g. created with max.message.bytes = 64 KB): every batch of
+        small rows would be refused as too large (MSG_SIZE_TOO_LARGE: the sender stopped, naming a row that
+        fits); the producer is made again (a retriable error) with batches no bigger than the topic takes."""
+        get = getattr(self.client, "topic_configs", None)
+        if get is None or not topics:
+            return
+        settings = get(topics, ("max.message.bytes", "cleanup.policy"))
+        need: tuple[int, str, int] | None = None  # (cap, topic, its limit)
+        largest = self._batch_cap or _BATCH_BYTES.get(self.options["client"], 1_000_000)
+        for t, conf in settings.items():
+            if "compact" in conf.get("cleanup.policy", ""):
+                self._compact.add(t)
+            else:
+                self._compact.discard(t)
+            try:
+                limit = int(conf["max.message.bytes"])
+            except (KeyError, ValueError):
+                continue
+            self._topic_limit[t] = limit
+            cap = max(limit - _BATCH_FRAMING, 1024)
+            if cap < largest and (need is None or cap < need[0]):
+                need = (cap, t, limit)
+        if need is not None:
+            cap, t, limit = need
+            self._batch_cap = cap
+            self.options = {**self.options, "_batch_cap": cap}
+            log.warning("sender %s: topic %s takes record batches of at most %d bytes (max.message.bytes): the "
+                        "producer is made again with batches of at most %d bytes", self.name, t, limit, cap)
+            raise SinkError(f"sender {self.name}: topic {t!r} takes record batches of at most {limit} bytes "
+                            f"(max.message.bytes), less than the producer's batches: made again with batches of at "
+                            f"most {cap} bytes")
 
     def _pin(self, counts: dict[str, int]) -> None:
         """The partition count each topic of ``counts`` is written with, in place of the broker's: the one
@@ -696,6 +743,10 @@ class KafkaSender(Sender):
                             f"in [{self.name}], and the topics' max.message.bytes on the broker): {exc}",
                             retriable=False) from None
         size, table, shown, topic = biggest
+        known = self._topic_limit.get(topic)
+        if known is not None and size < known - _BATCH_FRAMING and limit >= known:
+            raise SinkError(f"a record batch bigger than topic {topic!r} takes (max.message.bytes = {known}) though "
+                            f"its largest message is about {size} bytes: {exc}") from None
         raise SinkError(
             f"a row of table {table} (key {shown or '(none)'}) is a message of about {size} bytes, "
             f"more than Kafka takes: the producer's limit is max_message_bytes = {limit} (in [{self.name}]), and "
@@ -759,6 +810,15 @@ class KafkaSender(Sender):
                     # no topic and create_topics=false: nobody consumes an empty table's topic
                     log.warning("sender %s: TRUNCATE of %s.%s not sent to %r: %s", self.name, d.db, d.table,
                                 table_topic, exc)
+                    return n
+                if table_topic in self._compact:
+                    # its event has no key, which a compacted topic refuses (as Debezium's users skip it there)
+                    if table_topic not in self._truncate_skipped:
+                        self._truncate_skipped.add(table_topic)
+                        log.warning("sender %s: TRUNCATE of %s.%s not sent to %r: the topic is compacted "
+                                    "(cleanup.policy=compact), which refuses a message without a key (the schema "
+                                    "topic and txn_topic have it); said once a topic", self.name, d.db, d.table,
+                                    table_topic)
                     return n
                 for part in range(parts):
                     n += self._put(client, table_topic, part, None, body, self._headers(txn, d.seq, "t"),
@@ -828,6 +888,8 @@ class KafkaSender(Sender):
                     s = part[int(m[4][2][1]) - seq0].schema
                     k = (s.db, s.table, m[0], m[1])
                     parts[k] = parts.get(k, 0) + 1
+            if self._compact:
+                self._keyless_to_compacted(msgs, part, seq0)
             if self.marks.limits:  # (only while the replayed part is in hand)
                 msgs = self._unsent(txn, msgs)
             if self.epoch_header:  # high availability: which capturer's epoch wrote it (after the others)
@@ -842,6 +904,19 @@ class KafkaSender(Sender):
                 self._flush_or_raise(client)
                 unflushed = 0
         return n
+
+    def _keyless_to_compacted(self, msgs: list[Message], part: Sequence[RowChange], seq0: int) -> None:
+        """A message without a key (a row of a table without a primary key) to a compacted topic, which Kafka
+        refuses (INVALID_RECORD, retried for good before): a fatal error naming the table and the topic."""
+        compact = self._compact
+        for m in msgs:
+            if m[2] is None and m[0] in compact and m[3] is not None:
+                ch = part[int(m[4][2][1]) - seq0]
+                raise SinkError(f"sender {self.name}: table {quote_ident(ch.db)}.{quote_ident(ch.table)} has no "
+                                f"primary key, so its rows are messages without a key, and topic {m[0]!r} is "
+                                "compacted (cleanup.policy=compact), which refuses those: give the table a primary "
+                                "key, exclude it with the filter, or send it to a topic that is not compacted",
+                                retriable=False)
 
     def encoder(self, now_ms: int) -> Callable[[Txn, int, RowChange, str], bytes]:
         """The message body of one event in the sender's format (json with ``now_ms`` as its ts_ms)."""

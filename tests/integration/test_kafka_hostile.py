@@ -270,3 +270,66 @@ def test_ddl_messages_written_before_a_crash_are_in_kafka_once(broker: Broker) -
         assert sorted(k[2] for k in seen if k[0] == topic and k[4] == b"ddl") == [2000, 2001, 2002], topic
     assert sorted(k[1] for k in seen if k[4] == b"t") == [0, 1, 2]  # the TRUNCATE: once in every partition
     assert sum(1 for k in seen if k[0] == "capturer.ph.t" and k[4] == b"u") == 4 * KEYS
+
+
+def send_as_the_loop_does(s: Any, batch: list[Any]) -> None:
+    """``send`` and ``settle`` as the sender's loop does them: a retriable error sends the batch again
+    (with a new producer), at most a few times."""
+    from capturer.errors import SinkError
+
+    for attempt in range(4):
+        try:
+            s.send(batch)
+            s.settle()
+            return
+        except SinkError as exc:
+            if not exc.retriable or attempt == 3:
+                raise
+            s.close()
+
+
+def test_topics_made_beforehand_compacted_or_of_small_messages(broker: Broker) -> None:
+    """Topics an operator made before the capturer wrote them: one of max.message.bytes = 3000 (rows of
+    ~500 bytes: every row fits, a batch of them does not), and compacted ones (cleanup.policy=compact).
+    The small topic gets every row once (the producer made again with batches it takes; before, the
+    broker refused the batches and the sender stopped for good, blaming a 524-byte row); the compacted
+    topic of a keyed table gets its rows and tombstones, a TRUNCATE of it is left out (no key: refused;
+    before, retried for good); a keyless table on a compacted topic stops the sender naming it (before:
+    INVALID_RECORD, retried for good)."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from capturer.errors import SinkError
+    from capturer.model import Ddl, Position, RowChange, TableSchema, Txn
+    from senders.kafka.sender import KafkaSender
+
+    admin = AdminClient({"bootstrap.servers": broker.servers})
+    for f in admin.create_topics([
+            NewTopic("capturer.cp.small", 3, 1, config={"max.message.bytes": "3000"}),
+            NewTopic("capturer.cp.keyed", 3, 1, config={"cleanup.policy": "compact"}),
+            NewTopic("capturer.cp.keyless", 3, 1, config={"cleanup.policy": "compact"})]).values():
+        f.result(30)
+
+    def rows(ts: int, table: str, pk: tuple[str, ...], op: str = "insert") -> Any:
+        schema = TableSchema("cp", table, ("id", "v"), pk)
+        return Txn("r1", ts, Position("f", ts), tuple(
+            RowChange(schema, op, None if op == "insert" else {"id": k, "v": "y" * 200},
+                      None if op == "delete" else {"id": k, "v": "y" * 200}) for k in range(50)))
+
+    trunc = Txn("r1", 300, Position("f", 300), ddl=Ddl("cp", "TRUNCATE TABLE keyed", "keyed"))
+    batch = [rows(100 + i, "small", ("id",)) for i in range(5)] + [
+        rows(200, "keyed", ("id",)), rows(201, "keyed", ("id",), "delete"), trunc, rows(301, "keyed", ("id",))]
+    s = KafkaSender("k", options(broker, tombstones=True))
+    try:
+        send_as_the_loop_does(s, batch)
+        with pytest.raises(SinkError, match=r"`cp`\.`keyless` has no primary key.*'capturer\.cp\.keyless' is "
+                                            r"compacted") as err:
+            s.send([rows(400, "keyless", ())])
+        assert not err.value.retriable
+    finally:
+        s.close()
+    small = consume_all(broker.servers, ["capturer.cp.small"])
+    ids = Counter((int(dict(r.headers)["commit_ts"]), int(dict(r.headers)["seq"])) for r in small)
+    assert set(ids) == {(ts, k) for ts in range(100, 105) for k in range(50)} and max(ids.values()) == 1
+    keyed = consume_all(broker.servers, ["capturer.cp.keyed"])
+    ops = Counter((dict(r.headers)["op"], r.value is None) for r in keyed)
+    assert ops == {(b"c", False): 100, (b"d", False): 50, (b"d", True): 50}, ops
