@@ -190,6 +190,11 @@ def _shapes(cur: Any) -> None:
     cur.execute("CREATE TABLE s.made (id INT PRIMARY KEY)")
     cur.execute("INSERT INTO s.made VALUES (1)")
     cur.execute("ROLLBACK")
+    # CREATE TABLE ... SELECT (the DDL and its rows in one group), REPLACE and upserts over a unique key
+    cur.execute("CREATE TABLE s.ctas (PRIMARY KEY (id), UNIQUE KEY (u)) SELECT id, v, id * 10 AS u FROM s.inno")
+    cur.execute("REPLACE INTO s.ctas VALUES (100, 'two rows replaced', 50)")  # (id 5 goes: its u is 50)
+    cur.execute("REPLACE INTO s.ctas VALUES (6, 'replaced', 60)")
+    cur.execute("INSERT INTO s.ctas VALUES (8, 'dup', 1) ON DUPLICATE KEY UPDATE v = CONCAT(v, ' upserted')")
     # sequences: NEXTVAL writes the sequence's row when its cache runs out, SETVAL at once
     cur.execute("SELECT NEXTVAL(s.seq)")
     cur.execute("INSERT INTO s.uses_seq (v) VALUES ('a'), ('b')")
@@ -214,7 +219,8 @@ def _shapes(cur: Any) -> None:
 def test_rollbacks_savepoints_implicit_commits_triggers_sequences(tmp_path: Path) -> None:
     """Transaction shapes that leave rows in a group the source does not keep (a rollback to a
     savepoint after a non-transactional change), or rows of non-transactional tables in a
-    rolled-back transaction, implicit commits, triggers, sequences, invisible columns and
+    rolled-back transaction, implicit commits, CREATE TABLE ... SELECT, REPLACE and upserts,
+    triggers, sequences, invisible columns and
     system-versioned tables (their current rows; before the fix the MySQL target refused the
     period columns and the capturer stopped, and every sink had the history rows): the
     file, a MariaDB target and Kafka equal the source (before the fix, the rows undone by the
