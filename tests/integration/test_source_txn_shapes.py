@@ -384,3 +384,101 @@ def test_postgresql_prepared_transactions_subtransactions_and_a_spilled_one_acro
         broker.kill()
         target.stop()
         pg.destroy()
+
+
+def _xa_load(m: MariaDBInstance, worker: int, stop: Any, counts: dict[str, int]) -> None:
+    """XA transactions (committed, rolled back, one phase) and plain ones on shared and own keys,
+    until ``stop``; a prepare and its decision on two sessions, with other work between."""
+    import random
+
+    rnd = random.Random(worker)
+    base = 100_000 * (worker + 1)
+    n = 0
+    conn, other = m.connect(), m.connect()
+    try:
+        with conn.cursor() as cur, other.cursor() as cur2:
+            while not stop.is_set():
+                n += 1
+                xid = f"'w{worker}-{n}', 'q''{n}'"
+                k = base + n
+                cur.execute(f"XA START {xid}")
+                cur.execute("INSERT INTO d.x VALUES (%s, %s, 0)", (k, f"xa {worker}"))
+                cur.execute("UPDATE d.x SET n = n + 1, v = %s WHERE id = %s", (f"xa {worker}-{n}", worker))
+                if n % 4 == 0 and n > 4:
+                    cur.execute("UPDATE d.x SET id = id + 50000 WHERE id = %s", (base + n - 4,))  # a key change
+                cur.execute(f"XA END {xid}")
+                if n % 7 == 0:
+                    cur.execute(f"XA COMMIT {xid} ONE PHASE")
+                    counts["committed"] += 1
+                    continue
+                cur.execute(f"XA PREPARE {xid}")
+                cur2.execute("INSERT INTO d.plain VALUES (%s, %s)", (k, "between"))  # (another session)
+                if n % 3 == 0:
+                    cur.execute(f"XA ROLLBACK {xid}")
+                    counts["rolled_back"] += 1
+                else:
+                    cur.execute(f"XA COMMIT {xid}")
+                    counts["committed"] += 1
+                stop.wait(rnd.random() * 0.02)
+    finally:
+        conn.close()
+        other.close()
+
+
+@pytest.mark.slow  # (~8-25 s; CI keeps test_xa_transactions_committed_once_rolled_back_never_across_kill9)
+def test_xa_under_load_with_kill9(tmp_path: Path) -> None:
+    """Three sessions run XA transactions (committed, rolled back, one phase; a key change among
+    them) and plain ones while the capturer is killed (-9) twice: the file, a MariaDB target and
+    Kafka equal the source; a repeat after a kill is the same change under the same identity."""
+    import threading
+
+    (m,) = start_servers(tmp_path, 1)
+    target = MariaDBInstance(tmp_path / "target", server_id=99, binlog=False).start()
+    broker = shared_broker()
+    log = tmp_path / "capturer.log"
+    cap: CapturerProcess | None = None
+    stop = threading.Event()
+    counts = {"committed": 0, "rolled_back": 0}
+    threads: list[threading.Thread] = []
+    try:
+        m.execute("CREATE DATABASE d", "CREATE TABLE d.x (id INT PRIMARY KEY, v VARCHAR(40), n INT)",
+                  "CREATE TABLE d.plain (id INT PRIMARY KEY, v VARCHAR(40))",
+                  "INSERT INTO d.x VALUES (0, 'w0', 0), (1, 'w1', 0), (2, 'w2', 0)")
+        cfg = write_mysql_config(tmp_path, [m], senders=_senders(tmp_path, target, broker.servers))
+        cap = CapturerProcess(cfg, log).start()
+        cap.wait_ready()
+        threads = [threading.Thread(target=_xa_load, args=(m, w, stop, counts)) for w in range(3)]
+        for t in threads:
+            t.start()
+        for _ in range(2):
+            wait_for(lambda: counts["committed"] > 20 and (tmp_path / "checkpoint.json").exists(), 60, "some load")
+            before = counts["committed"]
+            wait_for(lambda: counts["committed"] >= before + 10, 60, "more load")
+            cap.kill9()
+            cap = CapturerProcess(cfg, log).start()
+            cap.wait_ready()
+        wait_for(lambda: counts["committed"] >= before + 20, 60, "load after the last restart")
+        stop.set()
+        for t in threads:
+            t.join(60)
+        assert counts["rolled_back"] > 0
+        wait_for(lambda: checkpoint_covers(tmp_path, [m]), 120, "every sender to have every change")
+        text = log.read_text(errors="replace")
+        assert cap.stop() == 0, text[-4000:]
+        cap = None
+        assert "Traceback" not in text and "XA COMMIT of" not in text, text[-4000:]
+        _verify(cfg, ["local", "mysql", "kafka"])
+        seen: dict[tuple[Any, ...], dict[str, Any]] = {}
+        for x in read_lines(tmp_path):
+            if x["op"] != "ddl":
+                ident = (x["region"], x["commit_ts"], x["seq"])
+                assert seen.setdefault(ident, x) == x, f"a repeat of {ident} differs"
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(60)
+        if cap is not None:
+            cap.kill9()
+        broker.kill()
+        for srv in (m, target):
+            srv.stop()
