@@ -184,6 +184,25 @@ def _shapes(cur: Any) -> None:
     cur.execute("ROLLBACK TO a")
     cur.execute("INSERT INTO s.inno VALUES (8, 'kept')")
     cur.execute("COMMIT")
+    # a savepoint set before the transaction's first logged change, then a non-transactional change and a
+    # rollback to it: no SAVEPOINT in the binlog, the undone InnoDB rows are logged as a group of their own
+    # that ends in ROLLBACK (an update of an existing row among them); the rows after it are the next group
+    cur.execute("BEGIN")
+    cur.execute("SAVEPOINT first")
+    cur.execute("INSERT INTO s.inno VALUES (10, 'undone')")
+    cur.execute("UPDATE s.inno SET v = 'undone' WHERE id = 8")
+    cur.execute("INSERT INTO s.mya VALUES (3, 'stays')")
+    cur.execute("ROLLBACK TO first")
+    cur.execute("INSERT INTO s.inno VALUES (11, 'after rollback to')")
+    cur.execute("COMMIT")
+    # the same, then the whole transaction rolled back
+    cur.execute("BEGIN")
+    cur.execute("SAVEPOINT b")
+    cur.execute("INSERT INTO s.inno VALUES (12, 'undone')")
+    cur.execute("INSERT INTO s.mya VALUES (4, 'stays')")
+    cur.execute("ROLLBACK TO b")
+    cur.execute("INSERT INTO s.inno VALUES (13, 'rolled back')")
+    cur.execute("ROLLBACK")
     # a DDL's implicit commit inside an open transaction
     cur.execute("BEGIN")
     cur.execute("INSERT INTO s.inno VALUES (9, 'committed by the DDL')")
@@ -251,12 +270,15 @@ def test_rollbacks_savepoints_implicit_commits_triggers_sequences(tmp_path: Path
             with conn.cursor() as cur:
                 cur.execute("SELECT id, v FROM s.inno ORDER BY id")
                 assert cur.fetchall() == ((5, "after rollback to"), (6, "kept"), (8, "kept"),
-                                          (9, "committed by the DDL"))
+                                          (9, "committed by the DDL"), (11, "after rollback to"))
+                cur.execute("SELECT id FROM s.mya ORDER BY id")
+                assert [r[0] for r in cur.fetchall()] == [1, 2, 3, 4]
         finally:
             conn.close()
         _verify(cfg, ["local", "mysql", "kafka"])
         undone = [x for x in read_lines(tmp_path) if x["op"] != "ddl" and x["table"] == "inno"
-                  and (x.get("after") or {}).get("id") in (1, 3, 4, 7)]
+                  and ((x.get("after") or {}).get("id") in (1, 3, 4, 7, 10, 12, 13)
+                       or (x.get("after") or {}).get("v") == "undone")]
         assert not undone, undone
         # the versioned tables' changes: the current rows' only, without the period columns
         vers = [(x["op"], (x.get("before") or {}).get("id"), (x.get("after") or {}).get("id"),

@@ -513,20 +513,28 @@ class MySQLRegion(SnapshotHostMixin, ClockedRegion):
             started.wait(1.0)
 
     def _query(self, stream: BinLogStreamReader, ev: Any, txn: TxnAssembler) -> None:
-        """A Query event: BEGIN, the COMMIT or ROLLBACK of a non-transactional group, an XA
+        """A Query event: BEGIN, the COMMIT of a non-transactional group, the ROLLBACK of undone rows, an XA
         decision, a statement inside a transaction (ignored), or a statement of its own (DDL ...)."""
         q = ev.query if isinstance(ev.query, str) else ev.query.decode("utf-8", "replace")
         head = q.strip().upper()
         if head == "BEGIN":
             txn.open = True
-        elif head in ("COMMIT", "ROLLBACK"):
-            # COMMIT ends a group of non-transactional (e.g. MyISAM) changes;
-            # ROLLBACK here means they were applied anyway and cannot be undone
-            if head == "ROLLBACK" and txn.rows:
-                log.warning("%s: non-transactional changes before ROLLBACK at %s:%s "
-                            "were applied by the source; passing them on",
-                            self.where, stream.log_file, stream.log_pos)
+        elif head == "COMMIT":
+            # COMMIT ends a group of non-transactional (e.g. MyISAM, Aria) changes
             self._commit(stream, ev.timestamp, *txn.finish())
+        elif head == "ROLLBACK":
+            # A group that ends in ROLLBACK holds rows the source undid. In row-based logging a
+            # non-transactional table's rows never go into a transaction's group (they are logged at
+            # once, as a group of their own ending in COMMIT), so its rows are all transactional ones:
+            # the server writes them with ROLLBACK when the transaction also changed a
+            # non-transactional table and rolls back (MySQL), or rolls back to a savepoint set before
+            # its first logged change (MariaDB, MySQL: no SAVEPOINT in the group). Dropped; the
+            # position and GTID state move past the group.
+            if txn.rows:
+                log.debug("%s: %d row(s) rolled back at %s:%s: not passed on", self.where, txn.rows,
+                          stream.log_file, stream.log_pos)
+            gtid = txn.finish_empty()
+            self._commit(stream, ev.timestamp, gtid, (), None)
         elif (decided := xa_decision(q)) is not None:
             self._xa_decided(stream, ev.timestamp, txn, *decided)
         elif (sp := savepoint_statement(q)) is not None:
