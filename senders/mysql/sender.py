@@ -672,9 +672,12 @@ class MySQLSender(Sender):
                             log.warning("sender %s: DDL already applied on the target (%s); "
                                         "going on: %s", self.name, exc, sql[:200])
                         else:
-                            if self.meta_db and _classify(exc, "").retriable is False:
-                                # refused: it did not run. Its intent is no evidence now, so that a run after the target was
-                                # mended runs it again (the mended schema is not taken for its effect)
+                            if self.meta_db and (0 < code < 2000 or _classify(exc, "").retriable is False):
+                                # refused: it did not run (an error the server answered for it: a DDL is atomic;
+                                # a lock wait timeout or deadlock too, retried). Its intent is no evidence now: a
+                                # schema change by someone else before the retry or after the target was mended
+                                # (another sender on the same target, an operator) is not taken for its effect.
+                                # (A lost connection, 2006/2013, leaves it unknown: the intent decides then.)
                                 self._forget_intent(cur, key)
                             raise
                 conn.commit()

@@ -261,3 +261,55 @@ def test_a_swap_replayed_after_a_crash_without_the_process_privilege(tmp_path: P
         cur.execute("SELECT id FROM sw.t")
         assert cur.fetchall() == ((2,),)  # swapped once
     c.close()
+
+
+def test_a_ddl_that_timed_out_on_a_lock_runs_at_the_retry(tmp_path: Path, target: MariaDBInstance) -> None:
+    """A DDL that waited for a lock at the target and gave up (1205: retried) did not run; its
+    intent is no evidence of that run. Another session (an operator, another sender writing the
+    same target) changes the table's definition before the retry: the retry still runs the DDL
+    (before: the changed schema was taken for the DDL's effect, the DDL skipped, the column it
+    adds missing at the target)."""
+    from capturer import config
+    from capturer.errors import SinkError
+    from capturer.model import Ddl, Position, Txn
+    from senders import CATALOG
+    from senders.mysql.sender import MySQLSender
+
+    p = tmp_path / "senderConfig.cfg"
+    p.write_text(f"[global]\ntype=mysql\n[mysql]\nhost=127.0.0.1\nport={target.port}\nuser=root\npassword=\n")
+    (sc,) = config.load_sender_config(p, CATALOG)
+    target.execute("CREATE DATABASE lk", "CREATE TABLE lk.t (id INT PRIMARY KEY, a INT)", "INSERT INTO lk.t VALUES (1, 1)")
+    sql = "ALTER TABLE t ADD COLUMN b INT"
+    txn = Txn("r1", 1 << 18, Position("bin.000001", 100), ddl=Ddl("lk", sql, "t", "lk", 0))
+    other = target.connect()
+    other.autocommit(True)
+    s = MySQLSender("mysql", sc.options)
+    s.open()
+    try:
+        for w in s.workers:  # (the lock wait given up after 1 s, not the server's default)
+            with w.connect().cursor() as cur:
+                cur.execute("SET SESSION lock_wait_timeout = 1")
+        with other.cursor() as cur:
+            cur.execute("LOCK TABLES lk.t WRITE")
+        with pytest.raises(SinkError, match="1205") as e:
+            s.send([txn])
+        assert e.value.retriable
+    finally:
+        s.close()
+    with other.cursor() as cur:  # the definition changed by the other session, then the lock let go
+        cur.execute("ALTER TABLE lk.t COMMENT = 'changed by another session'")
+        cur.execute("UNLOCK TABLES")
+    other.close()
+    s = MySQLSender("mysql", sc.options)  # the retry
+    s.open()
+    try:
+        s.send([txn])
+        assert s.counters["ddl_replays_skipped"] == 0
+    finally:
+        s.close()
+    c = target.connect()
+    with c.cursor() as cur:
+        cur.execute("SELECT COLUMN_NAME FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = 'lk' AND TABLE_NAME = 't' "
+                    "ORDER BY ORDINAL_POSITION")
+        assert [r[0] for r in cur.fetchall()] == ["id", "a", "b"]
+    c.close()
