@@ -50,6 +50,7 @@ in order.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import time
@@ -263,6 +264,8 @@ class KafkaSender(Sender):
         self._compact: set[str] = set()
         self._truncate_skipped: set[str] = set()
         self._batch_cap: int | None = None
+        self._waiting: tuple[float, str] | None = None  # (since, what) while the sender waits at the broker
+        self._said_before: object = None  # what the client had said last when the wait began
 
     @staticmethod
     def check_options(opts: dict[str, Any], where: Callable[[str], str]) -> None:
@@ -273,6 +276,7 @@ class KafkaSender(Sender):
         st = super().status()
         st.update({"messages": self.messages, "client": self.options["client"], "format": self.fmt,
                    "skipped": self.marks.skipped, "read_back_given_up": sorted(self.read_back_given_up)})
+        st.update(self._waiting_status())
         if self.partitions_raised:  # topics written over fewer partitions than they have (see _pin)
             pins = self._pins or {}
             st["partitions_kept"] = {t: [pins.get(t, n), n] for t, n in sorted(self.partitions_raised.items())}
@@ -574,11 +578,12 @@ class KafkaSender(Sender):
         marks: dict[str, dict[int, MsgKey]] = {}
         errors: dict[str, Exception] = {}  # topic -> the error it raises (failed_with: what the read said)
         names = list(topics)
-        for i in range(0, len(names), READ_BACK_TOPICS):
-            part = {t: topics[t] for t in names[i:i + READ_BACK_TOPICS]}
-            got, failed = read_marks_of(part, offsets_of, read_of, READ_BACK_TIMEOUT + len(part) - 1)
-            marks.update(got)
-            errors.update(failed)
+        with self._waiting_for(f"the read-back of the last messages of {len(names)} topic(s)"):
+            for i in range(0, len(names), READ_BACK_TOPICS):
+                part = {t: topics[t] for t in names[i:i + READ_BACK_TOPICS]}
+                got, failed = read_marks_of(part, offsets_of, read_of, READ_BACK_TIMEOUT + len(part) - 1)
+                marks.update(got)
+                errors.update(failed)
         took = time.monotonic() - t0
         failed_with = dict(errors)
         for topic, parts in topics.items():
@@ -643,7 +648,8 @@ class KafkaSender(Sender):
                 # high availability: a capturer deposed while its transaction was open (paused past its lease)
                 # must not commit it before the new active's init_transactions has fenced it at the broker
                 fencing.check(f"sender {self.name}")
-                self.client.commit()
+                with self._waiting_for("the broker's commit of the batch's Kafka transaction"):
+                    self.client.commit()
         except SinkError as exc:
             self._abort_or_fenced(exc)
             self.close()  # a fresh producer for the retry
@@ -754,11 +760,45 @@ class KafkaSender(Sender):
             f"message.max.bytes, 1048588): raise both, or keep such rows out with the filter; the sender stops "
             f"rather than drop it ({exc})", retriable=False) from None
 
-    @staticmethod
-    def _flush_or_raise(client: Client) -> None:
-        errors = client.flush(60)
+    def _flush_or_raise(self, client: Client) -> None:
+        with self._waiting_for("the broker's acknowledgement of the messages produced"):
+            errors = client.flush(60)
         if errors:
             raise SinkError(f"{len(errors)} messages not acknowledged, e.g. {errors[0]}")
+
+    @contextlib.contextmanager
+    def _waiting_for(self, what: str) -> Iterator[None]:
+        """While inside, the status says the sender waits for ``what`` (after WAIT_SHOWN s)."""
+        texts = getattr(getattr(self.client, "watch", None), "texts", None)
+        self._said_before = texts[-1] if texts else None
+        self._waiting = (time.monotonic(), what)
+        try:
+            yield
+        finally:
+            self._waiting = None
+
+    #: a wait at the broker longer than this is shown as what the sender waits for
+    WAIT_SHOWN = 1.0
+
+    def _waiting_status(self) -> dict[str, Any]:
+        """``waiting_for``/``waiting_seconds`` (as every sender that can hang shows them): what the sender has
+        waited for at the broker for WAIT_SHOWN s or more (a broker down or unreachable: the acknowledgement
+        of the messages produced, a read-back, a commit), with what the client last said about it (e.g.
+        'Connect to ... failed: Connection refused')."""
+        waiting = self._waiting  # (one read: the sender's thread replaces it)
+        if waiting is None or time.monotonic() - waiting[0] < self.WAIT_SHOWN:
+            return {"waiting_for": None, "waiting_seconds": None}
+        what = f"{waiting[1]} (servers {self.options['servers']})"
+        watch = getattr(self.client, "watch", None)
+        texts = getattr(watch, "texts", None)
+        if texts:
+            try:
+                said = texts[-1]
+            except IndexError:
+                said = None
+            if said is not None and said is not self._said_before:  # (said during this wait)
+                what += f"; the client says: {said}"
+        return {"waiting_for": what, "waiting_seconds": round(time.monotonic() - waiting[0], 1)}
 
     def _headers(self, txn: Txn, seq: int, op: str) -> list[tuple[str, bytes]]:
         return [("region", txn.region.encode()), ("commit_ts", str(txn.commit_ts).encode()),

@@ -333,3 +333,51 @@ def test_topics_made_beforehand_compacted_or_of_small_messages(broker: Broker) -
     keyed = consume_all(broker.servers, ["capturer.cp.keyed"])
     ops = Counter((dict(r.headers)["op"], r.value is None) for r in keyed)
     assert ops == {(b"c", False): 100, (b"d", False): 50, (b"d", True): 50}, ops
+
+
+@pytest.mark.slow  # a broker of its own, killed and started again (~30-40 s); the status logic: unit test
+@pytest.mark.parametrize("transactional", [False, True])
+def test_broker_killed_mid_load_the_sender_waits_says_why_and_loses_nothing(transactional: bool) -> None:
+    """The broker killed (-9) with a batch in flight and started again 10 s later, the sender run by its
+    own loop: while the broker is down its acknowledged position does not move (the checkpoint cannot
+    pass what Kafka does not have) and its status says what it waits for; once the broker is back it
+    goes on by itself, and every change is in Kafka once (read_committed)."""
+    import time
+
+    from helpers import wait_for
+
+    from devtools.local_kafka import Broker as OwnBroker
+    from senders.kafka.sender import KafkaSender
+
+    b = OwnBroker(partitions=3).start()
+    try:
+        s = KafkaSender("k", options(b, transactional=transactional))  # type: ignore[arg-type]
+        s.start(0)
+        fed = 0
+
+        def feed(n: int) -> None:
+            nonlocal fed
+            for _ in range(n):
+                t = updates(1000 + fed, 1)[0]
+                s.queue.put((fed, t), len(t.changes))
+                fed += 1
+
+        feed(50)
+        wait_for(lambda: s.acked_seq == fed - 1, 120, "the first batches acknowledged")
+        b.kill()
+        feed(50)
+        wait_for(lambda: s.status().get("waiting_for") is not None, 120, "the status to say what the sender waits for")
+        st = s.status()
+        assert "acknowledgement" in st["waiting_for"] and b.servers in st["waiting_for"], st
+        time.sleep(10)
+        assert s.acked_seq == 49, "acknowledged while the broker was down"
+        b.start()
+        wait_for(lambda: s.acked_seq == fed - 1, 240, "the sender to go on once the broker is back")
+        s.stop()
+        s.join(60)
+        records = consume_all(b.servers, ["capturer.ph.t"], committed=True)
+        ids = Counter((int(dict(r.headers)["commit_ts"]), int(dict(r.headers)["seq"])) for r in records)
+        assert set(ids) == {(1000 + i, k) for i in range(fed) for k in range(KEYS)}
+        assert max(ids.values()) == 1, [k for k, n in ids.items() if n > 1][:5]
+    finally:
+        b.cleanup()

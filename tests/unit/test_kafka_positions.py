@@ -550,3 +550,46 @@ def test_a_missing_topic_of_the_batch_is_no_error_until_written() -> None:
         s.send(batch)
     assert not e.value.retriable
     assert {tp[0] for tp in fk.logs} == {f"capturer.app.t{i}" for i in range(3)}
+
+
+def test_the_status_says_what_the_sender_waits_for_at_the_broker() -> None:
+    """A broker down (or unreachable) while a batch waits for its acknowledgement: the status shows
+    ``waiting_for`` (what: the acknowledgement, the servers, what the client said during the wait, not
+    before it) and ``waiting_seconds`` once it has waited a second; nothing once the wait is over.
+    Before, the status said nothing (state running, no error) for the whole minute of the flush."""
+    import threading
+    import time
+
+    from capturer.util.kafkasec import Watch
+
+    class Down(FakeKafka):
+        def __init__(self) -> None:
+            super().__init__()
+            self.watch = Watch()
+            self.watch("an old outage")  # said before the wait: not shown as its cause
+            self.release = threading.Event()
+
+        def flush(self, timeout: float) -> list[str]:
+            self.watch("127.0.0.1:9/1: Connect to ipv4#127.0.0.1:9 failed: Connection refused")
+            self.release.wait(30)
+            return []
+
+    fk = Down()
+    s = sender(fk, txn_topic="")
+    s.WAIT_SHOWN = 0.05  # type: ignore[misc]
+    assert s.status()["waiting_for"] is None
+    schema = TableSchema("d", "t", ("id",), ("id",))
+    t = threading.Thread(target=s.send, args=([txn("r1", 10, RowChange(schema, "insert", None, {"id": 1}))],))
+    t.start()
+    try:
+        deadline = time.monotonic() + 30
+        while s.status()["waiting_for"] is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        st = s.status()
+        assert st["waiting_for"].startswith("the broker's acknowledgement of the messages produced (servers "
+                                            "127.0.0.1:9); the client says: 127.0.0.1:9/1: Connect to"), st
+        assert st["waiting_seconds"] >= 0.05
+    finally:
+        fk.release.set()
+        t.join(30)
+    assert s.status()["waiting_for"] is None and s.status()["waiting_seconds"] is None
