@@ -509,8 +509,12 @@ class KafkaSender(Sender):
             if was is None or n < was:
                 if was is not None:
                     log.warning("sender %s: topic %s has %d partitions, fewer than the %d its keys were hashed "
-                                "over (deleted and made again?): hashed over %d from now on", self.name, t, n,
-                                was, n)
+                                "over (deleted and made again?): hashed over %d from now on, and nothing of it "
+                                "skipped until a batch is acknowledged", self.name, t, n, was, n)
+                    # the keys moved: a partition's mark says nothing of the messages hashed to it now (a
+                    # message that failed in another partition is below the mark of the one it goes to now)
+                    for p in range(n):
+                        self.marks.failed((t, p), None)
                 pins[t] = n
                 changed = True
                 self.partitions_raised.pop(t, None)
