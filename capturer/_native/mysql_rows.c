@@ -300,7 +300,9 @@ static PyObject *decode_col(const Col *c, const unsigned char *d, Py_ssize_t *po
     case K_TIMESTAMP2: {
         int nf = (c->a + 1) / 2;
         NEED(4 + nf);
-        int32_t secs = (int32_t)be_signed(d + o, 4);
+        /* unsigned seconds, as the server reads them (my_timestamp_from_binary: mi_uint4korr): MariaDB 11.5+
+           keeps TIMESTAMP up to 2106-02-07 06:28:15 UTC, past 2^31 s (read signed: 1901-1969) */
+        uint32_t secs = (uint32_t)be_signed(d + o, 4);
         int64_t us = frac_us(d + o + 4, c->a);
         if (us > 999999) { PyErr_SetString(PyExc_ValueError, "microsecond must be in 0..999999"); return NULL; }
         if (secs == 0) {
@@ -311,7 +313,7 @@ static PyObject *decode_col(const Col *c, const unsigned char *d, Py_ssize_t *po
             o += 4 + nf;
             break;
         }
-        PyObject *delta = PyDelta_FromDSU(0, secs, us > 0 ? (int)us : 0);
+        PyObject *delta = PyDelta_FromDSU((int)(secs / 86400), (int)(secs % 86400), us > 0 ? (int)us : 0);
         if (!delta) return NULL;
         v = PyNumber_Add(Epoch, delta);
         Py_DECREF(delta);

@@ -139,7 +139,7 @@ def encode_value(rng: random.Random, c: Any) -> bytes:
             | (rng.randrange(60) << 6) | rng.randrange(60)
         return v.to_bytes(5, "big") + frac_bytes(rng, c.fsp)
     if t == T.TIMESTAMP2:
-        return rng.getrandbits(31).to_bytes(4, "big") + frac_bytes(rng, c.fsp)
+        return rng.getrandbits(32).to_bytes(4, "big") + frac_bytes(rng, c.fsp)
     if t == T.TIME2:
         return rng.getrandbits(24).to_bytes(3, "big") + frac_bytes(rng, c.fsp)
     if t == T.DATE:
@@ -208,6 +208,24 @@ def test_c_decoder_never_crashes_on_garbage() -> None:
         except (ValueError, IndexError, UnicodeDecodeError, ArithmeticError):
             pass
     assert c.c.rows(good, False) and canon(c.rows(good, False)) == canon(py.rows(good, False))
+
+
+def test_timestamp_past_2038_on_both_paths() -> None:
+    """A TIMESTAMP's 4 bytes are unsigned seconds (the server reads them so): MariaDB 11.5+ keeps
+    values up to 2106-02-07 06:28:15.999999 UTC, the period end of a system-versioned table's current
+    rows among them. Read as signed, they were 1901-1969 dates, and every current row of such a table
+    was taken for history (versioning.is_current) and dropped."""
+    from capturer.regions.mysql import versioning
+
+    c, py = plans([col(T.TIMESTAMP2, fsp=6)])
+    for secs, us, want in ((2**31 - 1, 0, dt.datetime(2038, 1, 19, 3, 14, 7)),
+                           (2**31, 5, dt.datetime(2038, 1, 19, 3, 14, 8, 5)),
+                           (2**32 - 1, 999999, dt.datetime(2106, 2, 7, 6, 28, 15, 999999))):
+        data = b"\x00" + secs.to_bytes(4, "big") + us.to_bytes(3, "big")
+        for p in (c, py):
+            ((row, _),) = p.rows(data, False)
+            assert list(row.values()) == [want], (p, secs)
+    assert versioning.is_current(dt.datetime(2106, 2, 7, 6, 28, 15, 999999))
 
 
 def test_invalid_date_is_null_on_both_paths() -> None:

@@ -334,7 +334,7 @@ def enc_value(rng: random.Random, c: Any) -> tuple[Segs, Any]:
         packed = (1 << 39) | ((ymd[0] * 13 + ymd[1]) << 22) | (ymd[2] << 17) | (hms[0] << 12) | (hms[1] << 6) | hms[2]
         return [(packed.to_bytes(5, "big") + frac_bytes(us if exp else 0, c.fsp), "val")], exp
     if t == T.TIMESTAMP2:
-        secs = pick(rng, [0, 1, 2**31 - 1], lambda: rng.randrange(2**31))
+        secs = pick(rng, [0, 1, 2**31 - 1, 2**31, 2**32 - 1], lambda: rng.randrange(2**32))
         us = frac_digits(rng, c.fsp)
         # 0 s: the zero TIMESTAMP ('0000-00-00 00:00:00'), a date no calendar has: None, as a zero DATETIME
         return [(secs.to_bytes(4, "big") + frac_bytes(us, c.fsp), "val")], \

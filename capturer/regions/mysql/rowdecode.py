@@ -170,7 +170,9 @@ def _timestamp2(fsp: int) -> Decoder:
     nf, frac = _fsp_reader(fsp)
 
     def dec(d: bytes, o: int) -> tuple[Any, int]:
-        secs = struct.unpack_from(">i", d, o)[0]
+        # unsigned seconds, as the server reads them: MariaDB 11.5+ keeps TIMESTAMP up to 2106-02-07 06:28:15
+        # UTC, past 2^31 s (read signed: 1901-1969)
+        secs = struct.unpack_from(">I", d, o)[0]
         t = _EPOCH + dt.timedelta(seconds=secs)
         us = frac(d, o + 4)
         if secs == 0 and us <= 999999:
