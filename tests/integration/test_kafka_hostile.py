@@ -414,3 +414,60 @@ def test_a_topic_deleted_mid_run_and_made_again_by_the_broker_loses_nothing_afte
     ids = {(int(dict(r.headers)["commit_ts"]), int(dict(r.headers)["seq"])) for r in records}
     want = {(t.commit_ts, k) for t in batch for k in range(KEYS)}
     assert want <= ids, f"{len(want - ids)} of {len(want)} changes lost, e.g. {sorted(want - ids)[:5]}"
+
+
+@pytest.mark.slow  # two MariaDB regions, a capturer killed twice (~60-90 s); the CI case drives the sender directly
+@pytest.mark.timeout(900)
+def test_partitions_raised_under_load_then_kill9_the_capturer(tmp_path: Path, two_servers: list[Any],
+                                                             broker: Broker) -> None:
+    """The capturer under a steady load of two regions (inserts, updates, key changes, deletes with
+    tombstones, a keyless table, TRUNCATEs, txn_topic); every table's topic raised from 3 to 6 partitions
+    once the first batch is acknowledged; then kill -9 twice at random moments, started again each time.
+    Every change once, every table rebuilt from its topic (per partition, in offset order) equals the
+    sources, every key in one partition: the checkpoint kept the partition counts (position_state)."""
+    import random
+    import sys
+    import time
+
+    from helpers import CapturerProcess, checkpoint_covers, wait_for, write_config
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_kafka_exactly_once import acked_ts, check_kafka, kafka_senders, start_load, stop_load
+
+    rng = random.Random(15)
+    cfg = write_config(tmp_path, two_servers, senders=kafka_senders(broker.servers, client="confluent"))
+    log = tmp_path / "capturer.log"
+    loads, threads, scratch = start_load(two_servers)
+    proc = CapturerProcess(cfg, log).start()
+    proc.wait_ready()
+    wait_for(lambda: acked_ts(tmp_path) > 0, 120, "the first batch acknowledged")
+    topics = [f"capturer.app.{t}" for t in ("users", "pairs", "log", "scratch")]
+    wait_for(lambda: all(t in consume_topics(broker.servers) for t in topics), 120, "every table's topic")
+    for t in topics:
+        raise_partitions(broker.servers, t, 6)
+    for _ in range(2):
+        before = acked_ts(tmp_path)
+        wait_for(lambda: acked_ts(tmp_path) > before, 120, "the sender to acknowledge a batch")
+        time.sleep(rng.uniform(0.3, 2.0))
+        proc.kill9()
+        proc = CapturerProcess(cfg, log).start()
+        proc.wait_ready()
+    time.sleep(2)
+    stop_load(loads, threads, scratch)
+    wait_for(lambda: checkpoint_covers(tmp_path, two_servers), 300, "Kafka to catch up")
+    assert proc.stop() == 0
+    records = consume_all(broker.servers)
+    print(check_kafka(records, loads, scratch, two_servers))
+    where: dict[tuple[str, bytes], set[int]] = defaultdict(set)
+    for r in records:
+        if r.key is not None and r.topic in topics:
+            where[(r.topic, r.key)].add(r.partition)
+    moved = [k for k, p in where.items() if len(p) > 1]
+    assert not moved, f"{len(moved)} keys in two partitions, e.g. {moved[:3]}"
+    assert "partitions now; its keys stay hashed over the 3" in log.read_text(errors="replace")
+
+
+def consume_topics(servers: str) -> set[str]:
+    from confluent_kafka.admin import AdminClient
+
+    return set(AdminClient({"bootstrap.servers": servers}).list_topics(timeout=30).topics)
