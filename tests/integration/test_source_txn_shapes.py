@@ -504,3 +504,52 @@ def test_xa_under_load_with_kill9(tmp_path: Path) -> None:
         broker.kill()
         for srv in (m, target):
             srv.stop()
+
+
+@pytest.mark.parametrize("start", ["latest", "snapshot"])
+def test_xa_prepared_before_a_first_start_arrives_at_its_commit(tmp_path: Path, start: str) -> None:
+    """A first start (``start=latest``, or ``snapshot=initial``: the copy cannot see uncommitted rows)
+    while XA transactions are prepared: the one committed after the start arrives, the one rolled
+    back does not (before: its rows were missing everywhere)."""
+    (m,) = start_servers(tmp_path, 1)
+    target = MariaDBInstance(tmp_path / "target", server_id=99, binlog=False).start()
+    broker = shared_broker()
+    log = tmp_path / "capturer.log"
+    cap: CapturerProcess | None = None
+    try:
+        schema = ["CREATE DATABASE d", "CREATE TABLE d.t (id INT PRIMARY KEY, v VARCHAR(40))",
+                  "INSERT INTO d.t VALUES (1, 'seed'), (2, 'seed')"]
+        m.execute(*schema, "FLUSH BINARY LOGS")
+        _xa(m, "X'01ff', 'b', 3", "INSERT INTO d.t VALUES (10, 'pre')", "UPDATE d.t SET v = 'pre' WHERE id = 1")
+        _xa(m, "'pre2'", "INSERT INTO d.t VALUES (20, 'rolled back')", "DELETE FROM d.t WHERE id = 2")
+        m.execute("INSERT INTO d.t VALUES (3, 'plain')")
+        if start == "latest":
+            target.execute(*schema, "INSERT INTO d.t VALUES (3, 'plain')")
+            extra = "start=latest\n"
+        else:
+            extra = "snapshot=initial\n"
+        cfg = write_mysql_config(tmp_path, [m], senders=_senders(tmp_path, target, broker.servers),
+                                 region_extra=extra)
+        cap = CapturerProcess(cfg, log).start()
+        cap.wait_ready()
+        wait_for(lambda: checkpoint_covers(tmp_path, [m]), 120, "the start in the checkpoint")
+        cp = json.loads((tmp_path / "checkpoint.json").read_text())
+        assert {x["xid"] for x in cp["regions"]["r1"].get("xa", [])} == {"3:01ff:62", "1:70726532:"}, cp
+        m.execute("XA COMMIT X'01ff', 'b', 3", "XA ROLLBACK 'pre2'", "UPDATE d.t SET v = 'after' WHERE id = 10")
+        wait_for(lambda: checkpoint_covers(tmp_path, [m]) and not _pending(tmp_path), 120,
+                 "every sender to have every change")
+        text = log.read_text(errors="replace")
+        assert cap.stop() == 0, text[-4000:]
+        cap = None
+        assert "Traceback" not in text and "XA COMMIT of" not in text, text[-4000:]
+        want = {1: "pre", 2: "seed", 3: "plain", 10: "after"}
+        assert _table(m) == want
+        assert _table(target) == want
+        # (start=latest: the file and Kafka have only what changed after the start)
+        _verify(cfg, ["mysql"] if start == "latest" else ["local", "mysql", "kafka"])
+    finally:
+        if cap is not None:
+            cap.kill9()
+        broker.kill()
+        for srv in (m, target):
+            srv.stop()

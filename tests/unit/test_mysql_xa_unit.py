@@ -55,3 +55,31 @@ def test_marks_survive_the_checkpoint_and_the_wire() -> None:
                 {"xa": ["1:6b:"]}):
         with pytest.raises(ValueError):
             Position.from_json({"file": "f.000001", "pos": 4, **bad})
+
+
+def test_the_xids_xa_recover_lists() -> None:
+    """``XA RECOVER FORMAT='SQL'`` (MariaDB): hex where the bytes are not printable, text where
+    they are (the branch qualifier and format id left out where empty and 1); plain ``XA RECOVER``
+    (MySQL): the lengths cut the data."""
+    from capturer.regions.mysql.xa import _prepared_now
+
+    class Cur:
+        def __init__(self, rows: list[tuple[object, ...]], sql: bool) -> None:
+            self.rows, self.sql = rows, sql
+
+        def execute(self, q: str) -> None:
+            import pymysql
+
+            if "FORMAT" in q and not self.sql:
+                raise pymysql.err.ProgrammingError(1064, "syntax")
+
+        def fetchall(self) -> list[tuple[object, ...]]:
+            return self.rows
+
+    class Region:
+        where = "region r1"
+
+    rows = [(1, 4, 0, "'pre2'"), (3, 2, 1, "X'01ff',X'62',3"), (1, 3, 3, "'a''b','c d'")]
+    assert _prepared_now(Region(), Cur(rows, True)) == {"1:70726532:", "3:01ff:62", "1:612762:632064"}
+    raw = [(1, 4, 0, b"pre2"), (3, 2, 1, b"\x01\xffb"), (7, 1, 2, "xyz")]
+    assert _prepared_now(Region(), Cur(raw, False)) == {"1:70726532:", "3:01ff:62", "7:78:797a"}

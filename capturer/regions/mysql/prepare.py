@@ -21,6 +21,7 @@ import pymysql
 from capturer.errors import FatalSourceError
 from capturer.model import Ddl, Position, TableProgress, Txn, ts_physical_ms
 from capturer.model.encode import qualified, quote_ident
+from capturer.regions.mysql import xa
 from capturer.regions.mysql.gtid import maria_contains
 from capturer.regions.mysql.snapshot import base_tables, create_table_sql
 from capturer.util import failpoints
@@ -149,6 +150,8 @@ def prepare(region: Any) -> Position:
                 file, _, off = start.rpartition(":")
                 pos = Position(file, int(off))
             pos = Position(pos.file, pos.pos, region._start_gtid(cur, pos))
+            # the XA transactions prepared before it and not decided there: held, named in the position
+            pos = Position(pos.file, pos.pos, pos.gtid, (), xa.recover(region, cur, pos) if start != "earliest" else ())
             region.gtid.reset(pos.gtid)
             # durable before anything is emitted: a crash before the first checkpoint
             # resumes here, not from a new "latest" (changes between would be lost)
@@ -198,7 +201,7 @@ def start_snapshot(region: Any, cur: Any, fresh: bool, at: Position | None = Non
         region.refuse_outside_peers(cut, truncate)
         run = uuid.uuid4().hex[:12]
         progress = tuple(TableProgress(db, t, run, truncate=truncate) for db, t in tables)
-        start = Position(at.file, at.pos, at.gtid, progress)
+        start = Position(at.file, at.pos, at.gtid, progress, xa.recover(region, cur, at))
         # durable before anything is emitted: a crash before the first checkpoint resumes
         # this run from this position (so changes made meanwhile are delivered)
         region.ctx.pin_start(region.name, start)
