@@ -73,10 +73,14 @@ def canon(v: Any, kind: str) -> Any:
             return int(v)
         if kind == "decimal":
             return (v if isinstance(v, decimal.Decimal) else decimal.Decimal(str(v))).normalize()
+        # (+ 0.0: -0.0 is 0.0, in the digest of the first pass as in the re-checks' ==: a MySQL/MariaDB column
+        # stores no negative zero, so a PostgreSQL source's -0 is 0 at a MySQL target, and a row that differed in
+        # nothing else was "different" in the first pass, its re-check waiting for a sender past the source's
+        # position, which a PostgreSQL server moves without any commit: "not caught up" after the capturer stopped)
         if kind == "float":
-            return float(v)
+            return float(v) + 0.0
         if kind == "float32":
-            return _FLOAT32.unpack(_FLOAT32.pack(float(v)))[0]
+            return _FLOAT32.unpack(_FLOAT32.pack(float(v)))[0] + 0.0
         if kind in ("datetime", "date") and isinstance(v, str) and _no_calendar_date(v):
             return None  # a date no calendar has (a zero date or month or day, 2020-02-30, the year 0) arrives
             # as NULL in every sink (docs/limits.md); a MySQL source gives it as its text

@@ -39,7 +39,7 @@ def canon(v: Any) -> str:
     if isinstance(v, (int, decimal.Decimal)):
         return format(decimal.Decimal(v).normalize(), "f")
     if isinstance(v, float):
-        return repr(v)
+        return repr(v + 0.0)  # (-0.0 is 0.0: a MySQL table stores no negative zero; the lake of a PostgreSQL source does)
     if isinstance(v, (bytes, bytearray, memoryview)):
         return "0x" + bytes(v).hex()
     if isinstance(v, dt.datetime):
