@@ -61,10 +61,13 @@ def _table(m: MariaDBInstance) -> dict[int, str]:
         conn.close()
 
 
-def test_xa_transactions_committed_once_rolled_back_never_across_kill9(tmp_path: Path) -> None:
+@pytest.mark.parametrize("process", ["", pytest.param("process=true\n", marks=pytest.mark.slow)],
+                         ids=["in-process", "worker"])
+def test_xa_transactions_committed_once_rolled_back_never_across_kill9(tmp_path: Path, process: str) -> None:
     """Committed XA transactions arrive once, at their commit's place; rolled-back ones never;
     one kill -9 after the checkpoint passed two prepares (one committed, one rolled back while
-    the capturer is down): the restarted region reads the prepared groups again."""
+    the capturer is down): the restarted region reads the prepared groups again. (--runslow: the
+    region in a worker process, its positions over the wire.)"""
     (m,) = start_servers(tmp_path, 1)
     target = MariaDBInstance(tmp_path / "target", server_id=99, binlog=False).start()
     broker = shared_broker()
@@ -73,7 +76,8 @@ def test_xa_transactions_committed_once_rolled_back_never_across_kill9(tmp_path:
     try:
         m.execute("CREATE DATABASE d", "CREATE TABLE d.t (id INT PRIMARY KEY, v VARCHAR(40))",
                   "INSERT INTO d.t VALUES (1, 'seed'), (2, 'seed'), (3, 'seed')")
-        cfg = write_mysql_config(tmp_path, [m], senders=_senders(tmp_path, target, broker.servers))
+        cfg = write_mysql_config(tmp_path, [m], senders=_senders(tmp_path, target, broker.servers),
+                                 region_extra=process)
         cap = CapturerProcess(cfg, log).start()
         cap.wait_ready()
         wait_for(lambda: checkpoint_covers(tmp_path, [m]), 120, "the first checkpoint")
