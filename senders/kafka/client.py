@@ -148,12 +148,6 @@ class Client(Protocol):
         the clients read them all with one consumer)."""
         return per_topic(self.last_records)(starts, timeout, patient)
 
-    def topic_configs(self, topics: Sequence[str], keys: Collection[str]) -> dict[str, dict[str, str]]:
-        """The settings ``keys`` of each topic the broker says (``ConfluentReadBack.topic_configs``; none
-        where confluent-kafka is not installed, or for a topic it could not read)."""
-        read = getattr(self, "_read", None)
-        return read.topic_configs(topics, keys) if read is not None else {}
-
     def failures(self) -> list[Failure]:
         """The messages the producer reported as not delivered since the last call (after
         ``close()``: also those it gave up on at the close)."""
@@ -163,6 +157,23 @@ class Client(Protocol):
         """Errors of the transactional producer reported other than by a raised exception (delivery
         reports, its transaction state), for ``txn_failure``."""
         return []
+
+
+def topic_settings(servers: str, opts: dict[str, Any], topics: Sequence[str],
+                   keys: Collection[str]) -> dict[str, dict[str, str]]:
+    """The settings ``keys`` of each topic the broker says (DescribeConfigs through confluent-kafka, an
+    admin client of its own; nothing where confluent-kafka is not installed, or for a topic it could not
+    read)."""
+    if not confluent_available() or not topics:
+        return {}
+    rb = ConfluentReadBack(servers, opts)
+    try:
+        return rb.topic_configs_later(topics, keys)()
+    except Exception as exc:
+        log.info("topic settings of %s not read: %s", list(topics)[:3], exc)
+        return {}
+    finally:
+        rb.close()
 
 
 class KafkaPythonClient(Client):
@@ -454,28 +465,35 @@ class ConfluentReadBack:
             self._reader = self._fresh()  # kept for the offsets (ListOffsets) of every topic
         return self._reader
 
-    def topic_configs(self, topics: Sequence[str], keys: Collection[str]) -> dict[str, dict[str, str]]:
-        """The settings ``keys`` of each topic (DescribeConfigs, one request): a topic whose settings cannot
-        be read (no DescribeConfigs right, a broker that does not answer) is left out."""
+    def topic_configs_later(self, topics: Sequence[str],
+                            keys: Collection[str]) -> Callable[[], dict[str, dict[str, str]]]:
+        """The settings ``keys`` of each topic (DescribeConfigs, one request), asked now and taken by the
+        function returned (the round trip overlaps what the caller does meanwhile: the read-back): a topic
+        whose settings cannot be read (no DescribeConfigs right, a broker that does not answer) is left out."""
         from confluent_kafka.admin import AdminClient, ConfigResource
 
         if not topics:
-            return {}
+            return dict
         if self._admin is None:
             self._admin = AdminClient({**self.security, "bootstrap.servers": self.servers})
-        out: dict[str, dict[str, str]] = {}
         try:
             futures = self._admin.describe_configs([ConfigResource(ConfigResource.Type.TOPIC, t) for t in topics],
                                                    request_timeout=10)
+        except Exception as exc:
+            log.info("topic settings of %s not read: %s", list(topics)[:3], exc)
+            return dict
+
+        def take() -> dict[str, dict[str, str]]:
+            out: dict[str, dict[str, str]] = {}
             for res, fut in futures.items():
                 try:
                     entries = fut.result(15)
                 except Exception:
                     continue
                 out[res.name] = {k: str(e.value) for k, e in entries.items() if k in keys and e.value is not None}
-        except Exception as exc:
-            log.info("topic settings of %s not read: %s", list(topics)[:3], exc)
-        return out
+            return out
+
+        return take
 
     def offsets(self, topic: str, partitions: Sequence[int]) -> dict[int, tuple[int, int]]:
         from confluent_kafka import KafkaError, KafkaException, TopicPartition

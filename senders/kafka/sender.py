@@ -72,6 +72,7 @@ from senders.kafka.client import (
     ConfluentClient,
     KafkaPythonClient,
     Message,
+    topic_settings,
     txn_failure,
 )
 from senders.kafka.format import (
@@ -147,6 +148,12 @@ def _slices(changes: Sequence[RowChange], rows: int) -> Iterator[Sequence[RowCha
     for chunk in chunks:
         for i in range(0, len(chunk), rows):
             yield chunk[i:i + rows]
+
+
+def _too_large(low: str) -> bool:
+    """A client's error text (lowered) says a message or record batch was too large for Kafka."""
+    return ("message size too large" in low or "messagesizetoolarge" in low or "msg_size_too_large" in low
+            or "message_too_large" in low or "too large" in low and "message" in low)
 
 
 def _invalid_topic(exc: BaseException) -> bool:
@@ -264,6 +271,7 @@ class KafkaSender(Sender):
         self._compact: set[str] = set()
         self._truncate_skipped: set[str] = set()
         self._batch_cap: int | None = None
+        self._described: set[str] = set()  # topics whose settings were asked this run
         self._waiting: tuple[float, str] | None = None  # (since, what) while the sender waits at the broker
         self._said_before: object = None  # what the client had said last when the wait began
 
@@ -448,21 +456,47 @@ class KafkaSender(Sender):
             for t in missing:  # (tried again when written to)
                 del counts[t]
         self._pin(counts)
-        self._learn_settings(list(counts))
         for t in counts:
             client.learn(t)
         self._read_back_all(counts)
 
-    def _learn_settings(self, topics: list[str]) -> None:
+    def _settings_after_refusal(self, batch: list[Txn], exc: BaseException) -> None:
+        """A batch the broker refused (too large: MSG_SIZE_TOO_LARGE; INVALID_RECORD, e.g. a message without
+        a key to a compacted topic): the settings of the topics it writes that were not read yet this run
+        (DescribeConfigs, only now: nothing is asked while batches go through), and a retriable error when
+        they explain it (``_learn_settings``): the retry makes smaller batches, leaves a TRUNCATE out of a
+        compacted topic, or stops naming a keyless table there."""
+        low = str(exc).lower()
+        if not (_too_large(low) or "invalid_record" in low or "invalidrecord" in low
+                or "failed to validate record" in low):
+            return
+        topics: dict[str, None] = {}
+        for txn in batch:
+            d = txn.ddl
+            if d is not None:
+                if is_truncate(d):
+                    self._add_topic(topics, d.db, d.table, txn.region)
+                continue
+            for part in _slices(txn.changes, SLICE_ROWS):
+                for schema in {id(ch.schema): ch.schema for ch in part}.values():
+                    self._add_topic(topics, schema.db, schema.table, txn.region)
+        ask = [t for t in topics if t not in self._described]
+        if not ask:
+            return
+        self._described.update(ask)  # (asked once a run)
+        settings = topic_settings(self.options["servers"], self.options, ask, ("max.message.bytes", "cleanup.policy"))
+        compact = set(self._compact)
+        self._learn_settings(settings)  # (raises when the batches must be smaller)
+        if self._compact - compact:
+            raise SinkError(f"sender {self.name}: topic(s) {sorted(self._compact - compact)} are compacted "
+                            f"(cleanup.policy=compact), which refuses messages without a key ({exc})")
+
+    def _learn_settings(self, settings: dict[str, dict[str, str]]) -> None:
         """The topics' max.message.bytes and cleanup.policy, as the broker says them (left as they were
         where it does not: no DescribeConfigs right, no confluent-kafka). A topic that takes record batches
         smaller than the producer makes (e.g. created with max.message.bytes = 64 KB): every batch of
         small rows would be refused as too large (MSG_SIZE_TOO_LARGE: the sender stopped, naming a row that
         fits); the producer is made again (a retriable error) with batches no bigger than the topic takes."""
-        get = getattr(self.client, "topic_configs", None)
-        if get is None or not topics:
-            return
-        settings = get(topics, ("max.message.bytes", "cleanup.policy"))
         need: tuple[int, str, int] | None = None  # (cap, topic, its limit)
         largest = self._batch_cap or _BATCH_BYTES.get(self.options["client"], 1_000_000)
         for t, conf in settings.items():
@@ -730,9 +764,8 @@ class KafkaSender(Sender):
         """A message bigger than Kafka takes (the producer's max_message_bytes, or the topic's
         max.message.bytes on the broker): a fatal SinkError naming the table, the key and the sizes,
         since sending it again cannot succeed, and dropping it would lose a row without a word."""
-        low = str(exc).lower()
-        if not ("message size too large" in low or "messagesizetoolarge" in low or "msg_size_too_large" in low
-                or "message_too_large" in low or "too large" in low and "message" in low):
+        self._settings_after_refusal(batch, exc)
+        if not _too_large(str(exc).lower()):
             return
         biggest: tuple[int, str, str, str] | None = None  # (size, table, key, topic)
         now_ms = int(time.time() * 1000)

@@ -291,10 +291,11 @@ def send_as_the_loop_does(s: Any, batch: list[Any]) -> None:
 def test_topics_made_beforehand_compacted_or_of_small_messages(broker: Broker) -> None:
     """Topics an operator made before the capturer wrote them: one of max.message.bytes = 3000 (rows of
     ~500 bytes: every row fits, a batch of them does not), and compacted ones (cleanup.policy=compact).
-    The small topic gets every row once (the producer made again with batches it takes; before, the
-    broker refused the batches and the sender stopped for good, blaming a 524-byte row); the compacted
-    topic of a keyed table gets its rows and tombstones, a TRUNCATE of it is left out (no key: refused;
-    before, retried for good); a keyless table on a compacted topic stops the sender naming it (before:
+    The topics' settings are read once the broker refuses a batch (nothing asked while batches go through).
+    The small topic gets every row (the producer made again with batches it takes; before, the broker
+    refused the batches and the sender stopped for good, blaming a 524-byte row); the compacted topic of a
+    keyed table gets its rows and tombstones, a TRUNCATE of it is left out (no key: refused; before,
+    retried for good); a keyless table on a compacted topic stops the sender naming it (before:
     INVALID_RECORD, retried for good)."""
     from confluent_kafka.admin import AdminClient, NewTopic
 
@@ -323,16 +324,20 @@ def test_topics_made_beforehand_compacted_or_of_small_messages(broker: Broker) -
         send_as_the_loop_does(s, batch)
         with pytest.raises(SinkError, match=r"`cp`\.`keyless` has no primary key.*'capturer\.cp\.keyless' is "
                                             r"compacted") as err:
-            s.send([rows(400, "keyless", ())])
+            send_as_the_loop_does(s, [rows(400, "keyless", ())])
         assert not err.value.retriable
     finally:
         s.close()
     small = consume_all(broker.servers, ["capturer.cp.small"])
+    # every row there (some perhaps twice: what a refused first try got through in a partition; confluent-kafka's
+    # failure reports carry no identity, so such a partition is written again whole)
     ids = Counter((int(dict(r.headers)["commit_ts"]), int(dict(r.headers)["seq"])) for r in small)
-    assert set(ids) == {(ts, k) for ts in range(100, 105) for k in range(50)} and max(ids.values()) == 1
+    assert set(ids) == {(ts, k) for ts in range(100, 105) for k in range(50)}
     keyed = consume_all(broker.servers, ["capturer.cp.keyed"])
-    ops = Counter((dict(r.headers)["op"], r.value is None) for r in keyed)
-    assert ops == {(b"c", False): 100, (b"d", False): 50, (b"d", True): 50}, ops
+    ops = {(dict(r.headers)["commit_ts"], dict(r.headers)["seq"], dict(r.headers)["op"], r.value is None)
+           for r in keyed}
+    assert Counter(k[2:] for k in ops) == {(b"c", False): 100, (b"d", False): 50, (b"d", True): 50}, ops
+    assert not any(dict(r.headers)["op"] == b"t" for r in keyed)  # the TRUNCATE left out
 
 
 @pytest.mark.slow  # a broker of its own, killed and started again (~30-40 s); the status logic: unit test
