@@ -380,7 +380,48 @@ def alter_columns(sql: str) -> list[tuple[str, str, str]]:
                      re.I | re.S)
         if c and c.group(1).upper() not in ("INDEX", "KEY", "COLUMN"):
             out.append(("rename_table", "", c.group(1)))
-    return out
+    return _as_steps(out)
+
+
+#: the temporary names ``_as_steps`` renames through (a swap of two columns in one ALTER)
+RENAME_TMP = "__capturer_renaming_"
+
+
+def _as_steps(out: list[tuple[str, str, str]]) -> list[tuple[str, str, str]]:
+    """An ALTER's column clauses as steps applied one after another (what every reader does). MySQL
+    applies them to the table as it was before the statement: a DROP, CHANGE or RENAME COLUMN names a
+    column of before, and the renames happen at once (``CHANGE a b ..., CHANGE b a ...`` swaps the two;
+    ``CHANGE a b ..., CHANGE b c ...`` moves both). One after another, a rename whose new name another
+    rename of the statement takes away goes through a temporary name (``RENAME_TMP``: to it in its
+    place, from it after the statement's last rename), and a DROP of a name an earlier rename gave
+    (``CHANGE a b ..., DROP b``: the column b of before) comes before the renames. Other statements'
+    clauses are returned as they are."""
+    sources = {a.lower() for w, a, _b in out if w == "rename"}
+    clash = {i for i, (w, a, b) in enumerate(out) if w == "rename" and b.lower() in sources and b.lower() != a.lower()}
+    late = set()
+    for i, (w, a, _b) in enumerate(out):
+        if w == "drop" and any(w2 == "rename" and b2.lower() == a.lower() for w2, _a2, b2 in out[:i]):
+            late.add(i)
+    if not clash and not late:
+        return out
+    last = max(i for i, c in enumerate(out) if c[0] == "rename")
+    first = min(i for i, c in enumerate(out) if c[0] == "rename")
+    steps: list[tuple[str, str, str]] = []
+    after: list[tuple[str, str, str]] = []
+    for i, (w, a, b) in enumerate(out):
+        if i == first:
+            steps.extend(out[j] for j in sorted(late))
+        if i in late:
+            continue
+        if i in clash:
+            tmp = f"{RENAME_TMP}{len(after)}"
+            steps.append(("rename", a, tmp))
+            after.append(("rename", tmp, b))
+        else:
+            steps.append((w, a, b))
+        if i == last:
+            steps.extend(after)
+    return steps
 
 
 def added_if_not_exists(sql: str) -> set[str]:

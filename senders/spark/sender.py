@@ -42,7 +42,7 @@ from typing import Any, ClassVar
 
 from capturer.errors import SinkError
 from capturer.model import Ddl, RowChange, StreamKey, TableSchema, Txn, key_from_json, key_to_json, stream_key
-from capturer.model.ddl import clean, dropped_tables, table_renames
+from capturer.model.ddl import RENAME_TMP, clean, dropped_tables, table_renames
 from capturer.model.encode import _fastrows
 from capturer.util import failpoints
 from capturer.util.ini import Key, p_bool, p_choice, p_float, p_int, p_nonempty, p_str
@@ -841,6 +841,10 @@ class SparkSender(Sender):
                 st.moved[b] = [*st.moved.pop(have, []), [ts, have, st.generation]]
                 st.gone[have] = ts
                 st.gone.pop(b, None)
+        # (a swap's temporary names, capturer/model/ddl.py RENAME_TMP: no file has a column of that name)
+        moved = {c: [h for h in hist if not str(h[1]).startswith(RENAME_TMP)] for c, hist in st.moved.items()}
+        st.moved = {c: hist for c, hist in moved.items() if hist}
+        st.gone = {c: t for c, t in st.gone.items() if not c.startswith(RENAME_TMP)}
         st.altered = key_to_json(key)
         st.save(self.warehouse / st.name)
         st._dirty = True  # type: ignore[attr-defined]

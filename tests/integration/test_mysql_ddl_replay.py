@@ -3,7 +3,8 @@ position's row (MySQL commits a DDL on its own): the MySQL sender goes on, and t
 as one run of the DDL leaves it (senders/mysql/ddlstate.py). Before, some forms stopped the
 sender for good (RENAME INDEX: 1176, DROP/REORGANIZE PARTITION: 1507, DROP VIEW: 4092, DROP
 SEQUENCE: 4091, CREATE TRIGGER: 1359, a named FOREIGN KEY: 1005) and some changed the schema
-again (a RENAME swap swapped back; an unnamed FOREIGN KEY or CHECK was added twice)."""
+again (a RENAME swap swapped back, so did a column swap; an unnamed FOREIGN KEY or CHECK was added
+twice)."""
 
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ FORMS = [
     "RENAME TABLE t TO tmp, u TO t, tmp TO u",
     "ALTER TABLE ch ADD FOREIGN KEY (pid) REFERENCES par (id)",
     "ALTER TABLE t ADD CHECK (a >= 0)",
+    "ALTER TABLE t CHANGE a b INT, CHANGE b a INT",  # a swap of two columns (MySQL renames at once)
     # a second run fails with a code that is not "already there"
     "ALTER TABLE t RENAME INDEX ka TO ka2",
     "ALTER TABLE p DROP PARTITION p1",

@@ -133,3 +133,20 @@ def test_an_alter_handed_again_after_a_crash_is_applied_once(tmp_path: Path) -> 
     assert (st.columns, st.moved, st.added, st.gone) == (once.columns, once.moved, once.added, once.gone)
     _alter(again, 200, "ADD COLUMN c INT")  # a later ALTER is applied
     assert [c for c, _ in _state(again).columns] == ["id", "a", "c"]
+
+
+def test_a_swap_of_two_columns_in_one_alter_reaches_the_changelog_lake(tmp_path: Path) -> None:
+    """``CHANGE a b ..., CHANGE b a ...`` swaps the two at once (MySQL applies an ALTER's renames to the table as
+    it was). Before, each rename found its new name taken and was skipped: the rows from before kept their
+    values under the old names (a view read b's old values as the new b)."""
+    s = _sender(tmp_path)
+    cols = [["id", "bigint"], ["a", "string"], ["b", "string"]]
+    s._state_for(TableSchema(DB, TABLE, tuple(c for c, _ in cols), ("id",)), cols)
+    _alter(s, 100, "CHANGE a b VARCHAR(5), CHANGE b a VARCHAR(5)")
+    st = _state(s)
+    assert st.columns == [["id", "bigint"], ["b", "string"], ["a", "string"]]
+    assert st.moved == {"b": [[100, "a", 0]], "a": [[100, "b", 0]]} and st.gone == {}
+    sql = lake.changes_sql(st, "db", False, tmp_path)
+    assert "CASE WHEN _commit_ts < 100 THEN `a` ELSE `b` END AS `b`" in sql, sql
+    assert "CASE WHEN _commit_ts < 100 THEN `b` ELSE `a` END AS `a`" in sql, sql
+    assert "__capturer_renaming_" not in sql
