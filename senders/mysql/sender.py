@@ -713,7 +713,7 @@ class MySQLSender(Sender):
             before = str(row[2])
             ddlstate.wait_for_twin(cur, stmt, self.name)  # (the crashed run's, still at work at the target)
             mode = ddlstate.state_mode(before)
-            now = self._schema.state(cur, where, mode) if mode else None
+            now = self._schema_state(cur, where, mode) if mode else None
             if now is not None:
                 if now != before:
                     return True
@@ -721,9 +721,23 @@ class MySQLSender(Sender):
                          "started from): running it: %s", self.name, stmt[:200])
                 return False
             # (a state this run cannot make again: the errors that say "already there" decide)
-        state = self._schema.state(cur, where)
-        cur.execute(ddlstate.write_sql(self.meta_db), (self.name, kt, digest, state))
+        state = self._schema_state(cur, where)
+        cur.execute(ddlstate.write_sql(self.meta_db), (self.name, kt, digest, state or "none"))
         return False
+
+    def _schema_state(self, cur: Any, where: ddlstate.Scope, mode: str | None = None) -> str | None:
+        """``Fingerprint.state``, or None where the target fails to answer its lookups (seen: an
+        information_schema query's temporary table gone from a shared tmpdir, error 6): the DDL then
+        goes without that evidence (a replay falls back to the errors that say "already there")
+        rather than stop the sender; a lost connection is raised (retried)."""
+        try:
+            return self._schema.state(cur, where, mode)
+        except pymysql.err.MySQLError as exc:
+            if _classify(exc, "").retriable:
+                raise
+            log.warning("sender %s: the target's schema state cannot be read (%s): the DDL goes without it",
+                        self.name, exc)
+            return None
 
     def _forget_intent(self, cur: Any, key: StreamKey) -> None:
         try:
