@@ -111,3 +111,26 @@ def test_system_versioned_rows_become_the_current_rows() -> None:
     rows = [RowChange(trx, "insert", None, {"id": 1, "s": 5, "e": (1 << 64) - 1}),
             RowChange(trx, "insert", None, {"id": 1, "s": 5, "e": 9})]
     assert [c.after for c in current_changes(rows, current_schema(trx, "s", "e"), "s", "e")] == [{"id": 1}]
+
+
+def test_library_decoder_timestamps_past_2038() -> None:
+    """The library (pymysqlreplication) reads a TIMESTAMP's seconds signed: a value past 2038
+    (MariaDB 11.5+ keeps them up to 2106) came out as a 1901-1969 date; the region moves it back
+    to the server's value, as the fast decoders read it. DATETIME columns are left as they are."""
+    import datetime as dt
+
+    from pymysqlreplication.row_event import WriteRowsEvent
+
+    from capturer.model import ColumnInfo
+    from capturer.regions.mysql.binlog import library_changes
+
+    schema = TableSchema("d", "t", ("id", "ts", "dt"), ("id",),
+                         column_info=(ColumnInfo(3), ColumnInfo(17), ColumnInfo(18)))
+    ev = WriteRowsEvent.__new__(WriteRowsEvent)
+    ev._RowsEvent__rows = [{"values": {"id": 1, "ts": dt.datetime(1969, 12, 31, 23, 59, 59, 999999),
+                                       "dt": dt.datetime(1960, 1, 1)}, "none_sources": {}},
+                           {"values": {"id": 2, "ts": dt.datetime(2038, 1, 19, 3, 14, 7), "dt": None},
+                            "none_sources": {}}]
+    (a, b) = library_changes(ev, schema)
+    assert a.after == {"id": 1, "ts": dt.datetime(2106, 2, 7, 6, 28, 15, 999999), "dt": dt.datetime(1960, 1, 1)}
+    assert b.after == {"id": 2, "ts": dt.datetime(2038, 1, 19, 3, 14, 7), "dt": None}

@@ -89,6 +89,7 @@ def group_start(ev: Any) -> int:
 
 
 _T_STRING = 254  # MYSQL_TYPE_STRING: CHAR(n) and BINARY(n) in a table map
+_T_TIMESTAMP2 = 17  # MYSQL_TYPE_TIMESTAMP2
 
 
 def binary_length(type_code: int, charset: str, max_length: Any) -> int:
@@ -148,15 +149,16 @@ def fast_changes(ev: Any, schema: TableSchema, fast: list[tuple[Any, Any]]) -> l
 def library_changes(ev: Any, schema: TableSchema) -> list[RowChange]:
     """The row changes of a rows event from the library's decoded rows, normalised."""
     binary = frozenset(c for c, ci in zip(schema.columns, schema.column_info) if ci.binary)
+    stamps = frozenset(c for c, ci in zip(schema.columns, schema.column_info) if ci.type == _T_TIMESTAMP2)
     if isinstance(ev, UpdateRowsEvent):
         return [RowChange(schema, "update",
-                          normalise_library_row(r["before_values"], r["before_none_sources"], binary),
-                          normalise_library_row(r["after_values"], r["after_none_sources"], binary))
+                          normalise_library_row(r["before_values"], r["before_none_sources"], binary, stamps),
+                          normalise_library_row(r["after_values"], r["after_none_sources"], binary, stamps))
                 for r in ev.rows]
     if isinstance(ev, WriteRowsEvent):
         return [RowChange(schema, "insert", None,
-                          normalise_library_row(r["values"], r["none_sources"], binary)) for r in ev.rows]
-    return [RowChange(schema, "delete", normalise_library_row(r["values"], r["none_sources"], binary), None)
+                          normalise_library_row(r["values"], r["none_sources"], binary, stamps)) for r in ev.rows]
+    return [RowChange(schema, "delete", normalise_library_row(r["values"], r["none_sources"], binary, stamps), None)
             for r in ev.rows]
 
 

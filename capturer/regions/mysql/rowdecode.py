@@ -473,14 +473,24 @@ def binary_columns(columns: list[Any]) -> frozenset[str]:
     return frozenset(c.name for c in columns if str(c.character_set_name or "").lower() == "binary")
 
 
+_WRAP = dt.timedelta(seconds=1 << 32)
+
+
 def normalise_library_row(values: dict[str, Any], none_sources: dict[str, Any],
-                          binary: frozenset[str] = frozenset()) -> dict[str, Any]:
+                          binary: frozenset[str] = frozenset(), stamps: frozenset[str] = frozenset()) -> dict[str, Any]:
     """An empty SET is set(), not None (the library reports it in none_sources);
-    an empty binary string is b"", not "" (``b"".decode("binary")`` gives "")."""
+    an empty binary string is b"", not "" (``b"".decode("binary")`` gives "");
+    a TIMESTAMP (``stamps``) past 2038 (MariaDB 11.5+ keeps them up to 2106), which the
+    library reads as signed seconds (a 1901-1969 date, which no TIMESTAMP is), moved
+    back by 2^32 s to the value the server holds (as the fast decoder reads it)."""
     for col, why in none_sources.items():
         if why == "empty set" and values.get(col) is None:
             values[col] = set()
     for col in binary:
         if values.get(col) == "":
             values[col] = b""
+    for col in stamps:
+        v = values.get(col)
+        if isinstance(v, dt.datetime) and v.year < 1970:
+            values[col] = v + _WRAP
     return values
