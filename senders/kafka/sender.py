@@ -54,7 +54,7 @@ import contextlib
 import logging
 import re
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import Any, ClassVar
 
 from capturer.errors import FENCED_MARK, Fenced, SinkError
@@ -427,6 +427,7 @@ class KafkaSender(Sender):
         partitions_of = getattr(client, "partitions_of", None)
         counts = partitions_of(topics) if partitions_of is not None else {t: client.partitions(t) for t in topics}
         missing = [t for t, n in counts.items() if n == 0]
+        created: set[str] = set()  # topics this sender made now: empty, no count kept for them holds
         if missing and not self.options["create_topics"]:
             if counts[topic] == 0:
                 raise SinkError(f"topic {topic!r} does not exist and create_topics = false "
@@ -435,6 +436,7 @@ class KafkaSender(Sender):
             for t in missing:  # (said when it is written to: a TRUNCATE of a table with no topic is not sent)
                 del counts[t]
         elif missing:
+            created = set(missing)
             for t in missing:
                 try:
                     self.client.create_topic(t, self.options["partitions"], self.options["replication_factor"])
@@ -455,7 +457,7 @@ class KafkaSender(Sender):
                 raise SinkError(f"topic {topic!r} was created but has no partitions yet")
             for t in missing:  # (tried again when written to)
                 del counts[t]
-        self._pin(counts)
+        self._pin(counts, created)
         for t in counts:
             client.learn(t)
         self._read_back_all(counts)
@@ -522,7 +524,7 @@ class KafkaSender(Sender):
                             f"(max.message.bytes), less than the producer's batches: made again with batches of at "
                             f"most {cap} bytes")
 
-    def _pin(self, counts: dict[str, int]) -> None:
+    def _pin(self, counts: dict[str, int], created: Collection[str] = ()) -> None:
         """The partition count each topic of ``counts`` is written with, in place of the broker's: the one
         this sender hashed the topic's keys over before, as long as the broker's is not lower. A topic's
         partitions raised (``kafka-topics --alter --partitions``) would move half of the keys to other
@@ -531,7 +533,8 @@ class KafkaSender(Sender):
         partitions than those that hold it, where the read-back finds no mark of it: twice. So the count
         first seen is kept (in the checkpoint, ``position_state``): every key stays in its partition, in
         order, once; the new partitions stay empty (shown in the status, ``partitions_kept``). A count
-        lower than the one kept (the topic deleted and made again) is taken as it is."""
+        lower than the one kept (the topic deleted and made again) is taken as it is, and so is the count
+        of a topic this sender has just made (``created``: deleted, made again with ``partitions``: empty)."""
         pins = self._pins
         if pins is None:
             kept = (self.resume_state or {}).get("partitions")
@@ -540,6 +543,10 @@ class KafkaSender(Sender):
         changed = False
         for t, n in counts.items():
             was = pins.get(t)
+            if t in created and was is not None and was != n:
+                log.warning("sender %s: topic %s made again with %d partitions (its keys were hashed over %d): "
+                            "hashed over %d from now on", self.name, t, n, was, n)
+                was = None
             if was is None or n < was:
                 if was is not None:
                     log.warning("sender %s: topic %s has %d partitions, fewer than the %d its keys were hashed "

@@ -476,3 +476,42 @@ def consume_topics(servers: str) -> set[str]:
     from confluent_kafka.admin import AdminClient
 
     return set(AdminClient({"bootstrap.servers": servers}).list_topics(timeout=30).topics)
+
+
+def test_a_topic_the_sender_makes_again_takes_its_new_partition_count(broker: Broker) -> None:
+    """The checkpoint keeps a topic's 3 partitions; the topic deleted while the capturer is down and
+    ``partitions = 6`` set: the restarted sender makes the topic again with 6 (empty: no order to keep)
+    and hashes its keys over 6, not over the 3 kept (which would leave half of the new topic unused for
+    good)."""
+    import time
+
+    from confluent_kafka.admin import AdminClient
+
+    from senders.kafka.sender import KafkaSender
+
+    topic = "capturer.ph.t"
+    a = KafkaSender("k", options(broker))
+    try:
+        send_as_the_loop_does(a, updates(1000, 2))
+        state = a.position_state
+    finally:
+        a.close()
+    assert state == {"partitions": {topic: 3}}, state
+    admin = AdminClient({"bootstrap.servers": broker.servers})
+    for f in admin.delete_topics([topic], operation_timeout=30).values():
+        f.result(60)
+    deadline = time.monotonic() + 60
+    while topic in admin.list_topics(timeout=30).topics and time.monotonic() < deadline:
+        time.sleep(0.1)
+    b = KafkaSender("k", options(broker, partitions=6))
+    b.resume_state = state
+    try:
+        send_as_the_loop_does(b, updates(2000, 2))
+        assert b.position_state == {"partitions": {topic: 6}}, b.position_state
+        assert "partitions_kept" not in b.status()
+    finally:
+        b.close()
+    records = consume_all(broker.servers, [topic])
+    assert {r.partition for r in records} - {0, 1, 2}, "no key hashed over the new partitions"
+    assert {(int(dict(r.headers)["commit_ts"]), int(dict(r.headers)["seq"])) for r in records} == \
+        {(ts, k) for ts in (2000, 2001) for k in range(KEYS)}
