@@ -557,3 +557,62 @@ def test_xa_prepared_before_a_first_start_arrives_at_its_commit(tmp_path: Path, 
         broker.kill()
         for srv in (m, target):
             srv.stop()
+
+
+def test_xa_mark_of_another_place_is_found_by_its_xid(tmp_path: Path) -> None:
+    """A checkpoint's XA mark whose file:pos is not this server's group (a mark of the server read
+    before a failover: the region went on on the new one, whose binlog has the prepare elsewhere):
+    the restart finds the prepared group by its xid and the commit's rows arrive. Before, the
+    restart stopped for good ('the binlog has no prepared XA transaction ... where the checkpoint
+    says it was prepared')."""
+    (m,) = start_servers(tmp_path, 1)
+    log = tmp_path / "capturer.log"
+    cap: CapturerProcess | None = None
+    try:
+        m.execute("CREATE DATABASE d", "CREATE TABLE d.t (id INT PRIMARY KEY, v VARCHAR(40))",
+                  "INSERT INTO d.t VALUES (1, 'seed')")
+        cfg = write_mysql_config(tmp_path, [m], senders=f"[global]\ntype=local\n[local]\n"
+                                                        f"filepath={tmp_path / 'out' / 'changes.jsonl'}\n")
+        cap = CapturerProcess(cfg, log).start()
+        cap.wait_ready()
+        wait_for(lambda: checkpoint_covers(tmp_path, [m]), 120, "the first checkpoint")
+        _xa(m, "'s'", "INSERT INTO d.t VALUES (70, 's')", "UPDATE d.t SET v = 's' WHERE id = 1")
+        m.execute("INSERT INTO d.t VALUES (71, 'after the prepare')")
+        wait_for(lambda: checkpoint_covers(tmp_path, [m]) and _pending(tmp_path) == {"1:73:"}, 120,
+                 "a checkpoint past the prepare, holding it")
+        cap.kill9()
+        cap = None
+        path = tmp_path / "checkpoint.json"
+        cp = json.loads(path.read_text())
+
+        def elsewhere(x: Any) -> None:  # every mark: another server's file and place
+            if isinstance(x, dict):
+                if "xid" in x:
+                    x["file"], x["pos"] = "other-bin.000042", 4
+                for v in x.values():
+                    elsewhere(v)
+            elif isinstance(x, list):
+                for v in x:
+                    elsewhere(v)
+
+        elsewhere(cp)
+        path.write_text(json.dumps(cp, indent=2))
+        m.execute("XA COMMIT 's'")
+        cap = CapturerProcess(cfg, log).start()
+        cap.wait_ready()
+        m.execute("INSERT INTO d.t VALUES (72, 'after the restart')")
+        wait_for(lambda: cap is not None and cap.proc is not None and cap.proc.poll() is not None
+                 or (checkpoint_covers(tmp_path, [m]) and not _pending(tmp_path)), 120,
+                 "every change, or the capturer's end")
+        text = log.read_text(errors="replace")
+        assert cap.stop() == 0, text[-4000:]
+        cap = None
+        assert "Traceback" not in text and "found at" in text, text[-4000:]
+        lines = [x for x in read_lines(tmp_path) if x["op"] != "ddl"]
+        got = sorted((x["op"], (x.get("after") or {}).get("id"), (x.get("after") or {}).get("v")) for x in lines)
+        assert got == [("insert", 1, "seed"), ("insert", 70, "s"), ("insert", 71, "after the prepare"),
+                       ("insert", 72, "after the restart"), ("update", 1, "s")], got
+    finally:
+        if cap is not None:
+            cap.kill9()
+        m.stop()

@@ -38,6 +38,7 @@ from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, Write
 
 from capturer.errors import FatalSourceError
 from capturer.model import Position, PreparedXa
+from capturer.regions.base import close_quietly
 from capturer.regions.mysql import tablemap
 from capturer.regions.mysql.binlog import (
     COMPRESSED_EVENTS,
@@ -104,11 +105,40 @@ def restore(region: Any, start: Any) -> None:
                       "missing downstream (copy its tables again: POST /snapshot)", region.where, mark.xid,
                       mark.file, mark.pos)
             continue
-        rows, spilled = read_prepared(region, mark)
+        try:
+            rows, spilled = read_prepared(region, mark)
+        except FatalSourceError as exc:
+            # not at the mark's place: a mark of the server read before a failover (its file:pos there; the
+            # region went on on this one, whose binlog has the group elsewhere), a binlog file renamed ...:
+            # looked for by its xid in this server's binlog, up to the resume point
+            found = _relocate(region, mark, start)
+            if found is None:
+                raise exc from None
+            log.warning("%s: XA transaction %s was not at %s:%d, where the resume point said it was prepared "
+                        "(marks of the server read before a failover?): found at %s:%d", region.where, mark.xid,
+                        mark.file, mark.pos, found[0].file, found[0].pos)
+            mark, rows, spilled = found
         region.xa.hold(mark, rows, spilled)
         log.info("%s: XA transaction %s prepared at %s:%d (before the resume point, not decided there): "
                  "%d row(s) read again, held until its XA COMMIT or XA ROLLBACK", region.where, mark.xid,
                  mark.file, mark.pos, len(rows))
+
+
+def _relocate(region: Any, mark: PreparedXa, start: Any) -> tuple[PreparedXa, Any, bool] | None:
+    """The prepared group of ``mark``'s transaction found by its xid in this server's binlog, from its
+    oldest file up to ``start`` (not decided before it): (its mark here, rows, spilled); None if none is."""
+    if not isinstance(start, Position):
+        return None
+    conn = region._connect()
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SHOW BINARY LOGS")
+            logs = [str(r[0]) for r in cur.fetchall()]
+    finally:
+        close_quietly(conn)
+    if not logs or (logs[0], 4) >= (start.file, start.pos):
+        return None
+    return _scan(region, logs[0], start, {mark.xid}).get(mark.xid)
 
 
 def read_prepared(region: Any, mark: PreparedXa) -> tuple[Any, bool]:
