@@ -571,12 +571,15 @@ class ConfluentReadBack:
         waits ``READ_BACK_FAST_WAIT_MS``; a partition that gave it nothing at all in
         ``READ_BACK_FAST_STALL`` s (a broker on slow storage, which answers a short wait empty every time:
         Tansu on S3 did) is read again, from its start, by a second pass with the client's default wait
-        and the usual stall and timeout rules. What the first pass read to the end or found failed stays
-        as it found it."""
+        and the usual stall and timeout rules, in what is left of ``timeout`` but at least half of it (the
+        whole read: 1.5 ``timeout`` at most). What the first pass read to the end or found failed stays as
+        it found it."""
         t0 = time.monotonic()
         out, errors, slow = self._read_pass(starts, timeout, patient, READ_BACK_FAST_WAIT_MS, READ_BACK_FAST_STALL)
         if slow:
-            left = max(timeout - (time.monotonic() - t0), 1.0)
+            # what the first pass left of the read's time, but at least half of it: a first pass that spent
+            # most of it on a long partition must not leave the slow ones a second to be read in
+            left = max(timeout - (time.monotonic() - t0), timeout / 2)
             got, more, _slow = self._read_pass({tp: starts[tp] for tp in slow}, left, [tp for tp in patient if tp in slow],
                                         None, READ_BACK_STALL)
             out.update(got)

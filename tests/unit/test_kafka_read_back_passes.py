@@ -165,3 +165,26 @@ def test_a_partition_nothing_serves_gives_no_record_as_before(monkeypatch: pytes
     got, errors = kclient.ConfluentReadBack("127.0.0.1:9").last_records_of({("a", 0): 5}, timeout=10)
     assert got == {} and errors == {}
     assert len(made) == 2
+
+
+def test_the_second_pass_gets_half_the_time_at_least(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the first pass reads a long partition for most of the read's time while another gives it nothing:
+    # the second pass must still get time enough to read the slow one
+    import time
+
+    ends = {("a", 0): 40, ("b", 0): 5}
+    timeouts: list[float] = []
+    real = kclient.ConfluentReadBack._read_pass
+
+    def read_pass(self: Any, starts: Any, timeout: float, patient: Any, wait: Any, stall: float) -> Any:
+        timeouts.append(timeout)
+        if wait is not None:
+            time.sleep(0.9 * timeout)  # (most of the read's time spent on the long partition)
+        return real(self, starts, timeout, patient, wait, stall)
+
+    rb, made = _reader(monkeypatch, ends, slow_storage={("b", 0)})
+    monkeypatch.setattr(kclient.ConfluentReadBack, "_read_pass", read_pass)
+    got, errors = rb.last_records_of({("a", 0): 0, ("b", 0): 0}, timeout=4.0)
+    assert errors == {}
+    assert {tp: _offset(r) for tp, r in got.items()} == {("a", 0): 39, ("b", 0): 4}
+    assert timeouts[0] == 4.0 and timeouts[1] >= 2.0
