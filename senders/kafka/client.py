@@ -15,6 +15,7 @@ Every client takes the SASL/TLS settings of capturer/util/kafkasec.py.
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 import time
@@ -385,6 +386,25 @@ class KafkaPythonClient(Client):
                 self._read.close()
 
 
+def row_identity(value: bytes) -> list[tuple[str, bytes]] | None:
+    """The identity headers (region, commit_ts, seq, op) of a row's message in the json format, read from
+    its value (a failed message whose report lacks its headers: its exact place, not the whole partition
+    from the start); None for anything else (other formats, DDL and TRUNCATE messages): unknown."""
+    if not value.startswith(b'{"before":'):
+        return None
+    try:
+        d = json.loads(value)
+        src, op = d["source"], d["op"]
+        region, ts, seq = src["region"], src["commit_ts"], src["seq"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    if op not in ("c", "u", "d", "r") or "transaction" not in d or not isinstance(region, str) \
+            or type(ts) is not int or type(seq) is not int:
+        return None
+    return [("region", region.encode()), ("commit_ts", str(ts).encode()), ("seq", str(seq).encode()),
+            ("op", op.encode())]
+
+
 class Reports:
     """The producer's delivery callback: collects failures. An object of its own, not
     a method of the client: a producer whose callback held its client would be in a
@@ -405,7 +425,10 @@ class Reports:
     def __call__(self, err: Any, msg: Any) -> None:
         if err is not None:
             self.errors.append(str(err))
-            self.failed.append((msg.topic(), msg.partition(), msg.headers(), msg.value() is None))
+            headers, value = msg.headers(), msg.value()
+            if headers is None and value is not None:  # (confluent-kafka's reports carry no headers)
+                headers = row_identity(value)
+            self.failed.append((msg.topic(), msg.partition(), headers, value is None))
             if err.fatal() and all(e.code() != err.code() for e in self.fatal):
                 self.fatal.append(err)
 
