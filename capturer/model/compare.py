@@ -36,6 +36,9 @@ KINDS = {
 }
 
 
+_ZERO = decimal.Decimal(0)
+
+
 class _Absent:
     """A column the sink's row does not have at all (not the same as NULL)."""
 
@@ -72,7 +75,8 @@ def canon(v: Any, kind: str) -> Any:
         if kind == "int":
             return int(v)
         if kind == "decimal":
-            return (v if isinstance(v, decimal.Decimal) else decimal.Decimal(str(v))).normalize()
+            d = (v if isinstance(v, decimal.Decimal) else decimal.Decimal(str(v))).normalize()
+            return _ZERO if d.is_zero() else d  # (-0, -0.00: the one 0, as == takes them, not repr: see float)
         # (+ 0.0: -0.0 is 0.0, in the digest of the first pass as in the re-checks' ==: a MySQL/MariaDB column
         # stores no negative zero, so a PostgreSQL source's -0 is 0 at a MySQL target, and a row that differed in
         # nothing else was "different" in the first pass, its re-check waiting for a sender past the source's

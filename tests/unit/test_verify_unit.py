@@ -145,6 +145,8 @@ def test_negative_zero_is_zero_in_the_first_pass_as_in_the_re_checks() -> None:
     assert compare.digest((compare.canon(-0.0, "float"),)) == compare.digest((compare.canon("0", "float"),))
     assert compare.digest((compare.canon("-0", "float32"),)) == compare.digest((compare.canon(0.0, "float32"),))
     assert compare.canon(-1e-300, "float") == -1e-300 and compare.canon(5e-324, "float") == 5e-324
+    zeros = {compare.digest((compare.canon(z, "decimal"),)) for z in ("-0", "-0.000", decimal.Decimal("-0E-30"), "0.0", 0)}
+    assert len(zeros) == 1 and compare.canon("-0.5", "decimal") == decimal.Decimal("-0.5")
     from senders.spark.lakecli import canon as lake_canon  # (the lake's own verify against a MySQL table)
 
     assert lake_canon(-0.0) == lake_canon(0.0) == "0.0"
