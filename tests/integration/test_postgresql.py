@@ -197,14 +197,14 @@ def test_merged_with_mariadb_in_commit_order_and_idle_never_stalls(tmp_path: Pat
 
             wait_for(lambda: len(arrived()) == 8, 30, "all 8 rows")
             assert arrived() == order
-            # PostgreSQL idle: MariaDB's changes still flow, and the reverse
+            # PostgreSQL idle: MariaDB's changes still flow, and the reverse (a stall never ends: the
+            # waits are generous for a loaded machine, not a speed check)
             for n, (write, src) in enumerate([(m.execute, "app"), (pg.sql, "public")] * 2, start=100):
-                t0 = time.monotonic()
                 write(f"INSERT INTO {src}.seq VALUES ({n})")
-                wait_for(lambda n=n: n in arrived(), 15, f"row {n} while the other region is idle")
-                assert time.monotonic() - t0 < 15
-            st = {r.name: r.status() for r in cap.regions}
-            assert st["pg"]["lag_seconds"] < 5, st
+                wait_for(lambda n=n: n in arrived(), 60, f"row {n} while the other region is idle")
+            # the idle region's lag does not grow: it comes back under 5 s (its keepalives move it)
+            wait_for(lambda: {r.name: r.status() for r in cap.regions}["pg"]["lag_seconds"] < 5, 60,
+                     "the idle PostgreSQL region's lag under 5 s")
     finally:
         m.stop()
 
