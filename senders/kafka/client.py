@@ -45,12 +45,16 @@ READ_BACK_FAST_STALL = 2.0  # seconds the first pass waits for a partition's fir
 FENCED, UNAUTHORIZED = "fenced", "unauthorized"
 
 
-def _exceptions(exc: BaseException | None) -> Iterator[BaseException]:
-    """``exc`` and the exceptions it was raised from or during (each once)."""
+def _exceptions(exc: object) -> Iterator[object]:
+    """``exc`` and the exceptions it was raised from or during (each once). confluent-kafka may raise its
+    ``KafkaError`` object itself (not an exception: ``_call`` raises a ``KafkaException`` of it), which is
+    then the next one's ``__context__`` and has no ``__cause__``: it is given as it is, and the walk ends."""
     seen: set[int] = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
         yield exc
+        if not isinstance(exc, BaseException):
+            break
         exc = exc.__cause__ or exc.__context__
 
 

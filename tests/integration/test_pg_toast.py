@@ -152,6 +152,12 @@ def hold_commits(pg: PostgresInstance, standby: str) -> None:
             return bool(c.execute("SHOW synchronous_standby_names").fetchone()[0] == standby)
 
     wait_for(loaded, 10, "the setting to be loaded")
+    # whether commits wait for a standby is decided by a flag in shared memory that the checkpointer sets
+    # when it has read the reloaded setting, which a new session seeing it does not prove (under load the
+    # checkpointer may not have run yet: a commit went through unheld). A CHECKPOINT is done by the
+    # checkpointer after it handled the reload signal sent before it, so the flag is set once it returns.
+    with pg.connect() as c:
+        c.execute("CHECKPOINT")
 
 
 def test_a_transaction_delivered_before_it_is_visible_is_waited_for(
