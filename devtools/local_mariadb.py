@@ -99,8 +99,12 @@ class MariaDBInstance:
 
     def _write_cnf(self) -> None:
         self.basedir.mkdir(parents=True, exist_ok=True)
+        # a temporary directory of its own: in the shared /tmp another process removed an information_schema
+        # query's temporary table under it (error 6, "Error on delete of '/tmp/#sql-temptable-...'")
+        (self.basedir / "tmp").mkdir(exist_ok=True)
         opts: dict[str, str] = {
             "datadir": str(self.basedir / "data"),
+            "tmpdir": str(self.basedir / "tmp"),
             "socket": str(self.socket_path),
             "pid-file": str(self.basedir / "mariadbd.pid"),
             "bind-address": "127.0.0.1",
